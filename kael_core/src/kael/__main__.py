@@ -1,0 +1,67 @@
+"""``python -m kael``: ``info`` (plugins, backends, devices) and ``generate``."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from typing import Any
+
+
+def info(out: Any = None) -> int:
+    import numpy as np
+
+    import kael
+    from kael._plugins import manager
+
+    out = out or sys.stdout
+    p = lambda s="": print(s, file=out)  # noqa: E731
+    p(f"kael {kael.__version__}  (Python {platform.python_version()}, NumPy {np.__version__}, "
+      f"{platform.system()} {platform.machine()})")
+    manager.ensure_loaded("kael.backends")
+    manager.ensure_loaded("kael.plugins")
+    p("\nplugins:")
+    if not manager.records:
+        p("  (none installed)")
+    for rec in sorted(manager.records.values(), key=lambda r: (r.group, r.name)):
+        extra = f": {rec.error}" if rec.error else ""
+        dist = f" [{rec.dist} {rec.version}]" if rec.dist else ""
+        p(f"  {rec.group:14} {rec.name:12} {rec.status}{dist}{extra}")
+    p("\nbackends:")
+    for b in manager.backends:
+        ok, reason = b.is_available()
+        state = "available" if ok else f"unavailable ({reason})"
+        p(f"  {b.name:12} device={b.device_type:6} priority={b.priority:<4} api={b.api_version}  {state}")
+    p("\ndevices:")
+    for dtype in sorted({b.device_type for b in manager.backends}):
+        try:
+            chosen = manager.select(dtype)
+            n = chosen.device_count()
+            p(f"  {dtype:6} served by {chosen.name!r} ({n} device{'s' if n != 1 else ''})")
+        except kael.KaelError as exc:
+            p(f"  {dtype:6} not usable: {exc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kael", description="kael command line")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="list plugins, backends and devices")
+    g = sub.add_parser("generate", help="generate text with a GPT-2 checkpoint, streamed to stdout")
+    g.add_argument("prompt", help="the prompt text")
+    g.add_argument("--model", required=True, help="directory with config.json, model.safetensors, vocab.json, merges.txt")
+    g.add_argument("--max-tokens", type=int, default=64, help="number of new tokens (default 64)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 for greedy, else >= 0.001 (default 0)")
+    g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
+    g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    g.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    args = parser.parse_args(argv)
+    if args.cmd == "info":
+        return info()
+    from kael.models._cli import generate_cli
+
+    return generate_cli(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

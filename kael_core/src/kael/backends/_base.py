@@ -1,0 +1,80 @@
+"""The Backend base class: what a compute backend provides to the frontend.
+
+A backend allocates memory for its device type, copies between the host and that
+memory, and supplies kernels (see NOTE [kernel contract] in ``kael._ops``). The
+frontend owns all metadata; a backend never creates Tensor objects itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._errors import BackendError
+
+if TYPE_CHECKING:
+    from .._device import Device
+    from .._tensor import Tensor
+
+__all__ = ["Backend", "API_VERSION"]
+
+#: The backend API version this kael speaks; a backend with another major is refused.
+API_VERSION = "1.0"
+
+
+class Backend:
+    """Subclass this, set the class attributes and implement the methods.
+
+    ``kernels`` maps op names to callables; ``supported_ops()`` is its key set by
+    default. Every primitive of ``kael._ops.PRIMITIVES`` must be present.
+    """
+
+    name: str = ""
+    device_type: str = ""
+    priority: int = 0
+    api_version: str = API_VERSION
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, Callable[..., Any]] = {}
+
+    # -- availability -------------------------------------------------------
+    def is_available(self) -> tuple[bool, str]:
+        """(True, "") or (False, the reason), e.g. no driver found."""
+        return True, ""
+
+    def device_count(self) -> int:
+        return 1
+
+    # -- memory ---------------------------------------------------------------
+    def allocate(self, nbytes: int, device: Device) -> Any:
+        """Uninitialised memory of nbytes bytes; the Storage.data of new tensors."""
+        raise NotImplementedError
+
+    def from_host(self, out: Tensor, array: np.ndarray) -> None:
+        """Copy a host C-contiguous array (out's shape, out.dtype.np) into out."""
+        raise NotImplementedError
+
+    def to_host(self, t: Tensor) -> np.ndarray:
+        """A host array holding t's values (dtype t.dtype.np, t's shape)."""
+        raise NotImplementedError
+
+    def synchronize(self, device: Device) -> None:
+        """Wait for all work queued on the device. CPU backends run synchronously."""
+
+    def memory_stats(self) -> dict[str, int]:
+        return {}
+
+    # -- ops --------------------------------------------------------------------
+    def supported_ops(self) -> frozenset[str]:
+        return frozenset(self.kernels)
+
+    def kernel(self, op: str) -> Callable[..., Any]:
+        try:
+            return self.kernels[op]
+        except KeyError:
+            raise BackendError(f"backend {self.name!r} has no kernel for op {op!r}") from None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} for {self.device_type!r}, priority {self.priority}>"

@@ -1,0 +1,156 @@
+"""Fused ops written as plain NumPy math: the readable definition of each kernel."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._elementwise import _erf
+from ._io import rd, wr
+
+__all__ = ["KERNELS"]
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def linear(out: Any, x: Any, weight: Any, bias: Any) -> None:
+    y = np.matmul(rd(x), rd(weight).T)
+    wr(out, y if bias is None else y + rd(bias))
+
+
+def gelu(out: Any, x: Any, approximate: str) -> None:
+    v = rd(x)
+    if approximate == "tanh":
+        wr(out, 0.5 * v * (1.0 + np.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v**3))))
+    else:
+        wr(out, 0.5 * v * (1.0 + _erf(v / math.sqrt(2.0)).astype(v.dtype)))
+
+
+def gelu_backward(grad_in: Any, grad_out: Any, x: Any, approximate: str) -> None:
+    v = rd(x).astype(np.float64)
+    g = rd(grad_out)
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (v + 0.044715 * v**3)
+        t = np.tanh(inner)
+        d = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * v * v)
+    else:
+        cdf = 0.5 * (1 + _erf(v / math.sqrt(2.0)))
+        d = cdf + v * np.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+    wr(grad_in, g * d)
+
+
+def softmax(out: Any, x: Any, dim: int) -> None:
+    v = rd(x)
+    e = np.exp(v - np.max(v, axis=dim, keepdims=True))
+    wr(out, e / np.sum(e, axis=dim, keepdims=True))
+
+
+def log_softmax(out: Any, x: Any, dim: int) -> None:
+    v = rd(x)
+    s = v - np.max(v, axis=dim, keepdims=True)
+    wr(out, s - np.log(np.sum(np.exp(s), axis=dim, keepdims=True)))
+
+
+def layer_norm(out: Any, mean: Any, rstd: Any, x: Any, weight: Any, bias: Any, eps: float) -> None:
+    v = rd(x)
+    mu = v.mean(axis=-1, keepdims=True)
+    var = ((v - mu) ** 2).mean(axis=-1, keepdims=True)
+    r = 1.0 / np.sqrt(var + eps)
+    y = (v - mu) * r
+    if weight is not None:
+        y = y * rd(weight)
+    if bias is not None:
+        y = y + rd(bias)
+    wr(out, y)
+    wr(mean, mu[..., 0])
+    wr(rstd, r[..., 0])
+
+
+def layer_norm_backward(dx: Any, dweight: Any, dbias: Any, grad: Any, x: Any, mean: Any, rstd: Any,
+                        weight: Any) -> None:
+    v = rd(x)
+    g = rd(grad)
+    mu = rd(mean)[..., None]
+    r = rd(rstd)[..., None]
+    xhat = (v - mu) * r
+    gw = g * rd(weight) if weight is not None else g
+    c = v.shape[-1]
+    dxv = r * (gw - gw.sum(axis=-1, keepdims=True) / c - xhat * (gw * xhat).sum(axis=-1, keepdims=True) / c)
+    wr(dx, dxv)
+    lead = tuple(range(v.ndim - 1))
+    if dweight is not None:
+        wr(dweight, (g * xhat).sum(axis=lead))
+    if dbias is not None:
+        wr(dbias, g.sum(axis=lead))
+
+
+def embedding(out: Any, weight: Any, ids: Any) -> None:
+    wr(out, rd(weight)[rd(ids)])
+
+
+def cross_entropy(losses: Any, logits: Any, target: Any, ignore_index: int, label_smoothing: float) -> None:
+    z = rd(logits).astype(np.float64)
+    t = rd(target)
+    s = z - z.max(axis=1, keepdims=True)
+    logp = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+    keep = t != ignore_index
+    safe = np.where(keep, t, 0)
+    nll = -logp[np.arange(len(t)), safe]
+    if label_smoothing:
+        nll = (1 - label_smoothing) * nll - label_smoothing * logp.mean(axis=1)
+    wr(losses, np.where(keep, nll, 0.0))
+
+
+def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
+    qv, kv, vv = rd(q), rd(k), rd(v)
+    tq, tk = qv.shape[-2], kv.shape[-2]
+    s = np.matmul(qv, np.swapaxes(kv, -1, -2)) * scale  # [B, H, Tq, Tk]
+    mask = np.zeros((tq, tk), dtype=bool)
+    if causal:
+        mask |= np.arange(tk)[None, :] > (np.arange(tq)[:, None] + (tk - tq))
+    full = np.broadcast_to(mask, s.shape).copy()
+    if lengths is not None:
+        lens = rd(lengths)
+        full |= (np.arange(tk)[None, :] >= lens[:, None])[:, None, None, :]
+    s = np.where(full, -np.inf, s)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(s - m)
+    den = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(den == 0, 1, den)
+    wr(out, np.matmul(p, vv))
+
+
+def topk(values: Any, indices: Any, x: Any, k: int) -> None:
+    v = rd(x)
+    n = v.shape[-1]
+    order = np.flip(np.argsort(np.flip(v, -1), axis=-1, kind="stable"), -1)
+    idx = (n - 1 - order)[..., :k]
+    wr(indices, idx)
+    wr(values, np.take_along_axis(v, idx, axis=-1))
+
+
+def adamw_step(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, lr: float, beta1: float, beta2: float,
+               eps: float, weight_decay: float, step: int) -> None:
+    p = rd(param).astype(np.float64)
+    g = rd(grad)
+    m = beta1 * rd(exp_avg) + (1 - beta1) * g
+    v = beta2 * rd(exp_avg_sq) + (1 - beta2) * g * g
+    wr(exp_avg, m)
+    wr(exp_avg_sq, v)
+    p = p * (1 - lr * weight_decay)
+    bc1 = 1 - beta1**step
+    bc2 = 1 - beta2**step
+    p = p - lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+    wr(param, p)
+
+
+KERNELS: dict[str, Callable[..., None]] = {
+    "linear": linear, "gelu": gelu, "gelu_backward": gelu_backward, "softmax": softmax,
+    "log_softmax": log_softmax, "layer_norm": layer_norm, "layer_norm_backward": layer_norm_backward,
+    "embedding": embedding, "cross_entropy": cross_entropy, "attention": attention, "topk": topk,
+    "adamw_step": adamw_step,
+}

@@ -1,0 +1,17 @@
+"""Data: IDX (MNIST) files, TensorDataset and DataLoader."""
+
+from __future__ import annotations
+
+from .idx import read_idx, read_idx_dataset, read_idx_images, read_idx_labels, write_idx
+from .loader import DataLoader, Dataset, TensorDataset
+
+__all__ = [
+    "DataLoader",
+    "Dataset",
+    "TensorDataset",
+    "read_idx",
+    "read_idx_dataset",
+    "read_idx_images",
+    "read_idx_labels",
+    "write_idx",
+]

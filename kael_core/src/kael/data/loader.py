@@ -1,0 +1,121 @@
+"""TensorDataset and DataLoader: batching, seeded shuffling, drop_last.
+
+A dataset is anything with `__len__` and `__getitem__(i) -> tuple of tensors`; one
+that also has `__getitems__(indices)` (as TensorDataset does) is fetched a whole batch
+at a time, by one gather per tensor, instead of sample by sample and stacked.
+
+Shuffling is deterministic: epoch `e` of a loader with seed `s` uses the permutation of
+`numpy.random.default_rng((s, e))`, so every epoch has a new order, and two loaders
+with the same seed give the same batches. Each `iter()` starts the next epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from kael._errors import ShapeError
+
+__all__ = ["DataLoader", "Dataset", "TensorDataset"]
+
+
+class Dataset(Protocol):
+    """What DataLoader needs of a dataset."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+def _gather(t: Any, indices: np.ndarray[Any, np.dtype[np.int64]]) -> Any:
+    """Rows `indices` of `t` (a new tensor, never a view), for kael tensors and NumPy arrays."""
+    if isinstance(t, np.ndarray):
+        return t[indices]
+    from kael._tensor import from_numpy
+
+    return t[from_numpy(indices)]
+
+
+class TensorDataset:
+    """Samples are the rows of the given tensors (or NumPy arrays), which share their first dim."""
+
+    def __init__(self, *tensors: Any) -> None:
+        if not tensors:
+            raise ShapeError("TensorDataset: expected at least one tensor")
+        lengths = [t.shape[0] if len(t.shape) else None for t in tensors]
+        if None in lengths or len(set(lengths)) != 1:
+            shapes = [tuple(t.shape) for t in tensors]
+            raise ShapeError(f"TensorDataset: every tensor needs the same first dimension, got shapes {shapes}")
+        self.tensors: tuple[Any, ...] = tensors
+        self._len = int(tensors[0].shape[0])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+    def __getitems__(self, indices: Sequence[int] | np.ndarray[Any, Any]) -> tuple[Any, ...]:
+        """A batch: each tensor's rows `indices`, gathered in one op per tensor."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return tuple(_gather(t, idx) for t in self.tensors)
+
+
+def _stack(samples: list[Any]) -> tuple[Any, ...]:
+    """Collate samples (tuples of tensors or arrays) into a tuple of batched tensors."""
+    if not samples:
+        return ()
+    fields = list(zip(*(s if isinstance(s, tuple) else (s,) for s in samples), strict=True))
+    if all(isinstance(x, np.ndarray) for f in fields for x in f):
+        return tuple(np.stack(f) for f in fields)
+    import kael
+
+    return tuple(kael.stack(list(f)) for f in fields)
+
+
+class DataLoader:
+    """Iterate over a dataset in batches of `batch_size` samples, as tuples of batched tensors.
+
+    `shuffle` draws a new permutation each epoch from `seed` (a random seed when None);
+    `drop_last` drops a last batch smaller than `batch_size`.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
+                 seed: int | None = None) -> None:
+        if type(batch_size) is not int or batch_size < 1:
+            raise ShapeError(f"DataLoader: batch_size must be a positive integer, got {batch_size!r}")
+        if seed is not None and (type(seed) is not int or seed < 0):
+            raise ShapeError(f"DataLoader: seed must be a non-negative integer or None, got {seed!r}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed: int = seed if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def _order(self, epoch: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        n = len(self.dataset)
+        if self.shuffle:
+            return np.random.default_rng((self.seed, epoch)).permutation(n).astype(np.int64)
+        return np.arange(n, dtype=np.int64)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        order = self._order(self.epoch)
+        self.epoch += 1
+        return self._batches(order)
+
+    def _batches(self, order: np.ndarray[Any, np.dtype[np.int64]]) -> Iterator[tuple[Any, ...]]:
+        batched = getattr(self.dataset, "__getitems__", None)
+        for b in range(len(self)):
+            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+            if batched is not None:
+                yield tuple(batched(idx))
+            else:
+                yield _stack([self.dataset[int(i)] for i in idx])

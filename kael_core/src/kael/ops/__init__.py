@@ -1,0 +1,155 @@
+"""The frontend ops: every public tensor function of kael, dispatched to backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _dtype as dt
+from .._errors import DTypeError
+from .._tensor import Tensor
+from ._creation import (arange, empty_, eye, full, full_like, linspace, ones, ones_like, rand, rand_like, randint,
+                        randn, randn_like, randperm, tensor, zeros, zeros_like, empty_like)
+from ._fused import (adamw_step, attention, cross_entropy, embedding, gelu, layer_norm, linear, log_softmax,
+                     softmax, topk)
+from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
+from ._inplace import clone, contiguous, detach, to
+from ._linalg import matmul
+from ._pointwise import BINARY_FUNCTIONS, UNARY_FUNCTIONS, Where, binary, unary
+from ._random import Generator, default_generator, manual_seed, seed
+from ._reduce import Amax, Amin, Prod, Sum, argreduce, logical_reduce, max_with_indices, mean, std, var
+from ._views import expand, flatten, narrow, permute, reshape, select, slice_, squeeze, transpose, unsqueeze, view
+
+__all__ = [
+    "tensor", "zeros", "ones", "full", "empty", "arange", "linspace", "eye", "zeros_like", "ones_like", "full_like",
+    "empty_like", "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "Generator", "manual_seed",
+    "seed", "default_generator",
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "floor_divide",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "sin", "cos", "sigmoid", "erf", "log1p", "expm1", "floor",
+    "ceil", "round", "sign", "relu", "clamp", "where",
+    "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "any", "all",
+    "matmul", "cat", "stack", "split", "chunk", "gather", "index_select", "nonzero",
+    "reshape", "view", "permute", "transpose", "expand", "squeeze", "unsqueeze", "flatten", "narrow", "select",
+    "slice_", "clone", "contiguous", "detach", "to",
+    "softmax", "log_softmax", "gelu", "layer_norm", "linear", "embedding", "cross_entropy", "attention", "topk",
+    "adamw_step",
+]
+
+empty = empty_
+
+
+def _bin(name: str) -> Any:
+    fn = BINARY_FUNCTIONS.get(name)
+    if fn is not None:
+        apply = fn.apply
+
+        def op(a: Any, b: Any) -> Tensor:
+            return apply(a, b)  # type: ignore[no-any-return]
+    else:
+        def op(a: Any, b: Any) -> Tensor:
+            return binary(name, a, b)
+    op.__name__ = name
+    op.__qualname__ = name
+    return op
+
+
+add, sub, mul, div, pow, maximum, minimum = (_bin(n) for n in ("add", "sub", "mul", "div", "pow", "maximum",
+                                                                 "minimum"))
+remainder, floor_divide = _bin("remainder"), _bin("floor_divide")
+eq, ne, lt, le, gt, ge = (_bin(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
+logical_and, logical_or = _bin("logical_and"), _bin("logical_or")
+
+
+def _un(name: str) -> Any:
+    fn = UNARY_FUNCTIONS[name]
+    apply = fn.apply
+
+    def op(a: Tensor) -> Tensor:
+        if not isinstance(a, Tensor):
+            raise DTypeError(f"{name}: expected a tensor, got {type(a).__name__}")
+        return apply(a)  # type: ignore[no-any-return]
+
+    op.__name__ = name
+    return op
+
+
+neg, exp, log, sqrt, rsqrt, tanh, abs = (_un(n) for n in ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs"))
+sin, cos, sigmoid, erf, log1p, expm1 = (_un(n) for n in ("sin", "cos", "sigmoid", "erf", "log1p", "expm1"))
+floor, ceil, round, sign = (_un(n) for n in ("floor", "ceil", "round", "sign"))
+
+
+def logical_not(a: Tensor) -> Tensor:
+    return unary("logical_not", a)
+
+
+def relu(a: Tensor) -> Tensor:
+    return maximum(a, 0.0 if a.dtype.is_floating_point else 0)  # type: ignore[no-any-return]
+
+
+def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    if min is None and max is None:
+        raise DTypeError("clamp: at least one of min and max must be given")
+    r = a
+    if min is not None:
+        r = maximum(r, min)
+    if max is not None:
+        r = minimum(r, max)
+    return r
+
+
+def where(cond: Tensor, a: Any, b: Any) -> Tensor:
+    return Where.apply(cond, a, b)  # type: ignore[no-any-return]
+
+
+def sum(a: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+    return Sum.apply(a, dim, keepdim, dtype)  # type: ignore[no-any-return]
+
+
+def prod(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return Prod.apply(a, dim, keepdim)  # type: ignore[no-any-return]
+
+
+def amax(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return Amax.apply(a, "amax", dim, keepdim)  # type: ignore[no-any-return]
+
+
+def amin(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return Amin.apply(a, "amin", dim, keepdim)  # type: ignore[no-any-return]
+
+
+def max(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    """max(a) -> the largest value; max(a, dim) -> (values, indices)."""
+    if isinstance(dim, Tensor):
+        return maximum(a, dim)
+    if dim is None:
+        return amax(a)
+    return max_with_indices(a, dim, keepdim, "max")
+
+
+def min(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    if isinstance(dim, Tensor):
+        return minimum(a, dim)
+    if dim is None:
+        return amin(a)
+    return max_with_indices(a, dim, keepdim, "min")
+
+
+def argmax(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    return argreduce("argmax", a, dim, keepdim)
+
+
+def argmin(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    return argreduce("argmin", a, dim, keepdim)
+
+
+def any(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return logical_reduce("any", a, dim, keepdim)
+
+
+def all(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return logical_reduce("all", a, dim, keepdim)
+
+
+_ = (dt, mean, var, std)
+
+from . import _methods  # noqa: E402,F401  (attaches Tensor methods; needs the names above)

@@ -1,0 +1,158 @@
+"""Tensor methods and operators, attached here so _tensor.py stays about data layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _dtype as dt
+from .._errors import AutogradError, DTypeError
+from .._tensor import Tensor
+from ..autograd._grad_mode import STATE
+
+
+def _install() -> None:
+    from .. import ops as F
+    from . import _inplace, _views
+    from ._indexing import getitem
+    from ._inplace import fast_binary_, inplace, setitem
+
+    T: Any = Tensor
+    T.__add__ = lambda a, b: F.add(a, b)
+    T.__radd__ = lambda a, b: F.add(b, a)
+    T.__sub__ = lambda a, b: F.sub(a, b)
+    T.__rsub__ = lambda a, b: F.sub(b, a)
+    T.__mul__ = lambda a, b: F.mul(a, b)
+    T.__rmul__ = lambda a, b: F.mul(b, a)
+    T.__truediv__ = lambda a, b: F.div(a, b)
+    T.__rtruediv__ = lambda a, b: F.div(b, a)
+    T.__pow__ = lambda a, b: F.pow(a, b)
+    T.__rpow__ = lambda a, b: F.pow(b, a)
+    T.__floordiv__ = lambda a, b: F.floor_divide(a, b)
+    T.__mod__ = lambda a, b: F.remainder(a, b)
+    T.__matmul__ = lambda a, b: F.matmul(a, b)
+    T.__rmatmul__ = lambda a, b: F.matmul(b, a)
+    T.__neg__ = lambda a: F.neg(a)
+    T.__abs__ = lambda a: F.abs(a)
+    T.__pos__ = lambda a: a
+    T.__invert__ = lambda a: F.logical_not(a) if a.dtype is dt.bool_ else _bad_invert(a)
+    T.__and__ = lambda a, b: F.logical_and(a, b)
+    T.__or__ = lambda a, b: F.logical_or(a, b)
+    T.__eq__ = lambda a, b: F.eq(a, b)
+    T.__ne__ = lambda a, b: F.ne(a, b)
+    T.__lt__ = lambda a, b: F.lt(a, b)
+    T.__le__ = lambda a, b: F.le(a, b)
+    T.__gt__ = lambda a, b: F.gt(a, b)
+    T.__ge__ = lambda a, b: F.ge(a, b)
+    T.__getitem__ = getitem
+    T.__setitem__ = setitem
+
+    for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "floor_divide", "eq", "ne",
+                 "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "neg", "exp", "log", "sqrt",
+                 "rsqrt", "tanh", "abs", "sin", "cos", "sigmoid", "erf", "log1p", "expm1", "floor", "ceil", "round",
+                 "sign", "relu", "clamp", "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin",
+                 "var", "std", "any", "all", "matmul", "gather", "index_select", "nonzero", "reshape", "view",
+                 "permute", "transpose", "expand", "squeeze", "unsqueeze", "flatten", "narrow", "select", "clone",
+                 "contiguous", "detach", "to", "softmax", "log_softmax", "split", "chunk", "topk"):
+        setattr(T, name, getattr(F, name))
+    T.slice = F.slice_
+    T.T = property(lambda a: _views.permute(a, tuple(reversed(range(a.ndim)))) if a.ndim != 2
+                   else _views.transpose(a, 0, 1))
+    T.mT = property(lambda a: _views.transpose(a, -2, -1))
+    T.where = lambda a, cond, other: F.where(cond, a, other)
+    T.expand_as = lambda a, o: _views.expand(a, o.shape)
+    T.view_as = lambda a, o: _views.view(a, o.shape)
+    T.reshape_as = lambda a, o: _views.reshape(a, o.shape)
+    T.type_as = lambda a, o: _inplace.to(a, dtype=o.dtype)
+    T.cpu = lambda a: _inplace.to(a, device="cpu")
+    T.cuda = lambda a, index=0: _inplace.to(a, device=f"cuda:{index}")
+    for nm, d in (("float", dt.float32), ("double", dt.float64), ("half", dt.float16), ("bfloat16", dt.bfloat16),
+                  ("long", dt.int64), ("int", dt.int32), ("bool", dt.bool_), ("byte", dt.uint8)):
+        setattr(T, nm, (lambda d_: lambda a: _inplace.to(a, dtype=d_))(d))
+
+    def _inplace_bin(name: str) -> Any:
+        fn = getattr(F, name)
+
+        def method(a: Tensor, b: Any, alpha: Any = None) -> Tensor:
+            if alpha is not None:
+                b = F.mul(b, alpha)
+            r = fast_binary_(a, name, b)
+            if r is not None:
+                return r
+            return inplace(a, name + "_", lambda: fn(a, b))
+
+        return method
+
+    for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
+        setattr(T, name + "_", _inplace_bin(name))
+    T.__iadd__ = T.add_
+    T.__isub__ = T.sub_
+    T.__imul__ = T.mul_
+    T.__itruediv__ = T.div_
+
+    def _inplace_un(name: str) -> Any:
+        fn = getattr(F, name)
+        return lambda a, *args, **kw: inplace(a, name + "_", lambda: fn(a, *args, **kw))
+
+    for name in ("neg", "exp", "log", "sqrt", "tanh", "abs", "sigmoid", "relu", "clamp", "floor", "ceil", "round"):
+        setattr(T, name + "_", _inplace_un(name))
+    T.copy_ = _inplace.copy_
+    T.fill_ = _inplace.fill_
+    T.zero_ = lambda a: _inplace.fill_(a, 0)
+
+    def requires_grad_(a: Tensor, requires_grad: bool = True) -> Tensor:
+        if requires_grad and not a.dtype.is_floating_point:
+            raise DTypeError(f"requires_grad_: only floating-point tensors can require gradients, got {a.dtype!r}")
+        if a.grad_fn is not None and not requires_grad:
+            raise AutogradError("requires_grad_: cannot turn off requires_grad on a non-leaf tensor; use detach()")
+        if STATE.inference and requires_grad:
+            raise AutogradError("requires_grad_: not allowed inside inference_mode")
+        a.requires_grad = bool(requires_grad)
+        return a
+
+    T.requires_grad_ = requires_grad_
+
+    def backward(a: Tensor, gradient: Any = None, retain_graph: bool = False) -> None:
+        from ..autograd._engine import run_backward
+
+        run_backward((a,), (gradient,), retain_graph)
+
+    T.backward = backward
+
+    def register_hook(a: Tensor, fn: Any) -> Any:
+        if not a.requires_grad:
+            raise AutogradError("register_hook: cannot register a hook on a tensor that doesn't require grad")
+        if a.grad_fn is None:
+            if a._hooks is None:
+                a._hooks = []
+            a._hooks.append(fn)
+            hooks = a._hooks
+        else:
+            a.grad_fn.register_prehook(a._output_nr, fn)
+            hooks = a.grad_fn._pre_hooks[a._output_nr]  # type: ignore[index]
+
+        class _Handle:
+            def remove(self) -> None:
+                if fn in hooks:
+                    hooks.remove(fn)
+
+        return _Handle()
+
+    T.register_hook = register_hook
+
+    def retain_grad(a: Tensor) -> None:
+        if a.grad_fn is None:
+            return
+        node = a.grad_fn
+        if node._retained is None:
+            node._retained = {}
+        node._retained[a._output_nr] = a
+        a._retains_grad = True
+
+    T.retain_grad = retain_grad
+
+
+def _bad_invert(a: Tensor) -> Tensor:
+    raise DTypeError(f"~: bitwise not is only supported for bool tensors, got {a.dtype!r}")
+
+
+_install()

@@ -1,0 +1,85 @@
+"""The request flow shared by the generation routes, whatever their wire format.
+
+read the body (capped) -> validate -> admit (429 at once if the slot is taken) -> wait for
+the prompt to be encoded on the worker -> stream events, or wait for the whole text while
+watching for a disconnect. A Reply object turns the results into one API's wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import Stream
+
+from kael_server import limits, sse
+from kael_server.accounting import RequestRecord, outcome_of_error, record_of
+from kael_server.errors import Cancelled, ClientGone, ServerError, client_error
+from kael_server.jobs import JobStats, SamplingParams
+from kael_server.state import ServerState
+from kael_server.validation import decode, read_body
+from kael_server.waiting import accepted, finished
+
+B = TypeVar("B", bound=msgspec.Struct)
+
+
+class Reply(Protocol):
+    """How one API phrases a generation: built from the validated body of one request."""
+
+    prompt: str
+    params: SamplingParams
+    stream: bool
+
+    def plain(self, text: str, stats: JobStats) -> Response[Any]: ...
+
+    def piece(self, text: str) -> bytes: ...
+
+    def finish(self, stats: JobStats) -> list[bytes]: ...
+
+    def stream_error(self, error: ServerError) -> bytes: ...
+
+
+async def serve_generation(
+    request: Request[Any, Any, Any],
+    server: ServerState,
+    schema: type[B],
+    make_reply: Callable[[B, ServerState], Reply],
+    error_response: Callable[[ServerError], Response[Any]],
+) -> Response[Any]:
+    record = record_of(request)
+    try:
+        body = decode(await read_body(request, limits.MAX_BODY_BYTES), schema)
+        generator = server.require()
+        reply = make_reply(body, server)
+        job = record.job = generator.submit(reply.prompt, reply.params, record.started)
+        if reply.stream:
+            await accepted(job, request)
+            events = sse.job_events(
+                job, record, piece=reply.piece, finish=reply.finish, error=reply.stream_error
+            )
+            return Stream(events, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        done = await finished(job, request)
+        record.outcome = "ok"
+        return reply.plain(done.text, job.stats)
+    except ClientGone:
+        return _client_gone(record, error_response)
+    except Exception as exc:
+        failure = client_error(exc)
+        record.outcome = outcome_of_error(failure)
+        return error_response(failure)
+
+
+def _client_gone(
+    record: RequestRecord, error_response: Callable[[ServerError], Response[Any]]
+) -> Response[Any]:
+    """The client left: stop its generation; the 499 answer is for the log (nobody reads it)."""
+    if record.job is not None:
+        record.job.cancel("client")
+    record.outcome = "cancelled"
+    return error_response(Cancelled("client"))
+
+
+def retry_headers(error: ServerError) -> dict[str, str] | None:
+    return {"Retry-After": str(limits.RETRY_AFTER_SECONDS)} if error.status_code == 429 else None

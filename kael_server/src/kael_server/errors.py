@@ -1,0 +1,88 @@
+"""Exceptions that carry a client-safe status and message; anything else is answered as a 500."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ServerError(Exception):
+    """Base of the errors whose ``message`` is written by kael_server and safe to send to a client."""
+
+    status_code = 500
+    message = "generation failed"
+
+    def __init__(self, message: str | None = None) -> None:
+        if message is not None:
+            self.message = message
+        super().__init__(self.message)
+
+
+class Busy(ServerError):
+    """Every generation slot is taken; the client should retry shortly (429)."""
+
+    status_code = 429
+    message = "the server is busy with another generation; retry shortly"
+
+
+class NotReady(ServerError):
+    """The model is still loading, or the server is shutting down (503)."""
+
+    status_code = 503
+    message = "the server is not ready"
+
+
+class BodyTooLarge(ServerError):
+    status_code = 413
+    message = "request body too large"
+
+
+class PromptRejected(ServerError):
+    """The prompt's tokens are unusable: empty (422) or too long for the context (413)."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        self.status_code = status_code
+        super().__init__(message)
+
+
+class Cancelled(ServerError):
+    """The generation was stopped: ``reason`` is "client" (disconnect) or "shutdown"."""
+
+    status_code = 499
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__("server shutting down" if reason == "shutdown" else "client disconnected")
+        if reason == "shutdown":
+            self.status_code = 503
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One validation problem: the field it concerns (a name from the schema, never input) and what was expected."""
+
+    loc: str
+    msg: str
+
+
+class InvalidRequest(ServerError):
+    status_code = 422
+    message = "invalid request"
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        self.errors = errors
+        super().__init__()
+
+
+def client_error(exc: BaseException, message: str = "generation failed") -> ServerError:
+    """What the client may be told about ``exc``: our own errors as they are, anything else as a
+    bare 500 whose cause (text and traceback) goes to the server log only."""
+    if isinstance(exc, ServerError):
+        return exc
+    from kael_server.logs import get_logger
+
+    get_logger().error("internal_error", message=message, error_type=type(exc).__name__, exc_info=exc)
+    return ServerError(message)

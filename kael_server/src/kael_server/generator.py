@@ -1,0 +1,140 @@
+"""Generator: the model, its tokenizer and everything needed to run one generation safely."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from kael_server.errors import Cancelled, NotReady, PromptRejected
+from kael_server.jobs import Failed, Finished, Job, Outcome, PromptAccepted, SamplingParams, TextPiece
+from kael_server.metrics import Metrics
+from kael_server.protocols import Model, RngFactory, Tokenizer
+from kael_server.scheduler import Scheduler, SlotPool
+from kael_server.stops import StopMatcher
+from kael_server.utf8 import Utf8Stream
+
+
+class Generator:
+    """Serves ``model`` through a Scheduler (one generation slot by default).
+
+    ``make_rng(seed)`` builds the ``generator`` argument of ``model.generate`` for seeded
+    requests; without it, requests are sampled from the model's default random state.
+    ``shutting_down`` is set once the server starts draining: no new job is admitted and the
+    running ones are cancelled.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        tokenizer: Tokenizer,
+        *,
+        device: str = "cpu",
+        model_name: str = "kael-gpt2",
+        make_rng: RngFactory | None = None,
+        metrics: Metrics | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.model_name = model_name
+        self.context_length = int(model.max_positions)
+        self.vocab_size = int(model.vocab_size)
+        self.make_rng = make_rng
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.scheduler = scheduler if scheduler is not None else SlotPool(self.run)
+        self.shutting_down = threading.Event()
+
+    # ---- on the event loop ------------------------------------------------------------
+
+    def submit(self, prompt: str, params: SamplingParams, arrived: float) -> Job:
+        """Admits a generation now (raising Busy or NotReady otherwise); it runs on a worker."""
+        if self.shutting_down.is_set():
+            raise NotReady("the server is shutting down")
+        job = Job(prompt, params, arrived, asyncio.get_running_loop())
+        self.scheduler.submit(job)
+        return job
+
+    def begin_shutdown(self) -> None:
+        """Refuses new jobs and stops the running ones at their next token."""
+        self.shutting_down.set()
+        for job in self.scheduler.running():
+            job.cancel("shutdown")
+
+    # ---- on a worker thread -----------------------------------------------------------
+
+    def run(self, job: Job) -> Outcome:
+        """Encodes the prompt and generates; every failure becomes a Failed outcome."""
+        try:
+            ids = self.tokenizer.encode(job.prompt)
+            if job.cancelled:
+                raise Cancelled(job.cancel_reason or "client")
+            self._check_prompt(ids, job.params.max_tokens)
+            job.stats.prompt_tokens = len(ids)
+            self.metrics.prompt_tokens.inc(len(ids))
+            job.emit(PromptAccepted(len(ids)))
+            return Finished(self._generate(job, ids))
+        except Exception as exc:
+            return Failed(exc)
+
+    def _check_prompt(self, ids: list[int], max_tokens: int) -> None:
+        if not ids:
+            raise PromptRejected(422, "the prompt encodes to no tokens")
+        if len(ids) + max_tokens > self.context_length:
+            raise PromptRejected(
+                413,
+                f"prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
+                f"the context of {self.context_length} tokens",
+            )
+
+    def _generate(self, job: Job, ids: list[int]) -> str:
+        params, stats = job.params, job.stats
+        decoder = Utf8Stream()
+        stopper = StopMatcher(params.stop)
+        pieces: list[str] = []
+        eot = self.tokenizer.eot_token
+        interrupted = False
+
+        def send(text: str) -> None:
+            if text:
+                pieces.append(text)
+                job.emit(TextPiece(text))
+
+        def on_token(token: int) -> bool:
+            nonlocal interrupted
+            if job.cancelled:
+                interrupted = True
+                return False
+            if token == eot:
+                stats.finish_reason = "stop"
+                return False
+            stats.tokens += 1
+            if stats.ttft is None:
+                stats.ttft = time.perf_counter() - job.arrived
+            send(stopper.feed(decoder.feed(self.tokenizer.decode([token]))))
+            if stopper.stopped:
+                stats.finish_reason = "stop"
+                return False
+            return True
+
+        rng = self.make_rng(params.seed) if params.seed is not None and self.make_rng else None
+        start = time.perf_counter()
+        try:
+            self.model.generate(
+                ids,
+                params.max_tokens,
+                temperature=params.temperature,
+                top_k=min(params.top_k, self.vocab_size),
+                on_token=on_token,
+                generator=rng,
+            )
+        finally:
+            stats.seconds = time.perf_counter() - start
+            self.metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
+        if interrupted:
+            raise Cancelled(job.cancel_reason or "client")
+        if not stopper.stopped:
+            send(stopper.feed(decoder.flush()))
+            send(stopper.flush())
+        return "".join(pieces)

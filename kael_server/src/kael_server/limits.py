@@ -1,0 +1,25 @@
+"""Request limits shared by validation, the routes and the OpenAPI schema."""
+
+from __future__ import annotations
+
+MAX_PROMPT_CHARS = 8192
+MAX_NEW_TOKENS = 512
+MAX_TOP_K = 1_000_000
+MAX_TEMPERATURE = 10.0
+MIN_SAMPLING_TEMPERATURE = 0.001
+"""Below this (but above 0) softmax(logits / t) overflows; 0 itself means greedy."""
+MAX_SEED = 2**63 - 1
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
+MAX_DETOKENIZE_IDS = 8192
+
+MAX_BODY_BYTES = 6 * MAX_PROMPT_CHARS + 1024
+"""A prompt of 8192 characters JSON-escaped as ``\\uXXXX`` is 6 bytes each, plus room for the other fields."""
+
+SHUTDOWN_DRAIN_SECONDS = 30.0
+RETRY_AFTER_SECONDS = 1
+
+
+def temperature_ok(value: float) -> bool:
+    """0 (greedy) or a sampling temperature from 0.001 to 10."""
+    return value == 0 or MIN_SAMPLING_TEMPERATURE <= value <= MAX_TEMPERATURE

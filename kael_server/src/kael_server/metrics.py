@@ -1,0 +1,73 @@
+"""Prometheus metrics of one server, in a registry of its own (so apps and tests never share counts)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+OUTCOMES = ("ok", "busy", "rejected", "error", "cancelled")
+REQUEST_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def peak_memory_bytes() -> int:
+    """Peak resident set size of this process: ru_maxrss is in KiB on Linux, in bytes on macOS."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss) if sys.platform == "darwin" else int(rss) * 1024
+
+
+class Metrics:
+    """The server's counters, gauges and histograms; every method is safe from any thread."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "kael_requests",
+            "Generation requests (/generate, /v1/completions), each counted once by outcome.",
+            ["status"],
+            registry=r,
+        )
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+        self.generated_tokens = Counter("kael_generated_tokens", "Tokens generated.", registry=r)
+        self.prompt_tokens = Counter("kael_prompt_tokens", "Prompt tokens accepted.", registry=r)
+        self.tokens_per_second = Gauge(
+            "kael_tokens_per_second", "Generation speed of the last finished generation.", registry=r
+        )
+        self.in_flight = Gauge(
+            "kael_requests_in_flight", "Generation requests being answered now.", registry=r
+        )
+        self.request_seconds = Histogram(
+            "kael_request_seconds",
+            "Wall time of generation requests, arrival to last byte, any outcome.",
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.time_to_first_token = Histogram(
+            "kael_time_to_first_token_seconds",
+            "From a request's arrival to its first generated token.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        peak = Gauge("kael_peak_memory_bytes", "Peak resident memory of the server process.", registry=r)
+        peak.set_function(peak_memory_bytes)
+
+    def request_finished(self, outcome: str, seconds: float) -> None:
+        self.requests.labels(outcome).inc()
+        self.request_seconds.observe(seconds)
+
+    def generation_finished(self, tokens: int, seconds: float, ttft: float | None) -> None:
+        self.generated_tokens.inc(tokens)
+        if tokens and seconds > 0:
+            self.tokens_per_second.set(tokens / seconds)
+        if ttft is not None:
+            self.time_to_first_token.observe(ttft)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,12 @@
+"""The HTTP routes of kael-server, one module per API surface."""
+
+from __future__ import annotations
+
+from kael_server.routes.generate import generate
+from kael_server.routes.openai import completions, models
+from kael_server.routes.status import health, metrics, ready
+from kael_server.routes.tokens import detokenize, tokenize
+
+ROUTES = [generate, completions, models, tokenize, detokenize, health, ready, metrics]
+
+__all__ = ["ROUTES"]
