@@ -1,0 +1,28 @@
+"""NaN anomaly detection in backward."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from . import _hooks
+
+
+def set_anomaly_detection(enabled: bool) -> None:
+    """After each node, raise KaelError naming it if a floating gradient it produced has a NaN."""
+    _hooks.anomaly = bool(enabled)
+    _hooks.sync()
+
+
+def is_anomaly_enabled() -> bool:
+    return _hooks.anomaly
+
+
+@contextmanager
+def detect_anomaly() -> Iterator[None]:
+    prev = _hooks.anomaly
+    set_anomaly_detection(True)
+    try:
+        yield
+    finally:
+        set_anomaly_detection(prev)

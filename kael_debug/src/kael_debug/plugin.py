@@ -1,0 +1,20 @@
+"""The kael.plugins entry point: reports itself, and honours KAEL_TRACE_BACKWARD at load."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import kael
+
+
+@kael.hookimpl
+def kael_plugin_info() -> dict[str, Any]:
+    return {"name": "debug", "version": "0.1.0", "description": "explain, graphs, trace, anomaly, profiler"}
+
+
+if os.environ.get("KAEL_TRACE_BACKWARD"):
+    from ._trace import set_backward_trace
+
+    set_backward_trace(sys.stderr)
