@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kael._errors import ShapeError
 from kael.data.loader import DataLoader, TensorDataset
 
@@ -28,10 +27,19 @@ def _epoch(loader: DataLoader) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize(("n", "bs", "drop_last", "expected"), [
-    (10, 3, False, 4), (10, 3, True, 3), (9, 3, False, 3), (9, 3, True, 3), (2, 5, False, 1), (2, 5, True, 0),
-    (0, 4, False, 0), (1, 1, False, 1),
-])
+@pytest.mark.parametrize(
+    ("n", "bs", "drop_last", "expected"),
+    [
+        (10, 3, False, 4),
+        (10, 3, True, 3),
+        (9, 3, False, 3),
+        (9, 3, True, 3),
+        (2, 5, False, 1),
+        (2, 5, True, 0),
+        (0, 4, False, 0),
+        (1, 1, False, 1),
+    ],
+)
 def test_len(n: int, bs: int, drop_last: bool, expected: int) -> None:
     loader = DataLoader(_data(n), batch_size=bs, drop_last=drop_last)
     assert len(loader) == expected
@@ -112,16 +120,30 @@ def test_tensor_dataset_rejects_mismatched_tensors(tensors: tuple[Any, ...]) -> 
         TensorDataset(*tensors)
 
 
-@pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"batch_size": -2}, {"batch_size": True},
-                                    {"batch_size": 2.0}, {"batch_size": 2, "seed": -1}, {"batch_size": 2, "seed": 1.5}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"batch_size": 0},
+        {"batch_size": -2},
+        {"batch_size": True},
+        {"batch_size": 2.0},
+        {"batch_size": 2, "seed": -1},
+        {"batch_size": 2, "seed": 1.5},
+    ],
+)
 def test_loader_rejects_bad_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ShapeError, match="DataLoader"):
         DataLoader(_data(3), **kwargs)
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(0, 40), bs=st.integers(1, 12), drop_last=st.booleans(), shuffle=st.booleans(),
-       seed=st.integers(0, 2**64))
+@given(
+    n=st.integers(0, 40),
+    bs=st.integers(1, 12),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**64),
+)
 def test_batching_property(n: int, bs: int, drop_last: bool, shuffle: bool, seed: int) -> None:
     loader = DataLoader(_data(n), batch_size=bs, shuffle=shuffle, drop_last=drop_last, seed=seed)
     batches = [b[1].tolist() for b in loader]
@@ -137,13 +159,14 @@ def test_batching_property(n: int, bs: int, drop_last: bool, shuffle: bool, seed
 
 # -- the tensor layer -------------------------------------------------------------------------
 
+
 @pytest.fixture
 def tensor_indexing() -> None:
     try:
         from kael._tensor import from_numpy
+        from kael.ops import index_select
 
-        t = from_numpy(np.arange(4.0))
-        t[from_numpy(np.array([2, 0], np.int64))]
+        index_select(from_numpy(np.arange(4.0)), 0, from_numpy(np.array([2, 0], np.int64)))
     except Exception as e:  # the core is still being written
         pytest.skip(f"kael tensor indexing not available yet: {e!r}")
 
@@ -160,3 +183,23 @@ def test_loader_over_kael_tensors(tensor_indexing: None) -> None:
         assert np.array_equal(numpy_bits(bx)[:, 0], numpy_bits(by) * 2)
         seen.extend(numpy_bits(by).tolist())
     assert sorted(seen) == list(range(10))
+
+
+class _TensorSamples:
+    """A dataset of kael tensor samples, without __getitems__: batches are stacked with kael.stack."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        from kael._tensor import from_numpy
+
+        return from_numpy(np.full(2, i, np.float32)), from_numpy(np.array(i, np.int64))
+
+
+def test_loader_stacks_kael_samples(tensor_indexing: None) -> None:
+    from kael._tensor import numpy_bits
+
+    batches = list(DataLoader(_TensorSamples(), batch_size=2))
+    assert [numpy_bits(b[1]).tolist() for b in batches] == [[0, 1], [2]]
+    assert numpy_bits(batches[0][0]).tolist() == [[0, 0], [1, 1]]

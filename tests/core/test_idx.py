@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
 from kael._errors import FormatError
 from kael.data.idx import TYPE_CODES, _checked_images, _checked_labels, parse_idx, read_idx_array, write_idx
 
@@ -36,6 +35,7 @@ def _write(tmp_path: Path, raw: bytes, name: str = "f.idx") -> Path:
 
 
 # -- round trips ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", NP_TYPES)
 @pytest.mark.parametrize("shape", [(0,), (3,), (2, 3), (4, 2, 2), (2, 0, 3), (1, 1, 1, 1, 2)])
@@ -66,8 +66,11 @@ def test_mnist_style_files(tmp_path: Path) -> None:
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arr=st.sampled_from(NP_TYPES).flatmap(
-    lambda d: hnp.arrays(d, hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=5))))
+@given(
+    arr=st.sampled_from(NP_TYPES).flatmap(
+        lambda d: hnp.arrays(d, hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=5))
+    )
+)
 def test_round_trip_property(tmp_path: Path, arr: np.ndarray[Any, Any]) -> None:
     path = tmp_path / "h.idx"
     write_idx(path, arr)
@@ -111,21 +114,27 @@ def test_malformed_is_a_format_error(tmp_path: Path, case: str, raw: bytes, prob
         parse_idx(raw)
 
 
-@pytest.mark.parametrize(("raw", "problem"), [
-    (_idx(8, [5]), "wrong dimensions for images"),
-    (_idx(0x0D, [2, 2, 2]), "wrong type for images"),
-    (_idx(8, [2, 0, 3]), "empty images"),
-    (_idx(8, [2, 3, 0]), "empty images"),
-])
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        (_idx(8, [5]), "wrong dimensions for images"),
+        (_idx(0x0D, [2, 2, 2]), "wrong type for images"),
+        (_idx(8, [2, 0, 3]), "empty images"),
+        (_idx(8, [2, 3, 0]), "empty images"),
+    ],
+)
 def test_bad_image_file(tmp_path: Path, raw: bytes, problem: str) -> None:
     with pytest.raises(FormatError, match=problem):
         _checked_images(_write(tmp_path, raw))
 
 
-@pytest.mark.parametrize(("raw", "problem"), [
-    (_idx(8, [2, 1]), "wrong dimensions for labels"),
-    (_idx(0x0C, [3]), "wrong type for labels"),
-])
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        (_idx(8, [2, 1]), "wrong dimensions for labels"),
+        (_idx(0x0C, [3]), "wrong type for labels"),
+    ],
+)
 def test_bad_label_file(tmp_path: Path, raw: bytes, problem: str) -> None:
     with pytest.raises(FormatError, match=problem):
         _checked_labels(_write(tmp_path, raw))
@@ -136,14 +145,17 @@ def test_empty_data_sets_are_allowed(tmp_path: Path) -> None:
     assert _checked_labels(_write(tmp_path, _idx(8, [0]), "l")).shape == (0,)
 
 
-@pytest.mark.parametrize(("value", "problem"), [
-    (np.zeros(3, np.int64), "unsupported type"),
-    (np.zeros(3, np.bool_), "unsupported type"),
-    (np.zeros(3, np.float16), "unsupported type"),
-    (np.zeros(3, np.uint16), "unsupported type"),
-    (np.array(5, np.uint8), "wrong dimensions"),
-    ([1, 2, 3], "unsupported value"),
-])
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (np.zeros(3, np.int64), "unsupported type"),
+        (np.zeros(3, np.bool_), "unsupported type"),
+        (np.zeros(3, np.float16), "unsupported type"),
+        (np.zeros(3, np.uint16), "unsupported type"),
+        (np.array(5, np.uint8), "wrong dimensions"),
+        ([1, 2, 3], "unsupported value"),
+    ],
+)
 def test_write_rejects_and_leaves_no_file(tmp_path: Path, value: Any, problem: str) -> None:
     with pytest.raises(FormatError, match=problem):
         write_idx(tmp_path / "out.idx", value)
@@ -164,8 +176,11 @@ def test_arbitrary_bytes_give_format_error_or_a_result(raw: bytes) -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(head=st.binary(min_size=4, max_size=4), dims=st.lists(st.integers(0, 2**32 - 1), max_size=6),
-       tail=st.binary(max_size=16))
+@given(
+    head=st.binary(min_size=4, max_size=4),
+    dims=st.lists(st.integers(0, 2**32 - 1), max_size=6),
+    tail=st.binary(max_size=16),
+)
 def test_structured_fuzz(tmp_path: Path, head: bytes, dims: list[int], tail: bytes) -> None:
     raw = bytes([0, 0]) + head[2:3] + bytes([len(dims)]) + struct.pack(f">{len(dims)}I", *dims) + tail
     path = _write(tmp_path, raw)
@@ -175,6 +190,7 @@ def test_structured_fuzz(tmp_path: Path, head: bytes, dims: list[int], tail: byt
 
 
 # -- the tensor layer -------------------------------------------------------------------------
+
 
 @pytest.fixture
 def tensors_work() -> None:

@@ -21,16 +21,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
 from kael._errors import FormatError
 from kael.io._safetensors_format import DTYPES, decode_buffer
 from kael.io._safetensors_load import load_arrays
 from kael.io._safetensors_save import save_arrays, save_entries
 
 # kael dtype name -> NumPy dtype of the arrays the NumPy layer takes and returns
-NP_OF = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
-         "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
-         "bool": np.bool_}
+NP_OF = {
+    "float64": np.float64,
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": np.uint16,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+}
 SHAPES = [(), (0,), (5,), (2, 3), (2, 0, 4), (1, 1, 1, 3)]
 
 
@@ -77,6 +85,7 @@ def _is_mapped(arr: np.ndarray[Any, Any]) -> bool:
 
 # -- round trips (NumPy layer) -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("use_mmap", [False, True])
 @pytest.mark.parametrize("dtype", list(NP_OF))
 def test_round_trip_every_dtype_and_shape(tmp_path: Path, dtype: str, use_mmap: bool) -> None:
@@ -105,12 +114,14 @@ def test_header_is_padded_with_spaces_to_8_bytes(tmp_path: Path) -> None:
     save_arrays({"abc": (np.arange(3, dtype=np.float32), "float32")}, path, metadata={"k": "v"})
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = raw[8:8 + n]
+    header = raw[8 : 8 + n]
     assert n % 8 == 0
-    assert json.loads(header) == {"__metadata__": {"k": "v"},
-                                  "abc": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}
+    assert json.loads(header) == {
+        "__metadata__": {"k": "v"},
+        "abc": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
+    }
     assert header.rstrip(b" ") + b" " * (n - len(header.rstrip(b" "))) == header
-    assert raw[8 + n:] == np.arange(3, dtype="<f4").tobytes()
+    assert raw[8 + n :] == np.arange(3, dtype="<f4").tobytes()
 
 
 def _tagged_arrays(dtype: str) -> st.SearchStrategy[tuple[np.ndarray[Any, Any], str]]:
@@ -118,8 +129,11 @@ def _tagged_arrays(dtype: str) -> st.SearchStrategy[tuple[np.ndarray[Any, Any], 
     return hnp.arrays(NP_OF[dtype], shapes).map(lambda a: (a, dtype))
 
 
-arrays_strategy = st.dictionaries(st.text(min_size=0, max_size=8).filter(lambda s: s != "__metadata__"),
-                                  st.sampled_from(list(NP_OF)).flatmap(_tagged_arrays), max_size=5)
+arrays_strategy = st.dictionaries(
+    st.text(min_size=0, max_size=8).filter(lambda s: s != "__metadata__"),
+    st.sampled_from(list(NP_OF)).flatmap(_tagged_arrays),
+    max_size=5,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -166,7 +180,10 @@ def test_kael_file_reads_in_safetensors_and_back(tmp_path: Path) -> None:
 def test_reference_written_file_maps_every_tensor(tmp_path: Path) -> None:
     stnp = pytest.importorskip("safetensors.numpy")
     ref: dict[str, np.ndarray[Any, Any]] = {
-        "a": np.ones(3, np.int8), "b": np.arange(5, dtype=np.float64), "c": np.zeros((2, 2), np.float16)}
+        "a": np.ones(3, np.int8),
+        "b": np.arange(5, dtype=np.float64),
+        "c": np.zeros((2, 2), np.float16),
+    }
     path = tmp_path / "ref.safetensors"
     stnp.save_file(ref, str(path))
     loaded, meta = load_arrays(path, mmap=True)
@@ -176,14 +193,34 @@ def test_reference_written_file_maps_every_tensor(tmp_path: Path) -> None:
         assert _is_mapped(loaded[name][0]), name  # the reference writer keeps every tensor aligned
 
 
+def test_bfloat16_interop_through_torch(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    stt = pytest.importorskip("safetensors.torch")
+    bits = _sample("bfloat16", (3, 4), 7)
+    ours = tmp_path / "bf16.safetensors"
+    save_arrays({"h": (bits, "bfloat16"), "f": (np.arange(3, dtype=np.float32), "float32")}, ours)
+    ref = stt.load_file(str(ours))
+    assert ref["h"].dtype == torch.bfloat16 and tuple(ref["h"].shape) == (3, 4)
+    assert np.array_equal(ref["h"].view(torch.int16).numpy().view(np.uint16), bits)
+    again = tmp_path / "torch.safetensors"
+    stt.save_file({"h": ref["h"], "z": torch.zeros(0, 2, dtype=torch.bfloat16)}, str(again))
+    for m in (False, True):
+        loaded, _ = load_arrays(again, mmap=m)
+        assert loaded["h"][1] == "bfloat16" and _same(loaded["h"][0], bits)
+        assert loaded["z"][1] == "bfloat16" and loaded["z"][0].shape == (0, 2)
+
+
 # -- mapped mode: zero-copy views when aligned, copies otherwise ---------------------------
+
 
 def _packed(tmp_path: Path) -> Path:
     # F32 [2] at 0, BOOL [1] at 8, I64 [1, 1] at 9: the last is misaligned for 8-byte items.
-    header = {"__metadata__": {"seed": "fuzz"},
-              "f": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-              "b": {"dtype": "BOOL", "shape": [1], "data_offsets": [8, 9]},
-              "i": {"dtype": "I64", "shape": [1, 1], "data_offsets": [9, 17]}}
+    header = {
+        "__metadata__": {"seed": "fuzz"},
+        "f": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "BOOL", "shape": [1], "data_offsets": [8, 9]},
+        "i": {"dtype": "I64", "shape": [1, 1], "data_offsets": [9, 17]},
+    }
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     data = np.array([1.5, -2.0], "<f4").tobytes() + b"\x01" + np.array([123456789], "<i8").tobytes()
@@ -216,9 +253,13 @@ def test_mapping_outlives_the_file_handle(tmp_path: Path) -> None:
 
 # -- malformed files ------------------------------------------------------------------------
 
+
 def _entry(dtype: Any = "F32", shape: Any = (2,), offsets: Any = (0, 8)) -> dict[str, Any]:
-    return {"dtype": dtype, "shape": list(shape) if isinstance(shape, tuple) else shape,
-            "data_offsets": list(offsets) if isinstance(offsets, tuple) else offsets}
+    return {
+        "dtype": dtype,
+        "shape": list(shape) if isinstance(shape, tuple) else shape,
+        "data_offsets": list(offsets) if isinstance(offsets, tuple) else offsets,
+    }
 
 
 def _one(entry: dict[str, Any], data: bytes = b"\0" * 8, name: str = "w") -> bytes:
@@ -245,13 +286,22 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("single quotes", _raw("{'a': 1}"), "header JSON"),
     ("NaN in metadata", _raw('{"__metadata__": {"a": NaN}}'), "header JSON"),
     ("deep nesting", _raw('{"a":' + "[" * 100_000 + "]" * 100_000 + "}"), "header JSON"),
-    ("huge integer literal", _raw('{"w": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 0]}}'),
-     "header JSON"),
-    ("duplicate tensor", _raw('{"w": ' + json.dumps(_entry()) + ', "w": ' + json.dumps(_entry()) + "}", ZERO8),
-     "duplicate key"),
+    (
+        "huge integer literal",
+        _raw('{"w": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 0]}}'),
+        "header JSON",
+    ),
+    (
+        "duplicate tensor",
+        _raw('{"w": ' + json.dumps(_entry()) + ', "w": ' + json.dumps(_entry()) + "}", ZERO8),
+        "duplicate key",
+    ),
     ("duplicate __metadata__", _raw('{"__metadata__": {}, "__metadata__": {}}'), "duplicate key"),
-    ("duplicate key in entry", _raw('{"w": {"dtype": "F32", "dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
-                                    ZERO8), "duplicate key"),
+    (
+        "duplicate key in entry",
+        _raw('{"w": {"dtype": "F32", "dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}', ZERO8),
+        "duplicate key",
+    ),
     ("duplicate metadata key", _raw('{"__metadata__": {"a": "1", "a": "2"}}'), "duplicate key"),
     ("metadata not an object", _raw({"__metadata__": ["a"]}), "__metadata__"),
     ("metadata null", _raw({"__metadata__": None}), "__metadata__"),
@@ -289,8 +339,11 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("end past the data", _one(_entry(shape=[4], offsets=(0, 16))), "data_offsets"),
     ("huge claim in a small file", _one(_entry(shape=[2**40], offsets=(0, 2**42))), "data_offsets"),
     ("gap at the start", _one(_entry(offsets=(8, 16)), b"\0" * 16), "gap"),
-    ("gap between", _raw({"a": _entry(shape=[1], offsets=(0, 4)), "b": _entry(shape=[1], offsets=(5, 9))},
-                         b"\0" * 9), "gap"),
+    (
+        "gap between",
+        _raw({"a": _entry(shape=[1], offsets=(0, 4)), "b": _entry(shape=[1], offsets=(5, 9))}, b"\0" * 9),
+        "gap",
+    ),
     ("overlap", _raw({"a": _entry(), "b": _entry(shape=[1], offsets=(4, 8))}, ZERO8), "overlap"),
     ("same range twice", _raw({"a": _entry(), "b": _entry()}, ZERO8), "overlap"),
     ("trailing data", _one(_entry(), b"\0" * 9), "coverage"),
@@ -313,12 +366,15 @@ def test_malformed_file_is_a_format_error(tmp_path: Path, case: str, raw: bytes,
         decode_buffer(raw)
 
 
-@pytest.mark.parametrize(("raw", "tensor"), [
-    (_one(_entry("F8_E4M3", (8,)), name="layer.0.w"), "layer.0.w"),
-    (_one(_entry(shape=[3]), name="bias"), "bias"),
-    (_one(_entry("BOOL", (1,), (0, 1)), b"\7", name="mask"), "mask"),
-    (_raw({"a": _entry(), "b": _entry()}, ZERO8), "b"),
-])
+@pytest.mark.parametrize(
+    ("raw", "tensor"),
+    [
+        (_one(_entry("F8_E4M3", (8,)), name="layer.0.w"), "layer.0.w"),
+        (_one(_entry(shape=[3]), name="bias"), "bias"),
+        (_one(_entry("BOOL", (1,), (0, 1)), b"\7", name="mask"), "mask"),
+        (_raw({"a": _entry(), "b": _entry()}, ZERO8), "b"),
+    ],
+)
 def test_error_names_the_tensor(tmp_path: Path, raw: bytes, tensor: str) -> None:
     with pytest.raises(FormatError, match=f"tensor {tensor!r}"):
         load_arrays(_write(tmp_path, raw), mmap=False)
@@ -340,8 +396,11 @@ def test_validation_happens_before_allocation(tmp_path: Path) -> None:
 
 
 def test_unsorted_header_order_is_accepted(tmp_path: Path) -> None:
-    header = {"second": _entry("I32", (1,), (4, 8)), "first": _entry("I32", (1,), (0, 4)),
-              "empty": _entry("I32", (0,), (8, 8))}
+    header = {
+        "second": _entry("I32", (1,), (4, 8)),
+        "first": _entry("I32", (1,), (0, 4)),
+        "empty": _entry("I32", (0,), (8, 8)),
+    }
     data = np.array([1, 2], "<i4").tobytes()
     loaded, _ = load_arrays(_write(tmp_path, _raw(header, data)), mmap=True)
     assert loaded["first"][0].tolist() == [1] and loaded["second"][0].tolist() == [2]
@@ -367,7 +426,7 @@ def test_mutated_valid_file_gives_format_error_or_a_result(tmp_path: Path, data:
     for _ in range(data.draw(st.integers(1, 4))):
         pos = data.draw(st.integers(0, len(raw) - 1))
         raw[pos] = data.draw(st.integers(0, 255))
-    raw = raw[:data.draw(st.integers(0, len(raw)))]
+    raw = raw[: data.draw(st.integers(0, len(raw)))]
     path = _write(tmp_path, bytes(raw), "mut.safetensors")
     for m in (False, True):
         try:
@@ -382,21 +441,25 @@ def test_mutated_valid_file_gives_format_error_or_a_result(tmp_path: Path, data:
 
 # -- saving -----------------------------------------------------------------------------------
 
+
 def _only(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir())
 
 
-@pytest.mark.parametrize(("arrays", "metadata", "rule"), [
-    ({"w": [1, 2, 3]}, None, "value"),
-    ({"w": (np.zeros(2, np.float32), "float32"), "x": ("nope", "float32")}, None, "value"),
-    ({"__metadata__": (np.zeros(2, np.float32), "float32")}, None, "tensor name"),
-    ({"\ud800": (np.zeros(2, np.float32), "float32")}, None, "invalid string"),
-    ({"w": (np.zeros(2, np.complex64), "complex64")}, None, "dtype"),
-    ({}, {"a": 1}, "__metadata__"),
-    ({}, {1: "a"}, "__metadata__"),
-    ({}, ["a"], "__metadata__"),
-    ({}, {"a": "\udc00"}, "invalid string"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "metadata", "rule"),
+    [
+        ({"w": [1, 2, 3]}, None, "value"),
+        ({"w": (np.zeros(2, np.float32), "float32"), "x": ("nope", "float32")}, None, "value"),
+        ({"__metadata__": (np.zeros(2, np.float32), "float32")}, None, "tensor name"),
+        ({"\ud800": (np.zeros(2, np.float32), "float32")}, None, "invalid string"),
+        ({"w": (np.zeros(2, np.complex64), "complex64")}, None, "dtype"),
+        ({}, {"a": 1}, "__metadata__"),
+        ({}, {1: "a"}, "__metadata__"),
+        ({}, ["a"], "__metadata__"),
+        ({}, {"a": "\udc00"}, "invalid string"),
+    ],
+)
 def test_invalid_save_leaves_no_file(tmp_path: Path, arrays: Any, metadata: Any, rule: str) -> None:
     with pytest.raises(FormatError, match=f": {rule}: "):
         save_arrays(arrays, tmp_path / "out.safetensors", metadata)
@@ -435,6 +498,7 @@ def test_dtype_table_matches_the_format() -> None:
 
 
 # -- the tensor layer -----------------------------------------------------------------------
+
 
 @pytest.fixture
 def kael_mod() -> Any:
@@ -488,3 +552,32 @@ def test_tensor_save_rejects_non_tensors(tmp_path: Path, kael_mod: Any) -> None:
     with pytest.raises(FormatError, match="value"):
         kael_mod.io.save_safetensors([1], tmp_path / "x.safetensors")
     assert _only(tmp_path) == []
+
+
+def test_tensor_round_trip_through_the_reference_package(tmp_path: Path, kael_mod: Any) -> None:
+    stnp = pytest.importorskip("safetensors.numpy")
+    tensors = {f"{d}{i}": kael_mod.from_numpy(_sample(d, s, i)) for d in REF_DTYPES for i, s in enumerate(SHAPES)}
+    ours = tmp_path / "kael.safetensors"
+    kael_mod.save_safetensors(tensors, ours)
+    ref = stnp.load_file(str(ours))
+    theirs = tmp_path / "ref.safetensors"
+    stnp.save_file(ref, str(theirs))
+    for m in (False, True):
+        back = kael_mod.load_safetensors(theirs, mmap=m)
+        assert set(back) == set(tensors)
+        for name, t in tensors.items():
+            assert back[name].dtype is t.dtype and _same(_bits(back[name]), _bits(t))
+
+
+def test_tensor_save_of_non_contiguous_tensors(tmp_path: Path, kael_mod: Any) -> None:
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = kael_mod.transpose(kael_mod.from_numpy(base), 0, 1)
+    path = tmp_path / "nc.safetensors"
+    kael_mod.save_safetensors({"t": t}, path)
+    loaded, _ = load_arrays(path)
+    assert _same(loaded["t"][0], np.ascontiguousarray(base.T))
+
+
+def test_tensor_load_rejects_a_bad_device_before_reading(tmp_path: Path, kael_mod: Any) -> None:
+    with pytest.raises(kael_mod.DeviceError):
+        kael_mod.load_safetensors(tmp_path / "missing.safetensors", device="not a device")

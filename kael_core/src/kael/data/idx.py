@@ -19,6 +19,7 @@ import io
 import os
 import stat
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
@@ -57,7 +58,9 @@ def _fail(where: str, problem: str, detail: str) -> NoReturn:
     raise FormatError(f"{where}: {problem}: {detail}")
 
 
-def _parse_header(head: bytes, size: int, where: str, read_dims: Any) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+def _parse_header(
+    head: bytes, size: int, where: str, read_dims: Callable[[int], bytes]
+) -> tuple[np.dtype[Any], tuple[int, ...], int]:
     """Check the magic and dims; return (big-endian dtype, dims, header length).
 
     `head` holds the first (up to) 4 bytes, `read_dims(n)` returns the next n bytes.
@@ -68,8 +71,9 @@ def _parse_header(head: bytes, size: int, where: str, read_dims: Any) -> tuple[n
         _fail(where, "wrong magic", f"the magic number must start with two zero bytes, got {head[:2].hex()}")
     code, ndim = head[2], head[3]
     if code not in TYPE_CODES:
-        _fail(where, "unknown type code", f"0x{code:02X}; expected one of "
-              + ", ".join(f"0x{c:02X}" for c in TYPE_CODES))
+        _fail(
+            where, "unknown type code", f"0x{code:02X}; expected one of " + ", ".join(f"0x{c:02X}" for c in TYPE_CODES)
+        )
     if ndim == 0:
         _fail(where, "zero dimensions", "the magic number declares 0 dimensions; expected at least 1")
     if ndim > _MAX_NDIM:
@@ -90,8 +94,9 @@ def _parse_header(head: bytes, size: int, where: str, read_dims: Any) -> tuple[n
         payload *= d
     actual = size - header_len
     if actual < payload:
-        _fail(where, "truncated payload", f"dimensions {list(dims)} need {payload} bytes of data, "
-              f"the file has {actual}")
+        _fail(
+            where, "truncated payload", f"dimensions {list(dims)} need {payload} bytes of data, the file has {actual}"
+        )
     if actual > payload:
         _fail(where, "trailing bytes", f"{actual - payload} bytes after the {payload} bytes of data")
     return dtype, dims, header_len
@@ -100,7 +105,7 @@ def _parse_header(head: bytes, size: int, where: str, read_dims: Any) -> tuple[n
 def parse_idx(data: bytes | bytearray | memoryview, where: str = "IDX buffer") -> np.ndarray[Any, Any]:
     """Parse a whole IDX file held in memory into a native-byte-order NumPy array (a copy)."""
     view = memoryview(data).cast("B")
-    dtype, dims, start = _parse_header(bytes(view[:4]), len(view), where, lambda n: bytes(view[4:4 + n]))
+    dtype, dims, start = _parse_header(bytes(view[:4]), len(view), where, lambda n: bytes(view[4 : 4 + n]))
     arr = np.frombuffer(view, dtype=dtype, offset=start).reshape(dims)
     return arr.astype(dtype.newbyteorder("="))
 
@@ -114,7 +119,9 @@ def _read_file(f: io.BufferedReader, where: str) -> np.ndarray[Any, Any]:
     flat = arr.reshape(-1).view(np.uint8)
     if flat.nbytes and f.readinto(flat.data) != flat.nbytes:
         _fail(where, "truncated payload", "the file ended inside the data (did it change while reading?)")
-    return arr if arr.dtype.isnative else arr.astype(dtype.newbyteorder("="))
+    if not arr.dtype.isnative:  # swap in place: no second copy of a large file
+        arr = arr.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    return arr
 
 
 def read_idx_array(path: str | os.PathLike[str]) -> np.ndarray[Any, Any]:
@@ -141,8 +148,7 @@ def _checked_images(path: str | os.PathLike[str]) -> np.ndarray[Any, Any]:
     if arr.dtype != np.uint8:
         _fail(where, "wrong type for images", f"expected unsigned bytes (type 0x08), got {arr.dtype.name}")
     if arr.ndim < 2:
-        _fail(where, "wrong dimensions for images", f"expected [count, ...] with at least 2 dimensions, "
-              f"got {arr.ndim}")
+        _fail(where, "wrong dimensions for images", f"expected [count, ...] with at least 2 dimensions, got {arr.ndim}")
     if 0 in arr.shape[1:]:
         _fail(where, "empty images", f"dimensions {list(arr.shape)}: every image dimension must be positive")
     return arr
@@ -172,8 +178,10 @@ def read_idx_dataset(images: str | os.PathLike[str], labels: str | os.PathLike[s
     """Read an image file and its label file, checking that they hold the same number of samples."""
     x, y = _checked_images(images), _checked_labels(labels)
     if x.shape[0] != y.shape[0]:
-        raise FormatError(f"IDX files {os.fspath(images)!r} and {os.fspath(labels)!r}: label count mismatch: "
-                          f"{x.shape[0]} images but {y.shape[0]} labels")
+        raise FormatError(
+            f"IDX files {os.fspath(images)!r} and {os.fspath(labels)!r}: label count mismatch: "
+            f"{x.shape[0]} images but {y.shape[0]} labels"
+        )
     return _tensor(x), _tensor(y)
 
 
@@ -199,8 +207,11 @@ def write_idx(path: str | os.PathLike[str], array: Any) -> None:
     arr = _as_array(array, where)
     code = _CODE_OF.get(arr.dtype.newbyteorder("=").name) if arr.dtype.kind in "uif" else None
     if code is None:
-        _fail(where, "unsupported type", f"{arr.dtype.name} has no IDX type code; expected one of "
-              + ", ".join(sorted(_CODE_OF)))
+        _fail(
+            where,
+            "unsupported type",
+            f"{arr.dtype.name} has no IDX type code; expected one of " + ", ".join(sorted(_CODE_OF)),
+        )
     if not 1 <= arr.ndim <= _MAX_NDIM:
         _fail(where, "wrong dimensions", f"IDX needs 1 to {_MAX_NDIM} dimensions, got {arr.ndim}")
     if any(d >= 2**32 for d in arr.shape):

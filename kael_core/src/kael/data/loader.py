@@ -11,7 +11,6 @@ with the same seed give the same batches. Each `iter()` starts the next epoch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -35,8 +34,9 @@ def _gather(t: Any, indices: np.ndarray[Any, np.dtype[np.int64]]) -> Any:
     if isinstance(t, np.ndarray):
         return t[indices]
     from kael._tensor import from_numpy
+    from kael.ops import index_select
 
-    return t[from_numpy(indices)]
+    return index_select(t, 0, from_numpy(indices))
 
 
 class TensorDataset:
@@ -71,9 +71,9 @@ def _stack(samples: list[Any]) -> tuple[Any, ...]:
     fields = list(zip(*(s if isinstance(s, tuple) else (s,) for s in samples), strict=True))
     if all(isinstance(x, np.ndarray) for f in fields for x in f):
         return tuple(np.stack(f) for f in fields)
-    import kael
+    from kael.ops import stack
 
-    return tuple(kael.stack(list(f)) for f in fields)
+    return tuple(stack(list(f)) for f in fields)
 
 
 class DataLoader:
@@ -83,8 +83,14 @@ class DataLoader:
     `drop_last` drops a last batch smaller than `batch_size`.
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        seed: int | None = None,
+    ) -> None:
         if type(batch_size) is not int or batch_size < 1:
             raise ShapeError(f"DataLoader: batch_size must be a positive integer, got {batch_size!r}")
         if seed is not None and (type(seed) is not int or seed < 0):
@@ -93,12 +99,13 @@ class DataLoader:
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
-        self.seed: int = seed if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        # Without a seed, draw one from the OS once: epochs still differ, and `seed` can be logged.
+        self.seed: int = seed if seed is not None else int(np.random.SeedSequence().generate_state(2, np.uint64)[0])
         self.epoch = 0
 
     def __len__(self) -> int:
         n = len(self.dataset)
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _order(self, epoch: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         n = len(self.dataset)
@@ -114,7 +121,7 @@ class DataLoader:
     def _batches(self, order: np.ndarray[Any, np.dtype[np.int64]]) -> Iterator[tuple[Any, ...]]:
         batched = getattr(self.dataset, "__getitems__", None)
         for b in range(len(self)):
-            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             if batched is not None:
                 yield tuple(batched(idx))
             else:

@@ -73,8 +73,7 @@ DTYPES: dict[str, StDType] = {
 }
 KAEL_TO_ST: dict[str, str] = {v.kael: k for k, v in DTYPES.items()}
 # Dtypes of the format that kael has no type for: named in the error, not called "unknown".
-_UNSUPPORTED = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "E8M0",
-                "U16", "U32", "U64", "C64", "C128")
+_UNSUPPORTED = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "E8M0", "U16", "U32", "U64", "C64", "C128")
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
 
@@ -193,8 +192,9 @@ def _entry(name: str, value: object, data_size: int, where: str) -> Entry:
         fail(where, "entry", f"expected an object, got {type(value).__name__}", name)
     if set(value) != _ENTRY_KEYS:
         missing, extra = sorted(_ENTRY_KEYS - set(value)), sorted(set(value) - _ENTRY_KEYS)
-        fail(where, "entry keys", f"expected exactly dtype, shape, data_offsets (missing {missing}, "
-             f"extra {extra})", name)
+        fail(
+            where, "entry keys", f"expected exactly dtype, shape, data_offsets (missing {missing}, extra {extra})", name
+        )
     dtype = value["dtype"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
         if isinstance(dtype, str) and dtype in _UNSUPPORTED:
@@ -221,8 +221,12 @@ def _entry(name: str, value: object, data_size: int, where: str) -> Entry:
     if not 0 <= begin <= end:
         fail(where, "data_offsets", f"expected 0 <= begin <= end, got [{begin}, {end}]", name)
     if end - begin != nbytes:
-        fail(where, "data_offsets", f"[{begin}, {end}] spans {end - begin} bytes but shape {shape} "
-             f"of {dtype} needs {nbytes}", name)
+        fail(
+            where,
+            "data_offsets",
+            f"[{begin}, {end}] spans {end - begin} bytes but shape {shape} of {dtype} needs {nbytes}",
+            name,
+        )
     if end > data_size:
         fail(where, "data_offsets", f"end {end} is past the end of the data section ({data_size} bytes)", name)
     return Entry(name, dtype, tuple(shape), begin, end)
@@ -246,8 +250,12 @@ def parse_header(raw: bytes, data_size: int, where: str) -> Header:
         if e.begin < expected:
             fail(where, "overlap", f"[{e.begin}, {e.end}] overlaps tensor {previous!r} ending at {expected}", e.name)
         if e.begin > expected:
-            fail(where, "gap", f"begins at {e.begin}, but the previous tensor ends at {expected}: "
-                 "offsets must be contiguous from 0", e.name)
+            fail(
+                where,
+                "gap",
+                f"begins at {e.begin}, but the previous tensor ends at {expected}: offsets must be contiguous from 0",
+                e.name,
+            )
         expected, previous = e.end, e.name
     if expected != data_size:
         fail(where, "coverage", f"the tensors cover {expected} bytes of the {data_size}-byte data section")
@@ -282,19 +290,23 @@ def decode_tensor(buf: Any, offset: int, entry: Entry, where: str, *, copy: bool
     return finish_tensor(arr, entry, where)
 
 
-def decode_buffer(buf: bytes | bytearray | memoryview, where: str = "safetensors buffer", *,
-                  copy: bool = True) -> tuple[dict[str, tuple[np.ndarray[Any, Any], str]], dict[str, str] | None]:
+def decode_buffer(
+    buf: bytes | bytearray | memoryview, where: str = "safetensors buffer", *, copy: bool = True
+) -> tuple[dict[str, tuple[np.ndarray[Any, Any], str]], dict[str, str] | None]:
     """Parse a whole file held in memory: `{name: (array, kael dtype name)}` and the metadata."""
     view = memoryview(buf).cast("B")
     n = header_length(bytes(view[:8]), len(view), where)
-    header = parse_header(bytes(view[8:8 + n]), len(view) - 8 - n, where)
-    out = {e.name: (decode_tensor(view, header.data_start + e.begin, e, where, copy=copy), DTYPES[e.dtype].kael)
-           for e in header.entries}
+    header = parse_header(bytes(view[8 : 8 + n]), len(view) - 8 - n, where)
+    out = {
+        e.name: (decode_tensor(view, header.data_start + e.begin, e, where, copy=copy), DTYPES[e.dtype].kael)
+        for e in header.entries
+    }
     return out, header.metadata
 
 
-def build_header(entries: Sequence[tuple[str, str, tuple[int, ...]]], metadata: Mapping[str, str] | None,
-                 where: str) -> tuple[bytes, list[int]]:
+def build_header(
+    entries: Sequence[tuple[str, str, tuple[int, ...]]], metadata: Mapping[str, str] | None, where: str
+) -> tuple[bytes, list[int]]:
     """Validate names and metadata; return the padded header (prefix included) and byte sizes.
 
     `entries` is `(name, kael dtype name, shape)` in the order the data will follow.

@@ -76,21 +76,25 @@ def load_arrays(path: str | os.PathLike[str], *, mmap: bool = False) -> tuple[Ar
             mapping = _mmap.mmap(f.fileno(), size, access=_mmap.ACCESS_COPY)
         except ValueError as e:  # the file shrank below the size fstat gave
             fail(where, "truncated", f"cannot map {size} bytes: {e}")
-    out = {e.name: (decode_tensor(mapping, header.data_start + e.begin, e, where, copy=False), DTYPES[e.dtype].kael)
-           for e in header.entries}
+    out = {
+        e.name: (decode_tensor(mapping, header.data_start + e.begin, e, where, copy=False), DTYPES[e.dtype].kael)
+        for e in header.entries
+    }
     return out, header.metadata
 
 
 def _to_tensor(arr: np.ndarray[Any, Any], dtype_name: str, device: Device) -> Tensor:
     from kael._dtype import BY_NAME
     from kael._tensor import from_numpy_bits
+    from kael.ops import to
 
     t = from_numpy_bits(arr, BY_NAME[dtype_name])
-    return t if device.type == "cpu" else t.to(device)
+    return t if device.type == "cpu" else to(t, device=device)
 
 
-def load_safetensors_with_metadata(path: str | os.PathLike[str], *, mmap: bool = False,
-                                   device: DeviceLike = "cpu") -> tuple[dict[str, Tensor], dict[str, str] | None]:
+def load_safetensors_with_metadata(
+    path: str | os.PathLike[str], *, mmap: bool = False, device: DeviceLike = "cpu"
+) -> tuple[dict[str, Tensor], dict[str, str] | None]:
     """Load every tensor of a safetensors file, and its `__metadata__` (None when absent).
 
     With `mmap=True` the file is memory-mapped and aligned tensors are views into the
@@ -103,7 +107,8 @@ def load_safetensors_with_metadata(path: str | os.PathLike[str], *, mmap: bool =
     return {name: _to_tensor(arr, dtype, dev) for name, (arr, dtype) in arrays.items()}, metadata
 
 
-def load_safetensors(path: str | os.PathLike[str], *, mmap: bool = False,
-                     device: DeviceLike = "cpu") -> dict[str, Tensor]:
+def load_safetensors(
+    path: str | os.PathLike[str], *, mmap: bool = False, device: DeviceLike = "cpu"
+) -> dict[str, Tensor]:
     """Load every tensor of a safetensors file: `{name: Tensor}` (see load_safetensors_with_metadata)."""
     return load_safetensors_with_metadata(path, mmap=mmap, device=device)[0]

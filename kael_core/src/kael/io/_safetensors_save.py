@@ -30,8 +30,12 @@ __all__ = ["save_arrays", "save_entries", "save_safetensors"]
 Getter = Callable[[], np.ndarray[Any, Any]]
 
 
-def save_entries(entries: Sequence[tuple[str, str, tuple[int, ...], Getter]], path: str | os.PathLike[str],
-                 metadata: Mapping[str, str] | None, where: str) -> None:
+def save_entries(
+    entries: Sequence[tuple[str, str, tuple[int, ...], Getter]],
+    path: str | os.PathLike[str],
+    metadata: Mapping[str, str] | None,
+    where: str,
+) -> None:
     """Write `(name, kael dtype name, shape, get_array)` entries; arrays are fetched one at a time."""
     header, sizes = build_header([(n, d, s) for n, d, s, _ in entries], metadata, where)
     with atomic_write(path) as f:
@@ -46,8 +50,11 @@ def save_entries(entries: Sequence[tuple[str, str, tuple[int, ...], Getter]], pa
                 f.write(arr.reshape(-1).view(np.uint8).data)
 
 
-def save_arrays(arrays: Mapping[str, tuple[np.ndarray[Any, Any], str]], path: str | os.PathLike[str],
-                metadata: Mapping[str, str] | None = None) -> None:
+def save_arrays(
+    arrays: Mapping[str, tuple[np.ndarray[Any, Any], str]],
+    path: str | os.PathLike[str],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
     """Save `{name: (array, kael dtype name)}` (bfloat16 as uint16 bits): the NumPy layer of save."""
     where = f"save_safetensors to {os.fspath(path)!r}"
     entries = []
@@ -59,8 +66,9 @@ def save_arrays(arrays: Mapping[str, tuple[np.ndarray[Any, Any], str]], path: st
     save_entries(entries, path, metadata, where)
 
 
-def save_safetensors(tensors: Mapping[str, Tensor], path: str | os.PathLike[str],
-                     metadata: Mapping[str, str] | None = None) -> None:
+def save_safetensors(
+    tensors: Mapping[str, Tensor], path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None
+) -> None:
     """Save `{name: Tensor}` to a safetensors file, with optional `{str: str}` metadata.
 
     Any tensor layout and device is accepted (non-contiguous and CUDA tensors are copied
