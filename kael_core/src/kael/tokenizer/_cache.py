@@ -20,7 +20,7 @@ __all__ = ["PieceCache"]
 class PieceCache(dict[str, tuple[int, ...]]):
     """``cache[piece]`` is ``compute(piece)``, remembered for the next time."""
 
-    __slots__ = ("_compute", "_max_entries", "_max_piece_chars", "_lock")
+    __slots__ = ("_compute", "_lock", "_max_entries", "_max_piece_chars")
 
     def __init__(
         self,

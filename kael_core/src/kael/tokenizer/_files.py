@@ -39,17 +39,13 @@ def parse_vocab(data: bytes, source: str) -> dict[str, int]:
     except RecursionError:
         raise FormatError(f"{source}: not valid JSON: nested too deeply") from None
     if not isinstance(parsed, _Pairs):
-        raise FormatError(
-            f"{source}: expected a JSON object of token -> id, got {type(parsed).__name__}"
-        )
+        raise FormatError(f"{source}: expected a JSON object of token -> id, got {type(parsed).__name__}")
     encoder: dict[str, int] = {}
     for token, token_id in parsed:
         if token in encoder:
             raise FormatError(f"{source}: token {token!r} appears more than once")
         if type(token_id) is not int:
-            raise FormatError(
-                f"{source}: the id of token {token!r} must be an integer, got {token_id!r}"
-            )
+            raise FormatError(f"{source}: the id of token {token!r} must be an integer, got {token_id!r}")
         encoder[token] = token_id
     check_vocab(encoder, source)
     return encoder
@@ -65,32 +61,23 @@ def check_vocab(encoder: Mapping[str, int], source: str) -> None:
         if not isinstance(token, str) or not token:
             raise FormatError(f"{source}: tokens must be non-empty strings, got {token!r}")
         if type(token_id) is not int:
-            raise FormatError(
-                f"{source}: the id of token {token!r} must be an integer, got {token_id!r}"
-            )
+            raise FormatError(f"{source}: the id of token {token!r} must be an integer, got {token_id!r}")
         if not 0 <= token_id < n:
-            raise FormatError(
-                f"{source}: ids must be dense 0..{n - 1}, token {token!r} has id {token_id}"
-            )
+            raise FormatError(f"{source}: ids must be dense 0..{n - 1}, token {token!r} has id {token_id}")
         previous = owner[token_id]
         if previous is not None:
-            raise FormatError(
-                f"{source}: ids must be unique, {token_id} is the id of both "
-                f"{previous!r} and {token!r}"
-            )
+            raise FormatError(f"{source}: ids must be unique, {token_id} is the id of both {previous!r} and {token!r}")
         owner[token_id] = token
     if not set("".join(encoder)) <= BYTE_CHARS:
         bad = next(t for t in encoder if not set(t) <= BYTE_CHARS)
         char = next(c for c in bad if c not in BYTE_CHARS)
         raise FormatError(
-            f"{source}: token {bad!r} is not a byte-level string: {char!r} "
-            f"(U+{ord(char):04X}) stands for no byte"
+            f"{source}: token {bad!r} is not a byte-level string: {char!r} (U+{ord(char):04X}) stands for no byte"
         )
     for byte, char in enumerate(BYTE_TO_CHAR):
         if char not in encoder:
             raise FormatError(
-                f"{source}: the vocabulary lacks the token {char!r} for byte 0x{byte:02X}; "
-                "byte-level BPE needs all 256"
+                f"{source}: the vocabulary lacks the token {char!r} for byte 0x{byte:02X}; byte-level BPE needs all 256"
             )
 
 
@@ -101,19 +88,16 @@ def parse_merges(data: bytes, source: str, encoder: Mapping[str, int]) -> list[t
         lines.pop()  # the final newline ends the last line, it does not start a new one
     first = 1
     if lines and lines[0].startswith("#version"):
-        lines = lines[1:]
+        del lines[0]
         first = 2
     merges: list[tuple[str, str]] = []
     for number, line in enumerate(lines, start=first):
         if line.endswith("\r"):
             line = line[:-1]  # tolerate CRLF: "\r" is never part of a byte-level token
-        parts = line.split(" ")
-        if len(parts) != 2 or not parts[0] or not parts[1]:
-            raise FormatError(
-                f"{source}, line {number}: expected two tokens separated by one space, "
-                f"got {line!r}"
-            )
-        merges.append((parts[0], parts[1]))
+        left, _, right = line.partition(" ")
+        if not left or not right or " " in right:
+            raise FormatError(f"{source}, line {number}: expected two tokens separated by one space, got {line!r}")
+        merges.append((left, right))
     check_merges(merges, encoder, source, first_line=first)
     return merges
 
@@ -122,27 +106,42 @@ def check_merges(
     merges: Sequence[tuple[str, str]],
     encoder: Mapping[str, int],
     source: str,
-    first_line: int = 1,
+    first_line: int | None = None,
 ) -> None:
-    """Check that merges are distinct and that both parts and the result are tokens."""
+    """Check that merges are distinct and that both parts and the result are tokens.
+
+    Errors name ``source`` and the line (``first_line`` is the line of ``merges[0]``),
+    or the index into ``merges`` when ``first_line`` is None (data not from a file).
+    """
     seen: dict[tuple[str, str], int] = {}
-    for number, merge in enumerate(merges, start=first_line):
-        where = f"{source}, line {number}"
+    for index, merge in enumerate(merges):
         if (
-            not isinstance(merge, tuple)
+            type(merge) is not tuple
             or len(merge) != 2
-            or not all(isinstance(p, str) and p for p in merge)
+            or type(merge[0]) is not str
+            or type(merge[1]) is not str
+            or not merge[0]
+            or not merge[1]
         ):
-            raise FormatError(f"{where}: a merge is a pair of non-empty strings, got {merge!r}")
+            raise FormatError(
+                f"{_where(source, index, first_line)}: a merge is a pair of non-empty strings, got {merge!r}"
+            )
         left, right = merge
-        for part in (left, right, left + right):
-            if part not in encoder:
-                raise FormatError(
-                    f"{where}: merge {left!r} + {right!r} uses {part!r}, "
-                    "which is not in the vocabulary"
-                )
+        if left not in encoder or right not in encoder or left + right not in encoder:
+            missing = next(p for p in (left, right, left + right) if p not in encoder)
+            raise FormatError(
+                f"{_where(source, index, first_line)}: merge {left!r} + {right!r} uses "
+                f"{missing!r}, which is not in the vocabulary"
+            )
         if merge in seen:
             raise FormatError(
-                f"{where}: merge {left!r} + {right!r} repeats line {seen[merge]}"
+                f"{_where(source, index, first_line)}: merge {left!r} + {right!r} repeats "
+                f"{_where(source, seen[merge], first_line).removeprefix(source + ', ')}"
             )
-        seen[merge] = number
+        seen[merge] = index
+
+
+def _where(source: str, index: int, first_line: int | None) -> str:
+    if first_line is None:
+        return f"{source}[{index}]"
+    return f"{source}, line {index + first_line}"

@@ -13,7 +13,7 @@ import codecs
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # _tokenizer imports this module
     from kael.tokenizer._tokenizer import BpeTokenizer
 
 __all__ = ["IncrementalDecoder"]

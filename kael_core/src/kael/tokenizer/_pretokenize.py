@@ -1,11 +1,11 @@
-"""GPT-2's pre-tokenizer: split text into the pieces that BPE then encodes one by one.
+r"""GPT-2's pre-tokenizer: split text into the pieces that BPE then encodes one by one.
 
 The pieces are exactly the matches of GPT-2's pattern
 
-    's|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+
+    's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 
-(``\\p{L}`` letters, ``\\p{N}`` numbers, ``\\s`` Unicode White_Space). Python's ``re``
-has no ``\\p{..}`` classes, so the ``regex`` package defines them.
+(``\p{L}`` letters, ``\p{N}`` numbers, ``\s`` Unicode White_Space). Python's ``re``
+has no ``\p{..}`` classes, so the ``regex`` package defines them.
 
 NOTE [two engines, one pattern]: ``regex`` is about half as fast as the standard
 library's ``re`` on this pattern. So for text without astral code points (above
@@ -20,10 +20,10 @@ ranges per character.
 NOTE [blocks]: so that one emoji does not send a whole long text to the slower
 engine, long text is cut into blocks of about ``BLOCK`` characters, each sent to
 the engine its own content needs. A block ends where a non-whitespace character
-is followed by whitespace: no piece spans such a point (only a piece's first
-character may differ in kind from the rest, and only a space may lead), and the
-``(?!\S)`` look-ahead cannot reach past it (a block's last character is not
-whitespace), so matching block by block gives exactly the pieces of the whole.
+is followed by whitespace: no piece spans such a point (the whitespace in a
+piece is either all of it or one leading space), and the ``(?!\S)`` look-ahead
+cannot reach past it (a block's last character is not whitespace), so matching
+block by block gives exactly the pieces of the whole.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ _Search = Callable[[str, int], "re.Match[str] | None"]
 @functools.cache
 def _full_findall() -> _Findall:
     """The ``regex`` engine: handles every code point."""
-    return regex.compile(GPT2_PATTERN).findall
+    findall: _Findall = regex.compile(GPT2_PATTERN).findall
+    return findall
 
 
 def _ranges(class_pattern: str, bmp: str) -> str:
@@ -75,26 +76,24 @@ def _bmp_engine() -> tuple[_Findall, _Search]:
     return re.compile(pattern).findall, re.compile(block_end).search
 
 
-BLOCK = 4096
-"""Texts longer than this many characters are pre-tokenized block by block."""
-
-
-def _pretokenize_block(text: str, findall: _Findall) -> list[str]:
-    if text.isascii() or _ASTRAL.search(text) is None:
-        return findall(text)
-    return _full_findall()(text)
+BLOCK = 1024
+"""Text with astral code points is pre-tokenized in blocks of about this many characters."""
 
 
 def pretokenize(text: str) -> list[str]:
     """Split ``text`` into GPT-2's pre-tokens (concatenated, they give back ``text``)."""
     findall, search_block_end = _bmp_engine()
+    if text.isascii() or _ASTRAL.search(text) is None:
+        return findall(text)
+    full_findall = _full_findall()
     if len(text) <= BLOCK:
-        return _pretokenize_block(text, findall)
+        return full_findall(text)
     pieces: list[str] = []
     start, n = 0, len(text)
     while start < n:
         match = search_block_end(text, start + BLOCK - 1)
         end = n if match is None else match.end()
-        pieces += _pretokenize_block(text[start:end], findall)
+        block = text[start:end]
+        pieces += findall(block) if _ASTRAL.search(block) is None else full_findall(block)
         start = end
     return pieces

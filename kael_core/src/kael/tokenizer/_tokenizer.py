@@ -3,8 +3,8 @@
 Encoding: split the text at the allowed special tokens, pre-tokenize each part
 (``_pretokenize``), and map each piece to ids: from a bounded cache when seen
 before, else by BPE over the piece's UTF-8 bytes (``_bpe``). Decoding joins each
-id's bytes. Special tokens are the vocabulary's tokens that are neither a single
-byte nor made by a merge (GPT-2 has one, ``<|endoftext|>``).
+id's bytes. Special tokens (GPT-2 has one, ``<|endoftext|>``) are vocabulary
+tokens that stand for their literal text and that BPE never produces.
 """
 
 from __future__ import annotations
@@ -14,17 +14,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, NoReturn
 
-from kael._errors import DTypeError, IndexError_, KaelError
+from kael._errors import DTypeError, FormatError, IndexError_, KaelError
 from kael.tokenizer._bpe import MergeTable, merge
-from kael.tokenizer._cache import PieceCache
 from kael.tokenizer._bytes import BYTE_TO_CHAR, token_to_bytes
+from kael.tokenizer._cache import PieceCache
 from kael.tokenizer._files import check_merges, check_vocab, parse_merges, parse_vocab
+from kael.tokenizer._incremental import IncrementalDecoder
 from kael.tokenizer._pretokenize import pretokenize
-
-if TYPE_CHECKING:
-    from kael.tokenizer._incremental import IncrementalDecoder
 
 __all__ = ["BpeTokenizer", "EOT"]
 
@@ -48,7 +46,9 @@ class BpeTokenizer:
 
     ``encoder`` maps byte-level token strings to dense ids 0..n-1 and ``merges``
     lists the merges, lowest rank first; both are validated (``FormatError``).
-    Instances are safe to share between threads.
+    ``special_tokens`` names the vocabulary's special tokens; by default
+    ``<|endoftext|>`` if the vocabulary has it. Instances are safe to share
+    between threads.
     """
 
     def __init__(
@@ -56,24 +56,37 @@ class BpeTokenizer:
         encoder: Mapping[str, int],
         merges: Sequence[tuple[str, str]],
         *,
+        special_tokens: Iterable[str] | None = None,
         vocab_source: str = "vocabulary",
         merges_source: str = "merges",
     ) -> None:
         check_vocab(encoder, vocab_source)
         check_merges(merges, encoder, merges_source)
-        self._encoder: dict[str, int] = dict(encoder)
+        self._setup(dict(encoder), list(merges), special_tokens, vocab_source)
+
+    def _setup(
+        self,
+        encoder: dict[str, int],
+        merges: list[tuple[str, str]],
+        special_tokens: Iterable[str] | None,
+        vocab_source: str,
+    ) -> None:
+        """Build the lookup tables from validated data."""
+        self._encoder = encoder
         self._num_merges = len(merges)
-        self._merges = MergeTable(
-            [(encoder[a], encoder[b]) for a, b in merges], [encoder[a + b] for a, b in merges]
-        )
+        self._merges = MergeTable([(encoder[a], encoder[b]) for a, b in merges], [encoder[a + b] for a, b in merges])
         self._byte_ids: list[int] = [encoder[c] for c in BYTE_TO_CHAR]
         self._decoder: list[bytes] = [b""] * len(encoder)
         for token, token_id in encoder.items():
             self._decoder[token_id] = token_to_bytes(token)
-        made = set(self._merges.results) | set(self._byte_ids)
-        self._special: dict[str, int] = {
-            token: token_id for token, token_id in encoder.items() if token_id not in made
-        }
+        if special_tokens is None:
+            special_tokens = [EOT] if EOT in encoder else []
+        self._special: dict[str, int] = {}
+        for name in special_tokens:
+            if name not in encoder:
+                raise FormatError(f"{vocab_source}: the special token {name!r} is not in the vocabulary")
+            self._special[name] = encoder[name]
+            self._decoder[encoder[name]] = name.encode("utf-8")
         self._special_splitters: dict[frozenset[str], re.Pattern[str]] = {}
         self._cache = PieceCache(self._bpe, _CACHE_ENTRIES, _CACHE_PIECE_CHARS)
 
@@ -85,30 +98,36 @@ class BpeTokenizer:
         vocab_json: bytes,
         merges_txt: bytes,
         *,
+        special_tokens: Iterable[str] | None = None,
         vocab_source: str = "vocab.json",
         merges_source: str = "merges.txt",
     ) -> BpeTokenizer:
         """Build from the contents of ``vocab.json`` and ``merges.txt``."""
-        encoder = parse_vocab(vocab_json, vocab_source)
+        encoder = parse_vocab(vocab_json, vocab_source)  # both validated
         merges = parse_merges(merges_txt, merges_source, encoder)
-        return cls(encoder, merges, vocab_source=vocab_source, merges_source=merges_source)
+        tokenizer = cls.__new__(cls)
+        tokenizer._setup(encoder, merges, special_tokens, vocab_source)
+        return tokenizer
 
     @classmethod
-    def from_files(cls, vocab_json: StrPath, merges_txt: StrPath) -> BpeTokenizer:
+    def from_files(
+        cls, vocab_json: StrPath, merges_txt: StrPath, *, special_tokens: Iterable[str] | None = None
+    ) -> BpeTokenizer:
         """Load from a ``vocab.json`` and a ``merges.txt`` file."""
         vocab_path, merges_path = Path(vocab_json), Path(merges_txt)
         return cls.from_bytes(
             vocab_path.read_bytes(),
             merges_path.read_bytes(),
+            special_tokens=special_tokens,
             vocab_source=str(vocab_path),
             merges_source=str(merges_path),
         )
 
     @classmethod
-    def from_directory(cls, directory: StrPath) -> BpeTokenizer:
+    def from_directory(cls, directory: StrPath, *, special_tokens: Iterable[str] | None = None) -> BpeTokenizer:
         """Load ``vocab.json`` and ``merges.txt`` from ``directory``."""
         root = Path(directory)
-        return cls.from_files(root / "vocab.json", root / "merges.txt")
+        return cls.from_files(root / "vocab.json", root / "merges.txt", special_tokens=special_tokens)
 
     # -- properties -----------------------------------------------------------------
 
@@ -164,8 +183,7 @@ class BpeTokenizer:
         if isinstance(allowed_special, str):
             if allowed_special != "all":
                 raise KaelError(
-                    f"allowed_special must be 'all' or a set of special tokens, "
-                    f"got the string {allowed_special!r}"
+                    f"allowed_special must be 'all' or a set of special tokens, got the string {allowed_special!r}"
                 )
             allowed = frozenset(self._special)
         else:
@@ -206,10 +224,15 @@ class BpeTokenizer:
             # miss and caches it, so a piece repeated in this text is encoded once.
             parts = list(map(cache.__getitem__, pieces))
         elif misses:
+            fresh: dict[str, tuple[int, ...]] = {}  # also dedups pieces too long to cache
             i = -1
             for _ in range(misses):
                 i = parts.index(None, i + 1)
-                parts[i] = cache[pieces[i]]
+                piece = pieces[i]
+                part = fresh.get(piece)
+                if part is None:
+                    part = fresh[piece] = cache[piece]
+                parts[i] = part
         return list(chain.from_iterable(parts))  # type: ignore[arg-type]  # no None left
 
     def _bpe(self, piece: str) -> tuple[int, ...]:
@@ -227,10 +250,9 @@ class BpeTokenizer:
         try:
             if ids and min(ids) < 0:
                 raise IndexError
-            return b"".join([decoder[i] for i in ids])
+            return b"".join(map(decoder.__getitem__, ids))
         except (IndexError, TypeError):
             self._raise_bad_id(ids)
-            raise  # unreachable: _raise_bad_id always raises
 
     def decode_text(self, ids: Iterable[int], errors: str = "replace") -> str:
         """``decode(ids)`` as text; bytes that are not UTF-8 follow ``errors`` (see ``bytes.decode``)."""
@@ -242,17 +264,13 @@ class BpeTokenizer:
 
     def incremental_decoder(self, errors: str = "replace") -> IncrementalDecoder:
         """A decoder that takes ids one at a time and yields only complete characters."""
-        from kael.tokenizer._incremental import IncrementalDecoder
-
         return IncrementalDecoder(self, errors)
 
-    def _raise_bad_id(self, ids: Sequence[int]) -> None:
+    def _raise_bad_id(self, ids: Sequence[int]) -> NoReturn:
         n = len(self._decoder)
         for position, token_id in enumerate(ids):
             if not hasattr(token_id, "__index__"):
-                raise DTypeError(
-                    f"decode: token ids must be integers, got {token_id!r} at position {position}"
-                )
+                raise DTypeError(f"decode: token ids must be integers, got {token_id!r} at position {position}")
             if not 0 <= token_id < n:
                 raise IndexError_(
                     f"decode: token id {token_id} at position {position} is out of range "
