@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import structlog
 from litestar import Request
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from kael_server.errors import Cancelled, ServerError
@@ -40,7 +41,14 @@ class RequestRecord:
 
 
 def record_of(request: Request[Any, Any, Any]) -> RequestRecord:
+    """The record RequestAccounting made for this request (every route runs inside it)."""
     return cast(RequestRecord, request.scope["state"][_RECORD_KEY])
+
+
+def request_id_of(request: Request[Any, Any, Any]) -> str | None:
+    """The request id, also for errors raised before RequestAccounting ran (routing, say)."""
+    record = request.scope.get("state", {}).get(_RECORD_KEY)
+    return record.request_id if isinstance(record, RequestRecord) else None
 
 
 def outcome_of_status(status: int | None) -> str:
@@ -68,7 +76,7 @@ class RequestAccounting:
         self.log = get_logger()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await self.app(scope, receive, send)
             return
         record = RequestRecord(
@@ -83,7 +91,7 @@ class RequestAccounting:
                 record.status = message["status"]
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", record.request_id.encode()))
-                message = {**message, "headers": headers}  # type: ignore[assignment]
+                message = {**message, "headers": headers}
             await send(message)
 
         if record.generation:

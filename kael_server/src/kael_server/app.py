@@ -13,7 +13,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
 from kael_server import __version__, limits
-from kael_server.accounting import RequestAccounting
+from kael_server.accounting import RequestAccounting, request_id_of
 from kael_server.errors import client_error
 from kael_server.generator import Generator
 from kael_server.metrics import Metrics
@@ -57,6 +57,6 @@ def create_app(
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Litestar's own HTTP errors (404, 405, ...) as they are; anything else as a bare 500."""
     if isinstance(exc, HTTPException):
-        return Response(ErrorResponse(detail=exc.detail), status_code=exc.status_code)
-    failure = client_error(exc, "internal server error")
+        return Response(ErrorResponse(detail=exc.detail), status_code=exc.status_code, headers=exc.headers)
+    failure = client_error(exc, request_id_of(request), "internal server error")
     return Response(ErrorResponse(detail=failure.message), status_code=failure.status_code)

@@ -7,6 +7,7 @@ watching for a disconnect. A Reply object turns the results into one API's wire 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -17,6 +18,7 @@ from litestar.response import Stream
 from kael_server import limits, sse
 from kael_server.accounting import RequestRecord, outcome_of_error, record_of
 from kael_server.errors import Cancelled, ClientGone, ServerError, client_error
+from kael_server.generator import Generator
 from kael_server.jobs import JobStats, SamplingParams
 from kael_server.state import ServerState
 from kael_server.validation import decode, read_body
@@ -45,35 +47,35 @@ async def serve_generation(
     request: Request[Any, Any, Any],
     server: ServerState,
     schema: type[B],
-    make_reply: Callable[[B, ServerState], Reply],
+    make_reply: Callable[[B, Generator], Reply],
     error_response: Callable[[ServerError], Response[Any]],
 ) -> Response[Any]:
     record = record_of(request)
     try:
         body = decode(await read_body(request, limits.MAX_BODY_BYTES), schema)
         generator = server.require()
-        reply = make_reply(body, server)
+        reply = make_reply(body, generator)
         job = record.job = generator.submit(reply.prompt, reply.params, record.started)
         if reply.stream:
             await accepted(job, request)
-            events = sse.job_events(
-                job, record, piece=reply.piece, finish=reply.finish, error=reply.stream_error
-            )
+            events = sse.job_events(job, record, piece=reply.piece, finish=reply.finish, error=reply.stream_error)
             return Stream(events, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
         done = await finished(job, request)
         record.outcome = "ok"
         return reply.plain(done.text, job.stats)
     except ClientGone:
         return _client_gone(record, error_response)
+    except asyncio.CancelledError:  # the server gave up on this request: so does the model
+        if record.job is not None:
+            record.job.cancel("client")
+        raise
     except Exception as exc:
-        failure = client_error(exc)
+        failure = client_error(exc, record.request_id)
         record.outcome = outcome_of_error(failure)
         return error_response(failure)
 
 
-def _client_gone(
-    record: RequestRecord, error_response: Callable[[ServerError], Response[Any]]
-) -> Response[Any]:
+def _client_gone(record: RequestRecord, error_response: Callable[[ServerError], Response[Any]]) -> Response[Any]:
     """The client left: stop its generation; the 499 answer is for the log (nobody reads it)."""
     if record.job is not None:
         record.job.cancel("client")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kael_server.logs import get_logger
+
 
 class ServerError(Exception):
     """Base of the errors whose ``message`` is written by kael_server and safe to send to a client."""
@@ -77,12 +79,16 @@ class InvalidRequest(ServerError):
         super().__init__()
 
 
-def client_error(exc: BaseException, message: str = "generation failed") -> ServerError:
+def client_error(exc: BaseException, request_id: str | None, message: str = "generation failed") -> ServerError:
     """What the client may be told about ``exc``: our own errors as they are, anything else as a
     bare 500 whose cause (text and traceback) goes to the server log only."""
     if isinstance(exc, ServerError):
         return exc
-    from kael_server.logs import get_logger
-
-    get_logger().error("internal_error", message=message, error_type=type(exc).__name__, exc_info=exc)
+    get_logger().error(
+        "internal_error",
+        request_id=request_id,
+        message=message,
+        error_type=type(exc).__name__,
+        exc_info=exc,
+    )
     return ServerError(message)

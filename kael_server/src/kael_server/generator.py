@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 from kael_server.errors import Cancelled, NotReady, PromptRejected
 from kael_server.jobs import Failed, Finished, Job, Outcome, PromptAccepted, SamplingParams, TextPiece
@@ -21,7 +22,8 @@ class Generator:
     ``make_rng(seed)`` builds the ``generator`` argument of ``model.generate`` for seeded
     requests; without it, requests are sampled from the model's default random state.
     ``shutting_down`` is set once the server starts draining: no new job is admitted and the
-    running ones are cancelled.
+    running ones are cancelled. ``make_scheduler(generator)`` replaces the single-slot
+    SlotPool (a batching scheduler needs the generator's model and tokenizer).
     """
 
     def __init__(
@@ -33,7 +35,7 @@ class Generator:
         model_name: str = "kael-gpt2",
         make_rng: RngFactory | None = None,
         metrics: Metrics | None = None,
-        scheduler: Scheduler | None = None,
+        make_scheduler: Callable[[Generator], Scheduler] | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -43,7 +45,7 @@ class Generator:
         self.vocab_size = int(model.vocab_size)
         self.make_rng = make_rng
         self.metrics = metrics if metrics is not None else Metrics()
-        self.scheduler = scheduler if scheduler is not None else SlotPool(self.run)
+        self.scheduler = make_scheduler(self) if make_scheduler is not None else SlotPool(self.run)
         self.shutting_down = threading.Event()
 
     # ---- on the event loop ------------------------------------------------------------

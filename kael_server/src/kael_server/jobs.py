@@ -11,6 +11,7 @@ checks it before and after encoding and at every token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass, field
 
@@ -89,10 +90,8 @@ class Job:
 
     def emit(self, event: Event) -> None:
         """Delivers ``event`` to the loop; safe from any thread, never blocks."""
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
             self.loop.call_soon_threadsafe(self._deliver, event)
-        except RuntimeError:  # the loop is closed: nobody is left to tell
-            pass
 
     def _deliver(self, event: Event) -> None:
         self.events.put_nowait(event)

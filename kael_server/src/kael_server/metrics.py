@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import resource
 import sys
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -14,7 +18,10 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 def peak_memory_bytes() -> int:
-    """Peak resident set size of this process: ru_maxrss is in KiB on Linux, in bytes on macOS."""
+    """Peak resident set size of this process: ru_maxrss is in KiB on Linux, in bytes on macOS
+    (0 where there is no getrusage)."""
+    if resource is None:
+        return 0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss) if sys.platform == "darwin" else int(rss) * 1024
 
@@ -40,9 +47,7 @@ class Metrics:
         self.tokens_per_second = Gauge(
             "kael_tokens_per_second", "Generation speed of the last finished generation.", registry=r
         )
-        self.in_flight = Gauge(
-            "kael_requests_in_flight", "Generation requests being answered now.", registry=r
-        )
+        self.in_flight = Gauge("kael_requests_in_flight", "Generation requests being answered now.", registry=r)
         self.request_seconds = Histogram(
             "kael_request_seconds",
             "Wall time of generation requests, arrival to last byte, any outcome.",

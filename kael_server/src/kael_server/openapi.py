@@ -43,25 +43,38 @@ def schema_of(tp: Any) -> dict[str, Any]:
     return cast(dict[str, Any], inline(root))
 
 
+def sse_events(*payloads: Any) -> dict[str, Any]:
+    """Schema of each server-sent event: ``data`` is one of ``payloads`` as JSON, or ``[DONE]``."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "type": "string",
+                        "contentMediaType": JSON,
+                        "contentSchema": {"anyOf": [schema_of(p) for p in payloads]},
+                    },
+                ]
+            }
+        },
+    }
+
+
 def _media(schema: Any) -> OpenAPIMediaType:
     # Litestar serialises a plain dict in the spec verbatim, so the JSON Schema can go in as is.
     return OpenAPIMediaType(schema=cast(Schema, schema))
 
 
-def documented(
-    responses: dict[int, dict[str, Any]], body: type[msgspec.Struct] | None = None
-) -> type[Operation]:
+def documented(responses: dict[int, dict[str, Any]], body: type[msgspec.Struct] | None = None) -> type[Operation]:
     """An Operation class for a route: ``responses`` maps status -> {media type: type or schema dict}."""
-    request_body = (
-        RequestBody(required=True, content={JSON: _media(schema_of(body))}) if body else None
-    )
+    request_body = RequestBody(required=True, content={JSON: _media(schema_of(body))}) if body else None
     documented_responses = {
         str(status): OpenAPIResponse(
             description=_REASONS.get(status, "Response"),
-            content={
-                media: _media(tp if isinstance(tp, dict) else schema_of(tp))
-                for media, tp in content.items()
-            },
+            content={media: _media(tp if isinstance(tp, dict) else schema_of(tp)) for media, tp in content.items()},
         )
         for status, content in responses.items()
     }

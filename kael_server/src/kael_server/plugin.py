@@ -1,9 +1,6 @@
 """kael plugin ``server`` (entry point group ``kael.plugins``).
 
-kael-server adds no hooks to kael yet: registering makes it show up in ``python -m kael info``.
-The server itself is started with the ``kael-server`` command or ``kael_server.load_app``.
+kael-server implements no kael hooks yet; registering makes it show up among kael's plugins
+(``python -m kael info``). The server itself starts with the ``kael-server`` command, or from
+Python with ``kael_server.load_app`` / ``kael_server.create_app``.
 """
-
-from __future__ import annotations
-
-name = "server"

@@ -142,9 +142,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     model: OptionalText = None
     max_tokens: MaxTokens = 16
     temperature: Temperature = 1.0
-    top_p: Annotated[
-        float, Meta(ge=1, le=1, description="Only 1 (no nucleus sampling).", extra={"expect": "1"})
-    ] = 1.0
+    top_p: Annotated[float, Meta(ge=1, le=1, description="Only 1 (no nucleus sampling).", extra={"expect": "1"})] = 1.0
     top_k: TopK = 0
     n: Annotated[int, Meta(ge=1, le=1, description="Only 1.", extra={"expect": "1"})] = 1
     stop: Stop = None

@@ -48,7 +48,7 @@ async def job_events(
                 return
             elif isinstance(item, Failed):
                 ended = True
-                failure = client_error(item.error)
+                failure = client_error(item.error, record.request_id)
                 record.outcome = outcome_of_error(failure)
                 yield error(failure)
                 yield DONE

@@ -42,7 +42,7 @@ class ServerState:
 
     @property
     def status(self) -> str:
-        """"ready", "loading", "failed" or "draining"."""
+        """ "ready", "loading", "failed" or "draining"."""
         if self.draining:
             return "draining"
         if self.load_error is not None:
@@ -64,7 +64,12 @@ class ServerState:
             self.generator.begin_shutdown()
 
     async def startup(self) -> None:
-        if self.loader is not None and self.generator is None:
+        """Lifespan start-up: load the model on a thread if needed; an app that was shut down
+        (a test client reused, for one) takes work again."""
+        self.draining = False
+        if self.generator is not None:
+            self.generator.shutting_down.clear()
+        elif self.loader is not None:
             loop = asyncio.get_running_loop()
             threading.Thread(target=self._load, args=(self.loader, loop), name="kael-load", daemon=True).start()
 
@@ -72,9 +77,7 @@ class ServerState:
         """Lifespan shutdown: drain, then wait up to 30 s for the generation slot."""
         self.begin_drain()
         if self.generator is not None:
-            idle = await anyio.to_thread.run_sync(
-                self.generator.scheduler.wait_idle, limits.SHUTDOWN_DRAIN_SECONDS
-            )
+            idle = await anyio.to_thread.run_sync(self.generator.scheduler.wait_idle, limits.SHUTDOWN_DRAIN_SECONDS)
             if not idle:
                 get_logger().warning("shutdown_timeout", seconds=limits.SHUTDOWN_DRAIN_SECONDS)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import typing
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 from litestar import Request
@@ -34,7 +34,7 @@ async def read_body(request: Request[Any, Any, Any], limit: int) -> bytes:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunk = message.get("body", b"")
+        chunk = cast(bytes, message.get("body", b""))
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
@@ -56,9 +56,7 @@ def decode(body: bytes, schema: type[T]) -> T:
     fields = _fields(schema)
     errors: list[FieldError] = []
     if unknown := set(data) - set(fields):
-        errors.append(
-            FieldError("body", f"{len(unknown)} unknown field(s); allowed: {', '.join(fields)}")
-        )
+        errors.append(FieldError("body", f"{len(unknown)} unknown field(s); allowed: {', '.join(fields)}"))
     values: dict[str, Any] = {}
     for name, spec in fields.items():
         if name not in data:

@@ -9,8 +9,9 @@ from litestar import Request, Response, post
 from kael_server import sse
 from kael_server.driver import retry_headers, serve_generation
 from kael_server.errors import InvalidRequest, ServerError
+from kael_server.generator import Generator
 from kael_server.jobs import JobStats, SamplingParams
-from kael_server.openapi import JSON, documented
+from kael_server.openapi import JSON, documented, sse_events
 from kael_server.schemas import (
     ErrorResponse,
     FieldErrorBody,
@@ -21,13 +22,11 @@ from kael_server.schemas import (
 )
 from kael_server.state import ServerState
 
-_ERRORS: dict[int, dict[str, Any]] = {
-    status: {JSON: ErrorResponse} for status in (413, 422, 429, 499, 500, 503)
-}
+_ERRORS: dict[int, dict[str, Any]] = {status: {JSON: ErrorResponse} for status in (413, 422, 429, 499, 500, 503)}
 
 
 class GenerateReply:
-    def __init__(self, body: GenerateRequest, server: ServerState) -> None:
+    def __init__(self, body: GenerateRequest, generator: Generator) -> None:
         self.prompt = body.prompt
         self.stream = body.stream
         self.params = SamplingParams(
@@ -63,9 +62,10 @@ def error_response(error: ServerError) -> Response[Any]:
 
 @post(
     "/generate",
+    status_code=200,
     opt={"generation": True},
     operation_class=documented(
-        {200: {JSON: GenerateResponse, sse.MEDIA_TYPE: {"type": "string"}}, **_ERRORS},
+        {200: {JSON: GenerateResponse, sse.MEDIA_TYPE: sse_events(TextEvent, StreamError)}, **_ERRORS},
         body=GenerateRequest,
     ),
     summary="Continue a prompt",

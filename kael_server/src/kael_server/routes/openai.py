@@ -11,8 +11,9 @@ from litestar import Request, Response, get, post
 from kael_server import sse
 from kael_server.driver import retry_headers, serve_generation
 from kael_server.errors import InvalidRequest, PromptRejected, ServerError
+from kael_server.generator import Generator
 from kael_server.jobs import JobStats, SamplingParams
-from kael_server.openapi import JSON, documented
+from kael_server.openapi import JSON, documented, sse_events
 from kael_server.schemas import (
     Completion,
     CompletionChoice,
@@ -25,15 +26,13 @@ from kael_server.schemas import (
 )
 from kael_server.state import ServerState
 
-_ERRORS: dict[int, dict[str, Any]] = {
-    status: {JSON: OpenAIErrorResponse} for status in (400, 413, 429, 499, 500, 503)
-}
+_ERRORS: dict[int, dict[str, Any]] = {status: {JSON: OpenAIErrorResponse} for status in (400, 413, 429, 499, 500, 503)}
 _STARTED = int(time.time())
 FinishReason = Literal["stop", "length"]
 
 
 class CompletionReply:
-    def __init__(self, body: CompletionRequest, server: ServerState) -> None:
+    def __init__(self, body: CompletionRequest, generator: Generator) -> None:
         self.prompt = body.prompt
         self.stream = body.stream
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -46,14 +45,10 @@ class CompletionReply:
         )
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.model = server.require().model_name
+        self.model = generator.model_name
 
-    def _completion(
-        self, choices: list[CompletionChoice], usage: Usage | None = None
-    ) -> Completion:
-        return Completion(
-            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
-        )
+    def _completion(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
+        return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
     def plain(self, text: str, stats: JobStats) -> Response[Any]:
         choice = CompletionChoice(text=text, finish_reason=_finish_reason(stats))
@@ -114,17 +109,16 @@ def error_response(error: ServerError) -> Response[Any]:
 
 @post(
     "/v1/completions",
+    status_code=200,
     opt={"generation": True},
     operation_class=documented(
-        {200: {JSON: Completion, sse.MEDIA_TYPE: {"type": "string"}}, **_ERRORS},
+        {200: {JSON: Completion, sse.MEDIA_TYPE: sse_events(Completion, OpenAIErrorResponse)}, **_ERRORS},
         body=CompletionRequest,
     ),
     summary="OpenAI-compatible text completion",
 )
 async def completions(request: Request[Any, Any, Any], server: ServerState) -> Response[Any]:
-    return await serve_generation(
-        request, server, CompletionRequest, CompletionReply, error_response
-    )
+    return await serve_generation(request, server, CompletionRequest, CompletionReply, error_response)
 
 
 @get(
@@ -137,7 +131,5 @@ async def models(server: ServerState) -> Response[Any]:
         generator = server.require()
     except ServerError as exc:
         return error_response(exc)
-    card = ModelCard(
-        id=generator.model_name, created=_STARTED, max_model_len=generator.context_length
-    )
+    card = ModelCard(id=generator.model_name, created=_STARTED, max_model_len=generator.context_length)
     return Response(ModelList(data=[card]))

@@ -1,0 +1,71 @@
+"""The ``kael-server`` command, the package metadata and the kael plugin entry point."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from kael_server.cli import build_parser
+from kael_server.loading import ServerConfigError, checkpoint_dir
+
+import kael_server
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kael_server.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_defaults_match_the_issue() -> None:
+    args = build_parser().parse_args([])
+    assert (args.data, args.device, args.host, args.port, args.log_format) == (
+        None,
+        "cpu",
+        "127.0.0.1",
+        8000,
+        "console",
+    )
+
+
+def test_help_describes_every_flag() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for flag in ("--data", "--device", "--host", "--port", "--log-format", "--log-level"):
+        assert flag in result.stdout
+    assert "127.0.0.1" in result.stdout and "8000" in result.stdout
+
+
+def test_console_script_is_installed() -> None:
+    script = shutil.which("kael-server")
+    if script is None:
+        pytest.skip("kael-server is not on PATH (package not installed with its scripts)")
+    assert subprocess.run([script, "--help"], capture_output=True, timeout=60).returncode == 0
+
+
+def test_bad_data_directory_is_a_clear_error(tmp_path: Path) -> None:
+    result = run_cli("--data", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert "is not a directory" in result.stderr
+    (tmp_path / "config.json").write_text("{}")
+    result = run_cli("--data", str(tmp_path))
+    assert result.returncode == 2
+    assert "lacks model.safetensors, vocab.json, merges.txt" in result.stderr
+
+
+def test_no_data_means_the_bundled_model_or_a_clear_error() -> None:
+    bundled = Path(kael_server.__file__).parent / "models" / "kael-tiny"
+    if (bundled / "config.json").is_file():
+        assert checkpoint_dir(None) == bundled
+    else:
+        with pytest.raises(ServerConfigError, match="--data DIR"):
+            checkpoint_dir(None)
+
+
+def test_registered_as_kael_plugin_named_server() -> None:
+    (plugin,) = [ep for ep in entry_points(group="kael.plugins") if ep.name == "server"]
+    assert plugin.value == "kael_server.plugin"
+    assert plugin.load() is importlib.import_module("kael_server.plugin")

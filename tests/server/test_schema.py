@@ -1,0 +1,44 @@
+"""schemathesis against the app's OpenAPI schema: no server errors, every answer as documented."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import (  # noqa: E402
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from .conftest import make_app  # noqa: E402
+from .fakes import FakeModel  # noqa: E402
+
+# A body over the size cap is rightly refused with 413 before it is even parsed.
+CONFIG = schemathesis.config.SchemathesisConfig.from_dict(
+    {"checks": {"negative_data_rejection": {"expected-statuses": ["400", "413", "422"]}}}
+)
+# A small context makes the prompt-too-long (413) path reachable by generated prompts.
+schema = schemathesis.openapi.from_asgi("/schema/openapi.json", make_app(FakeModel(max_positions=600)), config=CONFIG)
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+
+@schema.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_api_conforms_to_its_schema(case: Any) -> None:
+    case.call_and_validate(checks=CHECKS)
