@@ -1,0 +1,132 @@
+"""The playground page in a real browser: headless Chromium (Debian's) driven by Playwright.
+
+No browser is downloaded: the executable comes from KAEL_CHROMIUM or the usual system
+paths, and the tests skip when Playwright or Chromium is absent (.ci/run installs both).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .processes import free_port, server_process
+
+pytestmark = pytest.mark.e2e
+HERE = Path(__file__).parent
+
+
+def _chromium() -> str:
+    for candidate in (os.environ.get("KAEL_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
+                      shutil.which("google-chrome")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    pytest.skip("no Chromium executable found (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = _chromium()
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def slow_server() -> Iterator[str]:
+    port = free_port()
+    with server_process([sys.executable, str(HERE / "fake_server.py"), str(port)], port):
+        yield f"http://127.0.0.1:{port}"
+
+
+def _cancelled(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith('kael_requests_total{status="cancelled"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_type_prompt_see_stream_press_stop(browser: object, slow_server: str) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.goto(slow_server + "/")
+        assert page.title() == "kael playground"
+        page.fill("#prompt", "hello kael")
+        page.fill("#max_tokens", "400")
+        page.fill("#temperature", "0")
+        page.click("#generate")
+        # text streams in piece by piece
+        page.wait_for_function("document.getElementById('generated').textContent.length >= 5", timeout=20000)
+        assert page.is_enabled("#stop") and page.is_disabled("#generate")
+        assert "tokens/s" in page.text_content("#stats")
+        page.click("#stop")
+        page.wait_for_function("document.getElementById('message').textContent === 'Stopped.'", timeout=10000)
+        shown = len(page.text_content("#generated"))
+        assert 5 <= shown < 400
+        assert page.is_enabled("#generate")
+        # the server saw the client leave and counted the request as cancelled
+        deadline_ok = False
+        for _ in range(100):
+            if _cancelled(slow_server) >= 1:
+                deadline_ok = True
+                break
+            page.wait_for_timeout(50)
+        assert deadline_ok
+    finally:
+        page.close()
+
+
+def test_invalid_settings_show_a_clear_message(browser: object, slow_server: str) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.goto(slow_server + "/")
+        page.fill("#prompt", "hi")
+        page.fill("#temperature", "0.00001")
+        page.click("#generate")
+        page.wait_for_function("document.getElementById('message').textContent.length > 0", timeout=10000)
+        assert page.text_content("#message").startswith("Invalid request")
+        assert page.text_content("#generated") == ""
+    finally:
+        page.close()
+
+
+def test_real_model_streams_to_the_page(browser: object, tmp_path: Path) -> None:
+    kael = pytest.importorskip("kael")
+    data = HERE.parent / "data"
+    for name, folder in (("config.json", "tiny-gpt2"), ("model.safetensors", "tiny-gpt2"),
+                         ("vocab.json", "gpt2-tokenizer"), ("merges.txt", "gpt2-tokenizer")):
+        shutil.copyfile(data / folder / name, tmp_path / name)
+    assert kael.GPT is not None
+    port = free_port()
+    cmd = [sys.executable, "-m", "kael_server.cli", "--data", str(tmp_path), "--port", str(port)]
+    with server_process(cmd, port):
+        page = browser.new_page()  # type: ignore[attr-defined]
+        try:
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.fill("#prompt", "Hello, my name is")
+            page.fill("#max_tokens", "20")
+            page.fill("#temperature", "0")
+            page.click("#generate")
+            page.wait_for_function("!document.getElementById('generate').disabled && "
+                                   "document.getElementById('generated').textContent.length > 0", timeout=30000)
+            text = page.text_content("#generated")
+            plain = httpx.post(f"http://127.0.0.1:{port}/generate",
+                               json={"prompt": "Hello, my name is", "max_tokens": 20, "temperature": 0},
+                               timeout=60).json()
+            assert text == plain["text"]
+            assert page.text_content("#message") == ""
+        finally:
+            page.close()
+
+
+_ = subprocess
