@@ -20,7 +20,10 @@ class Device:
 
     def __new__(cls, spec: DeviceLike, index: int | None = None) -> Device:
         key = (spec, index)
-        found = cls._cache.get(key)
+        try:
+            found = cls._cache.get(key)
+        except TypeError:  # unhashable: certainly not a device
+            raise DeviceError(f"device: expected a string like 'cpu' or 'cuda:0', got {spec!r}") from None
         if found is not None:
             return found
         if isinstance(spec, Device):
@@ -76,11 +79,13 @@ DeviceLike = Union[str, Device]
 
 
 def as_device(d: DeviceLike | None) -> Device:
+    """The concrete device a tensor lives on: "cuda" means the first device, "cuda:0"."""
     if d is None:
         return CPU
-    if isinstance(d, Device):
-        return d
-    return Device(d)
+    dev = d if isinstance(d, Device) else Device(d)
+    if dev.index is None and dev.type != "cpu":
+        dev = Device(dev.type, 0)
+    return dev
 
 
 CPU = Device("cpu")
