@@ -43,7 +43,7 @@ def from_dlpack(x: Any) -> Tensor:
     if dev[0] == 1:
         try:
             arr = np.from_dlpack(x)
-        except (TypeError, BufferError, RuntimeError) as exc:
+        except (TypeError, BufferError, RuntimeError, AttributeError) as exc:
             raise DTypeError(f"from_dlpack: cannot import {type(x).__name__} through DLPack: {exc}") from None
         return from_numpy(arr)
     from . import _dispatch

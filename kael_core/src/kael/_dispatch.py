@@ -19,11 +19,16 @@ __all__ = ["kernel", "fused_kernel", "backend_for", "clear_cache", "set_kernel_w
 
 Kernel = Callable[..., Any]
 _cache: dict[tuple[str, str], Kernel | None] = {}
+_backends: dict[str, Any] = {}  # device type -> selected backend (every allocation asks)
+_derived: list[dict[Any, Any]] = []  # caches of tensors a backend made (ops' scalar operands), cleared with it
 _wrapper: Callable[[str, str, Any, Kernel], Kernel] | None = None
 
 
 def clear_cache() -> None:
     _cache.clear()
+    _backends.clear()
+    for c in _derived:
+        c.clear()
 
 
 def set_kernel_wrapper(wrap: Callable[[str, str, Any, Kernel], Kernel] | None) -> None:
@@ -34,9 +39,12 @@ def set_kernel_wrapper(wrap: Callable[[str, str, Any, Kernel], Kernel] | None) -
 
 
 def backend_for(device_type: str) -> Any:
-    from ._plugins import manager
+    b = _backends.get(device_type)
+    if b is None:
+        from ._plugins import manager
 
-    return manager.select(device_type)
+        b = _backends[device_type] = manager.select(device_type)
+    return b
 
 
 def _resolve(device_type: str, op: str) -> Kernel | None:

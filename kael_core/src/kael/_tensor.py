@@ -8,7 +8,6 @@ about the data structure itself.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,13 +23,22 @@ if TYPE_CHECKING:
 __all__ = ["Tensor", "contiguous_strides", "empty_strided", "from_numpy", "from_numpy_bits", "numpy_bits"]
 
 
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    found = _STRIDES.get(shape)  # every allocation asks: memoised (shapes repeat)
+    if found is not None:
+        return found
     strides = []
     acc = 1
     for n in reversed(shape):
         strides.append(acc)
         acc *= n if n > 0 else 1
-    return tuple(reversed(strides))
+    st = tuple(reversed(strides))
+    if len(_STRIDES) < 4096:
+        _STRIDES[shape] = st
+    return st
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -88,6 +96,22 @@ class Tensor:
         t._accumulator = None
         t._view_fn = None
         return t
+
+    if TYPE_CHECKING:
+        # Most methods (reshape, backward, add_, ...) are attached by kael.ops._methods at import time.
+        def __getattr__(self, name: str) -> Any: ...
+
+        # Operators too; mypy does not look operators up through __getattr__.
+        def __add__(self, other: Any) -> Tensor: ...
+        def __getitem__(self, key: Any) -> Tensor: ...
+        def __setitem__(self, key: Any, value: Any) -> None: ...
+        def __neg__(self) -> Tensor: ...
+        def __eq__(self, other: Any) -> Tensor: ...  # type: ignore[override]
+        __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __add__
+        __pow__ = __rpow__ = __floordiv__ = __mod__ = __matmul__ = __rmatmul__ = __and__ = __or__ = __add__
+        __iadd__ = __isub__ = __imul__ = __itruediv__ = __lt__ = __le__ = __gt__ = __ge__ = __add__
+        __ne__ = __eq__  # type: ignore[assignment]
+        __pos__ = __abs__ = __invert__ = __neg__
 
     def _alias(self) -> Tensor:
         """A new Tensor object over the same elements, without autograd state."""
@@ -176,6 +200,9 @@ class Tensor:
         v = self._npv
         if v is None:
             isz = self.dtype.itemsize
+            if 0 in self.shape:  # no element: the offset of an empty view may lie past its storage
+                v = self._npv = np.empty(self.shape, self.dtype.np)
+                return v
             v = np.ndarray(self.shape, self.dtype.np, buffer=self._storage.data, offset=self._offset * isz,
                            strides=tuple(s * isz for s in self._strides))
             self._npv = v
@@ -272,36 +299,9 @@ class Tensor:
 
     # -- repr ----------------------------------------------------------------------------
     def __repr__(self) -> str:
-        body = _format_values(self)
-        extras = []
-        if self.device.type != "cpu":
-            extras.append(f"device='{self.device}'")
-        if self.dtype not in (dt.float32, dt.int64, dt.bool_) or self.numel() == 0:
-            if not (self.numel() == 0 and self.dtype is dt.float32):
-                extras.append(f"dtype=kael.{self.dtype.name}")
-        if self.numel() == 0 and self.ndim != 1:
-            extras.insert(0, f"size={tuple(self.shape)}")
-        if self.grad_fn is not None:
-            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
-        elif self.requires_grad:
-            extras.append("requires_grad=True")
-        inner = body if not extras else body + ", " + ", ".join(extras)
-        return f"tensor({inner})"
+        from ._tensor_str import tensor_repr
 
-
-def _format_values(t: Tensor) -> str:
-    a = t._host()
-    if a.dtype == np.bool_:
-        return np.array2string(a, separator=", ", prefix="tensor(", formatter={"bool": lambda v: str(bool(v))})
-    if np.issubdtype(a.dtype, np.floating):
-        finite = a[np.isfinite(a)] if a.size else a
-        ints = finite.size > 0 and bool(np.all(finite == np.round(finite))) and bool(np.all(np.abs(finite) < 1e8))
-        if ints:
-            fmt = {"float_kind": lambda v: (f"{v:.0f}." if math.isfinite(v) else str(v).replace("inf", "inf"))}
-        else:
-            fmt = {"float_kind": lambda v: f"{v:.4f}" if math.isfinite(v) else str(v)}
-        return np.array2string(a, separator=", ", prefix="tensor(", formatter=fmt)  # type: ignore[arg-type]
-    return np.array2string(a, separator=", ", prefix="tensor(")
+        return tensor_repr(self)
 
 
 def empty_strided(shape: tuple[int, ...], dtype: dt.DType, device: Device = CPU) -> Tensor:
@@ -354,8 +354,8 @@ def from_numpy_bits(arr: np.ndarray, dtype: dt.DType) -> Tensor:
 
 def numpy_bits(t: Tensor) -> np.ndarray:
     """A C-contiguous host array of t's raw elements (uint16 bits for bfloat16)."""
-    if t.device.type == "cpu":
-        return np.ascontiguousarray(t._np_view())
+    if t.device.type == "cpu":  # np.asarray(order="C"), not ascontiguousarray: that turns 0-d into 1-d
+        return np.asarray(t._np_view(), order="C")
     from . import _dispatch
 
-    return np.ascontiguousarray(_dispatch.backend_for(t.device.type).to_host(t))
+    return np.asarray(_dispatch.backend_for(t.device.type).to_host(t), order="C")

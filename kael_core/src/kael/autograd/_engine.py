@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .._errors import AutogradError, ShapeError
+from .._errors import AutogradError, KaelError, ShapeError
 from ._function import AccumulateGrad, Node
 from ._grad_mode import STATE
 
@@ -48,25 +48,36 @@ def run_backward(roots: tuple[Any, ...], grads: tuple[Any, ...], retain_graph: b
                  inputs: tuple[Any, ...] | None = None) -> tuple[Any, ...] | None:
     from .. import ops
 
-    # NOTE: gradients at the same slot are summed before the node runs.
+    add = ops.add
+    # NOTE [stealing gradients]: AccumulateGrad makes a leaf's first gradient its .grad without a copy.
+    # That is only safe for a tensor nothing else keeps: `shared` holds the id() of every gradient that a
+    # leaf has already taken in this backward, or that someone outside the engine holds (the caller's root
+    # gradient, a hook's result, a retained .grad). Those reach AccumulateGrad as a copy, so two leaves
+    # never share a .grad (AddBackward hands the same tensor to both inputs, CloneBackward passes it on).
+    # The dict keeps its tensors alive until the end, so no id() is recycled meanwhile.
+    shared: dict[int, Any] = {}
+
+    # gradients arriving at the same slot are summed before the node runs
     buffers: dict[Node, list[Any]] = {}
     ready: deque[Node] = deque()
     deps: dict[Node, int] = {}
     starts: list[Node] = []
-    for t, g in zip(roots, grads):
-        if not t.requires_grad:
-            raise AutogradError("backward: element 0 of tensors does not require grad and does not have a grad_fn")
+    for i, (t, g) in enumerate(zip(roots, grads)):
+        if not getattr(t, "requires_grad", False):
+            raise AutogradError(f"backward: element {i} of tensors does not require grad and does not have a "
+                                "grad_fn")
         node = t.grad_fn if t.grad_fn is not None else _leaf_node(t)
         slot = t._output_nr if t.grad_fn is not None else 0
         buf = buffers.setdefault(node, [None] * node.num_outputs())
+        user = g is not None and hasattr(g, "shape")
         g = _root_grad(t, g)
-        buf[slot] = g if buf[slot] is None else ops.add(buf[slot], g)
+        if user:
+            shared[id(g)] = g  # the caller keeps it
+        buf[slot] = g if buf[slot] is None else add(buf[slot], g)
         starts.append(node)
-    # count dependencies
-    seen: set[Node] = set()
-    stack = list(dict.fromkeys(starts))
-    for n in stack:
-        seen.add(n)
+    # count, for every node reachable from the roots, the edges that reach it
+    seen: set[Node] = set(starts)
+    stack = list(seen)
     while stack:
         n = stack.pop()
         for e in n.next_functions:
@@ -86,7 +97,7 @@ def run_backward(roots: tuple[Any, ...], grads: tuple[Any, ...], retain_graph: b
     if inputs is not None:
         captured = [None] * len(inputs)
         for i, t in enumerate(inputs):
-            if not t.requires_grad:
+            if not getattr(t, "requires_grad", False):
                 raise AutogradError(f"grad: input {i} does not require grad")
             key = (t.grad_fn, t._output_nr) if t.grad_fn is not None else (_leaf_node(t), 0)
             capture[key] = i
@@ -99,59 +110,84 @@ def run_backward(roots: tuple[Any, ...], grads: tuple[Any, ...], retain_graph: b
     try:
         while ready:
             node = ready.popleft()
-            buf = buffers.pop(node, None) or [None] * node.num_outputs()
+            buf = buffers.pop(node) if node in buffers else [None] * node.num_outputs()
             if node._pre_hooks:
                 for slot, hooks in node._pre_hooks.items():
                     for h in hooks:
                         if buf[slot] is not None:
                             r = h(buf[slot])
-                            if r is not None:
+                            if r is not None and r is not buf[slot]:
                                 buf[slot] = r
+                                shared[id(r)] = r  # the hook's author may keep it
             if node._retained:
                 for slot, t in list(node._retained.items()):
-                    if buf[slot] is not None:
-                        t.grad = buf[slot] if t.grad is None else ops.add(t.grad, buf[slot])
+                    g = buf[slot]
+                    if g is not None:
+                        if t.grad is None:
+                            t.grad = g if id(g) not in shared else ops.clone(g)
+                            shared[id(t.grad)] = t.grad
+                        else:
+                            t.grad = add(t.grad, g)
             if capture:
                 for slot in range(len(buf)):
                     idx = capture.get((node, slot))
                     if idx is not None:
                         captured[idx] = buf[slot]
-                if isinstance(node, AccumulateGrad):
+                if type(node) is AccumulateGrad:
                     continue
-            grads_in = tuple(
-                g if g is not None else _zeros_for(node, i) for i, g in enumerate(buf)
-            ) if isinstance(node, AccumulateGrad) or any(g is not None for g in buf) else None
-            if grads_in is None:
-                out: tuple[Any, ...] = (None,) * len(node.next_functions)
-            else:
-                grads_in = _fill_missing(node, grads_in)
+            # a node that received no gradient at all passes none on (and a leaf's .grad is left alone)
+            if buf[0] is not None if len(buf) == 1 else any(g is not None for g in buf):
+                if type(node) is AccumulateGrad:
+                    if id(buf[0]) in shared:
+                        buf[0] = ops.clone(buf[0])
+                    shared[id(buf[0])] = buf[0]
+                grads_in = tuple(buf)
                 if hook is not None:
                     hook.kael_backward_node_pre(node=node, grad_outputs=grads_in)
                 out = node.apply(grads_in, retain_graph)
                 if hook is not None:
                     hook.kael_backward_node_post(node=node, grad_outputs=grads_in, grad_inputs=out)
-            for e, g in zip(node.next_functions, out):
+            else:
+                out = ()
+            for i, e in enumerate(node.next_functions):
                 if e is None:
                     continue
                 nxt, slot = e
+                g = out[i] if i < len(out) else None
                 if g is not None:
-                    b = buffers.setdefault(nxt, [None] * nxt.num_outputs())
-                    b[slot] = g if b[slot] is None else ops.add(b[slot], g)
-                deps[nxt] -= 1
-                if deps[nxt] == 0:
+                    if g.shape != node.input_shapes[i] or g.dtype is not node.input_meta[i][0]:
+                        g = _fit(node, i, g)
+                    b = buffers.get(nxt)
+                    if b is None:
+                        b = buffers[nxt] = [None] * nxt.num_outputs()
+                    b[slot] = g if b[slot] is None else add(b[slot], g)
+                d = deps[nxt] - 1
+                deps[nxt] = d
+                if d == 0:
                     ready.append(nxt)
     finally:
         STATE.enabled = prev
     return tuple(captured) if inputs is not None else None
 
 
-def _zeros_for(node: Node, slot: int) -> Any:
-    return None
+def _fit(node: Node, i: int, g: Any) -> Any:
+    """A gradient for input i of another shape is summed down when it broadcasts to that shape (else an
+    error), and one of another dtype is cast to the input's, as PyTorch's engine does."""
+    from ..ops._core import broadcast_shapes, cast
+    from ..ops._pointwise import sum_to
 
-
-def _fill_missing(node: Node, grads: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Outputs of a multi-output node that got no gradient receive None; backward formulas handle it."""
-    return grads
+    want = tuple(node.input_shapes[i])
+    if tuple(g.shape) != want:
+        try:
+            fits = broadcast_shapes(want, tuple(g.shape)) == tuple(g.shape)
+        except KaelError:
+            fits = False
+        if not fits:
+            raise AutogradError(f"{node.name()} returned a gradient of shape {list(g.shape)} for input {i}, "
+                                f"expected {list(want)}")
+        g = sum_to(g, want)
+    dtype = node.input_meta[i][0]
+    return g if g.dtype is dtype else cast(g, dtype)
 
 
 def _leaf_node(t: Any) -> Node:

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import AutogradError
+from .._tensor import Tensor
 from ._grad_mode import STATE
 
 __all__ = ["Function", "Node", "AccumulateGrad", "Context"]
 
 
 class Context:
-    __slots__ = ("_saved", "_versions", "_released", "needs_input_grad", "node_name", "__dict__")
+    __slots__ = ("__dict__", "_released", "_saved", "_versions", "needs_input_grad", "node_name")
 
     def __init__(self) -> None:
         self._saved: tuple[Any, ...] = ()
@@ -70,7 +71,7 @@ NO_CTX: Any = _NoCtx()
 class Node:
     """A node of the backward graph."""
 
-    __slots__ = ("next_functions", "input_shapes", "input_meta", "_pre_hooks", "_retained", "__weakref__")
+    __slots__ = ("__weakref__", "_pre_hooks", "_retained", "input_meta", "input_shapes", "next_functions")
 
     def __init__(self) -> None:
         self.next_functions: tuple[tuple[Node, int] | None, ...] = ()
@@ -109,13 +110,14 @@ class AccumulateGrad(Node):
     def apply(self, grads: tuple[Any, ...], retain_graph: bool) -> tuple[Any, ...]:
         (g,) = grads
         t = self.variable
+        own = True  # the engine hands over gradients nothing else holds (NOTE [stealing gradients])
         if t._hooks:
             for h in t._hooks:
                 r = h(g)
-                if r is not None:
-                    g = r
+                if r is not None and r is not g:
+                    g, own = r, False
         if t.grad is None:
-            t.grad = g.detach() if g._base is None and g.grad_fn is None else g.detach().clone()
+            t.grad = g.detach() if own and g._base is None and g.grad_fn is None else g.detach().clone()
         else:
             from .. import ops
 
@@ -126,7 +128,7 @@ class AccumulateGrad(Node):
 class BackwardNode(Node):
     """The node a Function.apply creates."""
 
-    __slots__ = ("ctx", "fn", "n_outputs", "_name", "tensor_pos")
+    __slots__ = ("_name", "ctx", "fn", "n_outputs", "tensor_pos")
 
     def __init__(self, fn: type[Function], ctx: Context, n_outputs: int) -> None:
         super().__init__()
@@ -183,12 +185,10 @@ class Function:
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
-        from .._tensor import Tensor
-
         if STATE.enabled:
             need = False
             for a in args:
-                if type(a) is Tensor and a.requires_grad:
+                if isinstance(a, Tensor) and a.requires_grad:
                     need = True
                     break
         else:
@@ -197,7 +197,7 @@ class Function:
             return cls.forward(NO_CTX, *args, **kwargs)
         ctx = Context()
         ctx.node_name = cls.__name__ + "Backward"
-        ctx.needs_input_grad = tuple(type(a) is Tensor and a.requires_grad for a in args)
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         STATE.enabled = False
         try:
             out = cls.forward(ctx, *args, **kwargs)
@@ -210,7 +210,7 @@ class Function:
         meta = []
         pos = []
         for j, a in enumerate(args):
-            if type(a) is Tensor:
+            if isinstance(a, Tensor):
                 pos.append(j)
                 shapes.append(a.shape)
                 meta.append((a.dtype, a.device))

@@ -14,7 +14,7 @@ from ._fused import (adamw_step, attention, cross_entropy, embedding, gelu, laye
 from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
 from ._inplace import clone, contiguous, detach, to
 from ._linalg import matmul
-from ._pointwise import BINARY_FUNCTIONS, UNARY_FUNCTIONS, Where, binary, unary
+from ._pointwise import BINARY_FUNCTIONS, UNARY_FUNCTIONS, Relu, Where, binary, unary
 from ._random import Generator, default_generator, manual_seed, seed
 from ._reduce import Amax, Amin, Prod, Sum, argreduce, logical_reduce, max_with_indices, mean, std, var
 from ._views import expand, flatten, narrow, permute, reshape, select, slice_, squeeze, transpose, unsqueeze, view
@@ -83,7 +83,9 @@ def logical_not(a: Tensor) -> Tensor:
 
 
 def relu(a: Tensor) -> Tensor:
-    return maximum(a, 0.0 if a.dtype.is_floating_point else 0)  # type: ignore[no-any-return]
+    if not isinstance(a, Tensor):
+        raise DTypeError(f"relu: expected a tensor, got {type(a).__name__}")
+    return Relu.apply(a)  # type: ignore[no-any-return]
 
 
 def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:

@@ -42,9 +42,9 @@ def check_shape(shape: Any, op: str) -> tuple[int, ...]:
             if isinstance(s, Tensor) and s.numel() == 1 and s.dtype.category == 1:
                 continue
             raise ShapeError(f"{op}: shape entries must be ints, got {shape!r}")
-        if s < 0:
-            raise ShapeError(f"{op}: negative dimension in shape {list(out)}")
     out = tuple(int(s) for s in out)
+    if any(s < 0 for s in out):
+        raise ShapeError(f"{op}: negative dimension in shape {list(out)}")
     if numel(out) * 8 > 1 << 46:
         raise ShapeError(f"{op}: shape {list(out)} is too large to allocate")
     return out
@@ -76,7 +76,8 @@ def expand_to(t: Tensor, shape: tuple[int, ...]) -> Tensor:
     strides = [0] * n
     for i, (size, st) in enumerate(zip(t.shape, t._strides)):
         strides.append(0 if size == 1 and shape[n + i] != 1 else st)
-    return Tensor._make(t._storage, shape, tuple(strides), t._offset, t.dtype, t._base or t)
+    base = t._base if t._base is not None else t
+    return Tensor._make(t._storage, shape, tuple(strides), t._offset, t.dtype, base)
 
 
 def cast(t: Tensor, dtype: dt.DType) -> Tensor:
@@ -88,9 +89,39 @@ def cast(t: Tensor, dtype: dt.DType) -> Tensor:
     return out
 
 
+def int_in_range(v: Any, dtype: dt.DType, op: str, wrap: bool) -> Any:
+    """A Python int made to fit an integer dtype: wrapped (binary-op operands, like PyTorch) or rejected (fills)."""
+    if dtype.category != 1 or isinstance(v, bool) or not isinstance(v, (int, float)):
+        return v
+    bits = dtype.itemsize * 8
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+    if isinstance(v, float):  # a float into an integer tensor (fills only): truncated, and it must fit
+        if v == v and abs(v) != float("inf") and lo <= int(v) <= hi:
+            return v
+        raise DTypeError(f"{op}: value {v!r} cannot be converted to {dtype!r} without overflow")
+    if lo <= v <= hi:
+        return v
+    if not wrap or not -(1 << 63) <= v < (1 << 64):
+        raise DTypeError(f"{op}: value {v!r} cannot be converted to {dtype!r} without overflow "
+                         f"(expected {lo}..{hi})")
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if dtype.is_signed and v > hi else v
+
+
+_scalars: dict[tuple[Any, ...], Tensor] = {}
+_dispatch._derived.append(_scalars)  # forgotten whenever the backends change
+
+
 def scalar_tensor(v: Any, dtype: dt.DType, device: Device) -> Tensor:
-    out = empty((), dtype, device)
-    _dispatch.kernel(device.type, "fill")(out, v)
+    """A 0-d tensor holding v, cached: it is only ever a kernel input (NOTE [kernel contract]), never returned."""
+    key = (type(v), str(v) if v == 0 else v, dtype, id(device))  # str keeps -0.0 apart from 0.0; devices are interned
+    out = _scalars.get(key)
+    if out is None:
+        if len(_scalars) >= 1024:
+            _scalars.clear()
+        out = empty((), dtype, device)
+        _dispatch.kernel(device.type, "fill")(out, int_in_range(v, dtype, "scalar operand", wrap=True))
+        _scalars[key] = out
     return out
 
 
@@ -100,7 +131,7 @@ def as_tensor_like(v: Any, dtype: dt.DType, device: Device, op: str) -> Tensor:
             raise DeviceError(f"{op}: expected all tensors on {device}, got one on {v.device}")
         return cast(v, dtype)
     if isinstance(v, (bool, int, float)):
-        return scalar_tensor(v, dtype, device)
+        return scalar_tensor(int_in_range(v, dtype, op, wrap=True), dtype, device)
     raise DTypeError(f"{op}: expected a tensor or a Python number, got {type(v).__name__}")
 
 
@@ -120,6 +151,8 @@ def wrap_dims(dims: Any, ndim: int, op: str) -> tuple[int, ...]:
         return tuple(range(ndim))
     if isinstance(dims, int) and not isinstance(dims, bool):
         dims = (dims,)
+    elif not isinstance(dims, (tuple, list)):
+        raise DTypeError(f"{op}: dim must be an int or a tuple of ints, got {dims!r}")
     out = []
     lo, hi = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
     for d in dims:

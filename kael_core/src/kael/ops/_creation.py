@@ -12,7 +12,7 @@ from .. import _dtype as dt
 from .._device import CPU, Device, as_device
 from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor, from_numpy
-from ._core import check_shape, empty
+from ._core import check_shape, empty, int_in_range
 from ._random import Generator, default_generator
 
 __all__ = ["tensor", "zeros", "ones", "full", "empty_", "arange", "linspace", "eye", "zeros_like", "ones_like",
@@ -54,9 +54,9 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
         arr = _infer_np(data, "tensor")
         if dtype is not None:
             d = dt.as_dtype(dtype)
-        elif arr.dtype == np.float64 and not isinstance(data, np.ndarray):
+        elif arr.dtype == np.float64 and not isinstance(data, (np.ndarray, np.generic)):
             d = dt.get_default_dtype()
-        elif arr.dtype.kind == "i" and not isinstance(data, np.ndarray):
+        elif arr.dtype.kind == "i" and not isinstance(data, (np.ndarray, np.generic)):
             d = dt.int64
         else:
             d = dt.as_dtype(arr.dtype)
@@ -78,6 +78,8 @@ def _filled(shape: tuple[int, ...], value: Any, dtype: Any, device: Any, require
         dt.get_default_dtype() if isinstance(value, float) else dt.scalar_dtype(value)
         if isinstance(value, (bool, int)) else dt.get_default_dtype())
     dev = as_device(device)
+    if value is not None:
+        value = int_in_range(value, d, "full", wrap=False)
     out = empty(shape, d, dev)
     if value is not None:
         _dispatch.kernel(dev.type, "fill")(out, value)

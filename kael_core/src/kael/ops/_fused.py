@@ -15,10 +15,11 @@ from .. import _dtype as dt
 from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ._core import cast, check_device, empty, expand_to
+from ._core import cast, check_device, empty, expand_to, scalar_tensor
+from ._indexing import scatter_add_nograd
 from ._linalg import _mm, _t
-from ._pointwise import binary, sum_to, unary
-from ._reduce import reduce_op
+from ._pointwise import Div, binary, sum_to, unary
+from ._reduce import Sum, Where_nograd, reduce_op
 from ._views import contiguous_nograd, reshape_nograd
 
 __all__ = ["softmax", "log_softmax", "gelu", "layer_norm", "linear", "embedding", "cross_entropy", "attention",
@@ -168,7 +169,8 @@ class Softmax(Function):
         k = _dispatch.fused_kernel(x.device.type, "softmax")
         if k is not None:
             out = empty(x.shape, x.dtype, x.device)
-            k(out, x, dim)
+            if out.numel():  # kernels never see empty inputs (a max over no elements is undefined)
+                k(out, x, dim)
         else:
             out = softmax_decomp(x, dim)
         ctx.save_for_backward(out)
@@ -188,7 +190,8 @@ class LogSoftmax(Function):
         k = _dispatch.fused_kernel(x.device.type, "log_softmax")
         if k is not None:
             out = empty(x.shape, x.dtype, x.device)
-            k(out, x, dim)
+            if out.numel():
+                k(out, x, dim)
         else:
             out = log_softmax_decomp(x, dim)
         ctx.save_for_backward(out)
@@ -315,12 +318,16 @@ class LayerNorm(Function):
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     _float(x, "layer_norm")
+    if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, (int, tuple, list)):
+        raise DTypeError(f"layer_norm: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(ns) != 1:
         raise ShapeError(f"layer_norm: only normalisation over the last dimension is supported, got {list(ns)}")
     if x.ndim == 0 or x.shape[-1] != ns[0]:
         raise ShapeError(f"layer_norm: input shape {list(x.shape)} does not end with normalized_shape {list(ns)}")
     for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and not isinstance(p, Tensor):
+            raise DTypeError(f"layer_norm: {name} must be a tensor or None, got {type(p).__name__}")
         if p is not None and p.shape != ns:
             raise ShapeError(f"layer_norm: {name} has shape {list(p.shape)}, expected {list(ns)}")
     check_device("layer_norm", x, weight, bias)
@@ -355,6 +362,9 @@ class Linear(Function):
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     _float(x, "linear")
+    _float(weight, "linear (weight)")
+    if bias is not None:
+        _float(bias, "linear (bias)")
     if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
         raise ShapeError(f"linear: input {list(x.shape)} and weight {list(weight.shape)} do not match "
                          "(expected weight [out_features, in_features] with in_features == input.shape[-1])")
@@ -395,6 +405,8 @@ class Embedding(Function):
 def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     if not isinstance(ids, Tensor) or ids.dtype.category != 1:
         raise DTypeError(f"embedding: ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids))!r}")
+    if not isinstance(weight, Tensor):
+        raise DTypeError(f"embedding: weight must be a tensor, got {type(weight).__name__}")
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be 2-d [num_embeddings, dim], got {list(weight.shape)}")
     check_device("embedding", ids, weight)
@@ -410,7 +422,8 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
 
 class CrossEntropy(Function):
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, target: Tensor, ignore_index: int, smoothing: float) -> Tensor:
+    def forward(ctx: Any, logits: Tensor, target: Tensor, ignore_index: int, smoothing: float,
+                all_kept: bool = False) -> Tensor:
         k = _dispatch.fused_kernel(logits.device.type, "cross_entropy")
         if k is not None:
             losses = empty((logits.shape[0],), logits.dtype, logits.device)
@@ -418,23 +431,27 @@ class CrossEntropy(Function):
         else:
             losses = cross_entropy_decomp(logits, target, ignore_index, smoothing)
         ctx.save_for_backward(logits, target)
-        ctx.ignore_index, ctx.smoothing = ignore_index, smoothing
+        ctx.ignore_index, ctx.smoothing, ctx.all_kept = ignore_index, smoothing, all_kept
         return losses
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> Any:
+        # d loss_i / d logits_i = softmax_i - ((1 - s) * onehot(target_i) + s / C), rows of ignored targets 0
         logits, target = ctx.saved_tensors
-        from ._reduce import Where_nograd
-
-        p = Softmax.forward(_Nop(), logits, 1)
         n, c = logits.shape
-        from ._creation import arange
-
-        onehot = binary("eq", reshape_nograd(arange(c, device=logits.device), (1, c)), reshape_nograd(target, (n, 1)))
-        tgt = binary("add", binary("mul", onehot, 1 - ctx.smoothing), ctx.smoothing / c)
-        keep = reshape_nograd(binary("ne", target, ctx.ignore_index), (n, 1))
-        d = Where_nograd(keep, binary("sub", p, tgt), 0.0)
-        return binary("mul", d, reshape_nograd(g, (n, 1))), None, None, None
+        s = ctx.smoothing
+        d = Softmax.forward(_Nop(), logits, 1)
+        if s:
+            d = binary("sub", d, s / c)
+        keep = None
+        if not ctx.all_kept:
+            keep = reshape_nograd(binary("ne", target, ctx.ignore_index), (n, 1))
+            target = Where_nograd(keep, reshape_nograd(target, (n, 1)), 0)
+        src = expand_to(scalar_tensor(s - 1.0, d.dtype, d.device), (n, 1))
+        scatter_add_nograd(d, 1, reshape_nograd(target, (n, 1)), src)
+        if keep is not None:
+            d = Where_nograd(keep, d, 0.0)
+        return binary("mul", d, reshape_nograd(g, (n, 1))), None, None, None, None
 
 
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0,
@@ -452,23 +469,19 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, labe
         raise DTypeError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing!r}")
     check_device("cross_entropy", logits, target)
     target = cast(target, dt.int64)
-    keep = binary("ne", target, ignore_index)
-    if target.numel():
-        bad = binary("logical_and", keep, binary("logical_or", binary("lt", target, 0),
-                                                   binary("ge", target, logits.shape[1])))
-        if bool(reduce_op("any", bad, (0,), False, dt.bool_).item()):
-            raise IndexError_(f"cross_entropy: a target is out of range for {logits.shape[1]} classes")
-    losses = CrossEntropy.apply(logits, target, int(ignore_index), float(label_smoothing))
+    # The targets are checked on the host: they are small ([N] ids), and on CPU this is a view, not a copy.
+    ids = target._host()
+    kept = ids != ignore_index
+    bad = kept & ((ids < 0) | (ids >= logits.shape[1]))
+    if bad.any():
+        raise IndexError_(f"cross_entropy: target {int(ids[bad][0])} is out of range for {logits.shape[1]} classes")
+    count = int(kept.sum())
+    losses = CrossEntropy.apply(logits, target, int(ignore_index), float(label_smoothing), count == len(ids))
     if reduction == "none":
         return losses  # type: ignore[no-any-return]
-    from ._reduce import Sum
-
     total = Sum.apply(losses)
     if reduction == "sum":
         return total  # type: ignore[no-any-return]
-    count = int(reduce_op("sum", keep, (0,), False, dt.int64).item()) if target.numel() else 0
-    from ._pointwise import Div
-
     return Div.apply(total, float(count) if count else float("nan"))  # type: ignore[no-any-return]
 
 

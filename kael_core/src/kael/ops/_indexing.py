@@ -10,7 +10,7 @@ from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
 from ._core import cast, check_device, empty, wrap_dims
-from ._views import basic_index, contiguous_nograd, reshape_nograd
+from ._views import _need_tensor, basic_index, contiguous_nograd, reshape_nograd
 
 __all__ = ["gather", "index_select", "cat", "stack", "split", "chunk", "getitem", "nonzero",
            "index_add_nograd", "scatter_add_nograd"]
@@ -29,6 +29,24 @@ def _check_index(index: Any, op: str, bound: int, dim: int) -> Tensor:
         if lo < 0 or hi >= bound:
             bad = lo if lo < 0 else hi
             raise IndexError_(f"{op}: index {bad} is out of bounds for dimension {dim} with size {bound}")
+    return index
+
+
+def _wrap_negative(index: Tensor, bound: int, dim: int) -> Tensor:
+    """Index values in [-bound, bound) as int64 in [0, bound): negatives count from the end (getitem/setitem)."""
+    index = cast(index, dt.int64)
+    if index.numel():
+        from ._pointwise import binary
+        from ._reduce import reduce_op
+
+        dims = tuple(range(index.ndim))
+        lo = int(reduce_op("amin", index, dims, False, dt.int64).item())
+        hi = int(reduce_op("amax", index, dims, False, dt.int64).item())
+        if lo < -bound or hi >= bound:
+            raise IndexError_(f"index {lo if lo < -bound else hi} is out of bounds for dimension {dim} with size "
+                              f"{bound}")
+        if lo < 0:
+            index = binary("add", index, binary("mul", binary("lt", index, 0), bound))
     return index
 
 
@@ -75,6 +93,9 @@ class Gather(Function):
 
 
 def gather(a: Tensor, dim: int, index: Tensor) -> Tensor:
+    if not isinstance(a, Tensor) or not isinstance(index, Tensor):
+        raise DTypeError(f"gather: expected a tensor and an integer index tensor, got {type(a).__name__} and "
+                         f"{type(index).__name__}")
     return Gather.apply(a, dim, index)  # type: ignore[no-any-return]
 
 
@@ -102,6 +123,7 @@ class IndexSelect(Function):
 
 
 def index_select(a: Tensor, dim: int, index: Tensor) -> Tensor:
+    _need_tensor(a, "index_select")
     if a.ndim == 0:
         raise IndexError_("index_select: cannot index a 0-d tensor")
     return IndexSelect.apply(a, dim, index)  # type: ignore[no-any-return]
@@ -166,10 +188,17 @@ def stack(tensors: Any, dim: int = 0) -> Tensor:
 
 
 def split(a: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    _need_tensor(a, "split")
     from ._views import narrow
 
+    if a.ndim == 0:
+        raise ShapeError("split: expected a tensor with at least one dimension, got a 0-d tensor")
     d = a._wrap_dim(dim, "split")
     n = a.shape[d]
+    sec = split_size_or_sections
+    if isinstance(sec, bool) or not (isinstance(sec, int) or (isinstance(sec, (list, tuple)) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in sec))):
+        raise DTypeError(f"split: expected an int split size or a list of int sections, got {sec!r}")
     if isinstance(split_size_or_sections, int):
         s = split_size_or_sections
         if s <= 0 and n:
@@ -188,6 +217,11 @@ def split(a: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
 
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    _need_tensor(a, "chunk")
+    if isinstance(chunks, bool) or not isinstance(chunks, int):
+        raise DTypeError(f"chunk: chunks must be an int, got {chunks!r}")
+    if a.ndim == 0:
+        raise ShapeError("chunk: expected a tensor with at least one dimension, got a 0-d tensor")
     if chunks <= 0:
         raise ShapeError(f"chunk: chunks must be positive, got {chunks}")
     n = a.shape[a._wrap_dim(dim, "chunk")]
@@ -196,6 +230,7 @@ def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
 
 
 def nonzero(mask: Tensor) -> Tensor:
+    _need_tensor(mask, "nonzero")
     m = mask if mask.dtype is dt.bool_ else cast(mask, dt.bool_)
     from ._reduce import reduce_op
 
@@ -212,10 +247,11 @@ def _is_advanced(k: Any) -> bool:
 
 def _to_index_tensor(k: Any, device: Any) -> Tensor:
     if isinstance(k, Tensor):
-        return k
-    from ._creation import tensor
+        t = k
+    else:
+        from ._creation import tensor
 
-    t = tensor(k, device=device)
+        t = tensor(k, device=device)
     if t.dtype.is_floating_point:
         raise IndexError_(f"index: tensors used as indices must be integer or bool, got {t.dtype!r}")
     return t
@@ -250,7 +286,7 @@ def getitem(a: Tensor, key: Any) -> Tensor:
         if dim >= a.ndim:
             raise IndexError_(f"index: too many indices for a tensor of dimension {a.ndim}")
         flat = reshape_nograd(idx, (idx.numel(),))
-        r = index_select(a, dim, flat)
+        r = index_select(a, dim, _wrap_negative(flat, a.shape[dim], dim))
         from ._views import reshape
 
         return reshape(r, a.shape[:dim] + idx.shape + a.shape[dim + 1:])
@@ -310,7 +346,7 @@ def _general_advanced(a: Tensor, key: tuple[Any, ...]) -> Tensor:
     lin: Any = None
     for (i, t) in tensors:
         n = a.shape[i]
-        t = _check_index(t, "index", n, i) if t.numel() else cast(t, dt.int64)
+        t = _wrap_negative(t, n, i)
         lin = t if lin is None else binary("add", binary("mul", lin, n), t)
     total = 1
     for i in dims:

@@ -17,7 +17,7 @@ from .._errors import AutogradError, DTypeError, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
 from ..autograd._grad_mode import STATE
-from ._core import as_tensor_like, broadcast_shapes, cast, empty, expand_to
+from ._core import as_tensor_like, broadcast_shapes, cast, empty, expand_to, int_in_range
 from ._views import _Strided, contiguous_nograd, make_view
 
 __all__ = ["inplace", "copy_", "fill_", "setitem", "clone", "contiguous", "to", "detach"]
@@ -87,8 +87,14 @@ def inplace(t: Tensor, op: str, compute: Any) -> Tensor:
         if broadcast_shapes(t.shape, r.shape, op) != t.shape:
             raise ShapeError(f"{op}: result of shape {list(r.shape)} cannot be written into shape {list(t.shape)}")
     track = STATE.enabled and (r.requires_grad or t.requires_grad)
-    if track:
+    if track:  # refuse before anything is written
         _check_leaf(t, op)
+        base = t._base
+        if base is not None and base is not t:
+            _check_leaf(base, op)
+            if not base.is_contiguous():
+                raise AutogradError(f"{op}: in-place update of a view whose base is not contiguous cannot be "
+                                    "differentiated")
     prev = STATE.enabled
     STATE.enabled = False
     try:
@@ -145,12 +151,15 @@ def fill_(t: Tensor, value: Any) -> Tensor:
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ShapeError(f"fill_: value tensor must have one element, got shape {list(value.shape)}")
+        from ._views import reshape
+
+        value = reshape(value, ())  # a one-element tensor of any shape fills like its item
         return inplace(t, "fill_", lambda: expand_to(cast(value, t.dtype), t.shape) if not value.requires_grad
                        else value)
     if not isinstance(value, (bool, int, float)):
         raise DTypeError(f"fill_: value must be a number, got {type(value).__name__}")
     if not (STATE.enabled and t.requires_grad):
-        _dispatch.kernel(t.device.type, "fill")(t, value)
+        _dispatch.kernel(t.device.type, "fill")(t, int_in_range(value, t.dtype, "fill_", wrap=False))
         t._storage.version += 1
         return t
     from ._creation import full
@@ -173,32 +182,47 @@ def setitem(t: Tensor, key: Any, value: Any) -> None:
 
 
 def _setitem_advanced(t: Tensor, keys: tuple[Any, ...], value: Any) -> None:
-    """t[idx] = value for one index tensor (int or bool) along a dim: index-put via a mask or index_copy."""
-    from ._indexing import _to_index_tensor, nonzero
-    from ._views import reshape
+    """t[key] = value with integer/bool index tensors anywhere in key (PyTorch's index_put_; last write wins).
 
-    if len(keys) != 1:
-        raise ShapeError("setitem: only a single integer or boolean index tensor is supported in assignment")
-    idx = _to_index_tensor(keys[0], t.device)
-    if idx.dtype is dt.bool_:
-        if idx.shape != t.shape[: idx.ndim]:
-            raise ShapeError(f"setitem: mask of shape {list(idx.shape)} does not match {list(t.shape)}")
-        pos = nonzero(reshape(idx, (idx.numel(),)))
-        idx = reshape(pos, (pos.shape[0],))
-        flat_t = reshape(t, (-1,) + t.shape[keys[0].ndim if isinstance(keys[0], Tensor) else 1:])
-    else:
-        flat_t = t
-        idx = reshape(idx, (idx.numel(),))
-    if flat_t._storage is not t._storage:
-        raise ShapeError("setitem: boolean assignment into a non-contiguous tensor is not supported")
-    for i in idx.tolist():
-        row = flat_t[i]
-        if isinstance(value, Tensor) and value.ndim and value.shape[0] == idx.shape[0] and value.ndim > row.ndim:
-            copy_(row, value[idx.tolist().index(i)])
-        elif isinstance(value, Tensor):
-            copy_(row, value)
-        else:
-            fill_(row, value)
+    A full-shape boolean mask with a scalar is one where(). Otherwise the key is applied to the element
+    numbers of t (an arange in t's shape), which gives the positions it selects in the shape value must
+    broadcast to; each position takes the element written last, gathered with index_select (so gradients
+    reach value) and merged with where() (so they reach t), then written back in place.
+    """
+    import numpy as np
+
+    from ._creation import arange, tensor
+    from ._indexing import _to_index_tensor, getitem, index_select
+    from ._pointwise import Where
+    from ._views import expand, reshape, reshape_nograd
+
+    if isinstance(value, Tensor) and value.device is not t.device:
+        from .._errors import DeviceError
+
+        raise DeviceError(f"setitem: value is on {value.device}, the tensor on {t.device}")
+    if not isinstance(value, (Tensor, bool, int, float)):
+        raise DTypeError(f"setitem: value must be a tensor or a Python number, got {type(value).__name__}")
+    if len(keys) == 1 and not isinstance(value, Tensor):
+        mask = _to_index_tensor(keys[0], t.device)
+        if mask.dtype is dt.bool_ and mask.shape == t.shape:
+            copy_(t, Where.apply(mask, value, t))
+            return
+    numbers = reshape_nograd(arange(t.numel(), device=t.device), t.shape)
+    pos = getitem(numbers, keys if len(keys) > 1 else keys[0])
+    flat_pos = np.asarray(pos.tolist(), dtype=np.int64).reshape(-1)
+    if flat_pos.size == 0:
+        return
+    src = np.full(t.numel(), -1, dtype=np.int64)
+    src[flat_pos] = np.arange(flat_pos.size)  # NumPy assigns repeated positions in order: the last one wins
+    hit = reshape_nograd(tensor(src >= 0, device=t.device), t.shape)
+    if isinstance(value, Tensor):
+        if broadcast_shapes(value.shape, pos.shape, "setitem") != pos.shape:
+            raise ShapeError(f"setitem: shape mismatch: value tensor of shape {list(value.shape)} cannot be "
+                             f"broadcast to indexing result of shape {list(pos.shape)}")
+        flat_v = reshape(expand(value, pos.shape) if value.shape != pos.shape else value, (-1,))
+        which = tensor(np.maximum(src, 0), device=t.device)
+        value = reshape(index_select(flat_v, 0, which), t.shape)
+    copy_(t, Where.apply(hit, value, t))
 
 
 class Clone(Function):

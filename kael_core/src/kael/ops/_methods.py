@@ -78,7 +78,7 @@ def _install() -> None:
             r = fast_binary_(a, name, b)
             if r is not None:
                 return r
-            return inplace(a, name + "_", lambda: fn(a, b))
+            return inplace(a, name + "_", lambda: fn(_original(name, a, b), b))
 
         return method
 
@@ -91,7 +91,7 @@ def _install() -> None:
 
     def _inplace_un(name: str) -> Any:
         fn = getattr(F, name)
-        return lambda a, *args, **kw: inplace(a, name + "_", lambda: fn(a, *args, **kw))
+        return lambda a, *args, **kw: inplace(a, name + "_", lambda: fn(_original(name, a), *args, **kw))
 
     for name in ("neg", "exp", "log", "sqrt", "tanh", "abs", "sigmoid", "relu", "clamp", "floor", "ceil", "round"):
         setattr(T, name + "_", _inplace_un(name))
@@ -149,6 +149,20 @@ def _install() -> None:
         a._retains_grad = True
 
     T.retain_grad = retain_grad
+
+
+# ops whose backward needs their (first) input itself; the others save nothing or their output
+_SAVES_INPUT = frozenset({"mul", "div", "pow", "maximum", "minimum", "log", "abs", "clamp"})
+
+
+def _original(name: str, a: Tensor, other: Any = None) -> Tensor:
+    """The operand an in-place op computes from: a copy when recording an op that saves it for
+    backward, since the write would invalidate it (PyTorch saves ``original_self`` the same way)."""
+    if name in _SAVES_INPUT and STATE.enabled and (a.requires_grad or getattr(other, "requires_grad", False)):
+        from ._inplace import clone
+
+        return clone(a)
+    return a
 
 
 def _bad_invert(a: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ from .. import _dtype as dt
 from .._errors import DTypeError
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ._core import as_tensor_like, broadcast_shapes, check_device, empty, expand_to
+from ._core import as_tensor_like, broadcast_shapes, check_device, empty, expand_to, scalar_tensor
 
 __all__ = ["binary", "unary", "sum_to", "grad_for"]
 
@@ -27,15 +27,31 @@ _COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logica
 def binary(op: str, a: Any, b: Any) -> Tensor:
     """Compute op(a, b) into a new tensor (no autograd)."""
     if (type(a) is Tensor and type(b) is Tensor and a.dtype is b.dtype and a.shape == b.shape
-            and a.device is b.device and (op != "div" or a.dtype.is_floating_point)):
+            and a.device is b.device and (op != "div" or a.dtype.is_floating_point)
+            and (op != "sub" or a.dtype is not dt.bool_)):
         out = empty(a.shape, dt.bool_ if op in _COMPARE else a.dtype, a.device)
         _dispatch.kernel(a.device.type, op)(out, a, b)
         return out
+    # fast path: a tensor and a Python scalar that does not change its dtype (the hot case x * 0.5)
+    ta, tb = type(a), type(b)
+    t, s = (a, b) if ta is Tensor and (tb is float or tb is int) else (
+        (b, a) if tb is Tensor and (ta is float or ta is int) else (None, None))
+    if t is not None and op not in ("logical_and", "logical_or"):
+        d = t.dtype
+        if d.is_floating_point or (type(s) is int and d.category == 1 and op != "div"):
+            sc = scalar_tensor(s, d, t.device)
+            sv = Tensor._make(sc._storage, t.shape, (0,) * len(t.shape), sc._offset, d, sc)
+            out = empty(t.shape, dt.bool_ if op in _COMPARE else d, t.device)
+            _dispatch.kernel(t.device.type, op)(out, *((t, sv) if t is a else (sv, t)))
+            return out
     device = check_device(op, a, b)
     if op in ("logical_and", "logical_or"):
         ctype = dt.bool_
     else:
-        ctype = dt.result_type(a, b)
+        try:
+            ctype = dt.result_type(a, b)
+        except DTypeError as exc:
+            raise DTypeError(f"{op}: {exc}") from None
     if op == "div" and not ctype.is_floating_point:
         ctype = dt.get_default_dtype()
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
@@ -122,7 +138,10 @@ class Sub(Function):
 class Mul(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
-        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
+        # save only what backward reads, so t.mul_(2) on a non-leaf t does not trip its own version check
+        need = ctx.needs_input_grad
+        ctx.save_for_backward(a if isinstance(a, Tensor) and need[1:2] == (True,) else None,
+                              b if isinstance(b, Tensor) and need[:1] == (True,) else None)
         ctx.sa, ctx.sb = a, b
         return binary("mul", a, b)
 
@@ -139,7 +158,9 @@ class Mul(Function):
 class Div(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
-        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
+        need = ctx.needs_input_grad  # a is read only for b's gradient (see Mul)
+        ctx.save_for_backward(a if isinstance(a, Tensor) and need[1:2] == (True,) else None,
+                              b if isinstance(b, Tensor) else None)
         ctx.sa, ctx.sb = a, b
         return binary("div", a, b)
 
@@ -170,14 +191,35 @@ class Pow(Function):
         b = tb if tb is not None else ctx.sb
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            bm1 = binary("sub", b, 1)
-            ga = grad_for(binary("mul", g, binary("mul", b, binary("pow", a, bm1))), a)
             if not isinstance(b, Tensor) and b == 0:
                 ga = grad_for(binary("mul", g, 0.0), a)
+            else:
+                bm1 = binary("sub", b, 1) if isinstance(b, Tensor) else b - 1
+                ga = grad_for(binary("mul", g, binary("mul", b, binary("pow", a, bm1))), a)
         if len(ctx.needs_input_grad) > 1 and ctx.needs_input_grad[1]:
             loga = unary("log", a) if isinstance(a, Tensor) else math.log(a) if a > 0 else float("nan")
             gb = grad_for(binary("mul", g, binary("mul", out, loga)), b)
         return ga, gb
+
+
+class Remainder(Function):
+    """a - floor(a / b) * b: d/da = 1, d/db = -floor(a / b) (as PyTorch)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Any, b: Any) -> Tensor:
+        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
+        ctx.sa, ctx.sb = a, b
+        return binary("remainder", a, b)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Any:
+        ta, tb = ctx.saved_tensors
+        a = ta if ta is not None else ctx.sa
+        b = tb if tb is not None else ctx.sb
+        gb = None
+        if len(ctx.needs_input_grad) > 1 and ctx.needs_input_grad[1]:
+            gb = grad_for(unary("neg", binary("mul", g, binary("floor_divide", a, b))), b)
+        return grad_for(g, a), gb
 
 
 class _MinMax(Function):
@@ -185,12 +227,15 @@ class _MinMax(Function):
 
     @classmethod
     def forward(cls, ctx: Any, a: Any, b: Any) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(a, b)
+        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
+        ctx.sa, ctx.sb = a, b
         return binary(cls.op, a, b)
 
     @classmethod
     def backward(cls, ctx: Any, g: Tensor) -> Any:  # type: ignore[override]
-        a, b = ctx.saved_tensors
+        ta, tb = ctx.saved_tensors
+        a = ta if ta is not None else ctx.sa
+        b = tb if tb is not None else ctx.sb
         wins = binary("gt" if cls.op == "maximum" else "lt", a, b)
         tie = binary("eq", a, b)
         wa = binary("add", binary("mul", wins, 1.0), binary("mul", tie, 0.5))
@@ -214,6 +259,21 @@ class Neg(Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> Any:
         return unary("neg", g)
+
+
+class Relu(Function):
+    """max(x, 0) with gradient 0 at x == 0 (as PyTorch; maximum(x, 0) would give 0.5 there)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor) -> Tensor:
+        out = binary("maximum", a, 0)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Any:
+        (out,) = ctx.saved_tensors
+        return Where.forward(_Dummy(), binary("gt", out, 0), g, 0)
 
 
 def _unary_fn(name: str, op: str, grad: Any, save: str) -> type[Function]:
@@ -294,4 +354,5 @@ class _Dummy:
 
 BINARY_FUNCTIONS: dict[str, type[Function]] = {
     "add": Add, "sub": Sub, "mul": Mul, "div": Div, "pow": Pow, "maximum": Maximum, "minimum": Minimum,
+    "remainder": Remainder,
 }

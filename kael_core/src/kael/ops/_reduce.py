@@ -7,7 +7,7 @@ from typing import Any
 from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import DTypeError, ShapeError
-from .._tensor import Tensor
+from .._tensor import Tensor, contiguous_strides
 from ..autograd._function import Function
 from ._core import cast, empty, expand_to, wrap_dims
 from ._pointwise import binary, unary
@@ -32,12 +32,17 @@ def reduce_op(op: str, a: Tensor, dims: tuple[int, ...], keepdim: bool, out_dtyp
         for d in dims:
             if a.shape[d] == 0:
                 raise ShapeError(f"{op}: cannot reduce over dimension {d} of size 0 (shape {list(a.shape)})")
-    out = empty(_kept_shape(a.shape, dims), out_dtype, a.device)
+    kept = _kept_shape(a.shape, dims)
+    if keepdim:
+        res = out = empty(kept, out_dtype, a.device)
+    else:  # the result owns its memory (not a view), so e.g. AccumulateGrad can keep it without a copy
+        res = empty(_final_shape(a.shape, dims, False), out_dtype, a.device)
+        out = Tensor._make(res._storage, kept, contiguous_strides(kept), 0, out_dtype, res)
     if dims:
         _dispatch.kernel(a.device.type, op)(out, a, dims)
     else:
         _dispatch.kernel(a.device.type, "copy")(out, a)
-    return out if keepdim else reshape_nograd(out, _final_shape(a.shape, dims, keepdim))
+    return res
 
 
 def _sum_dtype(a: Tensor, dtype: Any) -> dt.DType:
@@ -144,6 +149,8 @@ def argreduce(op: str, a: Tensor, dim: Any, keepdim: bool) -> Tensor:
             raise ShapeError(f"{op}: cannot reduce an empty tensor")
         r = reduce_op(op, flat.contiguous() if not flat.is_contiguous() else flat, (0,), False, dt.int64)
         return reshape_nograd(r, (1,) * a.ndim) if keepdim else r
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise DTypeError(f"{op}: dim must be an int or None, got {dim!r}")
     (d,) = wrap_dims(dim, a.ndim, op) or (0,)
     if a.ndim == 0:
         return reduce_op("fill", a, (), keepdim, dt.int64) if False else _zero_index(a)

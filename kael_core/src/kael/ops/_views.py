@@ -21,6 +21,11 @@ __all__ = ["make_view", "reshape_nograd", "reshape", "view", "permute", "transpo
            "unsqueeze", "flatten", "slice_", "select", "narrow", "contiguous_nograd"]
 
 
+def _need_tensor(a: Any, op: str) -> None:
+    if not isinstance(a, Tensor):
+        raise DTypeError(f"{op}: expected a tensor, got {type(a).__name__}")
+
+
 def make_view(t: Tensor, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
     v = Tensor._make(t._storage, shape, strides, offset, t.dtype, t._base if t._base is not None else t)
     return v
@@ -109,11 +114,13 @@ class View(Reshape):
 
 
 def reshape(a: Tensor, *shape: Any) -> Tensor:
+    _need_tensor(a, "reshape")
     s = _infer_shape(shape, a.numel(), "reshape")
     return Reshape.apply(a, s)  # type: ignore[no-any-return]
 
 
 def view(a: Tensor, *shape: Any) -> Tensor:
+    _need_tensor(a, "view")
     s = _infer_shape(shape, a.numel(), "view")
     if _view_strides(a.shape, a._strides, s) is None:
         raise ShapeError(f"view: shape {list(s)} is not compatible with input shape {list(a.shape)} and strides "
@@ -141,6 +148,7 @@ class Transpose(Permute):
 
 
 def permute(a: Tensor, *dims: Any) -> Tensor:
+    _need_tensor(a, "permute")
     if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
         dims = tuple(dims[0])
     if len(dims) != a.ndim:
@@ -150,6 +158,7 @@ def permute(a: Tensor, *dims: Any) -> Tensor:
 
 
 def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
+    _need_tensor(a, "transpose")
     if a.ndim == 0:
         wrap_dims((dim0, dim1), 0, "transpose")
         return a
@@ -175,6 +184,7 @@ class Expand(Function):
 
 
 def expand(a: Tensor, *shape: Any) -> Tensor:
+    _need_tensor(a, "expand")
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     if len(shape) < a.ndim:
@@ -259,6 +269,7 @@ def _norm_slice(s: slice, n: int, op: str) -> tuple[int, int, int]:
 
 
 def slice_(a: Tensor, dim: int, start: int | None = None, stop: int | None = None, step: int = 1) -> Tensor:
+    _need_tensor(a, "slice")
     d = a._wrap_dim(dim, "slice")
     if a.ndim == 0:
         raise IndexError_("slice: cannot slice a 0-d tensor")
@@ -267,6 +278,12 @@ def slice_(a: Tensor, dim: int, start: int | None = None, stop: int | None = Non
 
 
 def narrow(a: Tensor, dim: int, start: int, length: int) -> Tensor:
+    _need_tensor(a, "narrow")
+    if a.ndim == 0:
+        raise IndexError_("narrow: cannot narrow a 0-d tensor")
+    for name, v in (("start", start), ("length", length)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DTypeError(f"narrow: {name} must be an int, got {v!r}")
     d = a._wrap_dim(dim, "narrow")
     n = a.shape[d]
     if start < 0:
@@ -285,6 +302,7 @@ def _select_fn(dim: int, index: int) -> Callable[[Tensor], Tensor]:
 
 
 def select(a: Tensor, dim: int, index: int) -> Tensor:
+    _need_tensor(a, "select")
     if a.ndim == 0:
         raise IndexError_("select: cannot select from a 0-d tensor")
     d = a._wrap_dim(dim, "select")
@@ -297,6 +315,7 @@ def select(a: Tensor, dim: int, index: int) -> Tensor:
 
 
 def squeeze(a: Tensor, dim: Any = None) -> Tensor:
+    _need_tensor(a, "squeeze")
     if dim is None:
         dims = tuple(i for i, n in enumerate(a.shape) if n == 1)
     else:
@@ -306,6 +325,7 @@ def squeeze(a: Tensor, dim: Any = None) -> Tensor:
 
 
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
+    _need_tensor(a, "unsqueeze")
     n = a.ndim + 1
     if isinstance(dim, bool) or not isinstance(dim, int) or not -n <= dim < n:
         raise IndexError_(f"unsqueeze: dim {dim!r} is out of range for a result with {n} dims "
@@ -316,6 +336,7 @@ def unsqueeze(a: Tensor, dim: int) -> Tensor:
 
 
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    _need_tensor(a, "flatten")
     if a.ndim == 0:
         return reshape(a, 1)
     s = a._wrap_dim(start_dim, "flatten")
@@ -362,9 +383,9 @@ def basic_index(a: Tensor, key: tuple[Any, ...]) -> Tensor:
     def fn(t: Tensor) -> Tensor:
         shp, st, off = list(t.shape), list(t._strides), t._offset
         for kind, dim, arg in ops:
-            if kind == "new":
+            if kind == "new":  # the stride PyTorch's unsqueeze gives a new dim
+                st.insert(dim, shp[dim] * st[dim] if dim < len(shp) else 1)
                 shp.insert(dim, 1)
-                st.insert(dim, 0)
             elif kind == "int":
                 off += arg * st[dim]
                 shp.pop(dim)

@@ -29,13 +29,13 @@ def rd(t: Any) -> np.ndarray:
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    f = np.ascontiguousarray(x, dtype=np.float32)
+    f = np.array(x, dtype=np.float32, order="C")  # not ascontiguousarray: that makes 0-d arrays 1-d
     bits = f.view(np.uint32)
     rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     nan = np.isnan(f)
-    out = rounded.astype(np.uint16)
+    out = np.asarray(rounded, dtype=np.uint16)  # an array even for 0-d input (ufuncs return scalars there)
     if nan.any():
-        out[nan] = np.uint16(0x7FC0)
+        out = np.where(nan, np.uint16(0x7FC0), out).astype(np.uint16)
     return out
 
 

@@ -1,0 +1,375 @@
+"""How fuzz_kernels reads a kernel call out of fuzz bytes: op, dtypes, shape, layouts, values.
+
+The bytes are consumed in order by a `Reader` (a missing byte reads as 0, so any input,
+even an empty one, decodes to a valid call and all-zero bytes mean "defaults"):
+
+    op, dtype, flags, ndim, dims..., [family attributes], then per tensor argument
+    a layout (dim order, per-dim step or broadcast, storage offset), a 4-byte value seed,
+    and, in raw mode, the values' bytes themselves.
+
+flags: bit 0 raw values (the operands' storage bytes come from the input: NaN, inf,
+INT_MIN, zero divisors, any bit pattern) instead of well-behaved values from the seed;
+bit 1 in place (the output is the first input, for ops the frontend runs in place).
+
+`decode` returns a `KernelCase`: the kernel's positional arguments as `Tensor` specs
+(logical shape, dtype, layout, role) and plain Python values, in kael._ops order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from kael import _dtype as dt
+from kael._ops import BINARY_OPS, COMPARE_OPS, UNARY_OPS
+
+__all__ = ["OPS", "KernelCase", "Layout", "Reader", "TensorSpec", "decode", "encode_case"]
+
+FLOATS = (dt.float32, dt.float64, dt.float16, dt.bfloat16)
+INTS = (dt.int32, dt.int64, dt.uint8, dt.int8, dt.int16)
+NUMERIC = FLOATS + INTS
+ALL = (*NUMERIC, dt.bool_)
+FLOAT_UNARY = frozenset(("exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid", "erf", "log1p", "expm1"))
+INPLACE = frozenset(("add", "sub", "mul", "div", "pow", "maximum", "minimum"))
+REDUCE = ("sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all")
+FUSED = ("softmax", "log_softmax", "layer_norm", "gelu")
+STRUCTURED = ("copy", "fill", "arange", "where", "matmul", "cat", "index_select", "gather")
+OPS: tuple[str, ...] = (*BINARY_OPS, *UNARY_OPS, *COMPARE_OPS, *STRUCTURED, *REDUCE, *FUSED)
+
+
+class Reader:
+    """Bytes consumed front to back; reading past the end gives zeros."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def byte(self) -> int:
+        b = self.data[self.pos] if self.pos < len(self.data) else 0
+        self.pos += 1
+        return b
+
+    def pick(self, options: Any) -> Any:
+        return options[self.byte() % len(options)]
+
+    def size(self) -> int:
+        """A dimension: mostly 0..8; sometimes up to ~200, long enough for vectorised loops and tails."""
+        b = self.byte()
+        return b % 9 if b < 240 else 9 + (b - 240) * 13
+
+    def rest(self) -> bytes:
+        out = self.data[self.pos :] if self.pos < len(self.data) else b""
+        self.pos = len(self.data)
+        return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a tensor's elements sit in its buffer.
+
+    `order` lists the dims from outermost to innermost in memory; `steps[d]` spaces
+    consecutive elements of dim d (1 = dense, 2-3 = gaps; 0 = broadcast, stride 0);
+    `offset` is the storage offset in elements.
+    """
+
+    order: tuple[int, ...]
+    steps: tuple[int, ...]
+    offset: int
+
+    def strides(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        strides = [0] * len(shape)
+        acc = 1
+        for d in reversed(self.order):
+            if self.steps[d] == 0:
+                continue
+            strides[d] = acc * self.steps[d]
+            acc *= max(shape[d], 1) * self.steps[d]
+        return tuple(strides)
+
+    @staticmethod
+    def dense(ndim: int) -> Layout:
+        return Layout(tuple(range(ndim)), (1,) * ndim, 0)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor argument: `role` is "in" (an operand), "out" (preallocated), or "index" (int64, in range)."""
+
+    shape: tuple[int, ...]
+    dtype: dt.DType
+    layout: Layout
+    role: str = "in"
+    kind: str = "normal"  # value kind for well-behaved values (kael.testing.conformance._cases.vals)
+    bound: int = 0  # indices: values in 0..bound-1
+
+    def describe(self) -> str:
+        lay = self.layout
+        return f"{self.role} {self.dtype.name}{list(self.shape)} strides {lay.strides(self.shape)} offset {lay.offset}"
+
+
+@dataclass
+class KernelCase:
+    op: str
+    dtype: dt.DType
+    args: list[Any]  # TensorSpec, list[TensorSpec] (cat), or plain values
+    raw: bool = False
+    alias: bool = False  # args[0] (the output) is args[1] (the first input) itself
+    seed: int = 0
+    values: bytes = b""
+    exact: bool = field(default=False)  # raw mode: whether values are compared (ops exact on any bits)
+
+    def describe(self) -> str:
+        parts = []
+        for a in self.args:
+            if isinstance(a, TensorSpec):
+                parts.append(a.describe())
+            elif isinstance(a, list):
+                parts.append("[" + ", ".join(t.describe() for t in a) + "]")
+            else:
+                parts.append(repr(a))
+        mode = "raw" if self.raw else "tame"
+        return f"{self.op} ({self.dtype.name}, {mode}{', in place' if self.alias else ''}): " + "; ".join(parts)
+
+
+def _layout(r: Reader, ndim: int, broadcast: bool) -> Layout:
+    orders = list(itertools.permutations(range(ndim)))
+    order = orders[r.byte() % len(orders)]
+    code = r.byte()
+    steps = []
+    for d in range(ndim):
+        c = (code >> (2 * (d % 4))) & 3
+        steps.append(0 if c == 3 and broadcast else (1, 1, 2, 3)[c])
+    return Layout(order, tuple(steps), r.byte() % 4)
+
+
+def _dtypes(op: str) -> tuple[dt.DType, ...]:
+    if op in FLOAT_UNARY or op in FUSED or op == "div":
+        return FLOATS
+    if op in ("logical_and", "logical_or"):
+        return (dt.bool_,)
+    if op in ("logical_not", "add", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "copy", "fill"):
+        return ALL
+    if op in ("where", "cat", "index_select", "gather", "sum", "prod", "amax", "amin", "any", "all"):
+        return ALL
+    return NUMERIC
+
+
+def _kinds(op: str, d: dt.DType) -> tuple[str, str]:
+    """Value kinds for (a, b) that keep well-behaved values in the op's domain (as the conformance table)."""
+    if op in ("log", "sqrt", "rsqrt"):
+        return "positive", "normal"
+    if op == "log1p":
+        return "unit", "normal"
+    if op in ("floor", "ceil", "round"):
+        return "halves", "normal"
+    if op == "pow":
+        return ("positive", "unit") if d.is_floating_point else ("small", "small")
+    if op in ("div", "remainder", "floor_divide"):
+        return "normal", "nonzero"
+    if op in ("eq", "ne", "lt", "le", "gt", "ge") and d.is_floating_point:
+        return "halves", "halves"
+    return "normal", "normal"
+
+
+def _reduce_out(op: str, d: dt.DType) -> dt.DType:
+    if op in ("argmax", "argmin"):
+        return dt.int64
+    if op in ("any", "all"):
+        return dt.bool_
+    if op in ("sum", "prod") and d in (dt.bool_, dt.uint8, dt.int8, dt.int16, dt.int32):
+        return dt.int64
+    return d
+
+
+class _Builder:
+    """Makes the TensorSpecs of one case, each with a layout read from the input."""
+
+    def __init__(self, r: Reader) -> None:
+        self.r = r
+
+    def tensor(self, shape: tuple[int, ...], d: dt.DType, role: str = "in", kind: str = "normal", bound: int = 0) -> TensorSpec:
+        return TensorSpec(shape, d, _layout(self.r, len(shape), broadcast=role == "in"), role, kind, bound)
+
+
+MAX_NUMEL = 1 << 14
+"""Shapes are cut down to this many elements: big enough for vector loops and tails, fast to check."""
+
+
+def _shape(r: Reader, min_ndim: int = 0) -> tuple[int, ...]:
+    ndim = min_ndim + r.byte() % (5 - min_ndim)
+    shape = [r.size() for _ in range(ndim)]
+    while _numel(shape) > MAX_NUMEL:
+        big = shape.index(max(shape))
+        shape[big] = shape[big] % 9
+    return tuple(shape)
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _elementwise(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> None:
+    shape = _shape(r)
+    ka, kb = _kinds(op, d)
+    if op in UNARY_OPS:
+        out_dtype = dt.bool_ if op == "logical_not" else d
+        case.args = [b.tensor(shape, out_dtype, "out"), b.tensor(shape, d, kind=ka)]
+        case.exact = op in ("neg", "abs", "logical_not", "sign") and d.category != 2
+    else:
+        out_dtype = dt.bool_ if op in COMPARE_OPS else d
+        case.args = [b.tensor(shape, out_dtype, "out"), b.tensor(shape, d, kind=ka), b.tensor(shape, d, kind=kb)]
+        case.exact = op in COMPARE_OPS or (op in ("maximum", "minimum") and d.category != 2)
+    if case.alias:
+        a = case.args[1]
+        case.args[1] = TensorSpec(a.shape, a.dtype, Layout(a.layout.order, tuple(max(s, 1) for s in a.layout.steps),
+                                                            a.layout.offset), "in", a.kind)
+
+
+def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> None:
+    if op == "copy":
+        src = r.pick(ALL)
+        shape = _shape(r)
+        case.args = [b.tensor(shape, d, "out"), b.tensor(shape, src)]
+        case.exact = src == d or (src.category != 2 and d.category != 2)  # float -> int casts of any bits: unspecified
+    elif op == "fill":
+        shape = _shape(r)
+        value: bool | int | float
+        if d is dt.bool_:
+            value = bool(r.byte() & 1)
+        elif d.category == 1:
+            value = r.byte() - (128 if d.is_signed else 0)
+        else:
+            value = (r.byte() - 128) / 8.0
+        case.args = [b.tensor(shape, d, "out"), value]
+        case.exact = True
+    elif op == "arange":
+        n = r.size()
+        start, step = r.byte() - 128, r.byte() % 7 - 3
+        if d.category == 2:
+            start, step = start / 4, step / 4  # type: ignore[assignment]
+        case.args = [TensorSpec((n,), d, Layout.dense(1), "out"), start, step]
+        case.exact = True
+    elif op == "where":
+        shape = _shape(r)
+        case.args = [b.tensor(shape, d, "out"), b.tensor(shape, dt.bool_), b.tensor(shape, d), b.tensor(shape, d)]
+        case.exact = True
+    elif op == "matmul":
+        batch = tuple(r.size() for _ in range(r.byte() % 3))
+        m, k, n = r.size(), r.size(), r.size()
+        case.args = [b.tensor((*batch, m, n), d, "out"), b.tensor((*batch, m, k), d), b.tensor((*batch, k, n), d)]
+    elif op == "cat":
+        shape = _shape(r, min_ndim=1)
+        dim = r.byte() % len(shape)
+        parts = []
+        for _ in range(1 + r.byte() % 3):
+            part = list(shape)
+            part[dim] = r.size()
+            parts.append(tuple(part))
+        total = list(shape)
+        total[dim] = sum(p[dim] for p in parts)
+        case.args = [b.tensor(tuple(total), d, "out"), [b.tensor(p, d) for p in parts], dim]
+        case.exact = True
+    elif op == "index_select":
+        shape = _shape(r, min_ndim=1)
+        dim = r.byte() % len(shape)
+        length = r.size() if shape[dim] else 0
+        out_shape = shape[:dim] + (length,) + shape[dim + 1 :]
+        index = b.tensor((length,), dt.int64, "index", bound=shape[dim])
+        case.args = [b.tensor(out_shape, d, "out"), b.tensor(shape, d), index, dim]
+        case.exact = True
+    elif op == "gather":
+        shape = _shape(r, min_ndim=1)
+        dim = r.byte() % len(shape)
+        index_shape = tuple((r.size() if shape[dim] else 0) if i == dim else r.byte() % (s + 1) for i, s in enumerate(shape))
+        index = b.tensor(index_shape, dt.int64, "index", bound=shape[dim])
+        case.args = [b.tensor(index_shape, d, "out"), b.tensor(shape, d), index, dim]
+        case.exact = True
+
+
+def _reduce(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> None:
+    shape = _shape(r, min_ndim=1 if op in ("argmax", "argmin") else 0)
+    mask = r.byte()
+    if op in ("argmax", "argmin"):
+        dims: tuple[int, ...] = (mask % len(shape),)
+    else:
+        dims = tuple(i for i in range(len(shape)) if mask >> i & 1)
+    if op in ("amax", "amin", "argmax", "argmin"):  # no identity: reduced dims must not be empty
+        shape = tuple(max(s, 1) if i in dims else s for i, s in enumerate(shape))
+    out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape))
+    case.args = [b.tensor(out_shape, _reduce_out(op, d), "out"), b.tensor(shape, d), dims]
+    case.exact = op in ("amax", "amin", "argmax", "argmin", "any", "all") and d.category != 2
+
+
+def _fused(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> None:
+    shape = _shape(r, min_ndim=1)
+    if op in ("softmax", "log_softmax"):
+        case.args = [b.tensor(shape, d, "out"), b.tensor(shape, d), r.byte() % len(shape)]
+    elif op == "gelu":
+        case.args = [b.tensor(shape, d, "out"), b.tensor(shape, d), r.pick(("tanh", "none"))]
+    elif op == "layer_norm":
+        stat = dt.float64 if d is dt.float64 else dt.float32
+        flags = r.byte()
+        c = shape[-1:]
+        weight = b.tensor(c, d) if flags & 1 else None
+        bias = b.tensor(c, d) if flags & 2 else None
+        case.args = [
+            b.tensor(shape, d, "out"),
+            b.tensor(shape[:-1], stat, "out"),
+            b.tensor(shape[:-1], stat, "out"),
+            b.tensor(shape, d),
+            weight,
+            bias,
+            (1e-5, 1e-3, 0.5)[flags >> 2 & 3 if flags >> 2 & 3 < 3 else 0],
+        ]
+
+
+def decode(data: bytes) -> KernelCase:
+    """The kernel call that `data` stands for (every input decodes to one)."""
+    r = Reader(data)
+    op = r.pick(OPS)
+    d = r.pick(_dtypes(op))
+    flags = r.byte()
+    case = KernelCase(op, d, [], raw=bool(flags & 1), alias=bool(flags & 2))
+    b = _Builder(r)
+    if op in UNARY_OPS or op in BINARY_OPS or op in COMPARE_OPS:
+        _elementwise(op, d, r, b, case)
+    elif op in STRUCTURED:
+        _structured(op, d, r, b, case)
+    elif op in REDUCE:
+        _reduce(op, d, r, b, case)
+    else:
+        _fused(op, d, r, b, case)
+    case.alias = case.alias and op in INPLACE
+    case.seed = int.from_bytes(bytes(r.byte() for _ in range(4)), "little")
+    case.values = r.rest()
+    return case
+
+
+_MIN_NDIM = {"cat": 1, "index_select": 1, "gather": 1, "argmax": 1, "argmin": 1, **dict.fromkeys(FUSED, 1)}
+
+
+def encode_case(
+    op: str,
+    dtype: str,
+    shape: tuple[int, ...] = (),
+    *,
+    raw: bool = False,
+    inplace: bool = False,
+    prefix: bytes = b"",
+    extra: bytes = b"",
+) -> bytes:
+    """Bytes that decode to `op` on `dtype` with `shape` (dims below 9).
+
+    `prefix` holds the bytes read before the shape (copy: the source dtype's index in ALL;
+    matmul and arange read no shape: give their bytes here), `extra` those after it
+    (attributes, then each tensor's three layout bytes; zeros mean dense layouts).
+    """
+    d = dt.BY_NAME[dtype]
+    head = bytes([OPS.index(op), _dtypes(op).index(d), int(raw) | 2 * int(inplace)]) + prefix
+    if op in ("matmul", "arange"):
+        return head + extra
+    return head + bytes([len(shape) - _MIN_NDIM.get(op, 0), *shape]) + extra

@@ -1,0 +1,185 @@
+"""Write the seed corpora: `python fuzz/make_seeds.py` (re)creates fuzz/corpus/<target>/.
+
+Seeds are small valid inputs that reach the deep checks at once; the fuzzer mutates
+them into the invalid ones. The files are committed; this script is how they were made.
+It builds every file by hand (struct, json), not with kael's writers, so a bug in a
+writer cannot hide the same bug in its reader.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus"
+sys.path.insert(0, str(HERE))
+
+Seeds = dict[str, bytes]
+
+
+def _safetensors_file(header: Mapping[str, object], data: bytes, *, pad: bool = True) -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        raw += b" " * (-len(raw) % 8)  # the data section starts 8-aligned, as the reference writer does
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def safetensors_seeds() -> Seeds:
+    # F32 [2] at 0 (aligned), BOOL [1] at 8, I64 [1, 1] at 9: packed tightly, so the
+    # mapped loader meets an aligned tensor (a view) and a misaligned one (a copy).
+    main = _safetensors_file(
+        {
+            "__metadata__": {"format": "pt", "note": "kael fuzz seed"},
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "flag": {"dtype": "BOOL", "shape": [1], "data_offsets": [8, 9]},
+            "step": {"dtype": "I64", "shape": [1, 1], "data_offsets": [9, 17]},
+        },
+        struct.pack("<2f", 1.5, -2.0) + b"\x01" + struct.pack("<q", -7),
+    )
+    every_dtype = {}
+    data = b""
+    for dtype, size in [("F64", 8), ("BF16", 2), ("F16", 2), ("I32", 4), ("I16", 2), ("I8", 1), ("U8", 1)]:
+        every_dtype[dtype.lower()] = {"dtype": dtype, "shape": [2], "data_offsets": [len(data), len(data) + 2 * size]}
+        data += bytes(range(1, 2 * size + 1))
+    every_dtype["empty"] = {"dtype": "F32", "shape": [0, 3], "data_offsets": [len(data), len(data)]}
+    every_dtype["scalar"] = {"dtype": "F32", "shape": [], "data_offsets": [len(data), len(data) + 4]}
+    data += struct.pack("<f", 3.0)
+    return {
+        "f32_bool_i64_metadata.safetensors": main,
+        "every_dtype.safetensors": _safetensors_file(every_dtype, data, pad=False),
+        "no_tensors.safetensors": _safetensors_file({}, b""),
+    }
+
+
+def _idx(code: int, dims: list[int], payload: bytes) -> bytes:
+    return bytes([0, 0, code, len(dims)]) + struct.pack(f">{len(dims)}I", *dims) + payload
+
+
+def idx_seeds() -> Seeds:
+    return {
+        "images_2x2x2_u8.idx": _idx(0x08, [2, 2, 2], bytes([0, 255, 7, 128, 1, 2, 3, 4])),
+        "labels_3_u8.idx": _idx(0x08, [3], bytes([0, 9, 4])),
+        "f32_2x1.idx": _idx(0x0D, [2, 1], struct.pack(">2f", 0.5, -1.0)),
+        "i16_empty.idx": _idx(0x0B, [0, 2], b""),
+    }
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-in for each byte (kept independent of kael's table)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    table, shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + shifted)
+            shifted += 1
+    return [table[b] for b in range(256)]
+
+
+def tokenizer_seeds() -> Seeds:
+    """Inputs are `vocab.json NUL merges.txt NUL text` (see fuzz_tokenizer)."""
+    chars = _byte_chars()
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("l", "l"), ("ll", "o")]
+    vocab = {c: i for i, c in enumerate(chars)}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    vocab["<|endoftext|>"] = len(vocab)
+    vocab_json = json.dumps(vocab, ensure_ascii=False).encode()
+    merges_txt = ("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)).encode()
+    texts = [
+        "Hello the world, hello there!",
+        "I'm fine\n\n  they'll  say  123 4567<|endoftext|>¿Qué? 日本語 😀 e\u0301",
+        "",
+    ]
+    seeds = {f"tiny_vocab_{i}.bin": vocab_json + b"\0" + merges_txt + b"\0" + t.encode() for i, t in enumerate(texts)}
+    seeds["text_only_surrogate.bin"] = b"\0\0" + b"tab\there " + b"\xed\xa0\x80 \xff end"
+    return seeds
+
+
+def generate_request_seeds() -> Seeds:
+    bodies = {
+        "generate_min.json": {"prompt": "Hello"},
+        "generate_all.json": {
+            "prompt": "Once upon a time",
+            "max_tokens": 8,
+            "temperature": 0.7,
+            "top_k": 40,
+            "seed": 1,
+            "stream": True,
+        },
+        "completion_all.json": {
+            "prompt": "Say hi",
+            "model": "gpt2",
+            "max_tokens": 4,
+            "temperature": 0,
+            "top_p": 1,
+            "top_k": 0,
+            "n": 1,
+            "stop": ["\n", "."],
+            "seed": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "echo": False,
+            "user": "u",
+        },
+        "detokenize.json": {"tokens": [15496, 995, 0]},
+    }
+    seeds = {name: json.dumps(body).encode() for name, body in bodies.items()}
+    seeds["unicode_escapes.json"] = b'{"prompt": "caf\\u00e9 \\ud83d\\ude00", "stop": "x"}'
+    return seeds
+
+
+def kernels_seeds() -> Seeds:
+    """Valid cases of fuzz_kernels' encoding (see kernel_spec.encode_case): one or two per family."""
+    from kernel_spec import ALL, encode_case
+
+    from kael import int64
+
+    dense = bytes(3)  # a tensor's layout bytes: dim order 0, steps 1, offset 0
+    return {
+        "add_f32.bin": encode_case("add", "float32", (3, 4)),
+        "add_f32_inplace_bcast.bin": encode_case("add", "float32", (3, 4), inplace=True, extra=dense * 2 + b"\0\x03\0"),
+        "exp_f32_transposed.bin": encode_case("exp", "float32", (4, 2), extra=dense + b"\x01\x00\x01"),
+        "lt_f64.bin": encode_case("lt", "float64", (5,)),
+        "maximum_i32_raw.bin": encode_case("maximum", "int32", (6,), raw=True, extra=dense * 3 + bytes(range(4, 40))),
+        "floor_divide_i64_raw.bin": encode_case("floor_divide", "int64", (4,), raw=True, extra=dense * 3 + bytes(40)),
+        "copy_i64_to_f16.bin": encode_case("copy", "float16", (2, 3), prefix=bytes([ALL.index(int64)])),
+        "where_f32.bin": encode_case("where", "float32", (2, 3)),
+        "matmul_f64.bin": encode_case("matmul", "float64", prefix=b"\x00\x02\x03\x02"),
+        "matmul_f32_batched.bin": encode_case("matmul", "float32", prefix=b"\x01\x02\x03\x04\x05"),
+        "sum_i64_dim1.bin": encode_case("sum", "int64", (3, 4), extra=b"\x02"),
+        "argmax_f32.bin": encode_case("argmax", "float32", (3, 5), extra=b"\x01"),
+        "cat_i32.bin": encode_case("cat", "int32", (2, 3), extra=b"\x01\x01\x02\x04"),
+        "index_select_f32.bin": encode_case("index_select", "float32", (4, 3), extra=b"\x00\x05"),
+        "softmax_f32.bin": encode_case("softmax", "float32", (2, 5), extra=dense * 2 + b"\x01"),
+        "layer_norm_f32.bin": encode_case("layer_norm", "float32", (2, 8), extra=b"\x03"),
+    }
+
+
+MAKERS: dict[str, Callable[[], Seeds]] = {
+    "fuzz_safetensors": safetensors_seeds,
+    "fuzz_idx": idx_seeds,
+    "fuzz_tokenizer": tokenizer_seeds,
+    "fuzz_generate_request": generate_request_seeds,
+    "fuzz_kernels": kernels_seeds,
+}
+
+
+def main() -> None:
+    for target, make in MAKERS.items():
+        folder = CORPUS / target
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, data in make().items():
+            (folder / name).write_bytes(data)
+        print(f"{folder.relative_to(HERE.parent)}: {len(list(folder.iterdir()))} seeds")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+// Scaled dot-product attention over a KV cache: causal alignment of the last query
+// with the last key, optional per-batch key lengths.
+//
+// NOTE [attention blocks]: work is split into (batch, head, query block) tasks across
+// the thread pool. A task computes S = Q_blk K^T only for the keys any of its
+// queries may see (a causal block stops at its last query's diagonal), applies the
+// scale and each row's mask inside the softmax, and writes P V straight into the
+// output view. Both products are gemm() calls that read q/k/v/out through their
+// strides (no copies of the cache); inside a task they run single-threaded.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "buffer.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "rows.h"
+#include "thread_pool.h"
+#include "vec.h"
+
+namespace kael {
+namespace {
+
+template <class T>
+void attention_native(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
+                      const std::vector<int64_t>& lens) {
+  const int64_t nb = q.shape[0], nh = q.shape[1], tq = q.shape[2], d = q.shape[3];
+  const int64_t tk = k.shape[2], dv = v.shape[3];
+  const int64_t offset = tk - tq;
+  const int64_t bq = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, tk * static_cast<int64_t>(sizeof(T))),
+                                         1, std::min<int64_t>(64, std::max<int64_t>(1, tq)));
+  const int64_t qblocks = (tq + bq - 1) / bq;
+  const int64_t tasks = nb * nh * qblocks;
+  const auto sc = static_cast<T>(scale);
+  const int64_t work = std::max<int64_t>(1, bq * tk * (d + dv));
+  parallel_for(0, tasks, std::max<int64_t>(1, (int64_t{1} << 16) / work), [&](int64_t t0, int64_t t1) {
+    std::vector<T> s(static_cast<size_t>(bq * tk));
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t blk = task % qblocks, h = (task / qblocks) % nh, b = task / (qblocks * nh);
+      const int64_t i0 = blk * bq, rows = std::min(bq, tq - i0);
+      const int64_t len = lens.empty() ? tk : std::clamp<int64_t>(lens[static_cast<size_t>(b)], 0, tk);
+      const int64_t kmax = std::min(len, causal ? i0 + rows + offset : tk);
+      T* o = out.ptr<T>() + b * out.strides[0] + h * out.strides[1] + i0 * out.strides[2];
+      if (kmax <= 0) {
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = 0; j < dv; ++j) o[r * out.strides[2] + j * out.strides[3]] = T(0);
+        }
+        continue;
+      }
+      const T* qp = q.ptr<T>() + b * q.strides[0] + h * q.strides[1] + i0 * q.strides[2];
+      const T* kp = k.ptr<T>() + b * k.strides[0] + h * k.strides[1];
+      const T* vp = v.ptr<T>() + b * v.strides[0] + h * v.strides[1];
+      T* sp = s.data();
+      // S [rows x kmax] = Q_blk [rows x d] @ K[:kmax]^T [d x kmax]
+      gemm<T>(rows, kmax, d, qp, q.strides[2], q.strides[3], kp, k.strides[3], k.strides[2], sp, kmax, 1, false);
+      for (int64_t r = 0; r < rows; ++r) {
+        T* row = sp + r * kmax;
+        const int64_t valid = std::min(len, causal ? i0 + r + offset + 1 : tk);
+        if (valid <= 0) {
+          std::fill(row, row + kmax, T(0));
+          continue;
+        }
+        for (int64_t j = 0; j < valid; ++j) row[j] *= sc;
+        if constexpr (std::is_same_v<T, float>) {
+          vec().softmax_f32(row, row, valid);
+        } else {
+          softmax_row_f64(row, row, valid, false);
+        }
+        std::fill(row + valid, row + kmax, T(0));
+      }
+      // out block [rows x dv] = P [rows x kmax] @ V[:kmax] [kmax x dv]
+      gemm<T>(rows, dv, kmax, sp, kmax, 1, vp, v.strides[2], v.strides[3], o, out.strides[2], out.strides[3], false);
+    }
+  });
+}
+
+}  // namespace
+
+void attention(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
+               const View* lengths) {
+  KAEL_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4 && out.ndim == 4, Shape,
+             "attention: q, k, v and out must be [B, H, T, D]");
+  KAEL_CHECK(k.shape[0] == q.shape[0] && k.shape[1] == q.shape[1] && k.shape[3] == q.shape[3] &&
+                 v.shape[0] == k.shape[0] && v.shape[1] == k.shape[1] && v.shape[2] == k.shape[2],
+             Shape, "attention: q [", q.shape[0], ", ", q.shape[1], ", ", q.shape[2], ", ", q.shape[3], "], k [",
+             k.shape[0], ", ", k.shape[1], ", ", k.shape[2], ", ", k.shape[3], "] and v do not fit");
+  KAEL_CHECK(out.shape[0] == q.shape[0] && out.shape[1] == q.shape[1] && out.shape[2] == q.shape[2] &&
+                 out.shape[3] == v.shape[3],
+             Shape, "attention: output must be [B, H, Tq, Dv]");
+  KAEL_CHECK(q.dtype == out.dtype && k.dtype == out.dtype && v.dtype == out.dtype, DType,
+             "attention: q, k, v and out must share a dtype");
+  KAEL_CHECK(is_floating(out.dtype), DType, "attention: expected floating-point tensors, got ",
+             dtype_name(out.dtype));
+  std::vector<int64_t> lens;
+  if (lengths != nullptr) {
+    KAEL_CHECK(lengths->ndim == 1 && lengths->shape[0] == q.shape[0], Shape, "attention: lengths must be [",
+               q.shape[0], "]");
+    Temp lt = to_contiguous(*lengths, DType::Int64);
+    lens.assign(lt.view.ptr<int64_t>(), lt.view.ptr<int64_t>() + q.shape[0]);
+  }
+  if (out.numel() == 0) return;
+  if (is_half(out.dtype)) {
+    Temp tq = to_contiguous(q, DType::Float32), tk = to_contiguous(k, DType::Float32),
+         tv = to_contiguous(v, DType::Float32);
+    Temp to = make_temp(DType::Float32, out.shape, 4);
+    attention_native<float>(to.view, tq.view, tk.view, tv.view, scale, causal, lens);
+    copy(out, to.view);
+    return;
+  }
+  KAEL_DISPATCH_FLOAT(out.dtype, "attention", (attention_native<T>(out, q, k, v, scale, causal, lens)));
+}
+
+}  // namespace kael

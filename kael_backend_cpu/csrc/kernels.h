@@ -1,0 +1,84 @@
+// Every kernel the backend exports, output-first like the op catalogue
+// (kael/_ops.py). Operands arrive promoted and broadcast (stride 0) by the
+// frontend; kernels honour any non-negative strides, write only their outputs and
+// throw kael::Error (never abort) on bad input. No pybind11 here: bindings.cpp
+// turns Python tensors into Views and calls these with the GIL released.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "view.h"
+
+namespace kael {
+
+// A Python bool/int/float attribute.
+struct Scalar {
+  enum Kind { Bool, Int, Float } kind = Int;
+  int64_t i = 0;
+  double f = 0.0;
+  [[nodiscard]] double as_double() const { return kind == Float ? f : static_cast<double>(i); }
+};
+
+// -- copy.cpp: copy/cast, fill, arange, where ----------------------------------------
+void copy(const View& out, const View& a);  // strided copy, cast to out.dtype
+void fill(const View& out, Scalar value);
+void arange(const View& out, Scalar start, Scalar step);  // out[i] = start + i * step
+void where(const View& out, const View& cond, const View& a, const View& b);
+
+// -- unary.cpp / binary.cpp: elementwise -------------------------------------------------
+enum class UnaryOp {
+  Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Abs, Sin, Cos, Sigmoid, Erf, Log1p, Expm1, Floor, Ceil, Round, Sign,
+  LogicalNot,
+};
+enum class BinaryOp {
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, FloorDivide,
+  Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,
+};
+void unary(UnaryOp op, const View& out, const View& a);              // logical_not: out bool
+void binary(BinaryOp op, const View& out, const View& a, const View& b);  // comparisons: out bool
+
+// -- reduce.cpp -------------------------------------------------------------------------
+enum class ReduceOp { Sum, Prod, Amax, Amin, Argmax, Argmin, Any, All };
+// out has a's shape with the reduced dims set to 1; argmax/argmin take one dim.
+void reduce(ReduceOp op, const View& out, const View& a, const std::vector<int>& dims);
+
+// -- matmul.cpp -------------------------------------------------------------------------
+void matmul(const View& out, const View& a, const View& b);  // [*B, M, N] = [*B, M, K] @ [*B, K, N]
+// out [.., O] = x [.., I] @ weight[O, I]^T (+ bias[O])
+void linear(const View& out, const View& x, const View& weight, const View* bias);
+
+// -- indexing.cpp ------------------------------------------------------------------------
+void gather(const View& out, const View& a, const View& index, int dim);
+void index_select(const View& out, const View& a, const View& index, int dim);
+void index_add(const View& out, const View& index, const View& src, int dim);    // in place
+void scatter_add(const View& out, const View& index, const View& src, int dim);  // in place
+void cat(const View& out, const std::vector<View>& parts, int dim);
+void nonzero(const View& out, const View& mask);  // out int64 [n, mask.ndim]
+void sort(const View& values, const View& indices, const View& a, int dim, bool descending);  // stable
+void topk(const View& values, const View& indices, const View& x, int64_t k);  // last dim, largest first
+void embedding(const View& out, const View& weight, const View& ids);          // out [*ids, D]
+
+// -- nn.cpp: fused ops -------------------------------------------------------------------
+void gelu(const View& out, const View& x, bool tanh_approx);
+void gelu_backward(const View& grad_in, const View& grad_out, const View& x, bool tanh_approx);
+void softmax(const View& out, const View& x, int dim);
+void log_softmax(const View& out, const View& x, int dim);
+// Normalise over the last dim; mean/rstd have x's shape without it.
+void layer_norm(const View& out, const View& mean, const View& rstd, const View& x, const View* weight,
+                const View* bias, double eps);
+void layer_norm_backward(const View& dx, const View* dweight, const View* dbias, const View& grad, const View& x,
+                         const View& mean, const View& rstd, const View* weight);
+// losses [N] = -log_softmax(logits [N, C])[target] (0 where target == ignore_index)
+void cross_entropy(const View& losses, const View& logits, const View& target, int64_t ignore_index,
+                   double label_smoothing);
+void adamw_step(const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq, double lr,
+                double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
+// -- attention.cpp -----------------------------------------------------------------------
+// q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv] -> out [B,H,Tq,Dv]; causal aligns the last query
+// with key Tk-1 (a KV cache); lengths int64 [B] limits the keys each batch row sees.
+void attention(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
+               const View* lengths);
+
+}  // namespace kael

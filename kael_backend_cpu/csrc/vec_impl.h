@@ -1,0 +1,542 @@
+// Vectorised inner kernels written once with GCC/Clang vector extensions and
+// compiled per instruction set (NOTE [runtime dispatch] in vec.h). The including
+// file defines KAEL_VBYTES (vector width in bytes), KAEL_MR_F/KAEL_NV_F and
+// KAEL_MR_D/KAEL_NV_D (GEMM micro-tile rows and vectors per row) and opens a
+// namespace of its own, after including <cmath>, <cstdint>, <cstring>, <limits>
+// and vec.h (this file has no includes: it is pasted inside that namespace).
+
+// clang-format off
+typedef float vf __attribute__((vector_size(KAEL_VBYTES)));    // NOLINT(modernize-use-using)
+typedef double vd __attribute__((vector_size(KAEL_VBYTES)));   // NOLINT(modernize-use-using)
+typedef int32_t vi __attribute__((vector_size(KAEL_VBYTES)));  // NOLINT(modernize-use-using)
+typedef int64_t vl __attribute__((vector_size(KAEL_VBYTES)));  // NOLINT(modernize-use-using)
+// clang-format on
+
+template <class T>
+struct V;
+template <>
+struct V<float> {
+  using type = vf;
+  static constexpr int L = KAEL_VBYTES / 4;
+};
+template <>
+struct V<double> {
+  using type = vd;
+  static constexpr int L = KAEL_VBYTES / 8;
+};
+
+template <class T>
+using vec_t = typename V<T>::type;
+
+template <class To, class From>
+inline To bitcast(From f) {
+  static_assert(sizeof(To) == sizeof(From), "bitcast between equal sizes only");
+  To t;
+  std::memcpy(&t, &f, sizeof(t));
+  return t;
+}
+
+template <class T>
+inline vec_t<T> load(const T* p) {
+  vec_t<T> v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <class T>
+inline void store(T* p, vec_t<T> v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <class T>
+inline vec_t<T> splat(T x) {
+  return vec_t<T>{} + x;
+}
+// First `count` lanes from p, the rest `fill`.
+template <class T>
+inline vec_t<T> load_partial(const T* p, int64_t count, T fill) {
+  T tmp[V<T>::L];
+  for (int i = 0; i < V<T>::L; ++i) tmp[i] = i < count ? p[i] : fill;
+  return load(tmp);
+}
+template <class T>
+inline void store_partial(T* p, vec_t<T> v, int64_t count) {
+  T tmp[V<T>::L];
+  store(tmp, v);
+  for (int64_t i = 0; i < count; ++i) p[i] = tmp[i];
+}
+template <class T>
+inline T hsum(vec_t<T> v) {
+  T s = 0;
+  for (int i = 0; i < V<T>::L; ++i) s += v[i];
+  return s;
+}
+inline double hsum_d(vf v) {
+  double s = 0;
+  for (int i = 0; i < V<float>::L; ++i) s += v[i];
+  return s;
+}
+
+// ---- float32 transcendental functions (Cephes polynomials, ~1-2 ulp) ------------------
+
+inline vf vexp(vf x) {
+  const vf hi = splat(88.72283935546875f), lo = splat(-103.97207708f);
+  vf xc = x > hi ? hi : x;
+  xc = xc < lo ? lo : xc;
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf t = xc * 1.44269504088896341f + magic;
+  const vf n = t - magic;
+  const vi ni = bitcast<vi>(t) - 0x4B400000;
+  vf r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf p = splat(1.9875691500E-4f);
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  const vf y = p * r * r + r + 1.0f;
+  const vi n1 = ni >> 1, n2 = ni - n1;  // 2^n in two factors: no overflow at the range ends
+  const vi b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  vf res = y * bitcast<vf>(b1) * bitcast<vf>(b2);
+  res = x > hi ? splat(std::numeric_limits<float>::infinity()) : res;
+  res = x < lo ? vf{} : res;
+  return x != x ? x : res;  // NOLINT(misc-redundant-expression): nan passes through
+}
+
+inline vf vabs(vf x) {
+  return bitcast<vf>(bitcast<vi>(x) & 0x7FFFFFFF);
+}
+
+inline vf vtanh(vf x) {
+  const vf ax = vabs(x);
+  const vf z = x * x;
+  vf p = splat(-5.70498872745E-3f);
+  p = p * z + 2.06390887954E-2f;
+  p = p * z - 5.37397155531E-2f;
+  p = p * z + 1.33314422036E-1f;
+  p = p * z - 3.33332819422E-1f;
+  const vf small = x + x * z * p;
+  const vf e = vexp(ax + ax);
+  const vf big_abs = 1.0f - 2.0f / (e + 1.0f);
+  const vi sign = bitcast<vi>(x) & static_cast<int32_t>(0x80000000u);
+  const vf big = bitcast<vf>(bitcast<vi>(big_abs) | sign);
+  return ax < 0.625f ? small : big;
+}
+
+inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+
+// gelu (tanh form) as x * sigmoid(2u), u = k (x + c x^3): no cancellation for x << 0.
+inline vf vgelu(vf x) {
+  const vf u = kGeluK * (x + kGeluC * x * x * x);
+  return x / (1.0f + vexp(-2.0f * u));
+}
+
+// d gelu / dx with s = sigmoid(2u): s + 2 x s (1 - s) k (1 + 3 c x^2)
+inline vf vgelu_grad(vf x) {
+  const vf x2 = x * x;
+  const vf u = kGeluK * (x + kGeluC * x2 * x);
+  const vf s = 1.0f / (1.0f + vexp(-2.0f * u));
+  return s + 2.0f * x * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * x2);
+}
+
+template <vf (*F)(vf)>
+void map_f32(float* out, const float* x, int64_t n) {
+  constexpr int L = V<float>::L;
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const vf a = F(load(x + i)), b = F(load(x + i + L));
+    store(out + i, a);
+    store(out + i + L, b);
+  }
+  for (; i + L <= n; i += L) store(out + i, F(load(x + i)));
+  if (i < n) store_partial(out + i, F(load_partial(x + i, n - i, 0.0f)), n - i);
+}
+
+void exp_f32(float* out, const float* x, int64_t n) { map_f32<vexp>(out, x, n); }
+void tanh_f32(float* out, const float* x, int64_t n) { map_f32<vtanh>(out, x, n); }
+void sigmoid_f32(float* out, const float* x, int64_t n) { map_f32<vsigmoid>(out, x, n); }
+void gelu_tanh_f32(float* out, const float* x, int64_t n) { map_f32<vgelu>(out, x, n); }
+
+void gelu_tanh_bwd_f32(float* gi, const float* go, const float* x, int64_t n) {
+  constexpr int L = V<float>::L;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) store(gi + i, load(go + i) * vgelu_grad(load(x + i)));
+  if (i < n) store_partial(gi + i, load_partial(go + i, n - i, 0.0f) * vgelu_grad(load_partial(x + i, n - i, 0.0f)), n - i);
+}
+
+// ---- float32 rows -------------------------------------------------------------------
+
+// Sum in blocks of 2048 with 4 vector accumulators; block sums in double.
+double sum_f32(const float* x, int64_t n) {
+  constexpr int L = V<float>::L;
+  double total = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += 2048) {
+    const int64_t b1 = b0 + 2048 < n ? b0 + 2048 : n;
+    vf a0{}, a1{}, a2{}, a3{};
+    int64_t i = b0;
+    for (; i + 4 * L <= b1; i += 4 * L) {
+      a0 += load(x + i);
+      a1 += load(x + i + L);
+      a2 += load(x + i + 2 * L);
+      a3 += load(x + i + 3 * L);
+    }
+    for (; i + L <= b1; i += L) a0 += load(x + i);
+    if (i < b1) a1 += load_partial(x + i, b1 - i, 0.0f);
+    total += hsum_d((a0 + a1) + (a2 + a3));
+  }
+  return total;
+}
+
+float max_f32(const float* x, int64_t n) {
+  constexpr int L = V<float>::L;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  vf m0 = splat(ninf), m1 = m0;
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const vf a = load(x + i), b = load(x + i + L);
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
+  }
+  for (; i + L <= n; i += L) {
+    const vf a = load(x + i);
+    m0 = a > m0 ? a : m0;
+  }
+  if (i < n) {
+    const vf a = load_partial(x + i, n - i, ninf);
+    m1 = a > m1 ? a : m1;
+  }
+  m0 = m1 > m0 ? m1 : m0;
+  float m = ninf;
+  for (int j = 0; j < L; ++j) m = m0[j] > m ? m0[j] : m;
+  return m;
+}
+
+double sum_exp_f32(const float* x, float shift, int64_t n) {
+  constexpr int L = V<float>::L;
+  vf a0{}, a1{};
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    a0 += vexp(load(x + i) - shift);
+    a1 += vexp(load(x + i + L) - shift);
+  }
+  for (; i + L <= n; i += L) a0 += vexp(load(x + i) - shift);
+  if (i < n) a1 += vexp(load_partial(x + i, n - i, -std::numeric_limits<float>::infinity()) - shift);
+  return hsum_d(a0 + a1);
+}
+
+void softmax_f32(float* out, const float* x, int64_t n) {
+  constexpr int L = V<float>::L;
+  if (n == 0) return;
+  const float m = max_f32(x, n);
+  vf acc{};
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const vf e = vexp(load(x + i) - m);
+    store(out + i, e);
+    acc += e;
+  }
+  double s = hsum_d(acc);
+  for (; i < n; ++i) {
+    const float e = std::exp(x[i] - m);
+    out[i] = e;
+    s += e;
+  }
+  // nan anywhere (or an all -inf row, or +inf) makes every output nan, like the reference
+  const bool bad = !(m > -std::numeric_limits<float>::infinity()) || std::isinf(m) || std::isnan(s);
+  const float inv = bad ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(1.0 / s);
+  const vf vinv = splat(inv);
+  for (i = 0; i + L <= n; i += L) store(out + i, load(out + i) * vinv);
+  for (; i < n; ++i) out[i] *= inv;
+}
+
+void log_softmax_f32(float* out, const float* x, int64_t n) {
+  constexpr int L = V<float>::L;
+  if (n == 0) return;
+  const float m = max_f32(x, n);
+  const double s = sum_exp_f32(x, m, n);
+  const bool bad = !(m > -std::numeric_limits<float>::infinity()) || std::isinf(m) || std::isnan(s);
+  const float shift = bad ? std::numeric_limits<float>::quiet_NaN() : m + static_cast<float>(std::log(s));
+  int64_t i = 0;
+  for (; i + L <= n; i += L) store(out + i, load(x + i) - shift);
+  for (; i < n; ++i) out[i] = x[i] - shift;
+}
+
+void layer_norm_f32(float* out, const float* x, const float* w, const float* b, int64_t n, float eps, float* mean,
+                    float* rstd) {
+  constexpr int L = V<float>::L;
+  const double mu_d = n ? sum_f32(x, n) / static_cast<double>(n) : 0.0;
+  const auto mu = static_cast<float>(mu_d);
+  vf v0{}, v1{};
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const vf d0 = load(x + i) - mu, d1 = load(x + i + L) - mu;
+    v0 += d0 * d0;
+    v1 += d1 * d1;
+  }
+  double var = hsum_d(v0 + v1);
+  for (; i < n; ++i) {
+    const float d = x[i] - mu;
+    var += static_cast<double>(d) * d;
+  }
+  var = n ? var / static_cast<double>(n) : 0.0;
+  const auto r = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+  *mean = mu;
+  *rstd = r;
+  for (i = 0; i + L <= n; i += L) {
+    vf y = (load(x + i) - mu) * r;
+    if (w) y = y * load(w + i);
+    if (b) y = y + load(b + i);
+    store(out + i, y);
+  }
+  for (; i < n; ++i) {
+    float y = (x[i] - mu) * r;
+    if (w) y *= w[i];
+    if (b) y += b[i];
+    out[i] = y;
+  }
+}
+
+void axpy_f32(float* y, float a, const float* x, int64_t n) {
+  constexpr int L = V<float>::L;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) store(y + i, load(y + i) + a * load(x + i));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// ---- matrix multiply -------------------------------------------------------------------
+
+// C[m x n] (+)= sum_k Ap[k, 0:MR] (x) Bp[k, 0:NR]
+template <class T, int MR, int NV>
+void ukernel(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c, int64_t rsc, int64_t csc, int m,
+             int n, bool accumulate) {
+  using vt = vec_t<T>;
+  constexpr int L = V<T>::L;
+  constexpr int NR = NV * L;
+  vt acc[MR][NV];
+  for (auto& row : acc) {
+    for (auto& v : row) v = vt{};
+  }
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    vt bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load(bp + j * L);
+    for (int i = 0; i < MR; ++i) {
+      const vt av = splat(ap[i]);
+      for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+    }
+    ap += MR;
+    bp += NR;
+  }
+  if (m == MR && n == NR && csc == 1) {
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < NV; ++j) {
+        T* cp = c + i * rsc + j * L;
+        store(cp, accumulate ? load(cp) + acc[i][j] : acc[i][j]);
+      }
+    }
+    return;
+  }
+  T tile[MR * NR];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NV; ++j) store(tile + i * NR + j * L, acc[i][j]);
+  }
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      T& dst = c[i * rsc + j * csc];
+      dst = accumulate ? dst + tile[i * NR + j] : tile[i * NR + j];
+    }
+  }
+}
+
+template <class T, int MR>
+void pack_a(int64_t mc, int64_t kc, const T* a, int64_t rsa, int64_t csa, T* ap) {
+  for (int64_t p = 0; p < mc; p += MR) {
+    const int64_t rows = mc - p < MR ? mc - p : MR;
+    const T* ab = a + p * rsa;
+    if (rsa == 1 && rows == MR) {  // columns of A contiguous: each k is one MR-run
+      for (int64_t k = 0; k < kc; ++k) {
+        for (int r = 0; r < MR; ++r) ap[k * MR + r] = ab[k * csa + r];
+      }
+    } else {
+      for (int64_t k = 0; k < kc; ++k) {
+        for (int r = 0; r < MR; ++r) ap[k * MR + r] = r < rows ? ab[r * rsa + k * csa] : T(0);
+      }
+    }
+    ap += MR * kc;
+  }
+}
+
+template <class T, int NR>
+void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rsb, int64_t csb, T* bp) {
+  for (int64_t p = 0; p < nc; p += NR) {
+    const int64_t cols = nc - p < NR ? nc - p : NR;
+    const T* bb = b + p * csb;
+    if (csb == 1 && cols == NR) {
+      for (int64_t k = 0; k < kc; ++k) {
+        for (int c = 0; c < NR; ++c) bp[k * NR + c] = bb[k * rsb + c];
+      }
+    } else if (rsb == 1 && cols == NR) {  // B^T row-major: NR streams along k
+      for (int64_t k0 = 0; k0 < kc; k0 += 8) {
+        const int64_t k1 = k0 + 8 < kc ? k0 + 8 : kc;
+        for (int c = 0; c < NR; ++c) {
+          const T* col = bb + c * csb;
+          for (int64_t k = k0; k < k1; ++k) bp[k * NR + c] = col[k];
+        }
+      }
+    } else {
+      for (int64_t k = 0; k < kc; ++k) {
+        for (int c = 0; c < NR; ++c) bp[k * NR + c] = c < cols ? bb[k * rsb + c * csb] : T(0);
+      }
+    }
+    bp += NR * kc;
+  }
+}
+
+// Few rows, B contiguous along n: MB rows x NV vectors of columns held in registers
+// while k runs; the caller loops m-blocks inside an n-block so B's block stays in cache.
+template <class T, int MB, int NV>
+void rows_nmajor_block(int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c, int64_t rsc,
+                       bool accumulate) {
+  using vt = vec_t<T>;
+  constexpr int L = V<T>::L;
+  vt acc[MB][NV];
+  for (auto& row : acc) {
+    for (auto& v : row) v = vt{};
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    vt bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load(b + kk * rsb + j * L);
+    for (int i = 0; i < MB; ++i) {
+      const vt av = splat(a[i * rsa + kk * csa]);
+      for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    for (int j = 0; j < NV; ++j) {
+      T* cp = c + i * rsc + j * L;
+      store(cp, accumulate ? load(cp) + acc[i][j] : acc[i][j]);
+    }
+  }
+}
+
+template <class T>
+void rows_nmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c,
+                 int64_t rsc, bool accumulate) {
+  constexpr int L = V<T>::L;
+  int64_t j = 0;
+  if (m == 1) {  // GEMV: 8 vectors of columns in flight
+    for (; j + 8 * L <= n; j += 8 * L) rows_nmajor_block<T, 1, 8>(k, a, rsa, csa, b + j, rsb, c + j, rsc, accumulate);
+  }
+  constexpr int NV = KAEL_VBYTES == 32 ? 3 : 2;
+  constexpr int MB = 4;
+  for (; j + NV * L <= n; j += NV * L) {
+    int64_t i = 0;
+    for (; i + MB <= m; i += MB) {
+      rows_nmajor_block<T, MB, NV>(k, a + i * rsa, rsa, csa, b + j, rsb, c + i * rsc + j, rsc, accumulate);
+    }
+    for (; i < m; ++i) rows_nmajor_block<T, 1, NV>(k, a + i * rsa, rsa, csa, b + j, rsb, c + i * rsc + j, rsc, accumulate);
+  }
+  if (j < n) {  // column tail: scalar, k outer so B rows stream
+    for (int64_t i = 0; i < m; ++i) {
+      T* crow = c + i * rsc;
+      if (!accumulate) {
+        for (int64_t jj = j; jj < n; ++jj) crow[jj] = T(0);
+      }
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const T av = a[i * rsa + kk * csa];
+        const T* brow = b + kk * rsb;
+        for (int64_t jj = j; jj < n; ++jj) crow[jj] += av * brow[jj];
+      }
+    }
+  }
+}
+
+// Few rows, A rows and B columns contiguous along k: MB x NB dot products at once.
+template <class T, int MB, int NB>
+void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc, int64_t csc,
+                       bool accumulate) {
+  using vt = vec_t<T>;
+  constexpr int L = V<T>::L;
+  vt acc[MB][NB];
+  for (auto& row : acc) {
+    for (auto& v : row) v = vt{};
+  }
+  int64_t kk = 0;
+  for (; kk + L <= k; kk += L) {
+    vt bv[NB];
+    for (int j = 0; j < NB; ++j) bv[j] = load(b + j * csb + kk);
+    for (int i = 0; i < MB; ++i) {
+      const vt av = load(a + i * rsa + kk);
+      for (int j = 0; j < NB; ++j) acc[i][j] += av * bv[j];
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    for (int j = 0; j < NB; ++j) {
+      T s = hsum<T>(acc[i][j]);
+      for (int64_t t = kk; t < k; ++t) s += a[i * rsa + t] * b[j * csb + t];
+      T& dst = c[i * rsc + j * csc];
+      dst = accumulate ? dst + s : s;
+    }
+  }
+}
+
+template <class T>
+void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc,
+                 int64_t csc, bool accumulate) {
+  int64_t j = 0;
+  if (m == 1) {
+    for (; j + 8 <= n; j += 8) rows_kmajor_block<T, 1, 8>(k, a, rsa, b + j * csb, csb, c + j * csc, rsc, csc, accumulate);
+  }
+  for (; j + 4 <= n; j += 4) {
+    int64_t i = 0;
+    for (; i + 2 <= m; i += 2) {
+      rows_kmajor_block<T, 2, 4>(k, a + i * rsa, rsa, b + j * csb, csb, c + i * rsc + j * csc, rsc, csc, accumulate);
+    }
+    for (; i < m; ++i) {
+      rows_kmajor_block<T, 1, 4>(k, a + i * rsa, rsa, b + j * csb, csb, c + i * rsc + j * csc, rsc, csc, accumulate);
+    }
+  }
+  for (; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      rows_kmajor_block<T, 1, 1>(k, a + i * rsa, rsa, b + j * csb, csb, c + i * rsc + j * csc, rsc, csc, accumulate);
+    }
+  }
+}
+
+template <class T, int MR, int NV>
+GemmKernels<T> gemm_kernels(int64_t mc, int64_t kc, int64_t nc) {
+  GemmKernels<T> g;
+  g.mr = MR;
+  g.nr = NV * V<T>::L;
+  g.mc = mc;
+  g.kc = kc;
+  g.nc = nc;
+  g.kernel = ukernel<T, MR, NV>;
+  g.pack_a = pack_a<T, MR>;
+  g.pack_b = pack_b<T, NV * V<T>::L>;
+  g.rows_nmajor = rows_nmajor<T>;
+  g.rows_kmajor = rows_kmajor<T>;
+  return g;
+}
+
+VecTable make_table(const char* name) {
+  VecTable t;
+  t.name = name;
+  t.sgemm = gemm_kernels<float, KAEL_MR_F, KAEL_NV_F>(KAEL_MC_F, 256, 4080);
+  t.dgemm = gemm_kernels<double, KAEL_MR_D, KAEL_NV_D>(KAEL_MC_D, 256, 4080);
+  t.exp_f32 = exp_f32;
+  t.tanh_f32 = tanh_f32;
+  t.sigmoid_f32 = sigmoid_f32;
+  t.gelu_tanh_f32 = gelu_tanh_f32;
+  t.gelu_tanh_bwd_f32 = gelu_tanh_bwd_f32;
+  t.sum_f32 = sum_f32;
+  t.max_f32 = max_f32;
+  t.sum_exp_f32 = sum_exp_f32;
+  t.softmax_f32 = softmax_f32;
+  t.log_softmax_f32 = log_softmax_f32;
+  t.layer_norm_f32 = layer_norm_f32;
+  t.axpy_f32 = axpy_f32;
+  return t;
+}

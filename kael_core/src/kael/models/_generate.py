@@ -1,0 +1,185 @@
+"""Text generation: ``generate`` (prefill, KV-cached decode, sliding window) and ``sample_next``.
+
+A decode step feeds one token through the model: its embedding is the sum of two
+row views (``wte[token]``, ``wpe[position]``: no gather, no index tensor), the layers
+read one ``Plan`` gathered before the loop, and each layer's keys and values go
+straight into the preallocated cache (NOTE [kv cache layout]); only the last
+position's logits are ever computed (``Decoder`` in _decoder.py runs that step with
+no per-step allocation when the backend has the fused kernels). Past the context,
+each step recomputes the last ``max_positions`` tokens without a cache, at positions
+0..P-1: the window the reference continuations were made with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _dtype as dt
+from .._errors import DTypeError, KaelError, ShapeError
+from .._tensor import Tensor
+from ..autograd import no_grad
+from ..ops import Generator, add, argmax, div, embedding, narrow, rand, select, softmax, tensor, to, topk, view
+from ._decoder import Decoder
+
+if TYPE_CHECKING:
+    from ._gpt2 import GPT, Plan
+    from ._kv_cache import KVCache
+
+__all__ = ["generate", "sample_next"]
+
+MIN_TEMPERATURE = 0.001
+
+
+def check_sampling(temperature: Any, top_k: Any, generator: Any, op: str) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or math.isnan(temperature) or \
+            not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
+        raise KaelError(f"{op}: temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
+                        f"got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise KaelError(f"{op}: top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+    if generator is not None and not isinstance(generator, Generator):
+        raise DTypeError(f"{op}: generator must be a kael.Generator or None, got {type(generator).__name__}")
+
+
+def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int = 0, generator: Generator | None = None) -> Any:
+    """The next token id from logits [V] (an int), or one per row of logits [B, V] (a list).
+
+    temperature 0 is greedy (argmax, the first on ties); otherwise softmax(logits / temperature),
+    restricted to the top_k largest when 0 < top_k < V, is sampled with ``generator``
+    (default: kael's default generator).
+    """
+    check_sampling(temperature, top_k, generator, "sample_next")
+    if not isinstance(logits, Tensor) or not logits.dtype.is_floating_point or logits.ndim not in (1, 2) or \
+            logits.shape[-1] == 0:
+        raise ShapeError(f"sample_next: logits must be a floating-point tensor [V] or [B, V] with V >= 1, got "
+                         f"{getattr(logits, 'dtype', type(logits).__name__)!r} {list(getattr(logits, 'shape', ()))}")
+    if logits.ndim == 2:
+        return [_sample_row(select(logits, 0, r), temperature, top_k, generator) for r in range(logits.shape[0])]
+    return _sample_row(logits, temperature, top_k, generator)
+
+
+def _sample_row(logits: Tensor, temperature: float, top_k: int, generator: Generator | None) -> int:
+    if temperature == 0:
+        return int(argmax(logits).item())
+    v = logits.shape[0]
+    ids: Tensor | None = None
+    if 0 < top_k < v:
+        logits, ids = topk(logits, top_k)
+    probs = softmax(div(to(logits, dtype=dt.float32), float(temperature)))._host().astype(np.float64)
+    cdf = np.cumsum(probs)
+    if not np.isfinite(cdf[-1]) or cdf[-1] <= 0:
+        raise KaelError(f"sample_next: the logits give no valid distribution (sum of probabilities {cdf[-1]!r})")
+    dev = generator.device if generator is not None else None
+    u = float(rand(1, dtype=dt.float64, device=dev, generator=generator).item())
+    # side="right" skips zero-probability tokens (flat stretches of the cdf)
+    j = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), cdf.shape[0] - 1)
+    return int(select(ids, 0, j).item()) if ids is not None else j
+
+
+def _prompt_ids(prompt: Any, vocab_size: int) -> list[int]:
+    if isinstance(prompt, Tensor):
+        if prompt.ndim != 1 or prompt.dtype.category != 1:
+            raise ShapeError(f"generate: a prompt tensor must be 1-d of integer ids, got {prompt.dtype!r} "
+                             f"{list(prompt.shape)}")
+        ids = [int(i) for i in prompt.tolist()]
+    else:
+        try:
+            ids = list(prompt)
+        except TypeError:
+            raise DTypeError(f"generate: prompt must be a list of token ids or a 1-d tensor, got "
+                             f"{type(prompt).__name__}") from None
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise DTypeError(f"generate: prompt token ids must be ints, got {i!r}")
+        ids = [int(i) for i in ids]
+    if not ids:
+        raise KaelError("generate: the prompt is empty; give at least one token (e.g. <|endoftext|>)")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ShapeError(f"generate: token id {bad[0]} is out of range for a vocabulary of {vocab_size}")
+    return ids
+
+
+def generate(model: GPT, prompt: Any, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+             on_token: Callable[[int], Any] | None = None, generator: Generator | None = None) -> list[int]:
+    """Up to ``max_new_tokens`` new token ids continuing ``prompt`` (a list of ids or a 1-d tensor).
+
+    ``on_token(token_id)`` is called after each new token: a return of None or a truthy
+    value continues, a falsy one stops (that token is still returned); an exception
+    propagates. Runs under no_grad with the model in eval mode (its mode is restored).
+    """
+    ids = _prompt_ids(prompt, model.vocab_size)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise KaelError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_sampling(temperature, top_k, generator, "generate")
+    if on_token is not None and not callable(on_token):
+        raise DTypeError(f"generate: on_token must be callable or None, got {type(on_token).__name__}")
+    if max_new_tokens == 0:
+        return []
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            return _loop(model, ids, max_new_tokens, temperature, top_k, on_token, generator)
+    finally:
+        if was_training:
+            model.train()
+
+
+def _loop(model: GPT, ids: list[int], n: int, temperature: float, top_k: int,
+          on_token: Callable[[int], Any] | None, generator: Generator | None) -> list[int]:
+    p = model.plan()
+    ctx = model.max_positions
+    seq = list(ids)
+    # The cache only needs the positions this call can reach.
+    cache = model.new_cache(1, min(ctx, len(ids) + n)) if len(ids) < ctx else None
+    logits = _prefill(model, p, ids, cache) if cache is not None else _window(model, p, seq[-ctx:])
+    decoder = Decoder.create(model, p, cache) if cache is not None else None
+    out: list[int] = []
+    for i in range(n):
+        token = sample_next(logits, temperature, top_k, generator)
+        out.append(token)
+        seq.append(token)
+        if on_token is not None:
+            keep = on_token(token)
+            if keep is not None and not keep:
+                break
+        if i == n - 1:
+            break
+        if decoder is not None and len(seq) <= ctx:
+            logits = decoder(token)
+        elif cache is not None and len(seq) <= ctx:
+            logits = _decode(model, p, token, cache)
+        else:
+            logits = _window(model, p, seq[-ctx:])
+    return out
+
+
+def _prefill(model: GPT, p: Plan, ids: list[int], cache: KVCache) -> Tensor:
+    """Run the prompt through the model into the cache; the last position's logits [V]."""
+    x = tensor([ids], dtype=dt.int64, device=model.device)
+    step = cache.begin(len(ids))
+    h = add(embedding(x, p.wte), narrow(p.wpe, 0, 0, len(ids)))
+    logits = model.run(h, p, step, [len(ids) - 1])
+    step.commit()
+    return view(logits, model.vocab_size)
+
+
+def _decode(model: GPT, p: Plan, token: int, cache: KVCache) -> Tensor:
+    """One token through the model, reading and extending the cache; its logits [V]."""
+    pos = cache.lengths[0]
+    x = view(add(narrow(p.wte, 0, token, 1), narrow(p.wpe, 0, pos, 1)), 1, 1, model.config.dimension)
+    step = cache.begin(1)
+    logits = model.run(x, p, step, None)
+    step.commit()
+    return view(logits, model.vocab_size)
+
+
+def _window(model: GPT, p: Plan, ids: list[int]) -> Tensor:
+    """The last position's logits [V] for ids (at most the context) recomputed without a cache."""
+    x = add(embedding(tensor([ids], dtype=dt.int64, device=model.device), p.wte), narrow(p.wpe, 0, 0, len(ids)))
+    return view(model.run(x, p, None, [len(ids) - 1]), model.vocab_size)

@@ -1,0 +1,12 @@
+"""kael.nn: modules, layers, containers, and the functional, init and utils helpers."""
+
+from __future__ import annotations
+
+from . import functional, init, utils
+from ._containers import ModuleDict, ModuleList, Sequential
+from ._layers import GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, ReLU
+from ._module import IncompatibleKeys, Module
+from ._parameter import Parameter
+
+__all__ = ["Module", "Parameter", "IncompatibleKeys", "Linear", "Embedding", "LayerNorm", "Dropout", "GELU",
+           "ReLU", "Identity", "Flatten", "Sequential", "ModuleList", "ModuleDict", "functional", "init", "utils"]

@@ -1,0 +1,150 @@
+"""kael.nn.functional: the stateless layer functions, with PyTorch's names and signatures.
+
+They are thin wrappers over ``kael.ops`` (fused ops where one exists, so a
+backend's kernel runs when it has one), adding PyTorch's argument conventions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import ops
+from .._errors import DTypeError, ShapeError
+from .._tensor import Tensor
+
+__all__ = ["linear", "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
+           "layer_norm", "dropout", "embedding", "scaled_dot_product_attention"]
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """input [.., in] @ weight[out, in].T + bias[out]."""
+    return ops.linear(input, weight, bias)
+
+
+def relu(input: Tensor) -> Tensor:
+    return ops.relu(input)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """Exact GELU (erf), or approximate='tanh' (GPT-2's gelu_new)."""
+    return ops.gelu(input, approximate)
+
+
+def softmax(input: Tensor, dim: int = -1) -> Tensor:
+    return ops.softmax(input, dim)
+
+
+def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
+    return ops.log_softmax(input, dim)
+
+
+def _classes_last(input: Tensor, target: Tensor, op: str) -> tuple[Tensor, Tensor]:
+    """PyTorch's layouts [C] / [N, C] / [N, C, d1, ...] -> logits [M, C] and target [M]."""
+    if not isinstance(input, Tensor) or not isinstance(target, Tensor):
+        raise DTypeError(f"{op}: expected tensors, got {type(input).__name__} and {type(target).__name__}")
+    if input.ndim == 1:
+        if target.ndim != 0:
+            raise ShapeError(f"{op}: unbatched input [C] needs a 0-d target, got {list(target.shape)}")
+        return ops.unsqueeze(input, 0), ops.reshape(target, (1,))
+    if input.ndim > 2:
+        if target.shape != (input.shape[0],) + input.shape[2:]:
+            raise ShapeError(f"{op}: input {list(input.shape)} needs target {[input.shape[0], *input.shape[2:]]}, "
+                             f"got {list(target.shape)}")
+        c = input.shape[1]
+        moved = ops.permute(input, (0, *range(2, input.ndim), 1))
+        return ops.reshape(moved, (-1, c)), ops.reshape(target, (-1,))
+    return input, target
+
+
+def cross_entropy(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """Softmax cross-entropy of logits [N, C] (or [C], or [N, C, d...]) against class ids.
+
+    Targets equal to ignore_index contribute nothing and are not counted by the mean;
+    label_smoothing mixes the one-hot target with the uniform distribution.
+    """
+    logits, tgt = _classes_last(input, target, "cross_entropy")
+    out = ops.cross_entropy(logits, tgt, ignore_index, label_smoothing, reduction)
+    if reduction == "none" and input.ndim != 2:
+        out = ops.reshape(out, target.shape)
+    return out
+
+
+def nll_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities [N, C] (e.g. from log_softmax) against class ids."""
+    logp, tgt = _classes_last(input, target, "nll_loss")
+    if reduction not in ("mean", "sum", "none"):
+        raise DTypeError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    keep = ops.ne(tgt, ignore_index)
+    safe = ops.where(keep, tgt, 0)
+    picked = ops.reshape(ops.gather(logp, 1, ops.unsqueeze(safe, 1)), (-1,))
+    losses = ops.where(keep, ops.neg(picked), 0.0)
+    if reduction == "none":
+        return losses if input.ndim == 2 else ops.reshape(losses, target.shape)
+    total = ops.sum(losses)
+    if reduction == "sum":
+        return total
+    return ops.div(total, ops.sum(keep).to(dtype=total.dtype))
+
+
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    if reduction not in ("mean", "sum", "none"):
+        raise DTypeError(f"mse_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    d = ops.sub(input, target)
+    sq = ops.mul(d, d)
+    return sq if reduction == "none" else ops.sum(sq) if reduction == "sum" else ops.mean(sq)
+
+
+def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    return ops.layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator: Any = None) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training.
+
+    The mask comes from ``generator`` (a kael.Generator; the default one when None),
+    so a seeded generator gives reproducible masks.
+    """
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise DTypeError(f"dropout: p must be a probability in [0, 1], got {p!r}")
+    if not training or p == 0.0:
+        return input
+    if not input.dtype.is_floating_point:
+        raise DTypeError(f"dropout: expected a floating-point tensor, got {input.dtype!r}")
+    if p == 1.0:
+        return ops.mul(input, 0.0)
+    u = ops.rand(input.shape, dtype=input.dtype, device=input.device, generator=generator)
+    scale = ops.where(ops.ge(u, p), 1.0 / (1.0 - p), 0.0).to(dtype=input.dtype)
+    return ops.mul(input, scale)
+
+
+def embedding(input: Tensor, weight: Tensor) -> Tensor:
+    """Rows of weight [num_embeddings, dim] picked by the integer ids of input: [*input.shape, dim]."""
+    return ops.embedding(input, weight)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, is_causal: bool = False,
+                                 scale: float | None = None) -> Tensor:
+    """softmax(q @ k^T * scale) @ v over [..., T, D] operands (scale defaults to 1/sqrt(D)).
+
+    With is_causal, query i sees keys up to i + (Tk - Tq): the last query is aligned with
+    the last key, which is what decoding with a KV cache needs (and PyTorch's top-left
+    alignment when Tq == Tk).
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor) or t.ndim < 2:
+            raise ShapeError(f"scaled_dot_product_attention: {name} must be a tensor [..., T, D], got "
+                             f"{getattr(t, 'shape', type(t).__name__)!r}")
+    lead = query.shape[:-2]
+    if key.shape[:-2] != lead or value.shape[:-2] != lead:
+        raise ShapeError(f"scaled_dot_product_attention: batch dims of query {list(query.shape)}, key "
+                         f"{list(key.shape)} and value {list(value.shape)} differ")
+
+    def as4d(t: Tensor) -> Tensor:
+        if t.ndim == 4:
+            return t
+        return ops.reshape(t, (1, -1) + t.shape[-2:]) if t.ndim != 2 else ops.reshape(t, (1, 1) + t.shape)
+
+    out = ops.attention(as4d(query), as4d(key), as4d(value), causal=is_causal, scale=scale)
+    return out if query.ndim == 4 else ops.reshape(out, lead + out.shape[-2:])

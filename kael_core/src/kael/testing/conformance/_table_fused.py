@@ -1,0 +1,242 @@
+"""Table rows for the fused ops (optional for a backend; each has a reference kernel).
+
+The same rows serve twice: a backend that implements a fused op is checked against
+the reference kernel, and every op with a frontend decomposition
+(``kael.ops._fused.decompositions``) has that decomposition, run on the backend's
+primitives, checked against the reference kernel too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ... import _dtype as dt
+from ._cases import FLOATS, Call, Case, operand, vals
+from ._layout import Operand, Out
+
+__all__ = ["fused_cases"]
+
+Builder = Callable[[np.random.Generator], Call]
+FULL = (dt.float32, dt.float64)
+HEADS = "permute:0,2,1,3"  # q/k/v viewed [B, H, T, D] from [B, T, H, D] storage, as GPT-2 splits heads
+
+
+def _stat(d: dt.DType) -> dt.DType:
+    return dt.float64 if d is dt.float64 else dt.float32
+
+
+def _linear(d: dt.DType) -> dict[str, Builder]:
+    kind = "halves" if d.itemsize == 2 else "normal"
+
+    def mk(xs: tuple[int, ...], lx: str, lw: str, bias: bool) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            x = operand(rng, xs, d, lx, kind)
+            w = operand(rng, (5, xs[-1]), d, lw, kind)
+            b = operand(rng, (5,), d, "contiguous", kind) if bias else None
+            return Call([Out(xs[:-1] + (5,), d), x, w, b])
+
+        return build
+
+    s = {"2d": mk((4, 3), "contiguous", "contiguous", True), "no_bias": mk((4, 3), "contiguous", "contiguous", False)}
+    if d in FULL:
+        s["3d"] = mk((2, 4, 3), "contiguous", "contiguous", True)
+        s["x_transposed"] = mk((4, 3), "transposed", "contiguous", True)
+        s["w_transposed"] = mk((4, 3), "strided", "transposed", False)
+    return s
+
+
+def _gelu(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], lay: str, approx: str) -> Builder:
+        return lambda rng: Call([Out(shape, d), operand(rng, shape, d, lay), approx])
+
+    s: dict[str, Builder] = {}
+    for approx in ("tanh", "none"):
+        shapes = {"1d": ((7,), "contiguous"), "0d": ((), "contiguous"), "empty": ((0, 3), "contiguous"),
+                  "transposed": ((3, 4), "transposed")}
+        if d is dt.float32:
+            shapes["large"] = ((257, 1031), "contiguous")
+        for name, (shape, lay) in shapes.items():
+            s[f"{approx}_{name}"] = mk(shape, lay, approx)
+    return s
+
+
+def _gelu_backward(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], lg: str, lx: str, approx: str) -> Builder:
+        return lambda rng: Call([Out(shape, d), operand(rng, shape, d, lg), operand(rng, shape, d, lx), approx])
+
+    s: dict[str, Builder] = {}
+    for approx in ("tanh", "none"):
+        s[f"{approx}_2d"] = mk((3, 4), "strided", "transposed", approx)
+        s[f"{approx}_0d"] = mk((), "contiguous", "contiguous", approx)
+    return s
+
+
+def _softmax(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], dim: int, lay: str, scale: float = 1.0, neg_inf: bool = False) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            v = vals(rng, shape, d) * scale
+            if neg_inf and v.size:
+                v.reshape(-1, shape[-1])[:, 0] = -np.inf
+            return Call([Out(shape, d), Operand(v, d, lay), dim])
+
+        return build
+
+    s = {"dim1": mk((3, 5), 1, "contiguous"), "dim0": mk((3, 5), 0, "transposed")}
+    if d in FULL:
+        s["3d_last"] = mk((2, 3, 4), 2, "transposed")
+        s["3d_middle"] = mk((2, 3, 4), 1, "strided")
+        s["large_values"] = mk((3, 5), 1, "contiguous", scale=400.0)
+        s["neg_inf"] = mk((3, 5), 1, "contiguous", neg_inf=True)
+        s["empty_rows"] = mk((0, 5), 1, "contiguous")
+    if d is dt.float32:
+        s["large"] = mk((257, 1031), 1, "contiguous")
+    return s
+
+
+def _layer_norm(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], lay: str, affine: bool) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            c = shape[-1]
+            w = operand(rng, (c,), d) if affine else None
+            b = operand(rng, (c,), d, "strided") if affine else None
+            st = _stat(d)
+            return Call([Out(shape, d), Out(shape[:-1], st), Out(shape[:-1], st), operand(rng, shape, d, lay), w, b,
+                         1e-5])
+
+        return build
+
+    s = {"affine": mk((4, 6), "contiguous", True), "plain": mk((4, 6), "transposed", False)}
+    if d in FULL:
+        s["3d"] = mk((2, 3, 6), "strided", True)
+        s["1d"] = mk((6,), "contiguous", True)
+    if d is dt.float32:
+        s["large"] = mk((256, 768), "contiguous", True)
+    return s
+
+
+def _layer_norm_backward(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], weight: bool, bias: bool, lay: str) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            c = shape[-1]
+            x = vals(rng, shape, d)
+            mu = x.mean(axis=-1)
+            rstd = 1.0 / np.sqrt(x.var(axis=-1) + 1e-5)
+            st = _stat(d)
+            dw = Out((c,), d) if weight else None
+            db = Out((c,), d) if bias else None
+            w = operand(rng, (c,), d) if weight else None
+            return Call([Out(shape, d), dw, db, operand(rng, shape, d, lay), Operand(x, d), Operand(mu, st),
+                         Operand(rstd, st), w])
+
+        return build
+
+    s = {"affine": mk((4, 6), True, True, "contiguous"), "plain": mk((4, 6), False, False, "transposed")}
+    if d in FULL:
+        s["weight_only"] = mk((2, 3, 6), True, False, "strided")
+    return s
+
+
+def _embedding(d: dt.DType) -> dict[str, Builder]:
+    def mk(ids_shape: tuple[int, ...], lw: str, li: str) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            ids = Operand(vals(rng, ids_shape, dt.int64, "index:10"), dt.int64, li)
+            return Call([Out(ids_shape + (4,), d), operand(rng, (10, 4), d, lw), ids])
+
+        return build
+
+    s = {"2d_ids": mk((2, 3), "contiguous", "contiguous"), "1d_ids": mk((5,), "transposed", "strided")}
+    if d in FULL:
+        s["0d_id"] = mk((), "contiguous", "contiguous")
+        s["empty_ids"] = mk((0,), "contiguous", "contiguous")
+    return s
+
+
+def _cross_entropy(d: dt.DType) -> dict[str, Builder]:
+    def mk(lay: str, smoothing: float, scale: float = 1.0, ignore: bool = True) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            t = vals(rng, (6,), dt.int64, "index:5")
+            if ignore:
+                t[2] = -100
+            logits = Operand(vals(rng, (6, 5), d) * scale, d, lay)
+            return Call([Out((6,), d), logits, Operand(t, dt.int64), -100, smoothing])
+
+        return build
+
+    s = {"plain": mk("contiguous", 0.0), "smoothing": mk("transposed", 0.1)}
+    if d in FULL:
+        s["large_logits"] = mk("strided", 0.0, scale=300.0, ignore=False)
+    return s
+
+
+def _attention(d: dt.DType) -> dict[str, Builder]:
+    def mk(tq: int, tk: int, causal: bool, lengths: list[int] | None, lay: str = "contiguous") -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            q = operand(rng, (2, 2, tq, 4), d, lay)
+            k = operand(rng, (2, 2, tk, 4), d, lay)
+            v = operand(rng, (2, 2, tk, 4), d, lay)
+            ln = Operand(np.array(lengths, np.int64), dt.int64) if lengths is not None else None
+            return Call([Out((2, 2, tq, 4), d), q, k, v, 0.5, causal, ln])
+
+        return build
+
+    s = {"full": mk(3, 5, False, None), "causal": mk(3, 5, True, None, HEADS)}
+    if d in FULL:
+        s["causal_square"] = mk(4, 4, True, None, HEADS)
+        s["decode"] = mk(1, 6, True, None)
+        s["lengths"] = mk(3, 5, True, [5, 3], "strided")
+        s["zero_length"] = mk(2, 5, False, [0, 5])
+    return s
+
+
+def _topk(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], k: int, lay: str) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            x = operand(rng, shape, d, lay, "halves" if d.is_floating_point else "normal")
+            return Call([Out(shape[:-1] + (k,), d), Out(shape[:-1] + (k,), dt.int64), x, k])
+
+        return build
+
+    s = {"k2": mk((3, 6), 2, "contiguous"), "k_all": mk((3, 6), 6, "transposed")}
+    if d in FULL:
+        s["1d"] = mk((9,), 3, "strided")
+    return s
+
+
+def _adamw(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], lay: str, wd: float, step: int) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            p = Out(shape, d, init=vals(rng, shape, d))
+            m = Out(shape, d, init=vals(rng, shape, d) * 0.1)
+            v = Out(shape, d, init=vals(rng, shape, d, "positive") * 0.01)
+            return Call([p, operand(rng, shape, d, lay), m, v, 1e-3, 0.9, 0.999, 1e-8, wd, step])
+
+        return build
+
+    return {"1d": mk((7,), "contiguous", 0.01, 3), "2d_no_decay": mk((3, 4), "transposed", 0.0, 1)}
+
+
+_BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DType, ...]]] = {
+    "linear": (_linear, FLOATS),
+    "gelu": (_gelu, FLOATS),
+    "gelu_backward": (_gelu_backward, FLOATS),
+    "softmax": (_softmax, FLOATS),
+    "log_softmax": (_softmax, FLOATS),
+    "layer_norm": (_layer_norm, FLOATS),
+    "layer_norm_backward": (_layer_norm_backward, FLOATS),
+    "embedding": (_embedding, FLOATS),
+    "cross_entropy": (_cross_entropy, FLOATS),
+    "attention": (_attention, FLOATS),
+    "topk": (_topk, FLOATS + (dt.int64,)),
+    "adamw_step": (_adamw, FULL),
+}
+
+
+def fused_cases() -> list[Case]:
+    cases = []
+    for op, (make, dtypes) in _BUILDERS.items():
+        for d in dtypes:
+            for name, b in make(d).items():
+                cases.append(Case(op, d.name, name, b))
+    return cases

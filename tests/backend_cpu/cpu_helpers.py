@@ -1,0 +1,94 @@
+"""Helpers for the native CPU backend tests: layouts, values, tolerances, allocation.
+
+Operands are built over NumPy memory in a chosen layout (contiguous, transposed,
+strided with a step, offset, broadcast with stride 0) so the same input tensors can
+be handed to the backend under test and to the reference kernels; outputs of the
+backend under test come from its own allocator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kael import _dtype as dt
+from kael._device import CPU
+from kael._storage import Storage
+from kael._tensor import Tensor, contiguous_strides, from_numpy_bits
+from kael.backends.reference._io import f32_to_bf16_bits
+
+LAYOUTS = ("contiguous", "transposed", "stepped", "offset", "broadcast")
+
+
+def bits(values: np.ndarray, d: dt.DType) -> np.ndarray:
+    """Storage bits of logical values in dtype d (bfloat16 as uint16)."""
+    if d is dt.bfloat16:
+        return f32_to_bf16_bits(np.asarray(values, dtype=np.float32)).reshape(np.shape(values))
+    with np.errstate(all="ignore"):
+        return np.asarray(values).astype(d.np)
+
+
+def logical(t: Tensor) -> np.ndarray:
+    """A host copy of a tensor's values (bfloat16 widened to float32)."""
+    return np.array(t._host(), copy=True)
+
+
+def place(values: np.ndarray, d: dt.DType, layout: str) -> Tensor:
+    """A tensor holding `values` (logical) in the given memory layout, over NumPy memory."""
+    b = bits(values, d)
+    if b.ndim == 0 or b.size == 0 or layout == "contiguous":
+        arr = np.array(b, copy=True, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+    elif layout == "transposed":
+        arr = np.ascontiguousarray(b.T).T
+    elif layout == "stepped":
+        big = np.zeros(tuple(2 * n for n in b.shape), dtype=b.dtype)
+        big[tuple(slice(None, None, 2) for _ in b.shape)] = b
+        arr = big[tuple(slice(None, None, 2) for _ in b.shape)]
+    elif layout == "offset":
+        big = np.zeros((b.shape[0] + 1, *b.shape[1:]), dtype=b.dtype)
+        big[1:] = b
+        arr = big[1:]
+    elif layout == "broadcast":
+        # values must be constant along the broadcast dims: use the first slice along dim 0
+        src = np.array(b[:1], copy=True, order="C")
+        arr = np.broadcast_to(src, b.shape)
+    else:
+        raise ValueError(layout)
+    return from_numpy_bits(arr, d)
+
+
+def cpu_empty(backend: Any, shape: tuple[int, ...], d: dt.DType) -> Tensor:
+    n = int(np.prod(shape, dtype=np.int64)) * d.itemsize
+    return Tensor._make(Storage(backend.allocate(n, CPU), n, CPU), shape, contiguous_strides(shape), 0, d)
+
+
+def host_empty(shape: tuple[int, ...], d: dt.DType) -> Tensor:
+    return from_numpy_bits(np.zeros(shape, dtype=d.np), d)
+
+
+def random_values(rng: np.random.Generator, shape: tuple[int, ...], d: dt.DType, kind: str = "normal") -> np.ndarray:
+    if d is dt.bool_:
+        return rng.random(shape) < 0.5
+    if d.is_floating_point:
+        v = rng.standard_normal(shape)
+        if kind == "positive":
+            v = np.abs(v) + 0.1
+        elif kind == "nonzero":
+            v = np.where(np.abs(v) < 0.5, 0.5 + np.abs(v), v) * np.sign(v + 1e-9)
+        return v
+    lo = 0 if d is dt.uint8 else -20
+    v = rng.integers(lo, 20, size=shape)
+    if kind == "nonzero":
+        v = np.where(v == 0, 3, v)
+    if kind == "positive":
+        v = np.abs(v) % 5
+    return v
+
+
+TOL = {"float64": (1e-9, 1e-12), "float32": (2e-6, 1e-6), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2)}
+
+
+def tol(d: dt.DType, scale: float = 1.0) -> dict[str, float]:
+    rtol, atol = TOL.get(d.name, (0.0, 0.0))
+    return {"rtol": rtol * scale, "atol": atol * scale}
