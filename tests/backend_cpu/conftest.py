@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from kael.backends.reference import ReferenceBackend
 
 

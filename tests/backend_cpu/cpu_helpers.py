@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from kael import _dtype as dt
 from kael._device import CPU
 from kael._storage import Storage

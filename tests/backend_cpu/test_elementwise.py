@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 pytest.importorskip("kael_backend_cpu")
 
 from cpu_helpers import LAYOUTS, cpu_empty, host_empty, logical, place, random_values, tol  # noqa: E402
-
 from kael import _dtype as dt  # noqa: E402
 from kael._ops import BINARY_OPS, COMPARE_OPS, UNARY_OPS  # noqa: E402
 from kael.testing import assert_close  # noqa: E402

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 pytest.importorskip("kael_backend_cpu")
 
 from cpu_helpers import LAYOUTS, cpu_empty, host_empty, logical, place, random_values, tol  # noqa: E402
-
 from kael import _dtype as dt  # noqa: E402
 from kael.testing import assert_close  # noqa: E402
 

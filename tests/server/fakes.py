@@ -142,3 +142,95 @@ class FakeModel:
             return ord("a") + sum(call.prompt + call.produced) % 26
         rng = generator if generator is not None else self._rng
         return ord("a") + int(rng.randrange(26))
+
+
+@dataclass(frozen=True)
+class RowLogits:
+    """What FakeBatchEngine hands back as a row's "logits": the row and its context so far."""
+
+    row: int
+    context: tuple[int, ...]
+
+
+class FakeBatchEngine:
+    """A BatchEngine (kael_server.protocols) with FakeModel's token rules, per cache row.
+
+    Greedy picks a letter from the row's context (prompt + tokens fed), exactly as FakeModel
+    does for the same prompt alone; sampling draws from the job's generator. To force
+    misbehaviour:
+
+    * ``gate``: block before each decode step until the test lets it through;
+    * ``fail_decode_at``: raise (with SECRET) in decode step number ``fail_decode_at`` (from 0);
+    * ``fail_sample``: raise (with SECRET) when sampling for a context it accepts;
+    * ``poison``: for a context it accepts, sample token ``poison_token`` (which a
+      PoisonTokenizer refuses to decode: a failure in that job's token handling).
+
+    ``steps`` records the rows of every decode step; ``prefills`` the (row, prompt) of each prefill.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        *,
+        gate: Gate | None = None,
+        fail_decode_at: int | None = None,
+        fail_sample: Callable[[tuple[int, ...]], bool] | None = None,
+        poison: Callable[[tuple[int, ...]], bool] | None = None,
+        poison_token: int = 0,
+    ) -> None:
+        self.rows = rows
+        self.gate = gate
+        self.fail_decode_at = fail_decode_at
+        self.fail_sample = fail_sample
+        self.poison = poison
+        self.poison_token = poison_token
+        self.contexts: dict[int, list[int]] = {}
+        self.steps: list[list[int]] = []
+        self.prefills: list[tuple[int, list[int]]] = []
+        self.released: list[int] = []
+        self._rng = random.Random()
+
+    def prefill(self, row: int, prompt: list[int]) -> RowLogits:
+        assert row not in self.contexts, f"row {row} is in use"
+        assert 0 <= row < self.rows
+        self.contexts[row] = list(prompt)
+        self.prefills.append((row, list(prompt)))
+        return RowLogits(row, tuple(prompt))
+
+    def decode(self, rows: list[int], tokens: list[int]) -> list[RowLogits]:
+        if self.gate is not None:
+            self.gate.step()
+        step = len(self.steps)
+        self.steps.append(list(rows))
+        if step == self.fail_decode_at:
+            raise RuntimeError(SECRET)
+        for row, token in zip(rows, tokens, strict=True):
+            self.contexts[row].append(token)
+        return [RowLogits(row, tuple(self.contexts[row])) for row in rows]
+
+    def sample(self, logits: RowLogits, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int:
+        if self.fail_sample is not None and self.fail_sample(logits.context):
+            raise RuntimeError(SECRET)
+        if self.poison is not None and self.poison(logits.context):
+            return self.poison_token
+        if temperature == 0:
+            return ord("a") + sum(logits.context) % 26
+        rng = generator if generator is not None else self._rng
+        return ord("a") + int(rng.randrange(26))
+
+    def release(self, row: int) -> None:
+        self.contexts.pop(row, None)
+        self.released.append(row)
+
+
+class PoisonTokenizer(ByteTokenizer):
+    """A ByteTokenizer whose ``decode`` raises (with SECRET) on one token id."""
+
+    def __init__(self, poison_token: int) -> None:
+        super().__init__()
+        self.poison_token = poison_token
+
+    def decode(self, ids: list[int]) -> bytes:
+        if self.poison_token in ids:
+            raise RuntimeError(SECRET)
+        return super().decode(ids)

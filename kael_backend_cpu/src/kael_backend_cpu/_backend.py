@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 import kael
+import numpy as np
 from kael import DTypeError, ShapeError
 
 from ._kernels import kernel_table
@@ -41,7 +40,7 @@ class CpuBackend(kael.Backend):
     def from_host(self, out: Any, array: np.ndarray) -> None:
         if array.shape != out.shape:
             if array.size != out.numel():
-                    raise ShapeError(f"from_host: array of shape {list(array.shape)} for a tensor of shape "
+                raise ShapeError(f"from_host: array of shape {list(array.shape)} for a tensor of shape "
                                  f"{list(out.shape)}")
             array = array.reshape(out.shape)  # e.g. a 0-d tensor's value arriving as shape (1,)
         if array.dtype.itemsize != out.dtype.itemsize:

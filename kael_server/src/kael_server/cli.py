@@ -36,6 +36,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument(
+        "--slots",
+        type=_at_least(1),
+        default=1,
+        metavar="N",
+        help="generations run at once; with N > 1 they share each decode step (continuous batching over a "
+        "KV cache of N rows, which holds N full contexts in memory)",
+    )
+    parser.add_argument(
+        "--queue",
+        type=_at_least(0),
+        default=0,
+        metavar="Q",
+        help="requests that may wait for a busy slot; beyond it, or past --queue-timeout, 429 with Retry-After",
+    )
+    parser.add_argument(
+        "--queue-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="seconds a queued request waits for a slot before it is answered 429",
+    )
+    parser.add_argument(
         "--log-format",
         choices=("console", "json"),
         default="console",
@@ -48,6 +70,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="lowest level of log lines written",
     )
     return parser
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
+    return value
 
 
 class DrainingServer(uvicorn.Server):
@@ -81,11 +126,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.should_exit = True
 
     try:
-        app = load_app(args.data, args.device, on_load_error=stop_on_load_error)
+        app = load_app(
+            args.data,
+            args.device,
+            on_load_error=stop_on_load_error,
+            slots=args.slots,
+            queue=args.queue,
+            queue_timeout=args.queue_timeout,
+        )
     except (ServerConfigError, ImportError) as exc:
         print(f"kael-server: {exc}", file=sys.stderr)
         return 2
-    log.info("starting", host=args.host, port=args.port, device=args.device)
+    log.info("starting", host=args.host, port=args.port, device=args.device, slots=args.slots, queue=args.queue)
     server = draining_server(app, args.host, args.port, args.log_level)
     server.run()
     return 1 if app.state.server.load_error is not None else 0

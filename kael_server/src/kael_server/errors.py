@@ -26,6 +26,12 @@ class Busy(ServerError):
     message = "the server is busy with another generation; retry shortly"
 
 
+class QueueTimeout(Busy):
+    """A queued request waited ``--queue-timeout`` seconds without getting a slot (429)."""
+
+    message = "no generation slot became free in time; retry shortly"
+
+
 class NotReady(ServerError):
     """The model is still loading, or the server is shutting down (503)."""
 

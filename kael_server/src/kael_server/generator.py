@@ -8,12 +8,11 @@ import time
 from collections.abc import Callable
 
 from kael_server.errors import Cancelled, NotReady, PromptRejected
-from kael_server.jobs import Failed, Finished, Job, Outcome, PromptAccepted, SamplingParams, TextPiece
+from kael_server.jobs import Failed, Finished, Job, Outcome, PromptAccepted, SamplingParams
 from kael_server.metrics import Metrics
+from kael_server.output import JobOutput
 from kael_server.protocols import Model, RngFactory, Tokenizer
 from kael_server.scheduler import Scheduler, SlotPool
-from kael_server.stops import StopMatcher
-from kael_server.utf8 import Utf8Stream
 
 
 class Generator:
@@ -69,16 +68,29 @@ class Generator:
     def run(self, job: Job) -> Outcome:
         """Encodes the prompt and generates; every failure becomes a Failed outcome."""
         try:
-            ids = self.tokenizer.encode(job.prompt)
-            if job.cancelled:
-                raise Cancelled(job.cancel_reason or "client")
-            self._check_prompt(ids, job.params.max_tokens)
-            job.stats.prompt_tokens = len(ids)
-            self.metrics.prompt_tokens.inc(len(ids))
-            job.emit(PromptAccepted(len(ids)))
+            ids = self.prepare(job)
+            self.accept(job, ids)
             return Finished(self._generate(job, ids))
         except Exception as exc:
             return Failed(exc)
+
+    def prepare(self, job: Job) -> list[int]:
+        """The prompt's token ids, checked against the context; raises PromptRejected or Cancelled."""
+        ids = self.tokenizer.encode(job.prompt)
+        if job.cancelled:
+            raise Cancelled(job.cancel_reason or "client")
+        self._check_prompt(ids, job.params.max_tokens)
+        return ids
+
+    def accept(self, job: Job, ids: list[int]) -> None:
+        """The job will generate now: count its prompt and tell the client (a stream may start)."""
+        job.stats.prompt_tokens = len(ids)
+        self.metrics.prompt_tokens.inc(len(ids))
+        job.emit(PromptAccepted(len(ids)))
+
+    def rng_for(self, params: SamplingParams) -> object | None:
+        """The ``generator`` argument of a job: seeded from its ``seed`` when it has one."""
+        return self.make_rng(params.seed) if params.seed is not None and self.make_rng else None
 
     def _check_prompt(self, ids: list[int], max_tokens: int) -> None:
         if not ids:
@@ -92,35 +104,8 @@ class Generator:
 
     def _generate(self, job: Job, ids: list[int]) -> str:
         params, stats = job.params, job.stats
-        decoder = Utf8Stream()
-        stopper = StopMatcher(params.stop)
-        pieces: list[str] = []
-        eot = self.tokenizer.eot_token
-        interrupted = False
-
-        def send(text: str) -> None:
-            if text:
-                pieces.append(text)
-                job.emit(TextPiece(text))
-
-        def on_token(token: int) -> bool:
-            nonlocal interrupted
-            if job.cancelled:
-                interrupted = True
-                return False
-            if token == eot:
-                stats.finish_reason = "stop"
-                return False
-            stats.tokens += 1
-            if stats.ttft is None:
-                stats.ttft = time.perf_counter() - job.arrived
-            send(stopper.feed(decoder.feed(self.tokenizer.decode([token]))))
-            if stopper.stopped:
-                stats.finish_reason = "stop"
-                return False
-            return True
-
-        rng = self.make_rng(params.seed) if params.seed is not None and self.make_rng else None
+        output = JobOutput(job, self.tokenizer)
+        rng = self.rng_for(params)
         start = time.perf_counter()
         try:
             self.model.generate(
@@ -128,15 +113,10 @@ class Generator:
                 params.max_tokens,
                 temperature=params.temperature,
                 top_k=min(params.top_k, self.vocab_size),
-                on_token=on_token,
+                on_token=output.on_token,
                 generator=rng,
             )
         finally:
             stats.seconds = time.perf_counter() - start
             self.metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
-        if interrupted:
-            raise Cancelled(job.cancel_reason or "client")
-        if not stopper.stopped:
-            send(stopper.feed(decoder.flush()))
-            send(stopper.flush())
-        return "".join(pieces)
+        return output.text()

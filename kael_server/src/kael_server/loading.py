@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.resources
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from litestar import Litestar
 
 from kael_server.app import create_app
+from kael_server.batching import BatchScheduler
 from kael_server.generator import Generator
 from kael_server.metrics import Metrics
 
@@ -49,13 +52,26 @@ def load_app(
     device: str = "cpu",
     *,
     on_load_error: Callable[[BaseException], None] | None = None,
+    slots: int = 1,
+    queue: int = 0,
+    queue_timeout: float = 10.0,
 ) -> Litestar:
     """The app serving the GPT-2 checkpoint in ``data`` (any size: shapes come from config.json).
 
     The directory is checked at once; the weights load on a thread after start-up, while
     ``/health`` answers and ``/ready`` says 503. Raises ServerConfigError or ImportError
     (kael missing) before anything is served.
+
+    ``slots`` generations run at once: with more than one (or with a ``queue``), they share
+    each decode step through a BatchScheduler over kael's ``BatchDecoder``; with one and no
+    queue, the single-slot SlotPool runs ``model.generate`` as before.
     """
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ServerConfigError(f"--slots must be an integer >= 1, got {slots!r}")
+    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
+        raise ServerConfigError(f"--queue must be an integer >= 0, got {queue!r}")
+    if not 0 <= queue_timeout <= 3600:
+        raise ServerConfigError(f"--queue-timeout must be between 0 and 3600 seconds, got {queue_timeout!r}")
     path = checkpoint_dir(data)
     import kael  # imported here so kael_server stays importable (and testable) without kael
 
@@ -67,6 +83,7 @@ def load_app(
     def load(metrics: Metrics) -> Generator:
         model = kael.GPT.from_pretrained(path, device=device)
         tokenizer = kael.BpeTokenizer.from_directory(path)
+        batched = slots > 1 or queue > 0
         return Generator(
             model,
             tokenizer,
@@ -74,6 +91,14 @@ def load_app(
             model_name=path.name,
             make_rng=make_rng,
             metrics=metrics,
+            make_scheduler=partial(_batch_scheduler, model, slots, queue, queue_timeout) if batched else None,
         )
 
     return create_app(load, on_load_error=on_load_error)
+
+
+def _batch_scheduler(model: Any, slots: int, queue: int, queue_timeout: float, generator: Generator) -> BatchScheduler:
+    """Continuous batching over a KV cache of ``slots`` rows (kael's BatchDecoder)."""
+    from kael.models import BatchDecoder
+
+    return BatchScheduler(generator, BatchDecoder(model, slots), queue=queue, queue_timeout=queue_timeout)

@@ -15,6 +15,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 OUTCOMES = ("ok", "busy", "rejected", "error", "cancelled")
 REQUEST_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+QUEUE_WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 def peak_memory_bytes() -> int:
@@ -47,7 +49,11 @@ class Metrics:
         self.tokens_per_second = Gauge(
             "kael_tokens_per_second", "Generation speed of the last finished generation.", registry=r
         )
-        self.in_flight = Gauge("kael_requests_in_flight", "Generation requests being answered now.", registry=r)
+        self.in_flight = Gauge(
+            "kael_requests_in_flight",
+            "Generation requests being answered now (in every slot, queued, or still streaming).",
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "kael_request_seconds",
             "Wall time of generation requests, arrival to last byte, any outcome.",
@@ -58,6 +64,19 @@ class Metrics:
             "kael_time_to_first_token_seconds",
             "From a request's arrival to its first generated token.",
             buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "kael_batch_size",
+            "Sequences decoded together in one step of the batch scheduler (--slots > 1).",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("kael_queue_depth", "Requests waiting for a generation slot.", registry=r)
+        self.queue_wait = Histogram(
+            "kael_queue_wait_seconds",
+            "From admission to a generation slot (0 when one was free), or to giving up waiting.",
+            buckets=QUEUE_WAIT_BUCKETS,
             registry=r,
         )
         peak = Gauge("kael_peak_memory_bytes", "Peak resident memory of the server process.", registry=r)

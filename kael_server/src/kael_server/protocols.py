@@ -7,7 +7,7 @@ members listed here are ever touched, so any object with them can be served.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 OnToken = Callable[[int], object]
 """Called by ``Model.generate`` after each new token; a falsy return stops generation."""
@@ -38,3 +38,23 @@ class Model(Protocol):
         on_token: OnToken | None = None,
         generator: object | None = None,
     ) -> list[int]: ...
+
+
+class BatchEngine(Protocol):
+    """Decodes several sequences together, one cache row each (kael's ``models.BatchDecoder``).
+
+    ``prefill`` runs one prompt alone into a free row and returns the logits after it;
+    ``decode`` appends one token to each of several rows in one pass and returns their
+    logits in the same order (indexable by position; valid until the next call); ``sample``
+    picks a token from one sequence's logits exactly as ``Model.generate`` would.
+    """
+
+    rows: int
+
+    def prefill(self, row: int, prompt: list[int]) -> Any: ...
+
+    def decode(self, rows: list[int], tokens: list[int]) -> Any: ...
+
+    def sample(self, logits: Any, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int: ...
+
+    def release(self, row: int) -> None: ...

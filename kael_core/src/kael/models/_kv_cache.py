@@ -94,7 +94,10 @@ class CacheStep:
 
     def __init__(self, cache: KVCache, tokens: int, valid: Sequence[int] | None) -> None:
         self.cache = cache
-        self.tokens = tokens
+        self.tokens = _count("tokens", tokens, 1)
+        if valid is not None and (len(valid) != cache.batch or any(not 0 <= n <= tokens for n in valid)):
+            raise ShapeError(f"KVCache: valid must give each of the {cache.batch} rows 0..{tokens} real tokens, "
+                             f"got {list(valid)!r}")
         starts = list(cache.lengths)
         self.starts = starts
         room = cache.max_positions

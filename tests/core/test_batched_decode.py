@@ -1,0 +1,171 @@
+"""BatchDecoder (kael/models/_batched.py): sequences decoded together give what each gives alone.
+
+Oracle: ``model.generate`` on each prompt alone (and, for the logits, generate's own prefill
+and one-token Decoder), on the tiny reference checkpoint (top-1/top-2 gaps >= 0.002 along its
+greedy continuations) and on random models. Sequences join at different steps, leave early,
+and reuse each other's rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import kael
+import numpy as np
+import pytest
+from kael import _dispatch
+from kael.models import GPT, BatchDecoder
+from kael.models._decoder import Decoder
+from kael.models._generate import _prefill
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "tiny-gpt2"
+REF = json.loads((DATA / "reference.json").read_text())
+
+
+def _random_model(seed: int, vocab: int = 97, ctx: int = 48, layers: int = 2, heads: int = 4, dim: int = 32) -> GPT:
+    return GPT(vocab, ctx, layers, heads, dim, generator=kael.Generator().manual_seed(seed))
+
+
+def _reference_backend() -> bool:
+    return _dispatch.backend_for("cpu").name == "reference"
+
+
+def _run(
+    engine: BatchDecoder,
+    prompts: Sequence[list[int]],
+    n: int,
+    joins: Sequence[int],
+    rows: Sequence[int],
+    stop_after: Sequence[int] | None = None,
+    seeds: Sequence[int | None] | None = None,
+    temperature: float = 0.0,
+) -> list[list[int]]:
+    """Continuous batching by hand: prompt i joins before step joins[i] in row rows[i] (several may
+    share a row, one after the other) and leaves after n tokens (or stop_after[i])."""
+    want = [n if stop_after is None else stop_after[i] for i in range(len(prompts))]
+    gens = [None if seeds is None or seeds[i] is None else kael.Generator().manual_seed(seeds[i]) for i in
+            range(len(prompts))]
+    out: list[list[int]] = [[] for _ in prompts]
+    waiting = list(range(len(prompts)))
+    running: list[int] = []
+    step = 0
+    while waiting or running:
+        for i in [i for i in waiting if joins[i] <= step and engine.length(rows[i]) == 0 and
+                  all(rows[j] != rows[i] for j in running)]:
+            waiting.remove(i)
+            out[i].append(engine.sample(engine.prefill(rows[i], prompts[i]), temperature, 0, gens[i]))
+            running.append(i)
+        for i in [i for i in running if len(out[i]) >= want[i]]:
+            running.remove(i)
+            engine.release(rows[i])
+        if running:
+            logits = engine.decode([rows[i] for i in running], [out[i][-1] for i in running])
+            assert logits.shape == (len(running), engine.vocab_size)
+            for j, i in enumerate(running):
+                out[i].append(engine.sample(kael.select(logits, 0, j), temperature, 0, gens[i]))
+        step += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny() -> GPT:
+    return GPT.from_pretrained(DATA)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_greedy_batched_equals_alone_on_the_reference_checkpoint(tiny: GPT, direct: bool) -> None:
+    cases = [c for c in REF["cases"] if len(c["ids"]) + 20 <= tiny.max_positions]
+    prompts = [c["ids"] for c in cases] + [cases[0]["ids"][:1], cases[-1]["ids"] + cases[0]["ids"]]
+    alone = [tiny.generate(p, 20) for p in prompts]
+    for c, a in zip(cases, alone):
+        assert a == c["greedy_20"]  # the oracle itself is right
+    engine = BatchDecoder(tiny, rows=3, direct=direct)
+    got = _run(engine, prompts, 20, joins=[0, 2, 2, 5, 9][: len(prompts)], rows=[1, 0, 2, 1, 0][: len(prompts)])
+    assert got == alone
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_batched_equals_alone_on_random_models(seed: int) -> None:
+    model = _random_model(seed)
+    rng = np.random.default_rng(seed)
+    prompts = [[int(t) for t in rng.integers(0, 97, size=k)] for k in (1, 6, 11, 3, 17, 2)]
+    alone = [model.generate(p, 16) for p in prompts]
+    engine = BatchDecoder(model, rows=4)
+    got = _run(engine, prompts, 16, joins=[0, 0, 1, 4, 6, 6], rows=[3, 0, 1, 2, 3, 0])
+    assert got == alone
+
+
+def test_logits_match_alone_and_leavers_do_not_disturb_the_others() -> None:
+    model = _random_model(5, dim=64)
+    prompts = [[1, 2, 3], [5] * 9, [7, 8], [9] * 20]
+    steps = {0: 10, 1: 3, 2: 10, 3: 6}  # rows 1 and 3 leave early
+    fed = {i: [(i * 7 + k) % 97 for k in range(steps[i])] for i in steps}
+    joins, rows = {0: 0, 1: 0, 2: 3, 3: 5}, {0: 4, 1: 0, 2: 2, 3: 1}
+    engine = BatchDecoder(model, rows=5)
+    got: dict[int, list[np.ndarray]] = {i: [] for i in steps}
+    done = {i: 0 for i in steps}
+    for step in range(16):
+        for i in steps:
+            if joins[i] == step:
+                got[i].append(engine.prefill(rows[i], prompts[i]).numpy().copy())
+        live = [i for i in steps if joins[i] <= step and done[i] < steps[i]]
+        for i in steps:
+            if joins[i] <= step and done[i] == steps[i] and engine.length(rows[i]):
+                engine.release(rows[i])
+        if live:
+            logits = engine.decode([rows[i] for i in live], [fed[i][done[i]] for i in live]).numpy()
+            for j, i in enumerate(live):
+                got[i].append(logits[j].copy())
+                done[i] += 1
+    for i in steps:
+        p = model.plan()
+        cache = model.new_cache(1, len(prompts[i]) + steps[i] + 1)
+        with kael.no_grad():
+            want = [_prefill(model, p, prompts[i], cache).numpy().copy()]
+            decoder = Decoder.create(model, p, cache)
+            assert decoder is not None
+            want += [decoder(t).numpy().copy() for t in fed[i]]
+        assert len(got[i]) == len(want) == steps[i] + 1
+        for a, b in zip(got[i], want):
+            if _reference_backend():
+                np.testing.assert_array_equal(a, b)  # one gemv per row: bit for bit
+            else:
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_seeded_sampling_does_not_depend_on_the_other_rows() -> None:
+    model = _random_model(7)
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [5, 3]]
+    alone = [model.generate(p, 12, temperature=0.9, generator=kael.Generator().manual_seed(s))
+             for p, s in zip(prompts, (11, 22, 33))]
+    engine = BatchDecoder(model, rows=3)
+    got = _run(engine, prompts, 12, joins=[0, 1, 3], rows=[2, 0, 1], seeds=[11, 22, 33], temperature=0.9)
+    assert got == alone
+
+
+def test_rows_are_checked() -> None:
+    model = _random_model(0, ctx=8)
+    engine = BatchDecoder(model, rows=2)
+    with pytest.raises(kael.ShapeError, match="row 2 is out of range"):
+        engine.prefill(2, [1])
+    with pytest.raises(kael.KaelError, match="row 0 holds no sequence"):
+        engine.decode([0], [1])
+    with pytest.raises(kael.ShapeError, match="leaves no room"):
+        engine.prefill(0, [1] * 8)
+    engine.prefill(0, [1] * 7)
+    with pytest.raises(kael.KaelError, match="row 0 is in use"):
+        engine.prefill(0, [1])
+    with pytest.raises(kael.ShapeError, match="out of range for a vocabulary"):
+        engine.decode([0], [97])
+    with pytest.raises(kael.ShapeError, match="one token per row"):
+        engine.decode([0], [1, 2])
+    engine.decode([0], [1])
+    assert engine.length(0) == 8
+    with pytest.raises(kael.ShapeError, match="is full"):
+        engine.decode([0], [1])
+    engine.release(0)
+    assert engine.length(0) == 0
+    with pytest.raises(kael.ShapeError, match="rows must be an int"):
+        BatchDecoder(model, rows=0)
