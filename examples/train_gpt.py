@@ -196,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         state["tokens"] += tokens_per_step
         now = time.perf_counter() - start
-        bar.n = int(min(now, budget))
         bar.set_postfix(step=step, loss=f"{float(loss.item()):.3f}", tok_s=f"{state['tokens'] / max(now, 1e-9):,.0f}",
-                        lr=f"{lr:.2e}")
+                        lr=f"{lr:.2e}", refresh=False)
+        bar.update(int(min(now, budget)) - bar.n)
         if step % args.eval_every == 0:
             ev = evaluate(model, held, args.eval_batches, args.batch_size, args.context)
             state["history"].append({"step": step, "seconds": round(now, 1), "held_out_loss": round(ev, 4)})
