@@ -1,11 +1,19 @@
-"""Benchmark kael-server: /health while a generation runs, time to first token, tokens/s of a stream.
+"""Benchmark kael-server: /health while a generation runs, time to first token, tokens/s of a stream;
+and, with ``--load``, K concurrent streaming clients against a batching server.
 
     python benchmarks/server.py --url http://127.0.0.1:8000      # a server that is running
     python benchmarks/server.py --data tests/data/tiny-gpt2       # start kael-server, measure, stop
+    python benchmarks/server.py --load --random-gpt2 small        # GPT-2 small, random weights, --slots 8
+    python benchmarks/server.py --load --random-gpt2 4,4,256 --clients 1,2,4,8 --max-tokens 64
 
 With ``--data`` a directory lacking vocab.json / merges.txt gets them from
-tests/data/gpt2-tokenizer. Prints one JSON object. Every loop is bounded in time and count,
-and only loopback addresses are used when the script starts the server itself.
+tests/data/gpt2-tokenizer. ``--random-gpt2`` builds the checkpoint with kael (``small`` or
+``LAYERS,HEADS,DIMENSION[,CONTEXT]``, GPT-2's vocabulary; nothing is downloaded). The load
+mode starts the server with ``--slots`` (default 8) and a queue as deep, and reports for each
+K: aggregate tokens/s (all tokens over the wall time of the round), per-stream tokens/s after
+the first token (median), p50/p99 time to first token, and errors. Prints one JSON object.
+Every loop is bounded in time and count, and only loopback addresses are used when the
+script starts the server itself.
 """
 
 from __future__ import annotations
@@ -140,8 +148,102 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def exact_prompt(client: httpx.Client, tokens: int) -> str:
+    """A prompt of exactly ``tokens`` tokens for the served tokenizer (cut from a longer text)."""
+    text = " ".join(["The quick brown fox jumps over the lazy dog while the band plays on."] * (tokens // 4 + 2))
+    ids = client.post("/tokenize", json={"prompt": text}).json()["tokens"]
+    for n in range(tokens, max(0, tokens - 4), -1):
+        prompt = client.post("/detokenize", json={"tokens": ids[:n]}).json()["prompt"]
+        while client.post("/tokenize", json={"prompt": prompt}).json()["count"] < tokens:
+            prompt += " the"
+        if client.post("/tokenize", json={"prompt": prompt}).json()["count"] == tokens:
+            return str(prompt)
+    raise RuntimeError(f"no prompt of exactly {tokens} tokens found")
+
+
+def load_round(url: str, clients: int, prompt: str, max_tokens: int, rounds: int) -> dict[str, Any]:
+    """``clients`` threads, each streaming ``rounds`` completions one after the other, all starting together."""
+    start_line = threading.Barrier(clients + 1, timeout=120)
+    runs: list[dict[str, float]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client_loop() -> None:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            start_line.wait()
+            for _ in range(rounds):
+                try:
+                    run = one_stream(client, prompt, max_tokens)
+                except Exception as exc:  # counted and reported, never hidden
+                    with lock:
+                        errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                    continue
+                with lock:
+                    runs.append(run)
+
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    start_line.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join(timeout=3600)
+    wall = time.perf_counter() - start
+    ttfts = [r["ttft_s"] for r in runs]
+    rates = [r["tokens_per_s"] for r in runs if r["tokens_per_s"] == r["tokens_per_s"]]
+    tokens = sum(int(r["tokens"]) for r in runs)
+    return {
+        "clients": clients,
+        "streams": len(runs),
+        "errors": len(errors),
+        "error_samples": sorted(set(errors))[:3],
+        "tokens": tokens,
+        "wall_s": round(wall, 2),
+        "aggregate_tokens_per_s": round(tokens / wall, 2),
+        "per_stream_tokens_per_s_median": round(statistics.median(rates), 2) if rates else None,
+        "ttft_p50_s": round(percentile(ttfts, 0.50), 3) if ttfts else None,
+        "ttft_p99_s": round(percentile(ttfts, 0.99), 3) if ttfts else None,
+    }
+
+
+def measure_load(url: str, clients: list[int], prompt_tokens: int, max_tokens: int, rounds: int) -> dict[str, Any]:
+    with httpx.Client(base_url=url, timeout=600) as client:
+        model = client.get("/v1/models").json()["data"][0]
+        prompt = exact_prompt(client, prompt_tokens)
+        max_tokens = min(max_tokens, model["max_model_len"] - prompt_tokens)
+        one_stream(client, prompt, 4)  # warm-up: first-call allocations, caches
+    results = [load_round(url, k, prompt, max_tokens, rounds) for k in clients]
+    base = results[0]["aggregate_tokens_per_s"] if results and results[0]["clients"] == 1 else None
+    for r in results:
+        r["aggregate_over_one_client"] = round(r["aggregate_tokens_per_s"] / base, 2) if base else None
+    return {
+        "url": url,
+        "model": model["id"],
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": max_tokens,
+        "rounds_per_client": rounds,
+        "load": results,
+    }
+
+
+def random_gpt2(spec: str, directory: Path) -> dict[str, Any]:
+    """Writes a GPT-2 with random weights (kael's GPT-2 initialisation, seed 0) to ``directory``."""
+    import kael
+
+    if spec == "small":
+        layers, heads, dimension, context = 12, 12, 768, 1024
+    else:
+        parts = [int(p) for p in spec.split(",")]
+        layers, heads, dimension = parts[:3]
+        context = parts[3] if len(parts) > 3 else 1024
+    model = kael.GPT(50257, context, layers, heads, dimension, generator=kael.Generator().manual_seed(0))
+    model.save_pretrained(directory)
+    params = sum(p.numel() for p in model.parameters())
+    return {"layers": layers, "heads": heads, "dimension": dimension, "context": context, "parameters": params}
+
+
 @contextlib.contextmanager
-def started_server(data: Path, device: str) -> Iterator[str]:
+def started_server(data: Path, device: str, extra: list[str] | None = None) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / data.name
         checkpoint.mkdir()
@@ -153,6 +255,7 @@ def started_server(data: Path, device: str) -> Iterator[str]:
         if command[0] == sys.executable:
             command += ["-m", "kael_server.cli"]
         command += ["--data", str(checkpoint), "--device", device, "--port", str(port), "--log-level", "warning"]
+        command += extra or []
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -178,17 +281,58 @@ def main() -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="base URL of a running kael-server")
     where.add_argument("--data", type=Path, help="checkpoint directory: start kael-server on it")
+    where.add_argument(
+        "--random-gpt2",
+        metavar="SPEC",
+        help="build a GPT-2 with random weights with kael (small, or LAYERS,HEADS,DIM[,CONTEXT]) and serve it",
+    )
+    parser.add_argument("--load", action="store_true", help="K concurrent streaming clients (see --clients)")
+    parser.add_argument("--clients", default="1,2,4,8", help="with --load: the values of K, comma-separated")
+    parser.add_argument("--slots", type=int, default=8, help="with --load and a started server: its --slots")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="with --load: tokens of each prompt")
+    parser.add_argument("--max-tokens", type=int, default=64, help="with --load: tokens generated per stream")
+    parser.add_argument("--rounds", type=int, default=2, help="with --load: streams per client, one after another")
     parser.add_argument("--device", default="cpu", help="with --data: the device to serve on")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each /health measurement")
     parser.add_argument("--streams", type=int, default=5, help="streams timed for TTFT and tokens/s")
     parser.add_argument("--prompt", default="The meaning of life is")
     args = parser.parse_args()
+    clients = [int(k) for k in args.clients.split(",")]
+
+    def run(url: str) -> dict[str, Any]:
+        if args.load:
+            return measure_load(url, clients, args.prompt_tokens, args.max_tokens, args.rounds)
+        return measure(url, args.seconds, args.streams, args.prompt)
+
+    extra = ["--slots", str(args.slots), "--queue", str(max(clients))] if args.load else []
     if args.url:
-        result = measure(args.url, args.seconds, args.streams, args.prompt)
+        result = run(args.url)
+    elif args.data:
+        with started_server(args.data, args.device, extra) as url:
+            result = run(url)
     else:
-        with started_server(args.data, args.device) as url:
-            result = measure(url, args.seconds, args.streams, args.prompt)
+        with tempfile.TemporaryDirectory() as tmp:
+            built = Path(tmp) / "random-gpt2"
+            started = time.perf_counter()
+            config = random_gpt2(args.random_gpt2, built)
+            config["build_s"] = round(time.perf_counter() - started, 1)
+            with started_server(built, args.device, extra) as url:
+                result = {"random_gpt2": config, **run(url)}
+    if args.load and not args.url:
+        result["server_flags"] = extra
+    if not args.url:
+        result["backend"] = backend_name()
     print(json.dumps(result, indent=2))
+
+
+def backend_name() -> str | None:
+    """The backend serving device cpu in this environment (what a started server uses too)."""
+    try:
+        from kael import _dispatch
+
+        return str(_dispatch.backend_for("cpu").name)
+    except Exception:
+        return None
 
 
 if __name__ == "__main__":

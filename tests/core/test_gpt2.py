@@ -240,6 +240,17 @@ def test_save_pretrained_round_trip(tmp_path: Path, model: GPT) -> None:
     np.testing.assert_array_equal(_logits(again, [ids]), _logits(model, [ids]))
 
 
+def test_half_precision_checkpoint_is_cast_on_load(tmp_path: Path, hf_tensors: dict[str, kael.Tensor]) -> None:
+    half = {k: v.to(dtype=kael.float16) for k, v in hf_tensors.items()}
+    m = GPT.from_pretrained(_write_checkpoint(tmp_path, half))
+    assert m.dtype is kael.float32
+    got = m.h[1].mlp.c_fc.weight.detach().numpy()
+    want = hf_tensors["transformer.h.1.mlp.c_fc.weight"].numpy().astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    wide = GPT.from_pretrained(_write_checkpoint(tmp_path, half), dtype=kael.float64)
+    assert wide.dtype is kael.float64 and wide.generate([1, 2], 3) == m.generate([1, 2], 3)
+
+
 def test_transformers_reads_the_export(tmp_path: Path, model: GPT, ref_logits: dict[str, np.ndarray]) -> None:
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")

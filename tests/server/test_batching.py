@@ -1,0 +1,325 @@
+"""Continuous batching (``--slots N``): the BatchScheduler around fake engines.
+
+FakeBatchEngine picks tokens by FakeModel's rules, so each request's answer batched must be
+its answer from the single-slot server; a Gate holds decode steps so the tests decide when
+requests join. The numerics with kael's GPT-2 are in test_batching_gpt2.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import pytest
+from kael_server.batching import BatchScheduler
+from kael_server.cli import build_parser
+from kael_server.scheduler import SlotPool
+from litestar import Litestar
+
+from kael_server import Generator, create_app
+
+from .asgi import Exchange
+from .conftest import generator_of, make_app, poll_until, samples
+from .fakes import SECRET, ByteTokenizer, FakeBatchEngine, FakeModel, Gate, PoisonTokenizer
+
+
+def batch_app(
+    engine: FakeBatchEngine,
+    *,
+    queue: int = 0,
+    queue_timeout: float = 10.0,
+    tokenizer: ByteTokenizer | None = None,
+    max_positions: int = 128,
+) -> Litestar:
+    generator = Generator(
+        FakeModel(max_positions=max_positions),
+        tokenizer or ByteTokenizer(),
+        make_rng=random.Random,
+        make_scheduler=lambda g: BatchScheduler(g, engine, queue=queue, queue_timeout=queue_timeout),
+    )
+    return create_app(generator)
+
+
+def scheduler_of(app: Litestar) -> BatchScheduler:
+    scheduler = generator_of(app).scheduler
+    assert isinstance(scheduler, BatchScheduler)
+    return scheduler
+
+
+async def all_encoded(app: Litestar, n: int) -> None:
+    """Waits until n admitted jobs (in a slot or queued) have their prompt encoded: one in a slot
+    joins the batch at the next step boundary."""
+    scheduler = scheduler_of(app)
+
+    def ready() -> bool:
+        with scheduler._changed:
+            return sum(e.ids is not None for e in (*scheduler._slotted.values(), *scheduler._queue)) >= n
+
+    assert await asyncio.to_thread(poll_until, ready)
+
+
+async def post(app: Litestar, payload: dict[str, Any], path: str = "/generate") -> Exchange:
+    exchange = Exchange(app, path, payload).start()
+    await exchange.finish()
+    return exchange
+
+
+async def alone(payloads: list[dict[str, Any]]) -> list[Exchange]:
+    """The answers of the single-slot server, one request at a time."""
+    app = make_app()
+    return [await post(app, p) for p in payloads]
+
+
+def body(exchange: Exchange) -> Any:
+    return json.loads(exchange.received)
+
+
+@pytest.mark.anyio
+async def test_requests_joining_at_different_steps_get_their_answers_alone() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(4, gate=gate)
+    app = batch_app(engine)
+    payloads = [
+        {"prompt": "hello", "max_tokens": 9, "temperature": 0},
+        {"prompt": "a much longer prompt", "max_tokens": 6, "temperature": 0},
+        {"prompt": "x", "max_tokens": 7, "temperature": 0},
+        {"prompt": "seeded", "max_tokens": 8, "temperature": 0.7, "seed": 5},
+    ]
+    first = Exchange(app, "/generate", payloads[0]).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)  # step 0: the first request alone
+    second = Exchange(app, "/generate", {**payloads[1], "stream": True}).start()
+    await all_encoded(app, 2)
+    gate.allow(2)  # steps 0 and 1; the second joins at step 1
+    assert await asyncio.to_thread(gate.wait_arrivals, 3)
+    third = Exchange(app, "/generate", payloads[2]).start()
+    fourth = Exchange(app, "/generate", payloads[3]).start()
+    await all_encoded(app, 4)
+    gate.open()
+    for exchange in (first, second, third, fourth):
+        await exchange.finish()
+    want = await alone(payloads)
+    assert [body(e)["text"] for e in (first, third, fourth)] == [body(want[i])["text"] for i in (0, 2, 3)]
+    streamed = second.events()
+    assert streamed[-1] == "[DONE]"
+    assert "".join(json.loads(e)["text"] for e in streamed[:-1]) == body(want[1])["text"]
+    assert [len(rows) for rows in engine.steps[:4]] == [1, 2, 2, 4]
+    assert sorted(len(p) for _, p in engine.prefills) == sorted(len(p["prompt"]) for p in payloads)
+    assert sorted(engine.released) == [0, 1, 2, 3]
+    assert not engine.contexts  # every row was given back
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_request_leaves_the_others_unchanged() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(3, gate=gate)
+    app = batch_app(engine)
+    stay = Exchange(app, "/generate", {"prompt": "stay", "max_tokens": 6, "temperature": 0}).start()
+    leave = Exchange(app, "/generate", {"prompt": "leave", "max_tokens": 50, "stream": True}).start()
+    await all_encoded(app, 2)
+    gate.allow(3)
+    await leave.wait_until(lambda e: len(e.events()) >= 3)
+    leave.disconnect()
+    await leave.finish()
+    gate.open()
+    await stay.finish()
+    assert await asyncio.to_thread(scheduler_of(app).wait_idle, 10)
+    assert body(stay)["text"] == body((await alone([{"prompt": "stay", "max_tokens": 6, "temperature": 0}]))[0])["text"]
+    assert max(len(rows) for rows in engine.steps) == 2
+    assert len(engine.steps[-1]) == 1  # the cancelled one left; the other finished alone
+    m = samples(generator_of(app).metrics.render().decode())
+    assert m[("kael_requests_total", (("status", "cancelled"),))] == 1
+    assert m[("kael_requests_total", (("status", "ok"),))] == 1
+    assert m[("kael_requests_in_flight", ())] == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["sampling", "token handling"])
+async def test_a_failing_request_ends_alone(where: str) -> None:
+    bad = tuple(b"bad")
+
+    def doomed(context: tuple[int, ...]) -> bool:  # the "bad" request, at its third token
+        return context[:3] == bad and len(context) == 3 + 2
+
+    poison = 0x7F
+    if where == "sampling":
+        engine, tokenizer = FakeBatchEngine(4, fail_sample=doomed), ByteTokenizer()
+    else:
+        engine = FakeBatchEngine(4, poison=doomed, poison_token=poison)
+        tokenizer = PoisonTokenizer(poison)
+    engine.gate = gate = Gate()
+    app = batch_app(engine, tokenizer=tokenizer)
+    payloads = [{"prompt": p, "max_tokens": 8, "temperature": 0} for p in ("good", "bad", "fine")]
+    exchanges = [Exchange(app, "/generate", p).start() for p in payloads]
+    streamed = Exchange(app, "/generate", {**payloads[1], "stream": True}).start()
+    await all_encoded(app, 4)
+    gate.open()
+    for exchange in (*exchanges, streamed):
+        await exchange.finish()
+    want = await alone(payloads)
+    assert [e.status for e in exchanges] == [200, 500, 200]
+    assert body(exchanges[1])["detail"] == "generation failed"
+    assert streamed.events()[-2:] == ['{"error":"generation failed"}', "[DONE]"]
+    assert SECRET not in exchanges[1].received.decode() + streamed.received.decode()
+    assert [body(exchanges[i])["text"] for i in (0, 2)] == [body(want[i])["text"] for i in (0, 2)]
+    assert max(len(rows) for rows in engine.steps) == 4  # they did share steps
+    again = await post(app, payloads[0])
+    assert body(again) == body(exchanges[0]) | {"seconds": body(again)["seconds"]}
+
+
+@pytest.mark.anyio
+async def test_a_failing_decode_step_fails_its_batch_and_the_server_goes_on() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(2, gate=gate, fail_decode_at=1)
+    app = batch_app(engine)
+    one = Exchange(app, "/generate", {"prompt": "one", "max_tokens": 5}).start()
+    two = Exchange(app, "/generate", {"prompt": "two", "max_tokens": 5}).start()
+    await all_encoded(app, 2)
+    gate.open()
+    await one.finish()
+    await two.finish()
+    assert [len(rows) for rows in engine.steps] == [1, 2]  # the second step, shared, failed
+    assert (one.status, two.status) == (500, 500)
+    later = await post(app, {"prompt": "three", "max_tokens": 3, "temperature": 0})
+    assert later.status == 200
+    assert (
+        body(later)["text"] == body((await alone([{"prompt": "three", "max_tokens": 3, "temperature": 0}]))[0])["text"]
+    )
+
+
+@pytest.mark.anyio
+async def test_queue_timeout_and_a_full_queue_answer_429_with_retry_after() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(1, gate=gate)
+    app = batch_app(engine, queue=1, queue_timeout=0.2)
+    holder = Exchange(app, "/generate", {"prompt": "a", "max_tokens": 3}).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)
+    queued = Exchange(app, "/generate", {"prompt": "b", "max_tokens": 3, "stream": True}).start()
+    await asyncio.to_thread(poll_until, lambda: len(scheduler_of(app).running()) == 2)
+    full = await post(app, {"prompt": "c"})
+    assert full.status == 429 and full.headers["retry-after"] == "1"
+    await queued.finish()  # it waited its 0.2 s: 429, not a stream
+    assert queued.status == 429 and queued.headers["retry-after"] == "1"
+    assert "retry shortly" in body(queued)["detail"]
+    openai = await post(app, {"prompt": "d"}, "/v1/completions")
+    assert openai.status == 429 and body(openai)["error"]["type"] == "rate_limit_error"
+    gate.open()
+    await holder.finish()
+    assert holder.status == 200
+    m = samples(generator_of(app).metrics.render().decode())
+    assert m[("kael_requests_total", (("status", "busy"),))] == 3
+    assert m[("kael_queue_depth", ())] == 0
+    assert m[("kael_queue_wait_seconds_count", ())] == 3  # the holder (0 s) and the two that gave up
+    assert m[("kael_queue_wait_seconds_sum", ())] >= 0.4
+    assert m[("kael_prompt_tokens_total", ())] == 1  # only the holder's prompt was accepted
+
+
+@pytest.mark.anyio
+async def test_a_queued_request_runs_once_a_slot_is_free() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(1, gate=gate)
+    app = batch_app(engine, queue=2, queue_timeout=30)
+    first = Exchange(app, "/generate", {"prompt": "first", "max_tokens": 2, "temperature": 0}).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)
+    second = Exchange(app, "/generate", {"prompt": "second", "max_tokens": 4, "temperature": 0}).start()
+    gone = Exchange(app, "/generate", {"prompt": "gone", "max_tokens": 4}).start()
+    await asyncio.to_thread(poll_until, lambda: len(scheduler_of(app).running()) == 3)
+    gone.disconnect()  # a client that leaves the queue is answered and gives its place back
+    await gone.finish()
+    assert gone.status == 499
+    gate.open()
+    await first.finish()
+    await second.finish()
+    want = await alone(
+        [
+            {"prompt": "first", "max_tokens": 2, "temperature": 0},
+            {"prompt": "second", "max_tokens": 4, "temperature": 0},
+        ]
+    )
+    assert [body(e)["text"] for e in (first, second)] == [body(w)["text"] for w in want]
+    assert await asyncio.to_thread(scheduler_of(app).wait_idle, 10)
+    assert [p for _, p in engine.prefills] == [list(b"first"), list(b"second")]  # never the one that left
+
+
+@pytest.mark.anyio
+async def test_metrics_after_a_known_sequence() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(2, gate=gate)
+    app = batch_app(engine, queue=1, queue_timeout=30)
+    metrics = generator_of(app).metrics
+    a = Exchange(app, "/generate", {"prompt": "aa", "max_tokens": 3}).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)  # step 0: [a]
+    b = Exchange(app, "/generate", {"prompt": "bbb", "max_tokens": 5, "stream": True}).start()
+    await all_encoded(app, 2)
+    gate.allow(1)
+    assert await asyncio.to_thread(gate.wait_arrivals, 2)  # step 1: [a, b]
+    c = Exchange(app, "/generate", {"prompt": "c", "max_tokens": 2}).start()
+    await asyncio.to_thread(poll_until, lambda: len(scheduler_of(app).running()) == 3)
+    assert (await post(app, {"prompt": "d"})).status == 429  # two slots busy, the queue full
+    m = samples(metrics.render().decode())
+    assert m[("kael_queue_depth", ())] == 1
+    assert m[("kael_requests_in_flight", ())] == 3  # both slots and the queue
+    await all_encoded(app, 3)  # c joins at the step after a leaves
+    gate.open()
+    for exchange in (a, b, c):
+        await exchange.finish()
+        assert exchange.status == 200
+    assert await asyncio.to_thread(scheduler_of(app).wait_idle, 10)
+    # a: prefill + steps 0, 1 (3 tokens); c takes a's slot: prefill + step 2; b: prefill + steps 1..4.
+    assert [len(rows) for rows in engine.steps] == [1, 2, 2, 1, 1]
+    m = samples(metrics.render().decode())
+    assert m[("kael_batch_size_count", ())] == 5
+    assert m[("kael_batch_size_sum", ())] == 7
+    assert m[("kael_batch_size_bucket", (("le", "1.0"),))] == 3
+    assert m[("kael_batch_size_bucket", (("le", "2.0"),))] == 5
+    assert m[("kael_queue_depth", ())] == 0
+    assert m[("kael_queue_wait_seconds_count", ())] == 3
+    assert m[("kael_queue_wait_seconds_bucket", (("le", "0.005"),))] >= 2  # a and b had a slot at once
+    assert m[("kael_requests_total", (("status", "ok"),))] == 3
+    assert m[("kael_requests_total", (("status", "busy"),))] == 1
+    assert m[("kael_generated_tokens_total", ())] == 3 + 5 + 2
+    assert m[("kael_prompt_tokens_total", ())] == 2 + 3 + 1
+    assert m[("kael_time_to_first_token_seconds_count", ())] == 3
+    assert m[("kael_requests_in_flight", ())] == 0
+
+
+@pytest.mark.anyio
+async def test_shutdown_stops_every_slot_and_the_queue() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(2, gate=gate)
+    app = batch_app(engine, queue=1, queue_timeout=30)
+    server = app.state.server
+    streams = [
+        Exchange(app, "/generate", {"prompt": p, "max_tokens": 100, "stream": True}).start() for p in ("s1", "s2")
+    ]
+    await all_encoded(app, 2)
+    gate.allow(2)
+    for stream in streams:
+        await stream.wait_until(lambda e: len(e.events()) >= 2)
+    queued = Exchange(app, "/generate", {"prompt": "q", "max_tokens": 5}).start()
+    await asyncio.to_thread(poll_until, lambda: len(scheduler_of(app).running()) == 3)
+    shutdown = asyncio.create_task(server.shutdown())
+    await asyncio.sleep(0)  # one loop turn: shutdown cancels every job, then waits for the slots
+    assert all(job.cancel_reason == "shutdown" for job in scheduler_of(app).running())
+    gate.open()
+    await shutdown
+    for stream in streams:
+        await stream.finish()
+        assert stream.events()[-2:] == ['{"error":"server shutting down"}', "[DONE]"]
+    await queued.finish()
+    assert queued.status == 503
+    assert not scheduler_of(app).running()
+    assert len(engine.prefills) == 2  # the queued job never ran
+    assert not engine.contexts
+
+
+def test_slots_one_keeps_the_single_slot_pool_and_the_flags_parse() -> None:
+    assert isinstance(generator_of(make_app()).scheduler, SlotPool)
+    args = build_parser().parse_args([])
+    assert (args.slots, args.queue, args.queue_timeout) == (1, 0, 10.0)
+    args = build_parser().parse_args(["--slots", "8", "--queue", "4", "--queue-timeout", "2.5"])
+    assert (args.slots, args.queue, args.queue_timeout) == (8, 4, 2.5)
+    for bad in (["--slots", "0"], ["--queue", "-1"], ["--queue-timeout", "nan"], ["--slots", "two"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(bad)

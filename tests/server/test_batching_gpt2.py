@@ -1,0 +1,242 @@
+"""Continuous batching with kael's GPT-2: every answer is what the request gets alone.
+
+Oracles: the greedy continuations Hugging Face transformers made for the tiny reference
+checkpoint (tests/data/tiny-gpt2, top-1/top-2 gaps >= 0.002), and the single-slot server
+(``model.generate``, one request at a time) for everything else. A gate holds the decode
+steps so that requests join a running batch at chosen steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kael_server.batching import BatchScheduler
+from litestar import Litestar
+
+from kael_server import Generator, create_app
+
+from .asgi import Exchange
+from .conftest import generator_of, poll_until, samples
+from .fakes import SECRET, Gate
+from .processes import free_port, server_process
+
+kael = pytest.importorskip("kael")
+if not hasattr(kael, "GPT") or not hasattr(kael.models, "BatchDecoder"):
+    pytest.skip("kael's GPT-2 and BatchDecoder are not there yet", allow_module_level=True)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CHECKPOINT = DATA / "tiny-gpt2"
+TOKENIZER = DATA / "gpt2-tokenizer"
+REFERENCE = json.loads((CHECKPOINT / "reference.json").read_text())
+CASES = [c for c in REFERENCE["cases"] if c["prompt"] is not None]
+EOT = 50256
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return kael.GPT.from_pretrained(CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return kael.BpeTokenizer.from_directory(TOKENIZER)
+
+
+def seeded(seed: int) -> Any:
+    return kael.Generator().manual_seed(seed)
+
+
+def reference_text(tokenizer: Any, ids: list[int]) -> str:
+    """What the server answers for these generated ids: up to end-of-text, invalid UTF-8 as U+FFFD."""
+    if EOT in ids:
+        ids = ids[: ids.index(EOT)]
+    return b"".join(tokenizer.decode([t]) for t in ids).decode("utf-8", errors="replace")
+
+
+class Probe:
+    """kael's BatchDecoder with a gate before each decode step and, optionally, a sampling
+    failure for one prompt at its token number ``fail_at``; records the rows of each step."""
+
+    def __init__(self, engine: Any, gate: Gate, fail_prompt: list[int] | None = None, fail_at: int = 2) -> None:
+        self.engine, self.gate, self.rows = engine, gate, engine.rows
+        self.fail_prompt, self.fail_at = fail_prompt, fail_at
+        self.prompts: dict[int, list[int]] = {}
+        self.sampled: dict[int, int] = {}
+        self.steps: list[list[int]] = []
+
+    def prefill(self, row: int, prompt: list[int]) -> tuple[int, Any]:
+        self.prompts[row], self.sampled[row] = list(prompt), 0
+        return row, self.engine.prefill(row, prompt)
+
+    def decode(self, rows: list[int], tokens: list[int]) -> list[tuple[int, Any]]:
+        self.gate.step()
+        self.steps.append(list(rows))
+        logits = self.engine.decode(rows, tokens)
+        return [(row, kael.select(logits, 0, i)) for i, row in enumerate(rows)]
+
+    def sample(self, logits: tuple[int, Any], temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int:
+        row, values = logits
+        if self.prompts[row] == self.fail_prompt and self.sampled[row] == self.fail_at:
+            raise RuntimeError(SECRET)
+        self.sampled[row] += 1
+        return int(self.engine.sample(values, temperature, top_k, generator))
+
+    def release(self, row: int) -> None:
+        self.engine.release(row)
+
+
+def apps(model: Any, tokenizer: Any, probe: Probe | None = None) -> Litestar:
+    """The batching server around ``probe``, or the single-slot server without one."""
+    make = None if probe is None else (lambda g: BatchScheduler(g, probe))
+    return create_app(Generator(model, tokenizer, make_rng=seeded, make_scheduler=make))
+
+
+async def answer(app: Litestar, payload: dict[str, Any]) -> str:
+    exchange = Exchange(app, "/generate", payload).start()
+    await exchange.finish()
+    assert exchange.status == 200, exchange.received
+    if payload.get("stream"):
+        events = exchange.events()
+        assert events[-1] == "[DONE]"
+        return "".join(json.loads(e)["text"] for e in events[:-1])
+    return str(json.loads(exchange.received)["text"])
+
+
+async def encoded(app: Litestar, n: int) -> None:
+    scheduler = generator_of(app).scheduler
+    assert isinstance(scheduler, BatchScheduler)
+
+    def ready() -> bool:
+        with scheduler._changed:
+            return sum(e.ids is not None for e in (*scheduler._slotted.values(), *scheduler._queue)) >= n
+
+    assert await asyncio.to_thread(poll_until, ready)
+
+
+@pytest.mark.anyio
+async def test_greedy_batched_equals_alone_joining_at_different_steps(model: Any, tokenizer: Any) -> None:
+    gate = Gate()
+    probe = Probe(kael.models.BatchDecoder(model, 4), gate)
+    app = apps(model, tokenizer, probe)
+    payloads = [{"prompt": c["prompt"], "max_tokens": 20, "temperature": 0} for c in CASES]
+    payloads.append({"prompt": "Once upon a time, in a land far away, there lived", "max_tokens": 14, "temperature": 0})
+    first = Exchange(app, "/generate", payloads[0]).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)
+    second = Exchange(app, "/generate", {**payloads[1], "stream": True}).start()
+    await encoded(app, 2)
+    gate.allow(3)
+    assert await asyncio.to_thread(gate.wait_arrivals, 4)
+    rest = [Exchange(app, "/generate", p).start() for p in payloads[2:]]
+    await encoded(app, 4)
+    gate.open()
+    for exchange in (first, second, *rest):
+        await exchange.finish()
+    streamed = "".join(json.loads(e)["text"] for e in second.events()[:-1])
+    got = [json.loads(first.received)["text"], streamed, *(json.loads(e.received)["text"] for e in rest)]
+    for case, text in zip(CASES, got):
+        assert text == reference_text(tokenizer, case["greedy_20"])
+    alone = apps(model, tokenizer)
+    assert got[3] == await answer(alone, payloads[3])
+    assert [len(rows) for rows in probe.steps[:5]] == [1, 2, 2, 2, 4]
+
+
+@pytest.mark.anyio
+async def test_seeded_samples_do_not_depend_on_what_runs_alongside(model: Any, tokenizer: Any) -> None:
+    gate = Gate()
+    probe = Probe(kael.models.BatchDecoder(model, 3), gate)
+    app = apps(model, tokenizer, probe)
+    payloads = [
+        {"prompt": "The meaning of life is", "max_tokens": 16, "temperature": 0.9, "seed": 7},
+        {"prompt": "Hello world", "max_tokens": 12, "temperature": 1.3, "top_k": 5, "seed": 8},
+        {"prompt": "def fibonacci(n):", "max_tokens": 10, "temperature": 0.6, "seed": 9, "stream": True},
+    ]
+    exchanges = [Exchange(app, "/generate", payloads[0]).start()]
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)
+    exchanges += [Exchange(app, "/generate", p).start() for p in payloads[1:]]
+    await encoded(app, 3)
+    gate.open()
+    for exchange in exchanges:
+        await exchange.finish()
+    alone = apps(model, tokenizer)
+    want = [await answer(alone, p) for p in payloads]
+    got = [json.loads(e.received)["text"] for e in exchanges[:2]]
+    got.append("".join(json.loads(e)["text"] for e in exchanges[2].events()[:-1]))
+    assert got == want
+    assert max(len(rows) for rows in probe.steps) == 3
+
+
+@pytest.mark.anyio
+async def test_cancelled_and_failing_requests_leave_the_others_unchanged(model: Any, tokenizer: Any) -> None:
+    gate = Gate()
+    doomed = "A request that fails"
+    probe = Probe(kael.models.BatchDecoder(model, 4), gate, fail_prompt=tokenizer.encode(doomed), fail_at=3)
+    app = apps(model, tokenizer, probe)
+    keep = [
+        {"prompt": "Hello world", "max_tokens": 18, "temperature": 0},
+        {"prompt": "The meaning of life is", "max_tokens": 15, "temperature": 0.8, "seed": 3, "stream": True},
+    ]
+    kept = [Exchange(app, "/generate", p).start() for p in keep]
+    leaving = Exchange(app, "/generate", {"prompt": "Goodbye", "max_tokens": 40, "stream": True}).start()
+    failing = Exchange(app, "/generate", {"prompt": doomed, "max_tokens": 10, "temperature": 0}).start()
+    await encoded(app, 4)
+    gate.allow(4)
+    assert await asyncio.to_thread(gate.wait_arrivals, 5)
+    leaving.disconnect()
+    await leaving.finish()
+    gate.open()
+    await failing.finish()
+    for exchange in kept:
+        await exchange.finish()
+    assert failing.status == 500 and SECRET not in failing.received.decode()
+    alone = apps(model, tokenizer)
+    assert json.loads(kept[0].received)["text"] == await answer(alone, keep[0])
+    assert "".join(json.loads(e)["text"] for e in kept[1].events()[:-1]) == await answer(alone, keep[1])
+    assert 4 in {len(rows) for rows in probe.steps}  # all four shared steps before two left
+    m = samples(generator_of(app).metrics.render().decode())
+    outcomes = {s: m[("kael_requests_total", (("status", s),))] for s in ("ok", "error", "cancelled")}
+    assert outcomes == {"ok": 2, "error": 1, "cancelled": 1}
+    assert m[("kael_requests_in_flight", ())] == 0
+
+
+@pytest.mark.e2e
+def test_kael_server_with_slots_streams_concurrent_greedy_answers(tmp_path: Path) -> None:
+    directory = tmp_path / "tiny-gpt2"
+    directory.mkdir()
+    for name, folder in (("config.json", CHECKPOINT), ("model.safetensors", CHECKPOINT)):
+        shutil.copyfile(folder / name, directory / name)
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copyfile(TOKENIZER / name, directory / name)
+    port = free_port()
+    command = [shutil.which("kael-server") or sys.executable]
+    if command[0] == sys.executable:
+        command += ["-m", "kael_server.cli"]
+    command += ["--data", str(directory), "--port", str(port), "--slots", "3", "--queue", "2", "--log-format", "json"]
+    tokenizer = kael.BpeTokenizer.from_directory(TOKENIZER)
+    url = f"http://127.0.0.1:{port}"
+
+    def stream(case: dict[str, Any]) -> str:
+        body = {"prompt": case["prompt"], "max_tokens": 20, "temperature": 0, "stream": True}
+        with httpx.Client(base_url=url, timeout=60) as client, client.stream("POST", "/generate", json=body) as r:
+            assert r.status_code == 200
+            events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return "".join(json.loads(e)["text"] for e in events[:-1])
+
+    with server_process(command, port) as process, ThreadPoolExecutor(len(CASES)) as pool:
+        texts = list(pool.map(stream, CASES))
+        assert texts == [reference_text(tokenizer, c["greedy_20"]) for c in CASES]
+        m = samples(httpx.get(f"{url}/metrics").text)
+        assert m[("kael_requests_total", (("status", "ok"),))] == len(CASES)
+        assert m[("kael_batch_size_count", ())] >= 19  # each answer took 19 decode steps, some shared
+        assert m[("kael_queue_wait_seconds_count", ())] == len(CASES)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=40) in (0, -signal.SIGTERM)
