@@ -45,8 +45,8 @@ def _run(
     """Continuous batching by hand: prompt i joins before step joins[i] in row rows[i] (several may
     share a row, one after the other) and leaves after n tokens (or stop_after[i])."""
     want = [n if stop_after is None else stop_after[i] for i in range(len(prompts))]
-    gens = [None if seeds is None or seeds[i] is None else kael.Generator().manual_seed(seeds[i]) for i in
-            range(len(prompts))]
+    gens = [None if seeds is None or s is None else kael.Generator().manual_seed(s) for s in
+            (seeds or [None] * len(prompts))]
     out: list[list[int]] = [[] for _ in prompts]
     waiting = list(range(len(prompts)))
     running: list[int] = []
