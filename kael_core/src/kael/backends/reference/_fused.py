@@ -24,7 +24,7 @@ def linear(out: Any, x: Any, weight: Any, bias: Any) -> None:
 def gelu(out: Any, x: Any, approximate: str) -> None:
     v = rd(x)
     if approximate == "tanh":
-        wr(out, 0.5 * v * (1.0 + np.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v**3))))
+        wr(out, 0.5 * v * (1.0 + np.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v * v * v))))
     else:
         wr(out, 0.5 * v * (1.0 + _erf(v / math.sqrt(2.0)).astype(v.dtype)))
 
@@ -33,7 +33,7 @@ def gelu_backward(grad_in: Any, grad_out: Any, x: Any, approximate: str) -> None
     v = rd(x).astype(np.float64)
     g = rd(grad_out)
     if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (v + 0.044715 * v**3)
+        inner = _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
         t = np.tanh(inner)
         d = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * v * v)
     else:
