@@ -137,6 +137,33 @@ std::vector<C> param_vector(const View* p, int64_t n) {
   return v;
 }
 
+inline float round_half(float v) { return static_cast<float>(Half(v)); }
+
+// float16 rows the way NumPy computes them in float16 (the reference backend): every
+// intermediate rounded to float16, sums accumulated in float32. The statistics are
+// outputs in float32, so this rounding is part of the result.
+void layer_norm_half_row(float* y, const float* x, const float* w, const float* b, int64_t n, double eps,
+                         double* mean, double* rstd) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  const float mu = round_half(static_cast<float>(s) / static_cast<float>(n));
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = round_half(x[i] - mu);
+    ss += round_half(d * d);
+  }
+  const float var = round_half(static_cast<float>(ss) / static_cast<float>(n));
+  const float r = round_half(1.0f / round_half(std::sqrt(round_half(var + static_cast<float>(eps)))));
+  for (int64_t i = 0; i < n; ++i) {
+    float v = round_half(round_half(x[i] - mu) * r);
+    if (w) v = round_half(v * w[i]);
+    if (b) v = round_half(v + b[i]);
+    y[i] = v;
+  }
+  *mean = mu;
+  *rstd = r;
+}
+
 template <class T>
 void layer_norm_typed(const View& out, const View& mean, const View& rstd, const View& x, const View* weight,
                       const View* bias, double eps) {
@@ -166,7 +193,9 @@ void layer_norm_typed(const View& out, const View& mean, const View& rstd, const
         yr = yout.data();
       }
       double mu = 0, r = 0;
-      if constexpr (std::is_same_v<C, float>) {
+      if constexpr (std::is_same_v<T, Half>) {
+        layer_norm_half_row(yr, xr, wp, bp, n, eps, &mu, &r);
+      } else if constexpr (std::is_same_v<C, float>) {
         float fm = 0, fr = 0;
         vec().layer_norm_f32(yr, xr, wp, bp, n, static_cast<float>(eps), &fm, &fr);
         mu = fm;

@@ -37,7 +37,8 @@ class Pool {
  public:
   explicit Pool(int n) : n_(n) {
     threads_.reserve(static_cast<size_t>(n - 1));
-    for (int i = 1; i < n; ++i) threads_.emplace_back([this] { worker(); });
+    // Workers start from generation 0: a region published before a worker first runs is still its to join.
+    for (int i = 1; i < n; ++i) threads_.emplace_back([this] { worker(0); });
   }
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -97,8 +98,7 @@ class Pool {
     t_in_region = was;
   }
 
-  void worker() {
-    uint64_t seen = gen_.load(std::memory_order_acquire);
+  void worker(uint64_t seen) {
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
       bool ready = false;

@@ -169,3 +169,17 @@ def test_rows_are_checked() -> None:
     assert engine.length(0) == 0
     with pytest.raises(kael.ShapeError, match="rows must be an int"):
         BatchDecoder(model, rows=0)
+
+
+def test_a_row_view_has_everything_a_kv_cache_has() -> None:
+    from kael.models._batched import _row_cache
+
+    model = _random_model(0, ctx=8)
+    cache = model.new_cache(3)
+    one = _row_cache(cache, 2)
+    fresh = model.new_cache(1)
+    assert set(vars(one)) == set(vars(fresh))  # a field added to KVCache must be added to the view too
+    assert (one.batch, one.lengths, one.max_positions) == (1, [0], cache.max_positions)
+    one.data[0].numpy()[...] = 7.0  # the view writes into row 2 of the shared cache, and nowhere else
+    data = cache.data[0].numpy()
+    assert (data[2] == 7.0).all() and (data[:2] == 0).all()

@@ -314,6 +314,25 @@ async def test_shutdown_stops_every_slot_and_the_queue() -> None:
     assert not engine.contexts
 
 
+@pytest.mark.anyio
+async def test_refused_prompts_and_tokenizer_failures_give_their_slot_back() -> None:
+    engine = FakeBatchEngine(1)
+    tokenizer = ByteTokenizer()
+    app = batch_app(engine, tokenizer=tokenizer, max_positions=16)
+    assert (await post(app, {"prompt": "a", "max_tokens": 99})).status == 413
+    assert (await post(app, {"prompt": "a", "top_k": -1})).status == 422
+    tokenizer.fail = True
+    failed = await post(app, {"prompt": "a", "max_tokens": 2})
+    assert failed.status == 500 and SECRET not in failed.received.decode()
+    tokenizer.fail = False
+    assert (await post(app, {"prompt": "ok", "max_tokens": 2})).status == 200
+    assert await asyncio.to_thread(scheduler_of(app).wait_idle, 10)
+    assert engine.prefills == [(0, list(b"ok"))]  # only the accepted prompt reached the engine
+    m = samples(generator_of(app).metrics.render().decode())
+    assert m[("kael_prompt_tokens_total", ())] == 2
+    assert m[("kael_requests_total", (("status", "rejected"),))] == 2
+
+
 def test_slots_one_keeps_the_single_slot_pool_and_the_flags_parse() -> None:
     assert isinstance(generator_of(make_app()).scheduler, SlotPool)
     args = build_parser().parse_args([])

@@ -21,8 +21,9 @@ class Scheduler(ABC):
 
     @abstractmethod
     def submit(self, job: Job) -> None:
-        """Starts ``job`` or raises Busy at once. Once it returns, the scheduler owns the job's
-        slot and finishes the job (``job.emit`` of Finished or Failed) after releasing it."""
+        """Admits ``job`` (starts it, or queues it if the scheduler has a queue) or raises Busy at
+        once. Once it returns, the scheduler owns the job and finishes it (``job.emit`` of
+        Finished or Failed) after releasing its slot."""
 
     @abstractmethod
     def running(self) -> list[Job]:
