@@ -25,9 +25,8 @@ import sysconfig
 import time
 from typing import Any
 
-import numpy as np
-
 import kael
+import numpy as np
 from kael import nn, optim
 from kael.models import GPT, save_pretrained
 

@@ -9,10 +9,9 @@ import subprocess
 import sys
 import threading
 
+import kael
 import numpy as np
 import pytest
-
-import kael
 
 kael_debug = pytest.importorskip("kael_debug")
 

@@ -11,11 +11,34 @@ from typing import Any
 from . import autograd, backends
 from ._device import Device
 from ._device import Device as device
-from ._dtype import (DType, bfloat16, float16, float32, float64, get_default_dtype, int8, int16, int32, int64,
-                     promote_types, result_type, set_default_dtype, uint8)
-from ._dtype import bool_ as bool  # noqa: A001  (kael.bool, like torch.bool)
-from ._errors import (AutogradError, BackendError, DeviceError, DTypeError, FormatError, IndexError_, KaelError,
-                      PluginError, ShapeError)
+from ._dtype import (
+    DType,
+    bfloat16,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    int8,
+    int16,
+    int32,
+    int64,
+    promote_types,
+    result_type,
+    set_default_dtype,
+    uint8,
+)
+from ._dtype import bool_ as bool
+from ._errors import (
+    AutogradError,
+    BackendError,
+    DeviceError,
+    DTypeError,
+    FormatError,
+    IndexError_,
+    KaelError,
+    PluginError,
+    ShapeError,
+)
 from ._tensor import Tensor, from_numpy
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backends import Backend

@@ -15,7 +15,7 @@ def info(out: Any = None) -> int:
     from kael._plugins import manager
 
     out = out or sys.stdout
-    p = lambda s="": print(s, file=out)  # noqa: E731
+    p = lambda s="": print(s, file=out)
     p(f"kael {kael.__version__}  (Python {platform.python_version()}, NumPy {np.__version__}, "
       f"{platform.system()} {platform.machine()})")
     manager.ensure_loaded("kael.backends")

@@ -12,7 +12,7 @@ __all__ = ["Device", "as_device", "DeviceLike"]
 class Device:
     """A device such as ``cpu`` or ``cuda:1``. Instances are interned, so `is` compares them."""
 
-    __slots__ = ("type", "index")
+    __slots__ = ("index", "type")
     _cache: dict[object, Device] = {}
 
     type: str

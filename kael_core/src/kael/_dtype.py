@@ -31,7 +31,7 @@ __all__ = [
 class DType:
     """An element type. `np` is the NumPy dtype used for storage (uint16 bits for bfloat16)."""
 
-    __slots__ = ("name", "itemsize", "np", "is_floating_point", "is_signed", "category", "_rank")
+    __slots__ = ("_rank", "category", "is_floating_point", "is_signed", "itemsize", "name", "np")
 
     def __init__(self, name: str, itemsize: int, np_dtype: Any, category: int, rank: int, signed: bool):
         self.name = name

@@ -15,7 +15,7 @@ __all__ = ["Storage"]
 
 
 class Storage:
-    __slots__ = ("data", "nbytes", "device", "version", "__weakref__")
+    __slots__ = ("__weakref__", "data", "device", "nbytes", "version")
 
     def __init__(self, data: Any, nbytes: int, device: Device):
         self.data = data
@@ -24,7 +24,7 @@ class Storage:
         self.version = 0
 
     def data_ptr(self) -> int:
-        iface = getattr(self.data, "__array_interface__", None) or getattr(self.data, "__cuda_array_interface__")
+        iface = getattr(self.data, "__array_interface__", None) or self.data.__cuda_array_interface__
         return int(iface["data"][0])
 
     def __repr__(self) -> str:

@@ -50,9 +50,23 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 class Tensor:
     __slots__ = (
-        "_storage", "shape", "_strides", "_offset", "dtype", "device",
-        "requires_grad", "grad", "grad_fn", "_output_nr", "_base", "_hooks",
-        "_retains_grad", "_npv", "_accumulator", "_view_fn", "__weakref__",
+        "__weakref__",
+        "_accumulator",
+        "_base",
+        "_hooks",
+        "_npv",
+        "_offset",
+        "_output_nr",
+        "_retains_grad",
+        "_storage",
+        "_strides",
+        "_view_fn",
+        "device",
+        "dtype",
+        "grad",
+        "grad_fn",
+        "requires_grad",
+        "shape",
     )
 
     _storage: Storage

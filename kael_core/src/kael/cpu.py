@@ -11,8 +11,7 @@ from typing import Any
 
 from ._threads import get_num_threads, set_num_threads
 
-__all__ = ["backend", "memory_stats", "reset_peak_memory_stats", "empty_cache", "set_num_threads",
-           "get_num_threads"]
+__all__ = ["backend", "memory_stats", "reset_peak_memory_stats", "empty_cache", "set_num_threads", "get_num_threads"]
 
 
 def backend() -> Any:

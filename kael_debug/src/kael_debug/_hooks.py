@@ -10,9 +10,8 @@ import math
 import threading
 from typing import Any, TextIO
 
-import numpy as np
-
 import kael
+import numpy as np
 
 _lock = threading.Lock()
 trace_stream: TextIO | None = None

@@ -7,10 +7,38 @@ from typing import Any
 from .. import _dtype as dt
 from .._errors import DTypeError
 from .._tensor import Tensor
-from ._creation import (arange, empty_, eye, full, full_like, linspace, ones, ones_like, rand, rand_like, randint,
-                        randn, randn_like, randperm, tensor, zeros, zeros_like, empty_like)
-from ._fused import (adamw_step, attention, cross_entropy, embedding, gelu, layer_norm, linear, log_softmax,
-                     softmax, topk)
+from ._creation import (
+    arange,
+    empty_,
+    empty_like,
+    eye,
+    full,
+    full_like,
+    linspace,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randn,
+    randn_like,
+    randperm,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from ._fused import (
+    adamw_step,
+    attention,
+    cross_entropy,
+    embedding,
+    gelu,
+    layer_norm,
+    linear,
+    log_softmax,
+    softmax,
+    topk,
+)
 from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
 from ._inplace import clone, contiguous, detach, to
 from ._linalg import matmul

@@ -249,8 +249,8 @@ class ToDevice(Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, device: Any) -> Tensor:
         ctx.src = a.device
-        from ._creation import to_device
         from .._tensor import numpy_bits
+        from ._creation import to_device
 
         return to_device(numpy_bits(a), a.dtype, device)
 

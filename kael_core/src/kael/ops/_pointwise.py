@@ -327,7 +327,7 @@ class Where(Function):
         if not isinstance(cond, Tensor) or cond.dtype is not dt.bool_:
             raise DTypeError(f"where: condition must be a bool tensor, got {getattr(cond, 'dtype', type(cond))!r}")
         device = check_device("where", cond, a, b)
-        ctype = dt.result_type(a, b) if (isinstance(a, Tensor) or isinstance(b, Tensor)) else dt.result_type(a, b)
+        ctype = dt.result_type(a, b)
         shape = broadcast_shapes(cond.shape, broadcast_shapes(
             a.shape if isinstance(a, Tensor) else (), b.shape if isinstance(b, Tensor) else (), "where"), "where")
         ctx.save_for_backward(cond)
