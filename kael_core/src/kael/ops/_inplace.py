@@ -98,7 +98,7 @@ def inplace(t: Tensor, op: str, compute: Any) -> Tensor:
     prev = STATE.enabled
     STATE.enabled = False
     try:
-        src = expand_to(r, t.shape)
+        src = _unaliased(t, expand_to(r, t.shape))
         _dispatch.kernel(t.device.type, "copy")(t, src)
     finally:
         STATE.enabled = prev
@@ -116,6 +116,21 @@ def inplace(t: Tensor, op: str, compute: Any) -> Tensor:
     return t
 
 
+def _unaliased(out: Tensor, src: Tensor) -> Tensor:
+    """src, or a copy of it when it shares memory with out in another layout.
+
+    NOTE [partial overlap]: kernels may read and write element by element in any order,
+    so an operand that overlaps the output only partly (``t[1:].add_(t[:-1])``) is copied
+    first; the result is then what NumPy gives, on every backend. The same view of the same
+    memory (``t.add_(t)``) is safe and is not copied.
+    """
+    if src._storage is not out._storage or (src._offset == out._offset and src._strides == out._strides):
+        return src
+    copy = empty(src.shape, src.dtype, src.device)
+    _dispatch.kernel(src.device.type, "copy")(copy, src)
+    return copy
+
+
 def fast_binary_(t: Tensor, op: str, other: Any) -> Tensor | None:
     """The no-autograd in-place path: kernel(out=t, t, other) with no temporary."""
     if STATE.enabled and (t.requires_grad or (isinstance(other, Tensor) and other.requires_grad)):
@@ -131,7 +146,7 @@ def fast_binary_(t: Tensor, op: str, other: Any) -> Tensor | None:
         broadcast_shapes(t.shape, other.shape, op)
         if broadcast_shapes(t.shape, other.shape, op) != t.shape:
             raise ShapeError(f"{op}_: operand of shape {list(other.shape)} doesn't broadcast to {list(t.shape)}")
-    b = expand_to(as_tensor_like(other, t.dtype, t.device, op), t.shape)
+    b = _unaliased(t, expand_to(as_tensor_like(other, t.dtype, t.device, op), t.shape))
     _dispatch.kernel(t.device.type, op)(t, t, b)
     t._storage.version += 1
     return t
