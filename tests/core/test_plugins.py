@@ -405,7 +405,7 @@ def test_kit_is_inert_without_the_option(tmp_path: Path, outside: Path) -> None:
 def test_python_m_kael_info(tmp_path: Path, outside: Path) -> None:
     site = install(tmp_path / "site", "kaeltest_info", {"kael.backends": {"primonly": PRIMITIVES_ONLY,
                                                                          "broken": RAISES}})
-    r = subprocess.run([sys.executable, "-m", "kael", "info"], cwd=outside, env=_env(site, KAEL_BLOCK_PLUGINS="cuda"),
+    r = subprocess.run([sys.executable, "-m", "kael", "info"], cwd=outside, env=_env(site, KAEL_BLOCK_PLUGINS="cuda,cpu"),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     out = r.stdout
