@@ -15,7 +15,10 @@ def info(out: Any = None) -> int:
     from kael._plugins import manager
 
     out = out or sys.stdout
-    p = lambda s="": print(s, file=out)
+
+    def p(s: str = "") -> None:
+        print(s, file=out)
+
     p(f"kael {kael.__version__}  (Python {platform.python_version()}, NumPy {np.__version__}, "
       f"{platform.system()} {platform.machine()})")
     manager.ensure_loaded("kael.backends")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Union
 
 from ._errors import DeviceError
@@ -71,7 +72,7 @@ class Device:
     def __hash__(self) -> int:
         return hash((self.type, self.index))
 
-    def __reduce__(self) -> tuple[type[Device], tuple[str]]:
+    def __reduce__(self) -> tuple[builtins.type[Device], tuple[str]]:
         return (Device, (str(self),))
 
 

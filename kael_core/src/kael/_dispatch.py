@@ -56,7 +56,7 @@ def _resolve(device_type: str, op: str) -> Kernel | None:
         if op not in CATALOGUE:
             raise BackendError(f"unknown op {op!r}")
         raise BackendError(f"backend {backend.name!r} for {device_type!r} lacks primitive op {op!r}")
-    k = backend.kernel(op)
+    k: Kernel = backend.kernel(op)
     if _wrapper is not None:
         k = _wrapper(device_type, op, backend, k)
     _cache[(device_type, op)] = k

@@ -16,7 +16,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
@@ -107,7 +107,7 @@ class PluginManager:
                 found: list[Backend] = []
                 for impl in self.pm.hook.kael_backends.get_hookimpls():
                     if impl.plugin_name == name:
-                        found.extend(impl.function() or [])
+                        found.extend(cast("list[Backend]", impl.function() or []))
                 self._add_backends(name, found)
             except Exception:
                 self.pm.unregister(name=name)

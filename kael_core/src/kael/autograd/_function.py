@@ -157,7 +157,7 @@ class BackwardNode(Node):
         if not retain_graph:
             ctx._saved = ()
             ctx._released = True
-        return out
+        return out  # type: ignore[no-any-return]
 
 
 def _accumulator(t: Any) -> AccumulateGrad:

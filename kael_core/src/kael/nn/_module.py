@@ -247,7 +247,7 @@ class Module:
 
         def convert(t: Tensor) -> Tensor:
             want = dtype if t.dtype.is_floating_point else None
-            return t.detach().to(device=device, dtype=want)
+            return t.detach().to(device=device, dtype=want)  # type: ignore[no-any-return]
 
         with no_grad():
             for m in self.modules():

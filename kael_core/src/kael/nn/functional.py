@@ -84,7 +84,7 @@ def nll_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction:
     total = ops.sum(losses)
     if reduction == "sum":
         return total
-    return ops.div(total, ops.sum(keep).to(dtype=total.dtype))
+    return ops.div(total, ops.sum(keep).to(dtype=total.dtype))  # type: ignore[no-any-return]
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -113,10 +113,10 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator: Any
     if not input.dtype.is_floating_point:
         raise DTypeError(f"dropout: expected a floating-point tensor, got {input.dtype!r}")
     if p == 1.0:
-        return ops.mul(input, 0.0)
+        return ops.mul(input, 0.0)  # type: ignore[no-any-return]
     u = ops.rand(input.shape, dtype=input.dtype, device=input.device, generator=generator)
     scale = ops.where(ops.ge(u, p), 1.0 / (1.0 - p), 0.0).to(dtype=input.dtype)
-    return ops.mul(input, scale)
+    return ops.mul(input, scale)  # type: ignore[no-any-return]
 
 
 def embedding(input: Tensor, weight: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ def _check_index(index: Any, op: str, bound: int, dim: int) -> Tensor:
         if lo < 0 or hi >= bound:
             bad = lo if lo < 0 else hi
             raise IndexError_(f"{op}: index {bad} is out of bounds for dimension {dim} with size {bound}")
-    return index
+    return index  # type: ignore[no-any-return]
 
 
 def _wrap_negative(index: Tensor, bound: int, dim: int) -> Tensor:

@@ -59,12 +59,12 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
     sa = a.shape if isinstance(a, Tensor) else ()
     sb = b.shape if isinstance(b, Tensor) else ()
     shape = broadcast_shapes(sa, sb, op)
-    ta = expand_to(as_tensor_like(a, ctype, device, op), shape)
-    tb = expand_to(as_tensor_like(b, ctype, device, op), shape)
+    xa = expand_to(as_tensor_like(a, ctype, device, op), shape)
+    xb = expand_to(as_tensor_like(b, ctype, device, op), shape)
     if op in ("sub",) and ctype is dt.bool_:
         raise DTypeError("sub: subtraction of two bool tensors is not supported; use logical_xor or ~")
     out = empty(shape, dt.bool_ if op in _COMPARE else ctype, device)
-    _dispatch.kernel(device.type, op)(out, ta, tb)
+    _dispatch.kernel(device.type, op)(out, xa, xb)
     return out
 
 
@@ -226,13 +226,13 @@ class _MinMax(Function):
     op = "maximum"
 
     @classmethod
-    def forward(cls, ctx: Any, a: Any, b: Any) -> Tensor:  # type: ignore[override]
+    def forward(cls, ctx: Any, a: Any, b: Any) -> Tensor:
         ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
         ctx.sa, ctx.sb = a, b
         return binary(cls.op, a, b)
 
     @classmethod
-    def backward(cls, ctx: Any, g: Tensor) -> Any:  # type: ignore[override]
+    def backward(cls, ctx: Any, g: Tensor) -> Any:
         ta, tb = ctx.saved_tensors
         a = ta if ta is not None else ctx.sa
         b = tb if tb is not None else ctx.sb
@@ -296,7 +296,15 @@ def _unary_fn(name: str, op: str, grad: Any, save: str) -> type[Function]:
     return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-_m, _d, _u = (lambda a, b: binary("mul", a, b)), (lambda a, b: binary("div", a, b)), unary
+def _m(a: Any, b: Any) -> Tensor:
+    return binary("mul", a, b)
+
+
+def _d(a: Any, b: Any) -> Tensor:
+    return binary("div", a, b)
+
+
+_u = unary
 Exp = _unary_fn("Exp", "exp", lambda g, out: _m(g, out), "out")
 Log = _unary_fn("Log", "log", lambda g, x: _d(g, x), "x")
 Sqrt = _unary_fn("Sqrt", "sqrt", lambda g, out: _d(g, _m(out, 2.0)), "out")

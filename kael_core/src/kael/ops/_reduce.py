@@ -98,7 +98,7 @@ class Prod(Function):
 def Where_nograd(cond: Tensor, a: Any, b: Any) -> Tensor:
     from ._pointwise import Where
 
-    return Where.forward(_NoSave(), cond, a, b)  # type: ignore[no-any-return]
+    return Where.forward(_NoSave(), cond, a, b)
 
 
 class _NoSave:

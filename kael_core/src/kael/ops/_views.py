@@ -54,7 +54,7 @@ def _infer_shape(shape: Any, n: int, op: str) -> tuple[int, ...]:
         shape = tuple(n // known if s == -1 else s for s in shape)
     if numel(shape) != n:
         raise ShapeError(f"{op}: shape {list(shape)} is invalid for input of size {n}")
-    return shape
+    return shape  # type: ignore[no-any-return]
 
 
 def _bad(shape: Any, op: str) -> int:
@@ -213,12 +213,12 @@ class _Strided(Function):
     """An injective view given by fn(tensor) -> view; backward scatters into zeros."""
 
     @classmethod
-    def forward(cls, ctx: Any, a: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:  # type: ignore[override]
+    def forward(cls, ctx: Any, a: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
         ctx.fn, ctx.in_shape = fn, a.shape
         return fn(a)
 
     @classmethod
-    def backward(cls, ctx: Any, g: Tensor) -> Any:  # type: ignore[override]
+    def backward(cls, ctx: Any, g: Tensor) -> Any:
         z = empty(ctx.in_shape, g.dtype, g.device)
         _dispatch.kernel(g.device.type, "fill")(z, 0)
         _dispatch.kernel(g.device.type, "copy")(ctx.fn(z), g)

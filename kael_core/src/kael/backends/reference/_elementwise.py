@@ -45,7 +45,7 @@ _UNARY: dict[str, Callable[[np.ndarray], Any]] = {
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if np.issubdtype(a.dtype, np.integer) and (b < 0).any():
         raise DTypeError("pow: integers to negative integer powers are not allowed")
-    return np.power(a, b)
+    return np.power(a, b)  # type: ignore[no-any-return]
 
 
 def _int_safe(f: Callable[[np.ndarray, np.ndarray], Any], name: str) -> Callable[[np.ndarray, np.ndarray], Any]:

@@ -33,7 +33,7 @@ def matmul(out: Any, a: Any, b: Any) -> None:
 
 
 def _full_index(index: np.ndarray, dim: int) -> tuple[np.ndarray, ...]:
-    grids = list(np.indices(index.shape, sparse=True))
+    grids: list[np.ndarray] = list(np.indices(index.shape, sparse=True))
     grids[dim] = index
     return tuple(grids)
 

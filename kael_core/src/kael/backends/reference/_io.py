@@ -24,7 +24,7 @@ def rd(t: Any) -> np.ndarray:
     """t's values as NumPy (a view when possible; bfloat16 widened to float32)."""
     v = t._np_view()
     if t.dtype is dt.bfloat16:
-        return (v.astype(np.uint32) << 16).view(np.float32)
+        return (v.astype(np.uint32) << 16).view(np.float32)  # type: ignore[no-any-return]
     return v  # type: ignore[no-any-return]
 
 

@@ -95,18 +95,18 @@ def place(values: np.ndarray, dtype: dt.DType, layout: str, make: Callable[[np.n
         if values.ndim < 2:
             return make(np.asarray(values, order="C"))
         order = tuple(reversed(range(values.ndim)))
-        return make(np.asarray(values.transpose(order), order="C")).permute(order)
+        return make(np.asarray(values.transpose(order), order="C")).permute(order)  # type: ignore[no-any-return]
     if layout.startswith("permute:"):
         order = tuple(int(i) for i in layout.split(":")[1].split(","))
         inverse = tuple(int(i) for i in np.argsort(order))
-        return make(np.asarray(values.transpose(order), order="C")).permute(inverse)
+        return make(np.asarray(values.transpose(order), order="C")).permute(inverse)  # type: ignore[no-any-return]
     if layout == "strided":
         big, select = _strided_buffer(values, fill)
         return select(make(big))
     if layout == "broadcast":
         if shape is None:
             raise ValueError("a broadcast operand needs its target shape")
-        return make(np.asarray(values, order="C")).expand(shape)
+        return make(np.asarray(values, order="C")).expand(shape)  # type: ignore[no-any-return]
     raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
 
 

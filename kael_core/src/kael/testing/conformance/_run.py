@@ -127,7 +127,7 @@ def device_factory(backend: Backend, device: Any) -> tuple[Make, Empty]:
         return t
 
     def empty(shape: tuple[int, ...], d: dt.DType) -> Tensor:
-        return ops.empty(shape, dtype=d, device=device)  # type: ignore[no-any-return]
+        return ops.empty(shape, dtype=d, device=device)
 
     return make, empty
 

@@ -37,7 +37,9 @@ def _step(host: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray, dev
     x = kael.embedding(idx, p["wte"]) + kael.embedding(kael.arange(T, device=device), p["wpe"])
     h = kael.layer_norm(x, C, p["ln1_w"], p["ln1_b"])
     q, k, v = kael.linear(h, p["attn_w"], p["attn_b"]).split(C, 2)
-    heads = lambda t: t.view(B, T, H, C // H).transpose(1, 2)
+    def heads(t: Any) -> Any:
+        return t.view(B, T, H, C // H).transpose(1, 2)
+
     a = kael.attention(heads(q), heads(k), heads(v), causal=True).transpose(1, 2).reshape(B, T, C)
     x = x + kael.linear(a, p["proj_w"], p["proj_b"])
     m = kael.gelu(kael.linear(kael.layer_norm(x, C, p["ln2_w"], p["ln2_b"]), p["fc_w"], p["fc_b"]), "tanh")

@@ -78,7 +78,7 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.n
     if kind == "positive":
         return rng.uniform(0.3, 2.0, size=shape)
     if kind == "away0":
-        return rng.uniform(0.2, 1.5, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+        return rng.uniform(0.2, 1.5, size=shape) * rng.choice([-1.0, 1.0], size=shape)  # type: ignore[no-any-return]
     return rng.standard_normal(shape)
 
 
