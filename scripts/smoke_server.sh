@@ -18,9 +18,8 @@ curl -sf "http://127.0.0.1:$port/ready" >/dev/null || { cat "$log"; echo "kael-s
 echo "--- curl /generate (streamed):"
 out=$(curl -sN "http://127.0.0.1:$port/generate" -H 'Content-Type: application/json' \
       -d '{"prompt": "def fibonacci(n):\n", "max_tokens": 64, "temperature": 0, "stream": true}')
-echo "$out" | head -c 2000
-echo
-echo "$out" | tail -n 2 | grep -q '^data: \[DONE\]' || { echo "stream did not end with [DONE]" >&2; exit 1; }
+printf '%s\n' "${out:0:2000}"
+[[ $out == *"data: [DONE]"* ]] || { echo "stream did not end with [DONE]" >&2; exit 1; }
 echo "--- OpenAI client /v1/completions:"
 PORT=$port python - <<'PY'
 import json, os, re, sys
@@ -39,6 +38,8 @@ python_like = re.search(r"\b(def|self|return|if|import|for|in|None|class)\b", pl
 sys.exit(0 if python_like else "the bundled model's answer does not look like Python")
 PY
 echo "--- page at / and metrics"
-curl -sf "http://127.0.0.1:$port/" | grep -q "kael playground"
-curl -sf "http://127.0.0.1:$port/metrics" | grep -q 'kael_requests_total{status="ok"}'
+page=$(curl -sf "http://127.0.0.1:$port/")
+grep -q "kael playground" <<<"$page"
+metrics=$(curl -sf "http://127.0.0.1:$port/metrics")
+grep -q 'kael_requests_total{status="ok"}' <<<"$metrics"
 echo "smoke test ok"
