@@ -2,9 +2,9 @@
 # Build kael_backend_cpu's extension for fuzz_kernels: clang with
 # -fsanitize=fuzzer-no-link,address,undefined (libFuzzer edge counters + ASan + UBSan),
 # the caching allocator compiled out so ASan sees every overflow. Output: build/fuzz-kernels/,
-# with build/fuzz-kernels/pythonpath holding the PYTHONPATH that imports this build (run
-# with `python -S`, see scripts/_cpu_build.sh). fuzz/run.py calls this; it rebuilds only
-# what changed. The runtime (ASan + libFuzzer) is atheris's asan_with_fuzzer.so, preloaded
+# with build/fuzz-kernels/extension holding the module's path, which fuzz/run.py passes as
+# KAEL_CPU_EXTENSION (the installed kael_backend_cpu then loads this build). fuzz/run.py
+# calls this; it rebuilds only what changed. The runtime (ASan + libFuzzer) is atheris's asan_with_fuzzer.so, preloaded
 # by run.py; the module links none, so its sanitizer symbols resolve to that one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +26,4 @@ flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=vptr,function -
 flags="$flags -fno-omit-frame-pointer -g -DKAEL_NO_CACHING_ALLOCATOR"
 BUILD=build/fuzz-kernels
 cpu_build "$BUILD" -DCMAKE_CXX_COMPILER="$CXX" -DKAEL_BUILD_TESTS=OFF -DCMAKE_CXX_FLAGS="$flags" >&2
-cpu_pythonpath "$BUILD" >"$BUILD/pythonpath"
+cpu_extension "$BUILD" >"$BUILD/extension"

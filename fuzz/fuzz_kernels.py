@@ -22,11 +22,11 @@ fuzz_kernels` builds it and preloads the sanitizer runtime.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
-import numpy as np
-
 import _harness
+import numpy as np
 from kernel_spec import KernelCase, TensorSpec, decode
 
 with _harness.instrumented(False, []):  # the native extension carries the coverage that matters
@@ -165,12 +165,28 @@ def _host(backend: Any, flat: Tensor) -> np.ndarray:
     return np.asarray(backend.to_host(flat)).reshape(-1)
 
 
-def _tolerance(case: KernelCase, out: TensorSpec, placed: dict[int, Placed]) -> tuple[float, float]:
-    rtol, atol = KERNEL_TOL.get(out.dtype.name, (0.0, 0.0))
+def _tolerance(case: KernelCase, placed: dict[int, Placed]) -> tuple[float, float]:
+    """The loosest tolerance among the call's dtypes (float16 inputs with float32 statistics
+    round like float16), grown with the number of terms for ops that accumulate."""
+    tols = [KERNEL_TOL.get(p.spec.dtype.name, (0.0, 0.0)) for p in placed.values()]
+    rtol, atol = max(t[0] for t in tols), max(t[1] for t in tols)
     if case.op in ACCUMULATING:  # summation order differs: error grows with the number of terms
         terms = max(int(np.prod(p.spec.shape, dtype=np.int64)) for p in placed.values()) or 1
         rtol, atol = rtol * max(1.0, np.sqrt(terms)), atol * max(1.0, np.sqrt(terms))
     return rtol, atol
+
+
+def _layer_norm_scale(case: KernelCase, placed: dict[int, Placed], ref_flats: dict[int, Tensor]) -> float:
+    """How much rounding in the mean is amplified in layer_norm's output: max |x| * max rstd.
+
+    Rows of (nearly) equal values have a tiny variance, so rstd is ~1/sqrt(eps), and a mean
+    that rounds differently (summation order) moves every output by ulp(x) * rstd.
+    """
+    x, rstd = placed[id(case.args[3])], placed[id(case.args[2])]
+    xs = np.abs(x.values(x.host).astype(np.float64))
+    rs = np.abs(rstd.values(_host(REFERENCE, ref_flats[id(case.args[2])])).astype(np.float64))
+    finite = rs[np.isfinite(rs)]
+    return float(xs.max(initial=0.0) * finite.max(initial=0.0))
 
 
 def check(case: KernelCase) -> None:
@@ -180,7 +196,9 @@ def check(case: KernelCase) -> None:
     if case.alias:
         del placed[id(case.args[0])]
     ref_args, ref_flats = _materialize(case, placed, REFERENCE)
-    ref_error = _run(REFERENCE, case, ref_args)
+    with warnings.catch_warnings():  # NumPy's overflow / empty-slice warnings: the values are compared
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref_error = _run(REFERENCE, case, ref_args)
     args, flats = _materialize(case, placed, BACKEND)
     error = _run(BACKEND, case, args)
     BACKEND.synchronize(CPU)
@@ -190,20 +208,26 @@ def check(case: KernelCase) -> None:
     if error is not None and not isinstance(error, KaelError):
         raise AssertionError(f"{where}: backend raised {type(error).__name__} (not a KaelError): {error}") from error
     if (ref_error is None) != (error is None):
-        raise AssertionError(f"{where}: reference {'raised ' + repr(ref_error) if ref_error else 'succeeded'}, "
-                             f"backend {'raised ' + repr(error) if error else 'succeeded'}")
+        raise AssertionError(
+            f"{where}: reference {'raised ' + repr(ref_error) if ref_error else 'succeeded'}, "
+            f"backend {'raised ' + repr(error) if error else 'succeeded'}"
+        )
     for spec in specs:
         key = id(spec)
         got = _host(BACKEND, flats[key])
         p = placed.get(key) or placed[id(case.args[1])]
         if spec.role == "out" or (case.alias and spec is case.args[1]):
             outside = ~p.mask
-            if not np.array_equal(got.view(np.uint8).reshape(-1, got.itemsize)[outside],
-                                  p.host.view(np.uint8).reshape(-1, got.itemsize)[outside]):
+            if not np.array_equal(
+                got.view(np.uint8).reshape(-1, got.itemsize)[outside],
+                p.host.view(np.uint8).reshape(-1, got.itemsize)[outside],
+            ):
                 raise AssertionError(f"{where}: the kernel wrote outside its output {spec.describe()}")
             if error is None and (not case.raw or case.exact):
                 want = p.values(_host(REFERENCE, ref_flats[key]))
-                rtol, atol = _tolerance(case, spec, placed) if not case.raw else (0.0, 0.0)
+                rtol, atol = _tolerance(case, placed) if not case.raw else (0.0, 0.0)
+                if case.op == "layer_norm" and spec is case.args[0] and want.size:
+                    atol += rtol * _layer_norm_scale(case, placed, ref_flats)
                 assert_close(p.values(got), want, rtol=rtol, atol=atol, msg=f"{where}: output {spec.describe()}")
         elif not np.array_equal(got.view(np.uint8), p.host.view(np.uint8)):
             raise AssertionError(f"{where}: the kernel changed its input {spec.describe()}")

@@ -13,6 +13,9 @@ bit 1 in place (the output is the first input, for ops the frontend runs in plac
 
 `decode` returns a `KernelCase`: the kernel's positional arguments as `Tensor` specs
 (logical shape, dtype, layout, role) and plain Python values, in kael._ops order.
+
+The committed seeds and regressions are in this encoding: append to OPS and to the dtype
+lists, never reorder them, or the saved inputs decode to other calls.
 """
 
 from __future__ import annotations
@@ -188,12 +191,20 @@ class _Builder:
     def __init__(self, r: Reader) -> None:
         self.r = r
 
-    def tensor(self, shape: tuple[int, ...], d: dt.DType, role: str = "in", kind: str = "normal", bound: int = 0) -> TensorSpec:
-        return TensorSpec(shape, d, _layout(self.r, len(shape), broadcast=role == "in"), role, kind, bound)
+    def tensor(
+        self, shape: tuple[int, ...], d: dt.DType, role: str = "in", kind: str = "normal", bound: int = 0
+    ) -> TensorSpec:
+        layout = _layout(self.r, len(shape), broadcast=role == "in")
+        strides = layout.strides(shape)
+        if sum((n - 1) * s for n, s in zip(shape, strides) if n) > MAX_EXTENT:  # gaps multiply: keep buffers small
+            layout = Layout(layout.order, tuple(min(s, 1) for s in layout.steps), layout.offset)
+        return TensorSpec(shape, d, layout, role, kind, bound)
 
 
 MAX_NUMEL = 1 << 14
 """Shapes are cut down to this many elements: big enough for vector loops and tails, fast to check."""
+MAX_EXTENT = 1 << 17
+"""Layouts whose gaps would spread a tensor over more elements than this become dense."""
 
 
 def _shape(r: Reader, min_ndim: int = 0) -> tuple[int, ...]:
@@ -225,8 +236,13 @@ def _elementwise(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase)
         case.exact = op in COMPARE_OPS or (op in ("maximum", "minimum") and d.category != 2)
     if case.alias:
         a = case.args[1]
-        case.args[1] = TensorSpec(a.shape, a.dtype, Layout(a.layout.order, tuple(max(s, 1) for s in a.layout.steps),
-                                                            a.layout.offset), "in", a.kind)
+        case.args[1] = TensorSpec(
+            a.shape,
+            a.dtype,
+            Layout(a.layout.order, tuple(max(s, 1) for s in a.layout.steps), a.layout.offset),
+            "in",
+            a.kind,
+        )
 
 
 def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> None:
@@ -234,7 +250,9 @@ def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) 
         src = r.pick(ALL)
         shape = _shape(r)
         case.args = [b.tensor(shape, d, "out"), b.tensor(shape, src)]
-        case.exact = src == d or (src.category != 2 and d.category != 2)  # float -> int casts of any bits: unspecified
+        # float -> int of NaN or out-of-range values: defined (no UB) but not NumPy's value for
+        # every width, so raw mode compares only casts that are exact on any bits
+        case.exact = src == d or (src.category != 2 and d.category != 2)
     elif op == "fill":
         shape = _shape(r)
         value: bool | int | float
@@ -258,8 +276,13 @@ def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) 
         case.args = [b.tensor(shape, d, "out"), b.tensor(shape, dt.bool_), b.tensor(shape, d), b.tensor(shape, d)]
         case.exact = True
     elif op == "matmul":
-        batch = tuple(r.size() for _ in range(r.byte() % 3))
-        m, k, n = r.size(), r.size(), r.size()
+        dims = [r.size() for _ in range(r.byte() % 3)]
+        dims += [r.size(), r.size(), r.size()]
+        while _numel(dims) > 4 * MAX_NUMEL:  # bounds every operand and the work (B * M * K * N)
+            big = dims.index(max(dims))
+            dims[big] = dims[big] % 9
+        *batch_dims, m, k, n = dims
+        batch = tuple(batch_dims)
         case.args = [b.tensor((*batch, m, n), d, "out"), b.tensor((*batch, m, k), d), b.tensor((*batch, k, n), d)]
     elif op == "cat":
         shape = _shape(r, min_ndim=1)
@@ -284,7 +307,9 @@ def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) 
     elif op == "gather":
         shape = _shape(r, min_ndim=1)
         dim = r.byte() % len(shape)
-        index_shape = tuple((r.size() if shape[dim] else 0) if i == dim else r.byte() % (s + 1) for i, s in enumerate(shape))
+        index_shape = tuple(
+            (r.size() if shape[dim] else 0) if i == dim else r.byte() % (s + 1) for i, s in enumerate(shape)
+        )
         index = b.tensor(index_shape, dt.int64, "index", bound=shape[dim])
         case.args = [b.tensor(index_shape, d, "out"), b.tensor(shape, d), index, dim]
         case.exact = True

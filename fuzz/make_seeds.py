@@ -137,9 +137,8 @@ def generate_request_seeds() -> Seeds:
 
 def kernels_seeds() -> Seeds:
     """Valid cases of fuzz_kernels' encoding (see kernel_spec.encode_case): one or two per family."""
-    from kernel_spec import ALL, encode_case
-
     from kael import int64
+    from kernel_spec import ALL, encode_case
 
     dense = bytes(3)  # a tensor's layout bytes: dim order 0, steps 1, offset 0
     return {

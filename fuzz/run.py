@@ -62,24 +62,24 @@ def _environment(target: str) -> dict[str, str]:
 def _native_environment() -> dict[str, str]:
     """Build the instrumented extension if needed; preload atheris's ASan+libFuzzer runtime.
 
-    The target runs with `python -S` and the PYTHONPATH the build wrote, so the instrumented
-    build is imported even where a normal (or editable) kael_backend_cpu is installed.
+    KAEL_CPU_EXTENSION makes the installed kael_backend_cpu load the instrumented build.
     """
     subprocess.run(["bash", str(HERE / "build_kernels.sh")], check=True, cwd=ROOT)
     import atheris  # only the native target needs it here
 
     return {
-        "LD_PRELOAD": str(Path(atheris.path()) / "asan_with_fuzzer.so"),
+        # libstdc++ as well: Python has none when ASan starts, and ASan's __cxa_throw
+        # interceptor then aborts at the first C++ exception (a KaelError thrown in C++)
+        "LD_PRELOAD": f"{Path(atheris.path()) / 'asan_with_fuzzer.so'} libstdc++.so.6",
         "PYTHONMALLOC": "malloc",
-        "PYTHONPATH": (ROOT / "build" / "fuzz-kernels" / "pythonpath").read_text().strip(),
+        "KAEL_CPU_EXTENSION": (ROOT / "build" / "fuzz-kernels" / "extension").read_text().strip(),
         "ASAN_OPTIONS": "detect_leaks=0:allocator_may_return_null=1",
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
     }
 
 
 def _command(args: argparse.Namespace, work: Path, findings: Path) -> list[str]:
-    python = [sys.executable, "-S"] if args.target in NATIVE else [sys.executable]
-    cmd = [*python, str(HERE / f"{args.target}.py"), str(work)]
+    cmd = [sys.executable, str(HERE / f"{args.target}.py"), str(work)]
     cmd += [
         f"-rss_limit_mb={MEMORY_MB}",
         f"-malloc_limit_mb={MEMORY_MB}",

@@ -49,7 +49,7 @@ check_ruff() {
 }
 
 check_format() {
-    need ruff && ruff format --check .
+    need ruff && ruff format --check --output-format concise .
 }
 
 check_mypy() {

@@ -5,18 +5,22 @@
 #                                      conformance kit with the ASan-built extension loaded
 #   bash scripts/sanitizers.sh tsan    TSan: the C++ tests (ctest)
 #
-# Builds go to build/asan/ and build/tsan/ (CMake options KAEL_ENABLE_SANITIZERS and
-# KAEL_ENABLE_TSAN of kael_backend_cpu/CMakeLists.txt, which also turn the caching
-# allocator off so every overflow and race is seen). The Python pass preloads the ASan
-# runtime of the compiler that built the extension (Python itself is not instrumented),
-# uses PYTHONMALLOC=malloc so Python's allocations go through ASan too, and turns leak
-# detection off (the interpreter keeps memory until exit by design):
+# Builds go to build/asan/ and build/tsan/ (or $KAEL_ASAN_BUILD, $KAEL_TSAN_BUILD), with the
+# CMake options KAEL_ENABLE_SANITIZERS and KAEL_ENABLE_TSAN of kael_backend_cpu/CMakeLists.txt,
+# which also turn the caching allocator off so every overflow and race is seen.
 #
-#   LD_PRELOAD=$(gcc -print-file-name=libasan.so) PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 \
+# The Python pass preloads the ASan runtime of the compiler that built the extension (Python
+# itself is not instrumented), uses PYTHONMALLOC=malloc so Python's allocations go through
+# ASan too, and turns leak detection off (the interpreter keeps memory until exit by design):
+#
+#   LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
+#       PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 \
+#       KAEL_CPU_EXTENSION=$(ls build/asan/_C*.so) \
 #       python -m pytest --pyargs kael.testing.conformance --kael-backend cpu
 #
 # Any sanitizer report stops the process with a non-zero exit (halt_on_error), so the
-# script fails on a finding. Compiler: $CXX (default g++).
+# script fails on a finding. Compiler: $CXX (default g++). The Python pass loads the ASan
+# build through KAEL_CPU_EXTENSION, so kael_backend_cpu must be installed (any build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/_cpu_build.sh
@@ -24,16 +28,21 @@ source scripts/_cpu_build.sh
 
 export CXX=${CXX:-g++}
 UBSAN="print_stacktrace=1:halt_on_error=1"
+ASAN_BUILD=${KAEL_ASAN_BUILD:-build/asan}
+TSAN_BUILD=${KAEL_TSAN_BUILD:-build/tsan}
 
-asan_runtime() {  # the shared ASan runtime of $CXX
+asan_preload() {  # what Python must preload: the shared ASan runtime of $CXX, and libstdc++
+    # libstdc++ too: an interpreter that is not C++ has no __cxa_throw when ASan starts, and
+    # ASan's interceptor then aborts at the first C++ exception (a KaelError thrown in C++).
     local name=libasan.so
     if "$CXX" --version | grep -qi clang; then
         name=libclang_rt.asan-$(uname -m).so
     fi
-    local path
-    path=$("$CXX" -print-file-name="$name")
-    [[ -f $path ]] || { echo "sanitizers.sh: $CXX has no $name" >&2; return 1; }
-    echo "$path"
+    local runtime stdcxx
+    runtime=$("$CXX" -print-file-name="$name")
+    stdcxx=$("$CXX" -print-file-name=libstdc++.so)
+    [[ -f $runtime ]] || { echo "sanitizers.sh: $CXX has no $name" >&2; return 1; }
+    echo "$runtime $stdcxx"
 }
 
 no_aslr() {  # TSan maps fixed address ranges: run without address randomisation when possible
@@ -45,23 +54,23 @@ no_aslr() {  # TSan maps fixed address ranges: run without address randomisation
 }
 
 run_asan() {
-    cpu_build build/asan -DKAEL_ENABLE_SANITIZERS=ON
+    cpu_build "$ASAN_BUILD" -DKAEL_ENABLE_SANITIZERS=ON
     echo "==> sanitizers: C++ tests under ASan+UBSan"
     ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1" \
-        UBSAN_OPTIONS=$UBSAN ctest --test-dir build/asan --output-on-failure -j "$JOBS"
+        UBSAN_OPTIONS=$UBSAN ctest --test-dir "$ASAN_BUILD" --output-on-failure --timeout 600 -j "$JOBS"
     echo "==> sanitizers: Python conformance kit with the ASan+UBSan extension"
-    local runtime
-    runtime=$(asan_runtime)
-    LD_PRELOAD=$runtime PYTHONMALLOC=malloc ASAN_OPTIONS="detect_leaks=0:halt_on_error=1" UBSAN_OPTIONS=$UBSAN \
+    local preload
+    preload=$(asan_preload)
+    LD_PRELOAD=$preload PYTHONMALLOC=malloc ASAN_OPTIONS="detect_leaks=0:halt_on_error=1" UBSAN_OPTIONS=$UBSAN \
         KAEL_NO_CACHING_ALLOCATOR=1 \
-        cpu_python build/asan -m pytest --pyargs kael.testing.conformance --kael-backend cpu -q -p no:cacheprovider \
+        cpu_python "$ASAN_BUILD" -m pytest --pyargs kael.testing.conformance --kael-backend cpu -q -p no:cacheprovider \
         "${PYTEST_ARGS[@]}"
 }
 
 run_tsan() {
-    cpu_build build/tsan -DKAEL_ENABLE_TSAN=ON -DKAEL_BUILD_PYTHON=OFF
+    cpu_build "$TSAN_BUILD" -DKAEL_ENABLE_TSAN=ON -DKAEL_BUILD_PYTHON=OFF
     echo "==> sanitizers: C++ tests under TSan"
-    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" no_aslr ctest --test-dir build/tsan --output-on-failure
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" no_aslr ctest --test-dir "$TSAN_BUILD" --output-on-failure --timeout 600
 }
 
 mode=${1:-}

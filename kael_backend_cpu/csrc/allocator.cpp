@@ -2,6 +2,7 @@
 #include "allocator.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -11,19 +12,23 @@ namespace kael {
 namespace {
 
 constexpr size_t kAlign = 64;
-constexpr size_t kHeader = 64;               // bookkeeping before each user block
-constexpr size_t kColourMin = 16 * 1024;     // blocks this large get a page colour
+constexpr size_t kHeader = 64;                    // bookkeeping before each user block
+constexpr size_t kColourMin = size_t{16} * 1024;  // blocks this large get a page colour
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugeMin = size_t{4} << 20;        // blocks this large ask for huge pages
 constexpr uint64_t kMagic = 0x6b61656c424c4b31ull;  // "kaelBLK1"
 
 struct Header {
-  void* raw;            // what the system returned
-  uint64_t cls;         // size class (caching) or exact size (not caching)
-  uint64_t requested;   // bytes asked for
+  void* raw;           // what the system returned
+  uint64_t cls;        // size class (caching) or exact size (not caching)
+  uint64_t requested;  // bytes asked for
   uint64_t magic;
 };
 static_assert(sizeof(Header) <= kHeader, "header must fit its slot");
 
-Header* header_of(void* user) { return reinterpret_cast<Header*>(static_cast<char*>(user) - kHeader); }
+Header* header_of(void* user) {
+  return reinterpret_cast<Header*>(static_cast<char*>(user) - kHeader);
+}
 
 bool env_disables_caching() {
 #ifdef KAEL_NO_CACHING_ALLOCATOR
@@ -51,14 +56,16 @@ size_t CachingAllocator::size_class(size_t n) {
   if (n <= 64) return 64;
   if (n <= 1024) return (n + 63) & ~size_t{63};
   const int k = 63 - __builtin_clzll(static_cast<unsigned long long>(n - 1));  // 2^k < n <= 2^(k+1)
-  const size_t step = size_t{1} << (k - 2);                                   // four classes per octave
+  const size_t step = size_t{1} << (k - 2);                                    // four classes per octave
   return (n + step - 1) & ~(step - 1);
 }
 
 CachingAllocator::CachingAllocator(bool caching, int64_t cache_limit_bytes)
     : caching_(caching), cache_limit_(cache_limit_bytes) {}
 
-CachingAllocator::~CachingAllocator() { empty_cache(); }
+CachingAllocator::~CachingAllocator() {
+  empty_cache();
+}
 
 void* CachingAllocator::system_alloc(size_t cls, size_t nbytes) {
   size_t colour = 0;
@@ -68,7 +75,13 @@ void* CachingAllocator::system_alloc(size_t cls, size_t nbytes) {
   }
   const size_t total = kHeader + colour + (caching_ ? cls : nbytes);
   void* raw = nullptr;
-  if (posix_memalign(&raw, kAlign, total) != 0) return nullptr;
+  // Big blocks sit on transparent huge pages (fewer TLB misses when streaming through
+  // them), as NumPy does for its own large arrays.
+  const bool huge = total >= kHugeMin;
+  if (posix_memalign(&raw, huge ? kHugePage : kAlign, total) != 0) return nullptr;
+#ifdef MADV_HUGEPAGE
+  if (huge) madvise(raw, total, MADV_HUGEPAGE);  // advisory: failure changes nothing
+#endif
   char* user = static_cast<char*>(raw) + kHeader + colour;
   auto* h = header_of(user);
   h->raw = raw;
@@ -78,7 +91,9 @@ void* CachingAllocator::system_alloc(size_t cls, size_t nbytes) {
   return user;
 }
 
-void CachingAllocator::system_free(void* user) { std::free(header_of(user)->raw); }
+void CachingAllocator::system_free(void* user) {
+  std::free(header_of(user)->raw);
+}
 
 void* CachingAllocator::allocate(size_t nbytes) {
   const size_t cls = caching_ ? size_class(nbytes) : nbytes;

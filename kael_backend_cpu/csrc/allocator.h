@@ -6,7 +6,8 @@
 // decoding make no system allocations and touch no fresh pages. Blocks of 16 KiB
 // and more start at a rotating offset inside their first page (a multiple of 64
 // bytes), so the source and destination of a large copy do not share a page
-// offset and alias in the cache. KAEL_NO_CACHING_ALLOCATOR=1 (read once, at first
+// offset and alias in the cache; blocks of 4 MiB and more are 2 MiB aligned and
+// advised onto transparent huge pages. KAEL_NO_CACHING_ALLOCATOR=1 (read once, at first
 // use) or the sanitizer builds (macro KAEL_NO_CACHING_ALLOCATOR) free blocks at
 // once, with exact sizes, so ASan sees every overflow. The cache holds at most
 // KAEL_CPU_CACHE_LIMIT_MB mebibytes (default 4096); beyond that frees are real.
@@ -27,7 +28,7 @@ struct MemoryStats {
   int64_t cached_bytes = 0;          // bytes held in free lists for reuse
   int64_t num_allocs = 0;            // allocations served
   int64_t num_frees = 0;
-  int64_t cache_hits = 0;  // allocations served from a free list
+  int64_t cache_hits = 0;     // allocations served from a free list
   int64_t system_allocs = 0;  // allocations that went to the system
 };
 

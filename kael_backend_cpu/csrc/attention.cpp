@@ -28,8 +28,9 @@ void attention_native(const View& out, const View& q, const View& k, const View&
   const int64_t nb = q.shape[0], nh = q.shape[1], tq = q.shape[2], d = q.shape[3];
   const int64_t tk = k.shape[2], dv = v.shape[3];
   const int64_t offset = tk - tq;
-  const int64_t bq = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, tk * static_cast<int64_t>(sizeof(T))),
-                                         1, std::min<int64_t>(64, std::max<int64_t>(1, tq)));
+  const int64_t bq =
+      std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, tk * static_cast<int64_t>(sizeof(T))), 1,
+                          std::min<int64_t>(64, std::max<int64_t>(1, tq)));
   const int64_t qblocks = (tq + bq - 1) / bq;
   const int64_t tasks = nb * nh * qblocks;
   const auto sc = static_cast<T>(scale);
@@ -90,12 +91,11 @@ void attention(const View& out, const View& q, const View& k, const View& v, dou
              Shape, "attention: output must be [B, H, Tq, Dv]");
   KAEL_CHECK(q.dtype == out.dtype && k.dtype == out.dtype && v.dtype == out.dtype, DType,
              "attention: q, k, v and out must share a dtype");
-  KAEL_CHECK(is_floating(out.dtype), DType, "attention: expected floating-point tensors, got ",
-             dtype_name(out.dtype));
+  KAEL_CHECK(is_floating(out.dtype), DType, "attention: expected floating-point tensors, got ", dtype_name(out.dtype));
   std::vector<int64_t> lens;
   if (lengths != nullptr) {
-    KAEL_CHECK(lengths->ndim == 1 && lengths->shape[0] == q.shape[0], Shape, "attention: lengths must be [",
-               q.shape[0], "]");
+    KAEL_CHECK(lengths->ndim == 1 && lengths->shape[0] == q.shape[0], Shape, "attention: lengths must be [", q.shape[0],
+               "]");
     Temp lt = to_contiguous(*lengths, DType::Int64);
     lens.assign(lt.view.ptr<int64_t>(), lt.view.ptr<int64_t>() + q.shape[0]);
   }

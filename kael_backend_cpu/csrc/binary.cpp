@@ -6,11 +6,14 @@
 #include "buffer.h"
 #include "elementwise.h"
 #include "kernels.h"
+#include "vec.h"
 
 namespace kael {
 namespace {
 
-bool is_compare(BinaryOp op) { return op >= BinaryOp::Eq; }
+bool is_compare(BinaryOp op) {
+  return op >= BinaryOp::Eq;
+}
 
 // NumPy's npy_divmod for floats: (floor quotient, remainder with the divisor's sign).
 template <class C>
@@ -44,8 +47,9 @@ inline void float_divmod(C a, C b, C* floordiv, C* mod) {
 template <class C>
 inline C int_pow(C base, C exp) {
   using W = wide_t<C>;
-  W result = 1, b = static_cast<W>(base);
-  auto e = static_cast<W>(exp);
+  // sign extension into the wide unsigned type is the point (modular arithmetic)
+  W result = 1, b = static_cast<W>(base);  // NOLINT(bugprone-signed-char-misuse)
+  auto e = static_cast<W>(exp);            // NOLINT(bugprone-signed-char-misuse)
   while (e) {
     if (e & 1u) result = static_cast<W>(result * b);
     b = static_cast<W>(b * b);
@@ -59,19 +63,40 @@ template <BinaryOp OP, class C>
 inline auto apply(C a, C b) {
   constexpr bool fp = std::is_floating_point_v<C>;
   if constexpr (OP == BinaryOp::Add) {
-    if constexpr (fp) return a + b; else return wrap_add(a, b);
+    if constexpr (fp)
+      return a + b;
+    else
+      return wrap_add(a, b);
   } else if constexpr (OP == BinaryOp::Sub) {
-    if constexpr (fp) return a - b; else return wrap_sub(a, b);
+    if constexpr (fp)
+      return a - b;
+    else
+      return wrap_sub(a, b);
   } else if constexpr (OP == BinaryOp::Mul) {
-    if constexpr (fp) return a * b; else return wrap_mul(a, b);
+    if constexpr (fp)
+      return a * b;
+    else
+      return wrap_mul(a, b);
   } else if constexpr (OP == BinaryOp::Div) {
-    if constexpr (fp) return a / b; else return static_cast<double>(a) / static_cast<double>(b);
+    if constexpr (fp)
+      return a / b;
+    else
+      return static_cast<double>(a) / static_cast<double>(b);
   } else if constexpr (OP == BinaryOp::Pow) {
-    if constexpr (fp) return static_cast<C>(std::pow(a, b)); else return int_pow(a, b);
+    if constexpr (fp)
+      return static_cast<C>(std::pow(a, b));
+    else
+      return int_pow(a, b);
   } else if constexpr (OP == BinaryOp::Maximum) {
-    if constexpr (fp) return (a >= b || a != a) ? a : b; else return a > b ? a : b;  // NOLINT(misc-redundant-expression)
+    if constexpr (fp)
+      return (a >= b || a != a) ? a : b;
+    else
+      return a > b ? a : b;  // NOLINT(misc-redundant-expression)
   } else if constexpr (OP == BinaryOp::Minimum) {
-    if constexpr (fp) return (a <= b || a != a) ? a : b; else return a < b ? a : b;  // NOLINT(misc-redundant-expression)
+    if constexpr (fp)
+      return (a <= b || a != a) ? a : b;
+    else
+      return a < b ? a : b;  // NOLINT(misc-redundant-expression)
   } else if constexpr (OP == BinaryOp::Remainder || OP == BinaryOp::FloorDivide) {
     if constexpr (fp) {
       C q, r;
@@ -122,6 +147,13 @@ void binary_loop(const View& out, const View& a, const View& b) {
     const T* x = reinterpret_cast<const T*>(p[1]);
     const T* y = reinterpret_cast<const T*>(p[2]);
     constexpr auto so = static_cast<int64_t>(sizeof(O)), st = static_cast<int64_t>(sizeof(T));
+    if constexpr (std::is_same_v<T, float> && OP <= BinaryOp::Div) {
+      const bool vx = s[1] == st || s[1] == 0, vy = s[2] == st || s[2] == 0;
+      if (s[0] == so && vx && vy) {
+        vec().arith_f32(static_cast<int>(OP), o, x, s[1] ? 1 : 0, y, s[2] ? 1 : 0, n);
+        return;
+      }
+    }
     if (s[0] == so && s[1] == st && s[2] == st) {
       for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
     } else if (s[0] == so && s[1] == st && s[2] == 0) {
@@ -157,9 +189,9 @@ template <class T>
 void binary_typed(BinaryOp op, const View& out, const View& a, const View& b) {
   check_int_operands<T>(op, b);
   switch (op) {
-#define KAEL_BINARY_CASE(name)                   \
-  case BinaryOp::name:                           \
-    binary_loop<BinaryOp::name, T>(out, a, b);   \
+#define KAEL_BINARY_CASE(name)                 \
+  case BinaryOp::name:                         \
+    binary_loop<BinaryOp::name, T>(out, a, b); \
     break;
     KAEL_BINARY_CASE(Add)
     KAEL_BINARY_CASE(Sub)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "allocator.h"
+#include "buffer.h"
 #include "kernels.h"
 #include "thread_pool.h"
 #include "vec.h"
@@ -37,7 +38,9 @@ Names g_names;
 PyObject* g_dtypes[kNumDTypes] = {};
 PyObject* g_errors[6] = {};  // indexed by ErrorKind
 
-[[noreturn]] void raise(ErrorKind kind, const std::string& msg) { throw Error(kind, msg); }
+[[noreturn]] void raise(ErrorKind kind, const std::string& msg) {
+  throw Error(kind, msg);
+}
 
 PyObject* getattr(PyObject* o, PyObject* name) {
   PyObject* r = PyObject_GetAttr(o, name);
@@ -63,7 +66,8 @@ int read_tuple(PyObject* t, int64_t* out, const char* what) {
   if (!PyTuple_Check(t)) raise(ErrorKind::Kael, std::string("kael_backend_cpu: tensor ") + what + " is not a tuple");
   const Py_ssize_t n = PyTuple_GET_SIZE(t);
   if (n > kMaxDims) {
-    raise(ErrorKind::Shape, detail::cat("kael_backend_cpu: tensors of at most ", kMaxDims, " dims are supported, got ", n));
+    raise(ErrorKind::Shape,
+          detail::cat("kael_backend_cpu: tensors of at most ", kMaxDims, " dims are supported, got ", n));
   }
   for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_int(PyTuple_GET_ITEM(t, i));
   return static_cast<int>(n);
@@ -117,7 +121,8 @@ View parse(py::handle th, const char* op, bool writable = false) {
 
 int wrap_dim(int64_t dim, int ndim, const char* op) {
   const int n = ndim > 0 ? ndim : 1;
-  if (dim < -n || dim >= n) raise(ErrorKind::Index, detail::cat(op, ": dim ", dim, " is out of range for ", ndim, " dims"));
+  if (dim < -n || dim >= n)
+    raise(ErrorKind::Index, detail::cat(op, ": dim ", dim, " is out of range for ", ndim, " dims"));
   return static_cast<int>(dim < 0 ? dim + n : dim);
 }
 
@@ -133,8 +138,13 @@ Scalar scalar_of(py::handle h, const char* op) {
   } else if (PyFloat_Check(o)) {
     s.kind = Scalar::Float;
     s.f = PyFloat_AS_DOUBLE(o);
+  } else if (PyIndex_Check(o) != 0) {  // numpy integers and the like
+    py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(o));
+    if (!i) throw py::error_already_set();
+    s.kind = Scalar::Int;
+    s.i = as_int(i.ptr());
   } else {
-    const double d = PyFloat_AsDouble(o);  // numpy scalars and the like
+    const double d = PyFloat_AsDouble(o);  // numpy floats and the like
     if (d == -1.0 && PyErr_Occurred()) {
       PyErr_Clear();
       raise(ErrorKind::DType, detail::cat(op, ": expected a bool, int or float value"));
@@ -210,7 +220,7 @@ py::dict memory_stats() {
   return d;
 }
 
-void translate(std::exception_ptr p) {
+void translate(std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param): pybind11's signature
   try {
     if (p) std::rethrow_exception(p);
   } catch (const Error& e) {
@@ -240,7 +250,9 @@ void register_errors() {
   py::register_exception_translator(translate);
 }
 
-PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
+PyObject* intern(const char* s) {
+  return PyUnicode_InternFromString(s);
+}
 
 // -- kernel wrappers --------------------------------------------------------------------
 
@@ -248,6 +260,8 @@ void bind_elementwise(py::module_& m) {
   m.def("copy", [](py::handle out, py::handle a) {
     View o = parse(out, "copy", true), x = parse(a, "copy");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, x, true);
     copy(o, x);
   });
   m.def("fill", [](py::handle out, py::handle value) {
@@ -265,15 +279,19 @@ void bind_elementwise(py::module_& m) {
   m.def("where", [](py::handle out, py::handle cond, py::handle a, py::handle b) {
     View o = parse(out, "where", true), c = parse(cond, "where"), x = parse(a, "where"), y = parse(b, "where");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, c, true);
+    u.fix(o, x, true);
+    u.fix(o, y, true);
     where(o, c, x, y);
   });
   const std::pair<const char*, UnaryOp> unary_ops[] = {
-      {"neg", UnaryOp::Neg},     {"exp", UnaryOp::Exp},         {"log", UnaryOp::Log},
-      {"sqrt", UnaryOp::Sqrt},   {"rsqrt", UnaryOp::Rsqrt},     {"tanh", UnaryOp::Tanh},
-      {"abs", UnaryOp::Abs},     {"sin", UnaryOp::Sin},         {"cos", UnaryOp::Cos},
+      {"neg", UnaryOp::Neg},         {"exp", UnaryOp::Exp},     {"log", UnaryOp::Log},
+      {"sqrt", UnaryOp::Sqrt},       {"rsqrt", UnaryOp::Rsqrt}, {"tanh", UnaryOp::Tanh},
+      {"abs", UnaryOp::Abs},         {"sin", UnaryOp::Sin},     {"cos", UnaryOp::Cos},
       {"sigmoid", UnaryOp::Sigmoid}, {"erf", UnaryOp::Erf},     {"log1p", UnaryOp::Log1p},
-      {"expm1", UnaryOp::Expm1}, {"floor", UnaryOp::Floor},     {"ceil", UnaryOp::Ceil},
-      {"round", UnaryOp::Round}, {"sign", UnaryOp::Sign},       {"logical_not", UnaryOp::LogicalNot},
+      {"expm1", UnaryOp::Expm1},     {"floor", UnaryOp::Floor}, {"ceil", UnaryOp::Ceil},
+      {"round", UnaryOp::Round},     {"sign", UnaryOp::Sign},   {"logical_not", UnaryOp::LogicalNot},
   };
   for (const auto& [name, op] : unary_ops) {
     const char* n = name;
@@ -281,16 +299,29 @@ void bind_elementwise(py::module_& m) {
     m.def(name, [n, u](py::handle out, py::handle a) {
       View o = parse(out, n, true), x = parse(a, n);
       py::gil_scoped_release nogil;
+      Unaliased ua;
+      ua.fix(o, x, true);
       unary(u, o, x);
     });
   }
   const std::pair<const char*, BinaryOp> binary_ops[] = {
-      {"add", BinaryOp::Add},       {"sub", BinaryOp::Sub},         {"mul", BinaryOp::Mul},
-      {"div", BinaryOp::Div},       {"pow", BinaryOp::Pow},         {"maximum", BinaryOp::Maximum},
-      {"minimum", BinaryOp::Minimum}, {"remainder", BinaryOp::Remainder}, {"floor_divide", BinaryOp::FloorDivide},
-      {"eq", BinaryOp::Eq},         {"ne", BinaryOp::Ne},           {"lt", BinaryOp::Lt},
-      {"le", BinaryOp::Le},         {"gt", BinaryOp::Gt},           {"ge", BinaryOp::Ge},
-      {"logical_and", BinaryOp::LogicalAnd}, {"logical_or", BinaryOp::LogicalOr},
+      {"add", BinaryOp::Add},
+      {"sub", BinaryOp::Sub},
+      {"mul", BinaryOp::Mul},
+      {"div", BinaryOp::Div},
+      {"pow", BinaryOp::Pow},
+      {"maximum", BinaryOp::Maximum},
+      {"minimum", BinaryOp::Minimum},
+      {"remainder", BinaryOp::Remainder},
+      {"floor_divide", BinaryOp::FloorDivide},
+      {"eq", BinaryOp::Eq},
+      {"ne", BinaryOp::Ne},
+      {"lt", BinaryOp::Lt},
+      {"le", BinaryOp::Le},
+      {"gt", BinaryOp::Gt},
+      {"ge", BinaryOp::Ge},
+      {"logical_and", BinaryOp::LogicalAnd},
+      {"logical_or", BinaryOp::LogicalOr},
   };
   for (const auto& [name, op] : binary_ops) {
     const char* n = name;
@@ -298,6 +329,9 @@ void bind_elementwise(py::module_& m) {
     m.def(name, [n, bop](py::handle out, py::handle a, py::handle b) {
       View o = parse(out, n, true), x = parse(a, n), y = parse(b, n);
       py::gil_scoped_release nogil;
+      Unaliased u;
+      u.fix(o, x, true);
+      u.fix(o, y, true);
       binary(bop, o, x, y);
     });
   }
@@ -305,9 +339,8 @@ void bind_elementwise(py::module_& m) {
 
 void bind_reductions(py::module_& m) {
   const std::pair<const char*, ReduceOp> ops[] = {
-      {"sum", ReduceOp::Sum},       {"prod", ReduceOp::Prod},     {"amax", ReduceOp::Amax},
-      {"amin", ReduceOp::Amin},     {"argmax", ReduceOp::Argmax}, {"argmin", ReduceOp::Argmin},
-      {"any", ReduceOp::Any},       {"all", ReduceOp::All},
+      {"sum", ReduceOp::Sum},       {"prod", ReduceOp::Prod},     {"amax", ReduceOp::Amax}, {"amin", ReduceOp::Amin},
+      {"argmax", ReduceOp::Argmax}, {"argmin", ReduceOp::Argmin}, {"any", ReduceOp::Any},   {"all", ReduceOp::All},
   };
   for (const auto& [name, op] : ops) {
     const char* n = name;
@@ -317,6 +350,8 @@ void bind_reductions(py::module_& m) {
       std::vector<int> ds;
       for (py::handle d : dims) ds.push_back(wrap_dim(as_int(d.ptr()), x.ndim, n));
       py::gil_scoped_release nogil;
+      Unaliased u;
+      u.fix(o, x, false);
       reduce(r, o, x, ds);
     });
   }
@@ -326,30 +361,45 @@ void bind_indexing(py::module_& m) {
   m.def("matmul", [](py::handle out, py::handle a, py::handle b) {
     View o = parse(out, "matmul", true), x = parse(a, "matmul"), y = parse(b, "matmul");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, x, false);
+    u.fix(o, y, false);
     matmul(o, x, y);
   });
   m.def("gather", [](py::handle out, py::handle a, py::handle index, int64_t dim) {
     View o = parse(out, "gather", true), x = parse(a, "gather"), i = parse(index, "gather");
     const int d = wrap_dim(dim, x.ndim, "gather");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, x, false);
+    u.fix(o, i, false);
     gather(o, x, i, d);
   });
   m.def("index_select", [](py::handle out, py::handle a, py::handle index, int64_t dim) {
     View o = parse(out, "index_select", true), x = parse(a, "index_select"), i = parse(index, "index_select");
     const int d = wrap_dim(dim, x.ndim, "index_select");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, x, false);
+    u.fix(o, i, false);
     index_select(o, x, i, d);
   });
   m.def("index_add", [](py::handle out, py::handle index, py::handle src, int64_t dim) {
     View o = parse(out, "index_add", true), i = parse(index, "index_add"), s = parse(src, "index_add");
     const int d = wrap_dim(dim, o.ndim, "index_add");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, i, false);
+    u.fix(o, s, false);
     index_add(o, i, s, d);
   });
   m.def("scatter_add", [](py::handle out, py::handle index, py::handle src, int64_t dim) {
     View o = parse(out, "scatter_add", true), i = parse(index, "scatter_add"), s = parse(src, "scatter_add");
     const int d = wrap_dim(dim, o.ndim, "scatter_add");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, i, false);
+    u.fix(o, s, false);
     scatter_add(o, i, s, d);
   });
   m.def("cat", [](py::handle out, py::handle tensors, int64_t dim) {
@@ -358,27 +408,40 @@ void bind_indexing(py::module_& m) {
     for (py::handle t : tensors) parts.push_back(parse(t, "cat"));
     const int d = wrap_dim(dim, o.ndim, "cat");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    for (View& p : parts) u.fix(o, p, false);
     cat(o, parts, d);
   });
   m.def("nonzero", [](py::handle out, py::handle mask) {
     View o = parse(out, "nonzero", true), x = parse(mask, "nonzero");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, x, false);
     nonzero(o, x);
   });
   m.def("sort", [](py::handle values, py::handle indices, py::handle a, int64_t dim, bool descending) {
     View v = parse(values, "sort", true), i = parse(indices, "sort", true), x = parse(a, "sort");
     const int d = wrap_dim(dim, x.ndim, "sort");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(v, x, false);
+    u.fix(i, x, false);
     sort(v, i, x, d, descending);
   });
   m.def("topk", [](py::handle values, py::handle indices, py::handle x, int64_t k) {
     View v = parse(values, "topk", true), i = parse(indices, "topk", true), a = parse(x, "topk");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(v, a, false);
+    u.fix(i, a, false);
     topk(v, i, a, k);
   });
   m.def("embedding", [](py::handle out, py::handle weight, py::handle ids) {
     View o = parse(out, "embedding", true), w = parse(weight, "embedding"), i = parse(ids, "embedding");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, w, false);
+    u.fix(o, i, false);
     embedding(o, w, i);
   });
 }
@@ -396,12 +459,18 @@ void bind_fused(py::module_& m) {
     const bool has_bias = !bias.is_none();
     if (has_bias) b = parse(bias, "linear");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, false);
+    u.fix(o, w, false);
+    if (has_bias) u.fix(o, b, false);
     linear(o, a, w, has_bias ? &b : nullptr);
   });
   m.def("gelu", [](py::handle out, py::handle x, const std::string& approximate) {
     View o = parse(out, "gelu", true), a = parse(x, "gelu");
     const bool t = tanh_form(approximate);
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, true);
     gelu(o, a, t);
   });
   m.def("gelu_backward", [](py::handle grad_in, py::handle grad_out, py::handle x, const std::string& approximate) {
@@ -409,29 +478,42 @@ void bind_fused(py::module_& m) {
          a = parse(x, "gelu_backward");
     const bool t = tanh_form(approximate);
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(gi, go, true);
+    u.fix(gi, a, true);
     gelu_backward(gi, go, a, t);
   });
   m.def("softmax", [](py::handle out, py::handle x, int64_t dim) {
     View o = parse(out, "softmax", true), a = parse(x, "softmax");
     const int d = wrap_dim(dim, a.ndim, "softmax");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, true);  // rows are read in full before they are written
     softmax(o, a, d);
   });
   m.def("log_softmax", [](py::handle out, py::handle x, int64_t dim) {
     View o = parse(out, "log_softmax", true), a = parse(x, "log_softmax");
     const int d = wrap_dim(dim, a.ndim, "log_softmax");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, true);
     log_softmax(o, a, d);
   });
   m.def("layer_norm", [](py::handle out, py::handle mean, py::handle rstd, py::handle x, py::handle weight,
                          py::handle bias, double eps) {
-    View o = parse(out, "layer_norm", true), mu = parse(mean, "layer_norm", true),
-         r = parse(rstd, "layer_norm", true), a = parse(x, "layer_norm");
+    View o = parse(out, "layer_norm", true), mu = parse(mean, "layer_norm", true), r = parse(rstd, "layer_norm", true),
+         a = parse(x, "layer_norm");
     View w, b;
     const bool hw = !weight.is_none(), hb = !bias.is_none();
     if (hw) w = parse(weight, "layer_norm");
     if (hb) b = parse(bias, "layer_norm");
     py::gil_scoped_release nogil;
+    Unaliased u;
+    for (const View* ov : {&o, &mu, &r}) {
+      u.fix(*ov, a, ov == &o);
+      if (hw) u.fix(*ov, w, false);
+      if (hb) u.fix(*ov, b, false);
+    }
     layer_norm(o, mu, r, a, hw ? &w : nullptr, hb ? &b : nullptr, eps);
   });
   m.def("layer_norm_backward", [](py::handle dx, py::handle dweight, py::handle dbias, py::handle grad, py::handle x,
@@ -444,30 +526,44 @@ void bind_fused(py::module_& m) {
     if (hgb) gb = parse(dbias, n, true);
     if (hw) w = parse(weight, n);
     py::gil_scoped_release nogil;
+    Unaliased u;
+    for (View* in : {&g, &a, &mu, &r}) u.fix(gx, *in, false);
+    if (hw) u.fix(gx, w, false);
     layer_norm_backward(gx, hgw ? &gw : nullptr, hgb ? &gb : nullptr, g, a, mu, r, hw ? &w : nullptr);
   });
-  m.def("cross_entropy", [](py::handle losses, py::handle logits, py::handle target, int64_t ignore_index,
-                            double label_smoothing) {
-    View l = parse(losses, "cross_entropy", true), z = parse(logits, "cross_entropy"),
-         t = parse(target, "cross_entropy");
-    py::gil_scoped_release nogil;
-    cross_entropy(l, z, t, ignore_index, label_smoothing);
-  });
-  m.def("attention", [](py::handle out, py::handle q, py::handle k, py::handle v, double scale, bool causal,
-                        py::handle lengths) {
-    View o = parse(out, "attention", true), qv = parse(q, "attention"), kv = parse(k, "attention"),
-         vv = parse(v, "attention");
-    View lv;
-    const bool hl = !lengths.is_none();
-    if (hl) lv = parse(lengths, "attention");
-    py::gil_scoped_release nogil;
-    attention(o, qv, kv, vv, scale, causal, hl ? &lv : nullptr);
-  });
+  m.def("cross_entropy",
+        [](py::handle losses, py::handle logits, py::handle target, int64_t ignore_index, double label_smoothing) {
+          View l = parse(losses, "cross_entropy", true), z = parse(logits, "cross_entropy"),
+               t = parse(target, "cross_entropy");
+          py::gil_scoped_release nogil;
+          Unaliased u;
+          u.fix(l, z, false);
+          u.fix(l, t, false);
+          cross_entropy(l, z, t, ignore_index, label_smoothing);
+        });
+  m.def("attention",
+        [](py::handle out, py::handle q, py::handle k, py::handle v, double scale, bool causal, py::handle lengths) {
+          View o = parse(out, "attention", true), qv = parse(q, "attention"), kv = parse(k, "attention"),
+               vv = parse(v, "attention");
+          View lv;
+          const bool hl = !lengths.is_none();
+          if (hl) lv = parse(lengths, "attention");
+          py::gil_scoped_release nogil;
+          Unaliased u;
+          u.fix(o, qv, false);
+          u.fix(o, kv, false);
+          u.fix(o, vv, false);
+          attention(o, qv, kv, vv, scale, causal, hl ? &lv : nullptr);
+        });
   m.def("adamw_step", [](py::handle param, py::handle grad, py::handle exp_avg, py::handle exp_avg_sq, double lr,
                          double beta1, double beta2, double eps, double weight_decay, int64_t step) {
     const char* n = "adamw_step";
     View p = parse(param, n, true), g = parse(grad, n), m1 = parse(exp_avg, n, true), m2 = parse(exp_avg_sq, n, true);
     py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(p, g, true);
+    u.fix(m1, g, true);
+    u.fix(m2, g, true);
     adamw_step(p, g, m1, m2, lr, beta1, beta2, eps, weight_decay, step);
   });
 }

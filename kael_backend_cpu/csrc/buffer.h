@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "allocator.h"
 #include "view.h"
@@ -36,6 +37,23 @@ class Buffer {
 struct Temp {
   Buffer buf;
   View view;
+};
+
+// Whether two views' memory ranges intersect.
+bool overlaps(const View& a, const View& b);
+// Whether two views address exactly the same elements in the same order.
+bool same_elements(const View& a, const View& b);
+
+// NOTE [aliasing]: kernels read their inputs as they were before the call, NumPy's rule
+// (`t[1:].add_(t[:-1])`). An input sharing memory with an output is copied first, unless
+// the kernel is elementwise and the two views address the same elements (in place).
+class Unaliased {
+ public:
+  // Replace `in` by a private copy when reading it while writing `out` would be unsafe.
+  void fix(const View& out, View& in, bool elementwise);
+
+ private:
+  std::vector<Temp> temps_;
 };
 
 // An uninitialised contiguous temporary of the given dtype and shape.

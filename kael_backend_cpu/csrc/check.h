@@ -44,9 +44,9 @@ std::string cat(const Args&... args) {
 
 // KAEL_CHECK(cond, Kind, message parts...): throw kael::Error of ErrorKind::Kind
 // when cond is false. The message names the op, the values and the expectation.
-#define KAEL_CHECK(cond, kind, ...)                                                                       \
-  do {                                                                                                    \
-    if (__builtin_expect(!(cond), 0)) {                                                                   \
+#define KAEL_CHECK(cond, kind, ...)                                                                               \
+  do {                                                                                                            \
+    if (__builtin_expect(!(cond), 0)) {                                                                           \
       ::kael::detail::throw_error(::kael::ErrorKind::kind, __FILE__, __LINE__, ::kael::detail::cat(__VA_ARGS__)); \
-    }                                                                                                     \
+    }                                                                                                             \
   } while (0)

@@ -140,8 +140,7 @@ void arange(const View& out, Scalar start, Scalar step) {
       const auto s0 = static_cast<uint64_t>(start.i), ds = static_cast<uint64_t>(step.i);
       parallel_for(0, n, kGrainCheap, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {  // wrapping int64 arithmetic, like NumPy
-          *reinterpret_cast<T*>(base + i * st) =
-              convert<T>(static_cast<int64_t>(s0 + static_cast<uint64_t>(i) * ds));
+          *reinterpret_cast<T*>(base + i * st) = convert<T>(static_cast<int64_t>(s0 + static_cast<uint64_t>(i) * ds));
         }
       });
     }

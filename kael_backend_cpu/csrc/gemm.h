@@ -15,12 +15,12 @@ namespace kael {
 // kc x nr panels and run through the cache-blocked micro-kernel (BLIS loop order),
 // with the threads splitting the larger of m and n.
 template <class T>
-void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb,
-          int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate);
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, int64_t csb,
+          T* c, int64_t rsc, int64_t csc, bool accumulate);
 
 extern template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t,
                                  int64_t, float*, int64_t, int64_t, bool);
-extern template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*,
-                                  int64_t, int64_t, double*, int64_t, int64_t, bool);
+extern template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t,
+                                  int64_t, double*, int64_t, int64_t, bool);
 
 }  // namespace kael

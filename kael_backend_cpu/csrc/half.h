@@ -105,7 +105,9 @@ inline uint16_t double_to_half_bits(double value) {
   return static_cast<uint16_t>(h_sgn + h_exp + h_sig);
 }
 
-inline float bf16_bits_to_float(uint16_t b) { return bits_f32(static_cast<uint32_t>(b) << 16); }
+inline float bf16_bits_to_float(uint16_t b) {
+  return bits_f32(static_cast<uint32_t>(b) << 16);
+}
 
 inline uint16_t float_to_bf16_bits(float f) {
   if (f != f) return 0x7FC0u;  // NOLINT(misc-redundant-expression): nan test

@@ -41,7 +41,6 @@ void gather_items(const View& out, const View& index, const View& src, int64_t s
   });
 }
 
-
 template <class T>
 using key_t = compute_t<T>;
 

@@ -165,8 +165,8 @@ void for_each(const StridedLoop<N>& L, int64_t grain, F&& f) {
   if (L.numel == 0) return;
   if (wants_tiles(L)) {
     const int nd = L.ndim;
-    const int64_t ntiles = L.numel / (L.shape[nd - 1] * L.shape[nd - 2]) *
-                           ((L.shape[nd - 2] + kTile - 1) / kTile) * ((L.shape[nd - 1] + kTile - 1) / kTile);
+    const int64_t ntiles = L.numel / (L.shape[nd - 1] * L.shape[nd - 2]) * ((L.shape[nd - 2] + kTile - 1) / kTile) *
+                           ((L.shape[nd - 1] + kTile - 1) / kTile);
     parallel_for(0, ntiles, std::max<int64_t>(1, grain / (kTile * kTile)),
                  [&](int64_t b, int64_t e) { run_tiles(L, b, e, f); });
     return;

@@ -28,14 +28,45 @@ void where(const View& out, const View& cond, const View& a, const View& b);
 
 // -- unary.cpp / binary.cpp: elementwise -------------------------------------------------
 enum class UnaryOp {
-  Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Abs, Sin, Cos, Sigmoid, Erf, Log1p, Expm1, Floor, Ceil, Round, Sign,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Tanh,
+  Abs,
+  Sin,
+  Cos,
+  Sigmoid,
+  Erf,
+  Log1p,
+  Expm1,
+  Floor,
+  Ceil,
+  Round,
+  Sign,
   LogicalNot,
 };
 enum class BinaryOp {
-  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, FloorDivide,
-  Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Pow,
+  Maximum,
+  Minimum,
+  Remainder,
+  FloorDivide,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  LogicalAnd,
+  LogicalOr,
 };
-void unary(UnaryOp op, const View& out, const View& a);              // logical_not: out bool
+void unary(UnaryOp op, const View& out, const View& a);                   // logical_not: out bool
 void binary(BinaryOp op, const View& out, const View& a, const View& b);  // comparisons: out bool
 
 // -- reduce.cpp -------------------------------------------------------------------------
@@ -56,8 +87,8 @@ void scatter_add(const View& out, const View& index, const View& src, int dim); 
 void cat(const View& out, const std::vector<View>& parts, int dim);
 void nonzero(const View& out, const View& mask);  // out int64 [n, mask.ndim]
 void sort(const View& values, const View& indices, const View& a, int dim, bool descending);  // stable
-void topk(const View& values, const View& indices, const View& x, int64_t k);  // last dim, largest first
-void embedding(const View& out, const View& weight, const View& ids);          // out [*ids, D]
+void topk(const View& values, const View& indices, const View& x, int64_t k);                 // last dim, largest first
+void embedding(const View& out, const View& weight, const View& ids);                         // out [*ids, D]
 
 // -- nn.cpp: fused ops -------------------------------------------------------------------
 void gelu(const View& out, const View& x, bool tanh_approx);

@@ -24,12 +24,14 @@ const GemmKernels<T>& kernels_for() {
   }
 }
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 // One thread's share: the BLIS loops over a sub-matrix of C.
 template <class T>
-void gemm_packed_serial(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b,
-                        int64_t rsb, int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate) {
+void gemm_packed_serial(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb,
+                        int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate) {
   const GemmKernels<T>& g = kernels_for<T>();
   const int64_t kblocks = (k + g.kc - 1) / g.kc;
   const int64_t kc_max = (k + kblocks - 1) / kblocks;  // balanced depth blocks
@@ -68,7 +70,7 @@ void gemm_packed(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64
   const int64_t unit = split_n ? g.nr : g.mr;
   const int64_t units = ((split_n ? n : m) + unit - 1) / unit;
   const int64_t work = m * n * k;
-  const int64_t parts = work < (int64_t{1} << 18) ? 1 : parallel_chunks(0, units, 1);
+  const int64_t parts = work < (int64_t{1} << 18) ? 1 : std::min<int64_t>(parallel_width(), units);
   if (parts <= 1) {
     gemm_packed_serial(m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, accumulate);
     return;
@@ -133,7 +135,7 @@ void naive_matmul_2d(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, i
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) c[i * rsc + j * csc] = T(0);
     for (int64_t kk = 0; kk < k; ++kk) {
-      const auto av = static_cast<W>(a[i * rsa + kk * csa]);
+      const auto av = static_cast<W>(a[i * rsa + kk * csa]);  // NOLINT(bugprone-signed-char-misuse): wraps
       for (int64_t j = 0; j < n; ++j) {
         T& dst = c[i * rsc + j * csc];
         dst = static_cast<T>(static_cast<W>(static_cast<W>(dst) + av * static_cast<W>(b[kk * rsb + j * csb])));
@@ -165,8 +167,8 @@ void matmul_batches(const View& out, const View& a, const View& b) {
       gemm<T>(m, n, k, ap, a.strides[nd - 2], a.strides[nd - 1], bp, b.strides[nd - 2], b.strides[nd - 1], c,
               out.strides[nd - 2], out.strides[nd - 1], false);
     } else {
-      naive_matmul_2d<T>(m, n, k, ap, a.strides[nd - 2], a.strides[nd - 1], bp, b.strides[nd - 2],
-                         b.strides[nd - 1], c, out.strides[nd - 2], out.strides[nd - 1]);
+      naive_matmul_2d<T>(m, n, k, ap, a.strides[nd - 2], a.strides[nd - 1], bp, b.strides[nd - 2], b.strides[nd - 1], c,
+                         out.strides[nd - 2], out.strides[nd - 1]);
     }
   };
   const bool small = m * n * k < (int64_t{1} << 21) || !std::is_floating_point_v<T>;
@@ -233,8 +235,8 @@ void linear_native(const View& out, const View& x, const View& w, const View* bi
 }  // namespace
 
 template <class T>
-void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb,
-          int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate) {
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, int64_t csb,
+          T* c, int64_t rsc, int64_t csc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate) {
@@ -260,8 +262,8 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa,
 
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                           float*, int64_t, int64_t, bool);
-template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t,
-                           int64_t, double*, int64_t, int64_t, bool);
+template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,
+                           double*, int64_t, int64_t, bool);
 
 void matmul(const View& out, const View& a, const View& b) {
   const int nd = out.ndim;
@@ -275,8 +277,8 @@ void matmul(const View& out, const View& a, const View& b) {
     KAEL_CHECK(a.shape[d] == out.shape[d] && b.shape[d] == out.shape[d], Shape,
                "matmul: batch dims must already be broadcast to the output's, dim ", d);
   }
-  KAEL_CHECK(a.dtype == out.dtype && b.dtype == out.dtype, DType, "matmul: dtypes differ: out ",
-             dtype_name(out.dtype), ", a ", dtype_name(a.dtype), ", b ", dtype_name(b.dtype));
+  KAEL_CHECK(a.dtype == out.dtype && b.dtype == out.dtype, DType, "matmul: dtypes differ: out ", dtype_name(out.dtype),
+             ", a ", dtype_name(a.dtype), ", b ", dtype_name(b.dtype));
   if (out.numel() == 0) return;
   if (is_half(out.dtype)) {  // compute in float32
     Temp ta = to_contiguous(a, DType::Float32), tb = to_contiguous(b, DType::Float32);
@@ -294,10 +296,10 @@ void linear(const View& out, const View& x, const View& weight, const View* bias
              x.ndim ? x.shape[x.ndim - 1] : 0, "] does not fit weight of ", weight.ndim, " dims");
   KAEL_CHECK(out.ndim >= 1 && out.shape[out.ndim - 1] == weight.shape[0], Shape, "linear: output's last dim ",
              out.ndim ? out.shape[out.ndim - 1] : 0, " != out_features ", weight.shape[0]);
-  KAEL_CHECK(bias == nullptr || (bias->ndim == 1 && bias->shape[0] == weight.shape[0]), Shape,
-             "linear: bias must be [", weight.shape[0], "]");
-  KAEL_CHECK(x.dtype == out.dtype && weight.dtype == out.dtype && (bias == nullptr || bias->dtype == out.dtype),
-             DType, "linear: input, weight, bias and output must share a dtype");
+  KAEL_CHECK(bias == nullptr || (bias->ndim == 1 && bias->shape[0] == weight.shape[0]), Shape, "linear: bias must be [",
+             weight.shape[0], "]");
+  KAEL_CHECK(x.dtype == out.dtype && weight.dtype == out.dtype && (bias == nullptr || bias->dtype == out.dtype), DType,
+             "linear: input, weight, bias and output must share a dtype");
   if (out.numel() == 0) return;
   if (is_half(out.dtype)) {
     Temp tx = to_contiguous(x, DType::Float32), tw = to_contiguous(weight, DType::Float32);

@@ -137,13 +137,15 @@ std::vector<C> param_vector(const View* p, int64_t n) {
   return v;
 }
 
-inline float round_half(float v) { return static_cast<float>(Half(v)); }
+inline float round_half(float v) {
+  return static_cast<float>(Half(v));
+}
 
 // float16 rows the way NumPy computes them in float16 (the reference backend): every
 // intermediate rounded to float16, sums accumulated in float32. The statistics are
 // outputs in float32, so this rounding is part of the result.
-void layer_norm_half_row(float* y, const float* x, const float* w, const float* b, int64_t n, double eps,
-                         double* mean, double* rstd) {
+void layer_norm_half_row(float* y, const float* x, const float* w, const float* b, int64_t n, double eps, double* mean,
+                         double* rstd) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += x[i];
   const float mu = round_half(static_cast<float>(s) / static_cast<float>(n));
@@ -234,7 +236,8 @@ void layer_norm_backward_typed(const View& dx, const View* dweight, const View* 
   const int64_t sx = x.strides[dim], sg = grad.strides[dim], sd = dx.strides[dim];
   const std::vector<C> w = param_vector<C>(weight, n);
   const int64_t rows = lx.count;
-  const int64_t chunks = std::max<int64_t>(1, parallel_chunks(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n))));
+  const int64_t chunks =
+      std::max<int64_t>(1, parallel_chunks(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n))));
   const bool need_dw = dweight != nullptr, need_db = dbias != nullptr;
   std::vector<double> part_w(need_dw ? static_cast<size_t>(chunks * n) : 0, 0.0);
   std::vector<double> part_b(need_db ? static_cast<size_t>(chunks * n) : 0, 0.0);
@@ -431,14 +434,24 @@ void layer_norm(const View& out, const View& mean, const View& rstd, const View&
   check_float(x, "layer_norm");
   KAEL_CHECK(x.ndim >= 1, Shape, "layer_norm: expected at least one dimension");
   const int64_t n = x.shape[x.ndim - 1];
-  KAEL_CHECK(mean.numel() == x.numel() / std::max<int64_t>(n, 1) && rstd.numel() == mean.numel(), Shape,
+  int64_t rows = 1;  // not x.numel() / n: with n == 0 there are still rows (of nothing)
+  for (int d = 0; d + 1 < x.ndim; ++d) rows *= x.shape[d];
+  KAEL_CHECK(mean.numel() == rows && rstd.numel() == rows, Shape,
              "layer_norm: mean and rstd must have the input's shape without the last dim");
   KAEL_CHECK((mean.dtype == DType::Float32 || mean.dtype == DType::Float64) && rstd.dtype == mean.dtype, DType,
              "layer_norm: mean and rstd must be float32 or float64");
   for (const View* p : {weight, bias}) {
     KAEL_CHECK(p == nullptr || (p->ndim == 1 && p->shape[0] == n), Shape, "layer_norm: weight/bias must be [", n, "]");
   }
-  if (x.numel() == 0) return;
+  if (x.numel() == 0) {
+    // Rows of no elements: mean and variance are 0/0 (NaN), as in NumPy and the reference.
+    Scalar nan;
+    nan.kind = Scalar::Float;
+    nan.f = std::numeric_limits<double>::quiet_NaN();
+    fill(mean, nan);
+    fill(rstd, nan);
+    return;
+  }
   KAEL_DISPATCH_FLOATS(x.dtype, "layer_norm", (layer_norm_typed<T>(out, mean, rstd, x, weight, bias, eps)));
 }
 
@@ -464,7 +477,7 @@ void layer_norm_backward(const View& dx, const View* dweight, const View* dbias,
     return;
   }
   KAEL_DISPATCH_FLOATS(x.dtype, "layer_norm_backward",
-                (layer_norm_backward_typed<T>(dx, dweight, dbias, grad, x, mean, rstd, weight)));
+                       (layer_norm_backward_typed<T>(dx, dweight, dbias, grad, x, mean, rstd, weight)));
 }
 
 void cross_entropy(const View& losses, const View& logits, const View& target, int64_t ignore_index,
@@ -483,7 +496,7 @@ void cross_entropy(const View& losses, const View& logits, const View& target, i
   }
   KAEL_CHECK(logits.shape[1] > 0, Shape, "cross_entropy: no classes");
   KAEL_DISPATCH_FLOATS(logits.dtype, "cross_entropy",
-                (cross_entropy_typed<T>(losses, logits, *tv, ignore_index, label_smoothing)));
+                       (cross_entropy_typed<T>(losses, logits, *tv, ignore_index, label_smoothing)));
 }
 
 void adamw_step(const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq, double lr,
@@ -501,7 +514,7 @@ void adamw_step(const View& param, const View& grad, const View& exp_avg, const 
     return;
   }
   KAEL_DISPATCH_FLOATS(param.dtype, "adamw_step",
-                (adamw_typed<T>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step)));
+                       (adamw_typed<T>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step)));
 }
 
 }  // namespace kael

@@ -60,9 +60,15 @@ struct Policy {
         return acc || v != T(0);
       }
     } else if constexpr (OP == ReduceOp::Sum) {
-      if constexpr (std::is_floating_point_v<A>) return acc + static_cast<A>(v); else return wrap_add<A>(acc, v);
+      if constexpr (std::is_floating_point_v<A>)
+        return acc + static_cast<A>(v);
+      else
+        return wrap_add<A>(acc, v);
     } else if constexpr (OP == ReduceOp::Prod) {
-      if constexpr (std::is_floating_point_v<A>) return acc * v; else return wrap_mul<A>(acc, v);
+      if constexpr (std::is_floating_point_v<A>)
+        return acc * v;
+      else
+        return wrap_mul<A>(acc, v);
     } else if constexpr (OP == ReduceOp::Amax) {
       return (v > acc || isnan_(v)) ? v : acc;
     } else {
@@ -73,9 +79,15 @@ struct Policy {
     if constexpr (logical || OP == ReduceOp::Amax || OP == ReduceOp::Amin) {
       return step(x, static_cast<T>(y));
     } else if constexpr (OP == ReduceOp::Sum) {
-      if constexpr (std::is_floating_point_v<A>) return x + y; else return wrap_add<A>(x, y);
+      if constexpr (std::is_floating_point_v<A>)
+        return x + y;
+      else
+        return wrap_add<A>(x, y);
     } else {
-      if constexpr (std::is_floating_point_v<A>) return x * y; else return wrap_mul<A>(x, y);
+      if constexpr (std::is_floating_point_v<A>)
+        return x * y;
+      else
+        return wrap_mul<A>(x, y);
     }
   }
   // A contiguous row.
@@ -200,7 +212,7 @@ void reduce_values(const View& out, const View& a, const Geometry& g) {
   const T* base = a.ptr<T>();
   O* obase = out.ptr<O>();
   const bool inner_rows = g.nr == 1 && g.ra[0] == 1;
-  if (inner_rows && g.nkept < 2 * get_num_threads() && g.nred >= (int64_t{1} << 16)) {
+  if (inner_rows && g.nkept < int64_t{2} * get_num_threads() && g.nred >= (int64_t{1} << 16)) {
     // few long rows: split each row across threads
     for (int64_t i = 0; i < g.nkept; ++i) {
       int64_t oa = 0, oo = 0;
@@ -267,38 +279,36 @@ void reduce_values(const View& out, const View& a, const Geometry& g) {
                  });
     return;
   }
-  parallel_for(0, g.nkept, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, g.nred)),
-               [&](int64_t b, int64_t e) {
-                 for (int64_t i = b; i < e; ++i) {
-                   int64_t oa = 0, oo = 0;
-                   kept_offsets(g, i, &oa, &oo);
-                   A acc = P::init();
-                   walk_reduced(g, base + oa, [&](T v, int64_t) { acc = P::step(acc, v); });
-                   obase[oo] = convert<O>(acc);
-                 }
-               });
+  parallel_for(0, g.nkept, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, g.nred)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      int64_t oa = 0, oo = 0;
+      kept_offsets(g, i, &oa, &oo);
+      A acc = P::init();
+      walk_reduced(g, base + oa, [&](T v, int64_t) { acc = P::step(acc, v); });
+      obase[oo] = convert<O>(acc);
+    }
+  });
 }
 
 template <ReduceOp OP, class T>
 void reduce_arg(const View& out, const View& a, const Geometry& g) {
   const T* base = a.ptr<T>();
   auto* obase = out.ptr<int64_t>();
-  parallel_for(0, g.nkept, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, g.nred)),
-               [&](int64_t b, int64_t e) {
-                 for (int64_t i = b; i < e; ++i) {
-                   int64_t oa = 0, oo = 0;
-                   kept_offsets(g, i, &oa, &oo);
-                   T best = base[oa];
-                   int64_t where = 0;
-                   walk_reduced(g, base + oa, [&](T v, int64_t j) {
-                     if (better<OP, T>(v, best)) {
-                       best = v;
-                       where = j;
-                     }
-                   });
-                   obase[oo] = where;
-                 }
-               });
+  parallel_for(0, g.nkept, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, g.nred)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      int64_t oa = 0, oo = 0;
+      kept_offsets(g, i, &oa, &oo);
+      T best = base[oa];
+      int64_t where = 0;
+      walk_reduced(g, base + oa, [&](T v, int64_t j) {
+        if (better<OP, T>(v, best)) {
+          best = v;
+          where = j;
+        }
+      });
+      obase[oo] = where;
+    }
+  });
 }
 
 template <class T>
@@ -347,8 +357,8 @@ void reduce(ReduceOp op, const View& out, const View& a, const std::vector<int>&
     if (a.ndim) red[d] = true;
   }
   for (int d = 0; d < a.ndim; ++d) {
-    KAEL_CHECK(out.shape[d] == (red[d] ? 1 : a.shape[d]), Shape, name, ": output size ", out.shape[d], " at dim ",
-               d, " should be ", red[d] ? 1 : a.shape[d]);
+    KAEL_CHECK(out.shape[d] == (red[d] ? 1 : a.shape[d]), Shape, name, ": output size ", out.shape[d], " at dim ", d,
+               " should be ", red[d] ? 1 : a.shape[d]);
   }
   const bool arg = op == ReduceOp::Argmax || op == ReduceOp::Argmin;
   KAEL_CHECK(!arg || dims.size() == 1, Shape, name, ": expected exactly one dim, got ", dims.size());

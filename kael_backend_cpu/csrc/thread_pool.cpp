@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -33,12 +34,40 @@ thread_local bool t_in_region = false;
 // How long a worker spins for the next region before it sleeps.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
+// One parallel region. Shared by the caller and the workers that join it: a worker
+// that wakes late still holds the job, finds no chunk left and never touches fn.
+struct Job {
+  Job(RangeFn f, int64_t b, int64_t l, int64_t n) : fn(f), begin(b), len(l), nchunks(n) {}
+  RangeFn fn;
+  int64_t begin, len, nchunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex err_m;
+  std::exception_ptr error;
+
+  void work() {
+    const bool was = t_in_region;
+    t_in_region = true;
+    for (;;) {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= nchunks) break;
+      try {
+        fn(begin + len * i / nchunks, begin + len * (i + 1) / nchunks);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(err_m);
+        if (!error) error = std::current_exception();
+      }
+      done.fetch_add(1, std::memory_order_acq_rel);
+    }
+    t_in_region = was;
+  }
+};
+
 class Pool {
  public:
   explicit Pool(int n) : n_(n) {
     threads_.reserve(static_cast<size_t>(n - 1));
-    // Workers start from generation 0: a region published before a worker first runs is still its to join.
-    for (int i = 1; i < n; ++i) threads_.emplace_back([this] { worker(0); });
+    for (int i = 1; i < n; ++i) threads_.emplace_back([this] { worker(); });
   }
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -54,90 +83,62 @@ class Pool {
   [[nodiscard]] int size() const { return n_; }
   std::mutex& run_mutex() { return run_mutex_; }
 
-  // Run fn over [begin, end) in nchunks chunks; the caller holds run_mutex().
+  // Run fn over [begin, end) in nchunks chunks; the caller holds run_mutex() and takes
+  // part, and returns once every chunk is done (idle workers are not waited for).
   void run(int64_t begin, int64_t end, int64_t nchunks, RangeFn fn) {
-    fn_ = &fn;
-    begin_ = begin;
-    len_ = end - begin;
-    nchunks_ = nchunks;
-    next_.store(0, std::memory_order_relaxed);
-    finished_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
-    gen_.fetch_add(1, std::memory_order_release);
-    { std::lock_guard<std::mutex> lk(m_); }  // a worker between its check and its wait sees the new generation
+    auto job = std::make_shared<Job>(fn, begin, end - begin, nchunks);
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = job;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
     cv_.notify_all();
-    work();
+    job->work();
     int spins = 0;
-    while (finished_.load(std::memory_order_acquire) < n_ - 1) {
-      if (++spins < 4096) {
+    while (job->done.load(std::memory_order_acquire) < nchunks) {
+      if (++spins < 2048) {
         KAEL_CPU_RELAX();
       } else {
-        std::this_thread::yield();
+        std::this_thread::yield();  // a worker holding a chunk may need this core
       }
     }
-    fn_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (job_ == job) job_.reset();
+    }
+    if (job->error) std::rethrow_exception(job->error);
   }
 
  private:
-  void work() {
-    const bool was = t_in_region;
-    t_in_region = true;
-    for (;;) {
-      const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-      if (i >= nchunks_) break;
-      const int64_t b = begin_ + len_ * i / nchunks_;
-      const int64_t e = begin_ + len_ * (i + 1) / nchunks_;
-      try {
-        (*fn_)(b, e);
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(err_m_);
-        if (!error_) error_ = std::current_exception();
-      }
-    }
-    t_in_region = was;
-  }
-
-  void worker(uint64_t seen) {
+  void worker() {
+    uint64_t seen = 0;  // generation 0: no region yet, whenever this thread starts
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
-      bool ready = false;
       for (int i = 0;; ++i) {
-        if (gen_.load(std::memory_order_acquire) != seen) {
-          ready = true;
-          break;
-        }
+        if (gen_.load(std::memory_order_acquire) != seen) break;
         if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > kSpin) break;
         KAEL_CPU_RELAX();
       }
-      if (!ready) {
-        std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] { return stop_ || gen_.load(std::memory_order_acquire) != seen; });
-        if (stop_) return;
-      }
+      std::shared_ptr<Job> job;
       {
-        std::lock_guard<std::mutex> lk(m_);
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || gen_.load(std::memory_order_relaxed) != seen; });
         if (stop_) return;
+        seen = gen_.load(std::memory_order_relaxed);
+        job = job_;
       }
-      seen = gen_.load(std::memory_order_acquire);
-      work();
-      finished_.fetch_add(1, std::memory_order_release);
+      if (job) job->work();
     }
   }
 
   const int n_;
   std::vector<std::thread> threads_;
   std::mutex run_mutex_;
-  std::mutex m_;
+  std::mutex m_;  // guards job_ and stop_; gen_ changes under it
   std::condition_variable cv_;
   bool stop_ = false;
   std::atomic<uint64_t> gen_{0};
-  std::atomic<int64_t> next_{0};
-  std::atomic<int> finished_{0};
-  const RangeFn* fn_ = nullptr;
-  int64_t begin_ = 0, len_ = 0, nchunks_ = 0;
-  std::mutex err_m_;
-  std::exception_ptr error_;
+  std::shared_ptr<Job> job_;
 };
 
 int default_threads() {
@@ -194,29 +195,37 @@ Pool* pool_locked(int n) {
 
 }  // namespace
 
-int get_num_threads() { return configured_threads(); }
+int get_num_threads() {
+  return configured_threads();
+}
 
 void set_num_threads(int n) {
   KAEL_CHECK(n >= 1 && n <= 1024, Kael, "set_num_threads: expected 1 <= n <= 1024, got ", n);
   std::lock_guard<std::mutex> lk(*g_mutex);
   g_threads.store(n, std::memory_order_relaxed);
   if (g_pool != nullptr && g_pool->size() != n) {
-    {
-      std::lock_guard<std::mutex> wait_region(g_pool->run_mutex());
-    }
+    { std::lock_guard<std::mutex> wait_region(g_pool->run_mutex()); }
     delete g_pool;
     g_pool = nullptr;
   }
 }
 
-bool in_parallel_region() { return t_in_region; }
+bool in_parallel_region() {
+  return t_in_region;
+}
+
+int parallel_width() {
+  return t_in_region ? 1 : configured_threads();
+}
 
 int64_t parallel_chunks(int64_t begin, int64_t end, int64_t grain) {
   const int64_t len = end - begin;
   if (len <= 0) return 0;
   grain = std::max<int64_t>(grain, 1);
   if (t_in_region || len <= grain) return 1;
-  return std::max<int64_t>(1, std::min<int64_t>(configured_threads(), len / grain));
+  // up to 4 chunks per thread: a thread that falls behind (descheduled on a busy machine)
+  // leaves its remaining chunks to the others
+  return std::max<int64_t>(1, std::min<int64_t>(int64_t{4} * configured_threads(), len / grain));
 }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, RangeFn fn) {
@@ -234,7 +243,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, RangeFn fn) {
     fn(begin, end);
     return;
   }
-  pool->run(begin, end, std::min<int64_t>(nchunks, pool->size()), fn);
+  pool->run(begin, end, nchunks, fn);
 }
 
 }  // namespace kael

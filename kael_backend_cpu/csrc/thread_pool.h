@@ -40,10 +40,15 @@ bool in_parallel_region();
 
 // Call fn(b, e) on disjoint sub-ranges covering [begin, end), in parallel when the
 // range holds more than `grain` iterations. Each sub-range but the last has at
-// least `grain` iterations. Returns after every chunk has run.
+// least `grain` iterations. Returns after every chunk has run. parallel_for(0, p, 1, f)
+// with p <= parallel_width() runs each index as its own chunk.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, RangeFn fn);
 
-// How many chunks parallel_for would use for this range (1 when it runs inline).
+// How many chunks parallel_for would use for this range (1 when it runs inline; up to
+// four per thread, so threads that fall behind hand their work to the others).
 int64_t parallel_chunks(int64_t begin, int64_t end, int64_t grain);
+
+// Threads a parallel_for started here would run on (1 inside a parallel region).
+int parallel_width();
 
 }  // namespace kael

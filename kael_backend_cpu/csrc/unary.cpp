@@ -13,24 +13,42 @@ namespace {
 
 template <UnaryOp OP, class C>
 inline C apply_float(C x) {
-  if constexpr (OP == UnaryOp::Neg) return -x;
-  else if constexpr (OP == UnaryOp::Exp) return std::exp(x);
-  else if constexpr (OP == UnaryOp::Log) return std::log(x);
-  else if constexpr (OP == UnaryOp::Sqrt) return std::sqrt(x);
-  else if constexpr (OP == UnaryOp::Rsqrt) return C(1) / std::sqrt(x);
-  else if constexpr (OP == UnaryOp::Tanh) return std::tanh(x);
-  else if constexpr (OP == UnaryOp::Abs) return std::fabs(x);
-  else if constexpr (OP == UnaryOp::Sin) return std::sin(x);
-  else if constexpr (OP == UnaryOp::Cos) return std::cos(x);
-  else if constexpr (OP == UnaryOp::Sigmoid) return C(1) / (C(1) + std::exp(-x));
-  else if constexpr (OP == UnaryOp::Erf) return static_cast<C>(std::erf(static_cast<double>(x)));
-  else if constexpr (OP == UnaryOp::Log1p) return std::log1p(x);
-  else if constexpr (OP == UnaryOp::Expm1) return std::expm1(x);
-  else if constexpr (OP == UnaryOp::Floor) return std::floor(x);
-  else if constexpr (OP == UnaryOp::Ceil) return std::ceil(x);
-  else if constexpr (OP == UnaryOp::Round) return std::nearbyint(x);  // half to even
-  else if constexpr (OP == UnaryOp::Sign) return x > C(0) ? C(1) : (x < C(0) ? C(-1) : x);
-  else return x;
+  if constexpr (OP == UnaryOp::Neg)
+    return -x;
+  else if constexpr (OP == UnaryOp::Exp)
+    return std::exp(x);
+  else if constexpr (OP == UnaryOp::Log)
+    return std::log(x);
+  else if constexpr (OP == UnaryOp::Sqrt)
+    return std::sqrt(x);
+  else if constexpr (OP == UnaryOp::Rsqrt)
+    return C(1) / std::sqrt(x);
+  else if constexpr (OP == UnaryOp::Tanh)
+    return std::tanh(x);
+  else if constexpr (OP == UnaryOp::Abs)
+    return std::fabs(x);
+  else if constexpr (OP == UnaryOp::Sin)
+    return std::sin(x);
+  else if constexpr (OP == UnaryOp::Cos)
+    return std::cos(x);
+  else if constexpr (OP == UnaryOp::Sigmoid)
+    return C(1) / (C(1) + std::exp(-x));
+  else if constexpr (OP == UnaryOp::Erf)
+    return static_cast<C>(std::erf(static_cast<double>(x)));
+  else if constexpr (OP == UnaryOp::Log1p)
+    return std::log1p(x);
+  else if constexpr (OP == UnaryOp::Expm1)
+    return std::expm1(x);
+  else if constexpr (OP == UnaryOp::Floor)
+    return std::floor(x);
+  else if constexpr (OP == UnaryOp::Ceil)
+    return std::ceil(x);
+  else if constexpr (OP == UnaryOp::Round)
+    return std::nearbyint(x);  // half to even
+  else if constexpr (OP == UnaryOp::Sign)
+    return x > C(0) ? C(1) : (x < C(0) ? C(-1) : x);
+  else
+    return x;
 }
 
 template <UnaryOp OP, class T>
@@ -38,8 +56,10 @@ inline T apply_int(T x) {
   if constexpr (OP == UnaryOp::Neg) {
     return wrap_sub(T(0), x);
   } else if constexpr (OP == UnaryOp::Abs) {
-    if constexpr (std::is_signed_v<T>) return x < T(0) ? wrap_sub(T(0), x) : x;
-    else return x;
+    if constexpr (std::is_signed_v<T>)
+      return x < T(0) ? wrap_sub(T(0), x) : x;
+    else
+      return x;
   } else if constexpr (OP == UnaryOp::Sign) {
     return x > T(0) ? T(1) : (x < T(0) ? static_cast<T>(-1) : T(0));
   } else if constexpr (OP == UnaryOp::Floor || OP == UnaryOp::Ceil || OP == UnaryOp::Round) {
@@ -96,9 +116,9 @@ void unary_loop(const View& out, const View& a) {
 template <class T>
 void unary_typed(UnaryOp op, const View& out, const View& a) {
   switch (op) {
-#define KAEL_UNARY_CASE(name)               \
-  case UnaryOp::name:                       \
-    unary_loop<UnaryOp::name, T>(out, a);   \
+#define KAEL_UNARY_CASE(name)             \
+  case UnaryOp::name:                     \
+    unary_loop<UnaryOp::name, T>(out, a); \
     break;
     KAEL_UNARY_CASE(Neg)
     KAEL_UNARY_CASE(Exp)

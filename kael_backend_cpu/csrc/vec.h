@@ -14,7 +14,7 @@ namespace kael {
 // Matrix-multiply building blocks for element type T (float or double).
 template <class T>
 struct GemmKernels {
-  int mr = 0, nr = 0;        // micro-tile
+  int mr = 0, nr = 0;              // micro-tile
   int64_t mc = 0, kc = 0, nc = 0;  // cache blocks (mc % mr == 0, nc % nr == 0)
   // C[m x n] (+)= Ap[kc x mr panel] * Bp[kc x nr panel]; m <= mr, n <= nr
   void (*kernel)(int64_t kc, const T* ap, const T* bp, T* c, int64_t rsc, int64_t csc, int m, int n,
@@ -25,8 +25,8 @@ struct GemmKernels {
   void (*pack_b)(int64_t kc, int64_t nc, const T* b, int64_t rsb, int64_t csb, T* bp) = nullptr;
   // Few rows, B contiguous along n (csb == 1), C contiguous along n (csc == 1):
   // C[M x N] (+)= A[M x K] B[K x N], B streamed once per call.
-  void (*rows_nmajor)(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b,
-                      int64_t rsb, T* c, int64_t rsc, bool accumulate) = nullptr;
+  void (*rows_nmajor)(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb,
+                      T* c, int64_t rsc, bool accumulate) = nullptr;
   // Few rows, A and B contiguous along k (csa == 1, rsb == 1): dot products.
   void (*rows_kmajor)(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c,
                       int64_t rsc, int64_t csc, bool accumulate) = nullptr;
@@ -44,15 +44,18 @@ struct VecTable {
   void (*gelu_tanh_bwd_f32)(float* grad_in, const float* grad_out, const float* x, int64_t n) = nullptr;
   // contiguous float32 rows
   double (*sum_f32)(const float* x, int64_t n) = nullptr;
-  float (*max_f32)(const float* x, int64_t n) = nullptr;  // ignores nan
+  float (*max_f32)(const float* x, int64_t n) = nullptr;                    // ignores nan
   double (*sum_exp_f32)(const float* x, float shift, int64_t n) = nullptr;  // sum exp(x - shift)
   void (*softmax_f32)(float* out, const float* x, int64_t n) = nullptr;
   void (*log_softmax_f32)(float* out, const float* x, int64_t n) = nullptr;
   // out = (x - mean) * rstd * w + b (w, b may be null); returns mean and rstd
-  void (*layer_norm_f32)(float* out, const float* x, const float* w, const float* b, int64_t n, float eps,
-                         float* mean, float* rstd) = nullptr;
+  void (*layer_norm_f32)(float* out, const float* x, const float* w, const float* b, int64_t n, float eps, float* mean,
+                         float* rstd) = nullptr;
   // y[i] += a * x[i]
   void (*axpy_f32)(float* y, float a, const float* x, int64_t n) = nullptr;
+  // out = a (op) b for op 0..3 = add, sub, mul, div; sa/sb are 0 (broadcast) or 1.
+  // Large outputs are written with non-temporal stores (no read-for-ownership).
+  void (*arith_f32)(int op, float* out, const float* a, int64_t sa, const float* b, int64_t sb, int64_t n) = nullptr;
 };
 
 const VecTable& vec();

@@ -3,6 +3,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "vec.h"
 
@@ -28,6 +33,8 @@ const VecTable* vec_avx2_table() {
 }  // namespace kael
 #else
 namespace kael {
-const VecTable* vec_avx2_table() { return nullptr; }
+const VecTable* vec_avx2_table() {
+  return nullptr;
+}
 }  // namespace kael
 #endif

@@ -17,12 +17,12 @@ struct V;
 template <>
 struct V<float> {
   using type = vf;
-  static constexpr int L = KAEL_VBYTES / 4;
+  static constexpr int64_t L = KAEL_VBYTES / 4;
 };
 template <>
 struct V<double> {
   using type = vd;
-  static constexpr int L = KAEL_VBYTES / 8;
+  static constexpr int64_t L = KAEL_VBYTES / 8;
 };
 
 template <class T>
@@ -48,7 +48,9 @@ inline void store(T* p, vec_t<T> v) {
 }
 template <class T>
 inline vec_t<T> splat(T x) {
-  return vec_t<T>{} + x;
+  // x - 0 folds to a plain broadcast (0 + x could not: -0.0 + 0.0 is +0.0), and a
+  // lane-by-lane fill can come out as a chain of inserts
+  return x - vec_t<T>{};
 }
 // First `count` lanes from p, the rest `fill`.
 template <class T>
@@ -122,7 +124,9 @@ inline vf vtanh(vf x) {
   return ax < 0.625f ? small : big;
 }
 
-inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
+inline vf vsigmoid(vf x) {
+  return 1.0f / (1.0f + vexp(-x));
+}
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
@@ -143,7 +147,7 @@ inline vf vgelu_grad(vf x) {
 
 template <vf (*F)(vf)>
 void map_f32(float* out, const float* x, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   int64_t i = 0;
   for (; i + 2 * L <= n; i += 2 * L) {
     const vf a = F(load(x + i)), b = F(load(x + i + L));
@@ -154,23 +158,32 @@ void map_f32(float* out, const float* x, int64_t n) {
   if (i < n) store_partial(out + i, F(load_partial(x + i, n - i, 0.0f)), n - i);
 }
 
-void exp_f32(float* out, const float* x, int64_t n) { map_f32<vexp>(out, x, n); }
-void tanh_f32(float* out, const float* x, int64_t n) { map_f32<vtanh>(out, x, n); }
-void sigmoid_f32(float* out, const float* x, int64_t n) { map_f32<vsigmoid>(out, x, n); }
-void gelu_tanh_f32(float* out, const float* x, int64_t n) { map_f32<vgelu>(out, x, n); }
+void exp_f32(float* out, const float* x, int64_t n) {
+  map_f32<vexp>(out, x, n);
+}
+void tanh_f32(float* out, const float* x, int64_t n) {
+  map_f32<vtanh>(out, x, n);
+}
+void sigmoid_f32(float* out, const float* x, int64_t n) {
+  map_f32<vsigmoid>(out, x, n);
+}
+void gelu_tanh_f32(float* out, const float* x, int64_t n) {
+  map_f32<vgelu>(out, x, n);
+}
 
 void gelu_tanh_bwd_f32(float* gi, const float* go, const float* x, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   int64_t i = 0;
   for (; i + L <= n; i += L) store(gi + i, load(go + i) * vgelu_grad(load(x + i)));
-  if (i < n) store_partial(gi + i, load_partial(go + i, n - i, 0.0f) * vgelu_grad(load_partial(x + i, n - i, 0.0f)), n - i);
+  if (i < n)
+    store_partial(gi + i, load_partial(go + i, n - i, 0.0f) * vgelu_grad(load_partial(x + i, n - i, 0.0f)), n - i);
 }
 
 // ---- float32 rows -------------------------------------------------------------------
 
 // Sum in blocks of 2048 with 4 vector accumulators; block sums in double.
 double sum_f32(const float* x, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   double total = 0;
   for (int64_t b0 = 0; b0 < n; b0 += 2048) {
     const int64_t b1 = b0 + 2048 < n ? b0 + 2048 : n;
@@ -190,7 +203,7 @@ double sum_f32(const float* x, int64_t n) {
 }
 
 float max_f32(const float* x, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   const float ninf = -std::numeric_limits<float>::infinity();
   vf m0 = splat(ninf), m1 = m0;
   int64_t i = 0;
@@ -214,7 +227,7 @@ float max_f32(const float* x, int64_t n) {
 }
 
 double sum_exp_f32(const float* x, float shift, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   vf a0{}, a1{};
   int64_t i = 0;
   for (; i + 2 * L <= n; i += 2 * L) {
@@ -227,7 +240,7 @@ double sum_exp_f32(const float* x, float shift, int64_t n) {
 }
 
 void softmax_f32(float* out, const float* x, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   if (n == 0) return;
   const float m = max_f32(x, n);
   vf acc{};
@@ -252,7 +265,7 @@ void softmax_f32(float* out, const float* x, int64_t n) {
 }
 
 void log_softmax_f32(float* out, const float* x, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   if (n == 0) return;
   const float m = max_f32(x, n);
   const double s = sum_exp_f32(x, m, n);
@@ -265,7 +278,7 @@ void log_softmax_f32(float* out, const float* x, int64_t n) {
 
 void layer_norm_f32(float* out, const float* x, const float* w, const float* b, int64_t n, float eps, float* mean,
                     float* rstd) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   const double mu_d = n ? sum_f32(x, n) / static_cast<double>(n) : 0.0;
   const auto mu = static_cast<float>(mu_d);
   vf v0{}, v1{};
@@ -299,20 +312,88 @@ void layer_norm_f32(float* out, const float* x, const float* w, const float* b, 
 }
 
 void axpy_f32(float* y, float a, const float* x, int64_t n) {
-  constexpr int L = V<float>::L;
+  constexpr int64_t L = V<float>::L;
   int64_t i = 0;
   for (; i + L <= n; i += L) store(y + i, load(y + i) + a * load(x + i));
   for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// Outputs of at least this many bytes bypass the cache (they would evict it anyway).
+constexpr int64_t kStreamBytes = int64_t{16} << 20;
+
+template <int OP>
+inline vf arith(vf a, vf b) {
+  if constexpr (OP == 0)
+    return a + b;
+  else if constexpr (OP == 1)
+    return a - b;
+  else if constexpr (OP == 2)
+    return a * b;
+  else
+    return a / b;
+}
+
+inline void stream_store(float* p, vf v) {  // p is sizeof(vf)-aligned
+#if KAEL_VBYTES == 32 && defined(__AVX__)
+  _mm256_stream_ps(p, bitcast<__m256>(v));
+#elif KAEL_VBYTES == 16 && defined(__SSE2__)
+  _mm_stream_ps(p, bitcast<__m128>(v));
+#else
+  store(p, v);
+#endif
+}
+
+template <int OP>
+void arith_loop(float* out, const float* a, int64_t sa, const float* b, int64_t sb, int64_t n) {
+  constexpr int64_t L = V<float>::L;
+  int64_t i = 0;
+  const bool stream = n * 4 >= kStreamBytes;
+  if (stream) {  // scalar head up to a vector-aligned output
+    for (; i < n && (reinterpret_cast<uintptr_t>(out + i) % sizeof(vf)) != 0; ++i) {
+      out[i] = arith<OP>(splat(a[i * sa]), splat(b[i * sb]))[0];
+    }
+  }
+  const vf a0 = splat(a[0]), b0 = splat(b[0]);
+  for (; i + L <= n; i += L) {
+    const vf x = sa ? load(a + i) : a0;
+    const vf y = sb ? load(b + i) : b0;
+    if (stream) {
+      stream_store(out + i, arith<OP>(x, y));
+    } else {
+      store(out + i, arith<OP>(x, y));
+    }
+  }
+  for (; i < n; ++i) out[i] = arith<OP>(splat(a[i * sa]), splat(b[i * sb]))[0];
+#if defined(__SSE2__)
+  if (stream) _mm_sfence();
+#endif
+}
+
+void arith_f32(int op, float* out, const float* a, int64_t sa, const float* b, int64_t sb, int64_t n) {
+  switch (op) {
+    case 0:
+      arith_loop<0>(out, a, sa, b, sb, n);
+      break;
+    case 1:
+      arith_loop<1>(out, a, sa, b, sb, n);
+      break;
+    case 2:
+      arith_loop<2>(out, a, sa, b, sb, n);
+      break;
+    default:
+      arith_loop<3>(out, a, sa, b, sb, n);
+      break;
+  }
 }
 
 // ---- matrix multiply -------------------------------------------------------------------
 
 // C[m x n] (+)= sum_k Ap[k, 0:MR] (x) Bp[k, 0:NR]
 template <class T, int MR, int NV>
-void ukernel(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c, int64_t rsc, int64_t csc, int m,
-             int n, bool accumulate) {
+void ukernel(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c, int64_t rsc, int64_t csc, int m, int n,
+             bool accumulate) {
   using vt = vec_t<T>;
-  constexpr int L = V<T>::L;
+  constexpr int64_t L = V<T>::L;
   constexpr int NR = NV * L;
   vt acc[MR][NV];
   for (auto& row : acc) {
@@ -368,17 +449,57 @@ void pack_a(int64_t mc, int64_t kc, const T* a, int64_t rsa, int64_t csa, T* ap)
   }
 }
 
+#if KAEL_VBYTES == 32 && defined(__AVX__)
+// dst[r * lds + c] = src[c * lss + r] for an 8x8 block of floats.
+inline void transpose8x8(const float* src, int64_t lss, float* dst, int64_t lds) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lss), r2 = _mm256_loadu_ps(src + 2 * lss),
+         r3 = _mm256_loadu_ps(src + 3 * lss), r4 = _mm256_loadu_ps(src + 4 * lss), r5 = _mm256_loadu_ps(src + 5 * lss),
+         r6 = _mm256_loadu_ps(src + 6 * lss), r7 = _mm256_loadu_ps(src + 7 * lss);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+               t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r0 = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r2 = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+  _mm256_storeu_ps(dst, r0);
+  _mm256_storeu_ps(dst + lds, r1);
+  _mm256_storeu_ps(dst + 2 * lds, r2);
+  _mm256_storeu_ps(dst + 3 * lds, r3);
+  _mm256_storeu_ps(dst + 4 * lds, r4);
+  _mm256_storeu_ps(dst + 5 * lds, r5);
+  _mm256_storeu_ps(dst + 6 * lds, r6);
+  _mm256_storeu_ps(dst + 7 * lds, r7);
+}
+#endif
+
 template <class T, int NR>
-void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rsb, int64_t csb, T* bp) {
+void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rsb, int64_t csb, T* bp0) {
   for (int64_t p = 0; p < nc; p += NR) {
     const int64_t cols = nc - p < NR ? nc - p : NR;
     const T* bb = b + p * csb;
+    T* bp = bp0 + p * kc;
     if (csb == 1 && cols == NR) {
-      for (int64_t k = 0; k < kc; ++k) {
-        for (int c = 0; c < NR; ++c) bp[k * NR + c] = bb[k * rsb + c];
+      continue;  // full panels of a row-major B: packed below, row by row
+    }
+    if (rsb == 1 && cols == NR) {  // B^T row-major: NR streams along k
+      int64_t k0 = 0;
+#if KAEL_VBYTES == 32 && defined(__AVX__)
+      if constexpr (std::is_same_v<T, float> && NR % 8 == 0) {  // 8x8 blocks through registers
+        for (; k0 + 8 <= kc; k0 += 8) {
+          for (int c0 = 0; c0 < NR; c0 += 8) transpose8x8(bb + c0 * csb + k0, csb, bp + k0 * NR + c0, NR);
+        }
       }
-    } else if (rsb == 1 && cols == NR) {  // B^T row-major: NR streams along k
-      for (int64_t k0 = 0; k0 < kc; k0 += 8) {
+#endif
+      for (; k0 < kc; k0 += 8) {
         const int64_t k1 = k0 + 8 < kc ? k0 + 8 : kc;
         for (int c = 0; c < NR; ++c) {
           const T* col = bb + c * csb;
@@ -390,65 +511,82 @@ void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rsb, int64_t csb, T* bp)
         for (int c = 0; c < NR; ++c) bp[k * NR + c] = c < cols ? bb[k * rsb + c * csb] : T(0);
       }
     }
-    bp += NR * kc;
+  }
+  if (csb == 1) {  // read B's rows front to back (prefetch-friendly), scatter into the panels
+    const int64_t full = nc / NR;
+    for (int64_t k = 0; k < kc; ++k) {
+      const T* row = b + k * rsb;
+      for (int64_t p = 0; p < full; ++p) {
+        T* dst = bp0 + p * NR * kc + k * NR;
+        for (int c = 0; c < NR; ++c) dst[c] = row[p * NR + c];
+      }
+    }
   }
 }
 
-// Few rows, B contiguous along n: MB rows x NV vectors of columns held in registers
-// while k runs; the caller loops m-blocks inside an n-block so B's block stays in cache.
-template <class T, int MB, int NV>
-void rows_nmajor_block(int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c, int64_t rsc,
-                       bool accumulate) {
+// Few rows, B contiguous along n: B's rows stream front to back, KG rows at a time,
+// into a chunk of C's columns kept in cache (C is read and written once per KG rows
+// of B; B is read once in total, sequentially, which is what the memory system and
+// the prefetchers like best for decode-sized products).
+template <class T, int MB, int KG>
+void stream_block(int64_t n, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c, int64_t rsc) {
   using vt = vec_t<T>;
-  constexpr int L = V<T>::L;
-  vt acc[MB][NV];
-  for (auto& row : acc) {
-    for (auto& v : row) v = vt{};
+  constexpr int64_t L = V<T>::L;
+  vt av[MB][KG];
+  for (int m = 0; m < MB; ++m) {
+    for (int t = 0; t < KG; ++t) av[m][t] = splat(a[m * rsa + t * csa]);
   }
-  for (int64_t kk = 0; kk < k; ++kk) {
-    vt bv[NV];
-    for (int j = 0; j < NV; ++j) bv[j] = load(b + kk * rsb + j * L);
-    for (int i = 0; i < MB; ++i) {
-      const vt av = splat(a[i * rsa + kk * csa]);
-      for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+  int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    vt bv[KG];
+    for (int t = 0; t < KG; ++t) bv[t] = load(b + t * rsb + j);
+    for (int m = 0; m < MB; ++m) {
+      vt cv = load(c + m * rsc + j);
+      for (int t = 0; t < KG; ++t) cv += av[m][t] * bv[t];
+      store(c + m * rsc + j, cv);
     }
   }
-  for (int i = 0; i < MB; ++i) {
-    for (int j = 0; j < NV; ++j) {
-      T* cp = c + i * rsc + j * L;
-      store(cp, accumulate ? load(cp) + acc[i][j] : acc[i][j]);
+  for (; j < n; ++j) {
+    for (int m = 0; m < MB; ++m) {
+      T s = c[m * rsc + j];
+      for (int t = 0; t < KG; ++t) s += a[m * rsa + t * csa] * b[t * rsb + j];
+      c[m * rsc + j] = s;
     }
+  }
+}
+
+template <class T, int MB, int KG>
+void stream_rows(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c,
+                 int64_t rsc) {
+  int64_t kk = 0;
+  for (; kk + KG <= k; kk += KG) {
+    int64_t i = 0;
+    for (; i + MB <= m; i += MB) {
+      stream_block<T, MB, KG>(n, a + i * rsa + kk * csa, rsa, csa, b + kk * rsb, rsb, c + i * rsc, rsc);
+    }
+    for (; i < m; ++i) stream_block<T, 1, KG>(n, a + i * rsa + kk * csa, rsa, csa, b + kk * rsb, rsb, c + i * rsc, rsc);
+  }
+  for (; kk < k; ++kk) {
+    for (int64_t i = 0; i < m; ++i)
+      stream_block<T, 1, 1>(n, a + i * rsa + kk * csa, rsa, csa, b + kk * rsb, rsb, c + i * rsc, rsc);
   }
 }
 
 template <class T>
 void rows_nmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c,
                  int64_t rsc, bool accumulate) {
-  constexpr int L = V<T>::L;
-  int64_t j = 0;
-  if (m == 1) {  // GEMV: 8 vectors of columns in flight
-    for (; j + 8 * L <= n; j += 8 * L) rows_nmajor_block<T, 1, 8>(k, a, rsa, csa, b + j, rsb, c + j, rsc, accumulate);
-  }
-  constexpr int NV = KAEL_VBYTES == 32 ? 3 : 2;
-  constexpr int MB = 4;
-  for (; j + NV * L <= n; j += NV * L) {
-    int64_t i = 0;
-    for (; i + MB <= m; i += MB) {
-      rows_nmajor_block<T, MB, NV>(k, a + i * rsa, rsa, csa, b + j, rsb, c + i * rsc + j, rsc, accumulate);
+  // columns per chunk: C's chunk (m rows) stays within ~256 KiB of cache
+  int64_t chunk = (int64_t{256} << 10) / (m * static_cast<int64_t>(sizeof(T)));
+  chunk = chunk < 256 ? 256 : chunk;
+  for (int64_t j0 = 0; j0 < n; j0 += chunk) {
+    const int64_t w = n - j0 < chunk ? n - j0 : chunk;
+    if (!accumulate) {
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * rsc + j0, 0, static_cast<size_t>(w) * sizeof(T));
     }
-    for (; i < m; ++i) rows_nmajor_block<T, 1, NV>(k, a + i * rsa, rsa, csa, b + j, rsb, c + i * rsc + j, rsc, accumulate);
-  }
-  if (j < n) {  // column tail: scalar, k outer so B rows stream
-    for (int64_t i = 0; i < m; ++i) {
-      T* crow = c + i * rsc;
-      if (!accumulate) {
-        for (int64_t jj = j; jj < n; ++jj) crow[jj] = T(0);
-      }
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const T av = a[i * rsa + kk * csa];
-        const T* brow = b + kk * rsb;
-        for (int64_t jj = j; jj < n; ++jj) crow[jj] += av * brow[jj];
-      }
+    if (m == 1) {
+      stream_rows<T, 1, 8>(m, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
+    } else {
+      stream_rows<T, 2, 4>(m, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
     }
   }
 }
@@ -458,7 +596,7 @@ template <class T, int MB, int NB>
 void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc, int64_t csc,
                        bool accumulate) {
   using vt = vec_t<T>;
-  constexpr int L = V<T>::L;
+  constexpr int64_t L = V<T>::L;
   vt acc[MB][NB];
   for (auto& row : acc) {
     for (auto& v : row) v = vt{};
@@ -487,7 +625,8 @@ void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const
                  int64_t csc, bool accumulate) {
   int64_t j = 0;
   if (m == 1) {
-    for (; j + 8 <= n; j += 8) rows_kmajor_block<T, 1, 8>(k, a, rsa, b + j * csb, csb, c + j * csc, rsc, csc, accumulate);
+    for (; j + 8 <= n; j += 8)
+      rows_kmajor_block<T, 1, 8>(k, a, rsa, b + j * csb, csb, c + j * csc, rsc, csc, accumulate);
   }
   for (; j + 4 <= n; j += 4) {
     int64_t i = 0;
@@ -538,5 +677,6 @@ VecTable make_table(const char* name) {
   t.log_softmax_f32 = log_softmax_f32;
   t.layer_norm_f32 = layer_norm_f32;
   t.axpy_f32 = axpy_f32;
+  t.arith_f32 = arith_f32;
   return t;
 }

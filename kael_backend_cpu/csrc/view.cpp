@@ -1,10 +1,11 @@
 // View helpers, dtype facts, error raising and scratch temporaries.
+#include "view.h"
+
 #include <cstring>
 
 #include "buffer.h"
 #include "check.h"
 #include "kernels.h"
-#include "view.h"
 
 namespace kael {
 
@@ -36,8 +37,8 @@ int64_t itemsize(DType d) {
 }
 
 const char* dtype_name(DType d) {
-  static const char* const names[kNumDTypes] = {"bool",    "uint8",    "int8",    "int16",  "int32",
-                                                "int64",   "float16",  "bfloat16", "float32", "float64"};
+  static const char* const names[kNumDTypes] = {"bool",  "uint8",   "int8",     "int16",   "int32",
+                                                "int64", "float16", "bfloat16", "float32", "float64"};
   const auto i = static_cast<int>(d);
   return i >= 0 && i < kNumDTypes ? names[i] : "?";
 }
@@ -87,6 +88,31 @@ View transpose(const View& v, int d0, int d1) {
   std::swap(r.shape[d0], r.shape[d1]);
   std::swap(r.strides[d0], r.strides[d1]);
   return r;
+}
+
+bool overlaps(const View& a, const View& b) {
+  const int64_t na = a.numel(), nb = b.numel();
+  if (na == 0 || nb == 0) return false;
+  int64_t ea = 0, eb = 0;  // offsets of the last elements
+  for (int d = 0; d < a.ndim; ++d) ea += (a.shape[d] - 1) * a.strides[d];
+  for (int d = 0; d < b.ndim; ++d) eb += (b.shape[d] - 1) * b.strides[d];
+  const char* a_end = a.data + (ea + 1) * a.elsize();
+  const char* b_end = b.data + (eb + 1) * b.elsize();
+  return a.data < b_end && b.data < a_end;
+}
+
+bool same_elements(const View& a, const View& b) {
+  if (a.data != b.data || a.ndim != b.ndim || a.elsize() != b.elsize()) return false;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
+  }
+  return true;
+}
+
+void Unaliased::fix(const View& out, View& in, bool elementwise) {
+  if (!overlaps(out, in) || (elementwise && same_elements(out, in))) return;
+  temps_.push_back(to_contiguous(in, in.dtype));
+  in = temps_.back().view;
 }
 
 Temp make_temp(DType dtype, const int64_t* shape, int ndim) {

@@ -20,9 +20,15 @@ constexpr int kMaxDims = 16;
 
 int64_t itemsize(DType d);
 const char* dtype_name(DType d);
-inline bool is_floating(DType d) { return d >= DType::Float16; }
-inline bool is_half(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
-inline bool is_integral(DType d) { return d >= DType::UInt8 && d <= DType::Int64; }
+inline bool is_floating(DType d) {
+  return d >= DType::Float16;
+}
+inline bool is_half(DType d) {
+  return d == DType::Float16 || d == DType::BFloat16;
+}
+inline bool is_integral(DType d) {
+  return d >= DType::UInt8 && d <= DType::Int64;
+}
 
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
@@ -33,16 +39,26 @@ using compute_t = std::conditional_t<is_half_v<T>, float, T>;
 
 template <class T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, bool>) return DType::Bool;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DType::UInt8;
-  else if constexpr (std::is_same_v<T, int8_t>) return DType::Int8;
-  else if constexpr (std::is_same_v<T, int16_t>) return DType::Int16;
-  else if constexpr (std::is_same_v<T, int32_t>) return DType::Int32;
-  else if constexpr (std::is_same_v<T, int64_t>) return DType::Int64;
-  else if constexpr (std::is_same_v<T, Half>) return DType::Float16;
-  else if constexpr (std::is_same_v<T, BFloat16>) return DType::BFloat16;
-  else if constexpr (std::is_same_v<T, float>) return DType::Float32;
-  else return DType::Float64;
+  if constexpr (std::is_same_v<T, bool>)
+    return DType::Bool;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::UInt8;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return DType::Int8;
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return DType::Int16;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::Int32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::Int64;
+  else if constexpr (std::is_same_v<T, Half>)
+    return DType::Float16;
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return DType::BFloat16;
+  else if constexpr (std::is_same_v<T, float>)
+    return DType::Float32;
+  else
+    return DType::Float64;
 }
 
 // Value conversion between any two element types, NumPy's casting semantics:
@@ -61,6 +77,14 @@ inline D convert(S s) {
     } else {
       return D(static_cast<float>(s));
     }
+  } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
+    // A float out of D's range (negative to unsigned, NaN) is undefined behaviour in C++: go
+    // through int64, exact for every value in range; NaN and values beyond int64 give INT64_MIN
+    // (what x86 and so NumPy give); narrower integers then wrap, as NumPy's casts do.
+    if (!(s >= S(-9223372036854775808.0) && s < S(9223372036854775808.0))) {
+      return static_cast<D>(INT64_MIN);
+    }
+    return static_cast<D>(static_cast<int64_t>(s));
   } else {
     return static_cast<D>(s);
   }
@@ -119,44 +143,44 @@ View transpose(const View& v, int d0, int d1);
     break;                                  \
   }
 
-#define KAEL_DISPATCH(dtype, op, ...)                                                      \
-  switch (dtype) {                                                                         \
-    KAEL_DISPATCH_CASE(Bool, bool, __VA_ARGS__)                                            \
-    KAEL_DISPATCH_CASE(UInt8, uint8_t, __VA_ARGS__)                                        \
-    KAEL_DISPATCH_CASE(Int8, int8_t, __VA_ARGS__)                                          \
-    KAEL_DISPATCH_CASE(Int16, int16_t, __VA_ARGS__)                                        \
-    KAEL_DISPATCH_CASE(Int32, int32_t, __VA_ARGS__)                                        \
-    KAEL_DISPATCH_CASE(Int64, int64_t, __VA_ARGS__)                                        \
-    KAEL_DISPATCH_CASE(Float16, ::kael::Half, __VA_ARGS__)                                 \
-    KAEL_DISPATCH_CASE(BFloat16, ::kael::BFloat16, __VA_ARGS__)                            \
-    KAEL_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                        \
-    KAEL_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                       \
-    default:                                                                               \
-      KAEL_CHECK(false, DType, op, ": unsupported dtype ", ::kael::dtype_name(dtype));     \
+#define KAEL_DISPATCH(dtype, op, ...)                                                  \
+  switch (dtype) {                                                                     \
+    KAEL_DISPATCH_CASE(Bool, bool, __VA_ARGS__)                                        \
+    KAEL_DISPATCH_CASE(UInt8, uint8_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Int8, int8_t, __VA_ARGS__)                                      \
+    KAEL_DISPATCH_CASE(Int16, int16_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Int32, int32_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Int64, int64_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Float16, ::kael::Half, __VA_ARGS__)                             \
+    KAEL_DISPATCH_CASE(BFloat16, ::kael::BFloat16, __VA_ARGS__)                        \
+    KAEL_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                   \
+    default:                                                                           \
+      KAEL_CHECK(false, DType, op, ": unsupported dtype ", ::kael::dtype_name(dtype)); \
   }
 
 // The native (non 16-bit float) types only.
-#define KAEL_DISPATCH_NATIVE(dtype, op, ...)                                                      \
-  switch (dtype) {                                                                                \
-    KAEL_DISPATCH_CASE(Bool, bool, __VA_ARGS__)                                                   \
-    KAEL_DISPATCH_CASE(UInt8, uint8_t, __VA_ARGS__)                                               \
-    KAEL_DISPATCH_CASE(Int8, int8_t, __VA_ARGS__)                                                 \
-    KAEL_DISPATCH_CASE(Int16, int16_t, __VA_ARGS__)                                               \
-    KAEL_DISPATCH_CASE(Int32, int32_t, __VA_ARGS__)                                               \
-    KAEL_DISPATCH_CASE(Int64, int64_t, __VA_ARGS__)                                               \
-    KAEL_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                               \
-    KAEL_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                              \
-    default:                                                                                      \
-      KAEL_CHECK(false, DType, op, ": unsupported dtype ", ::kael::dtype_name(dtype));            \
+#define KAEL_DISPATCH_NATIVE(dtype, op, ...)                                           \
+  switch (dtype) {                                                                     \
+    KAEL_DISPATCH_CASE(Bool, bool, __VA_ARGS__)                                        \
+    KAEL_DISPATCH_CASE(UInt8, uint8_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Int8, int8_t, __VA_ARGS__)                                      \
+    KAEL_DISPATCH_CASE(Int16, int16_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Int32, int32_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Int64, int64_t, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                    \
+    KAEL_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                   \
+    default:                                                                           \
+      KAEL_CHECK(false, DType, op, ": unsupported dtype ", ::kael::dtype_name(dtype)); \
   }
 
 // float32 and float64.
-#define KAEL_DISPATCH_FLOAT(dtype, op, ...)                                                                \
-  switch (dtype) {                                                                                         \
-    KAEL_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                                        \
-    KAEL_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                                       \
-    default:                                                                                               \
-      KAEL_CHECK(false, DType, op, ": expected float32 or float64, got ", ::kael::dtype_name(dtype));      \
+#define KAEL_DISPATCH_FLOAT(dtype, op, ...)                                                           \
+  switch (dtype) {                                                                                    \
+    KAEL_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                                   \
+    KAEL_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                                  \
+    default:                                                                                          \
+      KAEL_CHECK(false, DType, op, ": expected float32 or float64, got ", ::kael::dtype_name(dtype)); \
   }
 
 // The four floating-point types.

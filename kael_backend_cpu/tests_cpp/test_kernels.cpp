@@ -58,9 +58,11 @@ TEST_P(Gemm, MatchesNaive) {
       for (int64_t j = 0; j < g.n; ++j) {
         double want = acc ? before[static_cast<size_t>(i * rsc + j * csc)] : 0.0;
         for (int64_t kk = 0; kk < g.k; ++kk) {
-          want += static_cast<double>(a[static_cast<size_t>(i * rsa + kk * csa)]) * b[static_cast<size_t>(kk * rsb + j * csb)];
+          want += static_cast<double>(a[static_cast<size_t>(i * rsa + kk * csa)]) *
+                  b[static_cast<size_t>(kk * rsb + j * csb)];
         }
-        ASSERT_NEAR(c[static_cast<size_t>(i * rsc + j * csc)], want, 1e-4 * (1 + std::fabs(want)) + 1e-4 * std::sqrt(g.k))
+        ASSERT_NEAR(c[static_cast<size_t>(i * rsc + j * csc)], want,
+                    1e-4 * (1 + std::fabs(want)) + 1e-4 * std::sqrt(g.k))
             << "i=" << i << " j=" << j << " acc=" << acc;
       }
     }
@@ -88,7 +90,8 @@ TEST(GemmDouble, MatchesNaive) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double want = 0;
-      for (int64_t kk = 0; kk < k; ++kk) want += a[static_cast<size_t>(i * k + kk)] * b[static_cast<size_t>(j * k + kk)];
+      for (int64_t kk = 0; kk < k; ++kk)
+        want += a[static_cast<size_t>(i * k + kk)] * b[static_cast<size_t>(j * k + kk)];
       ASSERT_NEAR(c[static_cast<size_t>(i * n + j)], want, 1e-12 * k);
     }
   }
@@ -117,14 +120,16 @@ TEST(VecTables, MicroKernelsAndRowKernels) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         double want = 0;
-        for (int64_t kk = 0; kk < kc; ++kk) want += double(a[static_cast<size_t>(i * kc + kk)]) * b[static_cast<size_t>(kk * n + j)];
+        for (int64_t kk = 0; kk < kc; ++kk)
+          want += double(a[static_cast<size_t>(i * kc + kk)]) * b[static_cast<size_t>(kk * n + j)];
         ASSERT_NEAR(c[static_cast<size_t>(i * n + j)], want, 1e-4) << t->name;
       }
     }
     for (int64_t i = 0; i < 3; ++i) {
       for (int64_t j = 0; j < 70; ++j) {
         double want = 0;
-        for (int64_t kk = 0; kk < kc; ++kk) want += double(a[static_cast<size_t>(i * kc + kk)]) * b2[static_cast<size_t>(kk * 70 + j)];
+        for (int64_t kk = 0; kk < kc; ++kk)
+          want += double(a[static_cast<size_t>(i * kc + kk)]) * b2[static_cast<size_t>(kk * 70 + j)];
         ASSERT_NEAR(r[static_cast<size_t>(i * 70 + j)], want, 1e-4) << t->name;
         ASSERT_NEAR(rk[static_cast<size_t>(i * 70 + j)], want, 1e-4) << t->name;
       }
@@ -186,7 +191,8 @@ TEST(Elementwise, BroadcastAddAndTransposedOperand) {
   kael::binary(kael::BinaryOp::Add, sv, xv, kael::transpose(xv, 0, 1));
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      ASSERT_EQ(s[static_cast<size_t>(i * n + j)], x[static_cast<size_t>(i * n + j)] + x[static_cast<size_t>(j * n + i)]);
+      ASSERT_EQ(s[static_cast<size_t>(i * n + j)],
+                x[static_cast<size_t>(i * n + j)] + x[static_cast<size_t>(j * n + i)]);
     }
   }
 }
@@ -223,7 +229,8 @@ TEST(Copy, CastsRoundLikeNumPy) {
   EXPECT_EQ(bf[0], 0x3F80);
   EXPECT_EQ(bf[5], 0x3DCD);
   std::vector<float> back(6);
-  kael::copy(kael::contiguous_view(back.data(), DType::Float32, {6}), kael::contiguous_view(h.data(), DType::Float16, {6}));
+  kael::copy(kael::contiguous_view(back.data(), DType::Float32, {6}),
+             kael::contiguous_view(h.data(), DType::Float16, {6}));
   EXPECT_EQ(back[4], -2.5f);
   EXPECT_TRUE(std::isinf(back[2]));
 }
@@ -248,7 +255,8 @@ TEST(Reduce, SumOverEveryDimSetMatchesNaive) {
       for (int64_t j = 0; j < d1; ++j) {
         for (int64_t k = 0; k < d2; ++k) {
           const int64_t oi = (mask & 1) ? 0 : i, oj = (mask & 2) ? 0 : j, ok = (mask & 4) ? 0 : k;
-          want[static_cast<size_t>((oi * shape[1] + oj) * shape[2] + ok)] += x[static_cast<size_t>((i * d1 + j) * d2 + k)];
+          want[static_cast<size_t>((oi * shape[1] + oj) * shape[2] + ok)] +=
+              x[static_cast<size_t>((i * d1 + j) * d2 + k)];
         }
       }
     }
@@ -286,7 +294,8 @@ TEST(Fused, SoftmaxAndLayerNormRows) {
     for (int64_t j = 0; j < n; ++j) s += std::exp(x[static_cast<size_t>(r * n + j)] - m);
     for (int64_t j = 0; j < n; ++j) mu += x[static_cast<size_t>(r * n + j)];
     mu /= n;
-    for (int64_t j = 0; j < n; ++j) var += (x[static_cast<size_t>(r * n + j)] - mu) * (x[static_cast<size_t>(r * n + j)] - mu);
+    for (int64_t j = 0; j < n; ++j)
+      var += (x[static_cast<size_t>(r * n + j)] - mu) * (x[static_cast<size_t>(r * n + j)] - mu);
     var /= n;
     for (int64_t j = 0; j < n; ++j) {
       const double xv2 = x[static_cast<size_t>(r * n + j)];
@@ -318,7 +327,8 @@ TEST(Fused, CausalAttentionWithACacheAndLengths) {
         for (int64_t j = 0; j < valid; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) {
-            dot += double(q[static_cast<size_t>(((b * H + h) * Tq + i) * D + d)]) * k[static_cast<size_t>(((b * H + h) * Tk + j) * D + d)];
+            dot += double(q[static_cast<size_t>(((b * H + h) * Tq + i) * D + d)]) *
+                   k[static_cast<size_t>(((b * H + h) * Tk + j) * D + d)];
           }
           p[static_cast<size_t>(j)] = dot * scale;
           m = std::max(m, p[static_cast<size_t>(j)]);
@@ -326,7 +336,8 @@ TEST(Fused, CausalAttentionWithACacheAndLengths) {
         for (auto& e : p) s += (e = std::exp(e - m));
         for (int64_t d = 0; d < D; ++d) {
           double want = 0;
-          for (int64_t j = 0; j < valid; ++j) want += p[static_cast<size_t>(j)] / s * v[static_cast<size_t>(((b * H + h) * Tk + j) * D + d)];
+          for (int64_t j = 0; j < valid; ++j)
+            want += p[static_cast<size_t>(j)] / s * v[static_cast<size_t>(((b * H + h) * Tk + j) * D + d)];
           ASSERT_NEAR(out[static_cast<size_t>(((b * H + h) * Tq + i) * D + d)], want, 1e-5);
         }
       }
@@ -339,14 +350,14 @@ TEST(Indexing, StableSortAndTopk) {
   std::vector<float> vals(6), top(3);
   std::vector<int64_t> idx(6), tidx(3);
   View xv = kael::contiguous_view(x.data(), DType::Float32, {6});
-  kael::sort(kael::contiguous_view(vals.data(), DType::Float32, {6}), kael::contiguous_view(idx.data(), DType::Int64, {6}),
-             xv, 0, false);
+  kael::sort(kael::contiguous_view(vals.data(), DType::Float32, {6}),
+             kael::contiguous_view(idx.data(), DType::Int64, {6}), xv, 0, false);
   EXPECT_EQ(idx, (std::vector<int64_t>{1, 5, 4, 0, 3, 2}));
-  kael::sort(kael::contiguous_view(vals.data(), DType::Float32, {6}), kael::contiguous_view(idx.data(), DType::Int64, {6}),
-             xv, 0, true);
+  kael::sort(kael::contiguous_view(vals.data(), DType::Float32, {6}),
+             kael::contiguous_view(idx.data(), DType::Int64, {6}), xv, 0, true);
   EXPECT_EQ(idx, (std::vector<int64_t>{2, 0, 3, 4, 1, 5}));
-  kael::topk(kael::contiguous_view(top.data(), DType::Float32, {3}), kael::contiguous_view(tidx.data(), DType::Int64, {3}),
-             xv, 3);
+  kael::topk(kael::contiguous_view(top.data(), DType::Float32, {3}),
+             kael::contiguous_view(tidx.data(), DType::Int64, {3}), xv, 3);
   EXPECT_EQ(tidx, (std::vector<int64_t>{2, 0, 3}));
 }
 

@@ -2,9 +2,11 @@
 
 Each Python target's `TestOneInput` runs (uninstrumented, without atheris) over its seed
 corpus fuzz/corpus/<target>/ and over fuzz/regressions/<target>/, where each input that
-once found a bug is kept after the fix. A target raises on any unexpected outcome, so a
-bug that comes back fails here. One more test runs `fuzz/run.py` for a few seconds to
-show that the runner works and leaves the committed corpus alone.
+once found a bug is kept after the fix. fuzz_kernels runs the same way against the
+installed C++ backend (without sanitizers) when kael has a backend named "cpu". A target
+raises on any unexpected outcome, so a bug that comes back fails here. One more test runs
+`fuzz/run.py` for a few seconds to show that the runner works and leaves the committed
+corpus alone.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = ROOT / "fuzz"
 PY_TARGETS = ["fuzz_safetensors", "fuzz_idx", "fuzz_tokenizer", "fuzz_generate_request"]
+TARGETS = [*PY_TARGETS, "fuzz_kernels"]
 
 
 def _inputs() -> list[tuple[str, Path]]:
     cases = []
-    for target in PY_TARGETS:
+    for target in TARGETS:
         for folder in (FUZZ / "corpus" / target, FUZZ / "regressions" / target):
             if folder.is_dir():
                 cases += [(target, p) for p in sorted(folder.iterdir()) if p.is_file()]
@@ -37,14 +40,19 @@ def _load(target: str) -> ModuleType:
         sys.path.insert(0, str(FUZZ))
     if target == "fuzz_generate_request":
         pytest.importorskip("kael_server")
+    if target == "fuzz_kernels":
+        import kael
+
+        if "cpu" not in {b.name for b in kael.backends.available()}:
+            pytest.skip("the C++ backend (kael-backend-cpu) is not installed")
     return importlib.import_module(target)
 
 
 CASES = _inputs()
 
 
-def test_every_python_target_has_seeds() -> None:
-    assert {t for t, _ in CASES} == set(PY_TARGETS)
+def test_every_target_has_seeds() -> None:
+    assert {t for t, _ in CASES} == set(TARGETS)
 
 
 @pytest.mark.parametrize(("target", "path"), CASES, ids=[f"{t}/{p.parent.parent.name}/{p.name}" for t, p in CASES])

@@ -12,8 +12,15 @@ from ._native import C as _C
 
 __version__ = "0.1.0"
 
-__all__ = ["CpuBackend", "memory_stats", "reset_peak_memory_stats", "empty_cache", "set_num_threads",
-           "get_num_threads", "__version__"]
+__all__ = [
+    "CpuBackend",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "set_num_threads",
+    "get_num_threads",
+    "__version__",
+]
 
 
 def memory_stats() -> dict[str, int]:

@@ -40,8 +40,9 @@ class CpuBackend(kael.Backend):
     def from_host(self, out: Any, array: np.ndarray) -> None:
         if array.shape != out.shape:
             if array.size != out.numel():
-                raise ShapeError(f"from_host: array of shape {list(array.shape)} for a tensor of shape "
-                                 f"{list(out.shape)}")
+                raise ShapeError(
+                    f"from_host: array of shape {list(array.shape)} for a tensor of shape {list(out.shape)}"
+                )
             array = array.reshape(out.shape)  # e.g. a 0-d tensor's value arriving as shape (1,)
         if array.dtype.itemsize != out.dtype.itemsize:
             raise DTypeError(f"from_host: array dtype {array.dtype} does not fit a tensor of {out.dtype!r}")

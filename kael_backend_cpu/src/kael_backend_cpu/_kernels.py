@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kael._ops import BINARY_OPS, COMPARE_OPS, FUSED, REDUCE_OPS, UNARY_OPS
 from kael import _dtype
+from kael._ops import BINARY_OPS, COMPARE_OPS, FUSED, REDUCE_OPS, UNARY_OPS
 from kael.backends.reference import _fused, _random
 
 from ._native import C
@@ -26,8 +26,23 @@ from ._native import C
 __all__ = ["kernel_table", "NATIVE_OPS"]
 
 NATIVE_OPS: tuple[str, ...] = (
-    "copy", "fill", "arange", "where", "matmul", "gather", "index_select", "index_add", "scatter_add", "cat",
-    "nonzero", "sort", *UNARY_OPS, *BINARY_OPS, *COMPARE_OPS, *REDUCE_OPS, *sorted(FUSED),
+    "copy",
+    "fill",
+    "arange",
+    "where",
+    "matmul",
+    "gather",
+    "index_select",
+    "index_add",
+    "scatter_add",
+    "cat",
+    "nonzero",
+    "sort",
+    *UNARY_OPS,
+    *BINARY_OPS,
+    *COMPARE_OPS,
+    *REDUCE_OPS,
+    *sorted(FUSED),
 )
 
 

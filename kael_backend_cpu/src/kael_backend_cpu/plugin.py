@@ -20,5 +20,8 @@ def kael_backends() -> list[Any]:
 def kael_plugin_info() -> dict[str, Any]:
     from . import __version__
 
-    return {"name": "kael-backend-cpu", "version": __version__,
-            "description": "C++17 kernels, thread pool and caching allocator for device cpu"}
+    return {
+        "name": "kael-backend-cpu",
+        "version": __version__,
+        "description": "C++17 kernels, thread pool and caching allocator for device cpu",
+    }

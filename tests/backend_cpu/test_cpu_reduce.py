@@ -38,8 +38,13 @@ def _out_dtype(op: str, d: dt.DType) -> dt.DType:
 
 
 @SETTINGS
-@given(op=st.sampled_from(["sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all"]), case=reduction(),
-       dtype=st.sampled_from(NUMERIC), layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
+@given(
+    op=st.sampled_from(["sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all"]),
+    case=reduction(),
+    dtype=st.sampled_from(NUMERIC),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
 def test_reductions(cpu: Any, ref: Any, op: str, case: tuple, dtype: str, layout: str, seed: int) -> None:
     shape, dims = case
     d = dt.BY_NAME[dtype]
@@ -66,8 +71,10 @@ def test_reductions(cpu: Any, ref: Any, op: str, case: tuple, dtype: str, layout
     assert_close(logical(got), logical(want), **tol(od, max(2.0, n / 8)), msg=f"{op} {dtype} {shape} {dims} {layout}")
 
 
-@pytest.mark.parametrize("shape,dims", [((4096, 1024), (1,)), ((300, 70000), (1,)), ((1 << 20,), (0,)),
-                                        ((2000, 300), (0,)), ((5, 100000), (0, 1))])
+@pytest.mark.parametrize(
+    "shape,dims",
+    [((4096, 1024), (1,)), ((300, 70000), (1,)), ((1 << 20,), (0,)), ((2000, 300), (0,)), ((5, 100000), (0, 1))],
+)
 def test_large_float_sums_are_accurate(cpu: Any, shape: tuple, dims: tuple) -> None:
     rng = np.random.default_rng(0)
     vals = rng.standard_normal(shape).astype(np.float32) + 1.0

@@ -27,8 +27,13 @@ def _pair(cpu: Any, shape: tuple, d: dt.DType) -> tuple:
 
 
 @SETTINGS
-@given(shape=shapes, dtype=st.sampled_from(FLOATS), approx=st.sampled_from(["tanh", "none"]),
-       layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
+@given(
+    shape=shapes,
+    dtype=st.sampled_from(FLOATS),
+    approx=st.sampled_from(["tanh", "none"]),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
 def test_gelu_and_backward(cpu: Any, ref: Any, shape: tuple, dtype: str, approx: str, layout: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
@@ -54,10 +59,16 @@ def test_gelu_tanh_float32_long_rows_are_accurate(cpu: Any) -> None:
 
 
 @SETTINGS
-@given(shape=shapes, dtype=st.sampled_from(FLOATS), layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16),
-       data=st.data())
-def test_softmax_and_log_softmax_over_any_dim(cpu: Any, ref: Any, shape: tuple, dtype: str, layout: str, seed: int,
-                                              data: Any) -> None:
+@given(
+    shape=shapes,
+    dtype=st.sampled_from(FLOATS),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_softmax_and_log_softmax_over_any_dim(
+    cpu: Any, ref: Any, shape: tuple, dtype: str, layout: str, seed: int, data: Any
+) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
     dim = data.draw(st.integers(0, len(shape) - 1))
@@ -71,8 +82,17 @@ def test_softmax_and_log_softmax_over_any_dim(cpu: Any, ref: Any, shape: tuple, 
 
 def test_softmax_special_rows(cpu: Any, ref: Any) -> None:
     inf, nan = np.inf, np.nan
-    rows = np.array([[0.0, 1.0, 2.0, 3.0], [-inf, -inf, -inf, -inf], [1.0, nan, 2.0, 0.0], [inf, 0.0, 1.0, 2.0],
-                     [-inf, 0.0, -inf, 5.0], [1e30, -1e30, 0.0, 1.0]], np.float32)
+    rows = np.array(
+        [
+            [0.0, 1.0, 2.0, 3.0],
+            [-inf, -inf, -inf, -inf],
+            [1.0, nan, 2.0, 0.0],
+            [inf, 0.0, 1.0, 2.0],
+            [-inf, 0.0, -inf, 5.0],
+            [1e30, -1e30, 0.0, 1.0],
+        ],
+        np.float32,
+    )
     x = place(rows, dt.float32, "contiguous")
     for op in ("softmax", "log_softmax"):
         got, want = _pair(cpu, rows.shape, dt.float32)
@@ -82,10 +102,16 @@ def test_softmax_special_rows(cpu: Any, ref: Any) -> None:
 
 
 @SETTINGS
-@given(shape=shapes, dtype=st.sampled_from(FLOATS), affine=st.sampled_from(["none", "weight", "both"]),
-       layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
-def test_layer_norm_and_backward(cpu: Any, ref: Any, shape: tuple, dtype: str, affine: str, layout: str,
-                                 seed: int) -> None:
+@given(
+    shape=shapes,
+    dtype=st.sampled_from(FLOATS),
+    affine=st.sampled_from(["none", "weight", "both"]),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_norm_and_backward(
+    cpu: Any, ref: Any, shape: tuple, dtype: str, affine: str, layout: str, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
     c = shape[-1]
@@ -116,10 +142,17 @@ def test_layer_norm_and_backward(cpu: Any, ref: Any, shape: tuple, dtype: str, a
 
 
 @SETTINGS
-@given(n=st.integers(0, 9), c=st.integers(1, 40), dtype=st.sampled_from(FLOATS), smoothing=st.sampled_from([0.0, 0.1]),
-       layout=st.sampled_from(["contiguous", "transposed", "stepped"]), seed=st.integers(0, 2**16))
-def test_cross_entropy(cpu: Any, ref: Any, n: int, c: int, dtype: str, smoothing: float, layout: str,
-                       seed: int) -> None:
+@given(
+    n=st.integers(0, 9),
+    c=st.integers(1, 40),
+    dtype=st.sampled_from(FLOATS),
+    smoothing=st.sampled_from([0.0, 0.1]),
+    layout=st.sampled_from(["contiguous", "transposed", "stepped"]),
+    seed=st.integers(0, 2**16),
+)
+def test_cross_entropy(
+    cpu: Any, ref: Any, n: int, c: int, dtype: str, smoothing: float, layout: str, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
     logits = place(rng.standard_normal((n, c)) * 3, d, layout)
@@ -133,11 +166,30 @@ def test_cross_entropy(cpu: Any, ref: Any, n: int, c: int, dtype: str, smoothing
 
 
 @SETTINGS
-@given(b=st.integers(1, 2), h=st.integers(1, 3), tq=st.integers(1, 5), extra=st.integers(0, 6),
-       dim=st.sampled_from([1, 8, 16]), causal=st.booleans(), use_lengths=st.booleans(),
-       dtype=st.sampled_from(FLOATS), seed=st.integers(0, 2**16))
-def test_attention_over_a_kv_cache(cpu: Any, ref: Any, b: int, h: int, tq: int, extra: int, dim: int, causal: bool,
-                                   use_lengths: bool, dtype: str, seed: int) -> None:
+@given(
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    tq=st.integers(1, 5),
+    extra=st.integers(0, 6),
+    dim=st.sampled_from([1, 8, 16]),
+    causal=st.booleans(),
+    use_lengths=st.booleans(),
+    dtype=st.sampled_from(FLOATS),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_over_a_kv_cache(
+    cpu: Any,
+    ref: Any,
+    b: int,
+    h: int,
+    tq: int,
+    extra: int,
+    dim: int,
+    causal: bool,
+    use_lengths: bool,
+    dtype: str,
+    seed: int,
+) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
     tk = tq + extra
@@ -158,8 +210,12 @@ def test_adamw_step(cpu: Any, ref: Any, dtype: str) -> None:
     rng = np.random.default_rng(4)
     d = dt.BY_NAME[dtype]
     shape = (7, 13)
-    vals = [rng.standard_normal(shape), rng.standard_normal(shape), rng.standard_normal(shape) * 0.1,
-            np.abs(rng.standard_normal(shape)) * 0.01]
+    vals = [
+        rng.standard_normal(shape),
+        rng.standard_normal(shape),
+        rng.standard_normal(shape) * 0.1,
+        np.abs(rng.standard_normal(shape)) * 0.01,
+    ]
     mine = [place(v, d, "contiguous") for v in vals]
     theirs = [place(v, d, "contiguous") for v in vals]
     for step in (1, 2, 3):

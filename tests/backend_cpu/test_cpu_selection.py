@@ -15,8 +15,9 @@ import pytest
 
 pytest.importorskip("kael_backend_cpu")
 
-_installed = any(ep.name == "cpu" and ep.value.startswith("kael_backend_cpu")
-                 for ep in metadata.entry_points(group="kael.backends"))
+_installed = any(
+    ep.name == "cpu" and ep.value.startswith("kael_backend_cpu") for ep in metadata.entry_points(group="kael.backends")
+)
 pytestmark = pytest.mark.skipif(not _installed, reason="kael-backend-cpu is importable but not installed")
 
 _PROBE = "import kael; b = kael.backends.current('cpu'); print(b.name, type(b).__module__)"

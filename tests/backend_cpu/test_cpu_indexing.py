@@ -46,8 +46,12 @@ def _same(cpu: Any, ref: Any, op: str, shape: tuple, d: dt.DType, *args: Any, in
 
 
 @SETTINGS
-@given(case=shape_and_dim(min_size=1), dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS),
-       seed=st.integers(0, 2**16))
+@given(
+    case=shape_and_dim(min_size=1),
+    dtype=st.sampled_from(DTYPES),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
 def test_gather(cpu: Any, ref: Any, case: tuple, dtype: str, layout: str, seed: int) -> None:
     shape, dim = case
     rng = np.random.default_rng(seed)
@@ -59,8 +63,12 @@ def test_gather(cpu: Any, ref: Any, case: tuple, dtype: str, layout: str, seed: 
 
 
 @SETTINGS
-@given(case=shape_and_dim(min_size=1), dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS),
-       seed=st.integers(0, 2**16))
+@given(
+    case=shape_and_dim(min_size=1),
+    dtype=st.sampled_from(DTYPES),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
 def test_index_select_and_index_add(cpu: Any, ref: Any, case: tuple, dtype: str, layout: str, seed: int) -> None:
     shape, dim = case
     rng = np.random.default_rng(seed)
@@ -68,7 +76,7 @@ def test_index_select_and_index_add(cpu: Any, ref: Any, case: tuple, dtype: str,
     a = place(random_values(rng, shape, d), d, layout)
     count = int(rng.integers(0, 7))
     idx = _index(rng.integers(0, shape[dim], count), "stepped")
-    oshape = shape[:dim] + (count,) + shape[dim + 1:]
+    oshape = shape[:dim] + (count,) + shape[dim + 1 :]
     _same(cpu, ref, "index_select", oshape, d, a, idx, dim)
     if d is dt.bool_:
         return
@@ -77,8 +85,11 @@ def test_index_select_and_index_add(cpu: Any, ref: Any, case: tuple, dtype: str,
 
 
 @SETTINGS
-@given(case=shape_and_dim(min_size=1), dtype=st.sampled_from(["int32", "int64", "float32", "float64", "float16"]),
-       seed=st.integers(0, 2**16))
+@given(
+    case=shape_and_dim(min_size=1),
+    dtype=st.sampled_from(["int32", "int64", "float32", "float64", "float16"]),
+    seed=st.integers(0, 2**16),
+)
 def test_scatter_add(cpu: Any, ref: Any, case: tuple, dtype: str, seed: int) -> None:
     shape, dim = case
     rng = np.random.default_rng(seed)
@@ -96,14 +107,19 @@ def test_cat(cpu: Any, ref: Any, case: tuple, dtype: str, parts: int, seed: int)
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
     sizes = [int(rng.integers(0, 4)) for _ in range(parts)]
-    ts = [place(random_values(rng, shape[:dim] + (s,) + shape[dim + 1:], d), d, LAYOUTS[i % len(LAYOUTS)])
-          for i, s in enumerate(sizes)]
-    _same(cpu, ref, "cat", shape[:dim] + (sum(sizes),) + shape[dim + 1:], d, ts, dim)
+    ts = [
+        place(random_values(rng, shape[:dim] + (s,) + shape[dim + 1 :], d), d, LAYOUTS[i % len(LAYOUTS)])
+        for i, s in enumerate(sizes)
+    ]
+    _same(cpu, ref, "cat", shape[:dim] + (sum(sizes),) + shape[dim + 1 :], d, ts, dim)
 
 
 @SETTINGS
-@given(shape=st.lists(st.integers(0, 5), min_size=1, max_size=3).map(tuple), layout=st.sampled_from(LAYOUTS),
-       seed=st.integers(0, 2**16))
+@given(
+    shape=st.lists(st.integers(0, 5), min_size=1, max_size=3).map(tuple),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
 def test_nonzero(cpu: Any, ref: Any, shape: tuple, layout: str, seed: int) -> None:
     mask = place(np.random.default_rng(seed).random(shape) < 0.4, dt.bool_, layout)
     count = int(np.count_nonzero(mask._np_view()))
@@ -111,10 +127,16 @@ def test_nonzero(cpu: Any, ref: Any, shape: tuple, layout: str, seed: int) -> No
 
 
 @SETTINGS
-@given(case=shape_and_dim(), dtype=st.sampled_from(DTYPES), descending=st.booleans(), layout=st.sampled_from(LAYOUTS),
-       seed=st.integers(0, 2**16))
-def test_sort_is_stable_with_nans(cpu: Any, ref: Any, case: tuple, dtype: str, descending: bool, layout: str,
-                                  seed: int) -> None:
+@given(
+    case=shape_and_dim(),
+    dtype=st.sampled_from(DTYPES),
+    descending=st.booleans(),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
+def test_sort_is_stable_with_nans(
+    cpu: Any, ref: Any, case: tuple, dtype: str, descending: bool, layout: str, seed: int
+) -> None:
     shape, dim = case
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
@@ -134,8 +156,12 @@ def test_sort_is_stable_with_nans(cpu: Any, ref: Any, case: tuple, dtype: str, d
 
 
 @SETTINGS
-@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple), dtype=st.sampled_from(DTYPES),
-       seed=st.integers(0, 2**16), data=st.data())
+@given(
+    shape=st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
 def test_topk(cpu: Any, ref: Any, shape: tuple, dtype: str, seed: int, data: Any) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]

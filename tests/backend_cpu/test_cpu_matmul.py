@@ -21,8 +21,10 @@ SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[Healt
 
 
 def _layout_2d(a: np.ndarray, transposed: bool) -> Any:
-    return from_numpy_bits(np.ascontiguousarray(a.T).T if transposed else np.ascontiguousarray(a),
-                           dt.float32 if a.dtype == np.float32 else dt.float64)
+    return from_numpy_bits(
+        np.ascontiguousarray(a.T).T if transposed else np.ascontiguousarray(a),
+        dt.float32 if a.dtype == np.float32 else dt.float64,
+    )
 
 
 def _check(got: np.ndarray, a: np.ndarray, b: np.ndarray, d: dt.DType) -> None:
@@ -34,8 +36,20 @@ def _check(got: np.ndarray, a: np.ndarray, b: np.ndarray, d: dt.DType) -> None:
     assert not bad.any(), f"{int(bad.sum())} elements off; worst {np.abs(got - exact).max()}"
 
 
-SHAPES = [(1, 768, 2304), (1, 64, 50257), (3, 100, 70), (16, 65, 129), (17, 33, 300), (200, 3, 40), (300, 17, 5),
-          (129, 257, 300), (64, 1000, 64), (5, 0, 7), (1, 1, 1), (7, 1, 9)]
+SHAPES = [
+    (1, 768, 2304),
+    (1, 64, 50257),
+    (3, 100, 70),
+    (16, 65, 129),
+    (17, 33, 300),
+    (200, 3, 40),
+    (300, 17, 5),
+    (129, 257, 300),
+    (64, 1000, 64),
+    (5, 0, 7),
+    (1, 1, 1),
+    (7, 1, 9),
+]
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)
@@ -52,12 +66,18 @@ def test_matmul_paths_and_layouts(cpu: Any, m: int, k: int, n: int, ta: bool, tb
 
 
 @SETTINGS
-@given(batch=st.lists(st.integers(1, 3), max_size=2).map(tuple), m=st.integers(1, 20), k=st.integers(1, 40),
-       n=st.integers(1, 20), bcast=st.booleans(), dtype=st.sampled_from(["float32", "float64", "int32", "int64",
-                                                                           "float16", "bfloat16", "int8"]),
-       seed=st.integers(0, 2**16))
-def test_batched_matmul_matches_reference(cpu: Any, ref: Any, batch: tuple, m: int, k: int, n: int, bcast: bool,
-                                          dtype: str, seed: int) -> None:
+@given(
+    batch=st.lists(st.integers(1, 3), max_size=2).map(tuple),
+    m=st.integers(1, 20),
+    k=st.integers(1, 40),
+    n=st.integers(1, 20),
+    bcast=st.booleans(),
+    dtype=st.sampled_from(["float32", "float64", "int32", "int64", "float16", "bfloat16", "int8"]),
+    seed=st.integers(0, 2**16),
+)
+def test_batched_matmul_matches_reference(
+    cpu: Any, ref: Any, batch: tuple, m: int, k: int, n: int, bcast: bool, dtype: str, seed: int
+) -> None:
     d = dt.BY_NAME[dtype]
     rng = np.random.default_rng(seed)
     if d.is_floating_point:

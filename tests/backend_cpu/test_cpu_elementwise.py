@@ -37,10 +37,16 @@ def run_both(cpu: Any, ref: Any, op: str, out_shape: tuple[int, ...], out_dtype:
 
 
 @SETTINGS
-@given(shape=shapes, src=st.sampled_from(DTYPES), dst=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS),
-       seed=st.integers(0, 2**16))
-def test_copy_casts_between_every_dtype_pair(cpu: Any, ref: Any, shape: tuple, src: str, dst: str, layout: str,
-                                             seed: int) -> None:
+@given(
+    shape=shapes,
+    src=st.sampled_from(DTYPES),
+    dst=st.sampled_from(DTYPES),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
+def test_copy_casts_between_every_dtype_pair(
+    cpu: Any, ref: Any, shape: tuple, src: str, dst: str, layout: str, seed: int
+) -> None:
     s, d = dt.BY_NAME[src], dt.BY_NAME[dst]
     vals = random_values(np.random.default_rng(seed), shape, s) * (30 if s.is_floating_point else 1)
     if d.category == 1 and s.is_floating_point:
@@ -69,8 +75,12 @@ def test_arange(cpu: Any, ref: Any, dtype: str, start: Any, step: Any) -> None:
 
 
 @SETTINGS
-@given(shape=shapes, dtype=st.sampled_from(DTYPES), layouts=st.tuples(*[st.sampled_from(LAYOUTS)] * 3),
-       seed=st.integers(0, 2**16))
+@given(
+    shape=shapes,
+    dtype=st.sampled_from(DTYPES),
+    layouts=st.tuples(*[st.sampled_from(LAYOUTS)] * 3),
+    seed=st.integers(0, 2**16),
+)
 def test_where(cpu: Any, ref: Any, shape: tuple, dtype: str, layouts: tuple, seed: int) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]
@@ -86,8 +96,13 @@ _DOMAIN = {"log": "positive", "sqrt": "positive", "rsqrt": "positive", "log1p": 
 
 
 @SETTINGS
-@given(op=st.sampled_from(UNARY_OPS), shape=shapes, dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS),
-       seed=st.integers(0, 2**16))
+@given(
+    op=st.sampled_from(UNARY_OPS),
+    shape=shapes,
+    dtype=st.sampled_from(DTYPES),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
 def test_unary(cpu: Any, ref: Any, op: str, shape: tuple, dtype: str, layout: str, seed: int) -> None:
     d = dt.BY_NAME[dtype]
     if not d.is_floating_point and op not in _INT_UNARY:
@@ -104,8 +119,13 @@ def test_unary(cpu: Any, ref: Any, op: str, shape: tuple, dtype: str, layout: st
 
 
 @SETTINGS
-@given(op=st.sampled_from(BINARY_OPS + COMPARE_OPS), shape=shapes, dtype=st.sampled_from(DTYPES),
-       layouts=st.tuples(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS)), seed=st.integers(0, 2**16))
+@given(
+    op=st.sampled_from(BINARY_OPS + COMPARE_OPS),
+    shape=shapes,
+    dtype=st.sampled_from(DTYPES),
+    layouts=st.tuples(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS)),
+    seed=st.integers(0, 2**16),
+)
 def test_binary(cpu: Any, ref: Any, op: str, shape: tuple, dtype: str, layouts: tuple, seed: int) -> None:
     rng = np.random.default_rng(seed)
     d = dt.BY_NAME[dtype]

@@ -36,8 +36,13 @@ def test_set_and_get(restore_threads: Any) -> None:
 
 def test_environment_sets_the_default() -> None:
     code = "import kael_backend_cpu as k; print(k.get_num_threads())"
-    res = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, KAEL_NUM_THREADS="3"),
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, KAEL_NUM_THREADS="3"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "3"
 
