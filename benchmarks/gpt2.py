@@ -44,6 +44,7 @@ PROMPT_TOKENS, PREFILL_TOKENS = 16, 512
 
 # -- the checkpoint ----------------------------------------------------------------------------
 
+
 def write_checkpoint(directory: Path, seed: int = 0) -> float:
     """A GPT-2 small with random weights, saved by kael; returns the seconds it took."""
     import kael
@@ -67,6 +68,7 @@ def write_checkpoint(directory: Path, seed: int = 0) -> float:
 
 # -- PyTorch GPT-2 with a KV cache --------------------------------------------------------------
 
+
 class TorchGPT2:
     """GPT-2 in plain PyTorch over a checkpoint's tensors (Conv1D weights [in, out], as Hugging Face)."""
 
@@ -82,15 +84,15 @@ class TorchGPT2:
         """Logits of the last position for ids following ``start`` cached tokens."""
         torch, w, F = self.torch, self.w, self.torch.nn.functional
         t, c, h = len(ids), self.dim, self.heads
-        x = w["wte.weight"][torch.tensor(ids)] + w["wpe.weight"][start:start + t]  # [T, C]
+        x = w["wte.weight"][torch.tensor(ids)] + w["wpe.weight"][start : start + t]  # [T, C]
         for i in range(self.layers):
             p = f"h.{i}."
             a = F.layer_norm(x, (c,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], 1e-5)
             qkv = torch.addmm(w[p + "attn.c_attn.bias"], a, w[p + "attn.c_attn.weight"])
             q, k, v = qkv.view(t, 3, h, c // h).permute(1, 2, 0, 3)  # each [H, T, D]
-            cache[i][0, 0, :, start:start + t] = k
-            cache[i][1, 0, :, start:start + t] = v
-            keys, values = cache[i][0, 0, :, :start + t], cache[i][1, 0, :, :start + t]
+            cache[i][0, 0, :, start : start + t] = k
+            cache[i][1, 0, :, start : start + t] = v
+            keys, values = cache[i][0, 0, :, : start + t], cache[i][1, 0, :, : start + t]
             y = F.scaled_dot_product_attention(q, keys, values, is_causal=t > 1 and start == 0)
             x = x + torch.addmm(w[p + "attn.c_proj.bias"], y.transpose(0, 1).reshape(t, c), w[p + "attn.c_proj.weight"])
             a = F.layer_norm(x, (c,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], 1e-5)
@@ -113,6 +115,7 @@ class TorchGPT2:
 
 
 # -- measurements (one worker process per thread count) ------------------------------------------
+
 
 def _best(fn: Any, repeats: int) -> float:
     times = []
@@ -170,8 +173,10 @@ def worker(directory: Path, threads: int, new_tokens: int, repeats: int) -> dict
     except ImportError:
         return report
     torch.set_num_threads(threads)
-    w = {k[len("transformer."):]: torch.from_numpy(v.numpy()) for k, v in
-         kael.load_safetensors(directory / "model.safetensors").items()}
+    w = {
+        k[len("transformer.") :]: torch.from_numpy(v.numpy())
+        for k, v in kael.load_safetensors(directory / "model.safetensors").items()
+    }
     tm = TorchGPT2(torch, w, model.config.layers, model.config.heads)
     with torch.inference_mode():
         tm.step(long_prompt, tm.new_cache(PREFILL_TOKENS), 0)
@@ -226,25 +231,56 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="kael-gpt2-bench-") as tmp:
         directory = args.keep or Path(tmp)
-        report: dict[str, Any] = {"model": "gpt2-small (random weights, float32)", "prompt_tokens": PROMPT_TOKENS,
-                                  "new_tokens": args.new_tokens, "prefill_tokens": PREFILL_TOKENS}
+        report: dict[str, Any] = {
+            "model": "gpt2-small (random weights, float32)",
+            "prompt_tokens": PROMPT_TOKENS,
+            "new_tokens": args.new_tokens,
+            "prefill_tokens": PREFILL_TOKENS,
+        }
         report["write_checkpoint_s"] = write_checkpoint(directory)
         src = str(ROOT / "kael_core" / "src")
         runs = []
         for n in args.threads:
-            env = dict(os.environ, KAEL_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n),
-                       MKL_NUM_THREADS=str(n), PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get(
-                           "PYTHONPATH")) if p))
-            r = subprocess.run([sys.executable, __file__, "--worker", str(directory), "--threads", str(n),
-                                "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)],
-                               capture_output=True, text=True, env=env, check=False)
+            env = dict(
+                os.environ,
+                KAEL_NUM_THREADS=str(n),
+                OMP_NUM_THREADS=str(n),
+                OPENBLAS_NUM_THREADS=str(n),
+                MKL_NUM_THREADS=str(n),
+                PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
+            )
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    str(directory),
+                    "--threads",
+                    str(n),
+                    "--new-tokens",
+                    str(args.new_tokens),
+                    "--repeats",
+                    str(args.repeats),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
             if r.returncode != 0:
                 raise SystemExit(f"worker with {n} thread(s) failed:\n{r.stderr}")
             runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
         report["runs"] = runs
         report.update(tokenizer_mb_s(args.repeats))
-        keys = ("decode_tok_s", "torch_decode_tok_s", "decode_python_ms_per_token", "prefill_512_s",
-                "torch_prefill_512_s", "load_copy_s", "load_mmap_s")
+        keys = (
+            "decode_tok_s",
+            "torch_decode_tok_s",
+            "decode_python_ms_per_token",
+            "prefill_512_s",
+            "torch_prefill_512_s",
+            "load_copy_s",
+            "load_mmap_s",
+        )
         report["summary"] = {f"{r['threads']}t": {k: round(r[k], 4) for k in keys if k in r} for r in runs}
     print(json.dumps(report, indent=2))
 

@@ -63,8 +63,11 @@ def measure_torch(number: int, repeats: int, timer: Callable[[], float]) -> dict
         return None
     torch.set_num_threads(1)
     x, y = torch.ones(4), torch.ones(4)
-    return {"version": torch.__version__, "add": per_op_us(lambda: x + y, number, repeats, timer),
-            "add_": per_op_us(lambda: x.add_(y), number, repeats, timer)}
+    return {
+        "version": torch.__version__,
+        "add": per_op_us(lambda: x + y, number, repeats, timer),
+        "add_": per_op_us(lambda: x.add_(y), number, repeats, timer),
+    }
 
 
 def main() -> None:
@@ -86,16 +89,25 @@ def main() -> None:
         "unit": "microseconds per op",
         "op": "4-element float32 add",
         "timer": args.timer,
-        "kael_backend": {"name": backend.name, "class": f"{type(backend).__module__}.{type(backend).__qualname__}",
-                         "priority": backend.priority},
+        "kael_backend": {
+            "name": backend.name,
+            "class": f"{type(backend).__module__}.{type(backend).__qualname__}",
+            "priority": backend.priority,
+        },
         "kael": {key: round(v, 3) for key, v in k.items()},
         "numpy": {key: round(v, 3) for key, v in n.items()},
         "torch": None if t is None else {key: (round(v, 3) if isinstance(v, float) else v) for key, v in t.items()},
         "ratios": {
             "kael_add_over_numpy": round(k["add"] / n["add"], 2),
             "kael_add__over_numpy": round(k["add_"] / n["add_"], 2),
-            **({"kael_add_over_torch": round(k["add"] / t["add"], 2),
-                "kael_add__over_torch": round(k["add_"] / t["add_"], 2)} if t is not None else {}),
+            **(
+                {
+                    "kael_add_over_torch": round(k["add"] / t["add"], 2),
+                    "kael_add__over_torch": round(k["add_"] / t["add_"], 2),
+                }
+                if t is not None
+                else {}
+            ),
         },
         "versions": {"kael": kael.__version__, "numpy": np.__version__, "python": platform.python_version()},
     }

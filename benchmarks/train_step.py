@@ -44,8 +44,14 @@ def make_data(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def kael_step(d: dict[str, np.ndarray], lr: float) -> Callable[[], float]:
     model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
-    model.load_state_dict({"0.weight": kael.from_numpy(d["w1"]), "0.bias": kael.from_numpy(d["b1"]),
-                           "2.weight": kael.from_numpy(d["w2"]), "2.bias": kael.from_numpy(d["b2"])})
+    model.load_state_dict(
+        {
+            "0.weight": kael.from_numpy(d["w1"]),
+            "0.bias": kael.from_numpy(d["b1"]),
+            "2.weight": kael.from_numpy(d["w2"]),
+            "2.bias": kael.from_numpy(d["b2"]),
+        }
+    )
     opt = kael.optim.SGD(model.parameters(), lr=lr)
     x, y = kael.from_numpy(d["x"]), kael.from_numpy(d["y"])
     cross_entropy = nn.functional.cross_entropy
@@ -114,8 +120,13 @@ def torch_step(d: dict[str, np.ndarray], lr: float) -> Callable[[], Any] | None:
     return step
 
 
-def time_steps(step: Callable[[], Any], steps: int, repeats: int, keep_losses: bool = True,
-               clock: Callable[[], float] = time.perf_counter) -> tuple[float, list[float]]:
+def time_steps(
+    step: Callable[[], Any],
+    steps: int,
+    repeats: int,
+    keep_losses: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, list[float]]:
     """Median ms per step over `repeats` runs of `steps` steps (after a warm-up), and the losses of one run."""
     for _ in range(10):
         step()

@@ -59,8 +59,11 @@ def write_byte_tokenizer(directory: str) -> None:
 def load_corpus(max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, held-out) byte streams; files split 95/5 by a hash of their path, EOT between files."""
     root = sysconfig.get_paths()["stdlib"]
-    files = sorted(f for f in glob.glob(os.path.join(root, "**", "*.py"), recursive=True)
-                   if "site-packages" not in f and os.sep + "test" not in f[len(root):])
+    files = sorted(
+        f
+        for f in glob.glob(os.path.join(root, "**", "*.py"), recursive=True)
+        if "site-packages" not in f and os.sep + "test" not in f[len(root) :]
+    )
     train: list[bytes] = []
     held: list[bytes] = []
     total = 0
@@ -85,8 +88,8 @@ def load_corpus(max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
 
 def batch(data: np.ndarray, batch_size: int, ctx: int, rng: np.random.Generator) -> tuple[kael.Tensor, kael.Tensor]:
     starts = rng.integers(0, len(data) - ctx - 1, size=batch_size)
-    x = np.stack([data[s:s + ctx] for s in starts])
-    y = np.stack([data[s + 1:s + ctx + 1] for s in starts])
+    x = np.stack([data[s : s + ctx] for s in starts])
+    y = np.stack([data[s + 1 : s + ctx + 1] for s in starts])
     return kael.from_numpy(x), kael.from_numpy(y)
 
 
@@ -151,14 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, "trainer.json"), encoding="utf-8") as f:
             state = json.load(f)
     else:
-        model = GPT(vocab_size=EOT + 1, max_positions=args.context, layers=args.layers, heads=args.heads,
-                    dimension=args.dimension)
+        model = GPT(
+            vocab_size=EOT + 1,
+            max_positions=args.context,
+            layers=args.layers,
+            heads=args.heads,
+            dimension=args.dimension,
+        )
     model.train()
     params = list(model.parameters())
     decay = [q for q in params if q.ndim >= 2]
     no_decay = [q for q in params if q.ndim < 2]
-    opt = optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                      lr=args.lr, betas=(0.9, 0.95))
+    opt = optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
     if args.resume and os.path.exists(os.path.join(args.out, "optimizer.safetensors")):
         saved = kael.load_safetensors(os.path.join(args.out, "optimizer.safetensors"))
         sd = opt.state_dict()
@@ -175,8 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter() - state["seconds"]
     from tqdm import tqdm
 
-    bar = tqdm(total=int(budget), unit="s", file=sys.stderr, initial=int(state["seconds"]), mininterval=2.0,
-               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}s [{elapsed}<{remaining}]{postfix}")
+    bar = tqdm(
+        total=int(budget),
+        unit="s",
+        file=sys.stderr,
+        initial=int(state["seconds"]),
+        mininterval=2.0,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}s [{elapsed}<{remaining}]{postfix}",
+    )
     step = state["step"]
     while step < args.steps:
         elapsed = time.perf_counter() - start
@@ -195,8 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         state["tokens"] += tokens_per_step
         now = time.perf_counter() - start
-        bar.set_postfix(step=step, loss=f"{float(loss.item()):.3f}", tok_s=f"{state['tokens'] / max(now, 1e-9):,.0f}",
-                        lr=f"{lr:.2e}", refresh=False)
+        bar.set_postfix(
+            step=step,
+            loss=f"{float(loss.item()):.3f}",
+            tok_s=f"{state['tokens'] / max(now, 1e-9):,.0f}",
+            lr=f"{lr:.2e}",
+            refresh=False,
+        )
         bar.update(int(min(now, budget)) - bar.n)
         if step % args.eval_every == 0:
             ev = evaluate(model, held, args.eval_batches, args.batch_size, args.context)
@@ -207,12 +229,31 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     now = time.perf_counter() - start
     ev = evaluate(model, held, args.eval_batches * 2, args.batch_size, args.context)
-    state.update(step=step, seconds=now, held_out_loss=ev, parameters=n_params,
-                 config={"layers": args.layers, "heads": args.heads, "dimension": args.dimension,
-                         "context": args.context, "batch_size": args.batch_size})
+    state.update(
+        step=step,
+        seconds=now,
+        held_out_loss=ev,
+        parameters=n_params,
+        config={
+            "layers": args.layers,
+            "heads": args.heads,
+            "dimension": args.dimension,
+            "context": args.context,
+            "batch_size": args.batch_size,
+        },
+    )
     save(model, opt, state, args.out)
-    print(json.dumps({"steps": step, "seconds": round(now, 1), "held_out_loss": round(ev, 4),
-                      "bits_per_byte": round(ev / math.log(2), 4), "parameters": n_params}))
+    print(
+        json.dumps(
+            {
+                "steps": step,
+                "seconds": round(now, 1),
+                "held_out_loss": round(ev, 4),
+                "bits_per_byte": round(ev / math.log(2), 4),
+                "parameters": n_params,
+            }
+        )
+    )
     return 0
 
 

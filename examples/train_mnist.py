@@ -71,8 +71,13 @@ def _correct(logits: kael.Tensor, y: kael.Tensor) -> int:
     return int(kael.sum(kael.eq(kael.argmax(logits, 1), y)).item())
 
 
-def train_epoch(model: nn.Module, loader: Iterable[Any], optimizer: kael.optim.Optimizer,
-                scheduler: Any = None, progress: Any = None) -> tuple[float, float]:
+def train_epoch(
+    model: nn.Module,
+    loader: Iterable[Any],
+    optimizer: kael.optim.Optimizer,
+    scheduler: Any = None,
+    progress: Any = None,
+) -> tuple[float, float]:
     """One pass over loader, one optimizer step per batch; returns (mean loss, accuracy).
 
     scheduler: a learning-rate scheduler stepped after each optimizer step, or None.
@@ -134,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     test = DataLoader(TensorDataset(x_test, y_test), batch_size=1000)
     model = make_model(x_train.shape[1], args.hidden, int(kael.amax(y_train).item()) + 1)
     optimizer = kael.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    sched = kael.optim.lr_scheduler.CosineWithWarmupLR(optimizer, warmup_steps=min(100, len(train)),
-                                                       total_steps=args.epochs * len(train))
+    sched = kael.optim.lr_scheduler.CosineWithWarmupLR(
+        optimizer, warmup_steps=min(100, len(train)), total_steps=args.epochs * len(train)
+    )
     print(model)
     for epoch in range(1, args.epochs + 1):
         with tqdm(total=len(train), desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress) as bar:

@@ -81,23 +81,43 @@ def device_info() -> dict[str, Any]:
     import kael
 
     b = kael.backends.current("cuda")
-    info: dict[str, Any] = {"ok": True, "backend": repr(b), "emulated": bool(getattr(b, "emulated", False)),
-                            "device_count": kael.cuda.device_count(), "kael": kael.__version__}
+    info: dict[str, Any] = {
+        "ok": True,
+        "backend": repr(b),
+        "emulated": bool(getattr(b, "emulated", False)),
+        "device_count": kael.cuda.device_count(),
+        "kael": kael.__version__,
+    }
     if not info["emulated"]:
         import cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
-        info.update(name=props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
-                    compute_capability=f"{props['major']}.{props['minor']}",
-                    memory_bytes=int(props["totalGlobalMem"]), cupy=cupy.__version__,
-                    cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(),
-                    cuda_driver=cupy.cuda.runtime.driverGetVersion())
+        info.update(
+            name=props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+            compute_capability=f"{props['major']}.{props['minor']}",
+            memory_bytes=int(props["totalGlobalMem"]),
+            cupy=cupy.__version__,
+            cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(),
+            cuda_driver=cupy.cuda.runtime.driverGetVersion(),
+        )
     return info
 
 
 def conformance(timeout: float, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kael.testing.conformance", "--kael-backend", "cuda", "-q",
-           "-p", "no:cacheprovider", "-o", "addopts="]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "kael.testing.conformance",
+        "--kael-backend",
+        "cuda",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+    ]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
@@ -173,9 +193,14 @@ def gpt2_tiny(tiny: Path, greedy_tokens: int) -> dict[str, Any]:
         n = min(greedy_tokens, len(case["greedy_20"]))
         greedy_ok &= gpu.generate(case["ids"], n) == case["greedy_20"][:n]
     tol = float(ref.get("tolerance_logits_max_abs", 1e-4))
-    return {"ok": worst_pair < tol and worst_ref < tol and greedy_ok, "cases": len(ref["cases"]),
-            "max_abs_cpu_vs_cuda": worst_pair, "max_abs_cuda_vs_reference": worst_ref, "tolerance": tol,
-            "greedy_tokens_match": greedy_ok}
+    return {
+        "ok": worst_pair < tol and worst_ref < tol and greedy_ok,
+        "cases": len(ref["cases"]),
+        "max_abs_cpu_vs_cuda": worst_pair,
+        "max_abs_cuda_vs_reference": worst_ref,
+        "tolerance": tol,
+        "greedy_tokens_match": greedy_ok,
+    }
 
 
 def gpt2_small(tokens: int) -> tuple[dict[str, Any], Any]:
@@ -192,8 +217,12 @@ def gpt2_small(tokens: int) -> tuple[dict[str, Any], Any]:
     a, b = _logits(cpu, ids, "cpu"), _logits(gpu, ids, "cuda")
     diff = float(np.abs(a - b).max())
     scale = float(np.abs(a).max())
-    return {"ok": diff <= 1e-4 * max(1.0, scale), "tokens": tokens, "max_abs_cpu_vs_cuda": diff,
-            "max_abs_logit": scale}, gpu
+    return {
+        "ok": diff <= 1e-4 * max(1.0, scale),
+        "tokens": tokens,
+        "max_abs_cpu_vs_cuda": diff,
+        "max_abs_logit": scale,
+    }, gpu
 
 
 def _kael_decode(model: Any, prompt: list[int], new: int) -> tuple[float, list[int]]:
@@ -229,15 +258,19 @@ def _torch_decode(model: Any, prompt: list[int], new: int, device: str = "cuda")
     @torch.no_grad()
     def forward(ids: list[int], start: int) -> torch.Tensor:
         t = len(ids)
-        x = w["wte.weight"][torch.tensor(ids, device=dev)] + w["wpe.weight"][start:start + t]
+        x = w["wte.weight"][torch.tensor(ids, device=dev)] + w["wpe.weight"][start : start + t]
         for i in range(cfg.layers):
             p = f"h.{i}."
             a = tf.layer_norm(x, (cfg.dimension,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
             q, k, v = (a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]).view(t, 3, h, d).unbind(1)
-            kc[i, 0, :, start:start + t] = k.transpose(0, 1)
-            vc[i, 0, :, start:start + t] = v.transpose(0, 1)
-            y = tf.scaled_dot_product_attention(q.transpose(0, 1)[None], kc[i, :, :, :start + t],
-                                                vc[i, :, :, :start + t], is_causal=t > 1 and start == 0)
+            kc[i, 0, :, start : start + t] = k.transpose(0, 1)
+            vc[i, 0, :, start : start + t] = v.transpose(0, 1)
+            y = tf.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                kc[i, :, :, : start + t],
+                vc[i, :, :, : start + t],
+                is_causal=t > 1 and start == 0,
+            )
             x = x + y[0].transpose(0, 1).reshape(t, -1) @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
             a = tf.layer_norm(x, (cfg.dimension,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
             a = tf.gelu(a @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"], approximate="tanh")
@@ -265,8 +298,14 @@ def _torch_decode(model: Any, prompt: list[int], new: int, device: str = "cuda")
 def decode(model: Any, prompt_len: int, new: int) -> dict[str, Any]:
     prompt = [int(i) for i in np.random.default_rng(1).integers(0, model.vocab_size, size=prompt_len)]
     kael_tps, kael_tokens = _kael_decode(model, prompt, new)
-    out: dict[str, Any] = {"ok": True, "batch": 1, "dtype": "float32", "prompt_tokens": prompt_len,
-                           "new_tokens": new, "kael_cuda_tokens_per_s": round(kael_tps, 2)}
+    out: dict[str, Any] = {
+        "ok": True,
+        "batch": 1,
+        "dtype": "float32",
+        "prompt_tokens": prompt_len,
+        "new_tokens": new,
+        "kael_cuda_tokens_per_s": round(kael_tps, 2),
+    }
     torch_run = _torch_decode(model, prompt, new)
     if torch_run is None:
         out["torch_cuda_tokens_per_s"] = None
@@ -285,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128, help="decode benchmark: new tokens (default 128)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    report: dict[str, Any] = {"script": "kael_backend_cuda/scripts/validate.py",
-                              "emulated": os.environ.get("KAEL_CUDA_EMULATE", "") not in ("", "0")}
+    report: dict[str, Any] = {
+        "script": "kael_backend_cuda/scripts/validate.py",
+        "emulated": os.environ.get("KAEL_CUDA_EMULATE", "") not in ("", "0"),
+    }
     with tempfile.TemporaryDirectory() as site:
         env = bootstrap(Path(site))
         return run(args, report, env, t0)

@@ -28,8 +28,10 @@ except ImportError:  # not installed: use the source tree
 
 
 def _installed() -> bool:
-    return any(ep.name == "cuda" and ep.value.startswith("kael_backend_cuda")
-               for ep in importlib.metadata.entry_points(group="kael.backends"))
+    return any(
+        ep.name == "cuda" and ep.value.startswith("kael_backend_cuda")
+        for ep in importlib.metadata.entry_points(group="kael.backends")
+    )
 
 
 def _activate() -> Any:

@@ -42,8 +42,10 @@ def test_round_trip_every_dtype(emulate, name):
     assert dev.device.type == "cuda" and dev.dtype is d and dev.shape == (3, 4)
     back = dev.cpu()
     assert back.device.type == "cpu"
-    np.testing.assert_array_equal(back.float().numpy() if name == "bfloat16" else back.numpy(),
-                                  host.float().numpy() if name == "bfloat16" else host.numpy())
+    np.testing.assert_array_equal(
+        back.float().numpy() if name == "bfloat16" else back.numpy(),
+        host.float().numpy() if name == "bfloat16" else host.numpy(),
+    )
     assert dev.tolist() == host.tolist()
 
 

@@ -81,8 +81,12 @@ def test_batched_matmul_on_transposed_operands(emulate, b, m, k, n, transposed):
     a = kael.tensor(rng.standard_normal((b, m, k)).astype(np.float32))
     w = kael.tensor(rng.standard_normal((b, n, k)).astype(np.float32))
     wt = w.transpose(1, 2) if transposed else w.transpose(1, 2).contiguous()
-    _close(a.to("cuda") @ wt.to("cuda") if not transposed else a.to("cuda") @ w.to("cuda").transpose(1, 2),
-           a @ wt, rtol=1e-5, atol=1e-5)
+    _close(
+        a.to("cuda") @ wt.to("cuda") if not transposed else a.to("cuda") @ w.to("cuda").transpose(1, 2),
+        a @ wt,
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_indexing_family(emulate):
@@ -172,8 +176,9 @@ def test_attention_over_a_kv_cache(emulate):
         cache = kael.tensor(kv, device=dev)
         k = cache.select(1, 0).narrow(2, 0, 6)  # strided views of the cache
         v = cache.select(1, 1).narrow(2, 0, 6)
-        res[dev] = kael.attention(kael.tensor(q, device=dev), k, v, causal=True,
-                                  lengths=kael.tensor(lengths, device=dev))
+        res[dev] = kael.attention(
+            kael.tensor(q, device=dev), k, v, causal=True, lengths=kael.tensor(lengths, device=dev)
+        )
     _close(res["cuda"], res["cpu"])
 
 
@@ -189,8 +194,9 @@ def test_training_step_matches_cpu(emulate):
     models = {}
     for dev in ("cpu", "cuda"):
         kael.manual_seed(0)
-        net = kael.nn.Sequential(kael.nn.Linear(6, 8), kael.nn.GELU(approximate="tanh"), kael.nn.LayerNorm(8),
-                                 kael.nn.Linear(8, 4)).to(dev)
+        net = kael.nn.Sequential(
+            kael.nn.Linear(6, 8), kael.nn.GELU(approximate="tanh"), kael.nn.LayerNorm(8), kael.nn.Linear(8, 4)
+        ).to(dev)
         opt = kael.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
         rng = np.random.default_rng(4)
         for _ in range(3):

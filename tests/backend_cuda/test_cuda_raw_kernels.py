@@ -54,8 +54,10 @@ def test_layer_norm_rows_and_backward(emulate, affine):
         mu = math.fsum(x[r]) / 10
         var = math.fsum((v - mu) ** 2 for v in x[r]) / 10
         assert mean[r] == pytest.approx(mu, rel=1e-12) and rstd[r] == pytest.approx(1 / math.sqrt(var + 1e-5))
-        want = [(v - mu) / math.sqrt(var + 1e-5) * (w[j] if affine else 1) + (b[j] if affine else 0)
-                for j, v in enumerate(x[r])]
+        want = [
+            (v - mu) / math.sqrt(var + 1e-5) * (w[j] if affine else 1) + (b[j] if affine else 0)
+            for j, v in enumerate(x[r])
+        ]
         np.testing.assert_allclose(y[r], want, rtol=1e-10, atol=1e-12)
     # dx against central finite differences of sum(g * layer_norm(x))
     g = rng.standard_normal((3, 10))
@@ -193,8 +195,9 @@ def test_cuda_sources_compile_with_nvrtc():
     _compile(nvrtc, raw.ROW_KERNELS_SOURCE, raw.row_kernel_names())
     types = {"T": "T", "int32": "int", "int64": "long long", "float32": "float", "float64": "double"}
     for ins, outs, body in raw.ELEMENTWISE_SOURCES.values():
-        decls = "".join(f"{types[p.split()[0]]} {p.split()[1]} = {types[p.split()[0]]}(1);\n"
-                        for p in f"{ins}, {outs}".split(","))
+        decls = "".join(
+            f"{types[p.split()[0]]} {p.split()[1]} = {types[p.split()[0]]}(1);\n" for p in f"{ins}, {outs}".split(",")
+        )
         src = f"template <typename T> __global__ void check(T* sink) {{\n{decls}{body}\nsink[0] = T(0);\n}}\n"
         _compile(nvrtc, src, ["check<float>", "check<double>"])
 
@@ -230,8 +233,9 @@ def test_launch_arguments_match_the_cuda_signatures(monkeypatch, dtype):
     launched: list[tuple] = []
     elementwise: list[tuple] = []
     monkeypatch.setattr(_xp, "_state", _xp._State(np, False, True, "", 1, None))  # "a GPU" with NumPy arrays
-    monkeypatch.setattr(raw, "_launch", lambda name, rows, cols, dt, args: launched.append((name, rows, cols, dt,
-                                                                                            args)))
+    monkeypatch.setattr(
+        raw, "_launch", lambda name, rows, cols, dt, args: launched.append((name, rows, cols, dt, args))
+    )
     monkeypatch.setattr(raw, "_ew", lambda name: lambda *args: elementwise.append((name, args)))
     x = np.ones((3, 5), dtype)
     v = np.ones(3, dtype)

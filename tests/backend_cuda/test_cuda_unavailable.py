@@ -76,8 +76,14 @@ def test_emulation_with_a_bad_device_count_is_unavailable(monkeypatch):
         _xp.reset()
 
 
-def _run(args: list[str], env: dict[str, str], tmp_path: Path, kind: str | None = None, emulate: bool = False,
-         timeout: int = 120) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str],
+    env: dict[str, str],
+    tmp_path: Path,
+    kind: str | None = None,
+    emulate: bool = False,
+    timeout: int = 120,
+) -> subprocess.CompletedProcess[str]:
     env = dict(env)
     if kind is not None:
         fake = tmp_path / kind / "cupy"
@@ -86,8 +92,7 @@ def _run(args: list[str], env: dict[str, str], tmp_path: Path, kind: str | None 
         env["PYTHONPATH"] = str(tmp_path / kind) + ":" + env["PYTHONPATH"]
     if emulate:
         env["KAEL_CUDA_EMULATE"] = "1"
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.parametrize("kind, reason", [("missing", "CuPy is not importable"), ("no_driver", NO_DRIVER)])
@@ -112,22 +117,42 @@ def test_kael_info_with_emulation(subprocess_env, tmp_path):
 
 
 def test_conformance_kit_passes_under_emulation(subprocess_env, tmp_path):
-    r = _run(["-m", "pytest", "--pyargs", "kael.testing.conformance", "--kael-backend", "cuda", "-q", "-x",
-              "-p", "no:cacheprovider", "-p", "no:randomly"], subprocess_env, tmp_path, "missing", emulate=True,
-             timeout=600)
+    r = _run(
+        [
+            "-m",
+            "pytest",
+            "--pyargs",
+            "kael.testing.conformance",
+            "--kael-backend",
+            "cuda",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+        ],
+        subprocess_env,
+        tmp_path,
+        "missing",
+        emulate=True,
+        timeout=600,
+    )
     tail = "\n".join(r.stdout.splitlines()[-15:])
     assert r.returncode == 0, tail + r.stderr[-2000:]
     assert " passed" in tail and "failed" not in tail
 
 
 def test_kael_cuda_without_the_package(subprocess_env, tmp_path):
-    code = ("import kael\n"
-            "assert not kael.cuda.is_available() and kael.cuda.device_count() == 0\n"
-            "print(kael.cuda.unavailable_reason())\n"
-            "try:\n"
-            "    kael.zeros(1, device='cuda')\n"
-            "except kael.DeviceError as exc:\n"
-            "    print('DeviceError:', exc)\n")
+    code = (
+        "import kael\n"
+        "assert not kael.cuda.is_available() and kael.cuda.device_count() == 0\n"
+        "print(kael.cuda.unavailable_reason())\n"
+        "try:\n"
+        "    kael.zeros(1, device='cuda')\n"
+        "except kael.DeviceError as exc:\n"
+        "    print('DeviceError:', exc)\n"
+    )
     env = dict(subprocess_env, KAEL_DISABLE_PLUGIN_AUTOLOAD="1")  # as if kael-backend-cuda were not installed
     r = _run(["-c", code], env, tmp_path)
     assert r.returncode == 0, r.stderr

@@ -18,8 +18,14 @@ pytestmark = pytest.mark.skipif(not (TINY / "model.safetensors").exists(), reaso
 
 def test_quick_run_reports_ok_json(subprocess_env, tmp_path):
     env = dict(subprocess_env, KAEL_CUDA_EMULATE="1")
-    r = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-conformance"], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--no-conformance"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = json.loads(r.stdout)
     assert r.returncode == 0 and report["ok"], r.stdout + r.stderr
     assert report["emulated"] and report["device"]["emulated"]
@@ -34,8 +40,9 @@ def test_unavailable_cuda_gives_a_failing_report(subprocess_env, tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('simulated')\n")
     env = dict(subprocess_env, PYTHONPATH=f"{tmp_path}:{subprocess_env['PYTHONPATH']}")
-    r = subprocess.run([sys.executable, str(SCRIPT), "--quick"], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     report = json.loads(r.stdout)
     assert r.returncode == 1 and not report["ok"] and "CUDA is not available" in report["error"]
 

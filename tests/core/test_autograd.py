@@ -57,6 +57,7 @@ def recorder() -> Any:
 
 # -- graph recording --------------------------------------------------------------------------
 
+
 def test_leaf_and_node_names_edges_and_shapes() -> None:
     w = t([3.0, 3.0], grad=True)
     x = t([[1.0, 2.0]])
@@ -85,6 +86,7 @@ def test_non_float_results_and_no_grad_inputs_record_nothing() -> None:
 
 
 # -- the engine ---------------------------------------------------------------------------------
+
 
 def test_gradients_are_summed_before_accumulate_grad_runs(recorder: Recorder) -> None:
     w = t([3.0, 3.0], grad=True)
@@ -220,12 +222,16 @@ def test_grad_dtype_follows_the_leaf() -> None:
 
 # -- version counter ----------------------------------------------------------------------------
 
+
 def test_saved_tensor_modified_in_place_names_the_op() -> None:
     x = t([1.0, 2.0], grad=True)
     y = x.exp()  # ExpBackward saves its output
     y.add_(1.0)
-    with pytest.raises(AutogradError, match=r"ExpBackward: saved tensor 0 of shape \[2\] was modified by an "
-                                            r"in-place operation"):
+    with pytest.raises(
+        AutogradError,
+        match=r"ExpBackward: saved tensor 0 of shape \[2\] was modified by an "
+        r"in-place operation",
+    ):
         y.sum().backward()
 
 
@@ -249,6 +255,7 @@ def test_in_place_on_a_view_bumps_the_shared_version() -> None:
 
 
 # -- hooks ---------------------------------------------------------------------------------------
+
 
 def test_hook_on_a_leaf_replaces_its_gradient() -> None:
     x = t([1.0, 2.0], grad=True)
@@ -286,6 +293,7 @@ def test_retain_grad_keeps_an_intermediate_gradient() -> None:
 
 
 # -- grad modes -------------------------------------------------------------------------------
+
 
 def test_no_grad_enable_grad_and_set_grad_enabled() -> None:
     x = t([1.0], grad=True)
@@ -332,6 +340,7 @@ def test_inference_mode() -> None:
 
 # -- detach / requires_grad_ ------------------------------------------------------------------
 
+
 def test_detach_shares_memory_and_drops_history() -> None:
     x = t([1.0, 2.0], grad=True)
     y = x * 2
@@ -356,6 +365,7 @@ def test_requires_grad_() -> None:
 
 
 # -- custom Functions -------------------------------------------------------------------------
+
 
 class Cube(Function):
     @staticmethod
@@ -445,8 +455,11 @@ def test_custom_function_gradient_shape_is_checked() -> None:
         def backward(ctx: Any, g: kael.Tensor) -> Any:
             return kael.ones(3, dtype=kael.float64)
 
-    with pytest.raises(AutogradError, match=r"WrongShapeBackward returned a gradient of shape \[3\] for input 0, "
-                                            r"expected \[2\]"):
+    with pytest.raises(
+        AutogradError,
+        match=r"WrongShapeBackward returned a gradient of shape \[3\] for input 0, "
+        r"expected \[2\]",
+    ):
         WrongShape.apply(t([1.0, 2.0], grad=True)).sum().backward()
 
     class Broadcast(Function):
@@ -488,6 +501,7 @@ def test_custom_function_saved_tensor_version_check() -> None:
 
 # -- kael.autograd.grad --------------------------------------------------------------------------
 
+
 def test_autograd_grad_returns_gradients_without_touching_dot_grad() -> None:
     x = t([1.0, 2.0], grad=True)
     y = t([3.0], grad=True)
@@ -518,6 +532,7 @@ def test_autograd_grad_unused_inputs() -> None:
 
 
 # -- in-place ops and views ---------------------------------------------------------------------
+
 
 def test_in_place_on_a_leaf_requiring_grad_is_refused() -> None:
     x = t([1.0, 2.0], grad=True)
@@ -568,8 +583,7 @@ def test_in_place_on_a_view_flows_to_base_and_view() -> None:
 
 def test_views_gradients_exact() -> None:
     x = t(np.arange(12.0).reshape(3, 4), grad=True)
-    parts = [x[1:, ::2].sum(), x.select(1, 3).sum() * 2, x.permute(1, 0)[0].sum() * 10,
-             x[0].expand(2, 4).sum() * 100]
+    parts = [x[1:, ::2].sum(), x.select(1, 3).sum() * 2, x.permute(1, 0)[0].sum() * 10, x[0].expand(2, 4).sum() * 100]
     sum(parts).backward()  # type: ignore[arg-type]
     expected = np.zeros((3, 4))
     expected[1:, ::2] += 1

@@ -45,15 +45,20 @@ def _run(
     """Continuous batching by hand: prompt i joins before step joins[i] in row rows[i] (several may
     share a row, one after the other) and leaves after n tokens (or stop_after[i])."""
     want = [n if stop_after is None else stop_after[i] for i in range(len(prompts))]
-    gens = [None if seeds is None or s is None else kael.Generator().manual_seed(s) for s in
-            (seeds or [None] * len(prompts))]
+    gens = [
+        None if seeds is None or s is None else kael.Generator().manual_seed(s)
+        for s in (seeds or [None] * len(prompts))
+    ]
     out: list[list[int]] = [[] for _ in prompts]
     waiting = list(range(len(prompts)))
     running: list[int] = []
     step = 0
     while waiting or running:
-        for i in [i for i in waiting if joins[i] <= step and engine.length(rows[i]) == 0 and
-                  all(rows[j] != rows[i] for j in running)]:
+        for i in [
+            i
+            for i in waiting
+            if joins[i] <= step and engine.length(rows[i]) == 0 and all(rows[j] != rows[i] for j in running)
+        ]:
             waiting.remove(i)
             out[i].append(engine.sample(engine.prefill(rows[i], prompts[i]), temperature, 0, gens[i]))
             running.append(i)
@@ -138,8 +143,10 @@ def test_logits_match_alone_and_leavers_do_not_disturb_the_others() -> None:
 def test_seeded_sampling_does_not_depend_on_the_other_rows() -> None:
     model = _random_model(7)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [5, 3]]
-    alone = [model.generate(p, 12, temperature=0.9, generator=kael.Generator().manual_seed(s))
-             for p, s in zip(prompts, (11, 22, 33))]
+    alone = [
+        model.generate(p, 12, temperature=0.9, generator=kael.Generator().manual_seed(s))
+        for p, s in zip(prompts, (11, 22, 33))
+    ]
     engine = BatchDecoder(model, rows=3)
     got = _run(engine, prompts, 12, joins=[0, 1, 3], rows=[2, 0, 1], seeds=[11, 22, 33], temperature=0.9)
     assert got == alone

@@ -60,8 +60,15 @@ class ScriptedModel:
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                 on_token: Any = None, generator: Any = None) -> list[int]:
+    def generate(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        on_token: Any = None,
+        generator: Any = None,
+    ) -> list[int]:
         out = []
         for t in self.tokens[:max_new_tokens]:
             out.append(t)
@@ -70,8 +77,9 @@ class ScriptedModel:
         return out
 
 
-def test_greedy_output_matches_the_reference(model_dir: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
-                                             ) -> None:
+def test_greedy_output_matches_the_reference(
+    model_dir: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert tokenizer.encode(CASE["prompt"]) == CASE["ids"]
     rc = main(["generate", "--model", str(model_dir), CASE["prompt"], "--max-tokens", "20"])
     out, err = capsys.readouterr()
@@ -80,8 +88,20 @@ def test_greedy_output_matches_the_reference(model_dir: Path, tokenizer: Any, ca
 
 
 def test_sampling_is_reproducible_with_a_seed(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["generate", "--model", str(model_dir), "Once upon", "--max-tokens", "8", "--temperature", "0.9",
-            "--top-k", "50", "--seed", "11"]
+    args = [
+        "generate",
+        "--model",
+        str(model_dir),
+        "Once upon",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "50",
+        "--seed",
+        "11",
+    ]
     assert main(args) == 0
     first = capsys.readouterr().out
     assert main(args) == 0
@@ -91,8 +111,9 @@ def test_sampling_is_reproducible_with_a_seed(model_dir: Path, capsys: pytest.Ca
 def test_multibyte_characters_are_never_split(tokenizer: Any) -> None:
     text = "naïve 😀 日本語 🎉!"
     ids = tokenizer.encode(text)
-    assert any(tokenizer.decode([i]).decode("utf-8", "replace") != tokenizer.decode([i]).decode("utf-8", "ignore")
-               for i in ids)  # some tokens hold only part of a character
+    assert any(
+        tokenizer.decode([i]).decode("utf-8", "replace") != tokenizer.decode([i]).decode("utf-8", "ignore") for i in ids
+    )  # some tokens hold only part of a character
     out = Recorder()
     got = stream_generation(ScriptedModel(ids), tokenizer, [1], len(ids), out)
     assert got == ids
@@ -125,10 +146,20 @@ def test_errors_are_reported_cleanly(model_dir: Path, tmp_path: Path, capsys: py
 
 
 def test_python_dash_m_streams_utf8(model_dir: Path, tokenizer: Any) -> None:
-    env = dict(os.environ, PYTHONIOENCODING="ascii", PYTHONPATH=os.pathsep.join(
-        [str(Path(kael.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-m", "kael", "generate", "--model", str(model_dir), CASE["prompt"],
-                        "--max-tokens", "20"], capture_output=True, env=env, timeout=120, check=False)
+    env = dict(
+        os.environ,
+        PYTHONIOENCODING="ascii",
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(kael.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "kael", "generate", "--model", str(model_dir), CASE["prompt"], "--max-tokens", "20"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr.decode()
     # U+FFFD (a byte token that is no character) arrives as UTF-8 even on an ASCII stdout
     assert r.stdout.decode("utf-8") == tokenizer.decode_text(CASE["greedy_20"]) + "\n"

@@ -25,12 +25,23 @@ def _tt(torch: Any, name: str, shape: tuple[int, ...] = (2,)) -> Any:
 
 # -- fixed expectations (hold without torch) --------------------------------------------------
 
-@pytest.mark.parametrize(("a", "b", "want"), [
-    ("uint8", "int8", "int16"), ("uint8", "int16", "int16"), ("uint8", "int64", "int64"), ("int8", "int32", "int32"),
-    ("float16", "bfloat16", "float32"), ("bool", "uint8", "uint8"), ("bool", "float16", "float16"),
-    ("int64", "float16", "float16"), ("int32", "bfloat16", "bfloat16"), ("float32", "float64", "float64"),
-    ("int64", "int64", "int64"),
-])
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        ("uint8", "int8", "int16"),
+        ("uint8", "int16", "int16"),
+        ("uint8", "int64", "int64"),
+        ("int8", "int32", "int32"),
+        ("float16", "bfloat16", "float32"),
+        ("bool", "uint8", "uint8"),
+        ("bool", "float16", "float16"),
+        ("int64", "float16", "float16"),
+        ("int32", "bfloat16", "bfloat16"),
+        ("float32", "float64", "float64"),
+        ("int64", "int64", "int64"),
+    ],
+)
 def test_promote_types_table(a: str, b: str, want: str) -> None:
     assert kael.promote_types(dt.BY_NAME[a], dt.BY_NAME[b]) is dt.BY_NAME[want]
     assert kael.promote_types(dt.BY_NAME[b], dt.BY_NAME[a]) is dt.BY_NAME[want]
@@ -85,16 +96,19 @@ def test_division_and_comparisons() -> None:
 
 # -- against torch: every dtype pair and scalar kind ------------------------------------------
 
+
 @pytest.mark.parametrize(("a", "b"), list(itertools.product(NAMES, NAMES)))
 def test_tensor_pairs_match_torch(torch: Any, a: str, b: str) -> None:
     want = (_tt(torch, a) + _tt(torch, b)).dtype if not (a == b == "bool") else torch.bool
     got = kael.result_type(_kt(a), _kt(b))
     assert got.name == str(want).removeprefix("torch."), f"{a} + {b}"
     # 0-d against dimensioned, both ways round
-    assert kael.result_type(_kt(a), _kt(b, ())).name == str(torch.result_type(_tt(torch, a), _tt(torch, b, ()))
-                                                            ).removeprefix("torch.")
-    assert kael.result_type(_kt(a, ()), _kt(b)).name == str(torch.result_type(_tt(torch, a, ()), _tt(torch, b))
-                                                            ).removeprefix("torch.")
+    assert kael.result_type(_kt(a), _kt(b, ())).name == str(
+        torch.result_type(_tt(torch, a), _tt(torch, b, ()))
+    ).removeprefix("torch.")
+    assert kael.result_type(_kt(a, ()), _kt(b)).name == str(
+        torch.result_type(_tt(torch, a, ()), _tt(torch, b))
+    ).removeprefix("torch.")
 
 
 @pytest.mark.parametrize("a", NAMES)
@@ -113,8 +127,12 @@ def test_binary_ops_produce_promoted_values(torch: Any, a: str, b: str) -> None:
     y = np.array([3, 1, 2])
     kx, ky = kael.tensor(x, dtype=dt.BY_NAME[a]), kael.tensor(y, dtype=dt.BY_NAME[b])
     tx, ty = torch.tensor(x, dtype=getattr(torch, a)), torch.tensor(y, dtype=getattr(torch, b))
-    for kop, top in ((kael.add, torch.add), (kael.mul, torch.mul), (kael.maximum, torch.maximum),
-                     (kael.div, torch.div)):
+    for kop, top in (
+        (kael.add, torch.add),
+        (kael.mul, torch.mul),
+        (kael.maximum, torch.maximum),
+        (kael.div, torch.div),
+    ):
         r, w = kop(kx, ky), top(tx, ty)
         assert r.dtype.name == str(w.dtype).removeprefix("torch."), f"{kop.__name__}({a}, {b})"
         np.testing.assert_allclose(np.asarray(r, dtype=np.float64), w.double().numpy(), rtol=1e-2)

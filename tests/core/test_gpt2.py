@@ -46,6 +46,7 @@ def _tiny(vocab: int = 97, ctx: int = 16, layers: int = 2, heads: int = 2, dim: 
 
 # -- the reference checkpoint ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", [c["name"] for c in REF["cases"] if "logits_key" in c])
 def test_logits_match_reference(model: GPT, ref_logits: dict[str, np.ndarray], name: str) -> None:
     case = CASES[name]
@@ -68,13 +69,14 @@ def test_sliding_window_runs_past_the_context(model: GPT) -> None:
     # the same tokens, one model call per step on the last 64 tokens, no cache: an independent loop
     seq = list(case["ids"])
     for _ in range(20):
-        window = seq[-model.max_positions:]
+        window = seq[-model.max_positions :]
         seq.append(int(np.argmax(_logits(model, [window])[0, -1])))
-    assert seq[len(case["ids"]):] == case["greedy_20"]
+    assert seq[len(case["ids"]) :] == case["greedy_20"]
     # a prompt longer than the context is windowed from the start
     long_prompt = seq[:70]
     assert model.generate(long_prompt, 5) == model.generate(long_prompt[-64:], 1) + model.generate(
-        long_prompt[-63:] + model.generate(long_prompt[-64:], 1), 4)
+        long_prompt[-63:] + model.generate(long_prompt[-64:], 1), 4
+    )
 
 
 def test_bare_layout_loads_the_same_weights(model: GPT) -> None:
@@ -124,6 +126,7 @@ def test_mmap_load_equals_copy_load(model: GPT) -> None:
 
 # -- strict loading ---------------------------------------------------------------------------
 
+
 def _write_checkpoint(tmp: Path, tensors: dict[str, kael.Tensor], config: dict[str, Any] | None = None) -> Path:
     d = tmp / "ckpt"
     d.mkdir(exist_ok=True)
@@ -151,13 +154,17 @@ def test_missing_and_unexpected_keys_are_named(tmp_path: Path, hf_tensors: dict[
 
 def test_shape_mismatch_is_named(tmp_path: Path, hf_tensors: dict[str, kael.Tensor]) -> None:
     hf_tensors["transformer.h.0.mlp.c_fc.weight"] = kael.zeros(128, 32)  # transposed
-    with pytest.raises(kael.FormatError, match=r"'transformer\.h\.0\.mlp\.c_fc\.weight' has shape \[128, 32\].*"
-                                               r"\[32, 128\]"):
+    with pytest.raises(
+        kael.FormatError,
+        match=r"'transformer\.h\.0\.mlp\.c_fc\.weight' has shape \[128, 32\].*"
+        r"\[32, 128\]",
+    ):
         GPT.from_pretrained(_write_checkpoint(tmp_path, hf_tensors))
 
 
-def test_tied_lm_head_is_ignored_only_when_equal(tmp_path: Path, hf_tensors: dict[str, kael.Tensor],
-                                                 model: GPT) -> None:
+def test_tied_lm_head_is_ignored_only_when_equal(
+    tmp_path: Path, hf_tensors: dict[str, kael.Tensor], model: GPT
+) -> None:
     hf_tensors["lm_head.weight"] = hf_tensors["transformer.wte.weight"].clone()
     m = GPT.from_pretrained(_write_checkpoint(tmp_path, hf_tensors))
     ids = CASES["prompt0"]["ids"]
@@ -180,8 +187,9 @@ def test_bare_layout_strictness(tmp_path: Path) -> None:
     assert "['ln_f.weight']" in msg and "['h.0.attn.c_attn.bias_extra']" in msg and "h.5.attn.bias" not in msg
 
 
-def test_failed_load_leaves_parameters_unchanged(tmp_path: Path, hf_tensors: dict[str, kael.Tensor],
-                                                 model: GPT) -> None:
+def test_failed_load_leaves_parameters_unchanged(
+    tmp_path: Path, hf_tensors: dict[str, kael.Tensor], model: GPT
+) -> None:
     m = GPT.from_pretrained(DATA)
     del hf_tensors["transformer.wpe.weight"]
     kael.save_safetensors(hf_tensors, tmp_path / "partial.safetensors")
@@ -190,17 +198,21 @@ def test_failed_load_leaves_parameters_unchanged(tmp_path: Path, hf_tensors: dic
     np.testing.assert_array_equal(m.wte.weight.detach().numpy(), model.wte.weight.detach().numpy())
 
 
-@pytest.mark.parametrize("change, match", [
-    ({"n_layer": None}, "missing key 'n_layer'"),
-    ({"n_head": 3}, "not divisible"),
-    ({"n_embd": 0}, "n_embd must be a positive integer"),
-    ({"n_positions": True}, "n_positions must be a positive integer"),
-    ({"activation_function": "relu"}, "activation_function 'relu'"),
-    ({"model_type": "llama"}, "model_type"),
-    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
-])
-def test_bad_config_is_a_format_error(tmp_path: Path, hf_tensors: dict[str, kael.Tensor], change: dict[str, Any],
-                                      match: str) -> None:
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"n_layer": None}, "missing key 'n_layer'"),
+        ({"n_head": 3}, "not divisible"),
+        ({"n_embd": 0}, "n_embd must be a positive integer"),
+        ({"n_positions": True}, "n_positions must be a positive integer"),
+        ({"activation_function": "relu"}, "activation_function 'relu'"),
+        ({"model_type": "llama"}, "model_type"),
+        ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ],
+)
+def test_bad_config_is_a_format_error(
+    tmp_path: Path, hf_tensors: dict[str, kael.Tensor], change: dict[str, Any], match: str
+) -> None:
     cfg = json.loads((DATA / "config.json").read_text())
     for k, v in change.items():
         if v is None:
@@ -225,6 +237,7 @@ def test_missing_files_are_format_errors(tmp_path: Path) -> None:
 
 
 # -- export -----------------------------------------------------------------------------------
+
 
 def test_save_pretrained_round_trip(tmp_path: Path, model: GPT) -> None:
     save_pretrained(model, tmp_path / "out")
@@ -263,6 +276,7 @@ def test_transformers_reads_the_export(tmp_path: Path, model: GPT, ref_logits: d
 
 
 # -- the KV cache -------------------------------------------------------------------------------
+
 
 def test_cache_decode_equals_full_recompute(model: GPT) -> None:
     ids = CASES["sliding_window"]["ids"][:40]
@@ -360,8 +374,11 @@ def test_generate_without_fused_kernels(model: GPT, monkeypatch: pytest.MonkeyPa
     from kael import _dispatch
 
     real = _dispatch.fused_kernel
-    monkeypatch.setattr(_dispatch, "fused_kernel", lambda dev, op: None if op in (
-        "linear", "layer_norm", "gelu", "attention", "embedding") else real(dev, op))
+    monkeypatch.setattr(
+        _dispatch,
+        "fused_kernel",
+        lambda dev, op: None if op in ("linear", "layer_norm", "gelu", "attention", "embedding") else real(dev, op),
+    )
     for name in ("prompt1", "sliding_window"):
         assert model.generate(CASES[name]["ids"], 20) == CASES[name]["greedy_20"]
 
@@ -389,6 +406,7 @@ def test_cache_with_gradients_is_refused() -> None:
 
 # -- generate and sample_next -----------------------------------------------------------------------
 
+
 def test_on_token_controls_generation(model: GPT) -> None:
     ids, want = CASES["prompt0"]["ids"], CASES["prompt0"]["greedy_20"]
     seen: list[int] = []
@@ -414,12 +432,19 @@ def test_generate_accepts_a_tensor_prompt_and_restores_the_mode() -> None:
     assert m.generate([3], 0) == []
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"temperature": 0.0005}, kael.KaelError), ({"temperature": -1.0}, kael.KaelError),
-    ({"temperature": math.nan}, kael.KaelError), ({"temperature": math.inf}, kael.KaelError),
-    ({"top_k": -1}, kael.KaelError), ({"top_k": 1.5}, kael.KaelError),
-    ({"generator": 42}, kael.DTypeError), ({"max_new_tokens": -1}, kael.KaelError),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"temperature": 0.0005}, kael.KaelError),
+        ({"temperature": -1.0}, kael.KaelError),
+        ({"temperature": math.nan}, kael.KaelError),
+        ({"temperature": math.inf}, kael.KaelError),
+        ({"top_k": -1}, kael.KaelError),
+        ({"top_k": 1.5}, kael.KaelError),
+        ({"generator": 42}, kael.DTypeError),
+        ({"max_new_tokens": -1}, kael.KaelError),
+    ],
+)
 def test_generate_argument_errors(kwargs: dict[str, Any], error: type[Exception]) -> None:
     m = _tiny()
     args = {"max_new_tokens": 3, **kwargs}
@@ -472,6 +497,7 @@ def test_sample_next_follows_softmax_with_top_k() -> None:
 
 
 # -- training: gradients against PyTorch ------------------------------------------------------------
+
 
 def _torch_gpt_loss(torch: Any, w: dict[str, Any], ids: Any, cfg: GPTConfig) -> Any:
     """GPT-2 written directly in PyTorch (the oracle): mean next-token cross entropy."""

@@ -115,8 +115,9 @@ BINARY = [
     Case("pow", lambda m, a, b: m.pow(a, b), args(pos(3, 4), nrm(3, 4))),
     Case("maximum", lambda m, a, b: m.maximum(a, b), args(distinct(3, 4), distinct(3, 4))),
     Case("minimum", lambda m, a, b: m.minimum(a, b), args(distinct(3, 4), distinct(1, 4))),
-    Case("remainder", lambda m, a, b: m.remainder(a, b),
-         args(off_int(3, 4), lambda r: np.array([1.5, -2.5, 3.5, 4.5]))),
+    Case(
+        "remainder", lambda m, a, b: m.remainder(a, b), args(off_int(3, 4), lambda r: np.array([1.5, -2.5, 3.5, 4.5]))
+    ),
     Case("remainder_scalar", lambda m, a: a % 1.5, args(off_int(3, 4))),
     Case("scalar_right", lambda m, a: (a + 2) * 3 - 1.5, args(nrm(3, 4))),
     Case("scalar_left", lambda m, a: 2 - 3 / a, args(away0(3, 4))),
@@ -136,10 +137,8 @@ REDUCE = [
     Case("mean_all", lambda m, x: m.mean(x), args(nrm(3, 4))),
     Case("prod", lambda m, x: x.prod(1), args(pos(3, 4))),
     Case("prod_all", lambda m, x: m.prod(x), args(nrm(2, 3))),
-    Case("prod_one_zero", lambda m, x: x.prod(1),
-         args(lambda r: np.array([[1.5, 0.0, -2.0], [0.5, 1.2, 0.8]]))),
-    Case("prod_two_zeros", lambda m, x: x.prod(1),
-         args(lambda r: np.array([[0.0, 0.0, -2.0], [0.5, 1.2, 0.8]]))),
+    Case("prod_one_zero", lambda m, x: x.prod(1), args(lambda r: np.array([[1.5, 0.0, -2.0], [0.5, 1.2, 0.8]]))),
+    Case("prod_two_zeros", lambda m, x: x.prod(1), args(lambda r: np.array([[0.0, 0.0, -2.0], [0.5, 1.2, 0.8]]))),
     Case("amax", lambda m, x: m.amax(x, 1), args(distinct(3, 4))),
     Case("amin_keepdim", lambda m, x: m.amin(x, 0, keepdim=True), args(distinct(3, 4))),
     Case("amax_all", lambda m, x: m.amax(x), args(distinct(3, 4))),
@@ -198,8 +197,11 @@ VIEWS = [
 INPLACE = [
     Case("inplace_mul", lambda m, x, z: x.clone().mul_(z), args(nrm(3, 4), nrm(4))),
     Case("inplace_chain", lambda m, x: (x * 1).mul_(2).add_(1.0).exp_(), args(nrm(3, 4))),
-    Case("inplace_unary_saving_input", lambda m, x: (x * 1).log_().abs_().clamp_(0.5, 0.9),
-         args(pos(3, 4, lo=1.5, hi=3.0))),
+    Case(
+        "inplace_unary_saving_input",
+        lambda m, x: (x * 1).log_().abs_().clamp_(0.5, 0.9),
+        args(pos(3, 4, lo=1.5, hi=3.0)),
+    ),
     Case("setitem_slice", lambda m, x, z: _setitem(x * 1, (slice(1, 3),), z) ** 2, args(nrm(4, 3), nrm(2, 3))),
     Case("setitem_scalar", lambda m, x: _setitem(x * 2, (0, 1), 5.0) * x, args(nrm(3, 4))),
     Case("inplace_on_select", lambda m, x: _row_mul(x.clone(), 1, 3.0) * x, args(nrm(3, 4))),
@@ -251,44 +253,85 @@ FUSED = [
     Case("log_softmax_3d", lambda m, x: m.log_softmax(x, 1), args(nrm(2, 3, 2)), fused=True),
     Case("gelu", lambda m, x: F(m).gelu(x), args(nrm(3, 4)), fused=True),
     Case("gelu_tanh", lambda m, x: F(m).gelu(x, approximate="tanh"), args(nrm(3, 4)), fused=True),
-    Case("layer_norm", lambda m, x, w, b: F(m).layer_norm(x, (4,), w, b), args(nrm(2, 3, 4), nrm(4), nrm(4)),
-         fused=True),
+    Case(
+        "layer_norm", lambda m, x, w, b: F(m).layer_norm(x, (4,), w, b), args(nrm(2, 3, 4), nrm(4), nrm(4)), fused=True
+    ),
     Case("layer_norm_no_affine", lambda m, x: F(m).layer_norm(x, (5,), eps=1e-3), args(nrm(3, 5)), fused=True),
-    Case("layer_norm_weight_only", lambda m, x, w: F(m).layer_norm(x, (4,), w), args(nrm(3, 4), nrm(4)),
-         fused=True),
+    Case("layer_norm_weight_only", lambda m, x, w: F(m).layer_norm(x, (4,), w), args(nrm(3, 4), nrm(4)), fused=True),
     Case("linear", lambda m, x, w, b: F(m).linear(x, w, b), args(nrm(3, 4), nrm(2, 4), nrm(2)), fused=True),
     Case("linear_no_bias_3d", lambda m, x, w: F(m).linear(x, w), args(nrm(2, 3, 4), nrm(5, 4)), fused=True),
-    Case("embedding", lambda m, ids, w: F(m).embedding(ids, w) * 2,
-         args(lambda r: np.array([[1, 3, 1], [0, 1, 3]]), nrm(4, 3)), fused=True),
+    Case(
+        "embedding",
+        lambda m, ids, w: F(m).embedding(ids, w) * 2,
+        args(lambda r: np.array([[1, 3, 1], [0, 1, 3]]), nrm(4, 3)),
+        fused=True,
+    ),
     Case("cross_entropy", lambda m, x, t: F(m).cross_entropy(x, t), args(nrm(4, 5), ints(5, 4)), fused=True),
-    Case("cross_entropy_sum", lambda m, x, t: F(m).cross_entropy(x, t, reduction="sum"),
-         args(nrm(4, 5), ints(5, 4)), fused=True),
-    Case("cross_entropy_none", lambda m, x, t: F(m).cross_entropy(x, t, reduction="none"),
-         args(nrm(4, 5), ints(5, 4)), fused=True),
-    Case("cross_entropy_ignore_index", lambda m, x, t: F(m).cross_entropy(x, t, ignore_index=2),
-         args(nrm(5, 3), lambda r: np.array([2, 0, 2, 1, 0])), fused=True),
-    Case("cross_entropy_ignore_none", lambda m, x, t: F(m).cross_entropy(x, t, ignore_index=-1, reduction="none"),
-         args(nrm(4, 3), lambda r: np.array([2, -1, 0, -1])), fused=True),
-    Case("cross_entropy_label_smoothing", lambda m, x, t: F(m).cross_entropy(x, t, label_smoothing=0.2),
-         args(nrm(4, 5), ints(5, 4)), fused=True),
-    Case("cross_entropy_smoothing_ignore",
-         lambda m, x, t: F(m).cross_entropy(x, t, ignore_index=0, label_smoothing=0.1),
-         args(nrm(4, 3), lambda r: np.array([0, 1, 2, 0])), fused=True),
-    Case("cross_entropy_3d", lambda m, x, t: F(m).cross_entropy(x, t), args(nrm(2, 3, 2), ints(3, 2, 2)),
-         fused=True),
+    Case(
+        "cross_entropy_sum",
+        lambda m, x, t: F(m).cross_entropy(x, t, reduction="sum"),
+        args(nrm(4, 5), ints(5, 4)),
+        fused=True,
+    ),
+    Case(
+        "cross_entropy_none",
+        lambda m, x, t: F(m).cross_entropy(x, t, reduction="none"),
+        args(nrm(4, 5), ints(5, 4)),
+        fused=True,
+    ),
+    Case(
+        "cross_entropy_ignore_index",
+        lambda m, x, t: F(m).cross_entropy(x, t, ignore_index=2),
+        args(nrm(5, 3), lambda r: np.array([2, 0, 2, 1, 0])),
+        fused=True,
+    ),
+    Case(
+        "cross_entropy_ignore_none",
+        lambda m, x, t: F(m).cross_entropy(x, t, ignore_index=-1, reduction="none"),
+        args(nrm(4, 3), lambda r: np.array([2, -1, 0, -1])),
+        fused=True,
+    ),
+    Case(
+        "cross_entropy_label_smoothing",
+        lambda m, x, t: F(m).cross_entropy(x, t, label_smoothing=0.2),
+        args(nrm(4, 5), ints(5, 4)),
+        fused=True,
+    ),
+    Case(
+        "cross_entropy_smoothing_ignore",
+        lambda m, x, t: F(m).cross_entropy(x, t, ignore_index=0, label_smoothing=0.1),
+        args(nrm(4, 3), lambda r: np.array([0, 1, 2, 0])),
+        fused=True,
+    ),
+    Case("cross_entropy_3d", lambda m, x, t: F(m).cross_entropy(x, t), args(nrm(2, 3, 2), ints(3, 2, 2)), fused=True),
     Case("cross_entropy_unbatched", lambda m, x: F(m).cross_entropy(x, m.tensor(2)), args(nrm(4)), fused=True),
-    Case("attention", lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v),
-         args(nrm(1, 2, 3, 2), nrm(1, 2, 4, 2), nrm(1, 2, 4, 3)), fused=True),
-    Case("attention_causal", lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v, is_causal=True),
-         args(nrm(2, 1, 3, 2), nrm(2, 1, 3, 2), nrm(2, 1, 3, 2)), fused=True),
-    Case("attention_scale_3d", lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v, scale=0.3),
-         args(nrm(2, 3, 2), nrm(2, 3, 2), nrm(2, 3, 2)), fused=True),
+    Case(
+        "attention",
+        lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v),
+        args(nrm(1, 2, 3, 2), nrm(1, 2, 4, 2), nrm(1, 2, 4, 3)),
+        fused=True,
+    ),
+    Case(
+        "attention_causal",
+        lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v, is_causal=True),
+        args(nrm(2, 1, 3, 2), nrm(2, 1, 3, 2), nrm(2, 1, 3, 2)),
+        fused=True,
+    ),
+    Case(
+        "attention_scale_3d",
+        lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v, scale=0.3),
+        args(nrm(2, 3, 2), nrm(2, 3, 2), nrm(2, 3, 2)),
+        fused=True,
+    ),
     Case("attention_lengths", _sdpa_lengths, args(nrm(2, 1, 2, 2), nrm(2, 1, 3, 2), nrm(2, 1, 3, 2)), fused=True),
-    Case("attention_causal_kv_cache", _sdpa_cache, args(nrm(1, 1, 2, 2), nrm(1, 1, 4, 2), nrm(1, 1, 4, 2)),
-         fused=True),
+    Case("attention_causal_kv_cache", _sdpa_cache, args(nrm(1, 1, 2, 2), nrm(1, 1, 4, 2), nrm(1, 1, 4, 2)), fused=True),
     Case("topk", lambda m, x: m.topk(x, 2)[0] * 2, args(distinct(3, 5)), fused=True),
-    Case("nll_loss", lambda m, x, t: F(m).nll_loss(F(m).log_softmax(x, 1), t, ignore_index=1),
-         args(nrm(4, 3), lambda r: np.array([0, 1, 2, 2])), fused=True),
+    Case(
+        "nll_loss",
+        lambda m, x, t: F(m).nll_loss(F(m).log_softmax(x, 1), t, ignore_index=1),
+        args(nrm(4, 3), lambda r: np.array([0, 1, 2, 2])),
+        fused=True,
+    ),
     Case("mse_loss", lambda m, a, b: F(m).mse_loss(a, b), args(nrm(3, 4), nrm(3, 4))),
 ]
 
@@ -296,6 +339,7 @@ CASES = UNARY + BINARY + REDUCE + MATMUL + VIEWS + INPLACE + FUSED
 
 
 # -- machinery ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(params=["fused_kernel", "decomposition"])
 def fused_mode(request: pytest.FixtureRequest) -> Iterator[str]:
@@ -359,8 +403,13 @@ def _check_case(case: Case) -> None:
     t_loss: Any = 0.0
     for ko, to in zip(k_out, t_out):
         assert tuple(ko.shape) == tuple(to.shape), f"{case.name}: output shape {ko.shape} vs torch {tuple(to.shape)}"
-        np.testing.assert_allclose(ko.detach().numpy(), to.detach().numpy(), rtol=1e-7, atol=1e-9,
-                                   err_msg=f"{case.name}: forward differs from torch")
+        np.testing.assert_allclose(
+            ko.detach().numpy(),
+            to.detach().numpy(),
+            rtol=1e-7,
+            atol=1e-9,
+            err_msg=f"{case.name}: forward differs from torch",
+        )
         w = rng.standard_normal(tuple(ko.shape))
         k_loss = k_loss + (ko * kael.tensor(w)).sum()
         t_loss = t_loss + (to * torch.tensor(w)).sum()
@@ -371,8 +420,13 @@ def _check_case(case: Case) -> None:
             continue
         assert (kt.grad is None) == (tt.grad is None), f"{case.name}: input {i} grad presence differs from torch"
         if tt.grad is not None:
-            np.testing.assert_allclose(kt.grad.numpy(), tt.grad.numpy(), rtol=1e-7, atol=1e-9,
-                                       err_msg=f"{case.name}: gradient of input {i} differs from torch")
+            np.testing.assert_allclose(
+                kt.grad.numpy(),
+                tt.grad.numpy(),
+                rtol=1e-7,
+                atol=1e-9,
+                err_msg=f"{case.name}: gradient of input {i} differs from torch",
+            )
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.fused], ids=lambda c: c.name)
@@ -389,8 +443,19 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
     """Each differentiable fused op of the catalogue appears in the table above."""
     from kael._ops import FUSED as CATALOGUE_FUSED
 
-    covered = {"softmax", "log_softmax", "gelu", "gelu_backward", "layer_norm", "layer_norm_backward", "linear",
-               "embedding", "cross_entropy", "attention", "topk"}
+    covered = {
+        "softmax",
+        "log_softmax",
+        "gelu",
+        "gelu_backward",
+        "layer_norm",
+        "layer_norm_backward",
+        "linear",
+        "embedding",
+        "cross_entropy",
+        "attention",
+        "topk",
+    }
     not_differentiable = {"adamw_step"}  # an optimizer update (checked against torch in test_optim.py)
     assert set(CATALOGUE_FUSED) == covered | not_differentiable
 
@@ -414,6 +479,7 @@ def test_decomposition_backend_really_lacks_fused_kernels(fused_mode: str) -> No
 
 # -- property tests: broadcasting and views ------------------------------------------------------
 
+
 def _sum_to(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     while g.ndim > len(shape):
         g = g.sum(0)
@@ -428,13 +494,14 @@ def broadcast_pair(draw: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     out = draw(st.lists(st.integers(1, 3), min_size=0, max_size=3))
     a = [n if draw(st.booleans()) else 1 for n in out]
     b = [n if draw(st.booleans()) else 1 for n in out]
-    return tuple(a[draw(st.integers(0, len(a))):]), tuple(b[draw(st.integers(0, len(b))):])
+    return tuple(a[draw(st.integers(0, len(a))) :]), tuple(b[draw(st.integers(0, len(b))) :])
 
 
 @settings(max_examples=40, deadline=None)
 @given(shapes=broadcast_pair(), op=st.sampled_from(["add", "sub", "mul", "div"]), seed=st.integers(0, 2**16))
-def test_broadcast_binary_gradients_property(shapes: tuple[tuple[int, ...], tuple[int, ...]], op: str,
-                                             seed: int) -> None:
+def test_broadcast_binary_gradients_property(
+    shapes: tuple[tuple[int, ...], tuple[int, ...]], op: str, seed: int
+) -> None:
     r = np.random.default_rng(seed)
     a, b = r.standard_normal(shapes[0]), r.uniform(0.5, 2.0, shapes[1])
     ka, kb = kael.tensor(a, requires_grad=True), kael.tensor(b, requires_grad=True)
@@ -463,7 +530,7 @@ def view_key(draw: Any) -> tuple[tuple[int, ...], tuple[Any, ...], tuple[int, ..
             key.append(slice(start, stop, draw(st.integers(1, 3))))
         else:
             key.append(slice(None))
-    return shape, tuple(key[:draw(st.integers(1, len(key)))]), perm
+    return shape, tuple(key[: draw(st.integers(1, len(key)))]), perm
 
 
 @settings(max_examples=40, deadline=None)

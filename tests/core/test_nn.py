@@ -48,17 +48,39 @@ class Net(nn.Module):
 
 # -- Module bookkeeping -------------------------------------------------------------------------
 
+
 def test_named_parameters_buffers_and_modules() -> None:
     net = Net()
     names = [n for n, _ in net.named_parameters()]
-    assert names == ["blocks.0.fc.weight", "blocks.0.fc.bias", "blocks.0.norm.weight", "blocks.0.norm.bias",
-                     "blocks.1.fc.weight", "blocks.1.fc.bias", "blocks.1.norm.weight", "blocks.1.norm.bias",
-                     "head.weight"]
+    assert names == [
+        "blocks.0.fc.weight",
+        "blocks.0.fc.bias",
+        "blocks.0.norm.weight",
+        "blocks.0.norm.bias",
+        "blocks.1.fc.weight",
+        "blocks.1.fc.bias",
+        "blocks.1.norm.weight",
+        "blocks.1.norm.bias",
+        "head.weight",
+    ]
     assert all(isinstance(p, nn.Parameter) and p.requires_grad for p in net.parameters())
-    assert [n for n, _ in net.named_buffers()] == ["blocks.0.steps", "blocks.0.cache", "blocks.1.steps",
-                                                   "blocks.1.cache"]
-    assert [n for n, _ in net.named_modules()] == ["", "blocks", "blocks.0", "blocks.0.fc", "blocks.0.norm",
-                                                   "blocks.1", "blocks.1.fc", "blocks.1.norm", "head"]
+    assert [n for n, _ in net.named_buffers()] == [
+        "blocks.0.steps",
+        "blocks.0.cache",
+        "blocks.1.steps",
+        "blocks.1.cache",
+    ]
+    assert [n for n, _ in net.named_modules()] == [
+        "",
+        "blocks",
+        "blocks.0",
+        "blocks.0.fc",
+        "blocks.0.norm",
+        "blocks.1",
+        "blocks.1.fc",
+        "blocks.1.norm",
+        "head",
+    ]
     assert [n for n, _ in net.named_children()] == ["blocks", "head"]
     assert len(list(net.children())) == 2
     assert [n for n, _ in net.blocks[0].named_parameters(prefix="b0")][:1] == ["b0.fc.weight"]
@@ -137,13 +159,25 @@ def test_to_dtype_keeps_parameter_identity() -> None:
 
 # -- state dicts ---------------------------------------------------------------------------------
 
+
 def test_state_dict_keys_and_values() -> None:
     net = Net()
     sd = net.state_dict()
     # PyTorch's order: a module's own parameters and buffers, then its children's; tied modules twice
-    assert list(sd) == ["blocks.0.steps", "blocks.0.fc.weight", "blocks.0.fc.bias", "blocks.0.norm.weight",
-                        "blocks.0.norm.bias", "blocks.1.steps", "blocks.1.fc.weight", "blocks.1.fc.bias",
-                        "blocks.1.norm.weight", "blocks.1.norm.bias", "head.weight", "tied.weight"]
+    assert list(sd) == [
+        "blocks.0.steps",
+        "blocks.0.fc.weight",
+        "blocks.0.fc.bias",
+        "blocks.0.norm.weight",
+        "blocks.0.norm.bias",
+        "blocks.1.steps",
+        "blocks.1.fc.weight",
+        "blocks.1.fc.bias",
+        "blocks.1.norm.weight",
+        "blocks.1.norm.bias",
+        "head.weight",
+        "tied.weight",
+    ]
     assert not any(v.requires_grad for v in sd.values())
     assert sd["head.weight"]._storage is net.head.weight._storage  # detached, not copied
 
@@ -190,8 +224,13 @@ def test_load_state_dict_accepts_numpy_arrays() -> None:
 
 
 def test_repr() -> None:
-    net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Sequential(nn.Dropout(0.1), nn.GELU("tanh")),
-                        nn.LayerNorm(256), nn.Embedding(10, 4))
+    net = nn.Sequential(
+        nn.Linear(784, 256),
+        nn.ReLU(),
+        nn.Sequential(nn.Dropout(0.1), nn.GELU("tanh")),
+        nn.LayerNorm(256),
+        nn.Embedding(10, 4),
+    )
     assert repr(net) == (
         "Sequential(\n"
         "  (0): Linear(in_features=784, out_features=256, bias=True)\n"
@@ -202,10 +241,12 @@ def test_repr() -> None:
         "  )\n"
         "  (3): LayerNorm((256,), eps=1e-05, elementwise_affine=True)\n"
         "  (4): Embedding(10, 4)\n"
-        ")")
+        ")"
+    )
 
 
 # -- containers ---------------------------------------------------------------------------------
+
 
 def test_sequential_module_list_and_module_dict() -> None:
     seq = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
@@ -232,6 +273,7 @@ def test_sequential_module_list_and_module_dict() -> None:
 
 
 # -- layers ------------------------------------------------------------------------------------
+
 
 def test_linear_matches_formula_and_init_bounds() -> None:
     kael.manual_seed(0)
@@ -263,11 +305,13 @@ def test_embedding_layernorm_gelu_relu_values() -> None:
     assert nn.LayerNorm(4, elementwise_affine=False).weight is None
     v = np.linspace(-3, 3, 13)
     erf = np.vectorize(math.erf)
-    np.testing.assert_allclose(arr(nn.GELU()(kael.tensor(v, dtype=kael.float64))), 0.5 * v * (1 + erf(v / 2**0.5)),
-                               rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        arr(nn.GELU()(kael.tensor(v, dtype=kael.float64))), 0.5 * v * (1 + erf(v / 2**0.5)), rtol=1e-12, atol=1e-15
+    )
     tanh_ref = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
-    np.testing.assert_allclose(arr(nn.GELU("tanh")(kael.tensor(v, dtype=kael.float64))), tanh_ref, rtol=1e-12,
-                               atol=1e-15)
+    np.testing.assert_allclose(
+        arr(nn.GELU("tanh")(kael.tensor(v, dtype=kael.float64))), tanh_ref, rtol=1e-12, atol=1e-15
+    )
     assert arr(nn.ReLU()(kael.tensor([-1.0, 0.0, 2.0]))).tolist() == [0.0, 0.0, 2.0]
     with pytest.raises(DTypeError, match="approximate"):
         nn.GELU("fast")
@@ -297,8 +341,9 @@ def test_model_matches_torch_forward_and_backward() -> None:
     torch = pytest.importorskip("torch")
     kael.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.GELU("tanh"), nn.LayerNorm(8), nn.Linear(8, 3))
-    tmodel = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU("tanh"), torch.nn.LayerNorm(8),
-                                 torch.nn.Linear(8, 3)).double()
+    tmodel = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.GELU("tanh"), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)
+    ).double()
     model.double()
     tmodel.load_state_dict({k: torch.from_numpy(arr(v).copy()) for k, v in model.state_dict().items()})
     x = np.random.default_rng(0).standard_normal((5, 6))
@@ -314,6 +359,7 @@ def test_model_matches_torch_forward_and_backward() -> None:
 
 
 # -- functional -------------------------------------------------------------------------------
+
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     s = z - z.max(1, keepdims=True)
@@ -332,8 +378,9 @@ def test_cross_entropy_formula(reduction: str, smoothing: float) -> None:
     per = -(1 - smoothing) * logp[np.arange(6), safe] - smoothing * logp.mean(1)
     per = np.where(keep, per, 0.0)
     expected = {"none": per, "sum": per.sum(), "mean": per.sum() / keep.sum()}[reduction]
-    got = F.cross_entropy(kael.tensor(z, dtype=kael.float64), kael.tensor(y), reduction=reduction,
-                          label_smoothing=smoothing)
+    got = F.cross_entropy(
+        kael.tensor(z, dtype=kael.float64), kael.tensor(y), reduction=reduction, label_smoothing=smoothing
+    )
     np.testing.assert_allclose(arr(got), expected, rtol=1e-12)
 
 
@@ -351,8 +398,9 @@ def test_cross_entropy_errors() -> None:
 def test_softmax_nll_mse_and_attention_formulas() -> None:
     rng = np.random.default_rng(2)
     z = rng.standard_normal((3, 5))
-    np.testing.assert_allclose(arr(F.softmax(kael.tensor(z, dtype=kael.float64), dim=1)),
-                               np.exp(_log_softmax(z)), rtol=1e-12)
+    np.testing.assert_allclose(
+        arr(F.softmax(kael.tensor(z, dtype=kael.float64), dim=1)), np.exp(_log_softmax(z)), rtol=1e-12
+    )
     y = np.array([4, 0, 2])
     nll = F.nll_loss(F.log_softmax(kael.tensor(z, dtype=kael.float64), 1), kael.tensor(y))
     assert nll.item() == pytest.approx(-_log_softmax(z)[np.arange(3), y].mean(), rel=1e-12)
@@ -369,6 +417,7 @@ def test_softmax_nll_mse_and_attention_formulas() -> None:
 
 
 # -- init ----------------------------------------------------------------------------------------
+
 
 def test_init_functions() -> None:
     g = kael.Generator().manual_seed(0)
@@ -412,6 +461,7 @@ def test_init_is_reproducible_and_records_no_graph() -> None:
 
 
 # -- clip_grad_norm_ -----------------------------------------------------------------------------
+
 
 def _with_grads(*grads: Any) -> list[nn.Parameter]:
     ps = []

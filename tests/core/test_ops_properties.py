@@ -42,8 +42,9 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], d: dt.DType, kind:
 
 
 @st.composite
-def operands(draw: st.DrawFn, shape: tuple[int, ...], dtypes: list[dt.DType], kind: str = "normal"
-             ) -> tuple[kael.Tensor, np.ndarray]:
+def operands(
+    draw: st.DrawFn, shape: tuple[int, ...], dtypes: list[dt.DType], kind: str = "normal"
+) -> tuple[kael.Tensor, np.ndarray]:
     """A kael tensor of `shape` in a random layout, and the NumPy array of its values."""
     d = draw(st.sampled_from(dtypes))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -121,7 +122,7 @@ BINARY: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any], st
     "sub": (lambda a, b: a - b, np.subtract, "normal", FLOATS + INTS),
     "mul": (lambda a, b: a * b, np.multiply, "normal", ALL),
     "div": (lambda a, b: a / b, np.true_divide, "positive", FLOATS + INTS),
-    "pow": (lambda a, b: a ** b, np.power, "small", FLOATS + [kael.int64]),
+    "pow": (lambda a, b: a**b, np.power, "small", FLOATS + [kael.int64]),
     "maximum": (kael.maximum, np.maximum, "normal", ALL),
     "minimum": (kael.minimum, np.minimum, "normal", FLOATS + INTS),
     "remainder": (lambda a, b: a % b, np.remainder, "positive", FLOATS + [kael.int32, kael.int64]),
@@ -161,8 +162,11 @@ def test_binary_broadcast_and_promotion(name: str, data: st.DataObject) -> None:
 
 @pytest.mark.parametrize("name", ["add", "mul", "sub", "div", "maximum", "lt"])
 @SETTINGS
-@given(data=st.data(), scalar=st.one_of(st.integers(-3, 3), st.floats(-3, 3, width=32), st.booleans()),
-       reflected=st.booleans())
+@given(
+    data=st.data(),
+    scalar=st.one_of(st.integers(-3, 3), st.floats(-3, 3, width=32), st.booleans()),
+    reflected=st.booleans(),
+)
 def test_python_scalar_operands(name: str, data: st.DataObject, scalar: Any, reflected: bool) -> None:
     kop, nop, _, dtypes = BINARY[name]
     t, a = data.draw(operands(data.draw(SHAPES), [d for d in dtypes if d is not kael.bool]))
@@ -197,13 +201,22 @@ def test_where_and_clamp(data: st.DataObject) -> None:
 
 # -- reductions ------------------------------------------------------------------------------------
 
+
 @st.composite
 def reduce_args(draw: st.DrawFn, dtypes: list[dt.DType], nonempty: bool = False) -> tuple[Any, ...]:
     shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=1 if nonempty else 0, max_side=4))
     t, a = draw(operands(shape, dtypes))
     nd = len(shape)
-    dims = draw(st.one_of(st.none(), st.lists(st.integers(0, max(nd - 1, 0)), unique=True, min_size=1,
-                                               max_size=max(nd, 1)).map(tuple))) if nd else None
+    dims = (
+        draw(
+            st.one_of(
+                st.none(),
+                st.lists(st.integers(0, max(nd - 1, 0)), unique=True, min_size=1, max_size=max(nd, 1)).map(tuple),
+            )
+        )
+        if nd
+        else None
+    )
     if dims is not None and draw(st.booleans()):
         dims = tuple(d - nd for d in dims)  # negative dims
     return t, a, dims, draw(st.booleans())
@@ -241,8 +254,9 @@ def test_mean_var_std(args: tuple[Any, ...]) -> None:
 def test_amax_amin_argmax(args: tuple[Any, ...], which: str) -> None:
     t, a, dims, keep = args
     f = np.max if which == "max" else np.min
-    _check((kael.amax if which == "max" else kael.amin)(t, dims, keepdim=keep),
-           f(a, axis=_np_axis(dims), keepdims=keep))
+    _check(
+        (kael.amax if which == "max" else kael.amin)(t, dims, keepdim=keep), f(a, axis=_np_axis(dims), keepdims=keep)
+    )
     argf = np.argmax if which == "max" else np.argmin
     if dims is None:
         _check((kael.argmax if which == "max" else kael.argmin)(t), np.asarray(argf(a)))
@@ -263,6 +277,7 @@ def test_any_all(args: tuple[Any, ...]) -> None:
 
 # -- matmul ------------------------------------------------------------------------------------------
 
+
 @SETTINGS
 @given(data=st.data())
 def test_matmul_batch_broadcast(data: st.DataObject) -> None:
@@ -280,6 +295,7 @@ def test_matmul_batch_broadcast(data: st.DataObject) -> None:
 
 # -- indexing and shapes -----------------------------------------------------------------------------
 
+
 @st.composite
 def basic_keys(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[Any, ...]:
     key: list[Any] = []
@@ -293,9 +309,13 @@ def basic_keys(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[Any, ...]:
         if kind == "int":
             key.append(draw(st.integers(-n, n - 1)))
         elif kind == "slice":
-            key.append(slice(draw(st.one_of(st.none(), st.integers(-5, 5))),
-                             draw(st.one_of(st.none(), st.integers(-5, 5))), draw(st.one_of(st.none(),
-                                                                                            st.integers(1, 3)))))
+            key.append(
+                slice(
+                    draw(st.one_of(st.none(), st.integers(-5, 5))),
+                    draw(st.one_of(st.none(), st.integers(-5, 5))),
+                    draw(st.one_of(st.none(), st.integers(1, 3))),
+                )
+            )
         elif kind == "none":
             key.append(None)
             key.append(slice(None))
@@ -340,9 +360,12 @@ def test_gather_index_select_cat_stack(data: st.DataObject) -> None:
     rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
     idx_shape = tuple(rng.integers(1, n + 1) if i != dim else rng.integers(0, 5) for i, n in enumerate(shape))
     idx = rng.integers(0, shape[dim], size=idx_shape)
-    _check(kael.gather(t, dim, kael.tensor(idx)), np.take_along_axis(a[tuple(slice(0, n) if i != dim else
-                                                                             slice(None) for i, n in
-                                                                             enumerate(idx_shape))], idx, dim))
+    _check(
+        kael.gather(t, dim, kael.tensor(idx)),
+        np.take_along_axis(
+            a[tuple(slice(0, n) if i != dim else slice(None) for i, n in enumerate(idx_shape))], idx, dim
+        ),
+    )
     sel = rng.integers(0, shape[dim], size=rng.integers(0, 5))
     _check(kael.index_select(t, dim, kael.tensor(sel, dtype=kael.int64)), np.take(a, sel, axis=dim))
     u, b = data.draw(operands(shape, [t.dtype]))

@@ -250,6 +250,7 @@ def test_load_state_dict_checks_structure() -> None:
 
 # -- schedulers ---------------------------------------------------------------------------------
 
+
 def _lrs(sched: Any, opt: Any, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -283,8 +284,9 @@ def test_lambda_and_step_lr_match_torch() -> None:
 
 
 def test_scheduler_state_dict_and_groups() -> None:
-    opt = optim.SGD([{"params": [nn.Parameter(kael.ones(1))]}, {"params": [nn.Parameter(kael.ones(1))], "lr": 2.0}],
-                    lr=1.0)
+    opt = optim.SGD(
+        [{"params": [nn.Parameter(kael.ones(1))]}, {"params": [nn.Parameter(kael.ones(1))], "lr": 2.0}], lr=1.0
+    )
     sched = lr_scheduler.LambdaLR(opt, [lambda s: 1.0 / (s + 1), lambda s: 0.5])
     sched.step()
     sched.step()

@@ -135,8 +135,13 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         return [ep for ep in found if ep.dist is not None and ep.dist.name.startswith(prefix)]
 
     monkeypatch.setattr(metadata, "entry_points", ours)
-    for var in ("KAEL_STRICT_PLUGINS", "KAEL_DISABLE_PLUGIN_AUTOLOAD", "KAEL_BLOCK_PLUGINS", "KAEL_BACKEND_CPU",
-                "KAEL_BACKEND_TESTDEV"):
+    for var in (
+        "KAEL_STRICT_PLUGINS",
+        "KAEL_DISABLE_PLUGIN_AUTOLOAD",
+        "KAEL_BLOCK_PLUGINS",
+        "KAEL_BACKEND_CPU",
+        "KAEL_BACKEND_TESTDEV",
+    ):
         monkeypatch.delenv(var, raising=False)
     root.joinpath(".prefix").write_text(prefix)
     yield root
@@ -149,6 +154,7 @@ def _dist(site: Path, suffix: str = "") -> str:
 
 
 # -- in process: a fresh PluginManager per test --------------------------------------------------------
+
 
 def test_entry_point_backend_is_discovered_lazily(site: Path) -> None:
     d = _dist(site)
@@ -181,8 +187,16 @@ def test_strict_plugins_reraises_the_original_error(site: Path, monkeypatch: pyt
 
 
 def test_equal_priorities_conflict_naming_both(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install(site, _dist(site), {"kael.backends": {"alpha": _backend_module("alpha", "testdev", 3),
-                                                  "beta": _backend_module("beta", "testdev", 3)}})
+    install(
+        site,
+        _dist(site),
+        {
+            "kael.backends": {
+                "alpha": _backend_module("alpha", "testdev", 3),
+                "beta": _backend_module("beta", "testdev", 3),
+            }
+        },
+    )
     pm = PluginManager()
     with pytest.raises(kael.BackendError, match=r"'alpha' and 'beta' both serve 'testdev' at priority 3"):
         pm.select("testdev")
@@ -276,8 +290,9 @@ def test_plugins_group_is_loaded_separately(site: Path) -> None:
 
 
 def _plugin_object(name: str, device_type: str, priority: int, api: str = "1.0") -> Any:
-    backend = type("B", (ReferenceBackend,), {"name": name, "device_type": device_type, "priority": priority,
-                                               "api_version": api})()
+    backend = type(
+        "B", (ReferenceBackend,), {"name": name, "device_type": device_type, "priority": priority, "api_version": api}
+    )()
 
     class Plugin:
         @kael.hookimpl
@@ -288,6 +303,7 @@ def _plugin_object(name: str, device_type: str, priority: int, api: str = "1.0")
 
 
 # -- the global manager: kael.backends.use and the dispatch cache -------------------------------------
+
 
 @pytest.fixture
 def registered() -> Iterator[None]:
@@ -340,6 +356,7 @@ def test_unknown_device_type() -> None:
 
 # -- subprocesses: the conformance kit and python -m kael info -----------------------------------------
 
+
 def _env(site: Path | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAEL_") and k != "PYTEST_ADDOPTS"}
     paths = ([str(site)] if site else []) + [KAEL_SRC] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
@@ -350,8 +367,20 @@ def _env(site: Path | None = None, **extra: str) -> dict[str, str]:
 
 def _kit(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     plugin = [] if metadata.entry_points(group="pytest11", name="kael_testing") else ["-p", "kael.testing.plugin"]
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kael.testing.conformance", "-q", "-p", "no:cacheprovider",
-           "-p", "no:randomly", *plugin, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "kael.testing.conformance",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        *plugin,
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=_env(site), capture_output=True, text=True, timeout=900)
 
 
@@ -396,17 +425,36 @@ def test_kit_is_inert_without_the_option(tmp_path: Path, outside: Path) -> None:
     assert "skipped" in r.stdout and "passed" not in r.stdout
     bad = _kit(tmp_path, outside, "--kael-backend", "nosuch", "-k", "test_declarations")
     assert bad.returncode != 0 and "no such kael backend is installed" in bad.stderr
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kael.testing.conformance", "-q", "-p", "no:cacheprovider",
-           "-p", "no:kael_testing", "-k", "test_declarations or gpt2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "kael.testing.conformance",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:kael_testing",
+        "-k",
+        "test_declarations or gpt2",
+    ]
     r = subprocess.run(cmd, cwd=outside, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "2 skipped" in r.stdout, (r.stdout + r.stderr)[-3000:]  # without the plugin too
 
 
 def test_python_m_kael_info(tmp_path: Path, outside: Path) -> None:
-    site = install(tmp_path / "site", "kaeltest_info", {"kael.backends": {"primonly": PRIMITIVES_ONLY,
-                                                                         "broken": RAISES}})
-    r = subprocess.run([sys.executable, "-m", "kael", "info"], cwd=outside, env=_env(site, KAEL_BLOCK_PLUGINS="cuda,cpu"),
-                       capture_output=True, text=True, timeout=120)
+    site = install(
+        tmp_path / "site", "kaeltest_info", {"kael.backends": {"primonly": PRIMITIVES_ONLY, "broken": RAISES}}
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "kael", "info"],
+        cwd=outside,
+        env=_env(site, KAEL_BLOCK_PLUGINS="cuda,cpu"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert out.startswith(f"kael {kael.__version__}") and "Python" in out and "NumPy" in out
@@ -417,17 +465,34 @@ def test_python_m_kael_info(tmp_path: Path, outside: Path) -> None:
     assert "reference" in out and "priority=0" in out and "priority=5" in out
     assert "cpu    served by 'primonly'" in out
     assert "plugin 'broken'" in r.stderr and "failed to load and was skipped" in r.stderr
-    strict = subprocess.run([sys.executable, "-m", "kael", "info"], cwd=outside,
-                            env=_env(site, KAEL_STRICT_PLUGINS="1"), capture_output=True, text=True, timeout=120)
+    strict = subprocess.run(
+        [sys.executable, "-m", "kael", "info"],
+        cwd=outside,
+        env=_env(site, KAEL_STRICT_PLUGINS="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert strict.returncode != 0 and "RuntimeError: boom while importing the plugin" in strict.stderr
-    off = subprocess.run([sys.executable, "-m", "kael", "info"], cwd=outside,
-                         env=_env(site, KAEL_DISABLE_PLUGIN_AUTOLOAD="1"), capture_output=True, text=True, timeout=120)
+    off = subprocess.run(
+        [sys.executable, "-m", "kael", "info"],
+        cwd=outside,
+        env=_env(site, KAEL_DISABLE_PLUGIN_AUTOLOAD="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert off.returncode == 0 and "primonly" not in off.stdout and "cpu    served by 'reference'" in off.stdout
 
 
 def test_import_kael_loads_no_plugin(tmp_path: Path) -> None:
     site = install(tmp_path / "site", "kaeltest_lazy", {"kael.backends": {"broken": RAISES}})
     code = "import sys, kael; print(sorted(m for m in sys.modules if m.startswith('kaeltest_lazy')))"
-    r = subprocess.run([sys.executable, "-c", code], env=_env(site, KAEL_STRICT_PLUGINS="1"), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(site, KAEL_STRICT_PLUGINS="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr

@@ -11,8 +11,13 @@ import pytest
 
 def test_manual_seed_reproduces_every_sampler() -> None:
     def draw() -> list[object]:
-        return [kael.rand(5).tolist(), kael.randn(2, 3).tolist(), kael.randint(0, 10, (4,)).tolist(),
-                kael.randperm(6).tolist(), kael.rand_like(kael.zeros(2, dtype=kael.float64)).tolist()]
+        return [
+            kael.rand(5).tolist(),
+            kael.randn(2, 3).tolist(),
+            kael.randint(0, 10, (4,)).tolist(),
+            kael.randperm(6).tolist(),
+            kael.rand_like(kael.zeros(2, dtype=kael.float64)).tolist(),
+        ]
 
     kael.manual_seed(1234)
     first = draw()

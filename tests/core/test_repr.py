@@ -39,16 +39,20 @@ CASES: dict[str, tuple[Any, str]] = {
 
 
 def _kael(values: Any, dtype: str, **kw: Any) -> kael.Tensor:
-    return kael.tensor(np.asarray(values) if not isinstance(values, np.ndarray) else values,
-                       dtype=getattr(kael, dtype if dtype != "bool" else "bool"), **kw)
+    return kael.tensor(
+        np.asarray(values) if not isinstance(values, np.ndarray) else values,
+        dtype=getattr(kael, dtype if dtype != "bool" else "bool"),
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_repr_matches_torch(name: str, torch: Any) -> None:
     values, dtype = CASES[name]
     k = _kael(values, dtype)
-    t = torch.tensor(np.asarray(values, dtype=np.float64 if dtype in ("float16", "bfloat16") else None),
-                     dtype=getattr(torch, dtype))
+    t = torch.tensor(
+        np.asarray(values, dtype=np.float64 if dtype in ("float16", "bfloat16") else None), dtype=getattr(torch, dtype)
+    )
     assert repr(k) == repr(t).replace("torch.", "kael.")
 
 

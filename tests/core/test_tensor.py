@@ -16,6 +16,7 @@ ALL = [d.name for d in dt.ALL_DTYPES]
 
 # -- creation --------------------------------------------------------------------------------
 
+
 def test_tensor_infers_dtypes_like_torch() -> None:
     assert kael.tensor([1, 2]).dtype is kael.int64
     assert kael.tensor([1.0, 2]).dtype is kael.float32
@@ -93,6 +94,7 @@ def test_requires_grad_rules() -> None:
 
 # -- metadata ------------------------------------------------------------------------------------
 
+
 def test_metadata() -> None:
     t = kael.zeros(2, 3, 4, dtype=kael.float16)
     assert t.shape == (2, 3, 4) and t.size() == (2, 3, 4) and t.size(-1) == 4
@@ -118,6 +120,7 @@ def test_devices() -> None:
 
 # -- conversions ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("src", ALL)
 @pytest.mark.parametrize("dst", ALL)
 def test_to_dtype_matches_numpy_casts(src: str, dst: str) -> None:
@@ -128,7 +131,7 @@ def test_to_dtype_matches_numpy_casts(src: str, dst: str) -> None:
     host_src = values.astype(np.float32 if src == "bfloat16" else dt.BY_NAME[src].np)
     want = host_src.astype(np.float32 if dst == "bfloat16" else dt.BY_NAME[dst].np)
     assert_close(r, want, rtol=0, atol=0, msg=f"{src} -> {dst}")
-    assert (t.to(dt.BY_NAME[src]) is t)  # no-op casts return the tensor itself
+    assert t.to(dt.BY_NAME[src]) is t  # no-op casts return the tensor itself
 
 
 def test_casting_methods_and_copy_flag() -> None:
@@ -178,12 +181,23 @@ def test_truth_value_and_iteration() -> None:
 
 # -- in place and the version counter ---------------------------------------------------------------
 
+
 def test_inplace_ops_bump_the_version() -> None:
     t = kael.zeros(3)
     v = t._version()
-    for op in (lambda: t.add_(1), lambda: t.mul_(2), lambda: t.sub_(kael.ones(3)), lambda: t.div_(2),
-               lambda: t.fill_(4), lambda: t.zero_(), lambda: t.copy_(kael.arange(3)), lambda: t.exp_(),
-               lambda: t.clamp_(0, 1), lambda: t.__setitem__(0, 5.0), lambda: t.__setitem__(kael.tensor([1]), 2.0)):
+    for op in (
+        lambda: t.add_(1),
+        lambda: t.mul_(2),
+        lambda: t.sub_(kael.ones(3)),
+        lambda: t.div_(2),
+        lambda: t.fill_(4),
+        lambda: t.zero_(),
+        lambda: t.copy_(kael.arange(3)),
+        lambda: t.exp_(),
+        lambda: t.clamp_(0, 1),
+        lambda: t.__setitem__(0, 5.0),
+        lambda: t.__setitem__(kael.tensor([1]), 2.0),
+    ):
         op()
         assert t._version() > v, "in-place op did not bump the version counter"
         v = t._version()
@@ -240,7 +254,7 @@ def test_elementwise_matches_numpy(shape: Any, rng: np.random.Generator) -> None
     assert_close(ka - kb, a - b)
     assert_close(ka * kb, a * b)
     assert_close(ka / kb, a / b)
-    assert_close(kb ** ka, b ** a, rtol=1e-5)
+    assert_close(kb**ka, b**a, rtol=1e-5)
     assert_close(-ka, -a)
     assert_close(abs(ka), np.abs(a))
     assert_close(ka % kb, np.mod(a, b), rtol=1e-5, atol=1e-6)
@@ -255,4 +269,4 @@ def test_elementwise_matches_numpy(shape: Any, rng: np.random.Generator) -> None
     assert_close(~(ka > 0), ~(a > 0))
     assert_close(1 - ka, 1 - a)
     assert_close(2 / kb, 2 / b)
-    assert_close(2.0 ** ka, 2.0 ** a, rtol=1e-6)
+    assert_close(2.0**ka, 2.0**a, rtol=1e-6)

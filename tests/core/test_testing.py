@@ -24,8 +24,15 @@ def test_assert_close_messages_are_precise() -> None:
     with pytest.raises(AssertionError) as info:
         assert_close(kael.tensor([[1.0, 2.0], [3.0, 4.0]]), [[1.0, 2.0], [3.5, 4.0]], msg="op 'add'")
     text = str(info.value)
-    for part in ("op 'add'", "1 of 4 elements differ", "max abs diff 0.5", "worst at index (1, 0)",
-                 "actual 3.0, expected 3.5", "rtol=", "shape [2, 2]"):
+    for part in (
+        "op 'add'",
+        "1 of 4 elements differ",
+        "max abs diff 0.5",
+        "worst at index (1, 0)",
+        "actual 3.0, expected 3.5",
+        "rtol=",
+        "shape [2, 2]",
+    ):
         assert part in text, f"{part!r} missing from {text!r}"
     with pytest.raises(AssertionError, match="shape mismatch"):
         assert_close(kael.ones(2), np.ones(3))

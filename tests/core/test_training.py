@@ -78,8 +78,9 @@ def test_mlp_trains_to_over_95_percent(example: ModuleType, data_dir: Path) -> N
     assert not model.training  # evaluate switched to eval mode
 
 
-def test_example_main_trains_and_saves_safetensors(example: ModuleType, data_dir: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_example_main_trains_and_saves_safetensors(
+    example: ModuleType, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "mlp.safetensors"
     assert example.main(["--data", str(data_dir), "--epochs", "1", "--hidden", "16", "--out", str(out)]) == 0
     printed = capsys.readouterr()

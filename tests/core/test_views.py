@@ -39,8 +39,10 @@ VIEWS: dict[str, tuple[Callable[[Any], Any], Callable[[np.ndarray], np.ndarray]]
     "getitem_none_ellipsis": (lambda t: t[None, ..., None, 2:], lambda a: a[None, ..., None, 2:]),
     "getitem_empty_slice": (lambda t: t[:, 5:], lambda a: a[:, 5:]),
     "view_of_transposed": (lambda t: t.transpose(1, 2).view(2, 4, 3), lambda a: a.swapaxes(1, 2)),
-    "chain": (lambda t: t.T[1:, ::2].permute(2, 0, 1)[0],
-              lambda a: a.transpose(2, 1, 0)[1:, ::2].transpose(2, 0, 1)[0]),
+    "chain": (
+        lambda t: t.T[1:, ::2].permute(2, 0, 1)[0],
+        lambda a: a.transpose(2, 1, 0)[1:, ::2].transpose(2, 0, 1)[0],
+    ),
 }
 
 

@@ -38,11 +38,17 @@ def test_explain_view_matches_the_issue_example():
     v = x.T[1:3]
     text = kael_debug.explain(v)
     lines = text.splitlines()
-    assert lines[:6] == ["shape: [2, 4]", "strides: [1, 4]", "offset: 1", "dtype: float32", "device: cpu",
-                         "contiguous: no"]
+    assert lines[:6] == [
+        "shape: [2, 4]",
+        "strides: [1, 4]",
+        "offset: 1",
+        "dtype: float32",
+        "device: cpu",
+        "contiguous: no",
+    ]
     assert re.fullmatch(r"storage: 0x[0-9a-f]+, 64 bytes, version 0, references: 2", lines[6])
     assert lines[7:] == ["requires_grad: no", "leaf: yes", "has grad: no"]
-    assert kael_debug.explain(x.slice(1, 1, 3)) .splitlines()[:3] == ["shape: [4, 2]", "strides: [4, 1]", "offset: 1"]
+    assert kael_debug.explain(x.slice(1, 1, 3)).splitlines()[:3] == ["shape: [4, 2]", "strides: [4, 1]", "offset: 1"]
 
 
 def test_explain_reports_version_and_grad_fn():
@@ -67,7 +73,8 @@ def test_dot_for_sum_of_square_is_exact():
         '  n2 [label="AccumulateGrad"];\n'
         '  n1 -> n2 [label="[2]"];\n'
         '  n1 -> n2 [label="[2]"];\n'
-        "}\n")
+        "}\n"
+    )
 
 
 def test_dot_for_sum_of_a_times_a_plus_a():
@@ -105,9 +112,11 @@ def _trace(fn):
 def test_backward_trace_lines_and_norms():
     w = kael.tensor([3.0, 3.0], requires_grad=True)
     out = _trace(lambda: kael.sum(w * w).backward())
-    assert out == ("backward SumBackward shape=[] norm=1\n"
-                   "backward MulBackward shape=[2] norm=1.41421\n"
-                   "backward AccumulateGrad shape=[2] norm=8.48528\n")
+    assert out == (
+        "backward SumBackward shape=[] norm=1\n"
+        "backward MulBackward shape=[2] norm=1.41421\n"
+        "backward AccumulateGrad shape=[2] norm=8.48528\n"
+    )
     x = kael.tensor([3.0, 3.0], requires_grad=True)
     out = _trace(lambda: kael.sum(x * 2.0).backward())
     assert out.splitlines()[-1] == "backward AccumulateGrad shape=[2] norm=2.82843"
@@ -157,8 +166,13 @@ def test_switching_while_another_thread_runs_backward():
 
 def test_trace_env_var_turns_it_on_at_start(tmp_path):
     code = "import kael; w = kael.tensor([3.0, 3.0], requires_grad=True); kael.sum(w * w).backward()"
-    r = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "KAEL_TRACE_BACKWARD": "1"},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**__import__("os").environ, "KAEL_TRACE_BACKWARD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "backward AccumulateGrad shape=[2] norm=8.48528" in r.stderr
 

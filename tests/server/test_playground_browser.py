@@ -23,8 +23,12 @@ HERE = Path(__file__).parent
 
 
 def _chromium() -> str:
-    for candidate in (os.environ.get("KAEL_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
-                      shutil.which("google-chrome")):
+    for candidate in (
+        os.environ.get("KAEL_CHROMIUM"),
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+        shutil.which("google-chrome"),
+    ):
         if candidate and os.path.exists(candidate):
             return candidate
     pytest.skip("no Chromium executable found (apt-get install chromium)")
@@ -103,8 +107,12 @@ def test_invalid_settings_show_a_clear_message(browser: object, slow_server: str
 def test_real_model_streams_to_the_page(browser: object, tmp_path: Path) -> None:
     kael = pytest.importorskip("kael")
     data = HERE.parent / "data"
-    for name, folder in (("config.json", "tiny-gpt2"), ("model.safetensors", "tiny-gpt2"),
-                         ("vocab.json", "gpt2-tokenizer"), ("merges.txt", "gpt2-tokenizer")):
+    for name, folder in (
+        ("config.json", "tiny-gpt2"),
+        ("model.safetensors", "tiny-gpt2"),
+        ("vocab.json", "gpt2-tokenizer"),
+        ("merges.txt", "gpt2-tokenizer"),
+    ):
         shutil.copyfile(data / folder / name, tmp_path / name)
     assert kael.GPT is not None
     port = free_port()
@@ -117,12 +125,17 @@ def test_real_model_streams_to_the_page(browser: object, tmp_path: Path) -> None
             page.fill("#max_tokens", "20")
             page.fill("#temperature", "0")
             page.click("#generate")
-            page.wait_for_function("!document.getElementById('generate').disabled && "
-                                   "document.getElementById('generated').textContent.length > 0", timeout=30000)
+            page.wait_for_function(
+                "!document.getElementById('generate').disabled && "
+                "document.getElementById('generated').textContent.length > 0",
+                timeout=30000,
+            )
             text = page.text_content("#generated")
-            plain = httpx.post(f"http://127.0.0.1:{port}/generate",
-                               json={"prompt": "Hello, my name is", "max_tokens": 20, "temperature": 0},
-                               timeout=60).json()
+            plain = httpx.post(
+                f"http://127.0.0.1:{port}/generate",
+                json={"prompt": "Hello, my name is", "max_tokens": 20, "temperature": 0},
+                timeout=60,
+            ).json()
             assert text == plain["text"]
             assert page.text_content("#message") == ""
         finally:

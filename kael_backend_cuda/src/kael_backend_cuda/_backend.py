@@ -60,8 +60,10 @@ class CudaBackend(Backend):
         idx = 0 if device is None or device.index is None else device.index
         n = state().device_count
         if idx >= n:
-            raise DeviceError(f"device {device}: no such CUDA device; {n} device{'s' if n != 1 else ''} "
-                              f"available (cuda:0..cuda:{n - 1})")
+            raise DeviceError(
+                f"device {device}: no such CUDA device; {n} device{'s' if n != 1 else ''} "
+                f"available (cuda:0..cuda:{n - 1})"
+            )
         return idx
 
     def _guard(self, t: Tensor) -> Any:

@@ -31,13 +31,38 @@ _INT_SAFE = {"neg", "abs", "sign", "add", "sub", "mul", "maximum", "minimum"}
 _BOOL_OUT = {"logical_not", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
 
 _UFUNC_NAMES = {
-    "neg": "negative", "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "abs": "absolute",
-    "sin": "sin", "cos": "cos", "log1p": "log1p", "expm1": "expm1", "floor": "floor", "ceil": "ceil",
-    "round": "rint", "sign": "sign", "logical_not": "logical_not",
-    "add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide", "pow": "power",
-    "maximum": "maximum", "minimum": "minimum", "remainder": "remainder", "floor_divide": "floor_divide",
-    "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
-    "logical_and": "logical_and", "logical_or": "logical_or",
+    "neg": "negative",
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "tanh": "tanh",
+    "abs": "absolute",
+    "sin": "sin",
+    "cos": "cos",
+    "log1p": "log1p",
+    "expm1": "expm1",
+    "floor": "floor",
+    "ceil": "ceil",
+    "round": "rint",
+    "sign": "sign",
+    "logical_not": "logical_not",
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "div": "true_divide",
+    "pow": "power",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "remainder": "remainder",
+    "floor_divide": "floor_divide",
+    "eq": "equal",
+    "ne": "not_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+    "logical_and": "logical_and",
+    "logical_or": "logical_or",
 }
 
 
@@ -144,9 +169,50 @@ def where(out: Any, cond: Any, a: Any, b: Any) -> None:
 
 
 KERNELS: dict[str, Callable[..., None]] = {"copy": copy, "fill": fill, "arange": arange, "where": where}
-KERNELS.update({op: _unary(op) for op in ("neg", "exp", "log", "sqrt", "tanh", "abs", "sin", "cos", "log1p",
-                                          "expm1", "floor", "ceil", "round", "sign", "logical_not")})
+KERNELS.update(
+    {
+        op: _unary(op)
+        for op in (
+            "neg",
+            "exp",
+            "log",
+            "sqrt",
+            "tanh",
+            "abs",
+            "sin",
+            "cos",
+            "log1p",
+            "expm1",
+            "floor",
+            "ceil",
+            "round",
+            "sign",
+            "logical_not",
+        )
+    }
+)
 KERNELS.update({"rsqrt": _rsqrt, "sigmoid": _sigmoid, "erf": _erf})
-KERNELS.update({op: _binary(op) for op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder",
-                                           "floor_divide", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
-                                           "logical_or")})
+KERNELS.update(
+    {
+        op: _binary(op)
+        for op in (
+            "add",
+            "sub",
+            "mul",
+            "div",
+            "pow",
+            "maximum",
+            "minimum",
+            "remainder",
+            "floor_divide",
+            "eq",
+            "ne",
+            "lt",
+            "le",
+            "gt",
+            "ge",
+            "logical_and",
+            "logical_or",
+        )
+    }
+)

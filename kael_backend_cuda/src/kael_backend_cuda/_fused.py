@@ -49,8 +49,11 @@ def _finish(out: Any, result: Any, direct: bool) -> None:
 def linear(out: Any, x: Any, weight: Any, bias: Any) -> None:
     xp = X.xp
     xv, wv = rd(x), rd(weight)
-    fits = _fits(out, xv.dtype, x, weight, bias) and xv.dtype == wv.dtype and xv.dtype in (
-        np.float32, np.float64, np.float16)
+    fits = (
+        _fits(out, xv.dtype, x, weight, bias)
+        and xv.dtype == wv.dtype
+        and xv.dtype in (np.float32, np.float64, np.float16)
+    )
     if fits and xv.ndim >= 1 and out.numel():
         # one GEMM over all leading dims: [N, I] @ [I, O] -> [N, O], written into out
         o2 = dense_view(out, (out.numel() // out.shape[-1], out.shape[-1]))
@@ -154,8 +157,9 @@ def layer_norm(out: Any, mean: Any, rstd: Any, x: Any, weight: Any, bias: Any, e
     _finish(rstd, rs, rs_direct)
 
 
-def layer_norm_backward(dx: Any, dweight: Any, dbias: Any, grad: Any, x: Any, mean: Any, rstd: Any,
-                        weight: Any) -> None:
+def layer_norm_backward(
+    dx: Any, dweight: Any, dbias: Any, grad: Any, x: Any, mean: Any, rstd: Any, weight: Any
+) -> None:
     xp = X.xp
     cd = compute_dtype(x, grad)
     c = x.shape[-1] if x.ndim else 1
@@ -257,32 +261,66 @@ def topk(values: Any, indices: Any, x: Any, k: int) -> None:
     wr(values, xp.take_along_axis(v, idx, axis=-1))
 
 
-def adamw_step(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, lr: float, beta1: float, beta2: float,
-               eps: float, weight_decay: float, step: int) -> None:
+def adamw_step(
+    param: Any,
+    grad: Any,
+    exp_avg: Any,
+    exp_avg_sq: Any,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
     bc1 = 1 - beta1**step
     bc2 = 1 - beta2**step
     ts = (param, grad, exp_avg, exp_avg_sq)
     same = all(t.dtype is param.dtype for t in ts) and param.dtype in (dt.float32, dt.float64)
     if param.numel() == 0:
         return
-    if same and distinct(param, grad, exp_avg, exp_avg_sq) and distinct(exp_avg, grad, exp_avg_sq) \
-            and distinct(exp_avg_sq, grad):
-        raw.adamw(view(param), view(grad), view(exp_avg), view(exp_avg_sq), float(lr), float(beta1), float(beta2),
-                  float(eps), float(weight_decay), float(bc1), float(bc2))
+    if (
+        same
+        and distinct(param, grad, exp_avg, exp_avg_sq)
+        and distinct(exp_avg, grad, exp_avg_sq)
+        and distinct(exp_avg_sq, grad)
+    ):
+        raw.adamw(
+            view(param),
+            view(grad),
+            view(exp_avg),
+            view(exp_avg_sq),
+            float(lr),
+            float(beta1),
+            float(beta2),
+            float(eps),
+            float(weight_decay),
+            float(bc1),
+            float(bc2),
+        )
         return
     cd = np.float64 if param.dtype is dt.float64 else np.float32
     p, g, m, v = (X.xp.array(rd(t), dtype=cd) for t in ts)  # copies: write back after the update
-    raw.adamw(p, g, m, v, float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(bc1),
-              float(bc2))
+    raw.adamw(
+        p, g, m, v, float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(bc1), float(bc2)
+    )
     wr(exp_avg, m)
     wr(exp_avg_sq, v)
     wr(param, p)
 
 
 _PLAIN: dict[str, Callable[..., None]] = {
-    "linear": linear, "gelu": gelu, "gelu_backward": gelu_backward, "softmax": softmax,
-    "log_softmax": log_softmax, "layer_norm": layer_norm, "layer_norm_backward": layer_norm_backward,
-    "embedding": embedding, "cross_entropy": cross_entropy, "attention": attention, "topk": topk,
+    "linear": linear,
+    "gelu": gelu,
+    "gelu_backward": gelu_backward,
+    "softmax": softmax,
+    "log_softmax": log_softmax,
+    "layer_norm": layer_norm,
+    "layer_norm_backward": layer_norm_backward,
+    "embedding": embedding,
+    "cross_entropy": cross_entropy,
+    "attention": attention,
+    "topk": topk,
     "adamw_step": adamw_step,
 }
 KERNELS: dict[str, Callable[..., None]] = {name: quiet(k) for name, k in _PLAIN.items()}

@@ -23,8 +23,13 @@ __all__ = ["KERNELS"]
 def matmul(out: Any, a: Any, b: Any) -> None:
     xp = X.xp
     av, bv = rd(a), rd(b)
-    if (out.dtype.is_floating_point and out.dtype is not dt.bfloat16 and out.dtype is a.dtype is b.dtype
-            and out.is_contiguous() and distinct(out, a, b)):
+    if (
+        out.dtype.is_floating_point
+        and out.dtype is not dt.bfloat16
+        and out.dtype is a.dtype is b.dtype
+        and out.is_contiguous()
+        and distinct(out, a, b)
+    ):
         xp.matmul(av, bv, out=dense_view(out, out.shape))
     else:
         wr(out, xp.matmul(av, bv))
@@ -55,8 +60,10 @@ def _grid(shape: tuple[int, ...], dim: int, index: Any) -> tuple[Any, ...]:
     """Broadcastable index arrays addressing every position of `shape`, with `index` along dim."""
     xp = X.xp
     n = len(shape)
-    return tuple(index if d == dim else xp.arange(size).reshape(tuple(-1 if e == d else 1 for e in range(n)))
-                 for d, size in enumerate(shape))
+    return tuple(
+        index if d == dim else xp.arange(size).reshape(tuple(-1 if e == d else 1 for e in range(n)))
+        for d, size in enumerate(shape)
+    )
 
 
 def scatter_add(out: Any, index: Any, src: Any, dim: int) -> None:
@@ -123,7 +130,13 @@ def sort(values: Any, indices: Any, a: Any, dim: int, descending: bool) -> None:
 
 
 _PLAIN: dict[str, Callable[..., None]] = {
-    "matmul": matmul, "gather": gather, "index_select": index_select, "index_add": index_add,
-    "scatter_add": scatter_add, "cat": cat, "nonzero": nonzero, "sort": sort,
+    "matmul": matmul,
+    "gather": gather,
+    "index_select": index_select,
+    "index_add": index_add,
+    "scatter_add": scatter_add,
+    "cat": cat,
+    "nonzero": nonzero,
+    "sort": sort,
 }
 KERNELS: dict[str, Callable[..., None]] = {name: quiet(k) for name, k in _PLAIN.items()}

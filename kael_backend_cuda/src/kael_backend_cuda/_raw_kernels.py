@@ -21,9 +21,20 @@ import numpy as np
 
 from ._xp import X, state
 
-__all__ = ["ROW_KERNELS_SOURCE", "ELEMENTWISE_SOURCES", "softmax_rows", "layer_norm_rows",
-           "layer_norm_backward_rows", "cross_entropy_rows", "attention_softmax", "gelu", "gelu_backward",
-           "adamw", "erf", "row_kernel_names"]
+__all__ = [
+    "ROW_KERNELS_SOURCE",
+    "ELEMENTWISE_SOURCES",
+    "softmax_rows",
+    "layer_norm_rows",
+    "layer_norm_backward_rows",
+    "cross_entropy_rows",
+    "attention_softmax",
+    "gelu",
+    "gelu_backward",
+    "adamw",
+    "erf",
+    "row_kernel_names",
+]
 
 # --------------------------------------------------------------------------------------------------
 # CUDA C: row-wise kernels, templated on T (float or double), one block per row.
@@ -217,8 +228,13 @@ __global__ void attention_softmax(T* scores, const long long* lengths, int rows_
 }
 """
 
-_ROW_KERNELS = ("softmax_rows", "layer_norm_rows", "layer_norm_backward_rows", "cross_entropy_rows",
-                "attention_softmax")
+_ROW_KERNELS = (
+    "softmax_rows",
+    "layer_norm_rows",
+    "layer_norm_backward_rows",
+    "cross_entropy_rows",
+    "attention_softmax",
+)
 
 
 def row_kernel_names() -> list[str]:
@@ -231,14 +247,21 @@ def row_kernel_names() -> list[str]:
 # --------------------------------------------------------------------------------------------------
 ELEMENTWISE_SOURCES: dict[str, tuple[str, str, str]] = {
     "erf": ("T x", "T y", "y = erf(x);"),
-    "gelu": ("T x, int32 approx_tanh", "T y", """
+    "gelu": (
+        "T x, int32 approx_tanh",
+        "T y",
+        """
         if (approx_tanh) {
             const T inner = (T)0.7978845608028654 * (x + (T)0.044715 * x * x * x);
             y = (T)0.5 * x * ((T)1 + tanh(inner));
         } else {
             y = (T)0.5 * x * ((T)1 + erf(x * (T)0.7071067811865476));
-        }"""),
-    "gelu_backward": ("T g, T x, int32 approx_tanh", "T dx", """
+        }""",
+    ),
+    "gelu_backward": (
+        "T g, T x, int32 approx_tanh",
+        "T dx",
+        """
         if (approx_tanh) {
             const T x2 = x * x;
             const T t = tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x2));
@@ -249,15 +272,19 @@ ELEMENTWISE_SOURCES: dict[str, tuple[str, str, str]] = {
             const T cdf = (T)0.5 * ((T)1 + erf(x * (T)0.7071067811865476));
             const T pdf = exp((T)-0.5 * x * x) * (T)0.3989422804014327;
             dx = g * (cdf + x * pdf);
-        }"""),
-    "adamw": ("T g, float64 lr, float64 beta1, float64 beta2, float64 eps, float64 decay, float64 bc1, "
-              "float64 bc2", "T p, T m, T v", """
+        }""",
+    ),
+    "adamw": (
+        "T g, float64 lr, float64 beta1, float64 beta2, float64 eps, float64 decay, float64 bc1, float64 bc2",
+        "T p, T m, T v",
+        """
         const T mm = (T)beta1 * m + (T)(1 - beta1) * g;
         const T vv = (T)beta2 * v + (T)(1 - beta2) * g * g;
         m = mm;
         v = vv;
         const T pp = p * (T)(1 - lr * decay);
-        p = pp - (T)lr * (mm / (T)bc1) / (sqrt(vv / (T)bc2) + (T)eps);"""),
+        p = pp - (T)lr * (mm / (T)bc1) / (sqrt(vv / (T)bc2) + (T)eps);""",
+    ),
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -271,8 +298,7 @@ def _row_kernel(name: str, dtype: Any) -> Any:
     global _module
     if _module is None:
         cupy = state().cupy
-        _module = cupy.RawModule(code=ROW_KERNELS_SOURCE, options=("--std=c++14",),
-                                 name_expressions=row_kernel_names())
+        _module = cupy.RawModule(code=ROW_KERNELS_SOURCE, options=("--std=c++14",), name_expressions=row_kernel_names())
     return _module.get_function(f"{name}<{'double' if dtype == np.float64 else 'float'}>")
 
 
@@ -338,9 +364,24 @@ def layer_norm_rows(x: Any, w: Any, b: Any, y: Any, mean: Any, rstd: Any, eps: f
             mean[...] = mu
             rstd[...] = r
         return
-    _launch("layer_norm_rows", rows, cols, x.dtype,
-            (x, w if w is not None else x, b if b is not None else x, y, mean, rstd, np.int32(cols),
-             _scalar(x.dtype, eps), np.int32(w is not None), np.int32(b is not None)))
+    _launch(
+        "layer_norm_rows",
+        rows,
+        cols,
+        x.dtype,
+        (
+            x,
+            w if w is not None else x,
+            b if b is not None else x,
+            y,
+            mean,
+            rstd,
+            np.int32(cols),
+            _scalar(x.dtype, eps),
+            np.int32(w is not None),
+            np.int32(b is not None),
+        ),
+    )
 
 
 def layer_norm_backward_rows(g: Any, x: Any, mean: Any, rstd: Any, w: Any, dx: Any) -> None:
@@ -355,8 +396,13 @@ def layer_norm_backward_rows(g: Any, x: Any, mean: Any, rstd: Any, w: Any, dx: A
             s2 = np.sum(gw * xhat, axis=-1, keepdims=True) / x.dtype.type(cols)
             dx[...] = r * (gw - s1 - xhat * s2)
         return
-    _launch("layer_norm_backward_rows", rows, cols, x.dtype,
-            (g, x, mean, rstd, w if w is not None else x, dx, np.int32(cols), np.int32(w is not None)))
+    _launch(
+        "layer_norm_backward_rows",
+        rows,
+        cols,
+        x.dtype,
+        (g, x, mean, rstd, w if w is not None else x, dx, np.int32(cols), np.int32(w is not None)),
+    )
 
 
 def cross_entropy_rows(logits: Any, target: Any, losses: Any, ignore_index: int, smoothing: float) -> None:
@@ -375,8 +421,13 @@ def cross_entropy_rows(logits: Any, target: Any, losses: Any, ignore_index: int,
                 nll = (one(1) - s) * nll - s * (np.sum(logits, axis=-1) / one(cols) - lse)
             losses[...] = np.where(target == ignore_index, one(0), nll)
         return
-    _launch("cross_entropy_rows", rows, cols, logits.dtype,
-            (logits, target, losses, np.int32(cols), np.int64(ignore_index), _scalar(logits.dtype, smoothing)))
+    _launch(
+        "cross_entropy_rows",
+        rows,
+        cols,
+        logits.dtype,
+        (logits, target, losses, np.int32(cols), np.int64(ignore_index), _scalar(logits.dtype, smoothing)),
+    )
 
 
 def attention_softmax(scores: Any, lengths: Any, heads: int, tq: int, scale: float, causal: bool) -> None:
@@ -399,9 +450,22 @@ def attention_softmax(scores: Any, lengths: Any, heads: int, tq: int, scale: flo
             scores[...] = np.where(keep, e / np.where(den == 0, one(1), den), one(0))
         return
     lens = lengths if lengths is not None else X.xp.zeros(1, np.int64)  # unread when has_lengths == 0
-    _launch("attention_softmax", rows, tk, scores.dtype,
-            (scores, lens, np.int32(heads * tq), np.int32(tq), np.int32(tk), _scalar(scores.dtype, scale),
-             np.int32(causal), np.int32(lengths is not None)))
+    _launch(
+        "attention_softmax",
+        rows,
+        tk,
+        scores.dtype,
+        (
+            scores,
+            lens,
+            np.int32(heads * tq),
+            np.int32(tq),
+            np.int32(tk),
+            _scalar(scores.dtype, scale),
+            np.int32(causal),
+            np.int32(lengths is not None),
+        ),
+    )
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -446,8 +510,19 @@ def gelu_backward(g: Any, x: Any, dx: Any, approx_tanh: bool) -> None:
     _ew("gelu_backward")(g, x, np.int32(approx_tanh), dx)
 
 
-def adamw(p: Any, g: Any, m: Any, v: Any, lr: float, beta1: float, beta2: float, eps: float, decay: float,
-          bc1: float, bc2: float) -> None:
+def adamw(
+    p: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    decay: float,
+    bc1: float,
+    bc2: float,
+) -> None:
     """One AdamW step in place on p, m, v (same dtype and shape, any strides)."""
     if X.emulated:
         one = p.dtype.type

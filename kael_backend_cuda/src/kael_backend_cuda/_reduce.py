@@ -51,7 +51,13 @@ def all_(out: Any, a: Any, dims: tuple[int, ...]) -> None:
 
 
 _PLAIN: dict[str, Callable[..., None]] = {
-    "sum": sum_, "prod": prod, "amax": amax, "amin": amin,
-    "argmax": _arg("argmax"), "argmin": _arg("argmin"), "any": any_, "all": all_,
+    "sum": sum_,
+    "prod": prod,
+    "amax": amax,
+    "amin": amin,
+    "argmax": _arg("argmax"),
+    "argmin": _arg("argmin"),
+    "any": any_,
+    "all": all_,
 }
 KERNELS: dict[str, Callable[..., None]] = {name: quiet(k) for name, k in _PLAIN.items()}

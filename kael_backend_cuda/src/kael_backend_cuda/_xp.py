@@ -26,9 +26,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["X", "state", "reset", "EMULATE_ENV", "DEVICES_ENV", "view", "allocate", "to_host", "from_host",
-           "synchronize", "errstate", "device_guard", "memory_stats", "export_dlpack", "import_dlpack",
-           "argsort", "quiet", "asarray", "flat_bytes", "dense_view"]
+__all__ = [
+    "X",
+    "state",
+    "reset",
+    "EMULATE_ENV",
+    "DEVICES_ENV",
+    "view",
+    "allocate",
+    "to_host",
+    "from_host",
+    "synchronize",
+    "errstate",
+    "device_guard",
+    "memory_stats",
+    "export_dlpack",
+    "import_dlpack",
+    "argsort",
+    "quiet",
+    "asarray",
+    "flat_bytes",
+    "dense_view",
+]
 
 EMULATE_ENV = "KAEL_CUDA_EMULATE"
 DEVICES_ENV = "KAEL_CUDA_EMULATE_DEVICES"
@@ -75,10 +94,15 @@ def _probe() -> _State:
     try:
         import cupy
     except Exception as exc:  # ImportError, or a CuPy that fails to find its CUDA libraries
-        return _State(np, False, False,
-                      f"CuPy is not importable ({type(exc).__name__}: {exc}); install the CuPy wheel for your "
-                      f"CUDA version (pip install cupy-cuda12x), or set {EMULATE_ENV}=1 to emulate the device on "
-                      f"the host", 0)
+        return _State(
+            np,
+            False,
+            False,
+            f"CuPy is not importable ({type(exc).__name__}: {exc}); install the CuPy wheel for your "
+            f"CUDA version (pip install cupy-cuda12x), or set {EMULATE_ENV}=1 to emulate the device on "
+            f"the host",
+            0,
+        )
     try:
         n = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:  # CUDARuntimeError: no driver, driver too old, no device
@@ -237,17 +261,28 @@ def memory_stats(index: int | None = None) -> dict[str, int]:
     if not s.available:
         return {}
     if s.emulated:
-        return {"allocated_bytes": _emu_live, "reserved_bytes": _emu_live, "peak_allocated_bytes": _emu_peak,
-                "allocations": _emu_count, "device_free_bytes": 0, "device_total_bytes": 0}
+        return {
+            "allocated_bytes": _emu_live,
+            "reserved_bytes": _emu_live,
+            "peak_allocated_bytes": _emu_peak,
+            "allocations": _emu_count,
+            "device_free_bytes": 0,
+            "device_total_bytes": 0,
+        }
     cupy = s.cupy
     with cupy.cuda.Device(index or 0):
         pool = cupy.get_default_memory_pool()
         pinned = cupy.get_default_pinned_memory_pool()
         free, total = cupy.cuda.runtime.memGetInfo()
-        return {"allocated_bytes": int(pool.used_bytes()), "reserved_bytes": int(pool.total_bytes()),
-                "pool_free_bytes": int(pool.free_bytes()), "pool_free_blocks": int(pool.n_free_blocks()),
-                "pinned_free_blocks": int(pinned.n_free_blocks()),
-                "device_free_bytes": int(free), "device_total_bytes": int(total)}
+        return {
+            "allocated_bytes": int(pool.used_bytes()),
+            "reserved_bytes": int(pool.total_bytes()),
+            "pool_free_bytes": int(pool.free_bytes()),
+            "pool_free_blocks": int(pool.n_free_blocks()),
+            "pinned_free_blocks": int(pinned.n_free_blocks()),
+            "device_free_bytes": int(free),
+            "device_total_bytes": int(total),
+        }
 
 
 def argsort(a: Any, axis: int) -> Any:

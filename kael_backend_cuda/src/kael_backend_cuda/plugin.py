@@ -24,5 +24,8 @@ def kael_backends() -> list[Any]:
 def kael_plugin_info() -> dict[str, Any]:
     from . import __version__
 
-    return {"name": "kael-backend-cuda", "version": __version__,
-            "description": "CuPy backend for device 'cuda' (KAEL_CUDA_EMULATE=1 runs it on the host)"}
+    return {
+        "name": "kael-backend-cuda",
+        "version": __version__,
+        "description": "CuPy backend for device 'cuda' (KAEL_CUDA_EMULATE=1 runs it on the host)",
+    }

@@ -49,12 +49,47 @@ from .ops import __all__ as _ops_all
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "Device", "device", "DType", "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
-    "float32", "float64", "promote_types", "result_type", "get_default_dtype", "set_default_dtype",
-    "KaelError", "ShapeError", "DTypeError", "DeviceError", "BackendError", "FormatError", "IndexError_",
-    "AutogradError", "PluginError", "from_numpy", "from_dlpack", "no_grad", "enable_grad", "set_grad_enabled",
-    "inference_mode", "is_grad_enabled", "autograd", "backends", "Backend", "hookimpl", "hookspec",
-    "__version__", *_ops_all,
+    "Tensor",
+    "Device",
+    "device",
+    "DType",
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "promote_types",
+    "result_type",
+    "get_default_dtype",
+    "set_default_dtype",
+    "KaelError",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "BackendError",
+    "FormatError",
+    "IndexError_",
+    "AutogradError",
+    "PluginError",
+    "from_numpy",
+    "from_dlpack",
+    "no_grad",
+    "enable_grad",
+    "set_grad_enabled",
+    "inference_mode",
+    "is_grad_enabled",
+    "autograd",
+    "backends",
+    "Backend",
+    "hookimpl",
+    "hookspec",
+    "__version__",
+    *_ops_all,
 ]
 
 
@@ -81,8 +116,7 @@ def __getattr__(name: str) -> Any:
 
     if name in ("nn", "optim", "io", "data", "models", "testing", "tokenizer", "debug", "cuda", "cpu"):
         return importlib.import_module(f"kael.{name}")
-    if name in ("GPT", "BpeTokenizer", "load_safetensors", "save_safetensors", "set_num_threads",
-                "get_num_threads"):
+    if name in ("GPT", "BpeTokenizer", "load_safetensors", "save_safetensors", "set_num_threads", "get_num_threads"):
         from . import _lazy
 
         return getattr(_lazy, name)

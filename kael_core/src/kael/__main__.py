@@ -19,8 +19,10 @@ def info(out: Any = None) -> int:
     def p(s: str = "") -> None:
         print(s, file=out)
 
-    p(f"kael {kael.__version__}  (Python {platform.python_version()}, NumPy {np.__version__}, "
-      f"{platform.system()} {platform.machine()})")
+    p(
+        f"kael {kael.__version__}  (Python {platform.python_version()}, NumPy {np.__version__}, "
+        f"{platform.system()} {platform.machine()})"
+    )
     manager.ensure_loaded("kael.backends")
     manager.ensure_loaded("kael.plugins")
     p("\nplugins:")
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="list plugins, backends and devices")
     g = sub.add_parser("generate", help="generate text with a GPT-2 checkpoint, streamed to stdout")
     g.add_argument("prompt", help="the prompt text")
-    g.add_argument("--model", required=True, help="directory with config.json, model.safetensors, vocab.json, merges.txt")
+    g.add_argument(
+        "--model", required=True, help="directory with config.json, model.safetensors, vocab.json, merges.txt"
+    )
     g.add_argument("--max-tokens", type=int, default=64, help="number of new tokens (default 64)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 for greedy, else >= 0.001 (default 0)")
     g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")

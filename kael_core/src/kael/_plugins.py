@@ -90,8 +90,11 @@ class PluginManager:
             rec.error = f"{type(exc).__name__}: {exc}"
             if _env_flag("KAEL_STRICT_PLUGINS"):
                 raise
-            warnings.warn(f"kael: plugin {ep.name!r} ({ep.value}) failed to load and was skipped: {rec.error}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"kael: plugin {ep.name!r} ({ep.value}) failed to load and was skipped: {rec.error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def register(self, obj: Any, name: str, record: PluginRecord | None = None) -> None:
         """Register a plugin object by hand (tests, notebooks) as an entry point would."""
@@ -118,12 +121,15 @@ class PluginManager:
     def _add_backends(self, plugin: str, found: list[Backend]) -> None:
         for b in found:
             if not isinstance(b, Backend):
-                raise PluginError(f"plugin {plugin!r} returned {b!r} from kael_backends; expected kael.Backend instances")
+                raise PluginError(
+                    f"plugin {plugin!r} returned {b!r} from kael_backends; expected kael.Backend instances"
+                )
             major = str(b.api_version).split(".")[0]
             if major != API_VERSION.split(".")[0]:
                 raise PluginError(
                     f"backend {b.name!r} from plugin {plugin!r} speaks backend API {b.api_version}; "
-                    f"this kael speaks {API_VERSION} (major versions must match)")
+                    f"this kael speaks {API_VERSION} (major versions must match)"
+                )
             if not b.name or not b.device_type:
                 raise PluginError(f"backend {b!r} from plugin {plugin!r} must set name and device_type")
         self.backends = [x for x in self.backends if x.name not in {b.name for b in found}] + list(found)
@@ -161,8 +167,10 @@ class PluginManager:
                 self.overrides.pop(device_type, None)
             else:
                 if not any(b.name == name for b in self.candidates(device_type)):
-                    raise BackendError(f"backends.use: no backend named {name!r} serves {device_type!r}; "
-                                       f"installed: {[b.name for b in self.candidates(device_type)]}")
+                    raise BackendError(
+                        f"backends.use: no backend named {name!r} serves {device_type!r}; "
+                        f"installed: {[b.name for b in self.candidates(device_type)]}"
+                    )
                 self.overrides[device_type] = name
             self.invalidate()
 
@@ -173,14 +181,18 @@ class PluginManager:
         with self._lock:
             cands = self.candidates(device_type)
             if not cands:
-                raise DeviceError(f"no backend serves device type {device_type!r}; installed backends serve "
-                                  f"{sorted({b.device_type for b in self.backends})}")
+                raise DeviceError(
+                    f"no backend serves device type {device_type!r}; installed backends serve "
+                    f"{sorted({b.device_type for b in self.backends})}"
+                )
             want = self.overrides.get(device_type) or os.environ.get(f"KAEL_BACKEND_{device_type.upper()}")
             if want:
                 named = [b for b in cands if b.name == want]
                 if not named:
-                    raise BackendError(f"backend {want!r} requested for {device_type!r} is not installed; "
-                                       f"candidates: {[b.name for b in cands]}")
+                    raise BackendError(
+                        f"backend {want!r} requested for {device_type!r} is not installed; "
+                        f"candidates: {[b.name for b in cands]}"
+                    )
                 chosen = named[0]
             else:
                 top = max(b.priority for b in cands)
@@ -188,7 +200,8 @@ class PluginManager:
                 if len(best) > 1:
                     raise BackendError(
                         f"backends {best[0].name!r} and {best[1].name!r} both serve {device_type!r} at priority "
-                        f"{top}; choose one with KAEL_BACKEND_{device_type.upper()}=NAME or kael.backends.use()")
+                        f"{top}; choose one with KAEL_BACKEND_{device_type.upper()}=NAME or kael.backends.use()"
+                    )
                 chosen = best[0]
             ok, reason = chosen.is_available()
             if not ok:

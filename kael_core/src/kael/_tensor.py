@@ -90,8 +90,15 @@ class Tensor:
         raise TypeError("create tensors with kael.tensor(), kael.zeros(), kael.from_numpy(), ...")
 
     @classmethod
-    def _make(cls, storage: Storage, shape: tuple[int, ...], strides: tuple[int, ...], offset: int,
-              dtype: dt.DType, base: Tensor | None = None) -> Tensor:
+    def _make(
+        cls,
+        storage: Storage,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        dtype: dt.DType,
+        base: Tensor | None = None,
+    ) -> Tensor:
         t = object.__new__(cls)
         t._storage = storage
         t.shape = shape
@@ -121,6 +128,7 @@ class Tensor:
         def __setitem__(self, key: Any, value: Any) -> None: ...
         def __neg__(self) -> Tensor: ...
         def __eq__(self, other: Any) -> Tensor: ...  # type: ignore[override]
+
         __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __add__
         __pow__ = __rpow__ = __floordiv__ = __mod__ = __matmul__ = __rmatmul__ = __and__ = __or__ = __add__
         __iadd__ = __isub__ = __imul__ = __itruediv__ = __lt__ = __le__ = __gt__ = __ge__ = __add__
@@ -217,8 +225,13 @@ class Tensor:
             if 0 in self.shape:  # no element: the offset of an empty view may lie past its storage
                 v = self._npv = np.empty(self.shape, self.dtype.np)
                 return v
-            v = np.ndarray(self.shape, self.dtype.np, buffer=self._storage.data, offset=self._offset * isz,
-                           strides=tuple(s * isz for s in self._strides))
+            v = np.ndarray(
+                self.shape,
+                self.dtype.np,
+                buffer=self._storage.data,
+                offset=self._offset * isz,
+                strides=tuple(s * isz for s in self._strides),
+            )
             self._npv = v
         return v
 
@@ -269,7 +282,9 @@ class Tensor:
 
     def __bool__(self) -> bool:
         if self.numel() != 1:
-            raise ShapeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous; use any() or all()")
+            raise ShapeError(
+                f"the truth value of a tensor with {self.numel()} elements is ambiguous; use any() or all()"
+            )
         return bool(self.item())
 
     def __int__(self) -> int:

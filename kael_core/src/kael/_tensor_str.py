@@ -69,19 +69,23 @@ def _summarized(a: np.ndarray) -> np.ndarray:
     """The first and last EDGEITEMS entries along every dim that has more than twice that."""
     for d in range(a.ndim):
         if a.shape[d] > 2 * EDGEITEMS:
-            a = np.concatenate([a.take(range(EDGEITEMS), axis=d), a.take(range(a.shape[d] - EDGEITEMS, a.shape[d]),
-                                                                         axis=d)], axis=d)
+            a = np.concatenate(
+                [a.take(range(EDGEITEMS), axis=d), a.take(range(a.shape[d] - EDGEITEMS, a.shape[d]), axis=d)], axis=d
+            )
     return a
 
 
 def _vector(a: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str:
     per_line = max(1, (LINEWIDTH - indent) // (fmt.width + 2))
     if summarize and a.shape[0] > 2 * EDGEITEMS:
-        data = [fmt.format(v) for v in a[:EDGEITEMS].tolist()] + [" ..."] + [
-            fmt.format(v) for v in a[-EDGEITEMS:].tolist()]
+        data = (
+            [fmt.format(v) for v in a[:EDGEITEMS].tolist()]
+            + [" ..."]
+            + [fmt.format(v) for v in a[-EDGEITEMS:].tolist()]
+        )
     else:
         data = [fmt.format(v) for v in a.tolist()]
-    lines = [", ".join(data[i:i + per_line]) for i in range(0, len(data), per_line)]
+    lines = [", ".join(data[i : i + per_line]) for i in range(0, len(data), per_line)]
     return "[" + ("," + "\n" + " " * (indent + 1)).join(lines) + "]"
 
 
@@ -92,8 +96,11 @@ def _nested(a: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str
         return _vector(a, indent, summarize, fmt)
     n = a.shape[0]
     if summarize and n > 2 * EDGEITEMS:
-        rows = [_nested(a[i], indent + 1, summarize, fmt) for i in range(EDGEITEMS)] + ["..."] + [
-            _nested(a[i], indent + 1, summarize, fmt) for i in range(n - EDGEITEMS, n)]
+        rows = (
+            [_nested(a[i], indent + 1, summarize, fmt) for i in range(EDGEITEMS)]
+            + ["..."]
+            + [_nested(a[i], indent + 1, summarize, fmt) for i in range(n - EDGEITEMS, n)]
+        )
     else:
         rows = [_nested(a[i], indent + 1, summarize, fmt) for i in range(n)]
     return "[" + ("," + "\n" * (a.ndim - 1) + " " * (indent + 1)).join(rows) + "]"

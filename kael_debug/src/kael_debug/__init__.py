@@ -12,7 +12,15 @@ from ._profiler import OpEvent, Profile, profile
 from ._trace import set_backward_trace
 
 __all__ = [
-    "explain", "autograd_graph_dot", "render_graph", "set_backward_trace", "set_anomaly_detection",
-    "detect_anomaly", "is_anomaly_enabled", "profile", "Profile", "OpEvent",
+    "explain",
+    "autograd_graph_dot",
+    "render_graph",
+    "set_backward_trace",
+    "set_anomaly_detection",
+    "detect_anomaly",
+    "is_anomaly_enabled",
+    "profile",
+    "Profile",
+    "OpEvent",
 ]
 __version__ = "0.1.0"

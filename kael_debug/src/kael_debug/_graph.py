@@ -56,12 +56,19 @@ def render_graph(t: Tensor, path: str | os.PathLike[str]) -> None:
         raise KaelError(f"render_graph: unsupported file type {fmt!r} for {p!r}; expected .png or .svg")
     exe = shutil.which("dot")
     if exe is None:
-        raise KaelError("render_graph: Graphviz's `dot` program was not found on PATH; install Graphviz "
-                        "(e.g. apt-get install graphviz) or use autograd_graph_dot() for the DOT text")
+        raise KaelError(
+            "render_graph: Graphviz's `dot` program was not found on PATH; install Graphviz "
+            "(e.g. apt-get install graphviz) or use autograd_graph_dot() for the DOT text"
+        )
     tmp = f"{p}.tmp{os.getpid()}"
     try:
-        subprocess.run([exe, f"-T{fmt}", "-o", tmp], input=autograd_graph_dot(t).encode(), check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [exe, f"-T{fmt}", "-o", tmp],
+            input=autograd_graph_dot(t).encode(),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         os.replace(tmp, p)
     except subprocess.CalledProcessError as exc:
         raise KaelError(f"render_graph: dot failed: {exc.stderr.decode(errors='replace').strip()}") from None

@@ -18,8 +18,15 @@ from typing import Any
 from kael import Tensor, _dispatch
 
 # outputs each op allocates (the rest write in place)
-_N_OUTPUTS = {"layer_norm": 3, "layer_norm_backward": 3, "topk": 2, "sort": 2, "index_add": 0,
-              "scatter_add": 0, "adamw_step": 0}
+_N_OUTPUTS = {
+    "layer_norm": 3,
+    "layer_norm_backward": 3,
+    "topk": 2,
+    "sort": 2,
+    "index_add": 0,
+    "scatter_add": 0,
+    "adamw_step": 0,
+}
 _active: list[Profile] = []
 _lock = threading.Lock()
 
@@ -77,8 +84,9 @@ class Profile:
     def summary(self) -> list[dict[str, Any]]:
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for e in self.events:
-            r = rows.setdefault((e.name, e.backend), {"name": e.name, "backend": e.backend, "calls": 0,
-                                                      "total_us": 0.0, "bytes": 0})
+            r = rows.setdefault(
+                (e.name, e.backend), {"name": e.name, "backend": e.backend, "calls": 0, "total_us": 0.0, "bytes": 0}
+            )
             r["calls"] += 1
             r["total_us"] += e.dur_us
             r["bytes"] += e.bytes
@@ -96,17 +104,29 @@ class Profile:
         head = f"{'Name':<22}{'Backend':<12}{'Calls':>8}{'Total ms':>12}{'Avg us':>10}{'%':>8}{'Bytes':>14}"
         out = [head, "-" * len(head)]
         for r in rows:
-            out.append(f"{r['name']:<22}{r['backend']:<12}{r['calls']:>8}{r['total_us'] / 1e3:>12.3f}"
-                       f"{r['total_us'] / r['calls']:>10.1f}{100 * r['total_us'] / total:>7.1f}%{r['bytes']:>14}")
+            out.append(
+                f"{r['name']:<22}{r['backend']:<12}{r['calls']:>8}{r['total_us'] / 1e3:>12.3f}"
+                f"{r['total_us'] / r['calls']:>10.1f}{100 * r['total_us'] / total:>7.1f}%{r['bytes']:>14}"
+            )
         out.append(f"Self total: {total / 1e3:.3f} ms over {len(self.events)} ops")
         return "\n".join(out)
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
         """Write a Trace Event Format JSON file (opens in Perfetto and chrome://tracing)."""
         pid = os.getpid()
-        events = [{"name": e.name, "cat": f"kael.{e.device}", "ph": "X", "ts": e.start_us, "dur": e.dur_us,
-                   "pid": pid, "tid": e.thread, "args": {"backend": e.backend, "shapes": e.shapes, "bytes": e.bytes}}
-                  for e in self.events]
+        events = [
+            {
+                "name": e.name,
+                "cat": f"kael.{e.device}",
+                "ph": "X",
+                "ts": e.start_us,
+                "dur": e.dur_us,
+                "pid": pid,
+                "tid": e.thread,
+                "args": {"backend": e.backend, "shapes": e.shapes, "bytes": e.bytes},
+            }
+            for e in self.events
+        ]
         p = os.fspath(path)
         tmp = f"{p}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -34,8 +34,10 @@ def _root_grad(t: Any, g: Any) -> Any:
 
     if g is None:
         if t.numel() != 1:
-            raise AutogradError(f"backward: grad can be implicitly created only for scalar outputs; "
-                                f"got shape {list(t.shape)}, pass gradient=")
+            raise AutogradError(
+                f"backward: grad can be implicitly created only for scalar outputs; "
+                f"got shape {list(t.shape)}, pass gradient="
+            )
         return ops.ones_like(t)
     if not hasattr(g, "shape"):
         g = ops.full_like(t, g)
@@ -44,8 +46,9 @@ def _root_grad(t: Any, g: Any) -> Any:
     return g
 
 
-def run_backward(roots: tuple[Any, ...], grads: tuple[Any, ...], retain_graph: bool,
-                 inputs: tuple[Any, ...] | None = None) -> tuple[Any, ...] | None:
+def run_backward(
+    roots: tuple[Any, ...], grads: tuple[Any, ...], retain_graph: bool, inputs: tuple[Any, ...] | None = None
+) -> tuple[Any, ...] | None:
     from .. import ops
 
     add = ops.add
@@ -64,8 +67,7 @@ def run_backward(roots: tuple[Any, ...], grads: tuple[Any, ...], retain_graph: b
     starts: list[Node] = []
     for i, (t, g) in enumerate(zip(roots, grads)):
         if not getattr(t, "requires_grad", False):
-            raise AutogradError(f"backward: element {i} of tensors does not require grad and does not have a "
-                                "grad_fn")
+            raise AutogradError(f"backward: element {i} of tensors does not require grad and does not have a grad_fn")
         node = t.grad_fn if t.grad_fn is not None else _leaf_node(t)
         slot = t._output_nr if t.grad_fn is not None else 0
         buf = buffers.setdefault(node, [None] * node.num_outputs())
@@ -183,8 +185,9 @@ def _fit(node: Node, i: int, g: Any) -> Any:
         except KaelError:
             fits = False
         if not fits:
-            raise AutogradError(f"{node.name()} returned a gradient of shape {list(g.shape)} for input {i}, "
-                                f"expected {list(want)}")
+            raise AutogradError(
+                f"{node.name()} returned a gradient of shape {list(g.shape)} for input {i}, expected {list(want)}"
+            )
         g = sum_to(g, want)
     dtype = node.input_meta[i][0]
     return g if g.dtype is dtype else cast(g, dtype)
@@ -204,8 +207,9 @@ def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool = False)
     run_backward(tuple(tensors), tuple(grad_tensors), retain_graph)
 
 
-def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool | None = None,
-         allow_unused: bool = False) -> tuple[Any, ...]:
+def grad(
+    outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool | None = None, allow_unused: bool = False
+) -> tuple[Any, ...]:
     """Gradients of outputs with respect to inputs, without touching ``.grad``."""
     single = not isinstance(outputs, (tuple, list))
     outs = (outputs,) if single else tuple(outputs)

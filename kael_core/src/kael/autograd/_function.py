@@ -42,13 +42,15 @@ class Context:
         if self._released:
             raise AutogradError(
                 f"{self.node_name}: trying to backward through the graph a second time (its saved tensors were "
-                "freed); pass retain_graph=True to the first backward()")
+                "freed); pass retain_graph=True to the first backward()"
+            )
         for i, (t, v) in enumerate(zip(self._saved, self._versions)):
             if t is not None and t._storage.version != v:
                 raise AutogradError(
                     f"{self.node_name}: saved tensor {i} of shape {list(t.shape)} was modified by an in-place "
                     f"operation (version {t._storage.version}, expected {v}); gradient computation needs its "
-                    "original value")
+                    "original value"
+                )
         return self._saved
 
 
@@ -229,7 +231,7 @@ class Function:
                 if o.grad_fn is not None or o.requires_grad:
                     # forward returned an input (or a view of one made without recording); detach-alias it
                     o = o._alias()
-                    outs = outs[:i] + (o,) + outs[i + 1:]
+                    outs = outs[:i] + (o,) + outs[i + 1 :]
                 o.requires_grad = True
                 o.grad_fn = node
                 o._output_nr = i

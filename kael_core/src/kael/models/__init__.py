@@ -8,5 +8,15 @@ from ._gpt2 import GPT, GPTConfig
 from ._kv_cache import KVCache
 from ._loading import from_pretrained, load_gpt2, read_config, save_pretrained
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "generate", "sample_next", "from_pretrained", "load_gpt2", "read_config",
-           "save_pretrained", "BatchDecoder"]
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "KVCache",
+    "generate",
+    "sample_next",
+    "from_pretrained",
+    "load_gpt2",
+    "read_config",
+    "save_pretrained",
+    "BatchDecoder",
+]

@@ -111,8 +111,10 @@ class BatchDecoder:
             raise KaelError(f"BatchDecoder.prefill: row {row} is in use; release it first")
         ids = _prompt_ids(prompt, self.vocab_size)
         if len(ids) >= self.cache.max_positions:
-            raise ShapeError(f"BatchDecoder.prefill: a prompt of {len(ids)} tokens leaves no room in the cache's "
-                             f"{self.cache.max_positions} positions")
+            raise ShapeError(
+                f"BatchDecoder.prefill: a prompt of {len(ids)} tokens leaves no room in the cache's "
+                f"{self.cache.max_positions} positions"
+            )
         one = _row_cache(self.cache, row)
         with no_grad():
             logits = _prefill(self.model, self.plan, ids, one)
@@ -159,8 +161,10 @@ class BatchDecoder:
 
     def _check_step(self, rows: list[int], tokens: list[int]) -> None:
         if not rows or len(rows) != len(tokens):
-            raise ShapeError(f"BatchDecoder.decode: give one token per row (at least one), got {len(rows)} rows "
-                             f"and {len(tokens)} tokens")
+            raise ShapeError(
+                f"BatchDecoder.decode: give one token per row (at least one), got {len(rows)} rows "
+                f"and {len(tokens)} tokens"
+            )
         for r in rows:
             self._check_row(r, "decode")
             if not self.active[r]:
@@ -171,8 +175,9 @@ class BatchDecoder:
             raise ShapeError(f"BatchDecoder.decode: rows {rows} repeat a row")
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
-                raise ShapeError(f"BatchDecoder.decode: token {t!r} is out of range for a vocabulary of "
-                                 f"{self.vocab_size}")
+                raise ShapeError(
+                    f"BatchDecoder.decode: token {t!r} is out of range for a vocabulary of {self.vocab_size}"
+                )
 
 
 def _direct_kernels(device_type: str) -> dict[str, Any] | None:
@@ -197,8 +202,14 @@ class _RowsStep:
         out = []
         for i, (r, s) in enumerate(zip(self.rows, self.starts)):
             copy_(narrow(select(buf, 0, r), 2, s, 1), select(kv, 0, i))
-            out.append(attention(narrow(q, 0, i, 1), narrow(narrow(keys, 0, r, 1), 2, 0, s + 1),
-                                 narrow(narrow(values, 0, r, 1), 2, 0, s + 1), causal=True))
+            out.append(
+                attention(
+                    narrow(q, 0, i, 1),
+                    narrow(narrow(keys, 0, r, 1), 2, 0, s + 1),
+                    narrow(narrow(values, 0, r, 1), 2, 0, s + 1),
+                    causal=True,
+                )
+            )
         return cat(out, 0)
 
 
@@ -235,15 +246,32 @@ class _Kernels:
 
             att_flat = make_view(self.att, (n, 1, c), (c, c, 1), 0)
             logits2 = make_view(self.logits, (n, self.v), (self.v, 1), 0)
-            got = (first(self.x), first(self.norm), first(self.mean), first(self.rstd), first(self.qkv),
-                   att_flat, first(self.proj), first(self.hidden), first(self.act), first(self.logits), logits2)
+            got = (
+                first(self.x),
+                first(self.norm),
+                first(self.mean),
+                first(self.rstd),
+                first(self.qkv),
+                att_flat,
+                first(self.proj),
+                first(self.hidden),
+                first(self.act),
+                first(self.logits),
+                logits2,
+            )
             self._views[n] = got
         return got
 
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         cache, p, k = self.cache, self.plan, self.k
-        layer_norm, linear, copy, attention_k, add_k, gelu = (k["layer_norm"], k["linear"], k["copy"],
-                                                              k["attention"], k["add"], k["gelu"])
+        layer_norm, linear, copy, attention_k, add_k, gelu = (
+            k["layer_norm"],
+            k["linear"],
+            k["copy"],
+            k["attention"],
+            k["add"],
+            k["gelu"],
+        )
         n, c, h, d, eps = len(rows), self.c, self.h, self.d, self.eps
         x, norm, mean, rstd, qkv, att_flat, proj, hidden, act, logits, logits2 = self.views(n)
         s3 = 3 * c

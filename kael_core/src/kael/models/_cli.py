@@ -32,9 +32,18 @@ def _write(out: TextIO, text: str) -> None:
         out.flush()
 
 
-def stream_generation(model: Any, tokenizer: Any, prompt_ids: list[int], max_new_tokens: int, out: TextIO, *,
-                      temperature: float = 0.0, top_k: int = 0, generator: Any = None,
-                      stop_at_eot: bool = True) -> list[int]:
+def stream_generation(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    out: TextIO,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    generator: Any = None,
+    stop_at_eot: bool = True,
+) -> list[int]:
     """Generate and write the text to ``out`` as it comes; return the new token ids.
 
     Generation stops at ``<|endoftext|>`` (not written) when ``stop_at_eot``.
@@ -48,8 +57,9 @@ def stream_generation(model: Any, tokenizer: Any, prompt_ids: list[int], max_new
         _write(out, decoder.add(token))
         return True
 
-    ids = model.generate(prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, on_token=on_token,
-                         generator=generator)
+    ids = model.generate(
+        prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, on_token=on_token, generator=generator
+    )
     _write(out, decoder.flush())
     return list(ids)
 
@@ -73,11 +83,18 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         if not ids:  # GPT-2 starts unconditional text after <|endoftext|>
             ids = [tokenizer.eot_token]
         if len(ids) > model.max_positions:
-            print(f"note: the prompt has {len(ids)} tokens; only the last {model.max_positions} are used",
-                  file=err)
+            print(f"note: the prompt has {len(ids)} tokens; only the last {model.max_positions} are used", file=err)
         generator = Generator(args.device).manual_seed(args.seed) if args.seed is not None else None
-        stream_generation(model, tokenizer, ids, args.max_tokens, out, temperature=args.temperature,
-                          top_k=args.top_k, generator=generator)
+        stream_generation(
+            model,
+            tokenizer,
+            ids,
+            args.max_tokens,
+            out,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            generator=generator,
+        )
         _write(out, "\n")
     except (KaelError, OSError) as exc:
         print(f"error: {exc}", file=err)

@@ -83,8 +83,14 @@ class Decoder:
     def __call__(self, token: int) -> Tensor:
         """Logits [V] after ``token`` (a view of a buffer that the next call overwrites)."""
         cache, p, k = self.cache, self.plan, self.k
-        layer_norm, linear, copy, attention, add, gelu = (k["layer_norm"], k["linear"], k["copy"], k["attention"],
-                                                          k["add"], k["gelu"])
+        layer_norm, linear, copy, attention, add, gelu = (
+            k["layer_norm"],
+            k["linear"],
+            k["copy"],
+            k["attention"],
+            k["add"],
+            k["gelu"],
+        )
         pos = cache.lengths[0]
         n = pos + 1
         if n > cache.max_positions:

@@ -35,10 +35,15 @@ MIN_TEMPERATURE = 0.001
 
 
 def check_sampling(temperature: Any, top_k: Any, generator: Any, op: str) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or math.isnan(temperature) or \
-            not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
-        raise KaelError(f"{op}: temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
-                        f"got {temperature!r}")
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or math.isnan(temperature)
+        or not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf)
+    ):
+        raise KaelError(
+            f"{op}: temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature!r}"
+        )
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise KaelError(f"{op}: top_k must be an int >= 0 (0 disables it), got {top_k!r}")
     if generator is not None and not isinstance(generator, Generator):
@@ -53,10 +58,16 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int = 0, genera
     (default: kael's default generator).
     """
     check_sampling(temperature, top_k, generator, "sample_next")
-    if not isinstance(logits, Tensor) or not logits.dtype.is_floating_point or logits.ndim not in (1, 2) or \
-            logits.shape[-1] == 0:
-        raise ShapeError(f"sample_next: logits must be a floating-point tensor [V] or [B, V] with V >= 1, got "
-                         f"{getattr(logits, 'dtype', type(logits).__name__)!r} {list(getattr(logits, 'shape', ()))}")
+    if (
+        not isinstance(logits, Tensor)
+        or not logits.dtype.is_floating_point
+        or logits.ndim not in (1, 2)
+        or logits.shape[-1] == 0
+    ):
+        raise ShapeError(
+            f"sample_next: logits must be a floating-point tensor [V] or [B, V] with V >= 1, got "
+            f"{getattr(logits, 'dtype', type(logits).__name__)!r} {list(getattr(logits, 'shape', ()))}"
+        )
     if logits.ndim == 2:
         return [_sample_row(select(logits, 0, r), temperature, top_k, generator) for r in range(logits.shape[0])]
     return _sample_row(logits, temperature, top_k, generator)
@@ -83,15 +94,17 @@ def _sample_row(logits: Tensor, temperature: float, top_k: int, generator: Gener
 def _prompt_ids(prompt: Any, vocab_size: int) -> list[int]:
     if isinstance(prompt, Tensor):
         if prompt.ndim != 1 or prompt.dtype.category != 1:
-            raise ShapeError(f"generate: a prompt tensor must be 1-d of integer ids, got {prompt.dtype!r} "
-                             f"{list(prompt.shape)}")
+            raise ShapeError(
+                f"generate: a prompt tensor must be 1-d of integer ids, got {prompt.dtype!r} {list(prompt.shape)}"
+            )
         ids = [int(i) for i in prompt.tolist()]
     else:
         try:
             ids = list(prompt)
         except TypeError:
-            raise DTypeError(f"generate: prompt must be a list of token ids or a 1-d tensor, got "
-                             f"{type(prompt).__name__}") from None
+            raise DTypeError(
+                f"generate: prompt must be a list of token ids or a 1-d tensor, got {type(prompt).__name__}"
+            ) from None
         for i in ids:
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
                 raise DTypeError(f"generate: prompt token ids must be ints, got {i!r}")
@@ -104,8 +117,15 @@ def _prompt_ids(prompt: Any, vocab_size: int) -> list[int]:
     return ids
 
 
-def generate(model: GPT, prompt: Any, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-             on_token: Callable[[int], Any] | None = None, generator: Generator | None = None) -> list[int]:
+def generate(
+    model: GPT,
+    prompt: Any,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    on_token: Callable[[int], Any] | None = None,
+    generator: Generator | None = None,
+) -> list[int]:
     """Up to ``max_new_tokens`` new token ids continuing ``prompt`` (a list of ids or a 1-d tensor).
 
     ``on_token(token_id)`` is called after each new token: a return of None or a truthy
@@ -130,8 +150,15 @@ def generate(model: GPT, prompt: Any, max_new_tokens: int, temperature: float = 
             model.train()
 
 
-def _loop(model: GPT, ids: list[int], n: int, temperature: float, top_k: int,
-          on_token: Callable[[int], Any] | None, generator: Generator | None) -> list[int]:
+def _loop(
+    model: GPT,
+    ids: list[int],
+    n: int,
+    temperature: float,
+    top_k: int,
+    on_token: Callable[[int], Any] | None,
+    generator: Generator | None,
+) -> list[int]:
     p = model.plan()
     ctx = model.max_positions
     seq = list(ids)

@@ -104,8 +104,7 @@ class EmbeddingTable(Module):
 class Conv1D(Module):
     """GPT-2's projection: ``x @ weight + bias`` with ``weight [in, out]`` (Hugging Face's Conv1D layout)."""
 
-    def __init__(self, in_features: int, out_features: int, device: Any = None,
-                 dtype: dt.DType = dt.float32) -> None:
+    def __init__(self, in_features: int, out_features: int, device: Any = None, dtype: dt.DType = dt.float32) -> None:
         super().__init__()
         self.weight = _param((in_features, out_features), device, dtype)
         self.bias = _param((out_features,), device, dtype)
@@ -182,9 +181,20 @@ class GPT(Module):
     a Hugging Face style checkpoint; ``generate`` samples a continuation.
     """
 
-    def __init__(self, vocab_size: int = 50257, max_positions: int = 1024, layers: int = 12, heads: int = 12,
-                 dimension: int = 768, layer_norm_epsilon: float = 1e-5, *, device: Any = None, dtype: Any = None,
-                 init: bool = True, generator: Any = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 50257,
+        max_positions: int = 1024,
+        layers: int = 12,
+        heads: int = 12,
+        dimension: int = 768,
+        layer_norm_epsilon: float = 1e-5,
+        *,
+        device: Any = None,
+        dtype: Any = None,
+        init: bool = True,
+        generator: Any = None,
+    ) -> None:
         super().__init__()
         cfg = GPTConfig(vocab_size, max_positions, layers, heads, dimension, layer_norm_epsilon)
         d = dt.as_dtype(dtype) if dtype is not None else dt.float32
@@ -239,8 +249,10 @@ class GPT(Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        return (f"vocab_size={c.vocab_size}, max_positions={c.max_positions}, layers={c.layers}, heads={c.heads}, "
-                f"dimension={c.dimension}")
+        return (
+            f"vocab_size={c.vocab_size}, max_positions={c.max_positions}, layers={c.layers}, heads={c.heads}, "
+            f"dimension={c.dimension}"
+        )
 
     # -- the forward pass --------------------------------------------------------------------
     def new_cache(self, batch: int = 1, max_positions: int | None = None) -> KVCache:
@@ -256,14 +268,32 @@ class GPT(Module):
         layers = []
         for blk in self.h:
             a, m = blk.attn, blk.mlp
-            layers.append(LayerWeights(
-                blk.ln_1.weight, blk.ln_1.bias, _t(a.c_attn.weight), a.c_attn.bias, _t(a.c_proj.weight),
-                a.c_proj.bias, blk.ln_2.weight, blk.ln_2.bias, _t(m.c_fc.weight), m.c_fc.bias, _t(m.c_proj.weight),
-                m.c_proj.bias))
+            layers.append(
+                LayerWeights(
+                    blk.ln_1.weight,
+                    blk.ln_1.bias,
+                    _t(a.c_attn.weight),
+                    a.c_attn.bias,
+                    _t(a.c_proj.weight),
+                    a.c_proj.bias,
+                    blk.ln_2.weight,
+                    blk.ln_2.bias,
+                    _t(m.c_fc.weight),
+                    m.c_fc.bias,
+                    _t(m.c_proj.weight),
+                    m.c_proj.bias,
+                )
+            )
         return Plan(layers, self.wte.weight, self.wpe.weight, self.ln_f.weight, self.ln_f.bias)
 
-    def forward(self, ids: Tensor, cache: KVCache | None = None, lengths: Sequence[int] | None = None, *,
-                last_only: bool = False) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        cache: KVCache | None = None,
+        lengths: Sequence[int] | None = None,
+        *,
+        last_only: bool = False,
+    ) -> Tensor:
         """Logits [B, T, V] for token ids [B, T] (int).
 
         cache: a ``KVCache`` (``new_cache``): the tokens continue each row's cached ones, which
@@ -286,20 +316,23 @@ class GPT(Module):
             step.commit()
         return logits
 
-    def _check_forward(self, ids: Any, cache: KVCache | None, lengths: Sequence[int] | None,
-                       last_only: bool) -> tuple[int, int, list[int] | None]:
+    def _check_forward(
+        self, ids: Any, cache: KVCache | None, lengths: Sequence[int] | None, last_only: bool
+    ) -> tuple[int, int, list[int] | None]:
         if not isinstance(ids, Tensor) or ids.dtype.category != 1:
             raise DTypeError(f"GPT.forward: ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids))!r}")
         if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
-            raise ShapeError(f"GPT.forward: ids must have shape [batch, tokens] with both at least 1, "
-                             f"got {list(ids.shape)}")
+            raise ShapeError(
+                f"GPT.forward: ids must have shape [batch, tokens] with both at least 1, got {list(ids.shape)}"
+            )
         b, t = ids.shape
         valid = None
         if lengths is not None:
             valid = [int(n) for n in lengths] if not isinstance(lengths, Tensor) else [int(n) for n in lengths.tolist()]
             if len(valid) != b or any(not 0 <= n <= t for n in valid):
-                raise ShapeError(f"GPT.forward: lengths must give each of the {b} rows 0..{t} real tokens, "
-                                 f"got {list(lengths)!r}")
+                raise ShapeError(
+                    f"GPT.forward: lengths must give each of the {b} rows 0..{t} real tokens, got {list(lengths)!r}"
+                )
             if last_only and min(valid) < 1:
                 raise ShapeError(f"GPT.forward: last_only needs at least one real token per row, got {valid}")
         if cache is None:
@@ -309,18 +342,27 @@ class GPT(Module):
         if not isinstance(cache, KVCache):
             raise DTypeError(f"GPT.forward: cache must be a KVCache, got {type(cache).__name__}")
         cfg = self.config
-        if (cache.layers, cache.heads, cache.head_dim) != (cfg.layers, cfg.heads, cfg.head_dim) or \
-                cache.max_positions > cfg.max_positions:
-            raise ShapeError(f"GPT.forward: {cache!r} does not fit this model ({cfg.layers} layers, {cfg.heads} "
-                             f"heads of {cfg.head_dim}, context {cfg.max_positions}); use model.new_cache()")
+        if (cache.layers, cache.heads, cache.head_dim) != (
+            cfg.layers,
+            cfg.heads,
+            cfg.head_dim,
+        ) or cache.max_positions > cfg.max_positions:
+            raise ShapeError(
+                f"GPT.forward: {cache!r} does not fit this model ({cfg.layers} layers, {cfg.heads} "
+                f"heads of {cfg.head_dim}, context {cfg.max_positions}); use model.new_cache()"
+            )
         if cache.batch != b:
             raise ShapeError(f"GPT.forward: the cache holds {cache.batch} rows but ids have {b}")
         if cache.device is not self.device or cache.dtype is not self.dtype:
-            raise DTypeError(f"GPT.forward: the cache ({cache.dtype!r} on {cache.device}) must match the model "
-                             f"({self.dtype!r} on {self.device})")
+            raise DTypeError(
+                f"GPT.forward: the cache ({cache.dtype!r} on {cache.device}) must match the model "
+                f"({self.dtype!r} on {self.device})"
+            )
         if is_grad_enabled() and any(p.requires_grad for p in (self.wte.weight, self.ln_f.weight)):
-            raise AutogradError("GPT.forward: a KV cache is for inference (gradients do not flow through cached "
-                                "keys); run it under kael.no_grad() or kael.inference_mode()")
+            raise AutogradError(
+                "GPT.forward: a KV cache is for inference (gradients do not flow through cached "
+                "keys); run it under kael.no_grad() or kael.inference_mode()"
+            )
         return b, t, valid
 
     def run(self, x: Tensor, p: Plan, step: CacheStep | None, last: list[int] | None = None) -> Tensor:
@@ -345,13 +387,23 @@ class GPT(Module):
             hid = gelu(linear(layer_norm(x, ns, w.ln_2_w, w.ln_2_b, eps), w.fc_w, w.fc_b), approximate="tanh")
             x = add(x, linear(hid, w.mlp_proj_w, w.mlp_proj_b))
         if last is not None:
-            x = narrow(x, 1, last[0], 1) if all(n == last[0] for n in last) else \
-                cat([narrow(narrow(x, 0, r, 1), 1, n, 1) for r, n in enumerate(last)], 0)
+            x = (
+                narrow(x, 1, last[0], 1)
+                if all(n == last[0] for n in last)
+                else cat([narrow(narrow(x, 0, r, 1), 1, n, 1) for r, n in enumerate(last)], 0)
+            )
         return linear(layer_norm(x, ns, p.ln_f_w, p.ln_f_b, eps), p.wte)
 
     # -- generation ----------------------------------------------------------------------------
-    def generate(self, prompt: Any, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                 on_token: Any = None, generator: Any = None) -> list[int]:
+    def generate(
+        self,
+        prompt: Any,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        on_token: Any = None,
+        generator: Any = None,
+    ) -> list[int]:
         """New tokens continuing ``prompt`` (see ``kael.models.generate``)."""
         from ._generate import generate
 

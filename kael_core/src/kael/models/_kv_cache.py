@@ -44,8 +44,17 @@ class KVCache:
     [5, 3]
     """
 
-    def __init__(self, layers: int, batch: int, heads: int, head_dim: int, max_positions: int, *,
-                 dtype: Any = None, device: Any = None) -> None:
+    def __init__(
+        self,
+        layers: int,
+        batch: int,
+        heads: int,
+        head_dim: int,
+        max_positions: int,
+        *,
+        dtype: Any = None,
+        device: Any = None,
+    ) -> None:
         self.layers = _count("layers", layers, 1)
         self.batch = _count("batch", batch, 1)
         self.heads = _count("heads", heads, 1)
@@ -55,8 +64,9 @@ class KVCache:
         if not d.is_floating_point:
             raise DTypeError(f"KVCache: dtype must be floating point, got {d!r}")
         # zeros, not empty: a masked key still multiplies its value by 0, and 0 * NaN is NaN.
-        self.data: list[Tensor] = [zeros((batch, 2, heads, max_positions, head_dim), dtype=d, device=device)
-                                   for _ in range(layers)]
+        self.data: list[Tensor] = [
+            zeros((batch, 2, heads, max_positions, head_dim), dtype=d, device=device) for _ in range(layers)
+        ]
         self.keys: list[Tensor] = [select(b, 1, 0) for b in self.data]
         self.values: list[Tensor] = [select(b, 1, 1) for b in self.data]
         self.lengths: list[int] = [0] * batch
@@ -83,8 +93,10 @@ class KVCache:
         return CacheStep(self, tokens, valid)
 
     def __repr__(self) -> str:
-        return (f"KVCache(layers={self.layers}, batch={self.batch}, heads={self.heads}, head_dim={self.head_dim}, "
-                f"max_positions={self.max_positions}, lengths={self.lengths})")
+        return (
+            f"KVCache(layers={self.layers}, batch={self.batch}, heads={self.heads}, head_dim={self.head_dim}, "
+            f"max_positions={self.max_positions}, lengths={self.lengths})"
+        )
 
 
 class CacheStep:
@@ -96,14 +108,16 @@ class CacheStep:
         self.cache = cache
         self.tokens = _count("tokens", tokens, 1)
         if valid is not None and (len(valid) != cache.batch or any(not 0 <= n <= tokens for n in valid)):
-            raise ShapeError(f"KVCache: valid must give each of the {cache.batch} rows 0..{tokens} real tokens, "
-                             f"got {list(valid)!r}")
+            raise ShapeError(
+                f"KVCache: valid must give each of the {cache.batch} rows 0..{tokens} real tokens, got {list(valid)!r}"
+            )
         starts = list(cache.lengths)
         self.starts = starts
         room = cache.max_positions
         if max(starts) + tokens > room:
-            raise ShapeError(f"KVCache: {tokens} new token(s) after {max(starts)} cached ones exceed the cache's "
-                             f"{room} positions")
+            raise ShapeError(
+                f"KVCache: {tokens} new token(s) after {max(starts)} cached ones exceed the cache's {room} positions"
+            )
         if valid is None:
             self.ends = [s + tokens for s in starts]
         else:
@@ -143,9 +157,15 @@ class CacheStep:
             n = self._key_len
             return attention(q, narrow(keys, 2, 0, n), narrow(values, 2, 0, n), causal=True, lengths=self._lengths)
         # Rows at different positions with several new tokens each: the causal diagonal differs per row.
-        rows = [attention(narrow(q, 0, b, 1), narrow(narrow(keys, 0, b, 1), 2, 0, s + t),
-                          narrow(narrow(values, 0, b, 1), 2, 0, s + t), causal=True)
-                for b, s in enumerate(self.starts)]
+        rows = [
+            attention(
+                narrow(q, 0, b, 1),
+                narrow(narrow(keys, 0, b, 1), 2, 0, s + t),
+                narrow(narrow(values, 0, b, 1), 2, 0, s + t),
+                causal=True,
+            )
+            for b, s in enumerate(self.starts)
+        ]
         return cat(rows, 0)
 
     def commit(self) -> None:

@@ -88,12 +88,21 @@ def read_config(path: Any) -> GPTConfig:
     inner = d.get("n_inner")
     if inner is not None and inner != 4 * sizes["n_embd"]:
         fail(f"n_inner {inner!r} is not supported (only 4 * n_embd = {4 * sizes['n_embd']})")
-    for flag, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-                       ("add_cross_attention", False)):
+    for flag, want in (
+        ("scale_attn_weights", True),
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("add_cross_attention", False),
+    ):
         if d.get(flag, want) != want:
             fail(f"{flag}={d[flag]!r} is not supported (expected {want!r})")
-    return GPTConfig(vocab_size=sizes["vocab_size"], max_positions=sizes["n_positions"], layers=sizes["n_layer"],
-                     heads=sizes["n_head"], dimension=sizes["n_embd"], layer_norm_epsilon=float(eps))
+    return GPTConfig(
+        vocab_size=sizes["vocab_size"],
+        max_positions=sizes["n_positions"],
+        layers=sizes["n_layer"],
+        heads=sizes["n_head"],
+        dimension=sizes["n_embd"],
+        layer_norm_epsilon=float(eps),
+    )
 
 
 def hf_config(config: GPTConfig, dtype: dt.DType = dt.float32) -> dict[str, Any]:
@@ -145,7 +154,7 @@ def _checkpoint_params(tensors: dict[str, Tensor], model: GPT, where: str) -> di
     for key, t in tensors.items():
         if key == "lm_head.weight":
             continue  # checked against wte below
-        name = key[len(prefix):] if key.startswith(prefix) else None
+        name = key[len(prefix) :] if key.startswith(prefix) else None
         if name is None or (name not in expected and not _MASK_BUFFER.fullmatch(name)):
             unexpected.append(key)
         elif name in expected:
@@ -166,8 +175,10 @@ def _checkpoint_params(tensors: dict[str, Tensor], model: GPT, where: str) -> di
     if head is not None and not problems and not _same(head, found["wte.weight"]):
         problems.append("'lm_head.weight' differs from 'wte.weight': an untied LM head is not supported")
     if problems:
-        raise FormatError(f"GPT-2 checkpoint {where} does not fit {type(model).__name__}({model.extra_repr()}): "
-                          + "; ".join(problems))
+        raise FormatError(
+            f"GPT-2 checkpoint {where} does not fit {type(model).__name__}({model.extra_repr()}): "
+            + "; ".join(problems)
+        )
     return found
 
 

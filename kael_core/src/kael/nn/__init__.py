@@ -8,5 +8,22 @@ from ._layers import GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Lin
 from ._module import IncompatibleKeys, Module
 from ._parameter import Parameter
 
-__all__ = ["Module", "Parameter", "IncompatibleKeys", "Linear", "Embedding", "LayerNorm", "Dropout", "GELU",
-           "ReLU", "Identity", "Flatten", "Sequential", "ModuleList", "ModuleDict", "functional", "init", "utils"]
+__all__ = [
+    "Module",
+    "Parameter",
+    "IncompatibleKeys",
+    "Linear",
+    "Embedding",
+    "LayerNorm",
+    "Dropout",
+    "GELU",
+    "ReLU",
+    "Identity",
+    "Flatten",
+    "Sequential",
+    "ModuleList",
+    "ModuleDict",
+    "functional",
+    "init",
+    "utils",
+]

@@ -37,8 +37,9 @@ def _float_dtype(op: str, dtype: Any) -> dt.DType:
 class Linear(Module):
     """y = x @ weight.T + bias, weight [out_features, in_features] ~ U(-1/sqrt(in), 1/sqrt(in))."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device: Any = None, dtype: Any = None
+    ) -> None:
         super().__init__()
         _positive("Linear", in_features=in_features, out_features=out_features)
         d = _float_dtype("Linear", dtype)
@@ -67,8 +68,9 @@ class Embedding(Module):
         super().__init__()
         _positive("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(empty(num_embeddings, embedding_dim, dtype=_float_dtype("Embedding", dtype),
-                                      device=device))
+        self.weight = Parameter(
+            empty(num_embeddings, embedding_dim, dtype=_float_dtype("Embedding", dtype), device=device)
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -84,8 +86,15 @@ class Embedding(Module):
 class LayerNorm(Module):
     """Normalise over the last dimension, then scale by weight (ones) and shift by bias (zeros)."""
 
-    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
-                 device: Any = None, dtype: Any = None) -> None:
+    def __init__(
+        self,
+        normalized_shape: Any,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
         super().__init__()
         ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         if len(ns) != 1:
@@ -94,8 +103,9 @@ class LayerNorm(Module):
         d = _float_dtype("LayerNorm", dtype)
         self.normalized_shape, self.eps, self.elementwise_affine = ns, float(eps), elementwise_affine
         self.register_parameter("weight", Parameter(empty(ns, dtype=d, device=device)) if elementwise_affine else None)
-        self.register_parameter("bias", Parameter(empty(ns, dtype=d, device=device))
-                                if elementwise_affine and bias else None)
+        self.register_parameter(
+            "bias", Parameter(empty(ns, dtype=d, device=device)) if elementwise_affine and bias else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

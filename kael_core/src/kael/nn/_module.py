@@ -57,8 +57,9 @@ class Module:
     # -- registration ---------------------------------------------------------------------
     def _check_init(self) -> None:
         if "_parameters" not in self.__dict__:
-            raise KaelError(f"{type(self).__name__}: call super().__init__() before assigning parameters, "
-                            "buffers or sub-modules")
+            raise KaelError(
+                f"{type(self).__name__}: call super().__init__() before assigning parameters, buffers or sub-modules"
+            )
 
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
@@ -72,13 +73,17 @@ class Module:
             d["_modules"][name] = value
         elif "_parameters" in d and name in d["_parameters"]:
             if value is not None:
-                raise DTypeError(f"{type(self).__name__}.{name}: cannot assign {type(value).__name__} to a "
-                                 "parameter (expected kael.nn.Parameter or None)")
+                raise DTypeError(
+                    f"{type(self).__name__}.{name}: cannot assign {type(value).__name__} to a "
+                    "parameter (expected kael.nn.Parameter or None)"
+                )
             d["_parameters"][name] = None
         elif "_buffers" in d and name in d["_buffers"]:
             if value is not None and not isinstance(value, Tensor):
-                raise DTypeError(f"{type(self).__name__}.{name}: cannot assign {type(value).__name__} to a "
-                                 "buffer (expected a Tensor or None)")
+                raise DTypeError(
+                    f"{type(self).__name__}.{name}: cannot assign {type(value).__name__} to a "
+                    "buffer (expected a Tensor or None)"
+                )
             d["_buffers"][name] = value
         elif "_modules" in d and name in d["_modules"] and value is None:
             d["_modules"][name] = None
@@ -114,16 +119,16 @@ class Module:
     def _check_name(self, name: str, what: str) -> None:
         self._check_init()
         if not isinstance(name, str) or not name or "." in name:
-            raise KaelError(f"{type(self).__name__}: {what} name must be a non-empty string without '.', "
-                            f"got {name!r}")
+            raise KaelError(f"{type(self).__name__}: {what} name must be a non-empty string without '.', got {name!r}")
         if name in self.__dict__ and not any(name in t for t in (self._parameters, self._buffers, self._modules)):
             raise KaelError(f"{type(self).__name__}: attribute {name!r} already exists")
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         self._check_name(name, "parameter")
         if param is not None and not isinstance(param, Parameter):
-            raise DTypeError(f"register_parameter: {name!r} must be a kael.nn.Parameter or None, "
-                             f"got {type(param).__name__}")
+            raise DTypeError(
+                f"register_parameter: {name!r} must be a kael.nn.Parameter or None, got {type(param).__name__}"
+            )
         self._forget(name)
         self._parameters[name] = param
 
@@ -312,8 +317,9 @@ class Module:
         unless all checks pass. Values are cast to each target's dtype and device.
         """
         if not isinstance(state_dict, Mapping):
-            raise DTypeError(f"load_state_dict: expected a mapping of names to tensors, got "
-                             f"{type(state_dict).__name__}")
+            raise DTypeError(
+                f"load_state_dict: expected a mapping of names to tensors, got {type(state_dict).__name__}"
+            )
         targets = self._state_targets()
         missing = [k for k in targets if k not in state_dict]
         unexpected = [k for k in state_dict if k not in targets]

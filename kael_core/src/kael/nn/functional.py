@@ -12,8 +12,20 @@ from .. import ops
 from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 
-__all__ = ["linear", "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
-           "layer_norm", "dropout", "embedding", "scaled_dot_product_attention"]
+__all__ = [
+    "linear",
+    "relu",
+    "gelu",
+    "softmax",
+    "log_softmax",
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "layer_norm",
+    "dropout",
+    "embedding",
+    "scaled_dot_product_attention",
+]
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -48,16 +60,19 @@ def _classes_last(input: Tensor, target: Tensor, op: str) -> tuple[Tensor, Tenso
         return ops.unsqueeze(input, 0), ops.reshape(target, (1,))
     if input.ndim > 2:
         if target.shape != (input.shape[0],) + input.shape[2:]:
-            raise ShapeError(f"{op}: input {list(input.shape)} needs target {[input.shape[0], *input.shape[2:]]}, "
-                             f"got {list(target.shape)}")
+            raise ShapeError(
+                f"{op}: input {list(input.shape)} needs target {[input.shape[0], *input.shape[2:]]}, "
+                f"got {list(target.shape)}"
+            )
         c = input.shape[1]
         moved = ops.permute(input, (0, *range(2, input.ndim), 1))
         return ops.reshape(moved, (-1, c)), ops.reshape(target, (-1,))
     return input, target
 
 
-def cross_entropy(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean",
-                  label_smoothing: float = 0.0) -> Tensor:
+def cross_entropy(
+    input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0
+) -> Tensor:
     """Softmax cross-entropy of logits [N, C] (or [C], or [N, C, d...]) against class ids.
 
     Targets equal to ignore_index contribute nothing and are not counted by the mean;
@@ -95,8 +110,9 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     return sq if reduction == "none" else ops.sum(sq) if reduction == "sum" else ops.mean(sq)
 
 
-def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5) -> Tensor:
+def layer_norm(
+    input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
     return ops.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
@@ -124,8 +140,9 @@ def embedding(input: Tensor, weight: Tensor) -> Tensor:
     return ops.embedding(input, weight)
 
 
-def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, is_causal: bool = False,
-                                 scale: float | None = None) -> Tensor:
+def scaled_dot_product_attention(
+    query: Tensor, key: Tensor, value: Tensor, is_causal: bool = False, scale: float | None = None
+) -> Tensor:
     """softmax(q @ k^T * scale) @ v over [..., T, D] operands (scale defaults to 1/sqrt(D)).
 
     With is_causal, query i sees keys up to i + (Tk - Tq): the last query is aligned with
@@ -134,12 +151,16 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, is_c
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor) or t.ndim < 2:
-            raise ShapeError(f"scaled_dot_product_attention: {name} must be a tensor [..., T, D], got "
-                             f"{getattr(t, 'shape', type(t).__name__)!r}")
+            raise ShapeError(
+                f"scaled_dot_product_attention: {name} must be a tensor [..., T, D], got "
+                f"{getattr(t, 'shape', type(t).__name__)!r}"
+            )
     lead = query.shape[:-2]
     if key.shape[:-2] != lead or value.shape[:-2] != lead:
-        raise ShapeError(f"scaled_dot_product_attention: batch dims of query {list(query.shape)}, key "
-                         f"{list(key.shape)} and value {list(value.shape)} differ")
+        raise ShapeError(
+            f"scaled_dot_product_attention: batch dims of query {list(query.shape)}, key "
+            f"{list(key.shape)} and value {list(value.shape)} differ"
+        )
 
     def as4d(t: Tensor) -> Tensor:
         if t.ndim == 4:

@@ -15,8 +15,19 @@ from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 from ..autograd._grad_mode import no_grad
 
-__all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_", "xavier_uniform_",
-           "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_"]
+__all__ = [
+    "calculate_gain",
+    "uniform_",
+    "normal_",
+    "constant_",
+    "zeros_",
+    "ones_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "trunc_normal_",
+]
 
 
 def _check(t: Any, op: str) -> None:
@@ -103,20 +114,23 @@ def _kaiming_std(t: Tensor, a: float, mode: str, nonlinearity: str, op: str) -> 
     return calculate_gain(nonlinearity, a) / math.sqrt(fan) if fan else 0.0
 
 
-def kaiming_uniform_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
-                     generator: Any = None) -> Tensor:
+def kaiming_uniform_(
+    t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", generator: Any = None
+) -> Tensor:
     """U(-b, b) with b = gain * sqrt(3 / fan); a=sqrt(5) gives Linear's default U(-1/sqrt(in), 1/sqrt(in))."""
     bound = math.sqrt(3.0) * _kaiming_std(t, a, mode, nonlinearity, "kaiming_uniform_")
     return uniform_(t, -bound, bound, generator)
 
 
-def kaiming_normal_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
-                    generator: Any = None) -> Tensor:
+def kaiming_normal_(
+    t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", generator: Any = None
+) -> Tensor:
     return normal_(t, 0.0, _kaiming_std(t, a, mode, nonlinearity, "kaiming_normal_"), generator)
 
 
-def trunc_normal_(t: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
-                  generator: Any = None) -> Tensor:
+def trunc_normal_(
+    t: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0, generator: Any = None
+) -> Tensor:
     """N(mean, std) restricted to [a, b]: out-of-range draws are redrawn until none is left."""
     _check(t, "trunc_normal_")
     if not a < b or std <= 0:

@@ -20,8 +20,9 @@ def _grads(parameters: Any) -> list[Tensor]:
     return [p.grad for p in params if p.grad is not None]
 
 
-def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> Tensor:
+def clip_grad_norm_(
+    parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+) -> Tensor:
     """Scale the gradients in place so that their joint norm is at most max_norm.
 
     The total norm (over all gradients, as if concatenated) is computed in float64
@@ -59,8 +60,10 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
             total = ops.pow(ops.sum(stacked), 1.0 / p)
         norm = float(total.item())
         if error_if_nonfinite and not math.isfinite(norm):
-            raise KaelError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is {norm}; "
-                            "pass error_if_nonfinite=False to clip anyway")
+            raise KaelError(
+                f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is {norm}; "
+                "pass error_if_nonfinite=False to clip anyway"
+            )
         coef = float(max_norm) / (norm + 1e-6)
         if coef < 1.0:
             for g in grads:

@@ -63,8 +63,9 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], op: str = "broadcas
         elif x == 1:
             out.append(y)
         else:
-            raise ShapeError(f"{op}: shapes {list(a)} and {list(b)} cannot be broadcast together "
-                             f"(dimension sizes {x} and {y})")
+            raise ShapeError(
+                f"{op}: shapes {list(a)} and {list(b)} cannot be broadcast together (dimension sizes {x} and {y})"
+            )
     return tuple(out)
 
 
@@ -102,8 +103,7 @@ def int_in_range(v: Any, dtype: dt.DType, op: str, wrap: bool) -> Any:
     if lo <= v <= hi:
         return v
     if not wrap or not -(1 << 63) <= v < (1 << 64):
-        raise DTypeError(f"{op}: value {v!r} cannot be converted to {dtype!r} without overflow "
-                         f"(expected {lo}..{hi})")
+        raise DTypeError(f"{op}: value {v!r} cannot be converted to {dtype!r} without overflow (expected {lo}..{hi})")
     v &= (1 << bits) - 1
     return v - (1 << bits) if dtype.is_signed and v > hi else v
 

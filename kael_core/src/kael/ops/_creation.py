@@ -15,8 +15,27 @@ from .._tensor import Tensor, from_numpy
 from ._core import check_shape, empty, int_in_range
 from ._random import Generator, default_generator
 
-__all__ = ["tensor", "zeros", "ones", "full", "empty_", "arange", "linspace", "eye", "zeros_like", "ones_like",
-           "full_like", "empty_like", "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "to_device"]
+__all__ = [
+    "tensor",
+    "zeros",
+    "ones",
+    "full",
+    "empty_",
+    "arange",
+    "linspace",
+    "eye",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "empty_like",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "rand_like",
+    "randn_like",
+    "to_device",
+]
 
 
 def _shape_args(size: tuple[Any, ...], op: str) -> tuple[int, ...]:
@@ -29,8 +48,10 @@ def _infer_np(data: Any, op: str) -> np.ndarray:
     try:
         arr = np.array(data)
     except ValueError as exc:
-        raise ShapeError(f"{op}: data {type(data).__name__} is ragged or malformed: expected a rectangular "
-                         f"nested sequence of numbers ({exc})") from None
+        raise ShapeError(
+            f"{op}: data {type(data).__name__} is ragged or malformed: expected a rectangular "
+            f"nested sequence of numbers ({exc})"
+        ) from None
     if arr.dtype == object or arr.dtype.kind in "USV":
         raise DTypeError(f"{op}: expected numbers (bool, int, float), got elements of type {arr.dtype}")
     return arr
@@ -74,9 +95,17 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
 
 
 def _filled(shape: tuple[int, ...], value: Any, dtype: Any, device: Any, requires_grad: bool = False) -> Tensor:
-    d = dt.as_dtype(dtype) if dtype is not None else (
-        dt.get_default_dtype() if isinstance(value, float) else dt.scalar_dtype(value)
-        if isinstance(value, (bool, int)) else dt.get_default_dtype())
+    d = (
+        dt.as_dtype(dtype)
+        if dtype is not None
+        else (
+            dt.get_default_dtype()
+            if isinstance(value, float)
+            else dt.scalar_dtype(value)
+            if isinstance(value, (bool, int))
+            else dt.get_default_dtype()
+        )
+    )
     dev = as_device(device)
     if value is not None:
         value = int_in_range(value, d, "full", wrap=False)
@@ -118,8 +147,7 @@ def ones_like(t: Tensor, dtype: Any = None, device: Any = None, requires_grad: b
     return _like(t, 1, dtype, device, requires_grad)
 
 
-def full_like(t: Tensor, fill_value: Any, dtype: Any = None, device: Any = None,
-              requires_grad: bool = False) -> Tensor:
+def full_like(t: Tensor, fill_value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     return _like(t, fill_value, dtype, device, requires_grad)
 
 
@@ -127,8 +155,9 @@ def empty_like(t: Tensor, dtype: Any = None, device: Any = None, requires_grad: 
     return _like(t, None, dtype, device, requires_grad)
 
 
-def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None,
-           requires_grad: bool = False) -> Tensor:
+def arange(
+    start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     if end is None:
         start, end = 0, start
     for v in (start, end, step):
@@ -169,8 +198,9 @@ def _gen(generator: Generator | None) -> Generator:
     return generator
 
 
-def _random(op: str, shape: tuple[int, ...], a: Any, b: Any, dtype: Any, device: Any, generator: Any,
-            requires_grad: bool) -> Tensor:
+def _random(
+    op: str, shape: tuple[int, ...], a: Any, b: Any, dtype: Any, device: Any, generator: Any, requires_grad: bool
+) -> Tensor:
     d = dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()
     if op != "randint" and not d.is_floating_point:
         raise DTypeError(f"{op}: expected a floating-point dtype, got {d!r}")
@@ -182,18 +212,21 @@ def _random(op: str, shape: tuple[int, ...], a: Any, b: Any, dtype: Any, device:
     return out
 
 
-def rand(*size: Any, dtype: Any = None, device: Any = None, generator: Any = None,
-         requires_grad: bool = False) -> Tensor:
+def rand(
+    *size: Any, dtype: Any = None, device: Any = None, generator: Any = None, requires_grad: bool = False
+) -> Tensor:
     return _random("uniform", _shape_args(size, "rand"), 0.0, 1.0, dtype, device, generator, requires_grad)
 
 
-def randn(*size: Any, dtype: Any = None, device: Any = None, generator: Any = None,
-          requires_grad: bool = False) -> Tensor:
+def randn(
+    *size: Any, dtype: Any = None, device: Any = None, generator: Any = None, requires_grad: bool = False
+) -> Tensor:
     return _random("normal", _shape_args(size, "randn"), 0.0, 1.0, dtype, device, generator, requires_grad)
 
 
-def randint(low: int, high: int | None = None, size: Any = (), dtype: Any = None, device: Any = None,
-            generator: Any = None) -> Tensor:
+def randint(
+    low: int, high: int | None = None, size: Any = (), dtype: Any = None, device: Any = None, generator: Any = None
+) -> Tensor:
     if high is None:
         low, high = 0, low
     if not isinstance(low, int) or not isinstance(high, int) or high <= low:

@@ -22,8 +22,19 @@ from ._pointwise import Div, binary, sum_to, unary
 from ._reduce import Sum, Where_nograd, reduce_op
 from ._views import contiguous_nograd, reshape_nograd
 
-__all__ = ["softmax", "log_softmax", "gelu", "layer_norm", "linear", "embedding", "cross_entropy", "attention",
-           "topk", "adamw_step", "decompositions"]
+__all__ = [
+    "softmax",
+    "log_softmax",
+    "gelu",
+    "layer_norm",
+    "linear",
+    "embedding",
+    "cross_entropy",
+    "attention",
+    "topk",
+    "adamw_step",
+    "decompositions",
+]
 
 
 def _float(x: Any, op: str) -> None:
@@ -34,6 +45,7 @@ def _float(x: Any, op: str) -> None:
 
 
 # -- decompositions (no autograd; primitives only) ------------------------------------------
+
 
 def softmax_decomp(x: Tensor, dim: int) -> Tensor:
     m = reduce_op("amax", x, (dim,), True, x.dtype) if x.shape[dim] else x
@@ -49,8 +61,11 @@ def log_softmax_decomp(x: Tensor, dim: int) -> Tensor:
 
 def gelu_decomp(x: Tensor, approximate: str) -> Tensor:
     if approximate == "tanh":
-        inner = binary("mul", binary("add", x, binary("mul", binary("mul", binary("mul", x, x), x), 0.044715)),
-                       math.sqrt(2.0 / math.pi))
+        inner = binary(
+            "mul",
+            binary("add", x, binary("mul", binary("mul", binary("mul", x, x), x), 0.044715)),
+            math.sqrt(2.0 / math.pi),
+        )
         return binary("mul", binary("mul", x, 0.5), binary("add", unary("tanh", inner), 1.0))
     return binary("mul", binary("mul", x, 0.5), binary("add", unary("erf", binary("mul", x, 1 / math.sqrt(2.0))), 1.0))
 
@@ -61,7 +76,11 @@ def gelu_backward_decomp(g: Tensor, x: Tensor, approximate: str) -> Tensor:
         x2 = binary("mul", x, x)
         t = unary("tanh", binary("mul", binary("add", x, binary("mul", binary("mul", x2, x), 0.044715)), k))
         left = binary("mul", binary("add", t, 1.0), 0.5)
-        dt_ = binary("mul", binary("sub", 1.0, binary("mul", t, t)), binary("mul", binary("add", binary("mul", x2, 3 * 0.044715), 1.0), k))
+        dt_ = binary(
+            "mul",
+            binary("sub", 1.0, binary("mul", t, t)),
+            binary("mul", binary("add", binary("mul", x2, 3 * 0.044715), 1.0), k),
+        )
         right = binary("mul", binary("mul", x, 0.5), dt_)
         return binary("mul", g, binary("add", left, right))
     cdf = binary("mul", binary("add", unary("erf", binary("mul", x, 1 / math.sqrt(2.0))), 1.0), 0.5)
@@ -131,8 +150,10 @@ def cross_entropy_decomp(logits: Tensor, target: Tensor, ignore_index: int, smoo
     logp = log_softmax_decomp(logits, 1)
     keep = binary("ne", target, ignore_index)
     safe = Where_nograd(keep, target, 0)
-    nll = unary("neg", reshape_nograd(Gather.forward(_Nop(), logp, 1, reshape_nograd(safe, (target.shape[0], 1))),
-                                      (target.shape[0],)))
+    nll = unary(
+        "neg",
+        reshape_nograd(Gather.forward(_Nop(), logp, 1, reshape_nograd(safe, (target.shape[0], 1))), (target.shape[0],)),
+    )
     if smoothing:
         mean_logp = binary("div", reduce_op("sum", logp, (1,), False, logp.dtype), float(logits.shape[1]))
         nll = binary("sub", binary("mul", nll, 1 - smoothing), binary("mul", mean_logp, smoothing))
@@ -155,13 +176,20 @@ def topk_decomp(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 decompositions: dict[str, Any] = {
-    "softmax": softmax_decomp, "log_softmax": log_softmax_decomp, "gelu": gelu_decomp,
-    "gelu_backward": gelu_backward_decomp, "layer_norm": layer_norm_decomp, "linear": linear_decomp,
-    "attention": attention_decomp, "cross_entropy": cross_entropy_decomp, "topk": topk_decomp,
+    "softmax": softmax_decomp,
+    "log_softmax": log_softmax_decomp,
+    "gelu": gelu_decomp,
+    "gelu_backward": gelu_backward_decomp,
+    "layer_norm": layer_norm_decomp,
+    "linear": linear_decomp,
+    "attention": attention_decomp,
+    "cross_entropy": cross_entropy_decomp,
+    "topk": topk_decomp,
 }
 
 
 # -- the ops ------------------------------------------------------------------------------
+
 
 class Softmax(Function):
     @staticmethod
@@ -315,8 +343,9 @@ class LayerNorm(Function):
         return (dx if need[0] else None), dw, db, None
 
 
-def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5) -> Tensor:
+def layer_norm(
+    x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
     _float(x, "layer_norm")
     if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, (int, tuple, list)):
         raise DTypeError(f"layer_norm: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
@@ -366,8 +395,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if bias is not None:
         _float(bias, "linear (bias)")
     if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
-        raise ShapeError(f"linear: input {list(x.shape)} and weight {list(weight.shape)} do not match "
-                         "(expected weight [out_features, in_features] with in_features == input.shape[-1])")
+        raise ShapeError(
+            f"linear: input {list(x.shape)} and weight {list(weight.shape)} do not match "
+            "(expected weight [out_features, in_features] with in_features == input.shape[-1])"
+        )
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ShapeError(f"linear: bias has shape {list(bias.shape)}, expected [{weight.shape[0]}]")
     if weight.dtype is not x.dtype or (bias is not None and bias.dtype is not x.dtype):
@@ -422,8 +453,9 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
 
 class CrossEntropy(Function):
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, target: Tensor, ignore_index: int, smoothing: float,
-                all_kept: bool = False) -> Tensor:
+    def forward(
+        ctx: Any, logits: Tensor, target: Tensor, ignore_index: int, smoothing: float, all_kept: bool = False
+    ) -> Tensor:
         k = _dispatch.fused_kernel(logits.device.type, "cross_entropy")
         if k is not None:
             losses = empty((logits.shape[0],), logits.dtype, logits.device)
@@ -454,17 +486,22 @@ class CrossEntropy(Function):
         return binary("mul", d, reshape_nograd(g, (n, 1))), None, None, None, None
 
 
-def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0,
-                  reduction: str = "mean") -> Tensor:
+def cross_entropy(
+    logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> Tensor:
     _float(logits, "cross_entropy")
     if reduction not in ("mean", "sum", "none"):
         raise DTypeError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not isinstance(target, Tensor) or target.dtype.category != 1:
-        raise DTypeError(f"cross_entropy: target must be an integer tensor of class ids, got "
-                         f"{getattr(target, 'dtype', type(target))!r}")
+        raise DTypeError(
+            f"cross_entropy: target must be an integer tensor of class ids, got "
+            f"{getattr(target, 'dtype', type(target))!r}"
+        )
     if logits.ndim != 2 or target.shape != (logits.shape[0],):
-        raise ShapeError(f"cross_entropy: expected logits [N, C] and target [N], got {list(logits.shape)} and "
-                         f"{list(getattr(target, 'shape', ()))}")
+        raise ShapeError(
+            f"cross_entropy: expected logits [N, C] and target [N], got {list(logits.shape)} and "
+            f"{list(getattr(target, 'shape', ()))}"
+        )
     if not 0.0 <= label_smoothing <= 1.0:
         raise DTypeError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing!r}")
     check_device("cross_entropy", logits, target)
@@ -487,8 +524,9 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, labe
 
 class Attention(Function):
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool,
-                lengths: Tensor | None) -> Tensor:
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None
+    ) -> Tensor:
         kern = _dispatch.fused_kernel(q.device.type, "attention")
         if kern is not None:
             out = empty(q.shape[:-1] + (v.shape[-1],), q.dtype, q.device)
@@ -513,8 +551,11 @@ class Attention(Function):
             ki = reshape_nograd(arange(tk, device=q.device), (1, tk))
             masked = binary("gt", ki, binary("add", qi, tk - tq)) if ctx.causal else None
             if ctx.lengths is not None:
-                lm = binary("ge", reshape_nograd(ki, (1, 1, 1, tk)),
-                            reshape_nograd(ctx.lengths, (ctx.lengths.shape[0], 1, 1, 1)))
+                lm = binary(
+                    "ge",
+                    reshape_nograd(ki, (1, 1, 1, tk)),
+                    reshape_nograd(ctx.lengths, (ctx.lengths.shape[0], 1, 1, 1)),
+                )
                 masked = lm if masked is None else binary("logical_or", masked, lm)
             assert masked is not None
             s = Where_nograd(expand_to(masked, s.shape), float("-inf"), s)
@@ -529,8 +570,9 @@ class Attention(Function):
         return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape), None, None, None)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None,
-              lengths: Tensor | None = None) -> Tensor:
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, lengths: Tensor | None = None
+) -> Tensor:
     """Scaled dot-product attention over q [B,H,Tq,D], k/v [B,H,Tk,D].
 
     causal aligns the last query with the last key, so a query block appended to a
@@ -541,11 +583,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: floa
         if t.ndim != 4:
             raise ShapeError(f"scaled_dot_product_attention: {name} must be [B, H, T, D], got {list(t.shape)}")
     if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3] or k.shape[-1] != q.shape[-1]:
-        raise ShapeError(f"scaled_dot_product_attention: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} "
-                         "do not fit")
+        raise ShapeError(
+            f"scaled_dot_product_attention: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} do not fit"
+        )
     if causal and q.shape[-2] > k.shape[-2]:
-        raise ShapeError(f"scaled_dot_product_attention: causal with more queries ({q.shape[-2]}) than keys "
-                         f"({k.shape[-2]})")
+        raise ShapeError(
+            f"scaled_dot_product_attention: causal with more queries ({q.shape[-2]}) than keys ({k.shape[-2]})"
+        )
     check_device("scaled_dot_product_attention", q, k, v, lengths)
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if lengths is not None:
@@ -574,8 +618,18 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, indices
 
 
-def adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, lr: float, beta1: float,
-               beta2: float, eps: float, weight_decay: float, step: int) -> None:
+def adamw_step(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
     """One AdamW update, in place on param, exp_avg and exp_avg_sq."""
     kern = _dispatch.fused_kernel(param.device.type, "adamw_step")
     if kern is not None:

@@ -12,8 +12,18 @@ from ..autograd._function import Function
 from ._core import cast, check_device, empty, wrap_dims
 from ._views import _need_tensor, basic_index, contiguous_nograd, reshape_nograd
 
-__all__ = ["gather", "index_select", "cat", "stack", "split", "chunk", "getitem", "nonzero",
-           "index_add_nograd", "scatter_add_nograd"]
+__all__ = [
+    "gather",
+    "index_select",
+    "cat",
+    "stack",
+    "split",
+    "chunk",
+    "getitem",
+    "nonzero",
+    "index_add_nograd",
+    "scatter_add_nograd",
+]
 
 
 def _check_index(index: Any, op: str, bound: int, dim: int) -> Tensor:
@@ -43,8 +53,9 @@ def _wrap_negative(index: Tensor, bound: int, dim: int) -> Tensor:
         lo = int(reduce_op("amin", index, dims, False, dt.int64).item())
         hi = int(reduce_op("amax", index, dims, False, dt.int64).item())
         if lo < -bound or hi >= bound:
-            raise IndexError_(f"index {lo if lo < -bound else hi} is out of bounds for dimension {dim} with size "
-                              f"{bound}")
+            raise IndexError_(
+                f"index {lo if lo < -bound else hi} is out of bounds for dimension {dim} with size {bound}"
+            )
         if lo < 0:
             index = binary("add", index, binary("mul", binary("lt", index, 0), bound))
     return index
@@ -75,8 +86,9 @@ class Gather(Function):
             raise ShapeError(f"gather: index has {index.ndim} dims, expected {a.ndim} like the input")
         for i, (n, m) in enumerate(zip(index.shape, a.shape)):
             if i != d and n > m:
-                raise ShapeError(f"gather: index shape {list(index.shape)} exceeds input shape {list(a.shape)} "
-                                 f"at dimension {i}")
+                raise ShapeError(
+                    f"gather: index shape {list(index.shape)} exceeds input shape {list(a.shape)} at dimension {i}"
+                )
         index = _check_index(index, "gather", a.shape[d] if a.ndim else 1, d)
         ctx.save_for_backward(index)
         ctx.shape, ctx.dim = a.shape, d
@@ -94,8 +106,9 @@ class Gather(Function):
 
 def gather(a: Tensor, dim: int, index: Tensor) -> Tensor:
     if not isinstance(a, Tensor) or not isinstance(index, Tensor):
-        raise DTypeError(f"gather: expected a tensor and an integer index tensor, got {type(a).__name__} and "
-                         f"{type(index).__name__}")
+        raise DTypeError(
+            f"gather: expected a tensor and an integer index tensor, got {type(a).__name__} and {type(index).__name__}"
+        )
     return Gather.apply(a, dim, index)  # type: ignore[no-any-return]
 
 
@@ -104,13 +117,14 @@ class IndexSelect(Function):
     def forward(ctx: Any, a: Tensor, dim: int, index: Tensor) -> Tensor:
         check_device("index_select", a, index)
         if not isinstance(index, Tensor) or index.ndim > 1:
-            raise ShapeError(f"index_select: index must be a 0-d or 1-d integer tensor, got "
-                             f"{getattr(index, 'shape', index)!r}")
+            raise ShapeError(
+                f"index_select: index must be a 0-d or 1-d integer tensor, got {getattr(index, 'shape', index)!r}"
+            )
         d = a._wrap_dim(dim, "index_select")
         index = _check_index(reshape_nograd(index, (index.numel(),)), "index_select", a.shape[d], d)
         ctx.save_for_backward(index)
         ctx.shape, ctx.dim = a.shape, d
-        out = empty(a.shape[:d] + (index.shape[0],) + a.shape[d + 1:], a.dtype, a.device)
+        out = empty(a.shape[:d] + (index.shape[0],) + a.shape[d + 1 :], a.dtype, a.device)
         if out.numel():
             _dispatch.kernel(a.device.type, "index_select")(out, a, index, d)
         return out
@@ -140,11 +154,13 @@ class Cat(Function):
         check_device("cat", *ts)
         for t in ts:
             if t.ndim != first.ndim or any(i != d and a != b for i, (a, b) in enumerate(zip(t.shape, first.shape))):
-                raise ShapeError(f"cat: tensors must have the same shape except in dimension {d}; got "
-                                 f"{list(first.shape)} and {list(t.shape)}")
+                raise ShapeError(
+                    f"cat: tensors must have the same shape except in dimension {d}; got "
+                    f"{list(first.shape)} and {list(t.shape)}"
+                )
         sizes = tuple(t.shape[d] for t in ts)
         ctx.sizes, ctx.dim, ctx.dtypes = sizes, d, tuple(t.dtype for t in ts)
-        out = empty(first.shape[:d] + (sum(sizes),) + first.shape[d + 1:], dtype, first.device)
+        out = empty(first.shape[:d] + (sum(sizes),) + first.shape[d + 1 :], dtype, first.device)
         if out.numel():
             _dispatch.kernel(first.device.type, "cat")(out, [cast(t, dtype) for t in ts], d)
         return out
@@ -179,8 +195,9 @@ def stack(tensors: Any, dim: int = 0) -> Tensor:
         raise DTypeError("stack: expected a non-empty sequence of tensors")
     for t in ts:
         if t.shape != ts[0].shape:
-            raise ShapeError(f"stack: expects each tensor to be equal size, got {list(ts[0].shape)} and "
-                             f"{list(t.shape)}")
+            raise ShapeError(
+                f"stack: expects each tensor to be equal size, got {list(ts[0].shape)} and {list(t.shape)}"
+            )
     n = ts[0].ndim + 1
     if not -n <= dim < n:
         raise IndexError_(f"stack: dim {dim} is out of range for a result with {n} dims")
@@ -196,8 +213,10 @@ def split(a: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
     d = a._wrap_dim(dim, "split")
     n = a.shape[d]
     sec = split_size_or_sections
-    if isinstance(sec, bool) or not (isinstance(sec, int) or (isinstance(sec, (list, tuple)) and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in sec))):
+    if isinstance(sec, bool) or not (
+        isinstance(sec, int)
+        or (isinstance(sec, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in sec))
+    ):
         raise DTypeError(f"split: expected an int split size or a list of int sections, got {sec!r}")
     if isinstance(split_size_or_sections, int):
         s = split_size_or_sections
@@ -262,15 +281,17 @@ def getitem(a: Tensor, key: Any) -> Tensor:
         key = (key,)
     for k in key:
         if not (k is None or k is Ellipsis or isinstance(k, (int, slice)) or _is_advanced(k)):
-            raise IndexError_(f"index: unsupported index {k!r}; expected ints, slices, None, Ellipsis, "
-                              "or integer/bool tensors")
+            raise IndexError_(
+                f"index: unsupported index {k!r}; expected ints, slices, None, Ellipsis, or integer/bool tensors"
+            )
         if isinstance(k, float):
             raise IndexError_(f"index: float index {k!r}")
     if not any(_is_advanced(k) for k in key):
         return basic_index(a, key)
     adv = [i for i, k in enumerate(key) if _is_advanced(k)]
-    if len(adv) == 1 and all(k is Ellipsis or (isinstance(k, slice) and k == slice(None)) for i, k in enumerate(key)
-                             if i != adv[0]):
+    if len(adv) == 1 and all(
+        k is Ellipsis or (isinstance(k, slice) and k == slice(None)) for i, k in enumerate(key) if i != adv[0]
+    ):
         # a single index tensor in one position: index_select (or a boolean mask).
         pos = adv[0]
         ell = [i for i, k in enumerate(key) if k is Ellipsis]
@@ -289,17 +310,19 @@ def getitem(a: Tensor, key: Any) -> Tensor:
         r = index_select(a, dim, _wrap_negative(flat, a.shape[dim], dim))
         from ._views import reshape
 
-        return reshape(r, a.shape[:dim] + idx.shape + a.shape[dim + 1:])
+        return reshape(r, a.shape[:dim] + idx.shape + a.shape[dim + 1 :])
     return _general_advanced(a, key)
 
 
 def _mask_index(a: Tensor, mask: Tensor, dim: int) -> Tensor:
-    if a.shape[dim:dim + mask.ndim] != mask.shape:
-        raise IndexError_(f"index: boolean mask of shape {list(mask.shape)} does not match the indexed shape "
-                          f"{list(a.shape[dim:dim + mask.ndim])} at dimension {dim}")
+    if a.shape[dim : dim + mask.ndim] != mask.shape:
+        raise IndexError_(
+            f"index: boolean mask of shape {list(mask.shape)} does not match the indexed shape "
+            f"{list(a.shape[dim : dim + mask.ndim])} at dimension {dim}"
+        )
     from ._views import reshape
 
-    flat = reshape(a, a.shape[:dim] + (mask.numel(),) + a.shape[dim + mask.ndim:])
+    flat = reshape(a, a.shape[:dim] + (mask.numel(),) + a.shape[dim + mask.ndim :])
     pos = nonzero(reshape_nograd(mask, (mask.numel(),)))
     return index_select(flat, dim, reshape_nograd(pos, (pos.shape[0],)))
 
@@ -344,7 +367,7 @@ def _general_advanced(a: Tensor, key: tuple[Any, ...]) -> Tensor:
 
         shape = broadcast_shapes(shape, t.shape, "index")
     lin: Any = None
-    for (i, t) in tensors:
+    for i, t in tensors:
         n = a.shape[i]
         t = _wrap_negative(t, n, i)
         lin = t if lin is None else binary("add", binary("mul", lin, n), t)

@@ -50,8 +50,10 @@ class CopySlices(Function):
 
 def _check_leaf(t: Tensor, op: str) -> None:
     if t.requires_grad and t.grad_fn is None and STATE.enabled:
-        raise AutogradError(f"{op}: a leaf tensor that requires grad is being used in an in-place operation; "
-                            "wrap it in kael.no_grad() or operate on a clone")
+        raise AutogradError(
+            f"{op}: a leaf tensor that requires grad is being used in an in-place operation; "
+            "wrap it in kael.no_grad() or operate on a clone"
+        )
 
 
 def _rebase(t: Tensor, r: Tensor, op: str) -> None:
@@ -93,8 +95,9 @@ def inplace(t: Tensor, op: str, compute: Any) -> Tensor:
         if base is not None and base is not t:
             _check_leaf(base, op)
             if not base.is_contiguous():
-                raise AutogradError(f"{op}: in-place update of a view whose base is not contiguous cannot be "
-                                    "differentiated")
+                raise AutogradError(
+                    f"{op}: in-place update of a view whose base is not contiguous cannot be differentiated"
+                )
     prev = STATE.enabled
     STATE.enabled = False
     try:
@@ -169,8 +172,9 @@ def fill_(t: Tensor, value: Any) -> Tensor:
         from ._views import reshape
 
         value = reshape(value, ())  # a one-element tensor of any shape fills like its item
-        return inplace(t, "fill_", lambda: expand_to(cast(value, t.dtype), t.shape) if not value.requires_grad
-                       else value)
+        return inplace(
+            t, "fill_", lambda: expand_to(cast(value, t.dtype), t.shape) if not value.requires_grad else value
+        )
     if not isinstance(value, (bool, int, float)):
         raise DTypeError(f"fill_: value must be a number, got {type(value).__name__}")
     if not (STATE.enabled and t.requires_grad):
@@ -232,8 +236,10 @@ def _setitem_advanced(t: Tensor, keys: tuple[Any, ...], value: Any) -> None:
     hit = reshape_nograd(tensor(src >= 0, device=t.device), t.shape)
     if isinstance(value, Tensor):
         if broadcast_shapes(value.shape, pos.shape, "setitem") != pos.shape:
-            raise ShapeError(f"setitem: shape mismatch: value tensor of shape {list(value.shape)} cannot be "
-                             f"broadcast to indexing result of shape {list(pos.shape)}")
+            raise ShapeError(
+                f"setitem: shape mismatch: value tensor of shape {list(value.shape)} cannot be "
+                f"broadcast to indexing result of shape {list(pos.shape)}"
+            )
         flat_v = reshape(expand(value, pos.shape) if value.shape != pos.shape else value, (-1,))
         which = tensor(np.maximum(src, 0), device=t.device)
         value = reshape(index_select(flat_v, 0, which), t.shape)

@@ -43,8 +43,9 @@ class Matmul(Function):
             raise DTypeError(f"matmul: expected two tensors, got {type(a).__name__} and {type(b).__name__}")
         check_device("matmul", a, b)
         if a.ndim == 0 or b.ndim == 0:
-            raise ShapeError(f"matmul: both arguments need at least 1 dimension, got shapes {list(a.shape)} "
-                             f"and {list(b.shape)}")
+            raise ShapeError(
+                f"matmul: both arguments need at least 1 dimension, got shapes {list(a.shape)} and {list(b.shape)}"
+            )
         if a.dtype is not b.dtype:
             d = dt.promote_types(a.dtype, b.dtype)
             a, b = cast(a, d), cast(b, d)
@@ -53,8 +54,7 @@ class Matmul(Function):
         ka = a.shape[-1]
         kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
         if ka != kb:
-            raise ShapeError(f"matmul: shapes {list(a.shape)} and {list(b.shape)} cannot be multiplied "
-                             f"({ka} != {kb})")
+            raise ShapeError(f"matmul: shapes {list(a.shape)} and {list(b.shape)} cannot be multiplied ({ka} != {kb})")
         ctx.save_for_backward(a, b)
         a2 = reshape_nograd(a, (1,) + a.shape) if a.ndim == 1 else a
         b2 = reshape_nograd(b, b.shape + (1,)) if b.ndim == 1 else b

@@ -46,17 +46,86 @@ def _install() -> None:
     T.__getitem__ = getitem
     T.__setitem__ = setitem
 
-    for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "floor_divide", "eq", "ne",
-                 "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "neg", "exp", "log", "sqrt",
-                 "rsqrt", "tanh", "abs", "sin", "cos", "sigmoid", "erf", "log1p", "expm1", "floor", "ceil", "round",
-                 "sign", "relu", "clamp", "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin",
-                 "var", "std", "any", "all", "matmul", "gather", "index_select", "nonzero", "reshape", "view",
-                 "permute", "transpose", "expand", "squeeze", "unsqueeze", "flatten", "narrow", "select", "clone",
-                 "contiguous", "detach", "to", "softmax", "log_softmax", "split", "chunk", "topk"):
+    for name in (
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "pow",
+        "maximum",
+        "minimum",
+        "remainder",
+        "floor_divide",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "logical_and",
+        "logical_or",
+        "logical_not",
+        "neg",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "tanh",
+        "abs",
+        "sin",
+        "cos",
+        "sigmoid",
+        "erf",
+        "log1p",
+        "expm1",
+        "floor",
+        "ceil",
+        "round",
+        "sign",
+        "relu",
+        "clamp",
+        "sum",
+        "mean",
+        "prod",
+        "max",
+        "min",
+        "amax",
+        "amin",
+        "argmax",
+        "argmin",
+        "var",
+        "std",
+        "any",
+        "all",
+        "matmul",
+        "gather",
+        "index_select",
+        "nonzero",
+        "reshape",
+        "view",
+        "permute",
+        "transpose",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "narrow",
+        "select",
+        "clone",
+        "contiguous",
+        "detach",
+        "to",
+        "softmax",
+        "log_softmax",
+        "split",
+        "chunk",
+        "topk",
+    ):
         setattr(T, name, getattr(F, name))
     T.slice = F.slice_
-    T.T = property(lambda a: _views.permute(a, tuple(reversed(range(a.ndim)))) if a.ndim != 2
-                   else _views.transpose(a, 0, 1))
+    T.T = property(
+        lambda a: _views.permute(a, tuple(reversed(range(a.ndim)))) if a.ndim != 2 else _views.transpose(a, 0, 1)
+    )
     T.mT = property(lambda a: _views.transpose(a, -2, -1))
     T.where = lambda a, cond, other: F.where(cond, a, other)
     T.expand_as = lambda a, o: _views.expand(a, o.shape)
@@ -65,8 +134,16 @@ def _install() -> None:
     T.type_as = lambda a, o: _inplace.to(a, dtype=o.dtype)
     T.cpu = lambda a: _inplace.to(a, device="cpu")
     T.cuda = lambda a, index=0: _inplace.to(a, device=f"cuda:{index}")
-    for nm, d in (("float", dt.float32), ("double", dt.float64), ("half", dt.float16), ("bfloat16", dt.bfloat16),
-                  ("long", dt.int64), ("int", dt.int32), ("bool", dt.bool_), ("byte", dt.uint8)):
+    for nm, d in (
+        ("float", dt.float32),
+        ("double", dt.float64),
+        ("half", dt.float16),
+        ("bfloat16", dt.bfloat16),
+        ("long", dt.int64),
+        ("int", dt.int32),
+        ("bool", dt.bool_),
+        ("byte", dt.uint8),
+    ):
         setattr(T, nm, (lambda d_: lambda a: _inplace.to(a, dtype=d_))(d))
 
     def _inplace_bin(name: str) -> Any:

@@ -26,16 +26,25 @@ _COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logica
 
 def binary(op: str, a: Any, b: Any) -> Tensor:
     """Compute op(a, b) into a new tensor (no autograd)."""
-    if (type(a) is Tensor and type(b) is Tensor and a.dtype is b.dtype and a.shape == b.shape
-            and a.device is b.device and (op != "div" or a.dtype.is_floating_point)
-            and (op != "sub" or a.dtype is not dt.bool_)):
+    if (
+        type(a) is Tensor
+        and type(b) is Tensor
+        and a.dtype is b.dtype
+        and a.shape == b.shape
+        and a.device is b.device
+        and (op != "div" or a.dtype.is_floating_point)
+        and (op != "sub" or a.dtype is not dt.bool_)
+    ):
         out = empty(a.shape, dt.bool_ if op in _COMPARE else a.dtype, a.device)
         _dispatch.kernel(a.device.type, op)(out, a, b)
         return out
     # fast path: a tensor and a Python scalar that does not change its dtype (the hot case x * 0.5)
     ta, tb = type(a), type(b)
-    t, s = (a, b) if ta is Tensor and (tb is float or tb is int) else (
-        (b, a) if tb is Tensor and (ta is float or ta is int) else (None, None))
+    t, s = (
+        (a, b)
+        if ta is Tensor and (tb is float or tb is int)
+        else ((b, a) if tb is Tensor and (ta is float or ta is int) else (None, None))
+    )
     if t is not None and op not in ("logical_and", "logical_or"):
         d = t.dtype
         if d.is_floating_point or (type(s) is int and d.category == 1 and op != "div"):
@@ -140,8 +149,10 @@ class Mul(Function):
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
         # save only what backward reads, so t.mul_(2) on a non-leaf t does not trip its own version check
         need = ctx.needs_input_grad
-        ctx.save_for_backward(a if isinstance(a, Tensor) and need[1:2] == (True,) else None,
-                              b if isinstance(b, Tensor) and need[:1] == (True,) else None)
+        ctx.save_for_backward(
+            a if isinstance(a, Tensor) and need[1:2] == (True,) else None,
+            b if isinstance(b, Tensor) and need[:1] == (True,) else None,
+        )
         ctx.sa, ctx.sb = a, b
         return binary("mul", a, b)
 
@@ -159,8 +170,9 @@ class Div(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
         need = ctx.needs_input_grad  # a is read only for b's gradient (see Mul)
-        ctx.save_for_backward(a if isinstance(a, Tensor) and need[1:2] == (True,) else None,
-                              b if isinstance(b, Tensor) else None)
+        ctx.save_for_backward(
+            a if isinstance(a, Tensor) and need[1:2] == (True,) else None, b if isinstance(b, Tensor) else None
+        )
         ctx.sa, ctx.sb = a, b
         return binary("div", a, b)
 
@@ -323,9 +335,23 @@ Round = _unary_fn("Round", "round", lambda g, _: _m(g, 0.0), "")
 Sign = _unary_fn("Sign", "sign", lambda g, _: _m(g, 0.0), "")
 
 UNARY_FUNCTIONS: dict[str, type[Function]] = {
-    "exp": Exp, "log": Log, "sqrt": Sqrt, "rsqrt": Rsqrt, "tanh": Tanh, "abs": Abs, "sin": Sin, "cos": Cos,
-    "sigmoid": Sigmoid, "erf": Erf, "log1p": Log1p, "expm1": Expm1, "floor": Floor, "ceil": Ceil,
-    "round": Round, "sign": Sign, "neg": Neg,
+    "exp": Exp,
+    "log": Log,
+    "sqrt": Sqrt,
+    "rsqrt": Rsqrt,
+    "tanh": Tanh,
+    "abs": Abs,
+    "sin": Sin,
+    "cos": Cos,
+    "sigmoid": Sigmoid,
+    "erf": Erf,
+    "log1p": Log1p,
+    "expm1": Expm1,
+    "floor": Floor,
+    "ceil": Ceil,
+    "round": Round,
+    "sign": Sign,
+    "neg": Neg,
 }
 
 
@@ -336,14 +362,22 @@ class Where(Function):
             raise DTypeError(f"where: condition must be a bool tensor, got {getattr(cond, 'dtype', type(cond))!r}")
         device = check_device("where", cond, a, b)
         ctype = dt.result_type(a, b)
-        shape = broadcast_shapes(cond.shape, broadcast_shapes(
-            a.shape if isinstance(a, Tensor) else (), b.shape if isinstance(b, Tensor) else (), "where"), "where")
+        shape = broadcast_shapes(
+            cond.shape,
+            broadcast_shapes(
+                a.shape if isinstance(a, Tensor) else (), b.shape if isinstance(b, Tensor) else (), "where"
+            ),
+            "where",
+        )
         ctx.save_for_backward(cond)
         ctx.a, ctx.b = a, b
         out = empty(shape, ctype, device)
         _dispatch.kernel(device.type, "where")(
-            out, expand_to(cond, shape), expand_to(as_tensor_like(a, ctype, device, "where"), shape),
-            expand_to(as_tensor_like(b, ctype, device, "where"), shape))
+            out,
+            expand_to(cond, shape),
+            expand_to(as_tensor_like(a, ctype, device, "where"), shape),
+            expand_to(as_tensor_like(b, ctype, device, "where"), shape),
+        )
         return out
 
     @staticmethod
@@ -361,6 +395,12 @@ class _Dummy:
 
 
 BINARY_FUNCTIONS: dict[str, type[Function]] = {
-    "add": Add, "sub": Sub, "mul": Mul, "div": Div, "pow": Pow, "maximum": Maximum, "minimum": Minimum,
+    "add": Add,
+    "sub": Sub,
+    "mul": Mul,
+    "div": Div,
+    "pow": Pow,
+    "maximum": Maximum,
+    "minimum": Minimum,
     "remainder": Remainder,
 }

@@ -90,8 +90,11 @@ class Prod(Function):
         safe = Where_nograd(zero, 1.0, a)
         prod_nz = reduce_op("prod", safe, ctx.dims, True, a.dtype)
         nzeros = reduce_op("sum", zero, ctx.dims, True, dt.int64)
-        others = Where_nograd(zero, Where_nograd(binary("eq", nzeros, 1), prod_nz, 0.0),
-                              Where_nograd(binary("eq", nzeros, 0), binary("div", out, safe), 0.0))
+        others = Where_nograd(
+            zero,
+            Where_nograd(binary("eq", nzeros, 1), prod_nz, 0.0),
+            Where_nograd(binary("eq", nzeros, 0), binary("div", out, safe), 0.0),
+        )
         return binary("mul", expand_to(g, ctx.shape), others)
 
 

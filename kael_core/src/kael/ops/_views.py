@@ -17,8 +17,22 @@ from .._tensor import Tensor, contiguous_strides
 from ..autograd._function import Function
 from ._core import empty, numel, wrap_dims
 
-__all__ = ["make_view", "reshape_nograd", "reshape", "view", "permute", "transpose", "expand", "squeeze",
-           "unsqueeze", "flatten", "slice_", "select", "narrow", "contiguous_nograd"]
+__all__ = [
+    "make_view",
+    "reshape_nograd",
+    "reshape",
+    "view",
+    "permute",
+    "transpose",
+    "expand",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "slice_",
+    "select",
+    "narrow",
+    "contiguous_nograd",
+]
 
 
 def _need_tensor(a: Any, op: str) -> None:
@@ -123,9 +137,11 @@ def view(a: Tensor, *shape: Any) -> Tensor:
     _need_tensor(a, "view")
     s = _infer_shape(shape, a.numel(), "view")
     if _view_strides(a.shape, a._strides, s) is None:
-        raise ShapeError(f"view: shape {list(s)} is not compatible with input shape {list(a.shape)} and strides "
-                         f"{list(a._strides)} (at least one dimension spans two contiguous subspaces); "
-                         "use reshape() instead")
+        raise ShapeError(
+            f"view: shape {list(s)} is not compatible with input shape {list(a.shape)} and strides "
+            f"{list(a._strides)} (at least one dimension spans two contiguous subspaces); "
+            "use reshape() instead"
+        )
     return View.apply(a, s)  # type: ignore[no-any-return]
 
 
@@ -203,8 +219,9 @@ def expand(a: Tensor, *shape: Any) -> Tensor:
         if s == -1:
             s = cur
         if cur != s and cur != 1:
-            raise ShapeError(f"expand: the size {cur} of dimension {i - n} of shape {list(a.shape)} must match "
-                             f"{s} or be 1")
+            raise ShapeError(
+                f"expand: the size {cur} of dimension {i - n} of shape {list(a.shape)} must match {s} or be 1"
+            )
         out.append(s)
     return Expand.apply(a, tuple(out))  # type: ignore[no-any-return]
 
@@ -248,8 +265,8 @@ class Index(_Strided):
 def _slice_fn(dim: int, start: int, stop: int, step: int) -> Callable[[Tensor], Tensor]:
     def fn(t: Tensor) -> Tensor:
         n = max(0, (stop - start + step - 1) // step)
-        shape = t.shape[:dim] + (n,) + t.shape[dim + 1:]
-        strides = t._strides[:dim] + (t._strides[dim] * step,) + t._strides[dim + 1:]
+        shape = t.shape[:dim] + (n,) + t.shape[dim + 1 :]
+        strides = t._strides[:dim] + (t._strides[dim] * step,) + t._strides[dim + 1 :]
         return make_view(t, shape, strides, t._offset + (start * t._strides[dim] if n else 0))
 
     return fn
@@ -295,8 +312,12 @@ def narrow(a: Tensor, dim: int, start: int, length: int) -> Tensor:
 
 def _select_fn(dim: int, index: int) -> Callable[[Tensor], Tensor]:
     def fn(t: Tensor) -> Tensor:
-        return make_view(t, t.shape[:dim] + t.shape[dim + 1:], t._strides[:dim] + t._strides[dim + 1:],
-                         t._offset + index * t._strides[dim])
+        return make_view(
+            t,
+            t.shape[:dim] + t.shape[dim + 1 :],
+            t._strides[:dim] + t._strides[dim + 1 :],
+            t._offset + index * t._strides[dim],
+        )
 
     return fn
 
@@ -328,8 +349,7 @@ def unsqueeze(a: Tensor, dim: int) -> Tensor:
     _need_tensor(a, "unsqueeze")
     n = a.ndim + 1
     if isinstance(dim, bool) or not isinstance(dim, int) or not -n <= dim < n:
-        raise IndexError_(f"unsqueeze: dim {dim!r} is out of range for a result with {n} dims "
-                          f"(expected {-n}..{n - 1})")
+        raise IndexError_(f"unsqueeze: dim {dim!r} is out of range for a result with {n} dims (expected {-n}..{n - 1})")
     d = dim + n if dim < 0 else dim
     shape = a.shape[:d] + (1,) + a.shape[d:]
     return Unsqueeze.apply(a, shape)  # type: ignore[no-any-return]
@@ -343,7 +363,7 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     e = a._wrap_dim(end_dim, "flatten")
     if s > e:
         raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
-    shape = a.shape[:s] + (numel(a.shape[s:e + 1]),) + a.shape[e + 1:]
+    shape = a.shape[:s] + (numel(a.shape[s : e + 1]),) + a.shape[e + 1 :]
     return reshape(a, shape)
 
 

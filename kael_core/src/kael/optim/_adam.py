@@ -20,10 +20,18 @@ __all__ = ["Adam", "AdamW"]
 class _AdamBase(Optimizer):
     decoupled = True
 
-    def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float, maximize: bool) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                                  "maximize": maximize})
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        maximize: bool,
+    ) -> None:
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "maximize": maximize}
+        )
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
@@ -50,8 +58,18 @@ class _AdamBase(Optimizer):
             if state is None:
                 state = self.state[p] = {"step": 0, "exp_avg": ops.zeros_like(p), "exp_avg_sq": ops.zeros_like(p)}
             state["step"] += 1
-            ops.adamw_step(p, g, state["exp_avg"], state["exp_avg_sq"], lr, beta1, beta2, eps,
-                           wd if self.decoupled else 0.0, state["step"])
+            ops.adamw_step(
+                p,
+                g,
+                state["exp_avg"],
+                state["exp_avg_sq"],
+                lr,
+                beta1,
+                beta2,
+                eps,
+                wd if self.decoupled else 0.0,
+                state["step"],
+            )
 
 
 class Adam(_AdamBase):
@@ -59,14 +77,28 @@ class Adam(_AdamBase):
 
     decoupled = False
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, maximize: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+    ) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, maximize)
 
 
 class AdamW(_AdamBase):
     """Adam with decoupled weight decay (Loshchilov & Hutter): p *= 1 - lr * weight_decay each step."""
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, maximize: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        maximize: bool = False,
+    ) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, maximize)

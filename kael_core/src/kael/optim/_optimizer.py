@@ -20,8 +20,13 @@ __all__ = ["Optimizer", "check_lr"]
 
 def check_lr(name: str, value: Any, *, upper: float | None = None) -> None:
     """A hyper-parameter must be a finite number >= 0 (and < upper when given)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
-            upper is not None and value >= upper):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (upper is not None and value >= upper)
+    ):
         bound = f" and < {upper}" if upper is not None else ""
         raise DTypeError(f"invalid {name}: {value!r} (expected a finite number >= 0{bound})")
 
@@ -34,8 +39,10 @@ class Optimizer:
         self.state: dict[Tensor, dict[str, Any]] = {}
         self.param_groups: list[dict[str, Any]] = []
         if isinstance(params, Tensor):
-            raise DTypeError(f"{type(self).__name__}: params must be an iterable of tensors or of dicts, got a "
-                             "Tensor; pass model.parameters() or [tensor]")
+            raise DTypeError(
+                f"{type(self).__name__}: params must be an iterable of tensors or of dicts, got a "
+                "Tensor; pass model.parameters() or [tensor]"
+            )
         groups = list(params)
         if not groups:
             raise KaelError(f"{type(self).__name__}: got an empty parameter list")
@@ -54,13 +61,17 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise DTypeError(f"{type(self).__name__}: parameter {i} is a {type(p).__name__}, not a Tensor")
             if not p.is_leaf:
-                raise KaelError(f"{type(self).__name__}: parameter {i} of shape {list(p.shape)} is not a leaf "
-                                "tensor (it has a grad_fn); optimise leaves such as model parameters")
+                raise KaelError(
+                    f"{type(self).__name__}: parameter {i} of shape {list(p.shape)} is not a leaf "
+                    "tensor (it has a grad_fn); optimise leaves such as model parameters"
+                )
             if not p.dtype.is_floating_point:
                 raise DTypeError(f"{type(self).__name__}: parameter {i} has dtype {p.dtype!r}; expected floating")
             if id(p) in seen:
-                raise KaelError(f"{type(self).__name__}: parameter {i} of shape {list(p.shape)} appears in more "
-                                "than one place; each parameter may be listed once")
+                raise KaelError(
+                    f"{type(self).__name__}: parameter {i} of shape {list(p.shape)} appears in more "
+                    "than one place; each parameter may be listed once"
+                )
             seen.add(id(p))
         g = {k: v for k, v in group.items() if k != "params"}
         for k, v in self.defaults.items():
@@ -123,12 +134,16 @@ class Optimizer:
             raise DTypeError("load_state_dict: expected a dict with 'state' and 'param_groups' (from state_dict())")
         saved = state_dict["param_groups"]
         if len(saved) != len(self.param_groups):
-            raise KaelError(f"load_state_dict: the state dict has {len(saved)} parameter groups, this optimizer "
-                            f"has {len(self.param_groups)}")
+            raise KaelError(
+                f"load_state_dict: the state dict has {len(saved)} parameter groups, this optimizer "
+                f"has {len(self.param_groups)}"
+            )
         for i, (sg, g) in enumerate(zip(saved, self.param_groups)):
             if len(sg["params"]) != len(g["params"]):
-                raise KaelError(f"load_state_dict: group {i} has {len(sg['params'])} parameters in the state "
-                                f"dict but {len(g['params'])} in this optimizer")
+                raise KaelError(
+                    f"load_state_dict: group {i} has {len(sg['params'])} parameters in the state "
+                    f"dict but {len(g['params'])} in this optimizer"
+                )
         params = {i: p for sg, g in zip(saved, self.param_groups) for i, p in zip(sg["params"], g["params"])}
         new_state: dict[Tensor, dict[str, Any]] = {}
         for i, s in state_dict["state"].items():
@@ -139,10 +154,11 @@ class Optimizer:
             for k, v in s.items():
                 if isinstance(v, Tensor):
                     if k != "step" and v.shape != p.shape:
-                        raise ShapeError(f"load_state_dict: state {k!r} of parameter {i} has shape "
-                                         f"{list(v.shape)}, the parameter has {list(p.shape)}")
-                    v = v.detach().to(device=p.device, dtype=p.dtype if v.dtype.is_floating_point else None,
-                                      copy=True)
+                        raise ShapeError(
+                            f"load_state_dict: state {k!r} of parameter {i} has shape "
+                            f"{list(v.shape)}, the parameter has {list(p.shape)}"
+                        )
+                    v = v.detach().to(device=p.device, dtype=p.dtype if v.dtype.is_floating_point else None, copy=True)
                 entry[k] = v
             new_state[p] = entry
         self.state = new_state

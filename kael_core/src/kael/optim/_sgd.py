@@ -17,10 +17,27 @@ class SGD(Optimizer):
     d = buf, or d + momentum * buf with nesterov.
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False) -> None:
-        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
-                                  "weight_decay": weight_decay, "nesterov": nesterov, "maximize": maximize})
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        maximize: bool = False,
+    ) -> None:
+        super().__init__(
+            params,
+            {
+                "lr": lr,
+                "momentum": momentum,
+                "dampening": dampening,
+                "weight_decay": weight_decay,
+                "nesterov": nesterov,
+                "maximize": maximize,
+            },
+        )
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)

@@ -26,8 +26,10 @@ class LRScheduler:
             if last_epoch == -1:
                 g.setdefault("initial_lr", g["lr"])
             elif "initial_lr" not in g:
-                raise KaelError(f"{type(self).__name__}: resuming at last_epoch={last_epoch} needs 'initial_lr' in "
-                                f"parameter group {i}")
+                raise KaelError(
+                    f"{type(self).__name__}: resuming at last_epoch={last_epoch} needs 'initial_lr' in "
+                    f"parameter group {i}"
+                )
         self.base_lrs: list[float] = [g["initial_lr"] for g in optimizer.param_groups]
         self.last_epoch = last_epoch
         self._last_lr: list[float] = []
@@ -47,8 +49,7 @@ class LRScheduler:
         return list(self._last_lr)
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v)
-                and k != "lr_lambdas"}
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v) and k != "lr_lambdas"}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.__dict__.update(state_dict)
@@ -57,8 +58,12 @@ class LRScheduler:
 class LambdaLR(LRScheduler):
     """lr = initial_lr * lr_lambda(step), one function for all groups or one per group."""
 
-    def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float] | list[Callable[[int], float]],
-                 last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        lr_lambda: Callable[[int], float] | list[Callable[[int], float]],
+        last_epoch: int = -1,
+    ) -> None:
         n = len(optimizer.param_groups)
         fns = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
         if len(fns) != n:
@@ -95,8 +100,9 @@ def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_lr_ra
 class CosineWithWarmupLR(LambdaLR):
     """Linear warmup over warmup_steps, then cosine decay to min_lr_ratio * initial_lr at total_steps."""
 
-    def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0,
-                 last_epoch: int = -1) -> None:
+    def __init__(
+        self, optimizer: Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0, last_epoch: int = -1
+    ) -> None:
         for name, v in (("warmup_steps", warmup_steps), ("total_steps", total_steps)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DTypeError(f"CosineWithWarmupLR: {name} must be a non-negative int, got {v!r}")
@@ -105,5 +111,6 @@ class CosineWithWarmupLR(LambdaLR):
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise DTypeError(f"CosineWithWarmupLR: min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
         self.warmup_steps, self.total_steps, self.min_lr_ratio = warmup_steps, total_steps, float(min_lr_ratio)
-        super().__init__(optimizer, lambda s: cosine_with_warmup(s, warmup_steps, total_steps, min_lr_ratio),
-                         last_epoch)
+        super().__init__(
+            optimizer, lambda s: cosine_with_warmup(s, warmup_steps, total_steps, min_lr_ratio), last_epoch
+        )

@@ -58,8 +58,17 @@ def _fmt_index(idx: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(int(i)) for i in idx) + ")" if idx else "()"
 
 
-def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None,
-                 equal_nan: bool = True, check_dtype: bool = False, check_shape: bool = True, msg: str = "") -> None:
+def assert_close(
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    equal_nan: bool = True,
+    check_dtype: bool = False,
+    check_shape: bool = True,
+    msg: str = "",
+) -> None:
     """Assert |actual - expected| <= atol + rtol * |expected| elementwise (NaNs equal if equal_nan).
 
     Accepts kael Tensors on any device, NumPy arrays, nested lists and numbers. Default
@@ -110,4 +119,5 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
     raise AssertionError(
         f"{prefix}{n_bad} of {a.size} elements differ (max abs diff {max_abs:.6g}); worst at index "
         f"{_fmt_index(idx)}: actual {av!r}, expected {ev!r} (abs diff {worst:.6g}, rel diff {rel:.6g}); "
-        f"rtol={rtol:g}, atol={atol:g}, shape {list(a.shape)}")
+        f"rtol={rtol:g}, atol={atol:g}, shape {list(a.shape)}"
+    )

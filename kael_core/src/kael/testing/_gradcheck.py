@@ -45,8 +45,9 @@ def _flat_outputs(fn: Callable[..., Any], args: Sequence[Any]) -> np.ndarray:
     return np.concatenate([_host64(o).ravel() for o in outs]) if outs else np.zeros(0)
 
 
-def jacobians(fn: Callable[..., Any], inputs: Sequence[Any], eps: float = 1e-6
-              ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def jacobians(
+    fn: Callable[..., Any], inputs: Sequence[Any], eps: float = 1e-6
+) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """[(input position, analytical J, numerical J)] for each input requiring grad.
 
     J has shape [total output elements, input elements] (outputs flattened and concatenated).
@@ -83,11 +84,13 @@ def jacobians(fn: Callable[..., Any], inputs: Sequence[Any], eps: float = 1e-6
                 if g is None:
                     continue
                 if tuple(g.shape) != tuple(inputs[i].shape):
-                    raise AssertionError(f"gradcheck: gradient for input {i} has shape {list(g.shape)}, expected "
-                                         f"{list(inputs[i].shape)}")
+                    raise AssertionError(
+                        f"gradcheck: gradient for input {i} has shape {list(g.shape)}, expected {list(inputs[i].shape)}"
+                    )
                 if g.dtype is not inputs[i].dtype:
-                    raise AssertionError(f"gradcheck: gradient for input {i} has dtype {g.dtype!r}, expected "
-                                         f"{inputs[i].dtype!r}")
+                    raise AssertionError(
+                        f"gradcheck: gradient for input {i} has dtype {g.dtype!r}, expected {inputs[i].dtype!r}"
+                    )
                 analytical[i][row + k] = _host64(g).ravel()
         row += size
     for i in wrt:
@@ -104,8 +107,15 @@ def jacobians(fn: Callable[..., Any], inputs: Sequence[Any], eps: float = 1e-6
     return result
 
 
-def gradcheck(fn: Callable[..., Any], inputs: Sequence[Any] | Any, *, eps: float = 1e-6, atol: float = 1e-5,
-              rtol: float = 1e-3, name: str = "") -> bool:
+def gradcheck(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any] | Any,
+    *,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    name: str = "",
+) -> bool:
     """Check fn's gradients with respect to every input that requires grad; True or AssertionError.
 
     ``inputs`` is a tensor or a sequence of positional arguments (tensors and other values).
@@ -126,5 +136,6 @@ def gradcheck(fn: Callable[..., Any], inputs: Sequence[Any] | Any, *, eps: float
                 f"{bad.size} entries differ; worst at output element {r}, input element {c}: analytical "
                 f"{analytical[r, c]:.8g}, numerical {numerical[r, c]:.8g} (atol={atol:g}, rtol={rtol:g})\n"
                 f"analytical:\n{np.array2string(analytical, precision=5)}\n"
-                f"numerical:\n{np.array2string(numerical, precision=5)}")
+                f"numerical:\n{np.array2string(numerical, precision=5)}"
+            )
     return True

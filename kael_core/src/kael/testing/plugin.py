@@ -15,9 +15,17 @@ from typing import Any
 
 import pytest
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_unconfigure", "pytest_report_header",
-           "pytest_terminal_summary", "pytest_collection_modifyitems", "kael_backend", "kael_device",
-           "selected_backend"]
+__all__ = [
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_unconfigure",
+    "pytest_report_header",
+    "pytest_terminal_summary",
+    "pytest_collection_modifyitems",
+    "kael_backend",
+    "kael_device",
+    "selected_backend",
+]
 
 _KIT = "kael.testing.conformance"
 _state: dict[str, Any] = {}
@@ -25,8 +33,12 @@ _state: dict[str, Any] = {}
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kael", "kael backend conformance")
-    group.addoption("--kael-backend", metavar="NAME", default=None,
-                    help="run kael tests (--pyargs kael.testing.conformance) against the kael backend NAME")
+    group.addoption(
+        "--kael-backend",
+        metavar="NAME",
+        default=None,
+        help="run kael tests (--pyargs kael.testing.conformance) against the kael backend NAME",
+    )
 
 
 def _find(name: str) -> Any:
@@ -72,8 +84,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     b = selected_backend()
     if b is None:
         return None
-    return (f"kael backend: {b.name!r} for device type {b.device_type!r} (priority {b.priority}, "
-            f"api {b.api_version}, {type(b).__module__}.{type(b).__qualname__})")
+    return (
+        f"kael backend: {b.name!r} for device type {b.device_type!r} (priority {b.priority}, "
+        f"api {b.api_version}, {type(b).__module__}.{type(b).__qualname__})"
+    )
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -106,5 +120,6 @@ def kael_device(kael_backend: Any) -> Iterator[Any]:
     """The kael.device the selected backend serves: 'cpu', or '<type>:0'."""
     import kael
 
-    yield kael.device(kael_backend.device_type if kael_backend.device_type == "cpu"
-                      else f"{kael_backend.device_type}:0")
+    yield kael.device(
+        kael_backend.device_type if kael_backend.device_type == "cpu" else f"{kael_backend.device_type}:0"
+    )

@@ -69,8 +69,9 @@ def layer_norm(out: Any, mean: Any, rstd: Any, x: Any, weight: Any, bias: Any, e
     wr(rstd, r[..., 0])
 
 
-def layer_norm_backward(dx: Any, dweight: Any, dbias: Any, grad: Any, x: Any, mean: Any, rstd: Any,
-                        weight: Any) -> None:
+def layer_norm_backward(
+    dx: Any, dweight: Any, dbias: Any, grad: Any, x: Any, mean: Any, rstd: Any, weight: Any
+) -> None:
     v = rd(x)
     g = rd(grad)
     mu = rd(mean)[..., None]
@@ -133,8 +134,18 @@ def topk(values: Any, indices: Any, x: Any, k: int) -> None:
     wr(values, np.take_along_axis(v, idx, axis=-1))
 
 
-def adamw_step(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, lr: float, beta1: float, beta2: float,
-               eps: float, weight_decay: float, step: int) -> None:
+def adamw_step(
+    param: Any,
+    grad: Any,
+    exp_avg: Any,
+    exp_avg_sq: Any,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
     p = rd(param).astype(np.float64)
     g = rd(grad)
     m = beta1 * rd(exp_avg) + (1 - beta1) * g
@@ -149,8 +160,16 @@ def adamw_step(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, lr: float, 
 
 
 KERNELS: dict[str, Callable[..., None]] = {
-    "linear": linear, "gelu": gelu, "gelu_backward": gelu_backward, "softmax": softmax,
-    "log_softmax": log_softmax, "layer_norm": layer_norm, "layer_norm_backward": layer_norm_backward,
-    "embedding": embedding, "cross_entropy": cross_entropy, "attention": attention, "topk": topk,
+    "linear": linear,
+    "gelu": gelu,
+    "gelu_backward": gelu_backward,
+    "softmax": softmax,
+    "log_softmax": log_softmax,
+    "layer_norm": layer_norm,
+    "layer_norm_backward": layer_norm_backward,
+    "embedding": embedding,
+    "cross_entropy": cross_entropy,
+    "attention": attention,
+    "topk": topk,
     "adamw_step": adamw_step,
 }

@@ -81,7 +81,13 @@ def sort(values: Any, indices: Any, a: Any, dim: int, descending: bool) -> None:
 
 
 KERNELS: dict[str, Callable[..., None]] = {
-    "matmul": matmul, "gather": gather, "index_select": index_select, "index_add": index_add,
-    "scatter_add": scatter_add, "cat": cat, "nonzero": nonzero, "sort": sort,
+    "matmul": matmul,
+    "gather": gather,
+    "index_select": index_select,
+    "index_add": index_add,
+    "scatter_add": scatter_add,
+    "cat": cat,
+    "nonzero": nonzero,
+    "sort": sort,
 }
 _ = view

@@ -49,6 +49,12 @@ def all_(out: Any, a: Any, dims: tuple[int, ...]) -> None:
 
 
 KERNELS: dict[str, Callable[..., None]] = {
-    "sum": sum_, "prod": prod, "amax": amax, "amin": amin,
-    "argmax": _arg(np.argmax), "argmin": _arg(np.argmin), "any": any_, "all": all_,
+    "sum": sum_,
+    "prod": prod,
+    "amax": amax,
+    "amin": amin,
+    "argmax": _arg(np.argmax),
+    "argmin": _arg(np.argmin),
+    "any": any_,
+    "all": all_,
 }

@@ -36,8 +36,20 @@ from ._table_elementwise import elementwise_cases
 from ._table_fused import fused_cases
 from ._table_structured import indexing_cases, matmul_cases, reduction_cases
 
-__all__ = ["Case", "Call", "Operand", "Out", "Alias", "REFERENCE", "all_cases", "cases_for", "primitive_cases",
-           "fused_op_cases", "check_kernel", "check_decomposition"]
+__all__ = [
+    "Case",
+    "Call",
+    "Operand",
+    "Out",
+    "Alias",
+    "REFERENCE",
+    "all_cases",
+    "cases_for",
+    "primitive_cases",
+    "fused_op_cases",
+    "check_kernel",
+    "check_decomposition",
+]
 
 RANDOM_OPS = frozenset({"uniform", "normal", "randint"})
 

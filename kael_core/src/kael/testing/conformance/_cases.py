@@ -109,8 +109,14 @@ def fixed(*args: Any, rtol: float | None = None, atol: float | None = None) -> C
     return lambda rng: Call(list(args), rtol, atol)
 
 
-def operand(rng: np.random.Generator, shape: tuple[int, ...], dtype: dt.DType, layout: str = "contiguous",
-            kind: str = "normal", small: tuple[int, ...] | None = None) -> Operand:
+def operand(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    dtype: dt.DType,
+    layout: str = "contiguous",
+    kind: str = "normal",
+    small: tuple[int, ...] | None = None,
+) -> Operand:
     """An operand of logical shape `shape`; for layout 'broadcast', values of shape `small` expanded."""
     if layout == "broadcast":
         assert small is not None

@@ -86,8 +86,14 @@ def _strided_buffer(values: np.ndarray, fill: Any) -> tuple[np.ndarray, Callable
     return big, lambda t: t[..., 1::2]
 
 
-def place(values: np.ndarray, dtype: dt.DType, layout: str, make: Callable[[np.ndarray], Tensor],
-          shape: tuple[int, ...] | None = None, fill: Any = 0) -> Tensor:
+def place(
+    values: np.ndarray,
+    dtype: dt.DType,
+    layout: str,
+    make: Callable[[np.ndarray], Tensor],
+    shape: tuple[int, ...] | None = None,
+    fill: Any = 0,
+) -> Tensor:
     """values (storage representation of dtype) laid out as `layout` in memory made by make(host)."""
     if layout == "contiguous":
         return make(np.asarray(values, order="C"))

@@ -25,8 +25,16 @@ from .._assert import assert_close
 from ._cases import KERNEL_TOL, Call, Case
 from ._layout import SENTINEL, Alias, Operand, Out, _strided_buffer, host_bits, host_tensor, place
 
-__all__ = ["REFERENCE", "Run", "run_reference", "run_on", "check_kernel", "check_decomposition", "device_factory",
-           "host_values"]
+__all__ = [
+    "REFERENCE",
+    "Run",
+    "run_reference",
+    "run_on",
+    "check_kernel",
+    "check_decomposition",
+    "device_factory",
+    "host_values",
+]
 
 REFERENCE = ReferenceBackend()
 
@@ -146,8 +154,9 @@ def run_on(case: Case, call: Call, backend: Backend, device: Any) -> tuple[Run, 
         kernel(*run.args)
         backend.synchronize(run.outputs[0].device if run.outputs else device)
     except Exception as exc:
-        raise AssertionError(f"{case.where()}: backend {backend.name!r} kernel raised {type(exc).__name__}: "
-                             f"{exc}") from exc
+        raise AssertionError(
+            f"{case.where()}: backend {backend.name!r} kernel raised {type(exc).__name__}: {exc}"
+        ) from exc
     return run, [host_values(t) for t in run.outputs]
 
 
@@ -176,8 +185,9 @@ def check_kernel(case: Case, backend: Backend, device: Any) -> None:
     for pos, t, before in run.inputs:
         after = host_values(t)
         if not np.array_equal(after, before, equal_nan=before.dtype.kind == "f"):
-            raise AssertionError(f"{case.where()}: the kernel modified its input argument {pos} "
-                                 f"({t.dtype.name}{list(t.shape)})")
+            raise AssertionError(
+                f"{case.where()}: the kernel modified its input argument {pos} ({t.dtype.name}{list(t.shape)})"
+            )
 
 
 def check_decomposition(case: Case, decomposition: Callable[..., Any], device: Any, backend: Backend) -> None:
@@ -194,11 +204,15 @@ def check_decomposition(case: Case, decomposition: Callable[..., Any], device: A
         raise AssertionError(f"{case.where()}: the decomposition raised {type(exc).__name__}: {exc}") from exc
     results = list(res) if isinstance(res, tuple) else [res]
     if len(results) != len(want):
-        raise AssertionError(f"{case.where()}: the decomposition returned {len(results)} outputs, expected "
-                             f"{len(want)}")
+        raise AssertionError(f"{case.where()}: the decomposition returned {len(results)} outputs, expected {len(want)}")
     for k, (r, w, t) in enumerate(zip(results, want, run.outputs)):
         # the decomposition may compute a statistic (layer_norm's mean) in a narrower dtype than the kernel
         tols = [DECOMP_TOL.get(n, (0.0, 0.0)) for n in (t.dtype.name, getattr(r, "dtype", t.dtype).name)]
         rtol, atol = max(x[0] for x in tols), max(x[1] for x in tols)
-        assert_close(host_values(r), w, rtol=rtol, atol=atol,
-                     msg=f"{case.where()}: decomposition output {k} vs the reference kernel")
+        assert_close(
+            host_values(r),
+            w,
+            rtol=rtol,
+            atol=atol,
+            msg=f"{case.where()}: decomposition output {k} vs the reference kernel",
+        )

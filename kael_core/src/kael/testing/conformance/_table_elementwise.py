@@ -24,8 +24,29 @@ LARGE = (257, 1031)
 FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid", "erf", "log1p", "expm1")
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.5])
 SPECIAL_B = np.array([1.0, np.inf, np.nan, -0.0, 0.0, -np.inf, np.inf, -2.0])
-SPECIAL_OPS = frozenset(FLOAT_UNARY + ("neg", "abs", "floor", "ceil", "round", "logical_not", "add", "sub", "mul",
-                                       "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"))
+SPECIAL_OPS = frozenset(
+    FLOAT_UNARY
+    + (
+        "neg",
+        "abs",
+        "floor",
+        "ceil",
+        "round",
+        "logical_not",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "maximum",
+        "minimum",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+    )
+)
 
 #: ops the frontend runs in place as kernel(t, t, b) (Tensor.add_ and friends without autograd)
 INPLACE_OPS = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum"})
@@ -78,8 +99,12 @@ def _samples(op: str, d: dt.DType, nin: int) -> dict[str, Builder]:
     kinds = (ka, kb)[:nin]
     od = _out_dtype(op, d)
 
-    def simple(shape: tuple[int, ...], layouts: tuple[str, ...], out_layout: str = "contiguous",
-               smalls: tuple[Any, ...] = (None, None)) -> Builder:
+    def simple(
+        shape: tuple[int, ...],
+        layouts: tuple[str, ...],
+        out_layout: str = "contiguous",
+        smalls: tuple[Any, ...] = (None, None),
+    ) -> Builder:
         def build(rng: np.random.Generator) -> Call:
             ins = [operand(rng, shape, d, lay, k, sm) for lay, k, sm in zip(layouts, kinds, smalls)]
             return Call([Out(shape, od, out_layout), *ins])
@@ -92,10 +117,14 @@ def _samples(op: str, d: dt.DType, nin: int) -> dict[str, Builder]:
         "0d": simple((), ("contiguous",) * nin),
         "empty": simple((0,), ("contiguous",) * nin),
         "transposed": simple((3, 4), ("transposed", "contiguous")[:nin]),
-        "bcast_row": simple((3, 4), ("contiguous", "broadcast")[:nin] if nin == 2 else ("broadcast",),
-                            smalls=((1, 4), (1, 4)) if nin == 1 else (None, (1, 4))),
+        "bcast_row": simple(
+            (3, 4),
+            ("contiguous", "broadcast")[:nin] if nin == 2 else ("broadcast",),
+            smalls=((1, 4), (1, 4)) if nin == 1 else (None, (1, 4)),
+        ),
     }
     if op in INPLACE_OPS:
+
         def inplace(rng: np.random.Generator) -> Call:
             ins = [operand(rng, (3, 4), d, lay, k) for lay, k in zip(("transposed", "strided"), kinds)]
             return Call([Alias(1), *ins])
@@ -111,6 +140,7 @@ def _samples(op: str, d: dt.DType, nin: int) -> dict[str, Builder]:
             s["bcast_col_scalar"] = simple((3, 4), ("broadcast", "broadcast"), smalls=((3, 1), ()))
             s["bcast_0d_out_strided"] = simple((3, 4), ("contiguous", "broadcast"), "strided", smalls=(None, ()))
     if d in (dt.float32, dt.float64) and op in SPECIAL_OPS:
+
         def special(rng: np.random.Generator) -> Call:
             ins = [Operand(SPECIAL, d), Operand(SPECIAL_B, d)][:nin]
             return Call([Out(SPECIAL.shape, od), *ins])
@@ -120,8 +150,12 @@ def _samples(op: str, d: dt.DType, nin: int) -> dict[str, Builder]:
 
 
 def _where_samples(d: dt.DType) -> dict[str, Builder]:
-    def mk(shape: tuple[int, ...], lay: tuple[str, str, str], smalls: tuple[Any, Any, Any] = (None, None, None),
-           out_layout: str = "contiguous") -> Builder:
+    def mk(
+        shape: tuple[int, ...],
+        lay: tuple[str, str, str],
+        smalls: tuple[Any, Any, Any] = (None, None, None),
+        out_layout: str = "contiguous",
+    ) -> Builder:
         def build(rng: np.random.Generator) -> Call:
             c = operand(rng, shape, dt.bool_, lay[0], small=smalls[0])
             a = operand(rng, shape, d, lay[1], small=smalls[1])
@@ -143,8 +177,11 @@ def _where_samples(d: dt.DType) -> dict[str, Builder]:
     return s
 
 
-_COPY_VALUES = {"float": [[0.0, 1.0, 2.5], [3.0, 0.25, 7.0]], "int": [[0, 1, 2], [3, 0, 7]],
-                "bool": [[False, True, True], [True, False, True]]}
+_COPY_VALUES = {
+    "float": [[0.0, 1.0, 2.5], [3.0, 0.25, 7.0]],
+    "int": [[0, 1, 2], [3, 0, 7]],
+    "bool": [[False, True, True], [True, False, True]],
+}
 _COPY_NEGATIVE = {"float": [[-3.0, -1.5, 2.0], [4.0, -0.5, 0.0]], "int": [[-3, -1, 2], [4, 0, 0]]}
 
 
@@ -164,6 +201,7 @@ def _copy_cases() -> list[Case]:
 
             cases.append(Case("copy", name, "values", values))
             if (src.is_signed or src.is_floating_point) and (dst.is_signed or dst.is_floating_point):
+
                 def negative(rng: np.random.Generator, src: dt.DType = src, dst: dt.DType = dst) -> Call:
                     v = np.array(_COPY_NEGATIVE[_kind(src)])
                     return Call([Out(v.shape, dst), Operand(v, src)])
@@ -178,8 +216,17 @@ def _copy_cases() -> list[Case]:
         "bcast_0d": lambda r, s, d: Call([Out((2, 3), d, "strided"), operand(r, (2, 3), s, "broadcast", small=())]),
         "large": lambda r, s, d: Call([Out(LARGE, d), operand(r, LARGE, s, "transposed")]),
     }
-    pairs = [(dt.float32, dt.float32), (dt.float32, dt.float16), (dt.float32, dt.bfloat16), (dt.bfloat16, dt.float32),
-             (dt.int64, dt.float32), (dt.float64, dt.int32), (dt.bool_, dt.bool_), (dt.int8, dt.int64)]
+    pairs = [
+        (dt.float32, dt.float32),
+        (dt.float32, dt.float16),
+        (dt.float32, dt.bfloat16),
+        (dt.bfloat16, dt.float32),
+        (dt.int64, dt.float32),
+        (dt.float64, dt.int32),
+        (dt.bool_, dt.bool_),
+        (dt.int8, dt.int64),
+    ]
+
     def bind(fn: Callable[[np.random.Generator, dt.DType, dt.DType], Call], s: dt.DType, d: dt.DType) -> Builder:
         return lambda r: fn(r, s, d)
 
@@ -189,8 +236,9 @@ def _copy_cases() -> list[Case]:
 
     def bf16_rounding(rng: np.random.Generator) -> Call:
         # ties and near-ties around bfloat16's 8-bit mantissa: round to nearest, ties to even
-        v = np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-8 + 2.0**-20, -(1.0 + 2.0**-8), 65504.0,
-                      3.0e38, -0.0])
+        v = np.array(
+            [1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-8 + 2.0**-20, -(1.0 + 2.0**-8), 65504.0, 3.0e38, -0.0]
+        )
         return Call([Out(v.shape, dt.bfloat16), Operand(v, dt.float32)])
 
     cases.append(Case("copy", "float32->bfloat16", "rounding", bf16_rounding))
@@ -220,8 +268,9 @@ def _arange_cases() -> list[Case]:
             cases.append(Case("arange", d.name, "negative_step", fixed(Out((4,), d), 5, -2)))
         if d.is_floating_point:
             cases.append(Case("arange", d.name, "fractional", fixed(Out((9,), d), 0.5, 0.25)))
-    cases.append(Case("arange", "float32", "large", fixed(Out((100_000,), dt.float32), -3.0, 0.1, rtol=1e-6,
-                                                          atol=1e-3)))
+    cases.append(
+        Case("arange", "float32", "large", fixed(Out((100_000,), dt.float32), -3.0, 0.1, rtol=1e-6, atol=1e-3))
+    )
     cases.append(Case("arange", "int64", "large", fixed(Out((100_000,), dt.int64), -7, 3)))
     return cases
 

@@ -53,8 +53,12 @@ def _gelu(d: dt.DType) -> dict[str, Builder]:
 
     s: dict[str, Builder] = {}
     for approx in ("tanh", "none"):
-        shapes = {"1d": ((7,), "contiguous"), "0d": ((), "contiguous"), "empty": ((0, 3), "contiguous"),
-                  "transposed": ((3, 4), "transposed")}
+        shapes = {
+            "1d": ((7,), "contiguous"),
+            "0d": ((), "contiguous"),
+            "empty": ((0, 3), "contiguous"),
+            "transposed": ((3, 4), "transposed"),
+        }
         if d is dt.float32:
             shapes["large"] = ((257, 1031), "contiguous")
         for name, (shape, lay) in shapes.items():
@@ -102,8 +106,9 @@ def _layer_norm(d: dt.DType) -> dict[str, Builder]:
             w = operand(rng, (c,), d) if affine else None
             b = operand(rng, (c,), d, "strided") if affine else None
             st = _stat(d)
-            return Call([Out(shape, d), Out(shape[:-1], st), Out(shape[:-1], st), operand(rng, shape, d, lay), w, b,
-                         1e-5])
+            return Call(
+                [Out(shape, d), Out(shape[:-1], st), Out(shape[:-1], st), operand(rng, shape, d, lay), w, b, 1e-5]
+            )
 
         return build
 
@@ -127,8 +132,18 @@ def _layer_norm_backward(d: dt.DType) -> dict[str, Builder]:
             dw = Out((c,), d) if weight else None
             db = Out((c,), d) if bias else None
             w = operand(rng, (c,), d) if weight else None
-            return Call([Out(shape, d), dw, db, operand(rng, shape, d, lay), Operand(x, d), Operand(mu, st),
-                         Operand(rstd, st), w])
+            return Call(
+                [
+                    Out(shape, d),
+                    dw,
+                    db,
+                    operand(rng, shape, d, lay),
+                    Operand(x, d),
+                    Operand(mu, st),
+                    Operand(rstd, st),
+                    w,
+                ]
+            )
 
         return build
 

@@ -32,8 +32,14 @@ def _kept(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
 
 def reduction_cases() -> list[Case]:
     ops: dict[str, tuple[dt.DType, ...]] = {
-        "sum": DTYPES, "prod": DTYPES, "amax": DTYPES, "amin": DTYPES, "argmax": NUMERIC, "argmin": NUMERIC,
-        "any": (dt.bool_,), "all": (dt.bool_,),
+        "sum": DTYPES,
+        "prod": DTYPES,
+        "amax": DTYPES,
+        "amin": DTYPES,
+        "argmax": NUMERIC,
+        "argmin": NUMERIC,
+        "any": (dt.bool_,),
+        "all": (dt.bool_,),
     }
     # name: (shape, dims, layout, broadcast-from shape, full set only)
     samples: dict[str, tuple[tuple[int, ...], tuple[int, ...], str, tuple[int, ...] | None, bool]] = {
@@ -75,15 +81,28 @@ def reduction_cases() -> list[Case]:
                 rtol = (1e-3 if name == "large_all" else 1e-4) if large and op == "sum" else None
                 cases.append(Case(op, d.name, name, _reduce_builder(shape, dims, layout, small, d, od, kind, rtol)))
     # a sum into a wider dtype (kael.sum(x, dtype=...)): the output dtype differs from the input's
-    for src, dst in ((dt.float16, dt.float32), (dt.bfloat16, dt.float32), (dt.int32, dt.float64),
-                     (dt.bool_, dt.int32)):
-        cases.append(Case("sum", f"{src.name}->{dst.name}", "acc_dtype",
-                          _reduce_builder((4, 6), (1,), "contiguous", None, src, dst, "normal", None)))
+    for src, dst in ((dt.float16, dt.float32), (dt.bfloat16, dt.float32), (dt.int32, dt.float64), (dt.bool_, dt.int32)):
+        cases.append(
+            Case(
+                "sum",
+                f"{src.name}->{dst.name}",
+                "acc_dtype",
+                _reduce_builder((4, 6), (1,), "contiguous", None, src, dst, "normal", None),
+            )
+        )
     return cases
 
 
-def _reduce_builder(shape: tuple[int, ...], dims: tuple[int, ...], layout: str, small: tuple[int, ...] | None,
-                    d: dt.DType, od: dt.DType, kind: str, rtol: float | None) -> Builder:
+def _reduce_builder(
+    shape: tuple[int, ...],
+    dims: tuple[int, ...],
+    layout: str,
+    small: tuple[int, ...] | None,
+    d: dt.DType,
+    od: dt.DType,
+    kind: str,
+    rtol: float | None,
+) -> Builder:
     def build(rng: np.random.Generator) -> Call:
         a = operand(rng, shape, d, layout, kind, small)
         return Call([Out(_kept(shape, dims), od), a, dims], rtol=rtol, atol=None if rtol is None else 1e-2)
@@ -113,8 +132,15 @@ def matmul_cases() -> list[Case]:
             if full_only and not full:
                 continue
 
-            def build(rng: np.random.Generator, sa: tuple[int, ...] = sa, sb: tuple[int, ...] = sb, la: str = la,
-                      lb: str = lb, d: dt.DType = d, kind: str = kind) -> Call:
+            def build(
+                rng: np.random.Generator,
+                sa: tuple[int, ...] = sa,
+                sb: tuple[int, ...] = sb,
+                la: str = la,
+                lb: str = lb,
+                d: dt.DType = d,
+                kind: str = kind,
+            ) -> Call:
                 a = operand(rng, sa, d, la, kind)
                 b = operand(rng, sb, d, lb, kind, small=(1,) + sb[1:])
                 return Call([Out(sa[:-1] + sb[-1:], d), a, b])
@@ -144,8 +170,14 @@ def _gather_cases(d: dt.DType, full: bool) -> list[Case]:
         if not full and name not in ("dim1", "transposed"):
             continue
 
-        def build(rng: np.random.Generator, sa: tuple[int, ...] = sa, si: tuple[int, ...] = si, dim: int = dim,
-                  la: str = la, li: str = li) -> Call:
+        def build(
+            rng: np.random.Generator,
+            sa: tuple[int, ...] = sa,
+            si: tuple[int, ...] = si,
+            dim: int = dim,
+            la: str = la,
+            li: str = li,
+        ) -> Call:
             a = operand(rng, sa, d, la)
             idx = Operand(vals(rng, si, dt.int64, f"index:{sa[dim]}"), dt.int64, li)
             return Call([Out(si, d), a, idx, dim])
@@ -165,14 +197,21 @@ def _index_select_cases(d: dt.DType, full: bool) -> list[Case]:
         if not full and name == "3d":
             continue
 
-        def build(rng: np.random.Generator, sa: tuple[int, ...] = sa, iv: list[int] = idx_values, dim: int = dim,
-                  la: str = la, li: str = li) -> Call:
+        def build(
+            rng: np.random.Generator,
+            sa: tuple[int, ...] = sa,
+            iv: list[int] = idx_values,
+            dim: int = dim,
+            la: str = la,
+            li: str = li,
+        ) -> Call:
             a = operand(rng, sa, d, la)
-            out_shape = sa[:dim] + (len(iv),) + sa[dim + 1:]
+            out_shape = sa[:dim] + (len(iv),) + sa[dim + 1 :]
             return Call([Out(out_shape, d), a, Operand(np.array(iv, np.int64), dt.int64, li), dim])
 
         cases.append(Case("index_select", d.name, name, build))
     if d is dt.float32:
+
         def large(rng: np.random.Generator) -> Call:
             a = operand(rng, (1000, 64), d)
             idx = Operand(vals(rng, (500,), dt.int64, "index:1000"), dt.int64)
@@ -191,9 +230,11 @@ def _accumulate_cases(d: dt.DType, full: bool) -> list[Case]:
         "dim1": ((3, 5), [1, 1, 4], 1, "transposed"),
     }
     for name, (so, iv, dim, ls) in ia.items():
-        def build(rng: np.random.Generator, so: tuple[int, ...] = so, iv: list[int] = iv, dim: int = dim,
-                  ls: str = ls) -> Call:
-            ss = so[:dim] + (len(iv),) + so[dim + 1:]
+
+        def build(
+            rng: np.random.Generator, so: tuple[int, ...] = so, iv: list[int] = iv, dim: int = dim, ls: str = ls
+        ) -> Call:
+            ss = so[:dim] + (len(iv),) + so[dim + 1 :]
             out = Out(so, d, init=vals(rng, so, d, kind))
             return Call([out, Operand(np.array(iv, np.int64), dt.int64), operand(rng, ss, d, ls, kind), dim])
 
@@ -203,8 +244,10 @@ def _accumulate_cases(d: dt.DType, full: bool) -> list[Case]:
         "dim0": ((4, 3), (2, 3), 0, "transposed"),
     }
     for name, (so, si, dim, ls) in sa.items():
-        def build2(rng: np.random.Generator, so: tuple[int, ...] = so, si: tuple[int, ...] = si, dim: int = dim,
-                   ls: str = ls) -> Call:
+
+        def build2(
+            rng: np.random.Generator, so: tuple[int, ...] = so, si: tuple[int, ...] = si, dim: int = dim, ls: str = ls
+        ) -> Call:
             out = Out(so, d, init=vals(rng, so, d, kind))
             idx = Operand(vals(rng, si, dt.int64, f"index:{so[dim]}"), dt.int64)
             return Call([out, idx, operand(rng, si, d, ls, kind), dim])
@@ -215,29 +258,46 @@ def _accumulate_cases(d: dt.DType, full: bool) -> list[Case]:
 
 def _cat_cases(d: dt.DType, full: bool) -> list[Case]:
     def build0(rng: np.random.Generator) -> Call:
-        parts = [operand(rng, (2, 3), d), operand(rng, (4, 3), d, "transposed"), operand(rng, (0, 3), d),
-                 operand(rng, (1, 3), d, "strided")]
+        parts = [
+            operand(rng, (2, 3), d),
+            operand(rng, (4, 3), d, "transposed"),
+            operand(rng, (0, 3), d),
+            operand(rng, (1, 3), d, "strided"),
+        ]
         return Call([Out((7, 3), d), parts, 0])
 
     def build1(rng: np.random.Generator) -> Call:
-        parts = [operand(rng, (2, 3, 1), d, "strided"), operand(rng, (2, 3, 2), d, "transposed"),
-                 operand(rng, (2, 3, 2), d, "broadcast", small=(1, 3, 2))]
+        parts = [
+            operand(rng, (2, 3, 1), d, "strided"),
+            operand(rng, (2, 3, 2), d, "transposed"),
+            operand(rng, (2, 3, 2), d, "broadcast", small=(1, 3, 2)),
+        ]
         return Call([Out((2, 3, 5), d, "strided" if full else "contiguous"), parts, 2])
 
     def build_single(rng: np.random.Generator) -> Call:
         return Call([Out((4,), d), [operand(rng, (4,), d)], 0])
 
-    return [Case("cat", d.name, "dim0", build0), Case("cat", d.name, "dim_last", build1),
-            Case("cat", d.name, "single", build_single)]
+    return [
+        Case("cat", d.name, "dim0", build0),
+        Case("cat", d.name, "dim_last", build1),
+        Case("cat", d.name, "single", build_single),
+    ]
 
 
 def _nonzero_cases() -> list[Case]:
-    samples = {"1d": ((7,), "contiguous"), "2d": ((3, 4), "contiguous"), "transposed": ((3, 4), "transposed"),
-               "3d_strided": ((2, 3, 4), "strided"), "all_true": ((2, 2), "contiguous")}
+    samples = {
+        "1d": ((7,), "contiguous"),
+        "2d": ((3, 4), "contiguous"),
+        "transposed": ((3, 4), "transposed"),
+        "3d_strided": ((2, 3, 4), "strided"),
+        "all_true": ((2, 2), "contiguous"),
+    }
     cases = []
     for name, (shape, layout) in samples.items():
-        def build(rng: np.random.Generator, shape: tuple[int, ...] = shape, layout: str = layout,
-                  name: str = name) -> Call:
+
+        def build(
+            rng: np.random.Generator, shape: tuple[int, ...] = shape, layout: str = layout, name: str = name
+        ) -> Call:
             m = np.ones(shape, bool) if name == "all_true" else vals(rng, shape, dt.bool_)
             if not m.any():
                 m.flat[0] = True
@@ -260,8 +320,13 @@ def _sort_cases(d: dt.DType, full: bool) -> list[Case]:
         if not full and name == "1d_asc":
             continue
 
-        def build(rng: np.random.Generator, shape: tuple[int, ...] = shape, dim: int = dim, desc: bool = desc,
-                  layout: str = layout) -> Call:
+        def build(
+            rng: np.random.Generator,
+            shape: tuple[int, ...] = shape,
+            dim: int = dim,
+            desc: bool = desc,
+            layout: str = layout,
+        ) -> Call:
             return Call([Out(shape, d), Out(shape, dt.int64), operand(rng, shape, d, layout, kind), dim, desc])
 
         cases.append(Case("sort", d.name, name, build))

@@ -23,14 +23,16 @@ def test_declarations(kael_backend: Any) -> None:
     assert b.name and isinstance(b.name, str), "a backend needs a non-empty name"
     assert b.device_type and isinstance(b.device_type, str), "a backend needs a device_type"
     assert isinstance(b.priority, int), f"priority must be an int, got {b.priority!r}"
-    assert str(b.api_version).split(".")[0] == API_VERSION.split(".")[0], \
+    assert str(b.api_version).split(".")[0] == API_VERSION.split(".")[0], (
         f"api_version {b.api_version} does not match kael's {API_VERSION}"
+    )
     ok, reason = b.is_available()
     assert ok, f"backend is not available: {reason}"
     assert b.device_count() >= 1
     stats = b.memory_stats()
-    assert isinstance(stats, dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in stats.items()), \
+    assert isinstance(stats, dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in stats.items()), (
         f"memory_stats() must return dict[str, int], got {stats!r}"
+    )
 
 
 def test_serves_its_device_type(kael_backend: Any) -> None:
@@ -66,8 +68,13 @@ def test_host_round_trip(dtype: str, shape: tuple[int, ...], kael_backend: Any, 
 def test_to_host_honours_views(kael_backend: Any, kael_device: Any) -> None:
     host = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
     t = kael.tensor(host, device=kael_device)
-    views = [(t.permute(2, 0, 1), host.transpose(2, 0, 1)), (t[1:, ::2, 3], host[1:, ::2, 3]), (t[2], host[2]),
-             (t[1, 2, 3], host[1, 2, 3]), (t[:, :1].expand(3, 4, 5), host[:, :1].repeat(4, 1))]
+    views = [
+        (t.permute(2, 0, 1), host.transpose(2, 0, 1)),
+        (t[1:, ::2, 3], host[1:, ::2, 3]),
+        (t[2], host[2]),
+        (t[1, 2, 3], host[1, 2, 3]),
+        (t[:, :1].expand(3, 4, 5), host[:, :1].repeat(4, 1)),
+    ]
     for view, want in views:
         got = kael_backend.to_host(view)
         assert_close(np.asarray(got), want, rtol=0, atol=0, msg=f"to_host of a view {view.shape} {view.stride()}")

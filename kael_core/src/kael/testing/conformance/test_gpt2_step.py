@@ -24,19 +24,35 @@ def _params(rng: np.random.Generator) -> dict[str, np.ndarray]:
     def n(*s: int) -> np.ndarray:
         return np.asarray(rng.standard_normal(s) * 0.3, dtype=np.float32)
 
-    return {"wte": n(V, C), "wpe": n(T, C), "ln1_w": 1 + n(C), "ln1_b": n(C), "attn_w": n(3 * C, C),
-            "attn_b": n(3 * C), "proj_w": n(C, C), "proj_b": n(C), "ln2_w": 1 + n(C), "ln2_b": n(C),
-            "fc_w": n(4 * C, C), "fc_b": n(4 * C), "fc2_w": n(C, 4 * C), "fc2_b": n(C), "lnf_w": 1 + n(C),
-            "lnf_b": n(C)}
+    return {
+        "wte": n(V, C),
+        "wpe": n(T, C),
+        "ln1_w": 1 + n(C),
+        "ln1_b": n(C),
+        "attn_w": n(3 * C, C),
+        "attn_b": n(3 * C),
+        "proj_w": n(C, C),
+        "proj_b": n(C),
+        "ln2_w": 1 + n(C),
+        "ln2_b": n(C),
+        "fc_w": n(4 * C, C),
+        "fc_b": n(4 * C),
+        "fc2_w": n(C, 4 * C),
+        "fc2_b": n(C),
+        "lnf_w": 1 + n(C),
+        "lnf_b": n(C),
+    }
 
 
-def _step(host: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray, device: Any
-          ) -> tuple[float, dict[str, np.ndarray]]:
+def _step(
+    host: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray, device: Any
+) -> tuple[float, dict[str, np.ndarray]]:
     p = {k: kael.tensor(v, device=device, requires_grad=True) for k, v in host.items()}
     idx = kael.tensor(ids, device=device)
     x = kael.embedding(idx, p["wte"]) + kael.embedding(kael.arange(T, device=device), p["wpe"])
     h = kael.layer_norm(x, C, p["ln1_w"], p["ln1_b"])
     q, k, v = kael.linear(h, p["attn_w"], p["attn_b"]).split(C, 2)
+
     def heads(t: Any) -> Any:
         return t.view(B, T, H, C // H).transpose(1, 2)
 

@@ -27,8 +27,8 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] =
     "sub_scalar": (lambda a, b: 2.0 - a - b, [((2, 3), "normal"), ((2, 1), "normal")]),
     "mul_bcast": (lambda a, b: a * b * 3, [((2, 3), "normal"), ((2, 1), "normal")]),
     "div": (lambda a, b: a / b, [((2, 3), "normal"), ((2, 3), "away0")]),
-    "pow": (lambda a, b: a ** b, [((4,), "positive"), ((4,), "normal")]),
-    "pow_scalar": (lambda a: a ** 3 + 2.0 ** a, [((4,), "normal")]),
+    "pow": (lambda a, b: a**b, [((4,), "positive"), ((4,), "normal")]),
+    "pow_scalar": (lambda a: a**3 + 2.0**a, [((4,), "normal")]),
     "maximum_minimum": (lambda a, b: kael.maximum(a, b) * kael.minimum(a, b), [((5,), "normal"), ((5,), "normal")]),
     "exp_log": (lambda a: kael.exp(a) + kael.log(a), [((4,), "positive")]),
     "sqrt_rsqrt": (lambda a: kael.sqrt(a) * kael.rsqrt(a + 1), [((4,), "positive")]),
@@ -49,8 +49,10 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] =
     "permute_slice": (lambda a: a.permute(2, 0, 1)[1:, :, ::2].flatten(), [((2, 3, 4), "normal")]),
     "getitem_advanced": (lambda a: a[_idx(a, [2, 0, 2])], [((3, 2), "normal")]),
     "getitem_mask": (lambda a: a[_idx(a, [[True, False], [False, True], [True, True]])], [((3, 2), "normal")]),
-    "cat_stack": (lambda a, b: kael.cat([a, b], 0) + kael.stack([a[:1], b[:1]]).sum(0), [((2, 3), "normal"),
-                                                                                         ((1, 3), "normal")]),
+    "cat_stack": (
+        lambda a, b: kael.cat([a, b], 0) + kael.stack([a[:1], b[:1]]).sum(0),
+        [((2, 3), "normal"), ((1, 3), "normal")],
+    ),
     "where": (lambda a, b: kael.where(a > 0, a, b), [((2, 3), "away0"), ((2, 3), "normal")]),
     "gather": (lambda a: kael.gather(a, 1, _idx(a, [[0, 0], [2, 1]])), [((2, 3), "normal")]),
     "index_select": (lambda a: kael.index_select(a, 0, _idx(a, [1, 1, 0])), [((2, 3), "normal")]),
@@ -58,18 +60,26 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] =
     "log_softmax": (lambda a: kael.log_softmax(a, -1), [((3, 4), "normal")]),
     "gelu_tanh": (lambda a: kael.gelu(a, approximate="tanh"), [((5,), "normal")]),
     "gelu_erf": (lambda a: kael.gelu(a), [((5,), "normal")]),
-    "layer_norm": (lambda x, w, b: kael.layer_norm(x, 4, w, b), [((3, 4), "normal"), ((4,), "normal"),
-                                                                 ((4,), "normal")]),
+    "layer_norm": (
+        lambda x, w, b: kael.layer_norm(x, 4, w, b),
+        [((3, 4), "normal"), ((4,), "normal"), ((4,), "normal")],
+    ),
     "layer_norm_plain": (lambda x: kael.layer_norm(x, 4), [((2, 4), "normal")]),
     "linear": (lambda x, w, b: kael.linear(x, w, b), [((2, 3), "normal"), ((4, 3), "normal"), ((4,), "normal")]),
     "embedding": (lambda w: kael.embedding(_idx(w, [[1, 4], [1, 0]]), w), [((5, 3), "normal")]),
     "cross_entropy": (lambda z: kael.cross_entropy(z, _idx(z, [1, 0, -100, 4])), [((4, 5), "normal")]),
-    "cross_entropy_smoothing": (lambda z: kael.cross_entropy(z, _idx(z, [1, 0, 3]), label_smoothing=0.1,
-                                                             reduction="sum"), [((3, 5), "normal")]),
-    "attention_causal": (lambda q, k, v: kael.attention(q, k, v, causal=True),
-                         [((1, 2, 3, 2), "normal"), ((1, 2, 4, 2), "normal"), ((1, 2, 4, 2), "normal")]),
-    "attention_lengths": (lambda q, k, v: kael.attention(q, k, v, lengths=_idx(q, [2, 4])),
-                          [((2, 1, 2, 2), "normal"), ((2, 1, 4, 2), "normal"), ((2, 1, 4, 2), "normal")]),
+    "cross_entropy_smoothing": (
+        lambda z: kael.cross_entropy(z, _idx(z, [1, 0, 3]), label_smoothing=0.1, reduction="sum"),
+        [((3, 5), "normal")],
+    ),
+    "attention_causal": (
+        lambda q, k, v: kael.attention(q, k, v, causal=True),
+        [((1, 2, 3, 2), "normal"), ((1, 2, 4, 2), "normal"), ((1, 2, 4, 2), "normal")],
+    ),
+    "attention_lengths": (
+        lambda q, k, v: kael.attention(q, k, v, lengths=_idx(q, [2, 4])),
+        [((2, 1, 2, 2), "normal"), ((2, 1, 4, 2), "normal"), ((2, 1, 4, 2), "normal")],
+    ),
     "inplace_on_clone": (lambda a: a.clone().mul_(2).add_(a), [((2, 3), "normal")]),
 }
 
@@ -86,6 +96,7 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.n
 def test_gradcheck(name: str, kael_device: Any) -> None:
     fn, specs = CASES[name]
     rng = np.random.default_rng(sum(map(ord, name)))
-    inputs = [kael.tensor(_values(rng, s, k), dtype=kael.float64, device=kael_device, requires_grad=True)
-              for s, k in specs]
+    inputs = [
+        kael.tensor(_values(rng, s, k), dtype=kael.float64, device=kael_device, requires_grad=True) for s, k in specs
+    ]
     gradcheck(fn, inputs, name=name)

@@ -39,8 +39,9 @@ def test_distribution(dtype: str, op: str, a: Any, b: Any, kael_backend: Any, ka
     v = host_values(_draw(kael_backend, kael_device, op, dtype, a, b, 7)).astype(np.float64)
     low_precision = dtype in ("float16", "bfloat16")
     if op == "uniform":
-        assert v.min() >= a and (v.max() <= b if low_precision else v.max() < b), \
+        assert v.min() >= a and (v.max() <= b if low_precision else v.max() < b), (
             f"uniform {dtype}: values outside [{a}, {b}): min {v.min()}, max {v.max()}"
+        )
         mean, std = (a + b) / 2, (b - a) / np.sqrt(12)
     elif op == "normal":
         mean, std = a, b
