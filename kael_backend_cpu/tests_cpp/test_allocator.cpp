@@ -117,6 +117,7 @@ TEST(Allocator, CacheLimitIsHonoured) {
 TEST(Allocator, ManyThreadsAllocateAndFree) {
   CachingAllocator a(true);
   std::vector<std::thread> ts;
+  ts.reserve(4);
   for (int t = 0; t < 4; ++t) {
     ts.emplace_back([&a, t] {
       std::vector<void*> mine;

@@ -76,6 +76,7 @@ TEST_F(ThreadPool, SeveralCallerThreadsAtOnce) {
   constexpr int kCallers = 4;
   std::vector<int64_t> results(kCallers, 0);
   std::vector<std::thread> callers;
+  callers.reserve(kCallers);
   for (int c = 0; c < kCallers; ++c) {
     callers.emplace_back([c, &results] {
       for (int round = 0; round < 50; ++round) {

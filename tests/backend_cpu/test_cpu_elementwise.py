@@ -183,3 +183,14 @@ def test_float_specials_match_reference(cpu: Any, ref: Any, dtype: str) -> None:
     for op in ("maximum", "minimum", "remainder", "floor_divide", "add", "div"):
         got, want = run_both(cpu, ref, op, vals.shape, d, a, b)
         assert_close(got, want, **tol(d, 2.0), msg=f"{op} {dtype}")
+
+
+def test_overlapping_in_place_reads_inputs_before_writing(cpu: Any, ref: Any) -> None:
+    base = np.arange(10, dtype=np.float32)
+    mine, theirs = place(base, dt.float32, "contiguous"), place(base, dt.float32, "contiguous")
+    for t, backend in ((mine, cpu), (theirs, ref)):
+        dst, src = t[1:], t[:-1]  # shifted views of one buffer
+        backend.kernel("add")(dst, dst, src)
+        backend.kernel("copy")(t[::2], t[1::2])
+        backend.kernel("exp")(t[:5], t[5:])
+    assert_close(logical(mine), logical(theirs), rtol=2e-6, atol=0)
