@@ -278,7 +278,7 @@ def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) 
     elif op == "matmul":
         dims = [r.size() for _ in range(r.byte() % 3)]
         dims += [r.size(), r.size(), r.size()]
-        while _numel(dims) > 4 * MAX_NUMEL:  # bounds every operand and the work (B * M * K * N)
+        while _numel([max(d, 1) for d in dims]) > 4 * MAX_NUMEL:  # bounds every operand and the work
             big = dims.index(max(dims))
             dims[big] = dims[big] % 9
         *batch_dims, m, k, n = dims
