@@ -6,11 +6,13 @@ count up at start), times the kernels the issue lists on preallocated outputs: a
 4096x1024, softmax and layer_norm over rows of 4096x768, gelu (tanh form) of 4M, GEMV
 (1x768)@(768x2304) and (1x768)@(768x50257), GEMM (512x768)@(768x3072) and
 (1024x1024)@(1024x1024). NumPy runs the same math as a composition of its ufuncs
-(with out= where it has one); PyTorch runs its fused op. Prints JSON: milliseconds
-(best of several runs), GB/s (bytes read + written) or GFLOP/s, and kael's speed-up
+(with out= where it has one); PyTorch runs its fused op. Each library is timed in a
+pass of its own, so the spinning worker threads one library leaves behind do not steal
+the cores of the next. Prints JSON: milliseconds
+(best of --repeats runs in each of --rounds rounds), GB/s (bytes read + written) or GFLOP/s, and kael's speed-up
 over NumPy and PyTorch.
 
-    python benchmarks/cpu_kernels.py [--threads 1 2] [--repeats 7]
+    python benchmarks/cpu_kernels.py [--threads 1 2] [--repeats 5] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ def cases(rng: np.random.Generator) -> list[dict[str, Any]]:
     return out
 
 
-def run_threads(threads: int, repeats: int) -> list[dict[str, Any]]:
+def run_threads(threads: int, repeats: int, rounds: int) -> list[dict[str, Any]]:
     """Measure every case with `threads` threads (called in a child process)."""
     import kael_backend_cpu
 
@@ -213,14 +215,26 @@ def run_threads(threads: int, repeats: int) -> list[dict[str, Any]]:
         torch.set_num_threads(threads)
     except ImportError:
         pass
+    # One implementation at a time over every case: the worker threads of one library
+    # (OpenBLAS and OpenMP spin for a while after each call) must not compete with the
+    # next library's on a small machine.
+    # Several rounds, keeping each (case, library)'s best: a burst of other work on the
+    # machine spoils one round of one library, not the result.
+    all_cases = cases(np.random.default_rng(0))
+    times: dict[tuple[int, str], float] = {}
+    for _ in range(rounds):
+        for impl in ("kael", "numpy", "torch"):
+            for i, c in enumerate(all_cases):
+                if c[impl] is not None:
+                    t = best_ms(c[impl], repeats)
+                    times[(i, impl)] = min(t, times.get((i, impl), t))
     rows = []
-    for c in cases(np.random.default_rng(0)):
+    for i, c in enumerate(all_cases):
         row: dict[str, Any] = {"kernel": c["kernel"], "shape": c["shape"], "threads": threads, "unit": c["unit"]}
         for impl in ("kael", "numpy", "torch"):
-            fn = c[impl]
-            if fn is None:
+            if (i, impl) not in times:
                 continue
-            ms = best_ms(fn, repeats)
+            ms = times[(i, impl)]
             rate = c["amount"] / (ms * 1e-3) / 1e9
             row[f"{impl}_ms"] = round(ms, 4)
             row[f"{impl}_{'gflops' if c['unit'] == 'GFLOP/s' else 'gbps'}"] = round(rate, 2)
@@ -234,11 +248,12 @@ def run_threads(threads: int, repeats: int) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_threads(args.child, args.repeats)))
+        print(json.dumps(run_threads(args.child, args.repeats, args.rounds)))
         return
     rows: list[dict[str, Any]] = []
     for n in args.threads:
@@ -250,7 +265,7 @@ def main() -> None:
             KAEL_NUM_THREADS=str(n),
         )
         res = subprocess.run(
-            [sys.executable, __file__, "--child", str(n), "--repeats", str(args.repeats)],
+            [sys.executable, __file__, "--child", str(n), "--repeats", str(args.repeats), "--rounds", str(args.rounds)],
             env=env,
             capture_output=True,
             text=True,

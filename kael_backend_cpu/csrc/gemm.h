@@ -13,7 +13,9 @@ namespace kael {
 // few columns reads its operands in place with register-blocked row kernels that
 // stream the larger operand once; anything bigger is packed into mr x kc and
 // kc x nr panels and run through the cache-blocked micro-kernel (BLIS loop order),
-// with the threads splitting the larger of m and n.
+// with the threads splitting the larger of m and n. Every row kernel sums each
+// element's products in the same order whatever m is, so up to 16 rows a row of C is
+// bit-identical to the product of that row alone (batched decoding relies on it).
 template <class T>
 void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, int64_t csb,
           T* c, int64_t rsc, int64_t csc, bool accumulate);

@@ -13,7 +13,7 @@
 namespace kael {
 namespace {
 
-constexpr int64_t kSmall = 16;  // rows (or columns) below which the row kernels win
+constexpr int64_t kSmall = 16;  // rows (or columns) up to which the row kernels run (NOTE [gemm paths])
 
 template <class T>
 const GemmKernels<T>& kernels_for() {
@@ -112,16 +112,20 @@ bool gemm_few_rows(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int
     rsa = k;
     csa = 1;
   }
+  // One contiguous column range per thread: each streams its part of every row of B
+  // front to back (short pieces of rows would defeat the prefetchers).
   const int64_t block = 64;  // columns per unit of work
   const int64_t blocks = (n + block - 1) / block;
-  const int64_t per_block = std::max<int64_t>(1, m * k * block);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / per_block);
-  parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    const int64_t n0 = b0 * block, n1 = std::min(n, b1 * block);
-    if (nmajor) {
-      g.rows_nmajor(m, n1 - n0, k, a, rsa, csa, b + n0, rsb, c + n0, rsc, accumulate);
-    } else {
-      g.rows_kmajor(m, n1 - n0, k, a, rsa, b + n0 * csb, csb, c + n0 * csc, rsc, csc, accumulate);
+  const int64_t parts = m * n * k < (int64_t{1} << 16) ? 1 : std::min<int64_t>(parallel_width(), blocks);
+  parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = blocks * p / parts * block, n1 = std::min(n, blocks * (p + 1) / parts * block);
+      if (n1 <= n0) continue;
+      if (nmajor) {
+        g.rows_nmajor(m, n1 - n0, k, a, rsa, csa, b + n0, rsb, c + n0, rsc, accumulate);
+      } else {
+        g.rows_kmajor(m, n1 - n0, k, a, rsa, b + n0 * csb, csb, c + n0 * csc, rsc, csc, accumulate);
+      }
     }
   });
   return true;

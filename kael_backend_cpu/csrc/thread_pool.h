@@ -1,11 +1,14 @@
 // The thread pool: parallel_for(begin, end, grain, fn) over a fixed set of workers.
 //
 // NOTE [thread pool]: the pool has num_threads() - 1 workers; the calling thread
-// takes part. One parallel region runs at a time: a second caller (another Python
-// thread, or a nested parallel_for inside a chunk) runs its loop inline on its own
-// thread, so the pool is safe to use from several threads and never deadlocks or
-// oversubscribes. Workers spin briefly after each region (back-to-back kernels
-// start fast), then sleep on a condition variable. The first exception a chunk
+// takes part. A region is a shared Job: its range is cut into up to four chunks per
+// thread that threads claim one at a time, so a thread the OS deschedules leaves its
+// share to the others, and the caller returns as soon as every chunk is done (a worker
+// waking late finds nothing left). One region runs at a time: a second caller
+// (another Python thread, or a nested parallel_for inside a chunk) runs its loop
+// inline on its own thread, so the pool is safe from several threads and never
+// deadlocks or oversubscribes. Workers spin briefly after each region (back-to-back
+// kernels start fast), then sleep on a condition variable. The first exception a chunk
 // throws is rethrown on the caller once every chunk has finished. After fork() the
 // child starts a fresh pool on first use.
 #pragma once

@@ -1,4 +1,5 @@
 // The AVX2 + FMA vector table; this file alone is compiled with -mavx2 -mfma.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,5 @@
 // The portable vector table: baseline instructions only (SSE2 on x86-64, NEON on arm64).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -2,7 +2,7 @@
 // compiled per instruction set (NOTE [runtime dispatch] in vec.h). The including
 // file defines KAEL_VBYTES (vector width in bytes), KAEL_MR_F/KAEL_NV_F and
 // KAEL_MR_D/KAEL_NV_D (GEMM micro-tile rows and vectors per row) and opens a
-// namespace of its own, after including <cmath>, <cstdint>, <cstring>, <limits>
+// namespace of its own, after including <algorithm>, <cmath>, <cstdint>, <cstring>, <limits>
 // and vec.h (this file has no includes: it is pasted inside that namespace).
 
 // clang-format off
@@ -399,6 +399,10 @@ void ukernel(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c, i
   for (auto& row : acc) {
     for (auto& v : row) v = vt{};
   }
+  for (int i = 0; i < MR; ++i) {  // C's rows are far apart: start fetching them now
+    __builtin_prefetch(c + i * rsc, 1);
+    __builtin_prefetch(c + i * rsc + NR - 1, 1);
+  }
 #pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
     vt bv[NV];
@@ -512,13 +516,17 @@ void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rsb, int64_t csb, T* bp0
       }
     }
   }
-  if (csb == 1) {  // read B's rows front to back (prefetch-friendly), scatter into the panels
+  if (csb == 1) {  // row-major B: 16 rows at a time, panel by panel (16 forward streams
+                   // in, one contiguous run out per panel; no page hopping on either side)
     const int64_t full = nc / NR;
-    for (int64_t k = 0; k < kc; ++k) {
-      const T* row = b + k * rsb;
+    for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+      const int64_t k1 = k0 + 16 < kc ? k0 + 16 : kc;
       for (int64_t p = 0; p < full; ++p) {
-        T* dst = bp0 + p * NR * kc + k * NR;
-        for (int c = 0; c < NR; ++c) dst[c] = row[p * NR + c];
+        T* dst = bp0 + p * NR * kc;
+        const T* src = b + p * NR;
+        for (int64_t k = k0; k < k1; ++k) {
+          for (int c = 0; c < NR; ++c) dst[k * NR + c] = src[k * rsb + c];
+        }
       }
     }
   }
@@ -572,21 +580,112 @@ void stream_rows(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64
   }
 }
 
+// Few rows, B contiguous along n, a register tile of C: MB rows x NV vectors of C held
+// in registers while kn rows of B go by (loaded from C first and stored back after).
+// Every element of C still sums its products in order k = 0, 1, 2, ... with one fused
+// multiply-add each, exactly like stream_block, so a row comes out bit-identical
+// whatever m is (NOTE [batched = alone] in kael/models/_batched.py).
+template <class T, int MB, int NV>
+inline void tile_nmajor(int64_t kn, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c, int64_t rsc) {
+  using vt = vec_t<T>;
+  constexpr int64_t L = V<T>::L;
+  vt acc[MB][NV];
+  for (int i = 0; i < MB; ++i) {
+    for (int v = 0; v < NV; ++v) acc[i][v] = load(c + i * rsc + v * L);
+  }
+#pragma GCC unroll 4
+  for (int64_t t = 0; t < kn; ++t) {
+    vt bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load(b + t * rsb + v * L);
+    for (int i = 0; i < MB; ++i) {
+      const vt av = splat(a[i * rsa + t * csa]);
+      for (int v = 0; v < NV; ++v) acc[i][v] += av * bv[v];
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    for (int v = 0; v < NV; ++v) store(c + i * rsc + v * L, acc[i][v]);
+  }
+}
+
+// All m rows of one column tile (NV vectors wide), four rows at a time: the tile's
+// kn x NV*L block of B is read from memory by the first group and from L1 by the rest.
+template <class T, int NV>
+inline void tile_rows_nmajor(int64_t m, int64_t kn, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c,
+                             int64_t rsc) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) tile_nmajor<T, 4, NV>(kn, a + i * rsa, rsa, csa, b, rsb, c + i * rsc, rsc);
+  switch (m - i) {
+    case 3:
+      tile_nmajor<T, 3, NV>(kn, a + i * rsa, rsa, csa, b, rsb, c + i * rsc, rsc);
+      break;
+    case 2:
+      tile_nmajor<T, 2, NV>(kn, a + i * rsa, rsa, csa, b, rsb, c + i * rsc, rsc);
+      break;
+    case 1:
+      tile_nmajor<T, 1, NV>(kn, a + i * rsa, rsa, csa, b, rsb, c + i * rsc, rsc);
+      break;
+    default:
+      break;
+  }
+}
+
 template <class T>
 void rows_nmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, T* c,
                  int64_t rsc, bool accumulate) {
-  // columns per chunk: C's chunk (m rows) stays within ~256 KiB of cache
-  int64_t chunk = (int64_t{256} << 10) / (m * static_cast<int64_t>(sizeof(T)));
-  chunk = chunk < 256 ? 256 : chunk;
-  for (int64_t j0 = 0; j0 < n; j0 += chunk) {
-    const int64_t w = n - j0 < chunk ? n - j0 : chunk;
-    if (!accumulate) {
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * rsc + j0, 0, static_cast<size_t>(w) * sizeof(T));
+  if (!accumulate) {
+    for (int64_t i = 0; i < m; ++i) std::memset(c + i * rsc, 0, static_cast<size_t>(n) * sizeof(T));
+  }
+  constexpr int64_t L = V<T>::L;
+  if (m == 1) {
+    // one row: stream B's rows front to back, eight at a time, through a chunk of C
+    // that stays in cache; B is read once, sequentially, at memory bandwidth
+    constexpr int64_t chunk = (int64_t{256} << 10) / static_cast<int64_t>(sizeof(T));
+    for (int64_t j0 = 0; j0 < n; j0 += chunk) {
+      const int64_t w = n - j0 < chunk ? n - j0 : chunk;
+      stream_rows<T, 1, 8>(1, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
     }
-    if (m == 1) {
-      stream_rows<T, 1, 8>(m, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
-    } else {
+    return;
+  }
+  if (m > 4) {
+    // five to eight rows: pairs of rows stream four rows of B at a time through a chunk
+    // of C in L2 (measured faster than the register tiles below when B comes from
+    // memory: the long runs along B's rows keep the prefetchers ahead)
+    const int64_t chunk = std::max<int64_t>(256, (int64_t{256} << 10) / (m * static_cast<int64_t>(sizeof(T))));
+    for (int64_t j0 = 0; j0 < n; j0 += chunk) {
+      const int64_t w = n - j0 < chunk ? n - j0 : chunk;
       stream_rows<T, 2, 4>(m, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
+    }
+    return;
+  }
+  // Two to four rows: blocks of KB rows of B, cut into register tiles of 4 rows x 3
+  // vectors that hold C while the block goes by; C's chunk (m x W, 256 KiB) stays in L2
+  // between blocks, so B's rows are read in long runs.
+  constexpr int64_t KB = 4;
+  const int64_t W = std::max<int64_t>(1, (int64_t{256} << 10) / (m * static_cast<int64_t>(sizeof(T)) * 3 * L)) * 3 * L;
+  for (int64_t j0 = 0; j0 < n; j0 += W) {
+    const int64_t j1 = n - j0 < W ? n : j0 + W;
+    for (int64_t k0 = 0; k0 < k; k0 += KB) {
+      const int64_t kn = k - k0 < KB ? k - k0 : KB;
+      const T* ak = a + k0 * csa;
+      const T* bk = b + k0 * rsb;
+      int64_t j = j0;
+      const int64_t ahead = k - k0 - KB < KB ? k - k0 - KB : KB;  // rows of the next block
+      for (; j + 3 * L <= j1; j += 3 * L) {
+        // the same columns of the next block: fetched now, used one sweep of W later
+        for (int64_t t = 0; t < ahead; ++t) {
+          __builtin_prefetch(bk + (KB + t) * rsb + j);
+          __builtin_prefetch(bk + (KB + t) * rsb + j + 3 * L - 1);
+        }
+        tile_rows_nmajor<T, 3>(m, kn, ak, rsa, csa, bk + j, rsb, c + j, rsc);
+      }
+      for (; j + L <= j1; j += L) tile_rows_nmajor<T, 1>(m, kn, ak, rsa, csa, bk + j, rsb, c + j, rsc);
+      for (; j < j1; ++j) {
+        for (int64_t i = 0; i < m; ++i) {
+          T s = c[i * rsc + j];
+          for (int64_t t = 0; t < kn; ++t) s += ak[i * rsa + t * csa] * bk[t * rsb + j];
+          c[i * rsc + j] = s;
+        }
+      }
     }
   }
 }
@@ -623,21 +722,56 @@ void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t c
 template <class T>
 void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc,
                  int64_t csc, bool accumulate) {
+  // Blocks of 1 x 8 or 4 x 3 dot products (twelve independent accumulators keep both FMA
+  // pipes busy). Columns go in chunks of about 128 KiB of B: every group of four rows of
+  // A (in L1) runs over the chunk, which the first group reads from memory and the others
+  // from L2, so B is read from memory once. Each dot product sums its lanes in the same
+  // order in every block shape, so a row's result does not depend on m.
   int64_t j = 0;
   if (m == 1) {
     for (; j + 8 <= n; j += 8)
       rows_kmajor_block<T, 1, 8>(k, a, rsa, b + j * csb, csb, c + j * csc, rsc, csc, accumulate);
   }
-  for (; j + 4 <= n; j += 4) {
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{128} << 10) / (3 * k * static_cast<int64_t>(sizeof(T)))) * 3;
+  const int64_t n3 = j + (n - j) / 3 * 3;
+  const int64_t groups = m / 4 + (m % 4) / 2 + m % 2;
+  for (int64_t j0 = j; j0 < n3; j0 += chunk) {
+    const int64_t j1 = std::min<int64_t>(n3, j0 + chunk);
+    // The next chunk of B is fetched into cache while this one is computed, a share of
+    // it during each group's pass, so memory and arithmetic overlap.
+    const char* next = reinterpret_cast<const char*>(b + j1 * csb);
+    const int64_t next_bytes = (std::min<int64_t>(n, j1 + chunk) - j1) * csb * static_cast<int64_t>(sizeof(T));
+    const int64_t tiles = (j1 - j0) / 3;
+    const int64_t per_tile = (next_bytes / 64 + groups * tiles - 1) / (groups * tiles);  // lines
+    int64_t line = 0;
+    const auto fetch = [&]() {
+      for (int64_t q = 0; q < per_tile && line * 64 < next_bytes; ++q, ++line)
+        __builtin_prefetch(next + line * 64, 0, 2);
+    };
     int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      for (int64_t jj = j0; jj < j1; jj += 3) {
+        fetch();
+        rows_kmajor_block<T, 4, 3>(k, a + i * rsa, rsa, b + jj * csb, csb, c + i * rsc + jj * csc, rsc, csc,
+                                   accumulate);
+      }
+    }
     for (; i + 2 <= m; i += 2) {
-      rows_kmajor_block<T, 2, 4>(k, a + i * rsa, rsa, b + j * csb, csb, c + i * rsc + j * csc, rsc, csc, accumulate);
+      for (int64_t jj = j0; jj < j1; jj += 3) {
+        fetch();
+        rows_kmajor_block<T, 2, 3>(k, a + i * rsa, rsa, b + jj * csb, csb, c + i * rsc + jj * csc, rsc, csc,
+                                   accumulate);
+      }
     }
     for (; i < m; ++i) {
-      rows_kmajor_block<T, 1, 4>(k, a + i * rsa, rsa, b + j * csb, csb, c + i * rsc + j * csc, rsc, csc, accumulate);
+      for (int64_t jj = j0; jj < j1; jj += 3) {
+        fetch();
+        rows_kmajor_block<T, 1, 3>(k, a + i * rsa, rsa, b + jj * csb, csb, c + i * rsc + jj * csc, rsc, csc,
+                                   accumulate);
+      }
     }
   }
-  for (; j < n; ++j) {
+  for (j = n3; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       rows_kmajor_block<T, 1, 1>(k, a + i * rsa, rsa, b + j * csb, csb, c + i * rsc + j * csc, rsc, csc, accumulate);
     }

@@ -139,3 +139,36 @@ def test_thread_counts_give_identical_products(cpu: Any) -> None:
     finally:
         cpu.set_num_threads(before)
     assert np.array_equal(results[0], results[1]) and np.array_equal(results[0], results[2])
+
+
+# NOTE [batched = alone] (kael/models/_batched.py): a product with few rows must round each
+# row exactly as a product of that row alone, whatever the row count (up to 16, the row
+# kernels' limit), in both weight layouts.
+FEW_ROWS = [(37, 29), (130, 77), (770, 515), (45, 3001), (9, 33000)]
+
+
+@pytest.mark.parametrize("k,n", FEW_ROWS)
+@pytest.mark.parametrize("transposed_weight", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_few_row_products_round_every_row_as_alone(
+    cpu: Any, k: int, n: int, transposed_weight: bool, dtype: str
+) -> None:
+    d = dt.BY_NAME[dtype]
+    npd = np.float32 if d is dt.float32 else np.float64
+    rng = np.random.default_rng(k * 31 + n)
+    x = rng.standard_normal((16, k)).astype(npd)
+    w = rng.standard_normal((n, k)).astype(npd)
+    # transposed: GPT-2's [in, out] storage passed as w.T (B contiguous along n); else [out, in]
+    wt = from_numpy_bits(np.ascontiguousarray(w.T).T if transposed_weight else w, d)
+    alone = []
+    for i in range(16):
+        out = cpu_empty(cpu, (1, n), d)
+        cpu.kernel("linear")(out, from_numpy_bits(x[i : i + 1].copy(), d), wt, None)
+        alone.append(logical(out)[0])
+    _check(np.stack(alone), x, w.T, d)
+    for m in (2, 3, 4, 5, 6, 7, 8, 11, 16):
+        out = cpu_empty(cpu, (m, n), d)
+        cpu.kernel("linear")(out, from_numpy_bits(x[:m].copy(), d), wt, None)
+        got = logical(out)
+        for i in range(m):
+            assert np.array_equal(got[i], alone[i]), f"m={m}: row {i} differs from the row alone"

