@@ -69,3 +69,25 @@ def test_registered_as_kael_plugin_named_server() -> None:
     (plugin,) = [ep for ep in entry_points(group="kael.plugins") if ep.name == "server"]
     assert plugin.value == "kael_server.plugin"
     assert plugin.load() is importlib.import_module("kael_server.plugin")
+
+
+def test_the_kael_plugin_entry_point_does_not_import_the_web_stack() -> None:
+    # kael loads `kael_server.plugin` with every plugin load (the first backward pass, for
+    # one): that must not import Litestar, uvicorn and structlog; the public names still work.
+    code = (
+        "import sys, kael_server.plugin\n"
+        "heavy = [m for m in ('litestar', 'uvicorn', 'structlog') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import kael_server\n"
+        "assert kael_server.create_app.__module__ == 'kael_server.app'\n"
+        "assert 'litestar' in sys.modules\n"
+        "assert sorted(dir(kael_server)) == sorted(set(dir(kael_server)))\n"
+        "try:\n"
+        "    kael_server.nope\n"
+        "except AttributeError as e:\n"
+        "    assert 'nope' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
