@@ -285,13 +285,15 @@ def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) 
         batch = tuple(batch_dims)
         case.args = [b.tensor((*batch, m, n), d, "out"), b.tensor((*batch, m, k), d), b.tensor((*batch, k, n), d)]
     elif op == "cat":
-        shape = _shape(r, min_ndim=1)
+        shape = list(_shape(r, min_ndim=1))
         dim = r.byte() % len(shape)
-        parts = []
-        for _ in range(1 + r.byte() % 3):
-            part = list(shape)
-            part[dim] = r.size()
-            parts.append(tuple(part))
+        sizes = [r.size() for _ in range(1 + r.byte() % 3)]
+        others = [i for i in range(len(shape)) if i != dim]
+        # a 0 along dim leaves _shape's bound on the rest void: bound the output here
+        while max(sum(sizes), 1) * _numel([max(shape[i], 1) for i in others]) > 4 * MAX_NUMEL:
+            big = max(others, key=lambda i: shape[i])
+            shape[big] //= 2
+        parts = [tuple(shape[:dim] + [n] + shape[dim + 1 :]) for n in sizes]
         total = list(shape)
         total[dim] = sum(p[dim] for p in parts)
         case.args = [b.tensor(tuple(total), d, "out"), [b.tensor(p, d) for p in parts], dim]
