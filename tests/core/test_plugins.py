@@ -366,7 +366,7 @@ def _env(site: Path | None = None, **extra: str) -> dict[str, str]:
 
 
 def _kit(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    plugin = [] if metadata.entry_points(group="pytest11", name="kael_testing") else ["-p", "kael.testing.plugin"]
+    plugin = [] if metadata.entry_points(group="pytest11", name="kael_testing") else ["-p", "kael_pytest"]
     cmd = [
         sys.executable,
         "-m",

@@ -4,7 +4,7 @@ Run it against an installed backend with::
 
     python -m pytest --pyargs kael.testing.conformance --kael-backend NAME
 
-(the ``--kael-backend`` option comes from the ``kael.testing.plugin`` pytest plugin,
+(the ``--kael-backend`` option comes from the ``kael_pytest`` pytest plugin,
 registered under the ``pytest11`` entry point of kael-core; without the option every
 test here is skipped). The suite checks:
 
