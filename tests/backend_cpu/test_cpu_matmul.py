@@ -144,7 +144,7 @@ def test_thread_counts_give_identical_products(cpu: Any) -> None:
 # NOTE [batched = alone] (kael/models/_batched.py): a product with few rows must round each
 # row exactly as a product of that row alone, whatever the row count (up to 16, the row
 # kernels' limit), in both weight layouts.
-FEW_ROWS = [(37, 29), (130, 77), (770, 515), (45, 3001), (9, 33000)]
+FEW_ROWS = [(37, 29), (130, 77), (770, 515), (45, 3001), (9, 33000), (1031, 53), (3072, 100)]
 
 
 @pytest.mark.parametrize("k,n", FEW_ROWS)
