@@ -285,17 +285,17 @@ def _structured(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) 
         batch = tuple(batch_dims)
         case.args = [b.tensor((*batch, m, n), d, "out"), b.tensor((*batch, m, k), d), b.tensor((*batch, k, n), d)]
     elif op == "cat":
-        shape = list(_shape(r, min_ndim=1))
-        dim = r.byte() % len(shape)
+        base = list(_shape(r, min_ndim=1))
+        dim = r.byte() % len(base)
         sizes = [r.size() for _ in range(1 + r.byte() % 3)]
-        others = [i for i in range(len(shape)) if i != dim]
+        others = [i for i in range(len(base)) if i != dim]
         # a 0 along dim leaves _shape's bound on the rest void: bound the output here
-        while max(sum(sizes), 1) * _numel([max(shape[i], 1) for i in others]) > 4 * MAX_NUMEL:
-            big = max(others, key=lambda i: shape[i])
-            shape[big] //= 2
-        parts = [tuple(shape[:dim] + [n] + shape[dim + 1 :]) for n in sizes]
-        total = list(shape)
-        total[dim] = sum(p[dim] for p in parts)
+        while max(sum(sizes), 1) * _numel([max(base[i], 1) for i in others]) > 4 * MAX_NUMEL:
+            big = max(others, key=lambda i: base[i])
+            base[big] //= 2
+        parts = [tuple(base[:dim] + [n] + base[dim + 1 :]) for n in sizes]
+        total = list(base)
+        total[dim] = sum(sizes)
         case.args = [b.tensor(tuple(total), d, "out"), [b.tensor(p, d) for p in parts], dim]
         case.exact = True
     elif op == "index_select":
