@@ -25,8 +25,7 @@ FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
 PROMPTS = (("def ", 1), ("class Parser:\n    def ", 2), ("import os\n", 3), ("    for ", 4))
 
 
-def samples(directory: Path, temperature: float, top_k: int, tokens: int) -> list[tuple[str, str]]:
-    model = kael.GPT.from_pretrained(directory)
+def samples(model: kael.GPT, directory: Path, temperature: float, top_k: int, tokens: int) -> list[tuple[str, str]]:
     tok = kael.BpeTokenizer.from_directory(directory)
     out = []
     for prompt, seed in PROMPTS:
@@ -45,7 +44,9 @@ def readme(directory: Path, state: dict[str, Any], command: str) -> str:
     history = "\n".join(
         f"| {h['step']} | {h['seconds']:.0f} | {h['held_out_loss']:.4f} |" for h in state.get("history", [])
     )
-    shown = "\n".join(f"\nPrompt `{p!r}`:\n\n```python\n{p}{s}\n```\n" for p, s in samples(directory, 0.7, 40, 300))
+    shown = "\n".join(
+        f"\nPrompt `{p!r}`:\n\n```python\n{p}{s}\n```\n" for p, s in samples(model, directory, 0.7, 40, 300)
+    )
     return f"""# kael-tiny
 
 A GPT-2-architecture model trained by kael itself (`examples/train_gpt.py`, on the C++

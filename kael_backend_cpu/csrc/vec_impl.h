@@ -635,28 +635,24 @@ void rows_nmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64
   if (!accumulate) {
     for (int64_t i = 0; i < m; ++i) std::memset(c + i * rsc, 0, static_cast<size_t>(n) * sizeof(T));
   }
-  constexpr int64_t L = V<T>::L;
-  if (m == 1) {
-    // one row: stream B's rows front to back, eight at a time, through a chunk of C
-    // that stays in cache; B is read once, sequentially, at memory bandwidth
-    constexpr int64_t chunk = (int64_t{256} << 10) / static_cast<int64_t>(sizeof(T));
-    for (int64_t j0 = 0; j0 < n; j0 += chunk) {
-      const int64_t w = n - j0 < chunk ? n - j0 : chunk;
-      stream_rows<T, 1, 8>(1, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
-    }
-    return;
-  }
-  if (m > 4) {
-    // five to eight rows: pairs of rows stream four rows of B at a time through a chunk
-    // of C in L2 (measured faster than the register tiles below when B comes from
-    // memory: the long runs along B's rows keep the prefetchers ahead)
+  if (m == 1 || m > 4) {
+    // Stream B's rows front to back (eight at a time for one row; four at a time for
+    // pairs of rows) through a chunk of C that stays in cache (~256 KiB): B is read once,
+    // sequentially, at memory bandwidth. For five rows and more this measured faster than
+    // the register tiles below when B comes from memory (the long runs along B's rows
+    // keep the prefetchers ahead).
     const int64_t chunk = std::max<int64_t>(256, (int64_t{256} << 10) / (m * static_cast<int64_t>(sizeof(T))));
     for (int64_t j0 = 0; j0 < n; j0 += chunk) {
       const int64_t w = n - j0 < chunk ? n - j0 : chunk;
-      stream_rows<T, 2, 4>(m, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
+      if (m == 1) {
+        stream_rows<T, 1, 8>(1, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
+      } else {
+        stream_rows<T, 2, 4>(m, w, k, a, rsa, csa, b + j0, rsb, c + j0, rsc);
+      }
     }
     return;
   }
+  constexpr int64_t L = V<T>::L;
   // Two to four rows: blocks of KB rows of B, cut into register tiles of 4 rows x 3
   // vectors that hold C while the block goes by; C's chunk (m x W, 256 KiB) stays in L2
   // between blocks, so B's rows are read in long runs.
@@ -719,6 +715,16 @@ void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t c
   }
 }
 
+// One group of MB rows over the column tiles [j0, j1) of rows_kmajor (3 columns a tile).
+template <class T, int MB, class Fetch>
+void kmajor_pass(int64_t j0, int64_t j1, int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc,
+                 int64_t csc, bool accumulate, Fetch& fetch) {
+  for (int64_t jj = j0; jj < j1; jj += 3) {
+    fetch();
+    rows_kmajor_block<T, MB, 3>(k, a, rsa, b + jj * csb, csb, c + jj * csc, rsc, csc, accumulate);
+  }
+}
+
 template <class T>
 void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc,
                  int64_t csc, bool accumulate) {
@@ -749,27 +755,11 @@ void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const
         __builtin_prefetch(next + line * 64, 0, 2);
     };
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      for (int64_t jj = j0; jj < j1; jj += 3) {
-        fetch();
-        rows_kmajor_block<T, 4, 3>(k, a + i * rsa, rsa, b + jj * csb, csb, c + i * rsc + jj * csc, rsc, csc,
-                                   accumulate);
-      }
-    }
-    for (; i + 2 <= m; i += 2) {
-      for (int64_t jj = j0; jj < j1; jj += 3) {
-        fetch();
-        rows_kmajor_block<T, 2, 3>(k, a + i * rsa, rsa, b + jj * csb, csb, c + i * rsc + jj * csc, rsc, csc,
-                                   accumulate);
-      }
-    }
-    for (; i < m; ++i) {
-      for (int64_t jj = j0; jj < j1; jj += 3) {
-        fetch();
-        rows_kmajor_block<T, 1, 3>(k, a + i * rsa, rsa, b + jj * csb, csb, c + i * rsc + jj * csc, rsc, csc,
-                                   accumulate);
-      }
-    }
+    for (; i + 4 <= m; i += 4)
+      kmajor_pass<T, 4>(j0, j1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, fetch);
+    for (; i + 2 <= m; i += 2)
+      kmajor_pass<T, 2>(j0, j1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, fetch);
+    for (; i < m; ++i) kmajor_pass<T, 1>(j0, j1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, fetch);
   }
   for (j = n3; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
