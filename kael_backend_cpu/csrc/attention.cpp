@@ -35,7 +35,9 @@ void attention_native(const View& out, const View& q, const View& k, const View&
   const int64_t tasks = nb * nh * qblocks;
   const auto sc = static_cast<T>(scale);
   const int64_t work = std::max<int64_t>(1, bq * tk * (d + dv));
-  parallel_for(0, tasks, std::max<int64_t>(1, (int64_t{1} << 16) / work), [&](int64_t t0, int64_t t1) {
+  // A chunk holds at least 4K multiply-adds: one query over a short cache (a decode step)
+  // still spreads its heads over the threads, as its keys and values come cold from memory.
+  parallel_for(0, tasks, std::max<int64_t>(1, (int64_t{1} << 12) / work), [&](int64_t t0, int64_t t1) {
     std::vector<T> s(static_cast<size_t>(bq * tk));
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t blk = task % qblocks, h = (task / qblocks) % nh, b = task / (qblocks * nh);

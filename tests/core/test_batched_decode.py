@@ -41,9 +41,11 @@ def _run(
     stop_after: Sequence[int] | None = None,
     seeds: Sequence[int | None] | None = None,
     temperature: float = 0.0,
+    together: bool = False,
 ) -> list[list[int]]:
     """Continuous batching by hand: prompt i joins before step joins[i] in row rows[i] (several may
-    share a row, one after the other) and leaves after n tokens (or stop_after[i])."""
+    share a row, one after the other) and leaves after n tokens (or stop_after[i]). With
+    ``together``, the prompts joining at one step are prefilled in one ``prefill_many`` call."""
     want = [n if stop_after is None else stop_after[i] for i in range(len(prompts))]
     gens = [
         None if seeds is None or s is None else kael.Generator().manual_seed(s)
@@ -54,13 +56,19 @@ def _run(
     running: list[int] = []
     step = 0
     while waiting or running:
-        for i in [
-            i
-            for i in waiting
-            if joins[i] <= step and engine.length(rows[i]) == 0 and all(rows[j] != rows[i] for j in running)
-        ]:
+        joining: list[int] = []
+        for i in waiting:
+            if joins[i] <= step and all(rows[j] != rows[i] for j in running + joining) and engine.length(rows[i]) == 0:
+                joining.append(i)
+        if together and joining:
+            firsts = engine.prefill_many([rows[i] for i in joining], [prompts[i] for i in joining])
+            assert firsts.shape == (len(joining), engine.vocab_size)
+            for j, i in enumerate(joining):
+                out[i].append(engine.sample(kael.select(firsts, 0, j), temperature, 0, gens[i]))
+        for i in joining:
             waiting.remove(i)
-            out[i].append(engine.sample(engine.prefill(rows[i], prompts[i]), temperature, 0, gens[i]))
+            if not together:
+                out[i].append(engine.sample(engine.prefill(rows[i], prompts[i]), temperature, 0, gens[i]))
             running.append(i)
         for i in [i for i in running if len(out[i]) >= want[i]]:
             running.remove(i)
@@ -79,15 +87,17 @@ def tiny() -> GPT:
     return GPT.from_pretrained(DATA)
 
 
+@pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize("direct", [True, False])
-def test_greedy_batched_equals_alone_on_the_reference_checkpoint(tiny: GPT, direct: bool) -> None:
+def test_greedy_batched_equals_alone_on_the_reference_checkpoint(tiny: GPT, direct: bool, together: bool) -> None:
     cases = [c for c in REF["cases"] if len(c["ids"]) + 20 <= tiny.max_positions]
     prompts = [c["ids"] for c in cases] + [cases[0]["ids"][:1], cases[-1]["ids"] + cases[0]["ids"]]
     alone = [tiny.generate(p, 20) for p in prompts]
     for c, a in zip(cases, alone):
         assert a == c["greedy_20"]  # the oracle itself is right
     engine = BatchDecoder(tiny, rows=3, direct=direct)
-    got = _run(engine, prompts, 20, joins=[0, 2, 2, 5, 9][: len(prompts)], rows=[1, 0, 2, 1, 0][: len(prompts)])
+    joins, rows = [0, 2, 2, 5, 9][: len(prompts)], [1, 0, 2, 1, 0][: len(prompts)]
+    got = _run(engine, prompts, 20, joins=joins, rows=rows, together=together)
     assert got == alone
 
 
@@ -97,9 +107,10 @@ def test_greedy_batched_equals_alone_on_random_models(seed: int) -> None:
     rng = np.random.default_rng(seed)
     prompts = [[int(t) for t in rng.integers(0, 97, size=k)] for k in (1, 6, 11, 3, 17, 2)]
     alone = [model.generate(p, 16) for p in prompts]
-    engine = BatchDecoder(model, rows=4)
-    got = _run(engine, prompts, 16, joins=[0, 0, 1, 4, 6, 6], rows=[3, 0, 1, 2, 3, 0])
-    assert got == alone
+    for together in (False, True):
+        engine = BatchDecoder(model, rows=4)
+        got = _run(engine, prompts, 16, joins=[0, 0, 1, 4, 6, 6], rows=[3, 0, 1, 2, 3, 0], together=together)
+        assert got == alone
 
 
 def test_logits_match_alone_and_leavers_do_not_disturb_the_others() -> None:
@@ -138,6 +149,44 @@ def test_logits_match_alone_and_leavers_do_not_disturb_the_others() -> None:
                 np.testing.assert_array_equal(a, b)  # one gemv per row: bit for bit
             else:
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_prefill_many_gives_each_prompt_its_logits_alone() -> None:
+    model = _random_model(3, dim=64)
+    prompts = [[4, 8, 15], [16] * 11, [23], [42, 7] * 9, [1, 2, 3, 4, 5, 6]]
+    rows = [5, 0, 3, 1, 4]
+    engine = BatchDecoder(model, rows=6)
+    got = engine.prefill_many(rows, prompts).numpy().copy()
+    assert got.shape == (len(prompts), 97)
+    assert [engine.length(r) for r in range(6)] == [11, 18, 0, 1, 6, 3]
+    p = model.plan()
+    for i, prompt in enumerate(prompts):
+        with kael.no_grad():
+            want = _prefill(model, p, prompt, model.new_cache(1, len(prompt) + 1)).numpy()
+        np.testing.assert_array_equal(got[i], want)  # the same calls as alone: bit for bit
+        # the cache rows hold what a prefill alone writes: the next step agrees too
+        alone = BatchDecoder(model, rows=1)
+        alone.prefill(0, prompt)
+        np.testing.assert_array_equal(engine.decode([rows[i]], [9]).numpy(), alone.decode([0], [9]).numpy())
+
+
+def test_prefill_many_checks_everything_before_it_starts_a_row() -> None:
+    model = _random_model(0, ctx=8)
+    engine = BatchDecoder(model, rows=3)
+    engine.prefill(2, [1])
+    cases = [
+        (([0, 1], [[1]]), kael.ShapeError, "one prompt per row"),
+        (([], []), kael.ShapeError, "one prompt per row"),
+        (([0, 0], [[1], [2]]), kael.ShapeError, r"rows \[0, 0\] repeat a row"),
+        (([0, 2], [[1], [2]]), kael.KaelError, "row 2 is in use"),
+        (([0, 3], [[1], [2]]), kael.ShapeError, "row 3 is out of range"),
+        (([0, 1], [[1], [1] * 8]), kael.ShapeError, "leaves no room"),
+        (([0, 1], [[1], [97]]), kael.KaelError, "97"),
+    ]
+    for (rows, prompts), error, match in cases:
+        with pytest.raises(error, match=match):
+            engine.prefill_many(rows, prompts)
+        assert [engine.length(r) for r in range(3)] == [0, 0, 1]  # nothing started
 
 
 def test_seeded_sampling_does_not_depend_on_the_other_rows() -> None:

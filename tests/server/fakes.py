@@ -161,11 +161,14 @@ class FakeBatchEngine:
 
     * ``gate``: block before each decode step until the test lets it through;
     * ``fail_decode_at``: raise (with SECRET) in decode step number ``fail_decode_at`` (from 0);
+    * ``fail_prefill``: raise (with SECRET) when prefilling a prompt it accepts (alone or
+      in a ``prefill_many``, which then starts no row);
     * ``fail_sample``: raise (with SECRET) when sampling for a context it accepts;
     * ``poison``: for a context it accepts, sample token ``poison_token`` (which a
       PoisonTokenizer refuses to decode: a failure in that job's token handling).
 
-    ``steps`` records the rows of every decode step; ``prefills`` the (row, prompt) of each prefill.
+    ``steps`` records the rows of every decode step; ``prefills`` the (row, prompt) of each
+    prefill; ``prefill_calls`` the rows of each ``prefill``/``prefill_many`` call.
     """
 
     def __init__(
@@ -174,6 +177,7 @@ class FakeBatchEngine:
         *,
         gate: Gate | None = None,
         fail_decode_at: int | None = None,
+        fail_prefill: Callable[[tuple[int, ...]], bool] | None = None,
         fail_sample: Callable[[tuple[int, ...]], bool] | None = None,
         poison: Callable[[tuple[int, ...]], bool] | None = None,
         poison_token: int = 0,
@@ -181,21 +185,31 @@ class FakeBatchEngine:
         self.rows = rows
         self.gate = gate
         self.fail_decode_at = fail_decode_at
+        self.fail_prefill = fail_prefill
         self.fail_sample = fail_sample
         self.poison = poison
         self.poison_token = poison_token
         self.contexts: dict[int, list[int]] = {}
         self.steps: list[list[int]] = []
         self.prefills: list[tuple[int, list[int]]] = []
+        self.prefill_calls: list[list[int]] = []
         self.released: list[int] = []
         self._rng = random.Random()
 
     def prefill(self, row: int, prompt: list[int]) -> RowLogits:
-        assert row not in self.contexts, f"row {row} is in use"
-        assert 0 <= row < self.rows
-        self.contexts[row] = list(prompt)
-        self.prefills.append((row, list(prompt)))
-        return RowLogits(row, tuple(prompt))
+        return self.prefill_many([row], [prompt])[0]
+
+    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> list[RowLogits]:
+        self.prefill_calls.append(list(rows))
+        for row, prompt in zip(rows, prompts, strict=True):
+            assert row not in self.contexts, f"row {row} is in use"
+            assert 0 <= row < self.rows
+            if self.fail_prefill is not None and self.fail_prefill(tuple(prompt)):
+                raise RuntimeError(SECRET)
+        for row, prompt in zip(rows, prompts, strict=True):
+            self.contexts[row] = list(prompt)
+            self.prefills.append((row, list(prompt)))
+        return [RowLogits(row, tuple(prompt)) for row, prompt in zip(rows, prompts, strict=True)]
 
     def decode(self, rows: list[int], tokens: list[int]) -> list[RowLogits]:
         if self.gate is not None:

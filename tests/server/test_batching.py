@@ -105,6 +105,7 @@ async def test_requests_joining_at_different_steps_get_their_answers_alone() -> 
     assert streamed[-1] == "[DONE]"
     assert "".join(json.loads(e)["text"] for e in streamed[:-1]) == body(want[1])["text"]
     assert [len(rows) for rows in engine.steps[:4]] == [1, 2, 2, 4]
+    assert [len(rows) for rows in engine.prefill_calls] == [1, 1, 2]  # the third and fourth: one call
     assert sorted(len(p) for _, p in engine.prefills) == sorted(len(str(p["prompt"])) for p in payloads)
     assert sorted(engine.released) == [0, 1, 2, 3]
     assert not engine.contexts  # every row was given back
@@ -166,6 +167,33 @@ async def test_a_failing_request_ends_alone(where: str) -> None:
     assert max(len(rows) for rows in engine.steps) == 4  # they did share steps
     again = await post(app, payloads[0])
     assert body(again) == body(exchanges[0]) | {"seconds": body(again)["seconds"]}
+
+
+@pytest.mark.anyio
+async def test_a_failing_prompt_in_a_shared_prefill_ends_alone() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(4, gate=gate, fail_prefill=lambda prompt: prompt == tuple(b"bad"))
+    app = batch_app(engine)
+    payloads = [{"prompt": p, "max_tokens": 5, "temperature": 0} for p in ("first", "good", "bad", "fine")]
+    first = Exchange(app, "/generate", payloads[0]).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)  # the worker waits before step 0
+    rest = [Exchange(app, "/generate", p).start() for p in payloads[1:]]
+    await all_encoded(app, 4)
+    gate.open()
+    for exchange in (first, *rest):
+        await exchange.finish()
+    assert [e.status for e in (first, *rest)] == [200, 200, 500, 200]
+    assert body(rest[1])["detail"] == "generation failed"
+    assert SECRET not in rest[1].received.decode()
+    want = await alone([payloads[i] for i in (0, 1, 3)])
+    assert [body(e)["text"] for e in (first, rest[0], rest[2])] == [body(w)["text"] for w in want]
+    # the three prompts ready together went in one call; it failed, so each ran alone
+    assert [len(rows) for rows in engine.prefill_calls] == [1, 3, 1, 1, 1]
+    assert [p for _, p in engine.prefills] == [list(b"first"), list(b"good"), list(b"fine")]
+    assert sorted(engine.released) == [0, 1, 2, 3] and not engine.contexts
+    m = samples(generator_of(app).metrics.render().decode())
+    assert m[("kael_requests_total", (("status", "error"),))] == 1
+    assert m[("kael_requests_in_flight", ())] == 0
 
 
 @pytest.mark.anyio

@@ -64,7 +64,8 @@ def reference_text(tokenizer: Any, ids: list[int]) -> str:
 
 class Probe:
     """kael's BatchDecoder with a gate before each decode step and, optionally, a sampling
-    failure for one prompt at its token number ``fail_at``; records the rows of each step."""
+    failure for one prompt at its token number ``fail_at``; records the rows of each step
+    and of each ``prefill_many`` call."""
 
     def __init__(self, engine: Any, gate: Gate, fail_prompt: list[int] | None = None, fail_at: int = 2) -> None:
         self.engine, self.gate, self.rows = engine, gate, engine.rows
@@ -72,10 +73,18 @@ class Probe:
         self.prompts: dict[int, list[int]] = {}
         self.sampled: dict[int, int] = {}
         self.steps: list[list[int]] = []
+        self.prefill_calls: list[list[int]] = []
 
     def prefill(self, row: int, prompt: list[int]) -> tuple[int, Any]:
         self.prompts[row], self.sampled[row] = list(prompt), 0
         return row, self.engine.prefill(row, prompt)
+
+    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> list[tuple[int, Any]]:
+        self.prefill_calls.append(list(rows))
+        logits = self.engine.prefill_many(rows, prompts)
+        for row, prompt in zip(rows, prompts, strict=True):
+            self.prompts[row], self.sampled[row] = list(prompt), 0
+        return [(row, kael.select(logits, 0, i)) for i, row in enumerate(rows)]
 
     def decode(self, rows: list[int], tokens: list[int]) -> list[tuple[int, Any]]:
         self.gate.step()
@@ -147,6 +156,7 @@ async def test_greedy_batched_equals_alone_joining_at_different_steps(model: Any
     alone = apps(model, tokenizer)
     assert got[3] == await answer(alone, payloads[3])
     assert [len(rows) for rows in probe.steps[:5]] == [1, 2, 2, 2, 4]
+    assert [len(rows) for rows in probe.prefill_calls] == [1, 1, 2]  # the last two prompts: one call
 
 
 @pytest.mark.anyio
@@ -172,6 +182,7 @@ async def test_seeded_samples_do_not_depend_on_what_runs_alongside(model: Any, t
     got.append("".join(json.loads(e)["text"] for e in exchanges[2].events()[:-1]))
     assert got == want
     assert max(len(rows) for rows in probe.steps) == 3
+    assert [len(rows) for rows in probe.prefill_calls] == [1, 2]  # prefilled together, sampled apart
 
 
 @pytest.mark.anyio

@@ -1,14 +1,14 @@
 """BatchScheduler: continuous batching, up to N generations sharing every decode step.
 
 One worker thread drives a BatchEngine (kael's ``models.BatchDecoder``: a KV cache with one
-row per slot). Between two decode steps it prefills the jobs whose prompts are ready, alone,
-each into a free row (their first token comes from the prefill), then runs one decode step
-for every job in the batch. A job leaves the batch when it finishes, fails or is cancelled;
+row per slot). Between two decode steps it prefills the jobs whose prompts are ready, each
+into a free row and each as it would run alone, in one engine call (their first tokens come
+from the prefill), then runs one decode step for every job in the batch. A job leaves the batch when it finishes, fails or is cancelled;
 the others go on untouched, and the first job in the queue takes the slot.
 
     submit (loop) -> slot free? hold it : queue room? wait (at most queue_timeout) : 429
     encoder thread: tokenize + check the prompt (never on the loop, never on the worker)
-    worker: [prefill ready jobs] -> decode step(batch) -> sample per row -> JobOutput ...
+    worker: [prefill the ready jobs] -> decode step(batch) -> sample per row -> JobOutput ...
 
 NOTE [batch isolation]: everything that belongs to one job (its prompt check, prefill,
 sampling from its own row of logits with its own generator, its on_token handling) runs in
@@ -207,34 +207,57 @@ class BatchScheduler(Scheduler):
                 self._emit_all(dropped)
                 if not alive:
                     return
-                for entry in ready:
-                    self._start(entry)
+                if ready:
+                    self._start(ready)
                 if self._decoding:
                     self._step()
         except BaseException as exc:  # a bug in the loop itself: no job may be left waiting
             self._fail_everything(exc)
 
-    def _start(self, entry: _Entry) -> None:
-        """Prefills a job alone into a free row; its first token comes from the prompt's logits."""
-        job = entry.job
-        if job.cancelled:
-            self._finish(entry, Failed(Cancelled(job.cancel_reason or "client")))
+    def _start(self, entries: list[_Entry]) -> None:
+        """Prefills the ready jobs into free rows, in one engine call (each prompt as alone,
+        NOTE [batched prefill] in kael's BatchDecoder); each first token comes from its
+        prompt's logits. If that call fails, each prompt runs alone, so only its own job fails."""
+        generator, starting = self._generator, []
+        for entry in entries:
+            job = entry.job
+            if job.cancelled:
+                self._finish(entry, Failed(Cancelled(job.cancel_reason or "client")))
+                continue
+            assert entry.ids is not None
+            generator.accept(job, entry.ids)
+            entry.output = JobOutput(job, generator.tokenizer)
+            entry.started = time.perf_counter()
+            entry.row = self._free_rows.pop()
+            try:
+                entry.rng = generator.rng_for(job.params)
+            except Exception as exc:
+                self._end(entry, Failed(exc))
+                continue
+            starting.append(entry)
+        if not starting:
             return
-        assert entry.ids is not None
-        generator, params = self._generator, job.params
-        generator.accept(job, entry.ids)
-        entry.output = JobOutput(job, generator.tokenizer)
-        entry.started = time.perf_counter()
-        entry.row = self._free_rows.pop()
+        firsts: list[tuple[_Entry, object]] = []
         try:
-            entry.rng = generator.rng_for(params)
-            logits = self._engine.prefill(entry.row, entry.ids)
-            token = self._sample(entry, logits)
+            logits = self._engine.prefill_many([e.row for e in starting], [e.ids for e in starting])  # type: ignore[misc]
+            firsts = [(entry, logits[i]) for i, entry in enumerate(starting)]
         except Exception as exc:
-            self._end(entry, Failed(exc))
-            return
-        self._decoding.append(entry)
-        self._take(entry, token)
+            if len(starting) == 1:
+                self._end(starting[0], Failed(exc))
+                return
+            for entry in starting:  # which prompt failed? each alone, so the others go on
+                try:
+                    firsts.append((entry, self._engine.prefill(entry.row, entry.ids)))  # type: ignore[arg-type]
+                except Exception as alone:
+                    self._end(entry, Failed(alone))
+        for entry, first in firsts:
+            try:
+                token = self._sample(entry, first)
+            except Exception as exc:
+                self._end(entry, Failed(exc))
+                continue
+            self._decoding.append(entry)
+            self._take(entry, token)
 
     def _step(self) -> None:
         """One decode step for every job in the batch (cancelled ones leave first)."""

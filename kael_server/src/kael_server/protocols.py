@@ -44,6 +44,9 @@ class BatchEngine(Protocol):
     """Decodes several sequences together, one cache row each (kael's ``models.BatchDecoder``).
 
     ``prefill`` runs one prompt alone into a free row and returns the logits after it;
+    ``prefill_many`` does so for several prompts and rows in one call (indexable by
+    position; each row's logits exactly as ``prefill`` gives them; if it raises, no row
+    was started);
     ``decode`` appends one token to each of several rows in one pass and returns their
     logits in the same order (indexable by position; valid until the next call); ``sample``
     picks a token from one sequence's logits exactly as ``Model.generate`` would.
@@ -52,6 +55,8 @@ class BatchEngine(Protocol):
     rows: int
 
     def prefill(self, row: int, prompt: list[int]) -> Any: ...
+
+    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> Any: ...
 
     def decode(self, rows: list[int], tokens: list[int]) -> Any: ...
 

@@ -21,6 +21,14 @@ sample does not depend on what else runs. Hence:
 * attention runs per row over exactly that row's keys (no padding, no length mask: a
   masked tail changes how a softmax sum is grouped, and so its rounding).
 
+NOTE [batched prefill]: ``prefill_many`` starts several sequences in one call without
+giving up that identity. A prompt's rows cannot share a product with another prompt's
+(a backend may round a product of more rows differently), so each prompt still runs
+``GPT.run_layer`` alone, exactly the calls ``prefill`` makes; but the prompts go layer
+by layer together, so a layer's weights are read from memory for the first prompt and
+from cache for the others, and the last positions share one LM-head product (rows of
+``[n, 1, C]``, as in a decode step).
+
 A decode step calls the backend's kernels directly, like ``Decoder`` (eleven batched
 calls per layer plus two per row), reusing buffers sized for all rows; a backend
 without the fused kernels gets the general forward pass (``GPT.run``) with a cache step
@@ -42,7 +50,7 @@ from ..ops import Generator, add, attention, cat, narrow, select, view
 from ..ops._core import empty
 from ..ops._inplace import copy_
 from ..ops._views import make_view
-from ._generate import _prefill, _prompt_ids, sample_next
+from ._generate import _embed, _prefill, _prompt_ids, sample_next
 from ._kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -121,6 +129,49 @@ class BatchDecoder:
         self.cache.lengths[row] = one.lengths[0]
         self.active[row] = True
         return logits
+
+    def prefill_many(self, rows: Sequence[int], prompts: Sequence[Any]) -> Tensor:
+        """Start several sequences at once, ``prompts[i]`` into free ``rows[i]``; logits [len(rows), V].
+
+        Row i's logits are bit-identical to ``prefill(rows[i], prompts[i])``: each prompt goes
+        through the same calls as alone (NOTE [batched prefill]), but layer by layer across
+        the prompts, so each layer's weights come from memory once for all of them, and one
+        LM-head product serves every prompt's last position.
+        """
+        rows = list(rows)
+        prompts = list(prompts)
+        if not rows or len(rows) != len(prompts):
+            raise ShapeError(
+                f"BatchDecoder.prefill_many: give one prompt per row (at least one), got {len(rows)} rows "
+                f"and {len(prompts)} prompts"
+            )
+        for r in rows:
+            self._check_row(r, "prefill_many")
+            if self.active[r]:
+                raise KaelError(f"BatchDecoder.prefill_many: row {r} is in use; release it first")
+        if len(set(rows)) != len(rows):
+            raise ShapeError(f"BatchDecoder.prefill_many: rows {rows} repeat a row")
+        idss = [_prompt_ids(prompt, self.vocab_size) for prompt in prompts]
+        for ids in idss:
+            if len(ids) >= self.cache.max_positions:
+                raise ShapeError(
+                    f"BatchDecoder.prefill_many: a prompt of {len(ids)} tokens leaves no room in the cache's "
+                    f"{self.cache.max_positions} positions"
+                )
+        model, p = self.model, self.plan
+        ones = [_row_cache(self.cache, r) for r in rows]
+        with no_grad():
+            steps = [one.begin(len(ids)) for one, ids in zip(ones, idss)]
+            xs = [_embed(model, p, ids) for ids in idss]
+            for i in range(len(p.layers)):
+                xs = [model.run_layer(i, x, p, step) for x, step in zip(xs, steps)]
+            lasts = [narrow(x, 1, len(ids) - 1, 1) for x, ids in zip(xs, idss)]
+            logits = model.run_head(lasts[0] if len(lasts) == 1 else cat(lasts, 0), p)
+        for r, one, step in zip(rows, ones, steps):
+            step.commit()
+            self.cache.lengths[r] = one.lengths[0]
+            self.active[r] = True
+        return view(logits, len(rows), self.vocab_size)
 
     def release(self, row: int) -> None:
         """Forget ``row``'s sequence (its memory is reused by the next prefill)."""

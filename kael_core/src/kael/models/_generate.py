@@ -188,12 +188,16 @@ def _loop(
 
 def _prefill(model: GPT, p: Plan, ids: list[int], cache: KVCache) -> Tensor:
     """Run the prompt through the model into the cache; the last position's logits [V]."""
-    x = tensor([ids], dtype=dt.int64, device=model.device)
     step = cache.begin(len(ids))
-    h = add(embedding(x, p.wte), narrow(p.wpe, 0, 0, len(ids)))
-    logits = model.run(h, p, step, [len(ids) - 1])
+    logits = model.run(_embed(model, p, ids), p, step, [len(ids) - 1])
     step.commit()
     return view(logits, model.vocab_size)
+
+
+def _embed(model: GPT, p: Plan, ids: list[int]) -> Tensor:
+    """The prompt's token plus position embeddings [1, T, C] (positions from 0)."""
+    x = tensor([ids], dtype=dt.int64, device=model.device)
+    return add(embedding(x, p.wte), narrow(p.wpe, 0, 0, len(ids)))
 
 
 def _decode(model: GPT, p: Plan, token: int, cache: KVCache) -> Tensor:
@@ -208,5 +212,4 @@ def _decode(model: GPT, p: Plan, token: int, cache: KVCache) -> Tensor:
 
 def _window(model: GPT, p: Plan, ids: list[int]) -> Tensor:
     """The last position's logits [V] for ids (at most the context) recomputed without a cache."""
-    x = add(embedding(tensor([ids], dtype=dt.int64, device=model.device), p.wte), narrow(p.wpe, 0, 0, len(ids)))
-    return view(model.run(x, p, None, [len(ids) - 1]), model.vocab_size)
+    return view(model.run(_embed(model, p, ids), p, None, [len(ids) - 1]), model.vocab_size)

@@ -370,29 +370,39 @@ class GPT(Module):
 
         last: one position per row whose logits to compute (``[B, 1, V]``), or None for all.
         """
-        b, t, c = x.shape
-        nh, hd = self.config.heads, self.config.head_dim
-        eps = self.config.layer_norm_epsilon
-        ns = (c,)
-        for i, w in enumerate(p.layers):
-            qkv = view(linear(layer_norm(x, ns, w.ln_1_w, w.ln_1_b, eps), w.attn_w, w.attn_b), b, t, 3, nh, hd)
-            q = transpose(select(qkv, 2, 0), 1, 2)  # [B, H, T, D]
-            if step is None:
-                k = transpose(select(qkv, 2, 1), 1, 2)
-                v = transpose(select(qkv, 2, 2), 1, 2)
-                y = attention(q, k, v, causal=True)
-            else:
-                y = step.attend(i, q, permute(narrow(qkv, 2, 1, 2), 0, 2, 3, 1, 4))  # new k, v: [B, 2, H, T, D]
-            x = add(x, linear(reshape(transpose(y, 1, 2), b, t, c), w.attn_proj_w, w.attn_proj_b))
-            hid = gelu(linear(layer_norm(x, ns, w.ln_2_w, w.ln_2_b, eps), w.fc_w, w.fc_b), approximate="tanh")
-            x = add(x, linear(hid, w.mlp_proj_w, w.mlp_proj_b))
+        for i in range(len(p.layers)):
+            x = self.run_layer(i, x, p, step)
         if last is not None:
             x = (
                 narrow(x, 1, last[0], 1)
                 if all(n == last[0] for n in last)
                 else cat([narrow(narrow(x, 0, r, 1), 1, n, 1) for r, n in enumerate(last)], 0)
             )
-        return linear(layer_norm(x, ns, p.ln_f_w, p.ln_f_b, eps), p.wte)
+        return self.run_head(x, p)
+
+    def run_layer(self, i: int, x: Tensor, p: Plan, step: CacheStep | None) -> Tensor:
+        """Layer ``i`` of ``run`` on x [B, T, C] (its attention reads and extends ``step``'s cache)."""
+        b, t, c = x.shape
+        nh, hd = self.config.heads, self.config.head_dim
+        eps = self.config.layer_norm_epsilon
+        ns = (c,)
+        w = p.layers[i]
+        qkv = view(linear(layer_norm(x, ns, w.ln_1_w, w.ln_1_b, eps), w.attn_w, w.attn_b), b, t, 3, nh, hd)
+        q = transpose(select(qkv, 2, 0), 1, 2)  # [B, H, T, D]
+        if step is None:
+            k = transpose(select(qkv, 2, 1), 1, 2)
+            v = transpose(select(qkv, 2, 2), 1, 2)
+            y = attention(q, k, v, causal=True)
+        else:
+            y = step.attend(i, q, permute(narrow(qkv, 2, 1, 2), 0, 2, 3, 1, 4))  # new k, v: [B, 2, H, T, D]
+        x = add(x, linear(reshape(transpose(y, 1, 2), b, t, c), w.attn_proj_w, w.attn_proj_b))
+        hid = gelu(linear(layer_norm(x, ns, w.ln_2_w, w.ln_2_b, eps), w.fc_w, w.fc_b), approximate="tanh")
+        return add(x, linear(hid, w.mlp_proj_w, w.mlp_proj_b))
+
+    def run_head(self, x: Tensor, p: Plan) -> Tensor:
+        """The final layer norm and the LM head of ``run``: logits [B, T, V] for x [B, T, C]."""
+        eps = self.config.layer_norm_epsilon
+        return linear(layer_norm(x, (x.shape[-1],), p.ln_f_w, p.ln_f_b, eps), p.wte)
 
     # -- generation ----------------------------------------------------------------------------
     def generate(
