@@ -189,6 +189,26 @@ def test_prefill_many_checks_everything_before_it_starts_a_row() -> None:
         assert [engine.length(r) for r in range(3)] == [0, 0, 1]  # nothing started
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_greedy_picks_what_sample_picks_row_by_row(dtype: type) -> None:
+    rng = np.random.default_rng(4)
+    rows = rng.standard_normal((9, 300)).astype(dtype)
+    rows[1, [7, 200]] = 50.0  # a tie: the first one wins
+    rows[2, 13] = np.nan  # NaN is the largest (as in PyTorch)
+    rows[3] = 1.5  # all equal
+    rows[4] = -np.inf
+    rows[5, 299] = np.inf
+    rows[6, [0, 5]] = np.nan
+    logits = kael.tensor(rows)
+    want = [BatchDecoder.sample(kael.select(logits, 0, i)) for i in range(9)]
+    assert BatchDecoder.greedy(logits) == want
+    assert want[1] == 7 and want[3] == 0 and want[5] == 299
+    assert BatchDecoder.greedy(kael.narrow(logits, 0, 3, 4)) == want[3:7]  # a view works too
+    for bad in (kael.select(logits, 0, 0), kael.tensor(np.zeros((2, 0), np.float32)), kael.tensor([[1, 2]])):
+        with pytest.raises(kael.ShapeError, match="BatchDecoder.greedy"):
+            BatchDecoder.greedy(bad)
+
+
 def test_seeded_sampling_does_not_depend_on_the_other_rows() -> None:
     model = _random_model(7)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [5, 3]]

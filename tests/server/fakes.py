@@ -168,7 +168,8 @@ class FakeBatchEngine:
       PoisonTokenizer refuses to decode: a failure in that job's token handling).
 
     ``steps`` records the rows of every decode step; ``prefills`` the (row, prompt) of each
-    prefill; ``prefill_calls`` the rows of each ``prefill``/``prefill_many`` call.
+    prefill; ``prefill_calls`` the rows of each ``prefill``/``prefill_many`` call;
+    ``greedy_calls`` counts the ``greedy`` calls (one per step with several greedy rows).
     """
 
     def __init__(
@@ -193,6 +194,7 @@ class FakeBatchEngine:
         self.steps: list[list[int]] = []
         self.prefills: list[tuple[int, list[int]]] = []
         self.prefill_calls: list[list[int]] = []
+        self.greedy_calls = 0
         self.released: list[int] = []
         self._rng = random.Random()
 
@@ -231,6 +233,10 @@ class FakeBatchEngine:
             return ord("a") + sum(logits.context) % 26
         rng = generator if generator is not None else self._rng
         return ord("a") + int(rng.randrange(26))
+
+    def greedy(self, logits: list[RowLogits]) -> list[int]:
+        self.greedy_calls += 1
+        return [self.sample(row) for row in logits]
 
     def release(self, row: int) -> None:
         self.contexts.pop(row, None)

@@ -106,6 +106,7 @@ async def test_requests_joining_at_different_steps_get_their_answers_alone() -> 
     assert "".join(json.loads(e)["text"] for e in streamed[:-1]) == body(want[1])["text"]
     assert [len(rows) for rows in engine.steps[:4]] == [1, 2, 2, 4]
     assert [len(rows) for rows in engine.prefill_calls] == [1, 1, 2]  # the third and fourth: one call
+    assert engine.greedy_calls >= 5  # the greedy rows of a step: one call
     assert sorted(len(p) for _, p in engine.prefills) == sorted(len(str(p["prompt"])) for p in payloads)
     assert sorted(engine.released) == [0, 1, 2, 3]
     assert not engine.contexts  # every row was given back
@@ -165,6 +166,7 @@ async def test_a_failing_request_ends_alone(where: str) -> None:
     assert SECRET not in exchanges[1].received.decode() + streamed.received.decode()
     assert [body(exchanges[i])["text"] for i in (0, 2)] == [body(want[i])["text"] for i in (0, 2)]
     assert max(len(rows) for rows in engine.steps) == 4  # they did share steps
+    assert engine.greedy_calls >= 2  # shared greedy picks, then each alone when one failed
     again = await post(app, payloads[0])
     assert body(again) == body(exchanges[0]) | {"seconds": body(again)["seconds"]}
 

@@ -62,6 +62,16 @@ def reference_text(tokenizer: Any, ids: list[int]) -> str:
     return b"".join(tokenizer.decode([t]) for t in ids).decode("utf-8", errors="replace")
 
 
+class StepLogits:
+    """A decode step's logits as Probe hands them out: row i is (engine row, its logits)."""
+
+    def __init__(self, rows: list[int], values: Any) -> None:
+        self.rows, self.values = list(rows), values
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        return self.rows[i], kael.select(self.values, 0, i)
+
+
 class Probe:
     """kael's BatchDecoder with a gate before each decode step and, optionally, a sampling
     failure for one prompt at its token number ``fail_at``; records the rows of each step
@@ -74,6 +84,7 @@ class Probe:
         self.sampled: dict[int, int] = {}
         self.steps: list[list[int]] = []
         self.prefill_calls: list[list[int]] = []
+        self.greedy_calls = 0
 
     def prefill(self, row: int, prompt: list[int]) -> tuple[int, Any]:
         self.prompts[row], self.sampled[row] = list(prompt), 0
@@ -86,18 +97,27 @@ class Probe:
             self.prompts[row], self.sampled[row] = list(prompt), 0
         return [(row, kael.select(logits, 0, i)) for i, row in enumerate(rows)]
 
-    def decode(self, rows: list[int], tokens: list[int]) -> list[tuple[int, Any]]:
+    def decode(self, rows: list[int], tokens: list[int]) -> StepLogits:
         self.gate.step()
         self.steps.append(list(rows))
-        logits = self.engine.decode(rows, tokens)
-        return [(row, kael.select(logits, 0, i)) for i, row in enumerate(rows)]
+        return StepLogits(rows, self.engine.decode(rows, tokens))
 
     def sample(self, logits: tuple[int, Any], temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int:
         row, values = logits
-        if self.prompts[row] == self.fail_prompt and self.sampled[row] == self.fail_at:
-            raise RuntimeError(SECRET)
-        self.sampled[row] += 1
+        self._count([row])
         return int(self.engine.sample(values, temperature, top_k, generator))
+
+    def greedy(self, logits: StepLogits) -> list[int]:
+        self._count(logits.rows)
+        self.greedy_calls += 1
+        return list(self.engine.greedy(logits.values))
+
+    def _count(self, rows: list[int]) -> None:
+        """One more token sampled for each of ``rows``; raises for the doomed prompt's token ``fail_at``."""
+        if any(self.prompts[r] == self.fail_prompt and self.sampled[r] == self.fail_at for r in rows):
+            raise RuntimeError(SECRET)
+        for r in rows:
+            self.sampled[r] += 1
 
     def release(self, row: int) -> None:
         self.engine.release(row)
@@ -157,6 +177,7 @@ async def test_greedy_batched_equals_alone_joining_at_different_steps(model: Any
     assert got[3] == await answer(alone, payloads[3])
     assert [len(rows) for rows in probe.steps[:5]] == [1, 2, 2, 2, 4]
     assert [len(rows) for rows in probe.prefill_calls] == [1, 1, 2]  # the last two prompts: one call
+    assert probe.greedy_calls >= 16  # steps with several greedy rows pick their tokens in one call
 
 
 @pytest.mark.anyio
@@ -212,6 +233,7 @@ async def test_cancelled_and_failing_requests_leave_the_others_unchanged(model: 
     assert json.loads(kept[0].received)["text"] == await answer(alone, keep[0])
     assert "".join(json.loads(e)["text"] for e in kept[1].events()[:-1]) == await answer(alone, keep[1])
     assert 4 in {len(rows) for rows in probe.steps}  # all four shared steps before two left
+    assert probe.greedy_calls >= 2  # the greedy pair shared calls until the doomed one failed
     m = samples(generator_of(app).metrics.render().decode())
     outcomes = {s: m[("kael_requests_total", (("status", s),))] for s in ("ok", "error", "cancelled")}
     assert outcomes == {"ok": 2, "error": 1, "cancelled": 1}

@@ -8,7 +8,8 @@ the others go on untouched, and the first job in the queue takes the slot.
 
     submit (loop) -> slot free? hold it : queue room? wait (at most queue_timeout) : 429
     encoder thread: tokenize + check the prompt (never on the loop, never on the worker)
-    worker: [prefill the ready jobs] -> decode step(batch) -> sample per row -> JobOutput ...
+    worker: [prefill the ready jobs] -> decode step(batch) -> sample (greedy rows: one call)
+            -> JobOutput per row ...
 
 NOTE [batch isolation]: everything that belongs to one job (its prompt check, prefill,
 sampling from its own row of logits with its own generator, its on_token handling) runs in
@@ -274,13 +275,27 @@ class BatchScheduler(Scheduler):
             for entry in batch:
                 self._end(entry, Failed(exc))
             return
+        greedy = self._greedy(batch, logits)
         for i, entry in enumerate(batch):
             try:
-                token = self._sample(entry, logits[i])
+                token = greedy[i] if i in greedy else self._sample(entry, logits[i])
             except Exception as exc:
                 self._end(entry, Failed(exc))
                 continue
             self._take(entry, token)
+
+    def _greedy(self, batch: list[_Entry], logits: object) -> dict[int, int]:
+        """The greedy rows' tokens (by position in the step) from one engine call; empty if
+        fewer than two rows are greedy, or if that call fails (each row then samples alone,
+        so a failure ends only its own job)."""
+        rows = [i for i, entry in enumerate(batch) if entry.job.params.temperature == 0]
+        if len(rows) < 2:
+            return {}
+        try:
+            picked = self._engine.greedy(logits)
+            return {i: int(picked[i]) for i in rows}
+        except Exception:
+            return {}
 
     def _sample(self, entry: _Entry, logits: object) -> int:
         params = entry.job.params

@@ -49,7 +49,9 @@ class BatchEngine(Protocol):
     was started);
     ``decode`` appends one token to each of several rows in one pass and returns their
     logits in the same order (indexable by position; valid until the next call); ``sample``
-    picks a token from one sequence's logits exactly as ``Model.generate`` would.
+    picks a token from one sequence's logits exactly as ``Model.generate`` would, and
+    ``greedy`` picks every row's greedy token (``sample`` at temperature 0) from a step's
+    logits in one call.
     """
 
     rows: int
@@ -61,5 +63,7 @@ class BatchEngine(Protocol):
     def decode(self, rows: list[int], tokens: list[int]) -> Any: ...
 
     def sample(self, logits: Any, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int: ...
+
+    def greedy(self, logits: Any) -> list[int]: ...
 
     def release(self, row: int) -> None: ...

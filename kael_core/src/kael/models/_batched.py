@@ -46,7 +46,7 @@ from .. import _dtype as dt
 from .._errors import KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import Generator, add, attention, cat, narrow, select, view
+from ..ops import Generator, add, argmax, attention, cat, narrow, select, view
 from ..ops._core import empty
 from ..ops._inplace import copy_
 from ..ops._views import make_view
@@ -197,6 +197,18 @@ class BatchDecoder:
     def sample(logits: Tensor, temperature: float = 0.0, top_k: int = 0, generator: Generator | None = None) -> int:
         """The next token from one row's logits [V] (``sample_next``, as ``generate`` draws it)."""
         return int(sample_next(logits, temperature, top_k, generator))
+
+    @staticmethod
+    def greedy(logits: Tensor) -> list[int]:
+        """Each row's greedy token from a step's logits [n, V] in one call: ``sample(row)`` of every row."""
+        if not isinstance(logits, Tensor) or logits.ndim != 2 or not logits.dtype.is_floating_point:
+            raise ShapeError(
+                f"BatchDecoder.greedy: logits must be a floating-point tensor [n, V], got "
+                f"{getattr(logits, 'dtype', type(logits).__name__)!r} {list(getattr(logits, 'shape', ()))}"
+            )
+        if logits.shape[1] == 0:
+            raise ShapeError(f"BatchDecoder.greedy: logits [n, V] need V >= 1, got {list(logits.shape)}")
+        return [int(t) for t in argmax(logits, 1).tolist()]
 
     def _general(self, rows: list[int], tokens: list[int]) -> Tensor:
         """The decode step through ``GPT.run`` (any backend: fused ops may be decompositions)."""
