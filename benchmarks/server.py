@@ -9,9 +9,10 @@ and, with ``--load``, K concurrent streaming clients against a batching server.
 With ``--data`` a directory lacking vocab.json / merges.txt gets them from
 tests/data/gpt2-tokenizer. ``--random-gpt2`` builds the checkpoint with kael (``small`` or
 ``LAYERS,HEADS,DIMENSION[,CONTEXT]``, GPT-2's vocabulary; nothing is downloaded). The load
-mode starts the server with ``--slots`` (default 8) and a queue as deep, and reports for each
-K: aggregate tokens/s (all tokens over the wall time of the round), per-stream tokens/s after
-the first token (median), p50/p99 time to first token, and errors. Prints one JSON object.
+mode starts the server with ``--slots`` (default 8) and a queue as deep, sweeps K over
+``--passes`` passes (default 3), and reports for each K: aggregate tokens/s (all tokens over
+the wall time of a pass; the median pass, and every pass), per-stream tokens/s after the first
+token (median), p50/p99 time to first token, and errors. Prints one JSON object.
 Every loop is bounded in time and count, and only loopback addresses are used when the
 script starts the server itself.
 """
@@ -189,30 +190,46 @@ def load_round(url: str, clients: int, prompt: str, max_tokens: int, rounds: int
     for thread in threads:
         thread.join(timeout=3600)
     wall = time.perf_counter() - start
+    return {"runs": runs, "errors": errors, "wall_s": wall}
+
+
+def summarize(clients: int, passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One K over its passes: the median pass's aggregate rate; the streams of every pass pooled."""
+    runs = [r for p in passes for r in p["runs"]]
+    errors = [e for p in passes for e in p["errors"]]
+    rates = [sum(int(r["tokens"]) for r in p["runs"]) / p["wall_s"] for p in passes]
     ttfts = [r["ttft_s"] for r in runs]
-    rates = [r["tokens_per_s"] for r in runs if r["tokens_per_s"] == r["tokens_per_s"]]
-    tokens = sum(int(r["tokens"]) for r in runs)
+    per_stream = [r["tokens_per_s"] for r in runs if r["tokens_per_s"] == r["tokens_per_s"]]
     return {
         "clients": clients,
         "streams": len(runs),
         "errors": len(errors),
         "error_samples": sorted(set(errors))[:3],
-        "tokens": tokens,
-        "wall_s": round(wall, 2),
-        "aggregate_tokens_per_s": round(tokens / wall, 2),
-        "per_stream_tokens_per_s_median": round(statistics.median(rates), 2) if rates else None,
+        "tokens": sum(int(r["tokens"]) for r in runs),
+        "wall_s": round(sum(p["wall_s"] for p in passes), 2),
+        "aggregate_tokens_per_s": round(statistics.median(rates), 2),
+        "aggregate_tokens_per_s_passes": [round(r, 2) for r in rates],
+        "per_stream_tokens_per_s_median": round(statistics.median(per_stream), 2) if per_stream else None,
         "ttft_p50_s": round(percentile(ttfts, 0.50), 3) if ttfts else None,
         "ttft_p99_s": round(percentile(ttfts, 0.99), 3) if ttfts else None,
     }
 
 
-def measure_load(url: str, clients: list[int], prompt_tokens: int, max_tokens: int, rounds: int) -> dict[str, Any]:
+def measure_load(
+    url: str, clients: list[int], prompt_tokens: int, max_tokens: int, rounds: int, passes: int
+) -> dict[str, Any]:
     with httpx.Client(base_url=url, timeout=600) as client:
         model = client.get("/v1/models").json()["data"][0]
         prompt = exact_prompt(client, prompt_tokens)
         max_tokens = min(max_tokens, model["max_model_len"] - prompt_tokens)
         one_stream(client, prompt, 4)  # warm-up: first-call allocations, caches
-    results = [load_round(url, k, prompt, max_tokens, rounds) for k in clients]
+    # Whole sweeps over K, one after another: a slow spell of a shared machine then
+    # touches every K rather than one of them.
+    done: dict[int, list[dict[str, Any]]] = {k: [] for k in clients}
+    for _ in range(passes):
+        for k in clients:
+            done[k].append(load_round(url, k, prompt, max_tokens, rounds))
+    results = [summarize(k, done[k]) for k in clients]
     base = results[0]["aggregate_tokens_per_s"] if results and results[0]["clients"] == 1 else None
     for r in results:
         r["aggregate_over_one_client"] = round(r["aggregate_tokens_per_s"] / base, 2) if base else None
@@ -222,6 +239,7 @@ def measure_load(url: str, clients: list[int], prompt_tokens: int, max_tokens: i
         "prompt_tokens": prompt_tokens,
         "max_tokens": max_tokens,
         "rounds_per_client": rounds,
+        "passes": passes,
         "load": results,
     }
 
@@ -292,6 +310,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16, help="with --load: tokens of each prompt")
     parser.add_argument("--max-tokens", type=int, default=64, help="with --load: tokens generated per stream")
     parser.add_argument("--rounds", type=int, default=2, help="with --load: streams per client, one after another")
+    parser.add_argument(
+        "--passes", type=int, default=3, help="with --load: sweeps over every K; each K reports its median pass"
+    )
     parser.add_argument("--device", default="cpu", help="with --data: the device to serve on")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each /health measurement")
     parser.add_argument("--streams", type=int, default=5, help="streams timed for TTFT and tokens/s")
@@ -301,7 +322,7 @@ def main() -> None:
 
     def run(url: str) -> dict[str, Any]:
         if args.load:
-            return measure_load(url, clients, args.prompt_tokens, args.max_tokens, args.rounds)
+            return measure_load(url, clients, args.prompt_tokens, args.max_tokens, args.rounds, args.passes)
         return measure(url, args.seconds, args.streams, args.prompt)
 
     extra = ["--slots", str(args.slots), "--queue", str(max(clients))] if args.load else []
