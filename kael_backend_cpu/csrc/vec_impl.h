@@ -2,7 +2,7 @@
 // compiled per instruction set (NOTE [runtime dispatch] in vec.h). The including
 // file defines KAEL_VBYTES (vector width in bytes), KAEL_MR_F/KAEL_NV_F and
 // KAEL_MR_D/KAEL_NV_D (GEMM micro-tile rows and vectors per row) and opens a
-// namespace of its own, after including <algorithm>, <cmath>, <cstdint>, <cstring>, <limits>
+// namespace of its own, after including <algorithm>, <cmath>, <cstdint>, <cstring>, <limits>, <vector>
 // and vec.h (this file has no includes: it is pasted inside that namespace).
 
 // clang-format off
@@ -692,20 +692,18 @@ struct LineFetch {
   const char* stop = nullptr;
 };
 
-// Few rows, A rows and B columns contiguous along k: MB x NB dot products at once. With
-// `fetch`, each step along k also prefetches one line of `fetch` (spread this way, the
-// requests overlap the arithmetic instead of queueing up in a burst).
+// Few rows, A rows and B columns contiguous along k: MB x NB dot products, each summed in
+// L lanes. kmajor_accumulate adds the products over [k0, k1) (whole vectors) to acc; with
+// `fetch`, each step along k also prefetches one line of it (spread this way, the requests
+// overlap the arithmetic instead of queueing up in a burst). kmajor_store sums the lanes,
+// adds the last k % L products and writes C. Split at any multiple of L, the sums are the
+// same operations in the same order.
 template <class T, int MB, int NB>
-void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc, int64_t csc,
-                       bool accumulate, LineFetch* fetch = nullptr) {
+inline void kmajor_accumulate(vec_t<T> (&acc)[MB][NB], int64_t k0, int64_t k1, const T* a, int64_t rsa, const T* b,
+                              int64_t csb, LineFetch* fetch) {
   using vt = vec_t<T>;
   constexpr int64_t L = V<T>::L;
-  vt acc[MB][NB];
-  for (auto& row : acc) {
-    for (auto& v : row) v = vt{};
-  }
-  int64_t kk = 0;
-  for (; kk + L <= k; kk += L) {
+  for (int64_t kk = k0; kk + L <= k1; kk += L) {
     if (fetch != nullptr && fetch->next < fetch->stop) {
       __builtin_prefetch(fetch->next, 0, 2);
       fetch->next += 64;
@@ -717,14 +715,31 @@ void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t c
       for (int j = 0; j < NB; ++j) acc[i][j] += av * bv[j];
     }
   }
+}
+
+template <class T, int MB, int NB>
+inline void kmajor_store(const vec_t<T> (&acc)[MB][NB], int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb,
+                         T* c, int64_t rsc, int64_t csc, bool accumulate) {
+  const int64_t kv = k - k % V<T>::L;
   for (int i = 0; i < MB; ++i) {
     for (int j = 0; j < NB; ++j) {
       T s = hsum<T>(acc[i][j]);
-      for (int64_t t = kk; t < k; ++t) s += a[i * rsa + t] * b[j * csb + t];
+      for (int64_t t = kv; t < k; ++t) s += a[i * rsa + t] * b[j * csb + t];
       T& dst = c[i * rsc + j * csc];
       dst = accumulate ? dst + s : s;
     }
   }
+}
+
+template <class T, int MB, int NB>
+void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc, int64_t csc,
+                       bool accumulate, LineFetch* fetch = nullptr) {
+  vec_t<T> acc[MB][NB];
+  for (auto& row : acc) {
+    for (auto& v : row) v = vec_t<T>{};
+  }
+  kmajor_accumulate<T, MB, NB>(acc, 0, k, a, rsa, b, csb, fetch);
+  kmajor_store<T, MB, NB>(acc, k, a, rsa, b, csb, c, rsc, csc, accumulate);
 }
 
 // One group of MB rows over the column tiles [j0, j1) of rows_kmajor (3 columns a tile);
@@ -738,6 +753,37 @@ void kmajor_pass(int64_t j0, int64_t j1, int64_t k, const T* a, int64_t rsa, con
     fetch.next = share.next;
   }
 }
+
+// One group of MB rows over the column tiles [j0, j1), the products over [k0, k1) only:
+// each tile's accumulators wait in `saved` (MB x 3 vectors a tile) between depth blocks;
+// after the last block (k1 == k) the tile's results go to C.
+template <class T, int MB>
+void kmajor_depth_pass(int64_t j0, int64_t j1, int64_t k0, int64_t k1, int64_t k, const T* a, int64_t rsa, const T* b,
+                       int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate, vec_t<T>* saved, LineFetch& fetch,
+                       int64_t per_tile, const char* end) {
+  for (int64_t jj = j0; jj < j1; jj += 3, saved += MB * 3) {
+    vec_t<T> acc[MB][3];
+    for (int i = 0; i < MB; ++i) {
+      for (int j = 0; j < 3; ++j) acc[i][j] = k0 == 0 ? vec_t<T>{} : saved[i * 3 + j];
+    }
+    LineFetch share{fetch.next, std::min(end, fetch.next + per_tile * 64)};
+    kmajor_accumulate<T, MB, 3>(acc, k0, k1, a, rsa, b + jj * csb, csb, &share);
+    fetch.next = share.next;
+    if (k1 == k) {
+      kmajor_store<T, MB, 3>(acc, k, a, rsa, b + jj * csb, csb, c + jj * csc, rsc, csc, accumulate);
+    } else {
+      for (int i = 0; i < MB; ++i) {
+        for (int j = 0; j < 3; ++j) saved[i * 3 + j] = acc[i][j];
+      }
+    }
+  }
+}
+
+// Long dot products (MLP down-projection, k = 3072): four rows of A no longer fit in L1
+// beside a tile of B, so every step would read both from L2. The chunk's products then go
+// in depth blocks of kDepth: a group's rows and a tile over one block stay in L1.
+constexpr int64_t kDepthMin = 1024;
+constexpr int64_t kDepth = 512;
 
 template <class T>
 void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc,
@@ -755,6 +801,7 @@ void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const
   const int64_t chunk = std::max<int64_t>(1, (int64_t{128} << 10) / (3 * k * static_cast<int64_t>(sizeof(T)))) * 3;
   const int64_t n3 = j + (n - j) / 3 * 3;
   const int64_t groups = m / 4 + (m % 4) / 2 + m % 2;
+  std::vector<vec_t<T>> saved;  // a depth-blocked chunk's accumulators: m x (j1 - j0) vectors
   for (int64_t j0 = j; j0 < n3; j0 += chunk) {
     const int64_t j1 = std::min<int64_t>(n3, j0 + chunk);
     // The next chunk of B is fetched into cache while this one is computed: each block
@@ -767,6 +814,26 @@ void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const
     const int64_t per_tile = (next_bytes / 64 + groups * tiles - 1) / (groups * tiles);  // lines
     const char* end = next + std::max<int64_t>(0, next_bytes);
     LineFetch fetch{next, end};
+    if (k > kDepthMin && m > 1) {
+      const int64_t depths = (k + kDepth - 1) / kDepth;
+      const int64_t per_block = (per_tile + depths - 1) / depths;
+      saved.resize(static_cast<size_t>(m * (j1 - j0)));
+      for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
+        const int64_t k1 = std::min(k, k0 + kDepth);
+        vec_t<T>* sv = saved.data();
+        int64_t i = 0;
+        for (; i + 4 <= m; i += 4, sv += 4 * (j1 - j0))
+          kmajor_depth_pass<T, 4>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, sv,
+                                  fetch, per_block, end);
+        for (; i + 2 <= m; i += 2, sv += 2 * (j1 - j0))
+          kmajor_depth_pass<T, 2>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, sv,
+                                  fetch, per_block, end);
+        for (; i < m; ++i, sv += j1 - j0)
+          kmajor_depth_pass<T, 1>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, sv,
+                                  fetch, per_block, end);
+      }
+      continue;
+    }
     int64_t i = 0;
     for (; i + 4 <= m; i += 4)
       kmajor_pass<T, 4>(j0, j1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, fetch, per_tile, end);
