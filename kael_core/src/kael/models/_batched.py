@@ -80,7 +80,10 @@ class BatchDecoder:
     >>> first = engine.prefill(0, [464, 2068])           # logits [V] after the prompt
     >>> engine.prefill(2, [15496])                       # doctest: +SKIP
     >>> logits = engine.decode([0, 2], [11, 13])         # [2, V]: row 0 then row 2
+    >>> engine.greedy(logits)                            # doctest: +SKIP
+    [262, 13]
     >>> engine.release(0)                                # row 0 is free again
+    >>> firsts = engine.prefill_many([0, 1], [[40], [1, 2, 3]])  # [2, V], each as prefill alone
 
     ``decode`` returns a view of a buffer that the next ``decode`` overwrites. Not thread
     safe: one thread drives an engine.
