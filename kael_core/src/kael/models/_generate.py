@@ -197,7 +197,8 @@ def _prefill(model: GPT, p: Plan, ids: list[int], cache: KVCache) -> Tensor:
 def _embed(model: GPT, p: Plan, ids: list[int]) -> Tensor:
     """The prompt's token plus position embeddings [1, T, C] (positions from 0)."""
     x = tensor([ids], dtype=dt.int64, device=model.device)
-    return add(embedding(x, p.wte), narrow(p.wpe, 0, 0, len(ids)))
+    h: Tensor = add(embedding(x, p.wte), narrow(p.wpe, 0, 0, len(ids)))
+    return h
 
 
 def _decode(model: GPT, p: Plan, token: int, cache: KVCache) -> Tensor:

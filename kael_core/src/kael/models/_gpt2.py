@@ -397,7 +397,8 @@ class GPT(Module):
             y = step.attend(i, q, permute(narrow(qkv, 2, 1, 2), 0, 2, 3, 1, 4))  # new k, v: [B, 2, H, T, D]
         x = add(x, linear(reshape(transpose(y, 1, 2), b, t, c), w.attn_proj_w, w.attn_proj_b))
         hid = gelu(linear(layer_norm(x, ns, w.ln_2_w, w.ln_2_b, eps), w.fc_w, w.fc_b), approximate="tanh")
-        return add(x, linear(hid, w.mlp_proj_w, w.mlp_proj_b))
+        out: Tensor = add(x, linear(hid, w.mlp_proj_w, w.mlp_proj_b))
+        return out
 
     def run_head(self, x: Tensor, p: Plan) -> Tensor:
         """The final layer norm and the LM head of ``run``: logits [B, T, V] for x [B, T, C]."""
