@@ -3,8 +3,9 @@
 One worker thread drives a BatchEngine (kael's ``models.BatchDecoder``: a KV cache with one
 row per slot). Between two decode steps it prefills the jobs whose prompts are ready, each
 into a free row and each as it would run alone, in one engine call (their first tokens come
-from the prefill), then runs one decode step for every job in the batch. A job leaves the batch when it finishes, fails or is cancelled;
-the others go on untouched, and the first job in the queue takes the slot.
+from the prefill), then runs one decode step for every job in the batch. A job leaves the
+batch when it finishes, fails or is cancelled; the others go on untouched, and the first job
+in the queue takes the slot.
 
     submit (loop) -> slot free? hold it : queue room? wait (at most queue_timeout) : 429
     encoder thread: tokenize + check the prompt (never on the loop, never on the worker)
@@ -13,7 +14,9 @@ the others go on untouched, and the first job in the queue takes the slot.
 
 NOTE [batch isolation]: everything that belongs to one job (its prompt check, prefill,
 sampling from its own row of logits with its own generator, its on_token handling) runs in
-a try of its own, so its failure ends that job only. Only a failing decode step (the one
+a try of its own, so its failure ends that job only. The calls that several jobs share for
+speed alone (one prefill for the ready prompts, one greedy pick for a step's greedy rows) are
+redone job by job when they fail, to find whose it was. Only a failing decode step (the one
 pass that all rows share) ends every job in it. Whatever happens, each job gets exactly one
 final event (Finished or Failed), sent after its slot is given back (as SlotPool does).
 """
