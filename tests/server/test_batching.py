@@ -199,6 +199,27 @@ async def test_a_failing_prompt_in_a_shared_prefill_ends_alone() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_prompt_failing_in_its_prefill_or_first_token_ends_alone() -> None:
+    engine = FakeBatchEngine(
+        2, fail_prefill=lambda prompt: prompt == tuple(b"bad"), fail_sample=lambda context: context == tuple(b"first")
+    )
+    app = batch_app(engine)
+    payload = {"prompt": "ok", "max_tokens": 3, "temperature": 0}
+    bad = await post(app, {"prompt": "bad", "max_tokens": 3})
+    first = await post(app, {"prompt": "first", "max_tokens": 3, "temperature": 0})
+    ok = await post(app, payload)
+    assert (bad.status, first.status, ok.status) == (500, 500, 200)
+    assert SECRET not in bad.received.decode() + first.received.decode()
+    assert body(ok)["text"] == body((await alone([payload]))[0])["text"]
+    assert [len(rows) for rows in engine.prefill_calls] == [1, 1, 1]
+    assert [p for _, p in engine.prefills] == [list(b"first"), list(b"ok")]  # the bad prompt started nothing
+    assert not engine.contexts  # every row was given back
+    m = samples(generator_of(app).metrics.render().decode())
+    assert m[("kael_requests_total", (("status", "error"),))] == 2
+    assert m[("kael_requests_in_flight", ())] == 0
+
+
+@pytest.mark.anyio
 async def test_a_failing_decode_step_fails_its_batch_and_the_server_goes_on() -> None:
     gate = Gate()
     engine = FakeBatchEngine(2, gate=gate, fail_decode_at=1)
