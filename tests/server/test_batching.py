@@ -32,12 +32,15 @@ def batch_app(
     queue_timeout: float = 10.0,
     tokenizer: ByteTokenizer | None = None,
     max_positions: int = 128,
+    prefill_tokens: int = 256,
 ) -> Litestar:
     generator = Generator(
         FakeModel(max_positions=max_positions),
         tokenizer or ByteTokenizer(),
         make_rng=random.Random,
-        make_scheduler=lambda g: BatchScheduler(g, engine, queue=queue, queue_timeout=queue_timeout),
+        make_scheduler=lambda g: BatchScheduler(
+            g, engine, queue=queue, queue_timeout=queue_timeout, prefill_tokens=prefill_tokens
+        ),
     )
     return create_app(generator)
 
@@ -196,6 +199,28 @@ async def test_a_failing_prompt_in_a_shared_prefill_ends_alone() -> None:
     m = samples(generator_of(app).metrics.render().decode())
     assert m[("kael_requests_total", (("status", "error"),))] == 1
     assert m[("kael_requests_in_flight", ())] == 0
+
+
+@pytest.mark.anyio
+async def test_ready_prompts_share_prefills_of_at_most_prefill_tokens() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(6, gate=gate)
+    app = batch_app(engine, prefill_tokens=8)
+    first = Exchange(app, "/generate", {"prompt": "go", "max_tokens": 3, "temperature": 0}).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)  # the worker waits before step 0
+    prompts = ["abcde", "xyz", "a long prompt", "hi", "ok"]  # 5 + 3 | 13 (alone, over 8) | 2 + 2
+    payloads = [{"prompt": p, "max_tokens": 3, "temperature": 0} for p in prompts]
+    rest = [Exchange(app, "/generate", p).start() for p in payloads]
+    await all_encoded(app, 6)
+    gate.open()
+    for exchange in (first, *rest):
+        await exchange.finish()
+    assert [len(rows) for rows in engine.prefill_calls] == [1, 2, 1, 2]
+    assert [len(p) for _, p in engine.prefills] == [2, 5, 3, 13, 2, 2]
+    want = await alone(payloads)
+    assert [body(e)["text"] for e in rest] == [body(w)["text"] for w in want]
+    with pytest.raises(ValueError, match="prefill_tokens must be >= 1"):
+        BatchScheduler(generator_of(app), engine, prefill_tokens=0)
 
 
 @pytest.mark.anyio

@@ -66,8 +66,16 @@ class BatchScheduler(Scheduler):
     """``engine.rows`` slots decoded together, plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s."""
 
     def __init__(
-        self, generator: Generator, engine: BatchEngine, *, queue: int = 0, queue_timeout: float = 10.0
+        self,
+        generator: Generator,
+        engine: BatchEngine,
+        *,
+        queue: int = 0,
+        queue_timeout: float = 10.0,
+        prefill_tokens: int = 256,
     ) -> None:
+        if prefill_tokens < 1:
+            raise ValueError(f"BatchScheduler prefill_tokens must be >= 1, got {prefill_tokens!r}")
         if engine.rows < 1:
             raise ValueError(f"BatchScheduler needs an engine with at least one row, got {engine.rows!r}")
         if queue < 0:
@@ -77,6 +85,9 @@ class BatchScheduler(Scheduler):
         self.capacity = engine.rows
         self.queue_limit = queue
         self.queue_timeout = queue_timeout
+        self.prefill_tokens = prefill_tokens
+        """Prompt tokens one shared prefill may hold: short prompts share one; a long one
+        (compute-bound anyway) goes alone, so it does not delay the others' first tokens."""
         self._generator = generator
         self._engine = engine
         self._metrics = generator.metrics
@@ -219,9 +230,10 @@ class BatchScheduler(Scheduler):
             self._fail_everything(exc)
 
     def _start(self, entries: list[_Entry]) -> None:
-        """Prefills the ready jobs into free rows, in one engine call (each prompt as alone,
-        NOTE [batched prefill] in kael's BatchDecoder); each first token comes from its
-        prompt's logits. If that call fails, each prompt runs alone, so only its own job fails."""
+        """Prefills the ready jobs into free rows, in engine calls of up to ``prefill_tokens``
+        prompt tokens (each prompt as alone, NOTE [batched prefill] in kael's BatchDecoder);
+        each first token comes from its prompt's logits. If a call fails, each of its prompts
+        runs alone, so only its own job fails."""
         generator, starting = self._generator, []
         for entry in entries:
             job = entry.job
@@ -239,8 +251,20 @@ class BatchScheduler(Scheduler):
                 self._end(entry, Failed(exc))
                 continue
             starting.append(entry)
-        if not starting:
-            return
+        group: list[_Entry] = []
+        tokens = 0
+        for entry in starting:
+            n = len(entry.ids or ())
+            if group and tokens + n > self.prefill_tokens:
+                self._prefill(group)
+                group, tokens = [], 0
+            group.append(entry)
+            tokens += n
+        if group:
+            self._prefill(group)
+
+    def _prefill(self, starting: list[_Entry]) -> None:
+        """One shared prefill of ``starting``; then each job's first token."""
         firsts: list[tuple[_Entry, object]] = []
         try:
             logits = self._engine.prefill_many([e.row for e in starting], [e.ids for e in starting])  # type: ignore[misc]
