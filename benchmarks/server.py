@@ -65,39 +65,62 @@ def health_latencies(client: httpx.Client, seconds: float, max_requests: int = 2
     }
 
 
-def one_stream(
-    client: httpx.Client, prompt: str, max_tokens: int, started: threading.Event | None = None
-) -> dict[str, float]:
-    """Streams /v1/completions (usage included); times the first token and the rate after it."""
-    body = {
+def completion_body(prompt: str, max_tokens: int) -> dict[str, Any]:
+    """A greedy streamed /v1/completions request with usage in its last event."""
+    return {
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start = time.perf_counter()
-    first = last = None
-    tokens = 0
-    with client.stream("POST", "/v1/completions", json=body) as response:
+
+
+class StreamTiming:
+    """Times one completion stream from its events: the first token, and the rate after it."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.tokens = 0
+
+    def event(self, data: str | bytes) -> bool:
+        """Reads the data of one ``data:`` event; True if it carried text."""
+        if data in ("[DONE]", b"[DONE]"):
+            return False
+        chunk = json.loads(data)
+        if chunk.get("usage"):
+            self.tokens = chunk["usage"]["completion_tokens"]
+            return False
+        if not (chunk["choices"] and chunk["choices"][0]["text"]):
+            return False
+        self.last = time.perf_counter()
+        self.first = self.first or self.last
+        return True
+
+    def result(self) -> dict[str, float]:
+        first, last = self.first, self.last
+        if first is None or last is None:
+            raise RuntimeError("the stream produced no text")
+        return {
+            "ttft_s": first - self.start,
+            "tokens": self.tokens,
+            "tokens_per_s": (self.tokens - 1) / (last - first) if last > first else float("nan"),
+        }
+
+
+def one_stream(
+    client: httpx.Client, prompt: str, max_tokens: int, started: threading.Event | None = None
+) -> dict[str, float]:
+    """Streams /v1/completions (usage included); times the first token and the rate after it."""
+    timing = StreamTiming()
+    with client.stream("POST", "/v1/completions", json=completion_body(prompt, max_tokens)) as response:
         response.raise_for_status()
         for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["text"]:
-                last = time.perf_counter()
-                first = first or last
-                if started is not None:
-                    started.set()
-    assert first is not None and last is not None, "the stream produced no text"
-    return {
-        "ttft_s": first - start,
-        "tokens": tokens,
-        "tokens_per_s": (tokens - 1) / (last - first) if last > first else float("nan"),
-    }
+            if line.startswith("data: ") and timing.event(line[6:]) and started is not None:
+                started.set()
+    return timing.result()
 
 
 def background_streams(
@@ -188,7 +211,7 @@ class SseClient:
         if self.reader is None or self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         reader = self.reader
-        start = time.perf_counter()
+        timing = StreamTiming()
         head = (
             f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -203,43 +226,21 @@ class SseClient:
             text = await reader.read(min(int(headers.get(b"content-length", b"200")), 4096))
             await self.close()
             raise RuntimeError(f"HTTP {status}: {text[:200]!r}")
-        first = last = None
-        tokens = 0
         pending = b""
         while size := int((await reader.readline()).split(b";")[0], 16):
             pending += (await reader.readexactly(size + 2))[:-2]
             while (cut := pending.find(b"\n\n")) >= 0:
                 event, pending = pending[:cut], pending[cut + 2 :]
-                if not event.startswith(b"data: ") or event == b"data: [DONE]":
-                    continue
-                chunk = json.loads(event[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                elif chunk["choices"] and chunk["choices"][0]["text"]:
-                    last = time.perf_counter()
-                    first = first or last
+                if event.startswith(b"data: "):
+                    timing.event(event[6:])
         await reader.readline()  # the empty trailer after the last chunk
-        if first is None or last is None:
-            raise RuntimeError("the stream produced no text")
-        return {
-            "ttft_s": first - start,
-            "tokens": tokens,
-            "tokens_per_s": (tokens - 1) / (last - first) if last > first else float("nan"),
-        }
+        return timing.result()
 
 
 def load_round(url: str, clients: int, prompt: str, max_tokens: int, rounds: int) -> dict[str, Any]:
     """``clients`` streaming clients (one thread, asyncio), each streaming ``rounds`` completions
     one after the other, all starting together."""
-    body = json.dumps(
-        {
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
+    body = json.dumps(completion_body(prompt, max_tokens)).encode()
     runs: list[dict[str, float]] = []
     errors: list[str] = []
 

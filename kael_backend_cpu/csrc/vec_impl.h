@@ -733,38 +733,29 @@ inline void kmajor_store(const vec_t<T> (&acc)[MB][NB], int64_t k, const T* a, i
 
 template <class T, int MB, int NB>
 void rows_kmajor_block(int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc, int64_t csc,
-                       bool accumulate, LineFetch* fetch = nullptr) {
+                       bool accumulate) {
   vec_t<T> acc[MB][NB];
   for (auto& row : acc) {
     for (auto& v : row) v = vec_t<T>{};
   }
-  kmajor_accumulate<T, MB, NB>(acc, 0, k, a, rsa, b, csb, fetch);
+  kmajor_accumulate<T, MB, NB>(acc, 0, k, a, rsa, b, csb, nullptr);
   kmajor_store<T, MB, NB>(acc, k, a, rsa, b, csb, c, rsc, csc, accumulate);
 }
 
-// One group of MB rows over the column tiles [j0, j1) of rows_kmajor (3 columns a tile);
-// each tile prefetches its share (`per_tile` lines) of the stream `fetch`.
+// One group of MB rows over the column tiles [j0, j1) of rows_kmajor (3 columns a tile),
+// the products over [k0, k1) only; each tile prefetches its share (`per_tile` lines) of
+// the stream `fetch`. Between depth blocks a tile's accumulators wait in `saved` (MB x 3
+// vectors a tile; null when [k0, k1) is the whole depth); after the last block (k1 == k)
+// the tile's results go to C.
 template <class T, int MB>
-void kmajor_pass(int64_t j0, int64_t j1, int64_t k, const T* a, int64_t rsa, const T* b, int64_t csb, T* c, int64_t rsc,
-                 int64_t csc, bool accumulate, LineFetch& fetch, int64_t per_tile, const char* end) {
+void kmajor_pass(int64_t j0, int64_t j1, int64_t k0, int64_t k1, int64_t k, const T* a, int64_t rsa, const T* b,
+                 int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate, vec_t<T>* saved, LineFetch& fetch,
+                 int64_t per_tile, const char* end) {
   for (int64_t jj = j0; jj < j1; jj += 3) {
-    LineFetch share{fetch.next, std::min(end, fetch.next + per_tile * 64)};
-    rows_kmajor_block<T, MB, 3>(k, a, rsa, b + jj * csb, csb, c + jj * csc, rsc, csc, accumulate, &share);
-    fetch.next = share.next;
-  }
-}
-
-// One group of MB rows over the column tiles [j0, j1), the products over [k0, k1) only:
-// each tile's accumulators wait in `saved` (MB x 3 vectors a tile) between depth blocks;
-// after the last block (k1 == k) the tile's results go to C.
-template <class T, int MB>
-void kmajor_depth_pass(int64_t j0, int64_t j1, int64_t k0, int64_t k1, int64_t k, const T* a, int64_t rsa, const T* b,
-                       int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate, vec_t<T>* saved, LineFetch& fetch,
-                       int64_t per_tile, const char* end) {
-  for (int64_t jj = j0; jj < j1; jj += 3, saved += MB * 3) {
+    vec_t<T>* tile = saved == nullptr ? nullptr : saved + (jj - j0) * MB;
     vec_t<T> acc[MB][3];
     for (int i = 0; i < MB; ++i) {
-      for (int j = 0; j < 3; ++j) acc[i][j] = k0 == 0 ? vec_t<T>{} : saved[i * 3 + j];
+      for (int j = 0; j < 3; ++j) acc[i][j] = k0 == 0 ? vec_t<T>{} : tile[i * 3 + j];
     }
     LineFetch share{fetch.next, std::min(end, fetch.next + per_tile * 64)};
     kmajor_accumulate<T, MB, 3>(acc, k0, k1, a, rsa, b + jj * csb, csb, &share);
@@ -773,7 +764,7 @@ void kmajor_depth_pass(int64_t j0, int64_t j1, int64_t k0, int64_t k1, int64_t k
       kmajor_store<T, MB, 3>(acc, k, a, rsa, b + jj * csb, csb, c + jj * csc, rsc, csc, accumulate);
     } else {
       for (int i = 0; i < MB; ++i) {
-        for (int j = 0; j < 3; ++j) saved[i * 3 + j] = acc[i][j];
+        for (int j = 0; j < 3; ++j) tile[i * 3 + j] = acc[i][j];
       }
     }
   }
@@ -814,33 +805,24 @@ void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const
     const int64_t per_tile = (next_bytes / 64 + groups * tiles - 1) / (groups * tiles);  // lines
     const char* end = next + std::max<int64_t>(0, next_bytes);
     LineFetch fetch{next, end};
-    if (k > kDepthMin && m > 1) {
-      const int64_t depths = (k + kDepth - 1) / kDepth;
-      const int64_t per_block = (per_tile + depths - 1) / depths;
-      saved.resize(static_cast<size_t>(m * (j1 - j0)));
-      for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
-        const int64_t k1 = std::min(k, k0 + kDepth);
-        vec_t<T>* sv = saved.data();
-        int64_t i = 0;
-        for (; i + 4 <= m; i += 4, sv += 4 * (j1 - j0))
-          kmajor_depth_pass<T, 4>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, sv,
-                                  fetch, per_block, end);
-        for (; i + 2 <= m; i += 2, sv += 2 * (j1 - j0))
-          kmajor_depth_pass<T, 2>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, sv,
-                                  fetch, per_block, end);
-        for (; i < m; ++i, sv += j1 - j0)
-          kmajor_depth_pass<T, 1>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, sv,
-                                  fetch, per_block, end);
-      }
-      continue;
+    const int64_t depth = k > kDepthMin && m > 1 ? kDepth : std::max<int64_t>(k, 1);
+    const int64_t depths = std::max<int64_t>(1, (k + depth - 1) / depth);
+    const int64_t per_block = (per_tile + depths - 1) / depths;
+    if (depths > 1) saved.resize(static_cast<size_t>(m * (j1 - j0)));
+    const auto group_saved = [&](int64_t i) { return depths > 1 ? saved.data() + i * (j1 - j0) : nullptr; };
+    for (int64_t k0 = 0; k0 == 0 || k0 < k; k0 += depth) {
+      const int64_t k1 = std::min(k, k0 + depth);
+      int64_t i = 0;
+      for (; i + 4 <= m; i += 4)
+        kmajor_pass<T, 4>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate,
+                          group_saved(i), fetch, per_block, end);
+      for (; i + 2 <= m; i += 2)
+        kmajor_pass<T, 2>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate,
+                          group_saved(i), fetch, per_block, end);
+      for (; i < m; ++i)
+        kmajor_pass<T, 1>(j0, j1, k0, k1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate,
+                          group_saved(i), fetch, per_block, end);
     }
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4)
-      kmajor_pass<T, 4>(j0, j1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, fetch, per_tile, end);
-    for (; i + 2 <= m; i += 2)
-      kmajor_pass<T, 2>(j0, j1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, fetch, per_tile, end);
-    for (; i < m; ++i)
-      kmajor_pass<T, 1>(j0, j1, k, a + i * rsa, rsa, b, csb, c + i * rsc, rsc, csc, accumulate, fetch, per_tile, end);
   }
   for (j = n3; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {

@@ -182,6 +182,8 @@ def test_prefill_many_checks_everything_before_it_starts_a_row() -> None:
         (([0, 3], [[1], [2]]), kael.ShapeError, "row 3 is out of range"),
         (([0, 1], [[1], [1] * 8]), kael.ShapeError, "leaves no room"),
         (([0, 1], [[1], [97]]), kael.KaelError, "97"),
+        ((0, [[1]]), kael.ShapeError, "prefill_many: rows must be a sequence, got int"),
+        (([0], None), kael.ShapeError, "prefill_many: prompts must be a sequence, got NoneType"),
     ]
     for (rows, prompts), error, match in cases:
         with pytest.raises(error, match=match):
@@ -237,6 +239,8 @@ def test_rows_are_checked() -> None:
         engine.decode([0], [97])
     with pytest.raises(kael.ShapeError, match="one token per row"):
         engine.decode([0], [1, 2])
+    with pytest.raises(kael.ShapeError, match="decode: tokens must be a sequence, got int"):
+        engine.decode([0], 1)
     engine.decode([0], [1])
     assert engine.length(0) == 8
     with pytest.raises(kael.ShapeError, match="is full"):

@@ -496,3 +496,11 @@ def test_import_kael_loads_no_plugin(tmp_path: Path) -> None:
         timeout=120,
     )
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+def test_kael_testing_plugin_reexports_kael_pytest() -> None:
+    import kael_pytest
+    from kael.testing import plugin
+
+    assert plugin.__all__ == kael_pytest.__all__ and "pytest_addoption" in plugin.__all__
+    assert all(getattr(plugin, name) is getattr(kael_pytest, name) for name in kael_pytest.__all__)

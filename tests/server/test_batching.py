@@ -63,6 +63,21 @@ async def all_encoded(app: Litestar, n: int) -> None:
     assert await asyncio.to_thread(poll_until, ready)
 
 
+async def ready_together(
+    app: Litestar, gate: Gate, first: dict[str, Any], payloads: list[dict[str, Any]]
+) -> tuple[Exchange, list[Exchange]]:
+    """Starts ``first`` and holds the worker before its first decode step, then starts
+    ``payloads``, so they are all ready at the next step boundary; runs everything to the end."""
+    held = Exchange(app, "/generate", first).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)  # the worker waits before step 0
+    rest = [Exchange(app, "/generate", p).start() for p in payloads]
+    await all_encoded(app, 1 + len(payloads))
+    gate.open()
+    for exchange in (held, *rest):
+        await exchange.finish()
+    return held, rest
+
+
 async def post(app: Litestar, payload: dict[str, Any], path: str = "/generate") -> Exchange:
     exchange = Exchange(app, path, payload).start()
     await exchange.finish()
@@ -180,13 +195,7 @@ async def test_a_failing_prompt_in_a_shared_prefill_ends_alone() -> None:
     engine = FakeBatchEngine(4, gate=gate, fail_prefill=lambda prompt: prompt == tuple(b"bad"))
     app = batch_app(engine)
     payloads = [{"prompt": p, "max_tokens": 5, "temperature": 0} for p in ("first", "good", "bad", "fine")]
-    first = Exchange(app, "/generate", payloads[0]).start()
-    assert await asyncio.to_thread(gate.wait_arrivals, 1)  # the worker waits before step 0
-    rest = [Exchange(app, "/generate", p).start() for p in payloads[1:]]
-    await all_encoded(app, 4)
-    gate.open()
-    for exchange in (first, *rest):
-        await exchange.finish()
+    first, rest = await ready_together(app, gate, payloads[0], payloads[1:])
     assert [e.status for e in (first, *rest)] == [200, 200, 500, 200]
     assert body(rest[1])["detail"] == "generation failed"
     assert SECRET not in rest[1].received.decode()
@@ -206,15 +215,9 @@ async def test_ready_prompts_share_prefills_of_at_most_prefill_tokens() -> None:
     gate = Gate()
     engine = FakeBatchEngine(6, gate=gate)
     app = batch_app(engine, prefill_tokens=8)
-    first = Exchange(app, "/generate", {"prompt": "go", "max_tokens": 3, "temperature": 0}).start()
-    assert await asyncio.to_thread(gate.wait_arrivals, 1)  # the worker waits before step 0
     prompts = ["abcde", "xyz", "a long prompt", "hi", "ok"]  # 5 + 3 | 13 (alone, over 8) | 2 + 2
     payloads = [{"prompt": p, "max_tokens": 3, "temperature": 0} for p in prompts]
-    rest = [Exchange(app, "/generate", p).start() for p in payloads]
-    await all_encoded(app, 6)
-    gate.open()
-    for exchange in (first, *rest):
-        await exchange.finish()
+    _, rest = await ready_together(app, gate, {"prompt": "go", "max_tokens": 3, "temperature": 0}, payloads)
     assert [len(rows) for rows in engine.prefill_calls] == [1, 2, 1, 2]
     assert [len(p) for _, p in engine.prefills] == [2, 5, 3, 13, 2, 2]
     want = await alone(payloads)

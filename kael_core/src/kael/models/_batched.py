@@ -117,15 +117,7 @@ class BatchDecoder:
     # -- sequences join and leave -----------------------------------------------------------------
     def prefill(self, row: int, prompt: Any) -> Tensor:
         """Start a sequence in free ``row``: run ``prompt`` (token ids) alone into it; logits [V] after it."""
-        self._check_row(row, "prefill")
-        if self.active[row]:
-            raise KaelError(f"BatchDecoder.prefill: row {row} is in use; release it first")
-        ids = _prompt_ids(prompt, self.vocab_size)
-        if len(ids) >= self.cache.max_positions:
-            raise ShapeError(
-                f"BatchDecoder.prefill: a prompt of {len(ids)} tokens leaves no room in the cache's "
-                f"{self.cache.max_positions} positions"
-            )
+        (ids,) = self._check_prefill("prefill", [row], [prompt])
         one = _row_cache(self.cache, row)
         with no_grad():
             logits = _prefill(self.model, self.plan, ids, one)
@@ -141,26 +133,8 @@ class BatchDecoder:
         the prompts, so each layer's weights come from memory once for all of them, and one
         LM-head product serves every prompt's last position.
         """
-        rows = list(rows)
-        prompts = list(prompts)
-        if not rows or len(rows) != len(prompts):
-            raise ShapeError(
-                f"BatchDecoder.prefill_many: give one prompt per row (at least one), got {len(rows)} rows "
-                f"and {len(prompts)} prompts"
-            )
-        for r in rows:
-            self._check_row(r, "prefill_many")
-            if self.active[r]:
-                raise KaelError(f"BatchDecoder.prefill_many: row {r} is in use; release it first")
-        if len(set(rows)) != len(rows):
-            raise ShapeError(f"BatchDecoder.prefill_many: rows {rows} repeat a row")
-        idss = [_prompt_ids(prompt, self.vocab_size) for prompt in prompts]
-        for ids in idss:
-            if len(ids) >= self.cache.max_positions:
-                raise ShapeError(
-                    f"BatchDecoder.prefill_many: a prompt of {len(ids)} tokens leaves no room in the cache's "
-                    f"{self.cache.max_positions} positions"
-                )
+        rows, prompts = _as_list("prefill_many", "rows", rows), _as_list("prefill_many", "prompts", prompts)
+        idss = self._check_prefill("prefill_many", rows, prompts)
         model, p = self.model, self.plan
         ones = [_row_cache(self.cache, r) for r in rows]
         with no_grad():
@@ -185,7 +159,7 @@ class BatchDecoder:
     # -- one step for many sequences ----------------------------------------------------------
     def decode(self, rows: Sequence[int], tokens: Sequence[int]) -> Tensor:
         """Append ``tokens[i]`` to the sequence in ``rows[i]``, all in one pass; logits [len(rows), V]."""
-        rows, tokens = list(rows), list(tokens)
+        rows, tokens = _as_list("decode", "rows", rows), _as_list("decode", "tokens", tokens)
         self._check_step(rows, tokens)
         with no_grad():
             if self._steps is not None:
@@ -225,6 +199,28 @@ class BatchDecoder:
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.rows:
             raise ShapeError(f"BatchDecoder.{op}: row {row!r} is out of range for {self.rows} rows")
 
+    def _check_prefill(self, op: str, rows: list[int], prompts: list[Any]) -> list[list[int]]:
+        """Free, distinct rows, one prompt each that leaves room in the cache: the prompts' ids."""
+        if not rows or len(rows) != len(prompts):
+            raise ShapeError(
+                f"BatchDecoder.{op}: give one prompt per row (at least one), got {len(rows)} rows "
+                f"and {len(prompts)} prompts"
+            )
+        for r in rows:
+            self._check_row(r, op)
+            if self.active[r]:
+                raise KaelError(f"BatchDecoder.{op}: row {r} is in use; release it first")
+        if len(set(rows)) != len(rows):
+            raise ShapeError(f"BatchDecoder.{op}: rows {rows} repeat a row")
+        idss = [_prompt_ids(prompt, self.vocab_size) for prompt in prompts]
+        for ids in idss:
+            if len(ids) >= self.cache.max_positions:
+                raise ShapeError(
+                    f"BatchDecoder.{op}: a prompt of {len(ids)} tokens leaves no room in the cache's "
+                    f"{self.cache.max_positions} positions"
+                )
+        return idss
+
     def _check_step(self, rows: list[int], tokens: list[int]) -> None:
         if not rows or len(rows) != len(tokens):
             raise ShapeError(
@@ -244,6 +240,14 @@ class BatchDecoder:
                 raise ShapeError(
                     f"BatchDecoder.decode: token {t!r} is out of range for a vocabulary of {self.vocab_size}"
                 )
+
+
+def _as_list(op: str, name: str, value: Any) -> list[Any]:
+    """``value`` (any iterable) as a list; a ShapeError naming ``op`` for anything else."""
+    try:
+        return list(value)
+    except TypeError:
+        raise ShapeError(f"BatchDecoder.{op}: {name} must be a sequence, got {type(value).__name__}") from None
 
 
 def _direct_kernels(device_type: str) -> dict[str, Any] | None:

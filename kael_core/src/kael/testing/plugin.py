@@ -1,25 +1,7 @@
-"""The kael pytest plugin: it lives in the top-level module ``kael_pytest`` (see there)."""
+"""The kael pytest plugin: it lives in the top-level module ``kael_pytest`` (see there).
 
-from kael_pytest import (
-    kael_backend,
-    kael_device,
-    pytest_addoption,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_report_header,
-    pytest_terminal_summary,
-    pytest_unconfigure,
-    selected_backend,
-)
+This module re-exports it under its old name: the same objects, and the same ``__all__``.
+"""
 
-__all__ = [
-    "pytest_addoption",
-    "pytest_configure",
-    "pytest_unconfigure",
-    "pytest_report_header",
-    "pytest_terminal_summary",
-    "pytest_collection_modifyitems",
-    "kael_backend",
-    "kael_device",
-    "selected_backend",
-]
+from kael_pytest import *  # noqa: F403
+from kael_pytest import __all__ as __all__
