@@ -263,3 +263,42 @@ def test_a_row_view_has_everything_a_kv_cache_has() -> None:
     one.data[0].numpy()[...] = 7.0  # the view writes into row 2 of the shared cache, and nowhere else
     data = cache.data[0].numpy()
     assert (data[2] == 7.0).all() and (data[:2] == 0).all()
+
+
+def test_fork_continues_the_prompt_exactly_as_its_own_prefill() -> None:
+    model = _random_model(5)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    engine = BatchDecoder(model, rows=3)
+    engine.prefill(2, prompt)
+    engine.fork(2, 0)
+    assert [engine.length(r) for r in range(3)] == [8, 0, 8]
+    alone = BatchDecoder(model, rows=1)
+    alone.prefill(0, prompt)
+    want = alone.decode([0], [7]).numpy().copy()
+    got = engine.decode([0, 2], [7, 7]).numpy()
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[0])
+    with pytest.raises(kael.KaelError, match="row 1 holds no sequence"):
+        engine.fork(1, 1)
+    with pytest.raises(kael.KaelError, match="row 0 is in use"):
+        engine.fork(2, 0)
+    with pytest.raises(kael.ShapeError, match="out of range"):
+        engine.fork(2, 3)
+
+
+def test_generate_with_a_sampler_sees_every_token_so_far() -> None:
+    model = _random_model(6)
+    seen: list[list[int]] = []
+
+    def pick(logits: kael.Tensor, tokens: list[int]) -> int:
+        seen.append(list(tokens))
+        assert logits.shape == (97,)
+        return int(np.argmax(logits.numpy()))
+
+    got = model.generate([5, 6], 4, sampler=pick)
+    assert got == model.generate([5, 6], 4)  # argmax: greedy's tokens
+    assert seen == [[5, 6], [5, 6, *got[:1]], [5, 6, *got[:2]], [5, 6, *got[:3]]]
+    with pytest.raises(kael.KaelError, match="sampler returned 97"):
+        model.generate([5], 2, sampler=lambda logits, tokens: 97)
+    with pytest.raises(kael.DTypeError, match="sampler must be callable"):
+        model.generate([5], 2, sampler=3)

@@ -150,6 +150,25 @@ class BatchDecoder:
             self.active[r] = True
         return view(logits, len(rows), self.vocab_size)
 
+    def fork(self, src: int, dst: int) -> None:
+        """Start free row ``dst`` as a copy of row ``src``'s sequence (its cached keys and values).
+
+        Several continuations of one prompt share its prefill this way (``n`` choices): prefill
+        once, fork, then decode each row; every row then decodes exactly as the source would.
+        """
+        self._check_row(src, "fork")
+        self._check_row(dst, "fork")
+        if not self.active[src]:
+            raise KaelError(f"BatchDecoder.fork: row {src} holds no sequence; prefill it first")
+        if self.active[dst]:
+            raise KaelError(f"BatchDecoder.fork: row {dst} is in use; release it first")
+        n = self.cache.lengths[src]
+        with no_grad():
+            for buf in self.cache.data:  # [B, 2, H, P, D]: the source's first n positions
+                copy_(narrow(select(buf, 0, dst), 2, 0, n), narrow(select(buf, 0, src), 2, 0, n))
+        self.cache.lengths[dst] = n
+        self.active[dst] = True
+
     def release(self, row: int) -> None:
         """Forget ``row``'s sequence (its memory is reused by the next prefill)."""
         self._check_row(row, "release")

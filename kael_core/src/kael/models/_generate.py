@@ -29,9 +29,18 @@ if TYPE_CHECKING:
     from ._gpt2 import GPT, Plan
     from ._kv_cache import KVCache
 
-__all__ = ["generate", "sample_next"]
+__all__ = ["generate", "sample_next", "Sampler"]
 
 MIN_TEMPERATURE = 0.001
+
+Sampler = Callable[[Tensor, list[int]], int]
+"""``sampler(logits [V], tokens so far) -> next token id``: ``generate``'s replaceable sampling step."""
+
+
+def _sampled(token: Any, vocab_size: int) -> int:
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= int(token) < vocab_size:
+        raise KaelError(f"generate: the sampler returned {token!r}, expected a token id in 0..{vocab_size - 1}")
+    return int(token)
 
 
 def check_sampling(temperature: Any, top_k: Any, generator: Any, op: str) -> None:
@@ -125,12 +134,19 @@ def generate(
     top_k: int = 0,
     on_token: Callable[[int], Any] | None = None,
     generator: Generator | None = None,
+    *,
+    sampler: Sampler | None = None,
 ) -> list[int]:
     """Up to ``max_new_tokens`` new token ids continuing ``prompt`` (a list of ids or a 1-d tensor).
 
     ``on_token(token_id)`` is called after each new token: a return of None or a truthy
     value continues, a falsy one stops (that token is still returned); an exception
     propagates. Runs under no_grad with the model in eval mode (its mode is restored).
+
+    ``sampler(logits, tokens)`` replaces ``sample_next`` when given: it receives each
+    step's logits [V] (a view valid until the next step) and every token so far (prompt
+    and generated, a list it must not keep) and returns the next token id; temperature,
+    top_k and generator are then unused.
     """
     ids = _prompt_ids(prompt, model.vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -138,13 +154,15 @@ def generate(
     check_sampling(temperature, top_k, generator, "generate")
     if on_token is not None and not callable(on_token):
         raise DTypeError(f"generate: on_token must be callable or None, got {type(on_token).__name__}")
+    if sampler is not None and not callable(sampler):
+        raise DTypeError(f"generate: sampler must be callable or None, got {type(sampler).__name__}")
     if max_new_tokens == 0:
         return []
     was_training = model.training
     model.eval()
     try:
         with no_grad():
-            return _loop(model, ids, max_new_tokens, temperature, top_k, on_token, generator)
+            return _loop(model, ids, max_new_tokens, temperature, top_k, on_token, generator, sampler)
     finally:
         if was_training:
             model.train()
@@ -158,6 +176,7 @@ def _loop(
     top_k: int,
     on_token: Callable[[int], Any] | None,
     generator: Generator | None,
+    sampler: Sampler | None = None,
 ) -> list[int]:
     p = model.plan()
     ctx = model.max_positions
@@ -168,7 +187,10 @@ def _loop(
     decoder = Decoder.create(model, p, cache) if cache is not None else None
     out: list[int] = []
     for i in range(n):
-        token = sample_next(logits, temperature, top_k, generator)
+        if sampler is None:
+            token = sample_next(logits, temperature, top_k, generator)
+        else:
+            token = _sampled(sampler(logits, seq), model.vocab_size)
         out.append(token)
         seq.append(token)
         if on_token is not None:

@@ -414,8 +414,10 @@ class GPT(Module):
         top_k: int = 0,
         on_token: Any = None,
         generator: Any = None,
+        *,
+        sampler: Any = None,
     ) -> list[int]:
         """New tokens continuing ``prompt`` (see ``kael.models.generate``)."""
         from ._generate import generate
 
-        return generate(self, prompt, max_new_tokens, temperature, top_k, on_token, generator)
+        return generate(self, prompt, max_new_tokens, temperature, top_k, on_token, generator, sampler=sampler)
