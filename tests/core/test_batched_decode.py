@@ -1,7 +1,7 @@
 """BatchDecoder (kael/models/_batched.py): sequences decoded together give what each gives alone.
 
 Oracle: ``model.generate`` on each prompt alone (and, for the logits, generate's own prefill
-and one-token Decoder), on the tiny reference checkpoint (top-1/top-2 gaps >= 0.002 along its
+and one-row decode step), on the tiny reference checkpoint (top-1/top-2 gaps >= 0.002 along its
 greedy continuations) and on random models. Sequences join at different steps, leave early,
 and reuse each other's rows.
 """
@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from kael import _dispatch
 from kael.models import GPT, BatchDecoder
-from kael.models._decoder import Decoder
 from kael.models._generate import _prefill
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "tiny-gpt2"
@@ -136,13 +135,14 @@ def test_logits_match_alone_and_leavers_do_not_disturb_the_others() -> None:
                 got[i].append(logits[j].copy())
                 done[i] += 1
     for i in steps:
-        p = model.plan()
         cache = model.new_cache(1, len(prompts[i]) + steps[i] + 1)
         with kael.no_grad():
-            want = [_prefill(model, p, prompts[i], cache).numpy().copy()]
-            decoder = Decoder.create(model, p, cache)
+            want = [_prefill(model, prompts[i], cache).numpy().copy()]
+            decoder = model.decode_step(cache)  # the one-row step generate runs
             assert decoder is not None
-            want += [decoder(t).numpy().copy() for t in fed[i]]
+            for t in fed[i]:
+                want.append(decoder([0], [t]).numpy()[0].copy())
+                cache.lengths[0] += 1
         assert len(got[i]) == len(want) == steps[i] + 1
         for a, b in zip(got[i], want):
             if _reference_backend():
@@ -159,10 +159,9 @@ def test_prefill_many_gives_each_prompt_its_logits_alone() -> None:
     got = engine.prefill_many(rows, prompts).numpy().copy()
     assert got.shape == (len(prompts), 97)
     assert [engine.length(r) for r in range(6)] == [11, 18, 0, 1, 6, 3]
-    p = model.plan()
     for i, prompt in enumerate(prompts):
         with kael.no_grad():
-            want = _prefill(model, p, prompt, model.new_cache(1, len(prompt) + 1)).numpy()
+            want = _prefill(model, prompt, model.new_cache(1, len(prompt) + 1)).numpy()
         np.testing.assert_array_equal(got[i], want)  # the same calls as alone: bit for bit
         # the cache rows hold what a prefill alone writes: the next step agrees too
         alone = BatchDecoder(model, rows=1)

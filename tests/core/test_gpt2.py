@@ -367,20 +367,24 @@ def test_batch_of_different_lengths_equals_each_row_alone(model: GPT) -> None:
     np.testing.assert_allclose(more[1], _logits(model, [seq_b + [8, 9, 10]])[0, -3:], atol=2e-5, rtol=0)
 
 
-def test_decoder_equals_the_general_forward_pass(model: GPT) -> None:
-    from kael.models._decoder import Decoder
+@pytest.mark.parametrize("direct", [True, False])
+def test_decode_step_equals_the_general_forward_pass(model: GPT, direct: bool) -> None:
+    from kael.models import GenericStep, decode_step
 
     ids = CASES["sliding_window"]["ids"][:30]
     cache = model.new_cache(max_positions=30)
     with kael.no_grad():
         model(kael.tensor([ids[:10]]), cache)
-        decoder = Decoder.create(model, model.plan(), cache)
-        assert decoder is not None
-        steps = [decoder(t).numpy().copy() for t in ids[10:]]
+        decoder = decode_step(model, cache, direct)
+        assert isinstance(decoder, GenericStep) != direct
+        steps = []
+        for t in ids[10:]:
+            steps.append(decoder([0], [t]).numpy()[0].copy())
+            cache.lengths[0] += 1
     assert cache.lengths == [30]
     np.testing.assert_allclose(np.stack(steps), _logits(model, [ids])[0, 10:], atol=2e-5, rtol=0)
     with pytest.raises(kael.ShapeError, match="past the cache"):
-        decoder(1)
+        decoder([0], [1])
 
 
 def test_generate_without_fused_kernels(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:

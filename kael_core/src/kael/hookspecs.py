@@ -39,6 +39,11 @@ class KaelSpecs:
         return []
 
     @hookspec
+    def kael_model_families(self) -> list[Any]:
+        """Return the ``kael.models.ModelFamily`` instances this plugin provides (entry-point group ``kael.models``)."""
+        return []
+
+    @hookspec
     def kael_plugin_info(self) -> dict[str, Any]:
         """Return {"name": ..., "version": ..., "description": ...} for ``python -m kael info``."""
         return {}

@@ -1,4 +1,4 @@
-"""load_app: the server for a GPT-2 checkpoint directory, loaded with kael."""
+"""load_app: the server for a checkpoint directory of any kael model family, loaded with kael."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def load_app(
     queue: int = 0,
     queue_timeout: float = 10.0,
 ) -> Litestar:
-    """The app serving the GPT-2 checkpoint in ``data`` (any size: shapes come from config.json).
+    """The app serving the checkpoint in ``data`` (any family ``kael.models.from_pretrained`` knows by
+    config.json's ``model_type``; any size: shapes come from config.json).
 
     The directory is checked at once; the weights load on a thread after start-up, while
     ``/health`` answers and ``/ready`` says 503. Raises ServerConfigError or ImportError
@@ -81,7 +82,7 @@ def load_app(
         return rng
 
     def load(metrics: Metrics) -> Generator:
-        model = kael.GPT.from_pretrained(path, device=device)
+        model = kael.models.from_pretrained(path, device=device)  # the family config.json's model_type names
         tokenizer = kael.BpeTokenizer.from_directory(path)
         batched = slots > 1 or queue > 0
         return Generator(

@@ -1,22 +1,55 @@
-"""Models: GPT-2 (``GPT``), its KV cache, generation, and checkpoint loading and export."""
+"""Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2.
+
+NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
+``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
+Face ``model_type`` through ``from_pretrained``'s registry (``_registry.py``).
+"""
 
 from __future__ import annotations
 
+from ._base import CausalLMBase
 from ._batched import BatchDecoder
-from ._generate import generate, sample_next
-from ._gpt2 import GPT, GPTConfig
-from ._kv_cache import KVCache
-from ._loading import from_pretrained, load_gpt2, read_config, save_pretrained
+from ._generate import Sampler, generate, sample_next
+from ._kv_cache import CacheStep, KVCache
+from ._protocol import CausalLM, DecodeStep, StepLike
+from ._registry import (
+    ENTRY_POINT_GROUP,
+    ModelFamily,
+    families,
+    from_pretrained,
+    get_family,
+    model_type_of,
+    register_family,
+    unregister_family,
+)
+from ._steps import GenericStep, RowsStep, decode_step
+from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 
 __all__ = [
+    "CausalLM",
+    "CausalLMBase",
+    "DecodeStep",
+    "StepLike",
+    "GenericStep",
+    "RowsStep",
+    "decode_step",
+    "ModelFamily",
+    "ENTRY_POINT_GROUP",
+    "register_family",
+    "unregister_family",
+    "families",
+    "get_family",
+    "model_type_of",
+    "from_pretrained",
     "GPT",
     "GPTConfig",
     "KVCache",
+    "CacheStep",
     "generate",
     "sample_next",
-    "from_pretrained",
-    "load_gpt2",
+    "Sampler",
     "read_config",
+    "load_gpt2",
     "save_pretrained",
     "BatchDecoder",
 ]

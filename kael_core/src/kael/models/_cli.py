@@ -1,4 +1,4 @@
-"""``python -m kael generate``: stream a GPT-2 continuation of a prompt to stdout.
+"""``python -m kael generate``: stream a model's continuation of a prompt to stdout (any model family).
 
 Text is written as the tokens arrive. GPT-2 spells many characters with several
 byte-level tokens, so the tokens go through the tokenizer's incremental UTF-8
@@ -69,7 +69,7 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     from ..ops import Generator
     from ..tokenizer import BpeTokenizer
     from ._generate import check_sampling
-    from ._gpt2 import GPT
+    from ._registry import from_pretrained
 
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -77,7 +77,7 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         if args.max_tokens < 0:
             raise KaelError(f"--max-tokens must be >= 0, got {args.max_tokens}")
         check_sampling(args.temperature, args.top_k, None, "generate")
-        model = GPT.from_pretrained(args.model, device=args.device, mmap=True)
+        model = from_pretrained(args.model, device=args.device, mmap=True)
         tokenizer = BpeTokenizer.from_directory(args.model)
         ids = tokenizer.encode(args.prompt)
         if not ids:  # GPT-2 starts unconditional text after <|endoftext|>

@@ -1,12 +1,11 @@
 """Text generation: ``generate`` (prefill, KV-cached decode, sliding window) and ``sample_next``.
 
-A decode step feeds one token through the model: its embedding is the sum of two
-row views (``wte[token]``, ``wpe[position]``: no gather, no index tensor), the layers
-read one ``Plan`` gathered before the loop, and each layer's keys and values go
-straight into the preallocated cache (NOTE [kv cache layout]); only the last
-position's logits are ever computed (``Decoder`` in _decoder.py runs that step with
-no per-step allocation when the backend has the fused kernels). Past the context,
-each step recomputes the last ``max_positions`` tokens without a cache, at positions
+``generate`` drives any ``CausalLM`` (NOTE [model-family seam] in _protocol.py): the
+prompt runs through the model into a KV cache sized for the positions this call can
+reach, then each step feeds one token through the family's decode step over that
+one-row cache (``decode_step``: the family's fast step, or the generic one over its
+modules). Only the last position's logits are ever computed. Past the context, each
+step recomputes the last ``max_positions`` tokens without a cache, at positions
 0..P-1: the window the reference continuations were made with.
 """
 
@@ -22,12 +21,12 @@ from .. import _dtype as dt
 from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import Generator, add, argmax, div, embedding, narrow, rand, select, softmax, tensor, to, topk, view
-from ._decoder import Decoder
+from ..ops import Generator, argmax, div, rand, select, softmax, tensor, to, topk, view
+from ._steps import decode_step
 
 if TYPE_CHECKING:
-    from ._gpt2 import GPT, Plan
     from ._kv_cache import KVCache
+    from ._protocol import CausalLM
 
 __all__ = ["generate", "sample_next", "Sampler"]
 
@@ -127,7 +126,7 @@ def _prompt_ids(prompt: Any, vocab_size: int) -> list[int]:
 
 
 def generate(
-    model: GPT,
+    model: CausalLM,
     prompt: Any,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -169,7 +168,7 @@ def generate(
 
 
 def _loop(
-    model: GPT,
+    model: CausalLM,
     ids: list[int],
     n: int,
     temperature: float,
@@ -178,13 +177,12 @@ def _loop(
     generator: Generator | None,
     sampler: Sampler | None = None,
 ) -> list[int]:
-    p = model.plan()
     ctx = model.max_positions
     seq = list(ids)
     # The cache only needs the positions this call can reach.
     cache = model.new_cache(1, min(ctx, len(ids) + n)) if len(ids) < ctx else None
-    logits = _prefill(model, p, ids, cache) if cache is not None else _window(model, p, seq[-ctx:])
-    decoder = Decoder.create(model, p, cache) if cache is not None else None
+    logits = _prefill(model, ids, cache) if cache is not None else _window(model, seq[-ctx:])
+    step = decode_step(model, cache) if cache is not None else None
     out: list[int] = []
     for i in range(n):
         if sampler is None:
@@ -199,40 +197,21 @@ def _loop(
                 break
         if i == n - 1:
             break
-        if decoder is not None and len(seq) <= ctx:
-            logits = decoder(token)
-        elif cache is not None and len(seq) <= ctx:
-            logits = _decode(model, p, token, cache)
+        if step is not None and cache is not None and len(seq) <= ctx:
+            logits = select(step([0], [token]), 0, 0)
+            cache.lengths[0] += 1
         else:
-            logits = _window(model, p, seq[-ctx:])
+            logits = _window(model, seq[-ctx:])
     return out
 
 
-def _prefill(model: GPT, p: Plan, ids: list[int], cache: KVCache) -> Tensor:
-    """Run the prompt through the model into the cache; the last position's logits [V]."""
-    step = cache.begin(len(ids))
-    logits = model.run(_embed(model, p, ids), p, step, [len(ids) - 1])
-    step.commit()
-    return view(logits, model.vocab_size)
-
-
-def _embed(model: GPT, p: Plan, ids: list[int]) -> Tensor:
-    """The prompt's token plus position embeddings [1, T, C] (positions from 0)."""
+def _prefill(model: CausalLM, ids: list[int], cache: KVCache) -> Tensor:
+    """Run the prompt through the model into the (one-row) cache; the last position's logits [V]."""
     x = tensor([ids], dtype=dt.int64, device=model.device)
-    h: Tensor = add(embedding(x, p.wte), narrow(p.wpe, 0, 0, len(ids)))
-    return h
+    return view(model(x, cache, last_only=True), model.vocab_size)
 
 
-def _decode(model: GPT, p: Plan, token: int, cache: KVCache) -> Tensor:
-    """One token through the model, reading and extending the cache; its logits [V]."""
-    pos = cache.lengths[0]
-    x = view(add(narrow(p.wte, 0, token, 1), narrow(p.wpe, 0, pos, 1)), 1, 1, model.config.dimension)
-    step = cache.begin(1)
-    logits = model.run(x, p, step, None)
-    step.commit()
-    return view(logits, model.vocab_size)
-
-
-def _window(model: GPT, p: Plan, ids: list[int]) -> Tensor:
+def _window(model: CausalLM, ids: list[int]) -> Tensor:
     """The last position's logits [V] for ids (at most the context) recomputed without a cache."""
-    return view(model.run(_embed(model, p, ids), p, None, [len(ids) - 1]), model.vocab_size)
+    x = tensor([ids], dtype=dt.int64, device=model.device)
+    return view(model(x, last_only=True), model.vocab_size)

@@ -1,4 +1,4 @@
-"""GPT-2 checkpoints: ``from_pretrained``, ``load_gpt2`` and ``save_pretrained``.
+"""GPT-2 checkpoints: ``read_config``, ``load_gpt2``, ``from_pretrained`` and ``save_pretrained``.
 
 Two key layouts are read (NOTE [gpt2 key layouts]):
 
@@ -18,9 +18,9 @@ their transpose to ``linear``. A copy-mode load stores them out-major: the param
 still ``[in, out]``, a transposed view of ``[out, in]`` memory, so ``linear`` sees its
 weight rows contiguous along ``in``. A product with few rows (decoding) then runs as dot
 products that read each weight row once, front to back, all rows of the input at a time;
-on a 2-core AVX2 machine that decodes GPT-2 small about 1.4x faster alone and 1.7x
-faster eight sequences at a time than the ``[in, out]`` memory order. A mapped load
-keeps the file's order (no copy is the point of mapping); both are correct.
+that is markedly faster for decoding than the ``[in, out]`` memory order, alone and
+batched (``benchmarks/gpt2.py`` measures it). A mapped load keeps the file's order (no
+copy is the point of mapping); both are correct.
 """
 
 from __future__ import annotations
@@ -31,17 +31,27 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import _dtype as dt
-from .._errors import FormatError
-from .._tensor import Tensor
-from ..autograd import no_grad
-from ..io import load_safetensors, save_safetensors
-from ..io._atomic import atomic_write
-from ..nn._module import _set_data
-from ..ops import contiguous, detach, to, transpose
-from ._gpt2 import GPT, GPTConfig
+from ... import _dtype as dt
+from ..._errors import FormatError
+from ..._tensor import Tensor
+from ...autograd import no_grad
+from ...io import load_safetensors, save_safetensors
+from ...io._atomic import atomic_write
+from ...nn._module import _set_data
+from ...ops import contiguous, detach, to, transpose
+from ._config import GPTConfig
+from ._model import GPT
 
-__all__ = ["from_pretrained", "load_gpt2", "save_pretrained", "read_config", "hf_config", "PREFIX"]
+__all__ = [
+    "from_pretrained",
+    "load_gpt2",
+    "save_pretrained",
+    "read_config",
+    "hf_config",
+    "PREFIX",
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+]
 
 PREFIX = "transformer."
 CONFIG_NAME = "config.json"

@@ -1,0 +1,175 @@
+"""``CausalLMBase``: the generic half of a causal-LM family (NOTE [model-family seam] in _protocol.py).
+
+A family subclasses it and supplies ``embed``, ``run_layer``, ``run_head`` and the cache
+shape (``num_layers``, ``num_kv_heads``, ``head_dim``); it gets ``forward`` with a KV cache,
+right-padded rows and ``last_only``, ``run``, ``new_cache`` and ``generate`` from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import _dtype as dt
+from .._errors import AutogradError, DTypeError, ShapeError
+from .._tensor import Tensor
+from ..autograd import is_grad_enabled
+from ..nn import Module
+from ..ops import cat, narrow
+from ._kv_cache import CacheStep, KVCache
+
+if TYPE_CHECKING:
+    from ._protocol import DecodeStep
+
+__all__ = ["CausalLMBase"]
+
+
+class CausalLMBase(Module):
+    """A decoder-only LM over kael ops; subclasses set ``vocab_size`` and ``max_positions``."""
+
+    vocab_size: int
+    max_positions: int
+
+    # -- what a family supplies -----------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must define num_layers")
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads per layer (what the KV cache holds; fewer than query heads under GQA)."""
+        raise NotImplementedError(f"{type(self).__name__} must define num_kv_heads")
+
+    @property
+    def head_dim(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must define head_dim")
+
+    @property
+    def device(self) -> Any:
+        return next(iter(self.parameters())).device
+
+    @property
+    def dtype(self) -> dt.DType:
+        return next(iter(self.parameters())).dtype
+
+    def embed(self, ids: Tensor, starts: Sequence[int]) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define embed")
+
+    def run_layer(self, i: int, x: Tensor, step: Any) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define run_layer")
+
+    def run_head(self, x: Tensor) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define run_head")
+
+    def decode_step(self, cache: KVCache) -> DecodeStep | None:
+        """No fast step by default: batched decoding and ``generate`` use the generic pieces."""
+        return None
+
+    # -- what it gets ------------------------------------------------------------------------------
+    def new_cache(self, batch: int = 1, max_positions: int | None = None) -> KVCache:
+        """A KVCache for this model: ``batch`` rows of up to ``max_positions`` (default: the context)."""
+        n = self.max_positions if max_positions is None else max_positions
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_positions:
+            raise ShapeError(f"new_cache: max_positions must be an int in 1..{self.max_positions}, got {n!r}")
+        return KVCache(
+            self.num_layers, batch, self.num_kv_heads, self.head_dim, n, dtype=self.dtype, device=self.device
+        )
+
+    def forward(
+        self,
+        ids: Tensor,
+        cache: KVCache | None = None,
+        lengths: Sequence[int] | None = None,
+        *,
+        last_only: bool = False,
+    ) -> Tensor:
+        """Logits [B, T, V] for token ids [B, T] (int).
+
+        cache: a ``KVCache`` (``new_cache``): the tokens continue each row's cached ones, which
+        they attend to, and their keys and values are added to it. lengths: for right-padded
+        rows, how many of each row's T tokens are real (the cache advances by those). With
+        ``last_only`` only each row's last real position is computed: logits [B, 1, V].
+        """
+        b, t, valid = self._check_forward(ids, cache, lengths, last_only)
+        step = cache.begin(t, valid) if cache is not None else None
+        x = self.embed(ids, step.starts if step is not None else [0] * b)
+        last = None if not last_only else [n - 1 for n in valid] if valid is not None else [t - 1] * b
+        logits = self.run(x, step, last)
+        if step is not None:
+            step.commit()
+        return logits
+
+    def run(self, x: Tensor, step: CacheStep | Any | None, last: list[int] | None = None) -> Tensor:
+        """The layers and the head on the embedded tokens x [B, T, C].
+
+        last: one position per row whose logits to compute (``[B, 1, V]``), or None for all.
+        """
+        for i in range(self.num_layers):
+            x = self.run_layer(i, x, step)
+        if last is not None:
+            x = (
+                narrow(x, 1, last[0], 1)
+                if all(n == last[0] for n in last)
+                else cat([narrow(narrow(x, 0, r, 1), 1, n, 1) for r, n in enumerate(last)], 0)
+            )
+        return self.run_head(x)
+
+    def generate(
+        self,
+        prompt: Any,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        on_token: Any = None,
+        generator: Any = None,
+        *,
+        sampler: Any = None,
+    ) -> list[int]:
+        """New tokens continuing ``prompt`` (see ``kael.models.generate``)."""
+        from ._generate import generate
+
+        return generate(self, prompt, max_new_tokens, temperature, top_k, on_token, generator, sampler=sampler)
+
+    def _check_forward(
+        self, ids: Any, cache: KVCache | None, lengths: Sequence[int] | None, last_only: bool
+    ) -> tuple[int, int, list[int] | None]:
+        name = f"{type(self).__name__}.forward"
+        if not isinstance(ids, Tensor) or ids.dtype.category != 1:
+            raise DTypeError(f"{name}: ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids))!r}")
+        if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
+            raise ShapeError(f"{name}: ids must have shape [batch, tokens] with both at least 1, got {list(ids.shape)}")
+        b, t = ids.shape
+        valid = None
+        if lengths is not None:
+            valid = [int(n) for n in lengths] if not isinstance(lengths, Tensor) else [int(n) for n in lengths.tolist()]
+            if len(valid) != b or any(not 0 <= n <= t for n in valid):
+                raise ShapeError(
+                    f"{name}: lengths must give each of the {b} rows 0..{t} real tokens, got {list(lengths)!r}"
+                )
+            if last_only and min(valid) < 1:
+                raise ShapeError(f"{name}: last_only needs at least one real token per row, got {valid}")
+        if cache is None:
+            if t > self.max_positions:
+                raise ShapeError(f"{name}: {t} tokens exceed the context of {self.max_positions} positions")
+            return b, t, valid
+        if not isinstance(cache, KVCache):
+            raise DTypeError(f"{name}: cache must be a KVCache, got {type(cache).__name__}")
+        shape = (self.num_layers, self.num_kv_heads, self.head_dim)
+        if (cache.layers, cache.heads, cache.head_dim) != shape or cache.max_positions > self.max_positions:
+            raise ShapeError(
+                f"{name}: {cache!r} does not fit this model ({shape[0]} layers, {shape[1]} "
+                f"heads of {shape[2]}, context {self.max_positions}); use model.new_cache()"
+            )
+        if cache.batch != b:
+            raise ShapeError(f"{name}: the cache holds {cache.batch} rows but ids have {b}")
+        if cache.device is not self.device or cache.dtype is not self.dtype:
+            raise DTypeError(
+                f"{name}: the cache ({cache.dtype!r} on {cache.device}) must match the model "
+                f"({self.dtype!r} on {self.device})"
+            )
+        if is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            raise AutogradError(
+                f"{name}: a KV cache is for inference (gradients do not flow through cached "
+                "keys); run it under kael.no_grad() or kael.inference_mode()"
+            )
+        return b, t, valid

@@ -1,0 +1,176 @@
+"""The model-family registry: Hugging Face ``model_type`` -> the family that loads it.
+
+``kael.models.from_pretrained(directory)`` reads ``config.json``'s ``model_type`` and hands
+the directory to that family's loader. GPT-2 (``"gpt2"``) is built in; other families
+come from packages that register under the ``kael.models`` entry-point group, the same
+way backends register under ``kael.backends``::
+
+    [project.entry-points."kael.models"]
+    myfamily = "my_package.plugin"
+
+with ``my_package/plugin.py``::
+
+    import kael
+    from kael.models import ModelFamily
+
+    @kael.hookimpl
+    def kael_model_families():
+        return [ModelFamily("my_type", load)]   # load(directory, device=..., *, mmap, dtype)
+
+Entry points load lazily (on the first look-up), through kael's plugin manager, so
+``KAEL_DISABLE_PLUGIN_AUTOLOAD``, ``KAEL_BLOCK_PLUGINS`` and ``KAEL_STRICT_PLUGINS`` apply
+as they do to backends. ``register_family`` adds one by hand (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from .._errors import FormatError, KaelError, PluginError
+
+if TYPE_CHECKING:
+    from ._protocol import CausalLM
+
+__all__ = [
+    "ModelFamily",
+    "register_family",
+    "unregister_family",
+    "families",
+    "get_family",
+    "model_type_of",
+    "from_pretrained",
+    "ENTRY_POINT_GROUP",
+]
+
+ENTRY_POINT_GROUP = "kael.models"
+DEFAULT_MODEL_TYPE = "gpt2"  # a config.json without model_type (older GPT-2 exports) is GPT-2
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """A model family: the ``model_type`` it serves and the function that loads its checkpoints.
+
+    ``load(directory, device="cpu", *, mmap=False, dtype=None)`` returns a ``kael.models.CausalLM``
+    in eval mode, or raises ``kael.FormatError`` naming the file and what is wrong with it.
+    """
+
+    model_type: str
+    load: Callable[..., CausalLM]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_type, str) or not self.model_type:
+            raise PluginError(f"ModelFamily: model_type must be a non-empty string, got {self.model_type!r}")
+        if not callable(self.load):
+            raise PluginError(f"ModelFamily {self.model_type!r}: load must be callable, got {type(self.load).__name__}")
+
+
+_lock = threading.RLock()
+_manual: dict[str, ModelFamily] = {}
+_removed: set[str] = set()
+
+
+def register_family(family: ModelFamily, *, replace: bool = False) -> None:
+    """Serve ``family.model_type`` with ``family`` (``replace`` to override one already there)."""
+    if not isinstance(family, ModelFamily):
+        raise PluginError(f"register_family: expected a kael.models.ModelFamily, got {type(family).__name__}")
+    with _lock:
+        if not replace and family.model_type in families():
+            raise PluginError(
+                f"register_family: model_type {family.model_type!r} is already served; pass replace=True to override"
+            )
+        _removed.discard(family.model_type)
+        _manual[family.model_type] = family
+
+
+def unregister_family(model_type: str) -> None:
+    """Stop serving ``model_type`` (a built-in or entry-point family too)."""
+    with _lock:
+        _manual.pop(model_type, None)
+        _removed.add(model_type)
+
+
+def _plugin_families() -> list[tuple[str, ModelFamily]]:
+    """(plugin name, family) for every family the ``kael.models`` plugins provide."""
+    from .._plugins import manager
+
+    manager.ensure_loaded(ENTRY_POINT_GROUP)
+    found: list[tuple[str, ModelFamily]] = []
+    for impl in manager.pm.hook.kael_model_families.get_hookimpls():
+        provided = cast("list[Any]", impl.function() or [])
+        for fam in provided:
+            if not isinstance(fam, ModelFamily):
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r} returned {fam!r} from kael_model_families; "
+                    "expected kael.models.ModelFamily instances"
+                )
+            found.append((impl.plugin_name, fam))
+    return found
+
+
+def families() -> dict[str, ModelFamily]:
+    """Every family served now, by ``model_type`` (built-in, from entry points, registered by hand)."""
+    from .gpt2 import FAMILY as GPT2
+
+    with _lock:
+        out: dict[str, ModelFamily] = {GPT2.model_type: GPT2}
+        seen: dict[str, str] = {}
+        for plugin, fam in _plugin_families():
+            if fam.model_type in seen and seen[fam.model_type] != plugin:
+                raise PluginError(
+                    f"plugins {seen[fam.model_type]!r} and {plugin!r} both provide model_type "
+                    f"{fam.model_type!r}; block one with KAEL_BLOCK_PLUGINS=NAME"
+                )
+            seen[fam.model_type] = plugin
+            out[fam.model_type] = fam
+        out.update(_manual)
+        return {k: v for k, v in out.items() if k not in _removed or k in _manual}
+
+
+def get_family(model_type: str) -> ModelFamily:
+    """The family serving ``model_type``; a KaelError listing the served ones if none does."""
+    known = families()
+    try:
+        return known[model_type]
+    except KeyError:
+        raise KaelError(
+            f"no model family serves model_type {model_type!r}; installed: {sorted(known)} "
+            f"(families are plugins of the {ENTRY_POINT_GROUP!r} entry-point group)"
+        ) from None
+
+
+def model_type_of(path: Any) -> str:
+    """The ``model_type`` of a checkpoint directory's ``config.json`` (or of that file)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    where = repr(os.fspath(p))
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"model config {where}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"model config {where}: not UTF-8 JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise FormatError(f"model config {where}: expected a JSON object, got {type(d).__name__}")
+    mt = d.get("model_type", DEFAULT_MODEL_TYPE)
+    if not isinstance(mt, str) or not mt:
+        raise FormatError(f"model config {where}: model_type must be a non-empty string, got {mt!r}")
+    return mt
+
+
+def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> CausalLM:
+    """The model in a checkpoint directory, loaded by the family its ``config.json`` names, in eval mode."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise FormatError(f"from_pretrained: {os.fspath(d)!r} is not a directory")
+    family = get_family(model_type_of(d))
+    return family.load(d, device=device, mmap=mmap, dtype=dtype)
