@@ -22,6 +22,17 @@ from ._registry import (
     register_family,
     unregister_family,
 )
+from ._sampling import (
+    SamplingOptions,
+    TokenLogprob,
+    TokenSampler,
+    apply_logit_bias,
+    apply_penalties,
+    filter_logits,
+    log_softmax,
+    prompt_logprobs,
+    top_logprobs,
+)
 from ._steps import GenericStep, RowsStep, decode_step
 from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 
@@ -48,6 +59,15 @@ __all__ = [
     "generate",
     "sample_next",
     "Sampler",
+    "SamplingOptions",
+    "TokenSampler",
+    "TokenLogprob",
+    "apply_logit_bias",
+    "apply_penalties",
+    "filter_logits",
+    "log_softmax",
+    "prompt_logprobs",
+    "top_logprobs",
     "read_config",
     "load_gpt2",
     "save_pretrained",
