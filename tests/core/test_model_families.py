@@ -178,6 +178,9 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
     if tokenizer.eot_token in ids:
         ids = ids[: ids.index(tokenizer.eot_token)]
     assert cli.stdout.rstrip("\n") == tokenizer.decode_text(ids)
+    info = subprocess.run([sys.executable, "-m", "kael", "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert "kael.models" in info.stdout and "kael_toy     kael-toy (a test family)" in info.stdout
     # Without the plugin on the path the model_type is unknown, and the error says what is installed.
     bare = subprocess.run(
         [sys.executable, "-c", f"import kael.models as m; m.from_pretrained({str(checkpoint)!r})"],

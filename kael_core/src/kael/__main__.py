@@ -25,6 +25,7 @@ def info(out: Any = None) -> int:
     )
     manager.ensure_loaded("kael.backends")
     manager.ensure_loaded("kael.plugins")
+    manager.ensure_loaded("kael.models")
     p("\nplugins:")
     if not manager.records:
         p("  (none installed)")
@@ -45,6 +46,12 @@ def info(out: Any = None) -> int:
             p(f"  {dtype:6} served by {chosen.name!r} ({n} device{'s' if n != 1 else ''})")
         except kael.KaelError as exc:
             p(f"  {dtype:6} not usable: {exc}")
+    p("\nmodel families (config.json model_type):")
+    try:
+        for name, fam in sorted(kael.models.families().items()):
+            p(f"  {name:12} {fam.description}")
+    except kael.KaelError as exc:
+        p(f"  not usable: {exc}")
     return 0
 
 
@@ -52,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kael", description="kael command line")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="list plugins, backends and devices")
-    g = sub.add_parser("generate", help="generate text with a GPT-2 checkpoint, streamed to stdout")
+    g = sub.add_parser("generate", help="generate text with a model checkpoint (any family), streamed to stdout")
     g.add_argument("prompt", help="the prompt text")
     g.add_argument(
         "--model", required=True, help="directory with config.json, model.safetensors, vocab.json, merges.txt"
