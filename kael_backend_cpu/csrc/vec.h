@@ -1,10 +1,14 @@
 // The table of vectorised inner kernels, one per instruction set.
 //
-// NOTE [runtime dispatch]: vec_impl.h is compiled twice, by vec_base.cpp for the
-// baseline target (SSE2 on x86-64, NEON on arm64) and by vec_avx2.cpp with
-// -mavx2 -mfma; vec_select.cpp picks the AVX2 table when the CPU reports both
-// features (KAEL_CPU_ISA=base forces the portable one). The default build never
-// uses -march=native, so a wheel runs on any x86-64.
+// NOTE [runtime dispatch]: the vector kernels are written once, by family
+// (vec_core.h: types and loads; vec_math.h: exp/tanh/sigmoid/gelu; vec_rows.h:
+// softmax/layer_norm rows; vec_arith.h: add/sub/mul/div; vec_gemm_packed.h and
+// vec_gemm_rows.h: matrix products), gathered into a table by vec_table.h, and
+// compiled twice: by vec_base.cpp for the baseline target (SSE2 on x86-64, NEON on
+// arm64) and by vec_avx2.cpp with -mavx2 -mfma, each inside a namespace of its own.
+// vec_select.cpp picks the AVX2 table when the CPU reports both features
+// (KAEL_CPU_ISA=base forces the portable one). The default build never uses
+// -march=native, so a wheel runs on any x86-64.
 #pragma once
 
 #include <cstdint>

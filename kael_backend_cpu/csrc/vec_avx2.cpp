@@ -24,7 +24,7 @@
 
 namespace kael {
 namespace vec_avx2 {
-#include "vec_impl.h"  // NOLINT(bugprone-suspicious-include)
+#include "vec_table.h"  // NOLINT(bugprone-suspicious-include)
 }  // namespace vec_avx2
 
 const VecTable* vec_avx2_table() {

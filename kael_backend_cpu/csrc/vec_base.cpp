@@ -23,7 +23,7 @@
 
 namespace kael {
 namespace vec_base {
-#include "vec_impl.h"  // NOLINT(bugprone-suspicious-include)
+#include "vec_table.h"  // NOLINT(bugprone-suspicious-include)
 }  // namespace vec_base
 
 const VecTable& vec_base_table() {

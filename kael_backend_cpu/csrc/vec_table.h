@@ -1,0 +1,52 @@
+// The table of vectorised inner kernels for one instruction set (NOTE [runtime dispatch] in
+// vec.h): every kernel family, written once with GCC/Clang vector extensions, and make_table,
+// which fills a VecTable with them. The including file (vec_base.cpp, vec_avx2.cpp) defines
+// KAEL_VBYTES (vector width in bytes), KAEL_MR_F/KAEL_NV_F/KAEL_MC_F and KAEL_MR_D/KAEL_NV_D/
+// KAEL_MC_D (GEMM micro-tile rows, vectors per row and row block) and opens a namespace of its
+// own, after including <algorithm>, <cmath>, <cstdint>, <cstring>, <limits>, <type_traits>,
+// <vector>, <immintrin.h> (x86) and vec.h. This file and the vec_*.h headers below have no
+// other includes: they are pasted inside that namespace, once per instruction set.
+
+#include "vec_arith.h"        // add/sub/mul/div loops
+#include "vec_core.h"         // vector types, loads/stores, splat, horizontal sums
+#include "vec_gemm_packed.h"  // GEMM micro-kernel and panel packing
+#include "vec_gemm_rows.h"    // few-row GEMM kernels (rows_nmajor, rows_kmajor)
+#include "vec_math.h"         // exp, tanh, sigmoid, gelu: vector functions and their elementwise loops
+#include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
+
+template <class T, int MR, int NV>
+GemmKernels<T> gemm_kernels(int64_t mc, int64_t kc, int64_t nc) {
+  GemmKernels<T> g;
+  g.mr = MR;
+  g.nr = NV * V<T>::L;
+  g.mc = mc;
+  g.kc = kc;
+  g.nc = nc;
+  g.kernel = ukernel<T, MR, NV>;
+  g.pack_a = pack_a<T, MR>;
+  g.pack_b = pack_b<T, NV * V<T>::L>;
+  g.rows_nmajor = rows_nmajor<T>;
+  g.rows_kmajor = rows_kmajor<T>;
+  return g;
+}
+
+VecTable make_table(const char* name) {
+  VecTable t;
+  t.name = name;
+  t.sgemm = gemm_kernels<float, KAEL_MR_F, KAEL_NV_F>(KAEL_MC_F, 256, 4080);
+  t.dgemm = gemm_kernels<double, KAEL_MR_D, KAEL_NV_D>(KAEL_MC_D, 256, 4080);
+  t.exp_f32 = exp_f32;
+  t.tanh_f32 = tanh_f32;
+  t.sigmoid_f32 = sigmoid_f32;
+  t.gelu_tanh_f32 = gelu_tanh_f32;
+  t.gelu_tanh_bwd_f32 = gelu_tanh_bwd_f32;
+  t.sum_f32 = sum_f32;
+  t.max_f32 = max_f32;
+  t.sum_exp_f32 = sum_exp_f32;
+  t.softmax_f32 = softmax_f32;
+  t.log_softmax_f32 = log_softmax_f32;
+  t.layer_norm_f32 = layer_norm_f32;
+  t.axpy_f32 = axpy_f32;
+  t.arith_f32 = arith_f32;
+  return t;
+}
