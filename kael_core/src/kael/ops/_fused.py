@@ -645,4 +645,4 @@ def adamw_step(
         denom = binary("add", unary("sqrt", binary("div", v, 1 - beta2**step)), eps)
         copy(param, binary("sub", p, binary("mul", binary("div", mhat, denom), lr)))
     for t in (param, exp_avg, exp_avg_sq):
-        t._storage.version += 1
+        t._bump_version()

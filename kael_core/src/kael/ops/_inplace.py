@@ -105,7 +105,7 @@ def inplace(t: Tensor, op: str, compute: Any) -> Tensor:
         _dispatch.kernel(t.device.type, "copy")(t, src)
     finally:
         STATE.enabled = prev
-    t._storage.version += 1
+    t._bump_version()
     if track:
         if r.shape != t.shape:
             from ._views import expand
@@ -151,7 +151,7 @@ def fast_binary_(t: Tensor, op: str, other: Any) -> Tensor | None:
             raise ShapeError(f"{op}_: operand of shape {list(other.shape)} doesn't broadcast to {list(t.shape)}")
     b = _unaliased(t, expand_to(as_tensor_like(other, t.dtype, t.device, op), t.shape))
     _dispatch.kernel(t.device.type, op)(t, t, b)
-    t._storage.version += 1
+    t._bump_version()
     return t
 
 
@@ -179,7 +179,7 @@ def fill_(t: Tensor, value: Any) -> Tensor:
         raise DTypeError(f"fill_: value must be a number, got {type(value).__name__}")
     if not (STATE.enabled and t.requires_grad):
         _dispatch.kernel(t.device.type, "fill")(t, int_in_range(value, t.dtype, "fill_", wrap=False))
-        t._storage.version += 1
+        t._bump_version()
         return t
     from ._creation import full
 
