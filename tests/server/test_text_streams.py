@@ -1,11 +1,18 @@
-"""Utf8Stream and StopMatcher: streaming gives the same text as decoding or cutting all at once."""
+"""The server's streamed text: kael's IncrementalDecoder (over the server's tokenizer) and
+StopMatcher give the same text as decoding or cutting all at once."""
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given
 from hypothesis import strategies as st
+from kael.tokenizer import IncrementalDecoder
+from kael_server.jobs import Job, SamplingParams
+from kael_server.output import JobOutput
 from kael_server.stops import StopMatcher
-from kael_server.utf8 import Utf8Stream
+
+from .fakes import ByteTokenizer
 
 
 def split(data: bytes | str, cuts: list[int]) -> list:  # type: ignore[type-arg]
@@ -14,26 +21,51 @@ def split(data: bytes | str, cuts: list[int]) -> list:  # type: ignore[type-arg]
     return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
+def byte_decoder() -> IncrementalDecoder:
+    """The decoder JobOutput uses, over the fake byte-level tokenizer (token i is byte i)."""
+    return IncrementalDecoder(ByteTokenizer())
+
+
+def test_job_output_emits_whole_characters() -> None:
+    loop = asyncio.new_event_loop()  # never run: the job's events are not read here
+    try:
+        job = Job("p", SamplingParams(max_tokens=10, temperature=0, top_k=0), 0.0, loop)
+        output = JobOutput(job, ByteTokenizer())
+        assert all(output.on_token(b) for b in "ñ€!".encode())
+        assert output.text() == "ñ€!"
+        assert output.pieces == ["ñ", "€", "!"]  # one piece per completed character
+    finally:
+        loop.close()
+
+
 def test_issue_example_bytes_give_whole_characters() -> None:
-    stream = Utf8Stream()
-    assert [stream.feed(bytes([b])) for b in b"\xc3\xb1\xe2\x82\xac"] == ["", "ñ", "", "", "€"]
-    assert stream.flush() == ""
+    decoder = byte_decoder()
+    assert [decoder.add(b) for b in b"\xc3\xb1\xe2\x82\xac"] == ["", "ñ", "", "", "€"]
+    assert decoder.flush() == ""
 
 
 @given(st.text(), st.lists(st.integers(min_value=0)))
 def test_valid_utf8_is_never_split_or_replaced(text: str, cuts: list[int]) -> None:
-    stream = Utf8Stream()  # st.text() has no lone surrogates: the bytes are valid UTF-8
-    pieces = [stream.feed(chunk) for chunk in split(text.encode("utf-8"), cuts)]
-    pieces.append(stream.flush())
+    decoder = byte_decoder()  # st.text() has no lone surrogates: the bytes are valid UTF-8
+    pieces = [decoder.add_many(chunk) for chunk in split(text.encode("utf-8"), cuts)]
+    pieces.append(decoder.flush())
     assert "".join(pieces) == text
     assert sum(p.count("\ufffd") for p in pieces) == text.count("\ufffd")
 
 
 @given(st.binary(), st.lists(st.integers(min_value=0)))
 def test_any_bytes_decode_as_one_shot_replace(data: bytes, cuts: list[int]) -> None:
-    stream = Utf8Stream()
-    pieces = [stream.feed(chunk) for chunk in split(data, cuts)]
-    pieces.append(stream.flush())
+    decoder = byte_decoder()
+    pieces = [decoder.add_many(chunk) for chunk in split(data, cuts)]
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == data.decode("utf-8", errors="replace")
+
+
+@given(st.binary())
+def test_token_by_token_equals_one_shot_replace(data: bytes) -> None:
+    decoder = byte_decoder()
+    pieces = [decoder.add(b) for b in data]
+    pieces.append(decoder.flush())
     assert "".join(pieces) == data.decode("utf-8", errors="replace")
 
 

@@ -24,6 +24,15 @@ from kael_server.jobs import Job
 from kael_server.logs import get_logger
 from kael_server.metrics import Metrics
 
+__all__ = [
+    "RequestAccounting",
+    "RequestRecord",
+    "outcome_of_error",
+    "outcome_of_status",
+    "record_of",
+    "request_id_of",
+]
+
 _RECORD_KEY = "kael_record"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -52,6 +61,8 @@ def request_id_of(request: Request[Any, Any, Any]) -> str | None:
 
 
 def outcome_of_status(status: int | None) -> str:
+    if status == 504:  # only a generation past --request-timeout answers 504
+        return "timeout"
     if status is None or status >= 500:
         return "error"
     if status == 429:
@@ -64,7 +75,9 @@ def outcome_of_status(status: int | None) -> str:
 
 
 def outcome_of_error(error: ServerError) -> str:
-    return "cancelled" if isinstance(error, Cancelled) else outcome_of_status(error.status_code)
+    if isinstance(error, Cancelled):
+        return "timeout" if error.reason == "timeout" else "cancelled"
+    return outcome_of_status(error.status_code)
 
 
 class RequestAccounting:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from litestar import Litestar, Request, Response
@@ -14,6 +14,8 @@ from litestar.openapi import OpenAPIConfig
 
 from kael_server import __version__, limits
 from kael_server.accounting import RequestAccounting, request_id_of
+from kael_server.auth import ApiKeys, RequireApiKey, document_api_keys
+from kael_server.deadline import check_request_timeout
 from kael_server.errors import client_error
 from kael_server.generator import Generator
 from kael_server.metrics import Metrics
@@ -21,37 +23,58 @@ from kael_server.routes import ROUTES
 from kael_server.schemas import ErrorResponse
 from kael_server.state import Loader, ServerState
 
+__all__ = ["create_app"]
+
+DOCS_PATH = "/schema"
+
 
 def create_app(
     generator: Generator | Loader,
     *,
     on_load_error: Callable[[BaseException], None] | None = None,
+    api_keys: ApiKeys | Iterable[str] = (),
+    protect_metrics: bool = False,
+    request_timeout: float | None = None,
 ) -> Litestar:
     """The server for ``generator``, or for the Generator that ``loader(metrics)`` builds on a
     thread at start-up (``/ready`` answers 503 until it is done).
 
+    With ``api_keys`` (an ApiKeys, or the keys themselves), every route but ``/health``,
+    ``/ready``, the playground page, the OpenAPI document and (unless ``protect_metrics``)
+    ``/metrics`` needs ``Authorization: Bearer KEY`` (kael_server.auth). A generation still
+    running ``request_timeout`` seconds after its request arrived is stopped (504, or a
+    stream's final error event; kael_server.deadline).
+
     ``app.state.server`` is the ServerState: the CLI uses it to drain on SIGTERM.
     """
+    keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
+    timeout = check_request_timeout(request_timeout)
     if isinstance(generator, Generator):
-        server = ServerState(generator.metrics, generator=generator)
+        server = ServerState(generator.metrics, generator=generator, request_timeout=timeout)
     else:
-        server = ServerState(Metrics(), loader=generator, on_load_error=on_load_error)
+        server = ServerState(Metrics(), loader=generator, on_load_error=on_load_error, request_timeout=timeout)
 
     def provide_server() -> ServerState:
         return server
 
-    return Litestar(
+    app = Litestar(
         route_handlers=ROUTES,
         dependencies={"server": Provide(provide_server, use_cache=True, sync_to_thread=False)},
-        middleware=[DefineMiddleware(RequestAccounting, metrics=server.metrics)],
+        middleware=[
+            DefineMiddleware(RequestAccounting, metrics=server.metrics),  # outermost: a 401 is logged too
+            DefineMiddleware(RequireApiKey, keys=keys, protect_metrics=protect_metrics, docs_path=DOCS_PATH),
+        ],
         on_startup=[server.startup],
         on_shutdown=[server.shutdown],
         exception_handlers={Exception: _internal_error},
-        openapi_config=OpenAPIConfig(title="kael-server", version=__version__),
+        openapi_config=OpenAPIConfig(title="kael-server", version=__version__, path=DOCS_PATH),
         request_max_body_size=limits.MAX_BODY_BYTES,
         logging_config=None,
         state=State({"server": server}),
     )
+    if keys:
+        document_api_keys(app, protect_metrics)
+    return app
 
 
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

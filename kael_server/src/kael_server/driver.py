@@ -15,7 +15,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.response import Stream
 
-from kael_server import limits, sse
+from kael_server import deadline, limits, sse
 from kael_server.accounting import RequestRecord, outcome_of_error, record_of
 from kael_server.errors import Cancelled, ClientGone, ServerError, client_error
 from kael_server.generator import Generator
@@ -56,6 +56,7 @@ async def serve_generation(
         generator = server.require()
         reply = make_reply(body, generator)
         job = record.job = generator.submit(reply.prompt, reply.params, record.started)
+        deadline.arm(job, server.request_timeout)
         if reply.stream:
             await accepted(job, request)
             events = sse.job_events(job, record, piece=reply.piece, finish=reply.finish, error=reply.stream_error)

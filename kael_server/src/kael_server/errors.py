@@ -6,6 +6,26 @@ from dataclasses import dataclass
 
 from kael_server.logs import get_logger
 
+__all__ = [
+    "BodyTooLarge",
+    "Busy",
+    "Cancelled",
+    "ClientGone",
+    "FieldError",
+    "InvalidRequest",
+    "NotReady",
+    "PromptRejected",
+    "QueueTimeout",
+    "ServerConfigError",
+    "ServerError",
+    "client_error",
+]
+
+
+class ServerConfigError(Exception):
+    """The server cannot start as configured; the message says what to change (and never
+    repeats a secret such as an API key)."""
+
 
 class ServerError(Exception):
     """Base of the errors whose ``message`` is written by kael_server and safe to send to a client."""
@@ -53,15 +73,19 @@ class PromptRejected(ServerError):
 
 
 class Cancelled(ServerError):
-    """The generation was stopped: ``reason`` is "client" (disconnect) or "shutdown"."""
+    """The generation was stopped: ``reason`` is "client" (disconnect, 499: logged only),
+    "shutdown" (503) or "timeout" (it ran past ``--request-timeout``, 504)."""
 
     status_code = 499
+    _ANSWERS = {
+        "shutdown": (503, "server shutting down"),
+        "timeout": (504, "the request ran past the server's time limit (--request-timeout)"),
+    }
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
-        super().__init__("server shutting down" if reason == "shutdown" else "client disconnected")
-        if reason == "shutdown":
-            self.status_code = 503
+        self.status_code, message = self._ANSWERS.get(reason, (499, "client disconnected"))
+        super().__init__(message)
 
 
 class ClientGone(Exception):

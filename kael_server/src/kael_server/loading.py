@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -11,16 +11,25 @@ from typing import Any
 from litestar import Litestar
 
 from kael_server.app import create_app
+from kael_server.auth import ApiKeys
 from kael_server.batching import BatchScheduler
+from kael_server.deadline import check_request_timeout
+from kael_server.errors import ServerConfigError
 from kael_server.generator import Generator
 from kael_server.metrics import Metrics
 
+__all__ = [
+    "BUNDLED_MODEL",
+    "CHECKPOINT_FILES",
+    "ServerConfigError",
+    "bundled_model_dir",
+    "check_device",
+    "checkpoint_dir",
+    "load_app",
+]
+
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
 BUNDLED_MODEL = "kael-tiny"
-
-
-class ServerConfigError(Exception):
-    """The server cannot start as configured; the message says what to change."""
 
 
 def bundled_model_dir() -> Path:
@@ -47,6 +56,17 @@ def checkpoint_dir(data: str | Path | None) -> Path:
     return path
 
 
+def check_device(device: str) -> None:
+    """ServerConfigError unless kael can allocate on ``device`` (a known device type, served by
+    an installed and usable backend, an index it has); loads that backend."""
+    import kael
+
+    try:
+        kael.empty(1, device=device)
+    except kael.KaelError as exc:
+        raise ServerConfigError(f"--device {device!r} cannot be used: {exc}") from None
+
+
 def load_app(
     data: str | Path | None,
     device: str = "cpu",
@@ -55,13 +75,17 @@ def load_app(
     slots: int = 1,
     queue: int = 0,
     queue_timeout: float = 10.0,
+    api_keys: ApiKeys | Sequence[str] = (),
+    protect_metrics: bool = False,
+    request_timeout: float | None = None,
 ) -> Litestar:
     """The app serving the checkpoint in ``data`` (any family ``kael.models.from_pretrained`` knows by
     config.json's ``model_type``; any size: shapes come from config.json).
 
-    The directory is checked at once; the weights load on a thread after start-up, while
-    ``/health`` answers and ``/ready`` says 503. Raises ServerConfigError or ImportError
-    (kael missing) before anything is served.
+    The directory and the device are checked at once; the weights load on a thread after
+    start-up, while ``/health`` answers and ``/ready`` says 503. Raises ServerConfigError or
+    ImportError (kael missing) before anything is served. ``api_keys``, ``protect_metrics``
+    and ``request_timeout`` are create_app's.
 
     ``slots`` generations run at once: with more than one (or with a ``queue``), they share
     each decode step through a BatchScheduler over kael's ``BatchDecoder``; with one and no
@@ -73,8 +97,13 @@ def load_app(
         raise ServerConfigError(f"--queue must be an integer >= 0, got {queue!r}")
     if not 0 <= queue_timeout <= 3600:
         raise ServerConfigError(f"--queue-timeout must be between 0 and 3600 seconds, got {queue_timeout!r}")
+    try:
+        check_request_timeout(request_timeout)
+    except ValueError as exc:
+        raise ServerConfigError(f"--request-timeout: {exc}") from None
     path = checkpoint_dir(data)
-    import kael  # imported here so kael_server stays importable (and testable) without kael
+    check_device(device)
+    import kael  # imported here so the web stack imports without loading kael's models
 
     def make_rng(seed: int) -> object:
         rng = kael.Generator()
@@ -95,7 +124,13 @@ def load_app(
             make_scheduler=partial(_batch_scheduler, model, slots, queue, queue_timeout) if batched else None,
         )
 
-    return create_app(load, on_load_error=on_load_error)
+    return create_app(
+        load,
+        on_load_error=on_load_error,
+        api_keys=api_keys,
+        protect_metrics=protect_metrics,
+        request_timeout=request_timeout,
+    )
 
 
 def _batch_scheduler(model: Any, slots: int, queue: int, queue_timeout: float, generator: Generator) -> BatchScheduler:

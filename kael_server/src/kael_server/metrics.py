@@ -12,7 +12,10 @@ except ImportError:  # Windows
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-OUTCOMES = ("ok", "busy", "rejected", "error", "cancelled")
+__all__ = ["OUTCOMES", "Metrics", "peak_memory_bytes"]
+
+OUTCOMES = ("ok", "busy", "rejected", "error", "cancelled", "timeout")
+"""``timeout``: the request ran past ``--request-timeout`` (504, or a stream's final error event)."""
 REQUEST_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -38,7 +41,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "kael_requests",
-            "Generation requests (/generate, /v1/completions), each counted once by outcome.",
+            "Generation requests (/generate, /v1/completions), each counted once by outcome "
+            "(timeout: ended by --request-timeout).",
             ["status"],
             registry=r,
         )

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 
+from kael.tokenizer import IncrementalDecoder
+
 from kael_server.errors import Cancelled
 from kael_server.jobs import Job, TextPiece
 from kael_server.protocols import Tokenizer
 from kael_server.stops import StopMatcher
-from kael_server.utf8 import Utf8Stream
 
 
 class JobOutput:
@@ -22,7 +23,7 @@ class JobOutput:
         self.job = job
         self.tokenizer = tokenizer
         self.eot = tokenizer.eot_token
-        self.decoder = Utf8Stream()
+        self.decoder = IncrementalDecoder(tokenizer)  # whole UTF-8 characters only
         self.stopper = StopMatcher(job.params.stop)
         self.pieces: list[str] = []
         self.interrupted = False
@@ -39,7 +40,7 @@ class JobOutput:
         stats.tokens += 1
         if stats.ttft is None:
             stats.ttft = time.perf_counter() - job.arrived
-        self._send(self.stopper.feed(self.decoder.feed(self.tokenizer.decode([token]))))
+        self._send(self.stopper.feed(self.decoder.add(token)))
         if self.stopper.stopped:
             stats.finish_reason = "stop"
             return False

@@ -14,6 +14,8 @@ from kael_server.generator import Generator
 from kael_server.logs import get_logger
 from kael_server.metrics import Metrics
 
+__all__ = ["Loader", "ServerState"]
+
 Loader = Callable[[Metrics], Generator]
 """Builds the Generator (loads weights); runs on a thread so the server answers meanwhile."""
 
@@ -22,6 +24,8 @@ class ServerState:
     """Holds the Generator once it is loaded and drives start-up and the shutdown drain.
 
     Everything here runs on the event loop, except ``loader`` (on its own thread).
+    ``request_timeout`` is ``--request-timeout`` (seconds from arrival; None: no limit),
+    which the generation routes arm for each job (kael_server.deadline).
     """
 
     def __init__(
@@ -30,10 +34,12 @@ class ServerState:
         generator: Generator | None = None,
         loader: Loader | None = None,
         on_load_error: Callable[[BaseException], None] | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         if (generator is None) == (loader is None):
             raise ValueError("ServerState needs exactly one of generator or loader")
         self.metrics = metrics
+        self.request_timeout = request_timeout
         self.generator = generator
         self.loader = loader
         self.on_load_error = on_load_error

@@ -22,6 +22,8 @@ from kael_server.schemas import (
 from kael_server.state import ServerState
 from kael_server.validation import decode, read_body
 
+__all__ = ["detokenize", "tokenize"]
+
 _ERRORS: dict[int, dict[str, Any]] = {status: {JSON: ErrorResponse} for status in (413, 422, 500, 503)}
 
 
