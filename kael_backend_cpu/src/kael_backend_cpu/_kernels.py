@@ -1,15 +1,18 @@
-"""The kernel table: op name -> callable, as ``kael._ops`` specifies the signatures.
+"""The kernel table: op name -> callable, as ``kael.backends.catalogue`` specifies the signatures.
 
 Every primitive and fused op is a C++ function bound straight from ``_C`` (no Python
-frame in between, NOTE [thin glue] in csrc/bindings.cpp), with two exceptions:
+frame in between, NOTE [thin glue] in csrc/bindings.cpp), with these exceptions:
 
-* the random kernels are the reference backend's: they draw from the
+* the random kernels are ``kael.backends.host``'s: they draw from the
   ``kael.Generator``'s host bit generator, so a seed gives the same numbers on every
   CPU backend, and write through NumPy views;
-* float16 attention runs the reference kernel, which computes in float16 NumPy
-  arithmetic (rounding after every multiply-add); the C++ kernel computes float16 in
-  float32 and lands outside the conformance tolerance of that rounding. bfloat16 and
-  the other float dtypes stay native.
+* float16 attention runs the NumPy host kernel (``kael.backends.host.kernel``), which
+  computes in float16 NumPy arithmetic (rounding after every multiply-add); the C++
+  kernel computes float16 in float32 and lands outside the conformance tolerance of
+  that rounding. bfloat16 and the other float dtypes stay native;
+* a fused op the installed extension does not bind (an older build) is left out: fused
+  ops are optional, so the frontend runs its decomposition (``missing_fused()`` lists
+  them). Every primitive must be bound.
 """
 
 from __future__ import annotations
@@ -17,44 +20,34 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kael import _dtype
-from kael._ops import BINARY_OPS, COMPARE_OPS, FUSED, REDUCE_OPS, UNARY_OPS
-from kael.backends.reference import _fused, _random
+from kael.backends import catalogue, dtypes, host
 
 from ._native import C
 
-__all__ = ["kernel_table", "NATIVE_OPS"]
+__all__ = ["kernel_table", "NATIVE_OPS", "missing_fused"]
 
-NATIVE_OPS: tuple[str, ...] = (
-    "copy",
-    "fill",
-    "arange",
-    "where",
-    "matmul",
-    "gather",
-    "index_select",
-    "index_add",
-    "scatter_add",
-    "cat",
-    "nonzero",
-    "sort",
-    *UNARY_OPS,
-    *BINARY_OPS,
-    *COMPARE_OPS,
-    *REDUCE_OPS,
-    *sorted(FUSED),
+#: The ops bound from _C: every primitive (the random ones come from kael.backends.host), every fused op it has.
+NATIVE_OPS: tuple[str, ...] = tuple(
+    op for op in catalogue.CATALOGUE if op not in host.RANDOM_KERNELS and (op in catalogue.PRIMITIVES or hasattr(C, op))
 )
+_host_attention = host.kernel("attention")
+
+
+def missing_fused() -> list[str]:
+    """The catalogue's fused ops this build of the extension has no kernel for (they run decomposed)."""
+    return sorted(op for op in catalogue.FUSED if not hasattr(C, op))
 
 
 def _attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
-    if q.dtype is _dtype.float16:
-        _fused.attention(out, q, k, v, scale, causal, lengths)
+    if q.dtype is dtypes.float16:
+        _host_attention(out, q, k, v, scale, causal, lengths)
     else:
         C.attention(out, q, k, v, scale, causal, lengths)
 
 
 def kernel_table() -> dict[str, Callable[..., Any]]:
     table: dict[str, Callable[..., Any]] = {name: getattr(C, name) for name in NATIVE_OPS}
-    table.update(_random.KERNELS)
-    table["attention"] = _attention
+    table.update(host.RANDOM_KERNELS)
+    if "attention" in table:
+        table["attention"] = _attention
     return table

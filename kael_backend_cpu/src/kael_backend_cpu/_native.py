@@ -13,7 +13,7 @@ import os
 import sys
 from types import ModuleType
 
-from kael import _dtype
+from kael.backends import dtypes
 
 __all__ = ["C"]
 
@@ -32,4 +32,4 @@ def _load() -> ModuleType:
 
 
 C: ModuleType = _load()
-C._register_dtypes(tuple(_dtype.ALL_DTYPES))
+C._register_dtypes(tuple(dtypes.ALL_DTYPES))

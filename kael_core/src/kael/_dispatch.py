@@ -25,6 +25,7 @@ _wrapper: Callable[[str, str, Any, Kernel], Kernel] | None = None
 
 
 def clear_cache() -> None:
+    """Forget every resolved kernel and selected backend (NOTE [dispatch cache])."""
     _cache.clear()
     _backends.clear()
     for c in _derived:
@@ -32,13 +33,14 @@ def clear_cache() -> None:
 
 
 def set_kernel_wrapper(wrap: Callable[[str, str, Any, Kernel], Kernel] | None) -> None:
-    """wrap(device_type, op, backend, kernel) -> kernel, applied at resolution time."""
+    """Install wrap(device_type, op, backend, kernel) -> kernel, applied to kernels as they resolve (None: remove)."""
     global _wrapper
     _wrapper = wrap
     _cache.clear()
 
 
 def backend_for(device_type: str) -> Any:
+    """The Backend serving device_type now (selected once, then cached)."""
     b = _backends.get(device_type)
     if b is None:
         from ._plugins import manager
@@ -64,7 +66,7 @@ def _resolve(device_type: str, op: str) -> Kernel | None:
 
 
 def kernel(device_type: str, op: str) -> Kernel:
-    """The kernel of a primitive op."""
+    """The kernel of op on device_type (a primitive, or a fused op the backend implements)."""
     try:
         k = _cache[(device_type, op)]
     except KeyError:

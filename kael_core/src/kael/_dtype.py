@@ -1,4 +1,8 @@
-"""dtypes: the ten element types kael knows, and PyTorch's type-promotion rules."""
+"""dtypes: the ten element types kael knows, PyTorch's type-promotion rules, and bfloat16's bits.
+
+bfloat16 has no NumPy dtype: it is stored as uint16 bits (the upper half of a float32),
+widened to float32 to compute and rounded back to nearest even (``f32_to_bf16_bits``).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ __all__ = [
     "as_dtype",
     "get_default_dtype",
     "set_default_dtype",
+    "ALL_DTYPES",
+    "BY_NAME",
+    "f32_to_bf16_bits",
+    "bf16_bits_to_f32",
 ]
 
 
@@ -108,6 +116,23 @@ def from_numpy_dtype(npd: np.dtype[Any]) -> DType:
     if found is None:
         raise DTypeError(f"from_numpy: NumPy dtype {npd} is not supported; expected one of {sorted(BY_NAME)}")
     return found
+
+
+def f32_to_bf16_bits(x: Any) -> np.ndarray:
+    """float32 values (any array-like) -> bfloat16 bits (uint16), rounded to nearest even; NaN stays NaN."""
+    f = np.array(x, dtype=np.float32, order="C")  # not ascontiguousarray: that makes 0-d arrays 1-d
+    bits = f.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = np.isnan(f)
+    out = np.asarray(rounded, dtype=np.uint16)  # an array even for 0-d input (ufuncs return scalars there)
+    if nan.any():
+        out = np.where(nan, np.uint16(0x7FC0), out).astype(np.uint16)
+    return out
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> their float32 values (exact)."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
 def _promote_slow(a: DType, b: DType) -> DType:

@@ -1,132 +1,339 @@
-"""The op catalogue: every op a backend may implement, named once.
+"""The op catalogue: every op a backend may implement, named once (public face: ``kael.backends.catalogue``).
 
 Kernel calling convention (NOTE [kernel contract]): a kernel is a plain callable
-``kernel(*outputs, *inputs, **attrs)``. The frontend has already checked devices,
-promoted dtypes, broadcast shapes (stride-0 views) and allocated the outputs, so
-elementwise operands have the output's shape and the computation dtype. Kernels
-honour arbitrary non-negative strides and storage offsets, write only into the
-outputs, and return None. Each entry documents the exact signature.
+``kernel(*args)`` taking its arguments positionally, in the order of the op's
+``OpDef.args``. The frontend has already checked devices, promoted dtypes, broadcast
+shapes (stride-0 views) and allocated the outputs, so elementwise operands have the
+output's shape and the computation dtype. Kernels honour arbitrary non-negative
+strides and storage offsets, write only into the outputs, and return None.
 
 *Primitives* must be implemented by every backend. *Fused* ops are optional: when a
 backend does not list one in ``supported_ops()``, the frontend runs its
-decomposition into primitives instead (see ``kael.ops._fused``).
+decomposition into primitives instead (``kael.backends.catalogue.decomposition``).
+
+Each entry is written as a signature (``_op``): ``name`` a tensor input, ``name?`` an
+optional tensor input (may be None), ``name*`` a list of tensor inputs, ``name!`` an
+output the frontend allocates, ``name!?`` an optional output, ``name^`` a tensor read
+and written in place, ``name: type`` an attribute (a plain Python value).
+
+Elementwise ops carry a ``Pointwise`` record: everything the generated op surface
+(function wrappers, Tensor methods), the reference kernel and the test tables need.
+Entries are in a fixed order that the fuzz kernel encoding depends on: add new ops at
+the end of their list, never in between.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["OpDef", "CATALOGUE", "PRIMITIVES", "FUSED", "UNARY_OPS", "BINARY_OPS", "COMPARE_OPS", "REDUCE_OPS"]
+import numpy as np
+
+__all__ = [
+    "Arg",
+    "Pointwise",
+    "OpDef",
+    "CATALOGUE",
+    "PRIMITIVES",
+    "FUSED",
+    "UNARY_OPS",
+    "BINARY_OPS",
+    "COMPARE_OPS",
+    "REDUCE_OPS",
+    "POINTWISE_OPS",
+    "POINTWISE_FUSED",
+]
+
+ROLES = ("out", "inout", "in", "attr")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One positional argument of a kernel.
+
+    role: ``out`` (allocated by the frontend, written), ``inout`` (read and written in
+    place), ``in`` (read), ``attr`` (a plain Python value). ``type`` names an attribute's
+    type (or ``list[Tensor]`` for a list of inputs); ``optional`` tensors may be None.
+    """
+
+    name: str
+    role: str
+    type: str = ""
+    optional: bool = False
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.role != "attr"
+
+    def render(self) -> str:
+        if self.role == "attr":
+            return f"{self.name}: {self.type}"
+        if self.type:
+            return f"{self.name}: {self.type}"
+        return f"{self.name}|None" if self.optional else self.name
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """What an elementwise op's generated surface and test tables need.
+
+    * ``ufunc``: a NumPy ufunc (CuPy has the same) computing the op; a backend may call
+      it with ``out=``. ``expr(xp, *arrays)``, when given, is the reference definition
+      instead, written with an array module ``xp`` (NumPy; CuPy shares the functions it
+      uses unless the CUDA backend has a kernel source for the op).
+    * ``dtypes``: ``float`` (integer and bool inputs are computed in the default float
+      dtype), ``numeric`` (no bool), ``all``, or ``bool``. ``bool_out``: the result is bool.
+    * ``method``: ``Tensor.<name>()`` exists; ``inplace``: ``Tensor.<name>_()`` too.
+    * ``domain``: per input, the kind of sample values the op is defined for (the
+      conformance kit's ``vals`` kinds: normal, positive, unit, halves, nonzero, small);
+      ``int_domain`` the same for integer dtypes when they differ.
+    * ``special``: samples with NaN, infinities and signed zeros are meaningful.
+    * ``exact``: results are bit-exact on any input bits (``all``), on integer and bool
+      dtypes only (``ints``), or not guaranteed (``""``): fuzzers compare raw bits then.
+    * ``decompose(p, *inputs)``: for a fused op, its definition by primitives, written
+      with ``p``, a namespace of the frontend's primitive functions (``p.mul``,
+      ``p.sigmoid``: no autograd; the decomposition runs on the backend's kernels).
+    """
+
+    ufunc: str = ""
+    expr: Callable[..., Any] | None = None
+    dtypes: str = "numeric"
+    bool_out: bool = False
+    method: bool = True
+    inplace: bool = False
+    domain: tuple[str, ...] = ("normal", "normal")
+    int_domain: tuple[str, ...] | None = None
+    special: bool = False
+    exact: str = ""
+    decompose: Callable[..., Any] | None = None
+
+    def compute(self, xp: Any, *arrays: Any) -> Any:
+        """The op's values over arrays of array module xp (the reference definition)."""
+        if self.expr is not None:
+            return self.expr(xp, *arrays)
+        return getattr(xp, self.ufunc)(*arrays)
+
+    def kinds(self, integer: bool) -> tuple[str, ...]:
+        """Sample value kinds of the inputs, for an integer dtype or a float one."""
+        return self.int_domain if integer and self.int_domain is not None else self.domain
 
 
 @dataclass(frozen=True)
 class OpDef:
+    """One op: its name, kind (``primitive`` or ``fused``), kernel arguments, and docs."""
+
     name: str
-    kind: str  # "primitive" | "fused"
-    signature: str
+    kind: str
+    args: tuple[Arg, ...]
     doc: str = ""
+    pointwise: Pointwise | None = field(default=None, compare=False)
+
+    @property
+    def signature(self) -> str:
+        """The exact kernel signature, e.g. ``layer_norm(out, mean, rstd, x, weight|None, bias|None, eps: float)``."""
+        return f"{self.name}({', '.join(a.render() for a in self.args)})"
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Tensor arguments the kernel writes (``out`` and ``inout``), in order."""
+        return tuple(a.name for a in self.args if a.role in ("out", "inout"))
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Tensor arguments the kernel only reads, in order."""
+        return tuple(a.name for a in self.args if a.role == "in")
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        """Non-tensor arguments (dims, scalars, flags, a generator), in order."""
+        return tuple(a.name for a in self.args if a.role == "attr")
+
+    @property
+    def arity(self) -> tuple[int, int]:
+        """(number of outputs, number of inputs)."""
+        return len(self.outputs), len(self.inputs)
+
+    @property
+    def allocated(self) -> tuple[int, ...]:
+        """Positions of the outputs the frontend allocates (``out``; not the in-place ones)."""
+        return tuple(i for i, a in enumerate(self.args) if a.role == "out")
+
+    def __repr__(self) -> str:
+        return f"<OpDef {self.kind} {self.signature}>"
 
 
-UNARY_OPS = (
-    "neg",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "tanh",
-    "abs",
-    "sin",
-    "cos",
-    "sigmoid",
-    "erf",
-    "log1p",
-    "expm1",
-    "floor",
-    "ceil",
-    "round",
-    "sign",
-    "logical_not",
-)
-BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "floor_divide")
-COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or")
+def _arg(spec: str) -> Arg:
+    spec = spec.strip()
+    if ":" in spec:
+        name, typ = (s.strip() for s in spec.split(":", 1))
+        return Arg(name, "attr", typ)
+    if spec.endswith("*"):
+        return Arg(spec[:-1], "in", "list[Tensor]")
+    if spec.endswith("!?"):
+        return Arg(spec[:-2], "out", optional=True)
+    if spec.endswith("!"):
+        return Arg(spec[:-1], "out")
+    if spec.endswith("^"):
+        return Arg(spec[:-1], "inout")
+    if spec.endswith("?"):
+        return Arg(spec[:-1], "in", optional=True)
+    return Arg(spec, "in")
+
+
+def _op(name: str, kind: str, args: str, doc: str = "", pointwise: Pointwise | None = None) -> OpDef:
+    return OpDef(name, kind, tuple(_arg(s) for s in args.split(",") if s.strip()), doc, pointwise)
+
+
+# -- elementwise ops -------------------------------------------------------------------------------
+_erf_f64 = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(xp: Any, x: Any) -> Any:
+    return _erf_f64(x).astype(x.dtype)
+
+
+def _float(ufunc: str = "", **kw: Any) -> Pointwise:
+    """A float op (integer inputs computed in the default float dtype) with special-value samples."""
+    return Pointwise(ufunc, dtypes="float", special=True, **kw)
+
+
+def _cmp(ufunc: str) -> Pointwise:
+    return Pointwise(ufunc, dtypes="all", bool_out=True, special=True, exact="all", domain=("halves", "halves"))
+
+
+UNARY: dict[str, Pointwise] = {
+    "neg": Pointwise("negative", inplace=True, special=True, exact="ints"),
+    "exp": _float("exp", inplace=True),
+    "log": _float("log", inplace=True, domain=("positive",)),
+    "sqrt": _float("sqrt", inplace=True, domain=("positive",)),
+    "rsqrt": _float(expr=lambda xp, x: 1 / xp.sqrt(x), domain=("positive",)),
+    "tanh": _float("tanh", inplace=True),
+    "abs": Pointwise("absolute", inplace=True, special=True, exact="ints"),
+    "sin": _float("sin"),
+    "cos": _float("cos"),
+    "sigmoid": _float(expr=lambda xp, x: 1 / (1 + xp.exp(-x)), inplace=True),
+    "erf": _float(expr=_erf),
+    "log1p": _float("log1p", domain=("unit",)),
+    "expm1": _float("expm1"),
+    "floor": Pointwise("floor", inplace=True, domain=("halves",), special=True),
+    "ceil": Pointwise("ceil", inplace=True, domain=("halves",), special=True),
+    # half to even, like torch.round (np.round keeps integers exact; rint is the same for floats)
+    "round": Pointwise("rint", expr=lambda xp, x: xp.round(x), inplace=True, domain=("halves",), special=True),
+    "sign": Pointwise("sign", exact="ints"),
+    "logical_not": Pointwise("logical_not", dtypes="all", bool_out=True, special=True, exact="ints"),
+}
+BINARY: dict[str, Pointwise] = {
+    "add": Pointwise("add", dtypes="all", inplace=True, special=True),
+    "sub": Pointwise("subtract", inplace=True, special=True),
+    "mul": Pointwise("multiply", dtypes="all", inplace=True, special=True),
+    "div": Pointwise("true_divide", dtypes="float", inplace=True, domain=("normal", "nonzero"), special=True),
+    "pow": Pointwise("power", inplace=True, domain=("positive", "unit"), int_domain=("small", "small")),
+    "maximum": Pointwise("maximum", dtypes="all", inplace=True, special=True, exact="ints"),
+    "minimum": Pointwise("minimum", dtypes="all", inplace=True, special=True, exact="ints"),
+    "remainder": Pointwise("remainder", domain=("normal", "nonzero")),
+    "floor_divide": Pointwise("floor_divide", domain=("normal", "nonzero")),
+}
+COMPARE: dict[str, Pointwise] = {
+    "eq": _cmp("equal"),
+    "ne": _cmp("not_equal"),
+    "lt": _cmp("less"),
+    "le": _cmp("less_equal"),
+    "gt": _cmp("greater"),
+    "ge": _cmp("greater_equal"),
+    "logical_and": Pointwise("logical_and", dtypes="bool", bool_out=True, exact="all"),
+    "logical_or": Pointwise("logical_or", dtypes="bool", bool_out=True, exact="all"),
+}
+#: Elementwise fused ops: optional kernels, each with a decomposition (and a Function in kael.ops).
+UNARY_FUSED: dict[str, Pointwise] = {
+    "silu": _float(expr=lambda xp, x: x / (1 + xp.exp(-x)), decompose=lambda p, x: p.mul(x, p.sigmoid(x))),
+}
+
+UNARY_OPS: tuple[str, ...] = tuple(UNARY)
+BINARY_OPS: tuple[str, ...] = tuple(BINARY)
+COMPARE_OPS: tuple[str, ...] = tuple(COMPARE)
 REDUCE_OPS = ("sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all")
 
 _defs: list[OpDef] = [
-    OpDef("copy", "primitive", "copy(out, a)", "strided copy with cast to out.dtype"),
-    OpDef("fill", "primitive", "fill(out, value: bool|int|float)"),
-    OpDef("arange", "primitive", "arange(out, start, step)", "out[i] = start + i*step, out 1-D contiguous"),
-    OpDef("uniform", "primitive", "uniform(out, low, high, generator)", "generator: kael.Generator"),
-    OpDef("normal", "primitive", "normal(out, mean, std, generator)"),
-    OpDef("randint", "primitive", "randint(out, low, high, generator)"),
-    OpDef("where", "primitive", "where(out, cond, a, b)", "cond bool; a, b of out.dtype"),
-    OpDef(
-        "matmul",
-        "primitive",
-        "matmul(out, a, b)",
-        "out [*B, M, N], a [*B, M, K], b [*B, K, N]; batch dims already broadcast",
+    _op("copy", "primitive", "out!, a", "strided copy with cast to out.dtype"),
+    _op("fill", "primitive", "out!, value: bool|int|float"),
+    _op(
+        "arange", "primitive", "out!, start: int|float, step: int|float", "out[i] = start + i*step, out 1-D contiguous"
     ),
-    OpDef(
-        "gather", "primitive", "gather(out, a, index, dim)", "out[..i..] = a[..index[..i..]..] along dim; index int64"
+    _op("uniform", "primitive", "out!, low: float, high: float, generator: kael.Generator", "draws on the host"),
+    _op("normal", "primitive", "out!, mean: float, std: float, generator: kael.Generator"),
+    _op("randint", "primitive", "out!, low: int, high: int, generator: kael.Generator"),
+    _op("where", "primitive", "out!, cond, a, b", "cond bool; a, b of out.dtype"),
+    _op(
+        "matmul", "primitive", "out!, a, b", "out [*B, M, N], a [*B, M, K], b [*B, K, N]; batch dims already broadcast"
     ),
-    OpDef("index_select", "primitive", "index_select(out, a, index, dim)", "index int64 1-D"),
-    OpDef("index_add", "primitive", "index_add(out, index, src, dim)", "in place: out.index_add_(dim, index, src)"),
-    OpDef(
-        "scatter_add", "primitive", "scatter_add(out, index, src, dim)", "in place: out.scatter_add_(dim, index, src)"
-    ),
-    OpDef("cat", "primitive", "cat(out, tensors: list, dim)"),
-    OpDef("nonzero", "primitive", "nonzero(out, mask)", "out int64 [n, ndim] of true positions, row-major order"),
-    OpDef("sort", "primitive", "sort(values, indices, a, dim, descending)", "stable sort along dim"),
+    _op("gather", "primitive", "out!, a, index, dim: int", "out[..i..] = a[..index[..i..]..] along dim; index int64"),
+    _op("index_select", "primitive", "out!, a, index, dim: int", "index int64 1-D"),
+    _op("index_add", "primitive", "out^, index, src, dim: int", "in place: out.index_add_(dim, index, src)"),
+    _op("scatter_add", "primitive", "out^, index, src, dim: int", "in place: out.scatter_add_(dim, index, src)"),
+    _op("cat", "primitive", "out!, tensors*, dim: int"),
+    _op("nonzero", "primitive", "out!, mask", "out int64 [n, ndim] of true positions, row-major order"),
+    _op("sort", "primitive", "values!, indices!, a, dim: int, descending: bool", "stable sort along dim"),
 ]
 _defs += [
-    OpDef(n, "primitive", f"{n}(out, a)", "elementwise; out.dtype == a.dtype (logical_not: out bool)")
-    for n in UNARY_OPS
+    _op(n, "primitive", "out!, a", "elementwise; out.dtype == a.dtype (bool when it says so)", p)
+    for n, p in UNARY.items()
 ]
-_defs += [OpDef(n, "primitive", f"{n}(out, a, b)", "elementwise; a, b, out same dtype") for n in BINARY_OPS]
-_defs += [OpDef(n, "primitive", f"{n}(out, a, b)", "elementwise; out bool; a, b same dtype") for n in COMPARE_OPS]
+_defs += [_op(n, "primitive", "out!, a, b", "elementwise; a, b, out same dtype", p) for n, p in BINARY.items()]
+_defs += [_op(n, "primitive", "out!, a, b", "elementwise; out bool; a, b same dtype", p) for n, p in COMPARE.items()]
 _defs += [
-    OpDef(n, "primitive", f"{n}(out, a, dims: tuple[int, ...])", "out has a's shape with dims set to 1")
-    for n in REDUCE_OPS
+    _op(n, "primitive", "out!, a, dims: tuple[int, ...]", "out has a's shape with dims set to 1") for n in REDUCE_OPS
 ]
 _defs += [
-    OpDef("linear", "fused", "linear(out, x, weight, bias|None)", "out [.., O] = x [.., I] @ weight[O, I].T + bias[O]"),
-    OpDef("gelu", "fused", "gelu(out, x, approximate: 'tanh'|'none')"),
-    OpDef("gelu_backward", "fused", "gelu_backward(grad_in, grad_out, x, approximate)"),
-    OpDef("softmax", "fused", "softmax(out, x, dim)"),
-    OpDef("log_softmax", "fused", "log_softmax(out, x, dim)"),
-    OpDef(
+    _op("linear", "fused", "out!, x, weight, bias?", "out [.., O] = x [.., I] @ weight[O, I].T + bias[O]"),
+    _op("gelu", "fused", "out!, x, approximate: 'tanh'|'none'"),
+    _op("gelu_backward", "fused", "grad_in!, grad_out, x, approximate: 'tanh'|'none'"),
+    _op("softmax", "fused", "out!, x, dim: int"),
+    _op("log_softmax", "fused", "out!, x, dim: int"),
+    _op(
         "layer_norm",
         "fused",
-        "layer_norm(out, mean, rstd, x, weight|None, bias|None, eps)",
+        "out!, mean!, rstd!, x, weight?, bias?, eps: float",
         "normalises over the last dim; mean, rstd float32/64 of shape x.shape[:-1]",
     ),
-    OpDef(
+    _op(
         "layer_norm_backward",
         "fused",
-        "layer_norm_backward(dx, dweight|None, dbias|None, grad, x, mean, rstd, weight|None)",
+        "dx!, dweight!?, dbias!?, grad, x, mean, rstd, weight?",
+        "dweight, dbias: None when not wanted (or no weight)",
     ),
-    OpDef("embedding", "fused", "embedding(out, weight, ids)", "out [*ids.shape, D]"),
-    OpDef(
+    _op("embedding", "fused", "out!, weight, ids", "out [*ids.shape, D]"),
+    _op(
         "cross_entropy",
         "fused",
-        "cross_entropy(losses, logits, target, ignore_index, label_smoothing)",
+        "losses!, logits, target, ignore_index: int, label_smoothing: float",
         "losses [N] per row (0 where target == ignore_index); logits [N, C]; target int64 [N]",
     ),
-    OpDef(
+    _op(
         "attention",
         "fused",
-        "attention(out, q, k, v, scale, causal, lengths|None)",
+        "out!, q, k, v, scale: float, causal: bool, lengths?",
         "q [B,H,Tq,D], k/v [B,H,Tk,D]; causal aligns the last query with key Tk-1 (KV cache); "
         "lengths int64 [B] limits the keys each row sees",
     ),
-    OpDef("topk", "fused", "topk(values, indices, x, k)", "along the last dim, largest first"),
-    OpDef(
+    _op("topk", "fused", "values!, indices!, x, k: int", "along the last dim, largest first"),
+    _op(
         "adamw_step",
         "fused",
-        "adamw_step(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step)",
+        "param^, grad, exp_avg^, exp_avg_sq^, lr: float, beta1: float, beta2: float, eps: float, "
+        "weight_decay: float, step: int",
         "in place",
     ),
+]
+_defs += [
+    _op(n, "fused", "out!, x", "elementwise; out.dtype == x.dtype (a float dtype)", p) for n, p in UNARY_FUSED.items()
 ]
 
 CATALOGUE: dict[str, OpDef] = {d.name: d for d in _defs}
 PRIMITIVES: frozenset[str] = frozenset(d.name for d in _defs if d.kind == "primitive")
 FUSED: frozenset[str] = frozenset(d.name for d in _defs if d.kind == "fused")
+#: Every elementwise op (primitive and fused), in catalogue order.
+POINTWISE_OPS: tuple[str, ...] = tuple(d.name for d in _defs if d.pointwise is not None)
+#: The elementwise fused ops (each has a ``Pointwise.decompose``).
+POINTWISE_FUSED: tuple[str, ...] = tuple(UNARY_FUSED)

@@ -135,6 +135,21 @@ class PluginManager:
         self.backends = [x for x in self.backends if x.name not in {b.name for b in found}] + list(found)
         self.invalidate()
 
+    def register_hooks(self, hooks: object, name: str) -> None:
+        """Register a hook object under name with pluggy only (no backends looked for, no record)."""
+        with self._lock:
+            if self.pm.get_plugin(name) is not None:
+                self.pm.unregister(name=name)
+            self.pm.register(hooks, name=name)
+
+    def unregister_hooks(self, name: str) -> None:
+        with self._lock:
+            if self.pm.get_plugin(name) is not None:
+                self.pm.unregister(name=name)
+
+    def has_plugin(self, name: str) -> bool:
+        return self.pm.get_plugin(name) is not None
+
     def unregister(self, name: str) -> None:
         with self._lock:
             rec = next((r for r in self.records.values() if r.name == name), None)

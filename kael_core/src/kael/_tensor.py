@@ -162,6 +162,10 @@ class Tensor:
     def storage_offset(self) -> int:
         return self._offset
 
+    def untyped_storage(self) -> Storage:
+        """The Storage this tensor views (shared with every view of it): data, nbytes, device, version."""
+        return self._storage
+
     def numel(self) -> int:
         return _numel(self.shape)
 

@@ -1,7 +1,13 @@
-"""Autograd: graph recording, the backward engine, grad modes and custom Functions."""
+"""Autograd: graph recording, the backward engine, grad modes, custom Functions and graph walking.
+
+Graph walking: ``get_gradient_edge(t)`` is the ``GradientEdge(node, output_nr)`` where t's
+gradient enters the graph (``t.grad_fn``, or a leaf's ``AccumulateGrad``). Each ``Node``
+has ``name()``, ``next_functions`` (per tensor input, the ``(node, slot)`` its gradient
+flows on to, or None) and ``input_shapes`` (per tensor input, the gradient's shape).
+"""
 
 from ._engine import backward, grad
-from ._function import AccumulateGrad, Context, Function, Node
+from ._function import AccumulateGrad, Context, Function, GradientEdge, Node, get_gradient_edge
 from ._grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 
 __all__ = [
@@ -9,6 +15,8 @@ __all__ = [
     "Node",
     "AccumulateGrad",
     "Context",
+    "GradientEdge",
+    "get_gradient_edge",
     "backward",
     "grad",
     "no_grad",

@@ -7,6 +7,11 @@ grad is enabled and an input requires grad it attaches a node named
 (``next_functions``: (node, output slot) or None) and the shape of each input,
 which is the shape of the gradient that flows along that edge.
 
+Graph walking (public, for tools such as kael-debug): ``get_gradient_edge(t)`` gives the
+node a tensor's gradient flows into (its ``grad_fn``, or a leaf's ``AccumulateGrad``);
+from there each ``Node`` has ``name()``, ``next_functions`` (per tensor input: the
+``(node, slot)`` its gradient flows on to, or None) and ``input_shapes``.
+
 NOTE [version counter]: ``ctx.save_for_backward`` records each tensor's storage
 version; reading ``ctx.saved_tensors`` after an in-place change raises.
 """
@@ -14,13 +19,13 @@ version; reading ``ctx.saved_tensors`` after an in-place change raises.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._errors import AutogradError
 from .._tensor import Tensor
 from ._grad_mode import STATE
 
-__all__ = ["Function", "Node", "AccumulateGrad", "Context"]
+__all__ = ["Function", "Node", "AccumulateGrad", "Context", "GradientEdge", "get_gradient_edge"]
 
 
 class Context:
@@ -71,7 +76,13 @@ NO_CTX: Any = _NoCtx()
 
 
 class Node:
-    """A node of the backward graph."""
+    """A node of the backward graph.
+
+    Public: ``name()`` (``<Function>Backward``, or ``AccumulateGrad`` for a leaf),
+    ``next_functions`` (one entry per tensor input of the op: the ``(node, slot)`` the
+    gradient for that input flows into, or None where the input needs no gradient) and
+    ``input_shapes`` (per tensor input, the shape of the gradient sent along that edge).
+    """
 
     __slots__ = ("__weakref__", "_pre_hooks", "_retained", "input_meta", "input_shapes", "next_functions")
 
@@ -160,6 +171,27 @@ class BackwardNode(Node):
             ctx._saved = ()
             ctx._released = True
         return out  # type: ignore[no-any-return]
+
+
+class GradientEdge(NamedTuple):
+    """Where a tensor's gradient enters the backward graph: a node and the node's output slot."""
+
+    node: Node
+    output_nr: int
+
+
+def get_gradient_edge(t: Tensor) -> GradientEdge:
+    """The node t's gradient flows into: ``(t.grad_fn, slot)``, or for a leaf that requires grad its
+    ``AccumulateGrad`` (made on first use, slot 0); like ``torch.autograd.graph.get_gradient_edge``."""
+    if not isinstance(t, Tensor):
+        raise AutogradError(f"get_gradient_edge: expected a kael.Tensor, got {type(t).__name__}")
+    if t.grad_fn is not None:
+        return GradientEdge(t.grad_fn, t._output_nr)
+    if not t.requires_grad:
+        raise AutogradError(
+            f"get_gradient_edge: the tensor of shape {list(t.shape)} does not require grad, so it has no gradient edge"
+        )
+    return GradientEdge(_accumulator(t), 0)
 
 
 def _accumulator(t: Any) -> AccumulateGrad:

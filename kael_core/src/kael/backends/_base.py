@@ -1,8 +1,10 @@
 """The Backend base class: what a compute backend provides to the frontend.
 
 A backend allocates memory for its device type, copies between the host and that
-memory, and supplies kernels (see NOTE [kernel contract] in ``kael._ops``). The
-frontend owns all metadata; a backend never creates Tensor objects itself.
+memory, and supplies kernels (NOTE [kernel contract] in ``kael.backends.catalogue``).
+The frontend owns all metadata; a backend creates a Tensor itself only to hand a
+buffer it did not allocate back to the frontend (``kael.backends.memory.wrap_buffer``,
+e.g. ``from_dlpack``).
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "API_VERSION"]
 
 #: The backend API version this kael speaks; a backend with another major is refused.
-API_VERSION = "1.0"
+#: 1.1 added the public contract (kael.backends.catalogue, dtypes, host, memory, dispatch).
+API_VERSION = "1.1"
 
 
 class Backend:
     """Subclass this, set the class attributes and implement the methods.
 
     ``kernels`` maps op names to callables; ``supported_ops()`` is its key set by
-    default. Every primitive of ``kael._ops.PRIMITIVES`` must be present.
+    default. Every primitive of ``kael.backends.catalogue.PRIMITIVES`` must be present.
     """
 
     name: str = ""

@@ -1,11 +1,20 @@
-"""The frontend ops: every public tensor function of kael, dispatched to backends."""
+"""The frontend ops: every public tensor function of kael, dispatched to backends.
+
+The elementwise functions (``add`` ... ``logical_or``, ``neg`` ... ``logical_not``, and
+elementwise fused ops such as ``silu``) are made here from the op catalogue: one
+function per ``kael.backends.catalogue.POINTWISE_OPS`` entry, applying the op's
+registered Function (``_pointwise.FUNCTIONS``, with autograd) or, for ops without one,
+the plain kernel call. The other functions are written out below.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import _dtype as dt
 from .._errors import DTypeError
+from .._ops import CATALOGUE, POINTWISE_OPS
 from .._tensor import Tensor
 from ._creation import (
     arange,
@@ -42,7 +51,8 @@ from ._fused import (
 from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
 from ._inplace import clone, contiguous, detach, to
 from ._linalg import matmul
-from ._pointwise import BINARY_FUNCTIONS, UNARY_FUNCTIONS, Relu, Where, binary, unary
+from ._pointwise import FUNCTIONS, Relu, Where, binary, unary
+from ._pointwise_fused import pointwise_fused
 from ._random import Generator, default_generator, manual_seed, seed
 from ._reduce import Amax, Amin, Prod, Sum, argreduce, logical_reduce, max_with_indices, mean, std, var
 from ._views import expand, flatten, narrow, permute, reshape, select, slice_, squeeze, transpose, unsqueeze, view
@@ -70,41 +80,6 @@ __all__ = [
     "manual_seed",
     "seed",
     "default_generator",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "pow",
-    "maximum",
-    "minimum",
-    "remainder",
-    "floor_divide",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "logical_and",
-    "logical_or",
-    "logical_not",
-    "neg",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "tanh",
-    "abs",
-    "sin",
-    "cos",
-    "sigmoid",
-    "erf",
-    "log1p",
-    "expm1",
-    "floor",
-    "ceil",
-    "round",
-    "sign",
     "relu",
     "clamp",
     "where",
@@ -159,8 +134,8 @@ __all__ = [
 empty = empty_
 
 
-def _bin(name: str) -> Any:
-    fn = BINARY_FUNCTIONS.get(name)
+def _binary_function(name: str) -> Callable[[Any, Any], Tensor]:
+    fn = FUNCTIONS.get(name)
     if fn is not None:
         apply = fn.apply
 
@@ -171,19 +146,15 @@ def _bin(name: str) -> Any:
         def op(a: Any, b: Any) -> Tensor:
             return binary(name, a, b)
 
-    op.__name__ = name
-    op.__qualname__ = name
     return op
 
 
-add, sub, mul, div, pow, maximum, minimum = (_bin(n) for n in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"))
-remainder, floor_divide = _bin("remainder"), _bin("floor_divide")
-eq, ne, lt, le, gt, ge = (_bin(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
-logical_and, logical_or = _bin("logical_and"), _bin("logical_or")
-
-
-def _un(name: str) -> Any:
-    fn = UNARY_FUNCTIONS[name]
+def _unary_function(name: str) -> Callable[[Tensor], Tensor]:
+    fn = FUNCTIONS.get(name)
+    if fn is None:
+        if CATALOGUE[name].kind == "fused":
+            return lambda a: pointwise_fused(name, a)
+        return lambda a: unary(name, a)
     apply = fn.apply
 
     def op(a: Tensor) -> Tensor:
@@ -191,17 +162,39 @@ def _un(name: str) -> Any:
             raise DTypeError(f"{name}: expected a tensor, got {type(a).__name__}")
         return apply(a)  # type: ignore[no-any-return]
 
-    op.__name__ = name
     return op
 
 
-neg, exp, log, sqrt, rsqrt, tanh, abs = (_un(n) for n in ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs"))
-sin, cos, sigmoid, erf, log1p, expm1 = (_un(n) for n in ("sin", "cos", "sigmoid", "erf", "log1p", "expm1"))
-floor, ceil, round, sign = (_un(n) for n in ("floor", "ceil", "round", "sign"))
+def _pointwise_function(name: str) -> Callable[..., Tensor]:
+    d = CATALOGUE[name]
+    op = _unary_function(name) if d.arity[1] == 1 else _binary_function(name)
+    op.__name__ = op.__qualname__ = name
+    op.__module__ = __name__
+    op.__doc__ = f"Elementwise {name} (``{d.signature}`` on the backend), with PyTorch's promotion and broadcasting."
+    return op
 
 
-def logical_not(a: Tensor) -> Tensor:
-    return unary("logical_not", a)
+#: The elementwise functions, one per catalogue op (also module attributes: kael.ops.add, kael.silu, ...).
+POINTWISE: dict[str, Callable[..., Tensor]] = {name: _pointwise_function(name) for name in POINTWISE_OPS}
+globals().update(POINTWISE)
+__all__ += list(POINTWISE)
+
+
+def _missing(name: str) -> Any:
+    raise AttributeError(f"module 'kael.ops' has no attribute {name!r}")
+
+
+# A module __getattr__ makes type checkers accept the generated names (as Any). Assigned rather than
+# written as a def: mypy leaves a def'd one unresolved inside kael's import cycle ("Any? not callable").
+__getattr__ = _missing
+
+
+def _maximum(a: Any, b: Any) -> Tensor:
+    return POINTWISE["maximum"](a, b)
+
+
+def _minimum(a: Any, b: Any) -> Tensor:
+    return POINTWISE["minimum"](a, b)
 
 
 def relu(a: Tensor) -> Tensor:
@@ -215,9 +208,9 @@ def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
         raise DTypeError("clamp: at least one of min and max must be given")
     r = a
     if min is not None:
-        r = maximum(r, min)
+        r = _maximum(r, min)
     if max is not None:
-        r = minimum(r, max)
+        r = _minimum(r, max)
     return r
 
 
@@ -244,7 +237,7 @@ def amin(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
 def max(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     """max(a) -> the largest value; max(a, dim) -> (values, indices)."""
     if isinstance(dim, Tensor):
-        return maximum(a, dim)
+        return _maximum(a, dim)
     if dim is None:
         return amax(a)
     return max_with_indices(a, dim, keepdim, "max")
@@ -252,7 +245,7 @@ def max(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
 
 def min(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     if isinstance(dim, Tensor):
-        return minimum(a, dim)
+        return _minimum(a, dim)
     if dim is None:
         return amin(a)
     return max_with_indices(a, dim, keepdim, "min")

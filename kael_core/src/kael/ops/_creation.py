@@ -82,9 +82,7 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
         else:
             d = dt.as_dtype(arr.dtype)
         if d is dt.bfloat16:
-            from ..backends.reference._io import f32_to_bf16_bits
-
-            host = f32_to_bf16_bits(arr.astype(np.float32))
+            host = dt.f32_to_bf16_bits(arr.astype(np.float32))
         else:
             with np.errstate(all="ignore"):
                 host = arr.astype(d.np)

@@ -1,4 +1,9 @@
-"""Tensor methods and operators, attached here so _tensor.py stays about data layout."""
+"""Tensor methods and operators, attached here so _tensor.py stays about data layout.
+
+The elementwise methods come from the op catalogue: ``Tensor.<op>`` for every
+``POINTWISE_OPS`` entry whose ``Pointwise.method`` is set, and ``Tensor.<op>_`` (in place)
+where ``Pointwise.inplace`` is; the rest are listed here.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,22 @@ from typing import Any
 
 from .. import _dtype as dt
 from .._errors import AutogradError, DTypeError
+from .._ops import CATALOGUE, POINTWISE_OPS
 from .._tensor import Tensor
 from ..autograd._grad_mode import STATE
+from ._pointwise import FUNCTIONS
+
+
+def _pointwise_methods(inplace: bool, inputs: int) -> list[str]:
+    """The catalogue's elementwise ops with a method (or an in-place method), of `inputs` operands."""
+    out = []
+    for op in POINTWISE_OPS:
+        d = CATALOGUE[op]
+        p = d.pointwise
+        assert p is not None
+        if d.arity[1] == inputs and (p.inplace if inplace else p.method):
+            out.append(op)
+    return out
 
 
 def _install() -> None:
@@ -46,42 +65,9 @@ def _install() -> None:
     T.__getitem__ = getitem
     T.__setitem__ = setitem
 
+    methods = _pointwise_methods(False, 1) + _pointwise_methods(False, 2)
     for name in (
-        "add",
-        "sub",
-        "mul",
-        "div",
-        "pow",
-        "maximum",
-        "minimum",
-        "remainder",
-        "floor_divide",
-        "eq",
-        "ne",
-        "lt",
-        "le",
-        "gt",
-        "ge",
-        "logical_and",
-        "logical_or",
-        "logical_not",
-        "neg",
-        "exp",
-        "log",
-        "sqrt",
-        "rsqrt",
-        "tanh",
-        "abs",
-        "sin",
-        "cos",
-        "sigmoid",
-        "erf",
-        "log1p",
-        "expm1",
-        "floor",
-        "ceil",
-        "round",
-        "sign",
+        *methods,
         "relu",
         "clamp",
         "sum",
@@ -159,7 +145,7 @@ def _install() -> None:
 
         return method
 
-    for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
+    for name in _pointwise_methods(True, 2):
         setattr(T, name + "_", _inplace_bin(name))
     T.__iadd__ = T.add_
     T.__isub__ = T.sub_
@@ -170,7 +156,7 @@ def _install() -> None:
         fn = getattr(F, name)
         return lambda a, *args, **kw: inplace(a, name + "_", lambda: fn(_original(name, a), *args, **kw))
 
-    for name in ("neg", "exp", "log", "sqrt", "tanh", "abs", "sigmoid", "relu", "clamp", "floor", "ceil", "round"):
+    for name in (*_pointwise_methods(True, 1), "relu", "clamp"):
         setattr(T, name + "_", _inplace_un(name))
     T.copy_ = _inplace.copy_
     T.fill_ = _inplace.fill_
@@ -228,14 +214,16 @@ def _install() -> None:
     T.retain_grad = retain_grad
 
 
-# ops whose backward needs their (first) input itself; the others save nothing or their output
-_SAVES_INPUT = frozenset({"mul", "div", "pow", "maximum", "minimum", "log", "abs", "clamp"})
+def _saves_input(name: str) -> bool:
+    """Whether op name's backward reads its (first) input itself (clamp: through maximum/minimum)."""
+    fn = FUNCTIONS.get(name)
+    return name == "clamp" or bool(getattr(fn, "saves_input", False))
 
 
 def _original(name: str, a: Tensor, other: Any = None) -> Tensor:
     """The operand an in-place op computes from: a copy when recording an op that saves it for
     backward, since the write would invalidate it (PyTorch saves ``original_self`` the same way)."""
-    if name in _SAVES_INPUT and STATE.enabled and (a.requires_grad or getattr(other, "requires_grad", False)):
+    if _saves_input(name) and STATE.enabled and (a.requires_grad or getattr(other, "requires_grad", False)):
         from ._inplace import clone
 
         return clone(a)

@@ -1,27 +1,61 @@
 """Elementwise ops (unary, binary, comparison, where) with their gradients.
 
-Each op is a Function: ``forward`` promotes dtypes (PyTorch rules, Python scalars
-included), broadcasts with stride-0 views, allocates the output and calls the
-backend kernel; ``backward`` is written with frontend ops, so every backend gets
-gradients for free.
+Each differentiable op is a Function registered for its catalogue name with
+``@differentiable(op)`` (``FUNCTIONS``): ``forward`` promotes dtypes (PyTorch rules,
+Python scalars included), broadcasts with stride-0 views, allocates the output and calls
+the backend kernel; ``backward`` is written with frontend ops, so every backend gets
+gradients for free. The public functions and Tensor methods are made from the catalogue
+(``kael.ops.__init__``, ``_methods``): an op without a registered Function runs without
+autograd (comparisons, logical ops, floor_divide).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import DTypeError
+from .._ops import CATALOGUE, POINTWISE_OPS
 from .._tensor import Tensor
 from ..autograd._function import Function
 from ._core import as_tensor_like, broadcast_shapes, check_device, empty, expand_to, scalar_tensor
 
-__all__ = ["binary", "unary", "sum_to", "grad_for"]
+__all__ = ["binary", "unary", "sum_to", "grad_for", "FUNCTIONS", "differentiable", "float_only"]
 
-_FLOAT_UNARY = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid", "erf", "log1p", "expm1"})
-_COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"})
+
+def _spec_has(flag: Callable[[Any], bool]) -> frozenset[str]:
+    return frozenset(op for op in POINTWISE_OPS if flag(CATALOGUE[op].pointwise))
+
+
+#: ops computed in the default float dtype when given integer or bool operands (exp, div, silu, ...)
+float_only = _spec_has(lambda p: p.dtypes == "float")
+_FLOAT_UNARY = frozenset(op for op in float_only if CATALOGUE[op].arity[1] == 1)
+_COMPARE = frozenset(op for op in _spec_has(lambda p: p.bool_out) if CATALOGUE[op].arity[1] == 2)
+_LOGICAL = _spec_has(lambda p: p.dtypes == "bool")
+
+#: op name -> the autograd Function that computes it (``@differentiable(op)``)
+FUNCTIONS: dict[str, type[Function]] = {}
+F = TypeVar("F", bound=type[Function])
+
+
+def differentiable(op: str, saves_input: bool = False) -> Callable[[F], F]:
+    """Register a Function as the differentiable implementation of catalogue op `op`.
+
+    saves_input: backward reads the op's (first) input itself, so the in-place method
+    (``Tensor.<op>_``) must compute from a copy while a graph is recorded.
+    """
+
+    def register(fn: F) -> F:
+        if op not in CATALOGUE:
+            raise KeyError(f"differentiable: {op!r} is not in the op catalogue")
+        fn.saves_input = saves_input  # type: ignore[attr-defined]
+        FUNCTIONS[op] = fn
+        return fn
+
+    return register
 
 
 def binary(op: str, a: Any, b: Any) -> Tensor:
@@ -32,7 +66,7 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
         and a.dtype is b.dtype
         and a.shape == b.shape
         and a.device is b.device
-        and (op != "div" or a.dtype.is_floating_point)
+        and (op not in float_only or a.dtype.is_floating_point)
         and (op != "sub" or a.dtype is not dt.bool_)
     ):
         out = empty(a.shape, dt.bool_ if op in _COMPARE else a.dtype, a.device)
@@ -45,23 +79,23 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
         if ta is Tensor and (tb is float or tb is int)
         else ((b, a) if tb is Tensor and (ta is float or ta is int) else (None, None))
     )
-    if t is not None and op not in ("logical_and", "logical_or"):
+    if t is not None and op not in _LOGICAL:
         d = t.dtype
-        if d.is_floating_point or (type(s) is int and d.category == 1 and op != "div"):
+        if d.is_floating_point or (type(s) is int and d.category == 1 and op not in float_only):
             sc = scalar_tensor(s, d, t.device)
             sv = Tensor._make(sc._storage, t.shape, (0,) * len(t.shape), sc._offset, d, sc)
             out = empty(t.shape, dt.bool_ if op in _COMPARE else d, t.device)
             _dispatch.kernel(t.device.type, op)(out, *((t, sv) if t is a else (sv, t)))
             return out
     device = check_device(op, a, b)
-    if op in ("logical_and", "logical_or"):
+    if op in _LOGICAL:
         ctype = dt.bool_
     else:
         try:
             ctype = dt.result_type(a, b)
         except DTypeError as exc:
             raise DTypeError(f"{op}: {exc}") from None
-    if op == "div" and not ctype.is_floating_point:
+    if op in float_only and not ctype.is_floating_point:
         ctype = dt.get_default_dtype()
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise DTypeError(f"{op}: expected at least one tensor operand, got {type(a).__name__} and {type(b).__name__}")
@@ -121,6 +155,7 @@ def grad_for(g: Tensor, x: Any) -> Any:
     return g
 
 
+@differentiable("add")
 class Add(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
@@ -132,6 +167,7 @@ class Add(Function):
         return grad_for(g, ctx.a), grad_for(g, ctx.b)
 
 
+@differentiable("sub")
 class Sub(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
@@ -144,6 +180,7 @@ class Sub(Function):
         return grad_for(g, ctx.a), (None if gb is None else unary("neg", gb))
 
 
+@differentiable("mul", saves_input=True)
 class Mul(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
@@ -166,6 +203,7 @@ class Mul(Function):
         return ga, gb
 
 
+@differentiable("div", saves_input=True)
 class Div(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
@@ -188,6 +226,7 @@ class Div(Function):
         return ga, gb
 
 
+@differentiable("pow", saves_input=True)
 class Pow(Function):
     @staticmethod
     def forward(ctx: Any, a: Any, b: Any) -> Tensor:
@@ -214,6 +253,7 @@ class Pow(Function):
         return ga, gb
 
 
+@differentiable("remainder")
 class Remainder(Function):
     """a - floor(a / b) * b: d/da = 1, d/db = -floor(a / b) (as PyTorch)."""
 
@@ -255,14 +295,17 @@ class _MinMax(Function):
         return grad_for(binary("mul", g, wa), a), grad_for(binary("mul", g, wb), b)
 
 
+@differentiable("maximum", saves_input=True)
 class Maximum(_MinMax):
     op = "maximum"
 
 
+@differentiable("minimum", saves_input=True)
 class Minimum(_MinMax):
     op = "minimum"
 
 
+@differentiable("neg")
 class Neg(Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor) -> Tensor:
@@ -305,7 +348,8 @@ def _unary_fn(name: str, op: str, grad: Any, save: str) -> type[Function]:
         r = grad(g, s)
         return r
 
-    return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    fn = type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return differentiable(op, saves_input=save == "x")(fn)
 
 
 def _m(a: Any, b: Any) -> Tensor:
@@ -333,26 +377,6 @@ Floor = _unary_fn("Floor", "floor", lambda g, _: _m(g, 0.0), "")
 Ceil = _unary_fn("Ceil", "ceil", lambda g, _: _m(g, 0.0), "")
 Round = _unary_fn("Round", "round", lambda g, _: _m(g, 0.0), "")
 Sign = _unary_fn("Sign", "sign", lambda g, _: _m(g, 0.0), "")
-
-UNARY_FUNCTIONS: dict[str, type[Function]] = {
-    "exp": Exp,
-    "log": Log,
-    "sqrt": Sqrt,
-    "rsqrt": Rsqrt,
-    "tanh": Tanh,
-    "abs": Abs,
-    "sin": Sin,
-    "cos": Cos,
-    "sigmoid": Sigmoid,
-    "erf": Erf,
-    "log1p": Log1p,
-    "expm1": Expm1,
-    "floor": Floor,
-    "ceil": Ceil,
-    "round": Round,
-    "sign": Sign,
-    "neg": Neg,
-}
 
 
 class Where(Function):
@@ -392,15 +416,3 @@ class Where(Function):
 class _Dummy:
     def save_for_backward(self, *a: Any) -> None:
         pass
-
-
-BINARY_FUNCTIONS: dict[str, type[Function]] = {
-    "add": Add,
-    "sub": Sub,
-    "mul": Mul,
-    "div": Div,
-    "pow": Pow,
-    "maximum": Maximum,
-    "minimum": Minimum,
-    "remainder": Remainder,
-}
