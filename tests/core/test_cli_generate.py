@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import kael
+import numpy as np
 import pytest
 from kael.__main__ import main
-from kael.models._cli import stream_generation
+from kael.models._cli import fit_prompt, stream_generation
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REF = json.loads((DATA / "tiny-gpt2" / "reference.json").read_text())
@@ -163,3 +165,59 @@ def test_python_dash_m_streams_utf8(model_dir: Path, tokenizer: Any) -> None:
     assert r.returncode == 0, r.stderr.decode()
     # U+FFFD (a byte token that is no character) arrives as UTF-8 even on an ASCII stdout
     assert r.stdout.decode("utf-8") == tokenizer.decode_text(CASE["greedy_20"]) + "\n"
+
+
+def test_a_prompt_longer_than_the_context_is_refused(
+    model_dir: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    context = json.loads((model_dir / "config.json").read_text())["n_positions"]
+    prompt = "Hello world, " * context  # well over the context in GPT-2 tokens
+    n = len(tokenizer.encode(prompt))
+    assert n > context
+    assert main(["generate", "--model", str(model_dir), prompt, "--max-tokens", "4"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"error: the prompt is {n} tokens, more than the model's context of {context} tokens; "
+        f"shorten it, or pass --truncate-prompt to keep its last {context} tokens\n"
+    )
+
+
+def test_truncate_prompt_keeps_the_last_context_tokens(
+    model_dir: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    context = json.loads((model_dir / "config.json").read_text())["n_positions"]
+    prompt = "Once upon a time " * context
+    ids = tokenizer.encode(prompt)
+    args = ["generate", "--model", str(model_dir), prompt, "--max-tokens", "6", "--truncate-prompt"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    # Oracle: the same model, given only the prompt's last `context` ids.
+    model = kael.models.from_pretrained(model_dir)
+    expected = model.generate(ids[-context:], 6)
+    if tokenizer.eot_token in expected:
+        expected = expected[: expected.index(tokenizer.eot_token)]
+    assert out == tokenizer.decode_text(expected) + "\n"
+
+
+def test_fit_prompt() -> None:
+    assert fit_prompt([1, 2, 3], 3) == [1, 2, 3]
+    assert fit_prompt([1, 2, 3, 4], 3, truncate=True) == [2, 3, 4]
+    with pytest.raises(kael.KaelError, match="the prompt is 4 tokens, more than the model's context of 3"):
+        fit_prompt([1, 2, 3, 4], 3)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert (
+        capsys.readouterr().out.strip()
+        == f"kael {kael.__version__} (Python {platform.python_version()}, NumPy {np.__version__})"
+    )
+    r = subprocess.run([sys.executable, "-m", "kael", "--version"], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (
+        0,
+        f"kael {kael.__version__} (Python {platform.python_version()}, NumPy {np.__version__})",
+    )

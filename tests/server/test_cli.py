@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import platform
 import shutil
+import socket
 import subprocess
 import sys
+from importlib import metadata
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -91,3 +94,53 @@ def test_the_kael_plugin_entry_point_does_not_import_the_web_stack() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def refusal_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refused start prints (kael may also warn about a plugin, as a log line)."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    # Refused before listening: uvicorn never started.
+    assert "Application startup" not in result.stderr and "listening" not in result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("kael-server:")]
+    return line
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert (
+        result.stdout.strip()
+        == f"kael-server {kael_server.__version__} (kael-core {metadata.version('kael-core')}, Python {platform.python_version()})"
+    )
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "65536", "70000"])
+def test_port_out_of_range_is_refused_in_one_line(port: str) -> None:
+    line = refusal_line(run_cli("--port", port))
+    assert line == f"kael-server: --port must be a TCP port from 1 to 65535, got {port}"
+
+
+def test_port_in_use_is_refused_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refusal_line(run_cli("--port", str(port)))
+    assert line.startswith(f"kael-server: cannot listen on 127.0.0.1:{port}: ") and "in use" in line
+
+
+@pytest.mark.parametrize("device", ["banana", "cpu:x", ""])
+def test_nonsense_device_is_refused_in_one_line(device: str) -> None:
+    pytest.importorskip("kael")
+    line = refusal_line(run_cli("--device", device))
+    assert line.startswith(f"kael-server: --device {device!r} cannot be used: ")
+
+
+def test_cuda_without_a_gpu_is_refused_in_one_line() -> None:
+    kael = pytest.importorskip("kael")
+    if kael.cuda.is_available():
+        pytest.skip("this machine has a usable cuda device")
+    line = refusal_line(run_cli("--device", "cuda"))
+    assert line.startswith("kael-server: --device 'cuda' cannot be used: ")
+    assert kael.cuda.unavailable_reason() in line

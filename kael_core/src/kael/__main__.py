@@ -1,4 +1,4 @@
-"""``python -m kael``: ``info`` (plugins, backends, devices) and ``generate``."""
+"""``python -m kael``: ``info`` (plugins, backends, devices), ``generate`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import platform
 import sys
 from typing import Any
+
+__all__ = ["info", "main", "version_text"]
 
 
 def info(out: Any = None) -> int:
@@ -55,8 +57,22 @@ def info(out: Any = None) -> int:
     return 0
 
 
+def version_text() -> str:
+    """``kael X (Python Y, NumPy Z)``: what ``python -m kael --version`` prints."""
+    from importlib import metadata
+
+    try:
+        numpy = metadata.version("numpy")
+    except metadata.PackageNotFoundError:
+        numpy = "not installed"
+    from kael import __version__
+
+    return f"kael {__version__} (Python {platform.python_version()}, NumPy {numpy})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kael", description="kael command line")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="list plugins, backends and devices")
     g = sub.add_parser("generate", help="generate text with a model checkpoint (any family), streamed to stdout")
@@ -64,7 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument(
         "--model", required=True, help="directory with config.json, model.safetensors, vocab.json, merges.txt"
     )
-    g.add_argument("--max-tokens", type=int, default=64, help="number of new tokens (default 64)")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=64,
+        help="number of new tokens (default 64); past the model's context, each new token sees the last "
+        "context-many tokens (a sliding window)",
+    )
+    g.add_argument(
+        "--truncate-prompt",
+        action="store_true",
+        help="a prompt longer than the model's context keeps its last context-many tokens "
+        "(without it, such a prompt is refused, as kael-server refuses it)",
+    )
     g.add_argument("--temperature", type=float, default=0.0, help="0 for greedy, else >= 0.001 (default 0)")
     g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
     g.add_argument("--seed", type=int, default=None, help="random seed for sampling")

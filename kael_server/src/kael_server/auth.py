@@ -3,8 +3,8 @@
 Keys come from ``--api-key KEY`` (repeatable), ``--api-key-file FILE`` (one key per line,
 blank lines and ``#`` comment lines ignored) and the ``KAEL_API_KEY`` environment variable.
 With any key configured, every route needs one, except the open ones: ``/health``,
-``/ready``, the playground page (it asks for the key itself), the OpenAPI document and,
-unless ``--protect-metrics``, ``/metrics``. A route opts out with ``opt={"auth": "open"}``
+``/ready``, the playground page (it asks for the key itself), the OpenAPI document,
+``OPTIONS`` requests and, unless ``--protect-metrics``, ``/metrics``. A route opts out with ``opt={"auth": "open"}``
 (``"metrics"`` for the metrics route), so a new route is protected unless it says otherwise.
 
 NOTE [api key secrecy]: a key is never logged, never put in an error message and never
@@ -126,6 +126,8 @@ def configured_keys(
 
 
 def _is_open(scope: Scope, protect_metrics: bool, docs_path: str) -> bool:
+    if scope.get("method") == "OPTIONS":  # Litestar's automatic answer (Allow) says nothing private
+        return True
     handler = scope.get("route_handler")
     kind = handler.opt.get("auth") if handler is not None else None
     if kind == "open" or (kind == "metrics" and not protect_metrics):

@@ -3,8 +3,8 @@
 ``kael-server`` calls ``configure_logging``; an application that embeds ``create_app`` keeps
 its own structlog configuration (which should not render tracebacks with local variables).
 The standard library's logging (uvicorn's start-up, error and access lines, anything a
-library logs) goes through the same renderer, so ``--log-format json`` makes every line of
-stderr a JSON object.
+library logs) and Python's warnings go through the same renderer, so ``--log-format json``
+makes every line of stderr a JSON object.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def configure_logging(log_format: LogFormat = "console", level: str = "info") ->
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric_level)
+    logging.captureWarnings(True)  # a Python warning (a plugin that failed to load, say) is a log line too
 
 
 def get_logger() -> structlog.typing.FilteringBoundLogger:

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from .._errors import KaelError
 
-__all__ = ["generate_cli", "stream_generation"]
+__all__ = ["fit_prompt", "generate_cli", "stream_generation"]
 
 
 def _write(out: TextIO, text: str) -> None:
@@ -64,6 +64,19 @@ def stream_generation(
     return list(ids)
 
 
+def fit_prompt(ids: list[int], context: int, truncate: bool = False) -> list[int]:
+    """``ids`` if they fit the model's context; its last ``context`` ids with ``truncate``;
+    otherwise a KaelError, as kael-server refuses such a prompt."""
+    if len(ids) <= context:
+        return ids
+    if truncate:
+        return ids[-context:]
+    raise KaelError(
+        f"the prompt is {len(ids)} tokens, more than the model's context of {context} tokens; "
+        f"shorten it, or pass --truncate-prompt to keep its last {context} tokens"
+    )
+
+
 def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``generate`` with parsed arguments (see ``kael.__main__``); 0 on success, 1 on an error."""
     from ..ops import Generator
@@ -82,8 +95,7 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         ids = tokenizer.encode(args.prompt)
         if not ids:  # GPT-2 starts unconditional text after <|endoftext|>
             ids = [tokenizer.eot_token]
-        if len(ids) > model.max_positions:
-            print(f"note: the prompt has {len(ids)} tokens; only the last {model.max_positions} are used", file=err)
+        ids = fit_prompt(ids, model.max_positions, truncate=getattr(args, "truncate_prompt", False))
         generator = Generator(args.device).manual_seed(args.seed) if args.seed is not None else None
         stream_generation(
             model,
