@@ -77,6 +77,8 @@ def load_corpus(max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
             break
 
     def join(parts: list[bytes]) -> np.ndarray:
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
         out = []
         for p in parts:
             out.append(np.frombuffer(p, dtype=np.uint8).astype(np.int64))
@@ -84,6 +86,20 @@ def load_corpus(max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate(out)
 
     return join(train), join(held)
+
+
+def corpus_problem(train: np.ndarray, held: np.ndarray, context: int, corpus_mb: float) -> str | None:
+    """Why the corpus cannot be used with this context (None if it can): each split must hold
+    more than ``context + 1`` tokens, as every batch row is ``context + 1`` consecutive ones."""
+    need = context + 1
+    for name, data in (("held-out", held), ("training", train)):
+        if len(data) <= need:
+            return (
+                f"the corpus is too small for its {name} split: {len(data):,} bytes, but --context {context} "
+                f"needs more than {need:,} (the held-out split is about 5% of the files); raise --corpus-mb "
+                f"(now {corpus_mb:g}) or lower --context"
+            )
+    return None
 
 
 def batch(data: np.ndarray, batch_size: int, ctx: int, rng: np.random.Generator) -> tuple[kael.Tensor, kael.Tensor]:
@@ -136,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--steps", type=int, default=100000, help="stop after this many steps")
+    p.add_argument(
+        "--steps", type=int, default=None, help="stop after this many steps (the progress bar then counts steps)"
+    )
     p.add_argument("--minutes", type=float, default=30.0, help="stop after this much training time")
     p.add_argument("--corpus-mb", type=float, default=12.0, help="bytes of stdlib source to read")
     p.add_argument("--eval-every", type=int, default=200)
@@ -145,8 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     args = p.parse_args(argv)
 
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
     train, held = load_corpus(int(args.corpus_mb * 1e6))
     print(f"corpus: {len(train):,} training bytes, {len(held):,} held-out bytes", file=sys.stderr)
+    problem = corpus_problem(train, held, args.context, args.corpus_mb)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     kael.manual_seed(args.seed)
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0, "history": []}
     if args.resume:
@@ -186,16 +210,21 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter() - state["seconds"]
     from tqdm import tqdm
 
+    # With --steps the bar counts steps; otherwise seconds of the --minutes budget.
+    by_steps = args.steps is not None
     bar = tqdm(
-        total=int(budget),
-        unit="s",
+        total=args.steps if by_steps else int(budget),
+        unit="step" if by_steps else "s",
         file=sys.stderr,
-        initial=int(state["seconds"]),
+        initial=state["step"] if by_steps else int(state["seconds"]),
         mininterval=2.0,
-        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}s [{elapsed}<{remaining}]{postfix}",
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}"
+        + (" steps" if by_steps else "s")
+        + " [{elapsed}<{remaining}]{postfix}",
     )
     step = state["step"]
-    while step < args.steps:
+    last_step = args.steps if by_steps else math.inf
+    while step < last_step:
         elapsed = time.perf_counter() - start
         if elapsed >= budget:
             break
@@ -219,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             lr=f"{lr:.2e}",
             refresh=False,
         )
-        bar.update(int(min(now, budget)) - bar.n)
+        bar.update(1 if by_steps else int(min(now, budget)) - bar.n)
         if step % args.eval_every == 0:
             ev = evaluate(model, held, args.eval_batches, args.batch_size, args.context)
             state["history"].append({"step": step, "seconds": round(now, 1), "held_out_loss": round(ev, 4)})
