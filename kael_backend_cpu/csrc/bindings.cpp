@@ -229,24 +229,21 @@ void translate(std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-
   }
 }
 
-void register_errors() {
-  py::module_ errs = py::module_::import("kael._errors");
+// kael's public error classes (kael.KaelError, ...), and a class of our own for integer
+// division by zero: a kael.KaelError that is also a ZeroDivisionError.
+void register_errors(py::module_& m) {
+  py::module_ kael_module = py::module_::import("kael");
   const char* names[] = {"KaelError", "ShapeError", "DTypeError", "IndexError_", nullptr, "BackendError"};
   for (int i = 0; i < 6; ++i) {
-    if (names[i] != nullptr) g_errors[i] = py::object(errs.attr(names[i])).release().ptr();
+    if (names[i] != nullptr) g_errors[i] = py::object(kael_module.attr(names[i])).release().ptr();
   }
-  // A KaelError that is also a ZeroDivisionError: the reference backend's class when it has one.
-  try {
-    g_errors[static_cast<int>(ErrorKind::ZeroDivision)] =
-        py::object(py::module_::import("kael.backends.reference._elementwise").attr("ZeroDivisionError_"))
-            .release()
-            .ptr();
-  } catch (py::error_already_set&) {
-    PyObject* bases = PyTuple_Pack(2, g_errors[0], PyExc_ZeroDivisionError);
-    g_errors[static_cast<int>(ErrorKind::ZeroDivision)] =
-        PyErr_NewException("kael_backend_cpu._C.ZeroDivisionError_", bases, nullptr);
-    Py_XDECREF(bases);
-  }
+  PyObject* bases = PyTuple_Pack(2, g_errors[0], PyExc_ZeroDivisionError);
+  if (bases == nullptr) throw py::error_already_set();
+  PyObject* zero = PyErr_NewException("kael_backend_cpu._C.ZeroDivisionError_", bases, nullptr);
+  Py_DECREF(bases);
+  if (zero == nullptr) throw py::error_already_set();
+  g_errors[static_cast<int>(ErrorKind::ZeroDivision)] = zero;
+  m.attr("ZeroDivisionError_") = py::reinterpret_borrow<py::object>(zero);
   py::register_exception_translator(translate);
 }
 
@@ -292,6 +289,7 @@ void bind_elementwise(py::module_& m) {
       {"sigmoid", UnaryOp::Sigmoid}, {"erf", UnaryOp::Erf},     {"log1p", UnaryOp::Log1p},
       {"expm1", UnaryOp::Expm1},     {"floor", UnaryOp::Floor}, {"ceil", UnaryOp::Ceil},
       {"round", UnaryOp::Round},     {"sign", UnaryOp::Sign},   {"logical_not", UnaryOp::LogicalNot},
+      {"silu", UnaryOp::Silu},
   };
   for (const auto& [name, op] : unary_ops) {
     const char* n = name;
@@ -580,7 +578,7 @@ PYBIND11_MODULE(_C, m) {
   g_names.strides = intern("_strides");
   g_names.offset = intern("_offset");
   g_names.dtype = intern("dtype");
-  register_errors();
+  register_errors(m);
 
   m.def("_register_dtypes", [](const py::tuple& dtypes) {
     if (dtypes.size() != kNumDTypes) raise(ErrorKind::Kael, "_register_dtypes: expected the 10 kael dtypes in order");

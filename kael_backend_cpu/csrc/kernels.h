@@ -38,6 +38,7 @@ enum class UnaryOp {
   Sin,
   Cos,
   Sigmoid,
+  Silu,  // x * sigmoid(x), computed as x / (1 + exp(-x)); a fused op of the catalogue
   Erf,
   Log1p,
   Expm1,

@@ -1,5 +1,6 @@
-// Unary elementwise kernels. Contiguous float32 exp/tanh/sigmoid use the vector
-// table; integers take float-only ops through float64 (like NumPy) and wrap on neg/abs.
+// Unary elementwise kernels, silu (a fused op of the catalogue) included. Contiguous
+// float32 exp/tanh/sigmoid/silu use the vector table; float16/bfloat16 compute in float32;
+// integers take float-only ops through float64 (like NumPy) and wrap on neg/abs.
 #include <cmath>
 #include <type_traits>
 
@@ -33,6 +34,8 @@ inline C apply_float(C x) {
     return std::cos(x);
   else if constexpr (OP == UnaryOp::Sigmoid)
     return C(1) / (C(1) + std::exp(-x));
+  else if constexpr (OP == UnaryOp::Silu)
+    return x / (C(1) + std::exp(-x));
   else if constexpr (OP == UnaryOp::Erf)
     return static_cast<C>(std::erf(static_cast<double>(x)));
   else if constexpr (OP == UnaryOp::Log1p)
@@ -84,7 +87,19 @@ inline auto apply(T x) {
 
 template <UnaryOp OP>
 constexpr bool vectorised_f32() {
-  return OP == UnaryOp::Exp || OP == UnaryOp::Tanh || OP == UnaryOp::Sigmoid;
+  return OP == UnaryOp::Exp || OP == UnaryOp::Tanh || OP == UnaryOp::Sigmoid || OP == UnaryOp::Silu;
+}
+
+template <UnaryOp OP>
+auto vector_f32(const VecTable& v) {
+  if constexpr (OP == UnaryOp::Exp)
+    return v.exp_f32;
+  else if constexpr (OP == UnaryOp::Tanh)
+    return v.tanh_f32;
+  else if constexpr (OP == UnaryOp::Sigmoid)
+    return v.sigmoid_f32;
+  else
+    return v.silu_f32;
 }
 
 template <UnaryOp OP, class T>
@@ -97,9 +112,7 @@ void unary_loop(const View& out, const View& a) {
     constexpr auto so = static_cast<int64_t>(sizeof(O)), st = static_cast<int64_t>(sizeof(T));
     if (s[0] == so && s[1] == st) {
       if constexpr (std::is_same_v<T, float> && vectorised_f32<OP>()) {
-        const VecTable& v = vec();
-        auto f = OP == UnaryOp::Exp ? v.exp_f32 : (OP == UnaryOp::Tanh ? v.tanh_f32 : v.sigmoid_f32);
-        f(reinterpret_cast<float*>(p[0]), reinterpret_cast<const float*>(p[1]), n);
+        vector_f32<OP>(vec())(reinterpret_cast<float*>(p[0]), reinterpret_cast<const float*>(p[1]), n);
         return;
       }
       O* o = reinterpret_cast<O*>(p[0]);
@@ -130,6 +143,7 @@ void unary_typed(UnaryOp op, const View& out, const View& a) {
     KAEL_UNARY_CASE(Sin)
     KAEL_UNARY_CASE(Cos)
     KAEL_UNARY_CASE(Sigmoid)
+    KAEL_UNARY_CASE(Silu)
     KAEL_UNARY_CASE(Erf)
     KAEL_UNARY_CASE(Log1p)
     KAEL_UNARY_CASE(Expm1)

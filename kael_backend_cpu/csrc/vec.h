@@ -1,7 +1,7 @@
 // The table of vectorised inner kernels, one per instruction set.
 //
 // NOTE [runtime dispatch]: the vector kernels are written once, by family
-// (vec_core.h: types and loads; vec_math.h: exp/tanh/sigmoid/gelu; vec_rows.h:
+// (vec_core.h: types and loads; vec_math.h: exp/tanh/sigmoid/silu/gelu; vec_rows.h:
 // softmax/layer_norm rows; vec_arith.h: add/sub/mul/div; vec_gemm_packed.h and
 // vec_gemm_rows.h: matrix products), gathered into a table by vec_table.h, and
 // compiled twice: by vec_base.cpp for the baseline target (SSE2 on x86-64, NEON on
@@ -44,6 +44,7 @@ struct VecTable {
   void (*exp_f32)(float* out, const float* x, int64_t n) = nullptr;
   void (*tanh_f32)(float* out, const float* x, int64_t n) = nullptr;
   void (*sigmoid_f32)(float* out, const float* x, int64_t n) = nullptr;
+  void (*silu_f32)(float* out, const float* x, int64_t n) = nullptr;  // x / (1 + exp(-x))
   void (*gelu_tanh_f32)(float* out, const float* x, int64_t n) = nullptr;
   void (*gelu_tanh_bwd_f32)(float* grad_in, const float* grad_out, const float* x, int64_t n) = nullptr;
   // contiguous float32 rows

@@ -1,6 +1,6 @@
-// float32 transcendental functions on vectors (exp, tanh, sigmoid, gelu and its
+// float32 transcendental functions on vectors (exp, tanh, sigmoid, silu, gelu and its
 // derivative; Cephes polynomials, ~1-2 ulp) and the contiguous elementwise loops over them
-// (exp_f32, tanh_f32, sigmoid_f32, gelu_tanh_f32, gelu_tanh_bwd_f32).
+// (exp_f32, tanh_f32, sigmoid_f32, silu_f32, gelu_tanh_f32, gelu_tanh_bwd_f32).
 // Pasted inside the per-ISA namespace by vec_table.h (NOTE [runtime dispatch] in vec.h):
 // no includes but its vec_*.h siblings.
 #pragma once
@@ -56,6 +56,12 @@ inline vf vsigmoid(vf x) {
   return 1.0f / (1.0f + vexp(-x));
 }
 
+// silu(x) = x sigmoid(x), as x / (1 + exp(-x)) (one rounding less than x * sigmoid(x)). Like
+// PyTorch: -inf gives nan (-inf / inf), x < -88.7 gives -0 (exp(-x) overflows to inf).
+inline vf vsilu(vf x) {
+  return x / (1.0f + vexp(-x));
+}
+
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
 
@@ -94,6 +100,9 @@ void tanh_f32(float* out, const float* x, int64_t n) {
 }
 void sigmoid_f32(float* out, const float* x, int64_t n) {
   map_f32<vsigmoid>(out, x, n);
+}
+void silu_f32(float* out, const float* x, int64_t n) {
+  map_f32<vsilu>(out, x, n);
 }
 void gelu_tanh_f32(float* out, const float* x, int64_t n) {
   map_f32<vgelu>(out, x, n);

@@ -11,7 +11,7 @@
 #include "vec_core.h"         // vector types, loads/stores, splat, horizontal sums
 #include "vec_gemm_packed.h"  // GEMM micro-kernel and panel packing
 #include "vec_gemm_rows.h"    // few-row GEMM kernels (rows_nmajor, rows_kmajor)
-#include "vec_math.h"         // exp, tanh, sigmoid, gelu: vector functions and their elementwise loops
+#include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 template <class T, int MR, int NV>
@@ -38,6 +38,7 @@ VecTable make_table(const char* name) {
   t.exp_f32 = exp_f32;
   t.tanh_f32 = tanh_f32;
   t.sigmoid_f32 = sigmoid_f32;
+  t.silu_f32 = silu_f32;
   t.gelu_tanh_f32 = gelu_tanh_f32;
   t.gelu_tanh_bwd_f32 = gelu_tanh_bwd_f32;
   t.sum_f32 = sum_f32;
