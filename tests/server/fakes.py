@@ -5,14 +5,38 @@ from __future__ import annotations
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 SECRET = "s3cret-internal-detail"
 """Text of every exception the fakes raise: it must never reach a client."""
 
 EOT = 256
+
+
+def greedy_letter(context: Sequence[int]) -> int:
+    """The fakes' greedy token for a context: a letter that depends only on the context."""
+    return ord("a") + sum(context) % 26
+
+
+def fake_logits(context: Sequence[int], vocab_size: int = 257) -> np.ndarray:
+    """The fakes' logits [V] after ``context``: pseudo-random (fixed by the context) with the
+    greedy letter on top by 1, so an argmax over them is the fakes' greedy rule."""
+    rng = np.random.default_rng(zlib.crc32(np.asarray(context, dtype=np.int64).tobytes()))
+    x = rng.normal(0.0, 1.0, vocab_size)
+    x[greedy_letter(context)] = x.max() + 1.0
+    return x
+
+
+def draw_letter(rng: Any) -> int:
+    """A sampled letter from a ``random.Random`` or a ``kael.Generator``."""
+    if hasattr(rng, "randrange"):
+        return ord("a") + int(rng.randrange(26))
+    return ord("a") + int(rng.numpy_rng().integers(26))
 
 
 class Gate:
@@ -78,6 +102,7 @@ class Call:
     temperature: float
     top_k: int
     generator: object | None
+    sampler: object | None = None
     produced: list[int] = field(default_factory=list)
 
 
@@ -86,7 +111,10 @@ class FakeModel:
 
     * ``script``: emit these token ids in order (cycling);
     * otherwise greedy (temperature 0) picks a letter that depends only on the context, and
-      sampling draws letters from ``generator`` (a ``random.Random``) or a private RNG;
+      sampling draws letters from ``generator`` (a ``random.Random`` or a ``kael.Generator``)
+      or a private RNG;
+    * with a ``sampler``, each step's logits are ``fake_logits(context)`` and the sampler picks
+      (``model(ids)`` gives the same logits for every position, for prompt logprobs);
     * ``gate``: block before each token until the test lets it through;
     * ``fail_at``: raise (with SECRET) instead of producing token number ``fail_at``;
     * ``step_seconds``: compute time per token, for a server that must stay responsive.
@@ -109,7 +137,24 @@ class FakeModel:
         self.fail_at = fail_at
         self.step_seconds = step_seconds
         self.calls: list[Call] = []
+        self.scored: list[list[int]] = []
+        self.training = False
+        self.device = "cpu"
         self._rng = random.Random()
+
+    def eval(self) -> FakeModel:
+        self.training = False
+        return self
+
+    def train(self, mode: bool = True) -> FakeModel:
+        self.training = mode
+        return self
+
+    def __call__(self, ids: Any) -> np.ndarray:
+        """Logits [1, T, V] for ids [1, T] (a kael tensor): ``fake_logits`` of each prefix."""
+        row = [int(i) for i in np.asarray(ids)[0]]
+        self.scored.append(row)
+        return np.stack([fake_logits(row[: t + 1], self.vocab_size) for t in range(len(row))])[None]
 
     def generate(
         self,
@@ -119,8 +164,10 @@ class FakeModel:
         top_k: int = 0,
         on_token: Callable[[int], object] | None = None,
         generator: object | None = None,
+        *,
+        sampler: Callable[[Any, list[int]], int] | None = None,
     ) -> list[int]:
-        call = Call(list(prompt), max_new_tokens, temperature, top_k, generator)
+        call = Call(list(prompt), max_new_tokens, temperature, top_k, generator, sampler)
         self.calls.append(call)
         for i in range(max_new_tokens):
             if self.gate is not None:
@@ -138,18 +185,24 @@ class FakeModel:
     def _next(self, i: int, call: Call, generator: Any) -> int:
         if self.script is not None:
             return self.script[i % len(self.script)]
+        context = call.prompt + call.produced
+        if call.sampler is not None:
+            return int(call.sampler(fake_logits(context, self.vocab_size), context))  # type: ignore[operator]
         if call.temperature == 0:
-            return ord("a") + sum(call.prompt + call.produced) % 26
-        rng = generator if generator is not None else self._rng
-        return ord("a") + int(rng.randrange(26))
+            return greedy_letter(context)
+        return draw_letter(generator if generator is not None else self._rng)
 
 
 @dataclass(frozen=True)
 class RowLogits:
-    """What FakeBatchEngine hands back as a row's "logits": the row and its context so far."""
+    """What FakeBatchEngine hands back as a row's "logits": the row and its context so far
+    (as an array: ``fake_logits`` of the context, what FakeModel's sampler sees)."""
 
     row: int
     context: tuple[int, ...]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return fake_logits(self.context).astype(dtype or np.float64)
 
 
 class FakeBatchEngine:
@@ -169,7 +222,8 @@ class FakeBatchEngine:
 
     ``steps`` records the rows of every decode step; ``prefills`` the (row, prompt) of each
     prefill; ``prefill_calls`` the rows of each ``prefill``/``prefill_many`` call;
-    ``greedy_calls`` counts the ``greedy`` calls (one per step with several greedy rows).
+    ``greedy_calls`` counts the ``greedy`` calls (one per step with several greedy rows);
+    ``forks`` the (src, dst) of each ``fork``.
     """
 
     def __init__(
@@ -195,6 +249,7 @@ class FakeBatchEngine:
         self.prefills: list[tuple[int, list[int]]] = []
         self.prefill_calls: list[list[int]] = []
         self.greedy_calls = 0
+        self.forks: list[tuple[int, int]] = []
         self.released: list[int] = []
         self._rng = random.Random()
 
@@ -230,13 +285,18 @@ class FakeBatchEngine:
         if self.poison is not None and self.poison(logits.context):
             return self.poison_token
         if temperature == 0:
-            return ord("a") + sum(logits.context) % 26
-        rng = generator if generator is not None else self._rng
-        return ord("a") + int(rng.randrange(26))
+            return greedy_letter(logits.context)
+        return draw_letter(generator if generator is not None else self._rng)
 
     def greedy(self, logits: list[RowLogits]) -> list[int]:
         self.greedy_calls += 1
         return [self.sample(row) for row in logits]
+
+    def fork(self, src: int, dst: int) -> None:
+        assert src in self.contexts, f"row {src} holds no sequence"
+        assert dst not in self.contexts and 0 <= dst < self.rows, f"row {dst} is in use"
+        self.forks.append((src, dst))
+        self.contexts[dst] = list(self.contexts[src])
 
     def release(self, row: int) -> None:
         self.contexts.pop(row, None)

@@ -102,14 +102,15 @@ def test_errors_have_openai_shape(api: openai.OpenAI, scripted: TestClient[Lites
     body = bad.value.body
     assert isinstance(body, dict)
     assert body["type"] == "invalid_request_error" and body["param"] == "max_tokens"
-    with pytest.raises(openai.BadRequestError):
-        api.completions.create(model="m", prompt="Hi", n=2)
+    with pytest.raises(openai.BadRequestError) as many:
+        api.completions.create(model="m", prompt="Hi", n=17)
+    assert isinstance(many.value.body, dict) and many.value.body["param"] == "n"
     too_long = scripted.post("/v1/completions", json={"prompt": "x" * 250, "max_tokens": 10})
     assert too_long.status_code == 413
     assert too_long.json()["error"]["code"] == "context_length_exceeded"
-    unknown = scripted.post("/v1/completions", json={"prompt": "x", "logit_bias": {"1": 2}})
-    assert unknown.status_code == 400
-    assert "logit_bias" not in unknown.text
+    bad_bias = scripted.post("/v1/completions", json={"prompt": "x", "logit_bias": {"98765": 2}})
+    assert bad_bias.status_code == 400 and bad_bias.json()["error"]["param"] == "logit_bias"
+    assert "98765" not in bad_bias.text
 
 
 def test_raw_stream_chunks_share_id_and_end_with_done(scripted: TestClient[Litestar]) -> None:

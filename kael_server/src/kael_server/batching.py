@@ -1,24 +1,30 @@
-"""BatchScheduler: continuous batching, up to N generations sharing every decode step.
+"""BatchScheduler: continuous batching, up to N sequences sharing every decode step.
 
 One worker thread drives a BatchEngine (kael's ``models.BatchDecoder``: a KV cache with one
 row per slot). Between two decode steps it prefills the jobs whose prompts are ready, each
 into a free row and each as it would run alone, in one engine call (their first tokens come
-from the prefill), then runs one decode step for every job in the batch. A job leaves the
-batch when it finishes, fails or is cancelled; the others go on untouched, and the first job
-in the queue takes the slot.
+from the prefill), then runs one decode step for every sequence in the batch. A job leaves
+the batch when it finishes, fails or is cancelled; the others go on untouched, and the first
+job in the queue takes the slot.
 
-    submit (loop) -> slot free? hold it : queue room? wait (at most queue_timeout) : 429
-    encoder thread: tokenize + check the prompt (never on the loop, never on the worker)
-    worker: [prefill the ready jobs] -> decode step(batch) -> sample (greedy rows: one call)
-            -> JobOutput per row ...
+A job of several choices (``n``, or a list of prompts: NOTE [choices] in jobs.py) takes one
+row per choice: each prompt is prefilled once into its first choice's row and forked
+(``BatchEngine.fork``) into the rows of its other choices, which then decode side by side,
+each sampled with its own generator. Slots count rows: a job waits until its rows are free.
+
+    submit (loop) -> rows free? hold them : queue room? wait (at most queue_timeout) : 429
+    encoder thread: tokenize + check the prompts (never on the loop, never on the worker)
+    worker: [prefill the ready jobs, fork their choices] -> decode step(batch)
+            -> sample (greedy rows: one call) -> JobOutput per row ...
 
 NOTE [batch isolation]: everything that belongs to one job (its prompt check, prefill,
-sampling from its own row of logits with its own generator, its on_token handling) runs in
-a try of its own, so its failure ends that job only. The calls that several jobs share for
-speed alone (one prefill for the ready prompts, one greedy pick for a step's greedy rows) are
-redone job by job when they fail, to find whose it was. Only a failing decode step (the one
-pass that all rows share) ends every job in it. Whatever happens, each job gets exactly one
-final event (Finished or Failed), sent after its slot is given back (as SlotPool does).
+sampling from its own rows of logits with its own generators, its on_token handling) runs
+in a try of its own, so its failure ends that job only. The calls that several jobs share
+for speed alone (one prefill for the ready prompts, one greedy pick for a step's greedy
+rows) are redone job by job when they fail, to find whose it was. Only a failing decode
+step (the one pass that all rows share) ends every job in it. Whatever happens, each job
+gets exactly one final event (Finished or Failed), sent after its rows are given back (as
+SlotPool does).
 """
 
 from __future__ import annotations
@@ -28,17 +34,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kael_server.errors import Busy, Cancelled, QueueTimeout
+from kael_server.errors import Busy, Cancelled, FieldError, InvalidRequest, QueueTimeout
 from kael_server.jobs import Failed, Finished, Job, Outcome
-from kael_server.output import JobOutput
+from kael_server.output import Choice
 from kael_server.protocols import BatchEngine
 from kael_server.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from kael_server.generator import Generator
+
+__all__ = ["BatchScheduler"]
 
 
 @dataclass(eq=False)
@@ -48,22 +56,36 @@ class _Entry:
     job: Job
     admitted: float
     """``time.perf_counter()`` at submit."""
-    ids: list[int] | None = None
-    """The checked prompt, once the encoder thread is done."""
-    row: int | None = None
-    """The engine row, from prefill to the end."""
-    output: JobOutput | None = None
-    rng: object | None = None
-    last: int = 0
-    """The token fed at the next decode step."""
-    produced: int = 0
+    width: int
+    """Rows it takes: one per choice."""
+    ids: list[list[int]] | None = None
+    """The checked prompts, once the encoder thread is done."""
+    seqs: list[_Seq] = field(default_factory=list)
+    """Its choices, from the start on (by index)."""
     started: float = 0.0
+    closed: bool = False
+    """Its outcome was decided (on the worker)."""
     done: bool = False
     """Its final event was sent (under the lock, so it is sent once)."""
 
 
+@dataclass(eq=False)
+class _Seq:
+    """One choice of a job in the batch."""
+
+    entry: _Entry
+    choice: Choice
+    row: int | None = None
+    """The engine row, from prefill to the end."""
+    last: int = 0
+    """The token fed at the next decode step."""
+    produced: int = 0
+    text: str | None = None
+    """Its whole text, once it ended."""
+
+
 class BatchScheduler(Scheduler):
-    """``engine.rows`` slots decoded together, plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s."""
+    """``engine.rows`` rows decoded together, plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s."""
 
     def __init__(
         self,
@@ -92,21 +114,32 @@ class BatchScheduler(Scheduler):
         self._engine = engine
         self._metrics = generator.metrics
         self._changed = threading.Condition()
-        self._slotted: dict[Job, _Entry] = {}  # holding a slot: encoding, waiting for prefill, or decoding
+        self._slotted: dict[Job, _Entry] = {}  # holding rows: encoding, waiting for prefill, or decoding
+        self._used = 0  # rows the slotted jobs hold
         self._queue: deque[_Entry] = deque()
         self._worker_alive = False
-        # The worker's own state (no lock): free engine rows and the jobs being decoded.
+        # The worker's own state (no lock): free engine rows and the sequences being decoded.
         self._free_rows = list(range(engine.rows - 1, -1, -1))
-        self._decoding: list[_Entry] = []
+        self._decoding: list[_Seq] = []
 
     # ---- the Scheduler interface (any thread) ------------------------------------------
 
     def submit(self, job: Job) -> None:
-        entry = _Entry(job, time.perf_counter())
+        if job.width > self.capacity:
+            raise InvalidRequest(
+                [
+                    FieldError(
+                        "n",
+                        f"expected n times the number of prompts to be at most {self.capacity}: "
+                        f"this server decodes {self.capacity} sequences at once (--slots)",
+                    )
+                ]
+            )
+        entry = _Entry(job, time.perf_counter(), job.width)
         with self._changed:
             dropped = self._drop_cancelled_queued()
-            if len(self._slotted) < self.capacity:
-                self._slotted[job] = entry
+            if self._used + entry.width <= self.capacity and not self._queue:
+                self._slot(entry)
                 self._metrics.queue_wait.observe(0)
             elif len(self._queue) < self.queue_limit:
                 self._queue.append(entry)
@@ -148,18 +181,24 @@ class BatchScheduler(Scheduler):
 
     # ---- bookkeeping (callers hold the lock) -------------------------------------------
 
+    def _slot(self, entry: _Entry) -> None:
+        self._slotted[entry.job] = entry
+        self._used += entry.width
+
     def _remove(self, entry: _Entry) -> bool:
-        """Takes ``entry`` out of its slot or the queue, moving queued jobs into free slots.
+        """Takes ``entry`` out of its slot or the queue, moving queued jobs into free rows.
         True if the caller must send its final event (it was not finished already)."""
         if entry.done:
             return False
         entry.done = True
-        if self._slotted.pop(entry.job, None) is None and entry in self._queue:
+        if self._slotted.pop(entry.job, None) is not None:
+            self._used -= entry.width
+        elif entry in self._queue:
             self._queue.remove(entry)
             self._metrics.queue_wait.observe(time.perf_counter() - entry.admitted)
-        while self._queue and len(self._slotted) < self.capacity:
+        while self._queue and self._used + self._queue[0].width <= self.capacity:
             nxt = self._queue.popleft()
-            self._slotted[nxt.job] = nxt
+            self._slot(nxt)
             self._metrics.queue_wait.observe(time.perf_counter() - nxt.admitted)
         self._metrics.queue_depth.set(len(self._queue))
         self._changed.notify_all()
@@ -214,7 +253,7 @@ class BatchScheduler(Scheduler):
                             self._worker_alive = False
                             self._changed.notify_all()
                             break
-                        ready = [e for e in self._slotted.values() if e.ids is not None and e.row is None]
+                        ready = [e for e in self._slotted.values() if e.ids is not None and not e.started]
                         if ready or self._decoding:
                             break
                         self._changed.wait()
@@ -230,92 +269,122 @@ class BatchScheduler(Scheduler):
             self._fail_everything(exc)
 
     def _start(self, entries: list[_Entry]) -> None:
-        """Prefills the ready jobs into free rows, in engine calls of up to ``prefill_tokens``
-        prompt tokens (each prompt as alone, NOTE [batched prefill] in kael's BatchDecoder);
-        each first token comes from its prompt's logits. If a call fails, each of its prompts
-        runs alone, so only its own job fails."""
-        generator, starting = self._generator, []
+        """Starts the ready jobs: their choices get rows, and each prompt is prefilled into its
+        first choice's row, in engine calls of up to ``prefill_tokens`` prompt tokens (each
+        prompt as alone, NOTE [batched prefill] in kael's BatchDecoder). If a call fails, each
+        of its prompts runs alone, so only its own job fails."""
+        generator, firsts = self._generator, []
         for entry in entries:
             job = entry.job
+            entry.started = time.perf_counter()
             if job.cancelled:
-                self._finish(entry, Failed(Cancelled(job.cancel_reason or "client")))
+                self._close(entry, Failed(Cancelled(job.cancel_reason or "client")))
                 continue
             assert entry.ids is not None
             generator.accept(job, entry.ids)
-            entry.output = JobOutput(job, generator.tokenizer)
-            entry.started = time.perf_counter()
-            entry.row = self._free_rows.pop()
             try:
-                entry.rng = generator.rng_for(job.params)
+                entry.seqs = [_Seq(entry, choice) for choice in generator.choices(job, entry.ids)]
             except Exception as exc:
-                self._end(entry, Failed(exc))
+                self._close(entry, Failed(exc))
                 continue
-            starting.append(entry)
-        group: list[_Entry] = []
+            if job.params.max_tokens == 0:  # the echoed prompts are the whole answer
+                for seq in entry.seqs:
+                    self._end(seq)
+                continue
+            for seq in entry.seqs:
+                seq.row = self._free_rows.pop()
+            firsts.extend(entry.seqs[:: job.params.n])  # each prompt's first choice
+        group: list[_Seq] = []
         tokens = 0
-        for entry in starting:
-            n = len(entry.ids or ())
+        for seq in firsts:
+            n = len(seq.choice.ids)
             if group and tokens + n > self.prefill_tokens:
                 self._prefill(group)
                 group, tokens = [], 0
-            group.append(entry)
+            group.append(seq)
             tokens += n
         if group:
             self._prefill(group)
 
-    def _prefill(self, starting: list[_Entry]) -> None:
-        """One shared prefill of ``starting``; then each job's first token."""
-        firsts: list[tuple[_Entry, object]] = []
+    def _prefill(self, group: list[_Seq]) -> None:
+        """One shared prefill of the prompts of ``group`` (first choices); then the forks into
+        their other choices' rows, and each choice's first token from the prompt's logits."""
+        group = [seq for seq in group if not seq.entry.closed]  # another prompt of its job failed
+        if not group:
+            return
+        firsts: list[tuple[_Seq, object]] = []
         try:
-            logits = self._engine.prefill_many([e.row for e in starting], [e.ids for e in starting])  # type: ignore[misc]
-            firsts = [(entry, logits[i]) for i, entry in enumerate(starting)]
+            logits = self._engine.prefill_many([s.row for s in group], [s.choice.ids for s in group])  # type: ignore[misc]
+            firsts = [(seq, logits[i]) for i, seq in enumerate(group)]
         except Exception as exc:
-            if len(starting) == 1:
-                self._end(starting[0], Failed(exc))
+            if len(group) == 1:
+                self._fail(group[0].entry, Failed(exc))
                 return
-            for entry in starting:  # which prompt failed? each alone, so the others go on
+            for seq in group:  # which prompt failed? each alone, so the others go on
+                if seq.entry.closed:
+                    continue
                 try:
-                    firsts.append((entry, self._engine.prefill(entry.row, entry.ids)))  # type: ignore[arg-type]
+                    firsts.append((seq, self._engine.prefill(seq.row, seq.choice.ids)))  # type: ignore[arg-type]
                 except Exception as alone:
-                    self._end(entry, Failed(alone))
-        for entry, first in firsts:
-            try:
-                token = self._sample(entry, first)
-            except Exception as exc:
-                self._end(entry, Failed(exc))
+                    self._fail(seq.entry, Failed(alone))
+        for source, first in firsts:
+            entry = source.entry
+            if entry.closed:
                 continue
-            self._decoding.append(entry)
-            self._take(entry, token)
+            n = entry.job.params.n
+            start = source.choice.index - source.choice.index % n
+            siblings = entry.seqs[start : start + n]
+            try:
+                for seq in siblings[1:]:
+                    self._engine.fork(source.row, seq.row)  # type: ignore[arg-type]
+            except Exception as exc:
+                self._fail(entry, Failed(exc))
+                continue
+            for seq in siblings:
+                try:
+                    token = self._sample(seq, first)
+                except Exception as exc:
+                    self._fail(entry, Failed(exc))
+                    break
+                self._decoding.append(seq)
+                self._take(seq, token)
+                if entry.closed:
+                    break
 
     def _step(self) -> None:
-        """One decode step for every job in the batch (cancelled ones leave first)."""
-        for entry in list(self._decoding):
-            if entry.job.cancelled:
-                self._end(entry, Failed(Cancelled(entry.job.cancel_reason or "client")))
+        """One decode step for every sequence in the batch (cancelled jobs leave first)."""
+        for seq in list(self._decoding):
+            job = seq.entry.job
+            if job.cancelled and not seq.entry.closed:
+                self._fail(seq.entry, Failed(Cancelled(job.cancel_reason or "client")))
         batch = list(self._decoding)
         if not batch:
             return
         self._metrics.batch_size.observe(len(batch))
         try:
-            logits = self._engine.decode([e.row for e in batch], [e.last for e in batch])  # type: ignore[misc]
+            logits = self._engine.decode([s.row for s in batch], [s.last for s in batch])  # type: ignore[misc]
         except Exception as exc:  # the pass all rows share: every job in it fails
-            for entry in batch:
-                self._end(entry, Failed(exc))
+            for seq in batch:
+                self._fail(seq.entry, Failed(exc))
             return
         greedy = self._greedy(batch, logits)
-        for i, entry in enumerate(batch):
-            try:
-                token = greedy[i] if i in greedy else self._sample(entry, logits[i])
-            except Exception as exc:
-                self._end(entry, Failed(exc))
+        for i, seq in enumerate(batch):
+            if seq.entry.closed:  # its job failed at another of its rows
                 continue
-            self._take(entry, token)
+            try:
+                token = greedy[i] if i in greedy else self._sample(seq, logits[i])
+            except Exception as exc:
+                self._fail(seq.entry, Failed(exc))
+                continue
+            self._take(seq, token)
 
-    def _greedy(self, batch: list[_Entry], logits: object) -> dict[int, int]:
-        """The greedy rows' tokens (by position in the step) from one engine call; empty if
+    def _greedy(self, batch: list[_Seq], logits: object) -> dict[int, int]:
+        """The plain greedy rows' tokens (by position in the step) from one engine call; empty if
         fewer than two rows are greedy, or if that call fails (each row then samples alone,
         so a failure ends only its own job)."""
-        rows = [i for i, entry in enumerate(batch) if entry.job.params.temperature == 0]
+        rows = [
+            i for i, seq in enumerate(batch) if seq.choice.sampler is None and seq.entry.job.params.temperature == 0
+        ]
         if len(rows) < 2:
             return {}
         try:
@@ -324,46 +393,63 @@ class BatchScheduler(Scheduler):
         except Exception:
             return {}
 
-    def _sample(self, entry: _Entry, logits: object) -> int:
-        params = entry.job.params
+    def _sample(self, seq: _Seq, logits: object) -> int:
+        if seq.choice.sampler is not None:  # penalties, bias, top-p, min-p, logprobs: kael's TokenSampler
+            return int(seq.choice.sampler(logits))
+        params = seq.entry.job.params
         top_k = min(params.top_k, self._generator.vocab_size)
-        return int(self._engine.sample(logits, params.temperature, top_k, entry.rng))
+        return int(self._engine.sample(logits, params.temperature, top_k, seq.choice.rng))
 
-    def _take(self, entry: _Entry, token: int) -> None:
-        """Hands a new token to the job's output; ends the job when it is done."""
-        assert entry.output is not None
-        entry.produced += 1
+    def _take(self, seq: _Seq, token: int) -> None:
+        """Hands a new token to the choice's output; ends the choice when it is done."""
+        seq.produced += 1
         try:
-            more = entry.output.on_token(token)
+            more = seq.choice.output.on_token(token)
         except Exception as exc:
-            self._end(entry, Failed(exc))
+            self._fail(seq.entry, Failed(exc))
             return
-        if not more or entry.produced >= entry.job.params.max_tokens:
-            self._end(entry, None)
+        if not more or seq.produced >= seq.entry.job.params.max_tokens:
+            self._end(seq)
         else:
-            entry.last = token
+            seq.last = token
 
-    def _end(self, entry: _Entry, failure: Failed | None) -> None:
-        """A job leaves the batch: its stats, its row back to the engine, then its final event."""
-        outcome: Outcome
-        if entry.output is not None:
+    def _free(self, seq: _Seq) -> None:
+        """The sequence leaves the batch: its row back to the engine."""
+        if seq in self._decoding:
+            self._decoding.remove(seq)
+        if seq.row is not None:
+            row, seq.row = seq.row, None
+            self._engine.release(row)
+            self._free_rows.append(row)
+
+    def _end(self, seq: _Seq) -> None:
+        """A choice is done: its row goes back; its job ends with its last choice."""
+        self._free(seq)
+        try:
+            seq.text = seq.choice.output.text()
+        except Exception as exc:
+            self._fail(seq.entry, Failed(exc))
+            return
+        entry = seq.entry
+        if all(s.text is not None for s in entry.seqs):
+            self._close(entry, None)
+
+    def _fail(self, entry: _Entry, failure: Failed) -> None:
+        """The whole job ends with ``failure``: every one of its rows goes back."""
+        for seq in entry.seqs:
+            self._free(seq)
+        self._close(entry, failure)
+
+    def _close(self, entry: _Entry, failure: Failed | None) -> None:
+        """A job leaves the batch: its stats, then its final event (once)."""
+        if entry.closed:
+            return
+        entry.closed = True
+        if entry.seqs:
             stats = entry.job.stats
             stats.seconds = time.perf_counter() - entry.started
             self._metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
-        if failure is not None:
-            outcome = failure
-        else:
-            try:
-                assert entry.output is not None
-                outcome = Finished(entry.output.text())
-            except Exception as exc:
-                outcome = Failed(exc)
-        if entry in self._decoding:
-            self._decoding.remove(entry)
-        if entry.row is not None:
-            row, entry.row = entry.row, None
-            self._engine.release(row)
-            self._free_rows.append(row)
+        outcome: Outcome = failure if failure is not None else Finished(tuple(s.text or "" for s in entry.seqs))
         self._finish(entry, outcome)
 
     def _fail_everything(self, exc: BaseException) -> None:

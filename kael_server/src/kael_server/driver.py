@@ -19,7 +19,7 @@ from kael_server import deadline, limits, sse
 from kael_server.accounting import RequestRecord, outcome_of_error, record_of
 from kael_server.errors import Cancelled, ClientGone, ServerError, client_error
 from kael_server.generator import Generator
-from kael_server.jobs import JobStats, SamplingParams
+from kael_server.jobs import Finished, JobStats, Prompt, SamplingParams, TextPiece
 from kael_server.state import ServerState
 from kael_server.validation import decode, read_body
 from kael_server.waiting import accepted, finished
@@ -30,13 +30,13 @@ B = TypeVar("B", bound=msgspec.Struct)
 class Reply(Protocol):
     """How one API phrases a generation: built from the validated body of one request."""
 
-    prompt: str
+    prompts: tuple[Prompt, ...]
     params: SamplingParams
     stream: bool
 
-    def plain(self, text: str, stats: JobStats) -> Response[Any]: ...
+    def plain(self, done: Finished, stats: JobStats) -> Response[Any]: ...
 
-    def piece(self, text: str) -> bytes: ...
+    def piece(self, piece: TextPiece) -> bytes: ...
 
     def finish(self, stats: JobStats) -> list[bytes]: ...
 
@@ -55,7 +55,7 @@ async def serve_generation(
         body = decode(await read_body(request, limits.MAX_BODY_BYTES), schema)
         generator = server.require()
         reply = make_reply(body, generator)
-        job = record.job = generator.submit(reply.prompt, reply.params, record.started)
+        job = record.job = generator.submit(reply.prompts, reply.params, record.started)
         deadline.arm(job, server.request_timeout)
         if reply.stream:
             await accepted(job, request)
@@ -63,7 +63,7 @@ async def serve_generation(
             return Stream(events, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
         done = await finished(job, request)
         record.outcome = "ok"
-        return reply.plain(done.text, job.stats)
+        return reply.plain(done, job.stats)
     except ClientGone:
         return _client_gone(record, error_response)
     except asyncio.CancelledError:  # the server gave up on this request: so does the model

@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kael.tokenizer import IncrementalDecoder
 
 from kael_server.errors import Cancelled, NotReady, PromptRejected
-from kael_server.jobs import Failed, Finished, Job, Outcome, PromptAccepted, SamplingParams
+from kael_server.jobs import Failed, Finished, Job, Outcome, Prompt, PromptAccepted, SamplingParams, TokenInfo
 from kael_server.metrics import Metrics
-from kael_server.output import JobOutput
+from kael_server.output import Choice, Echo, JobOutput, token_text
 from kael_server.protocols import Model, RngFactory, Tokenizer
 from kael_server.scheduler import Scheduler, SlotPool
+
+__all__ = ["Generator"]
 
 
 class Generator:
     """Serves ``model`` through a Scheduler (one generation slot by default).
 
-    ``make_rng(seed)`` builds the ``generator`` argument of ``model.generate`` for seeded
-    requests; without it, requests are sampled from the model's default random state.
+    Each sampled choice gets its own random generator, seeded with the request's ``seed``
+    (choice ``i`` of a prompt: ``seed + i``, as vLLM numbers them) or, unseeded, with fresh
+    entropy, so no two unseeded requests share a random stream, across restarts too.
+    ``make_rng(seed)`` builds it for ``model.generate`` (without ``make_rng`` the plain path
+    samples from the model's default random state); a choice that needs kael's TokenSampler
+    (penalties, bias, top-p, min-p, logprobs, min_tokens) gets a seeded ``kael.Generator``.
     ``shutting_down`` is set once the server starts draining: no new job is admitted and the
     running ones are cancelled. ``make_scheduler(generator)`` replaces the single-slot
     SlotPool (a batching scheduler needs the generator's model and tokenizer).
@@ -49,11 +59,11 @@ class Generator:
 
     # ---- on the event loop ------------------------------------------------------------
 
-    def submit(self, prompt: str, params: SamplingParams, arrived: float) -> Job:
+    def submit(self, prompts: Sequence[Prompt], params: SamplingParams, arrived: float) -> Job:
         """Admits a generation now (raising Busy or NotReady otherwise); it runs on a worker."""
         if self.shutting_down.is_set():
             raise NotReady("the server is shutting down")
-        job = Job(prompt, params, arrived, asyncio.get_running_loop())
+        job = Job(tuple(prompts), params, arrived, asyncio.get_running_loop())
         self.scheduler.submit(job)
         return job
 
@@ -66,31 +76,103 @@ class Generator:
     # ---- on a worker thread -----------------------------------------------------------
 
     def run(self, job: Job) -> Outcome:
-        """Encodes the prompt and generates; every failure becomes a Failed outcome."""
+        """Encodes the prompts and generates every choice; every failure becomes a Failed outcome.
+
+        The choices run one after the other, each through ``model.generate`` (the batch
+        scheduler runs them side by side from one prefill instead)."""
         try:
-            ids = self.prepare(job)
-            self.accept(job, ids)
-            return Finished(self._generate(job, ids))
+            prompts = self.prepare(job)
+            self.accept(job, prompts)
+            return Finished(self._generate(job, prompts))
         except Exception as exc:
             return Failed(exc)
 
-    def prepare(self, job: Job) -> list[int]:
-        """The prompt's token ids, checked against the context; raises PromptRejected or Cancelled."""
-        ids = self.tokenizer.encode(job.prompt)
+    def prepare(self, job: Job) -> list[list[int]]:
+        """Each prompt's token ids, checked against the context; raises PromptRejected or Cancelled."""
+        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in job.prompts]
         if job.cancelled:
             raise Cancelled(job.cancel_reason or "client")
-        self._check_prompt(ids, job.params.max_tokens)
-        return ids
+        for ids in prompts:
+            self._check_prompt(ids, job.params.max_tokens)
+        return prompts
 
-    def accept(self, job: Job, ids: list[int]) -> None:
-        """The job will generate now: count its prompt and tell the client (a stream may start)."""
-        job.stats.prompt_tokens = len(ids)
-        self.metrics.prompt_tokens.inc(len(ids))
-        job.emit(PromptAccepted(len(ids)))
+    def accept(self, job: Job, prompts: list[list[int]]) -> None:
+        """The job will generate now: count its prompts and tell the client (a stream may start)."""
+        count = sum(len(ids) for ids in prompts)
+        job.stats.prompt_tokens = count
+        self.metrics.prompt_tokens.inc(count)
+        job.emit(PromptAccepted(count))
 
-    def rng_for(self, params: SamplingParams) -> object | None:
-        """The ``generator`` argument of a job: seeded from its ``seed`` when it has one."""
-        return self.make_rng(params.seed) if params.seed is not None and self.make_rng else None
+    def choices(self, job: Job, prompts: list[list[int]]) -> list[Choice]:
+        """Every sequence of an accepted job, by index (NOTE [choices] in jobs.py), each with its
+        output, random generator and sampler; an echoed prompt is sent now (with its logprobs,
+        one forward pass of the model per prompt, shared by that prompt's choices)."""
+        params = job.params
+        out = []
+        for p, ids in enumerate(prompts):
+            echo = self._echo(job.prompts[p], ids, params) if params.echo else None
+            for j in range(params.n):
+                index = p * params.n + j
+                if params.plain:
+                    sampler, rng = None, self.rng_for(params, j)
+                else:
+                    sampler = self._sampler(params, ids, j)
+                    rng = sampler.generator
+                output = JobOutput(job, self.tokenizer, index, sampler=sampler, echo=echo)
+                out.append(Choice(index, ids, output, sampler, rng))
+        return out
+
+    def rng_for(self, params: SamplingParams, choice: int = 0) -> object | None:
+        """``model.generate``'s random generator for a prompt's choice number ``choice``: None
+        when greedy (or without ``make_rng``), else ``make_rng(seed_for(params, choice))``."""
+        if params.temperature == 0 or self.make_rng is None:
+            return None
+        return self.make_rng(self.seed_for(params, choice))
+
+    @staticmethod
+    def seed_for(params: SamplingParams, choice: int = 0) -> int:
+        """``seed + choice``, or 63 bits of fresh entropy for an unseeded request."""
+        return params.seed + choice if params.seed is not None else secrets.randbits(63)
+
+    def _sampler(self, params: SamplingParams, ids: list[int], choice: int) -> Any:
+        import kael  # only requests past the plain path need kael's TokenSampler
+        from kael.models import SamplingOptions, TokenSampler
+
+        options = SamplingOptions(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            logit_bias=dict(params.logit_bias),
+            min_tokens=params.min_tokens,
+            stop_tokens=(self.tokenizer.eot_token,) if params.min_tokens else (),
+            logprobs=params.logprobs,
+        )
+        rng = kael.Generator().manual_seed(self.seed_for(params, choice)) if params.temperature else None
+        return TokenSampler(options, ids if params.repetition_penalty != 1 else (), rng)
+
+    def _echo(self, prompt: Prompt, ids: list[int], params: SamplingParams) -> Echo:
+        """The prompt as its choices' texts start: as given (text) or decoded (token ids)."""
+        text = prompt if isinstance(prompt, str) else self.tokenizer.decode(ids).decode("utf-8", "replace")
+        if params.logprobs is None:
+            return Echo(text)
+        from kael.models import prompt_logprobs
+
+        records = prompt_logprobs(self.model, ids, params.logprobs)
+        decoder, chars, tokens = IncrementalDecoder(self.tokenizer), 0, []
+        for token, record in zip(ids, records):
+            name = token_text(self.tokenizer, token)
+            if record is None:
+                tokens.append(TokenInfo(name, None, None, chars))
+            else:
+                top = {token_text(self.tokenizer, t): lp for t, lp in record.top}
+                top.setdefault(name, record.logprob)
+                tokens.append(TokenInfo(name, record.logprob, top, chars))
+            chars += len(decoder.add(token))
+        return Echo(text, tuple(tokens))
 
     def _check_prompt(self, ids: list[int], max_tokens: int) -> None:
         if not ids:
@@ -102,21 +184,29 @@ class Generator:
                 f"the context of {self.context_length} tokens",
             )
 
-    def _generate(self, job: Job, ids: list[int]) -> str:
+    def _generate(self, job: Job, prompts: list[list[int]]) -> tuple[str, ...]:
         params, stats = job.params, job.stats
-        output = JobOutput(job, self.tokenizer)
-        rng = self.rng_for(params)
+        top_k = min(params.top_k, self.vocab_size)
+        texts = []
         start = time.perf_counter()
         try:
-            self.model.generate(
-                ids,
-                params.max_tokens,
-                temperature=params.temperature,
-                top_k=min(params.top_k, self.vocab_size),
-                on_token=output.on_token,
-                generator=rng,
-            )
+            for choice in self.choices(job, prompts):
+                if job.cancelled:
+                    raise Cancelled(job.cancel_reason or "client")
+                if params.max_tokens > 0:
+                    # the plain path calls generate exactly as before: sampler only when needed
+                    extra = {} if choice.sampler is None else {"sampler": choice.sampler}
+                    self.model.generate(
+                        choice.ids,
+                        params.max_tokens,
+                        temperature=params.temperature,
+                        top_k=top_k,
+                        on_token=choice.output.on_token,
+                        generator=choice.rng,
+                        **extra,
+                    )
+                texts.append(choice.output.text())
         finally:
             stats.seconds = time.perf_counter() - start
             self.metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
-        return output.text()
+        return tuple(texts)

@@ -12,6 +12,17 @@ MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_DETOKENIZE_IDS = 8192
+MAX_PROMPTS = 16
+"""Strings (or token-id lists) in one ``/v1/completions`` prompt list."""
+MAX_PROMPT_TOKENS = 8192
+"""Token ids in one prompt given as ids."""
+MAX_CHOICES = 16
+"""Sequences one request may ask for: ``n`` times the number of prompts."""
+MAX_LOGPROBS = 5
+MAX_LOGIT_BIAS = 1024
+"""Entries in ``logit_bias``."""
+MIN_OPENAI_SEED = -(2**63)
+"""OpenAI's ``seed`` is any 64-bit signed integer (kael's own ``/generate`` takes 0 to MAX_SEED)."""
 
 MAX_BODY_BYTES = 6 * MAX_PROMPT_CHARS + 1024
 """A prompt of 8192 characters JSON-escaped as ``\\uXXXX`` is 6 bytes each, plus room for the other fields."""

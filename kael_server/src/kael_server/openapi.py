@@ -13,6 +13,8 @@ from typing import Any, cast
 import msgspec
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody, Schema
 
+__all__ = ["JSON", "documented", "schema_of", "sse_events"]
+
 JSON = "application/json"
 _REASONS = {
     200: "OK",
@@ -26,8 +28,15 @@ _REASONS = {
 }
 
 
+_REPLACE = "x-kael-schema"
+"""A field's ``extra_json_schema`` key whose value replaces msgspec's schema of the field's type
+(for a union msgspec cannot state exactly, such as OpenAI's four shapes of ``prompt``)."""
+_KEPT = ("description", "default", "title")
+
+
 def schema_of(tp: Any) -> dict[str, Any]:
-    """msgspec's JSON Schema of ``tp`` with every ``$defs`` reference inlined (OpenAPI 3.1 is JSON Schema)."""
+    """msgspec's JSON Schema of ``tp`` with every ``$defs`` reference inlined (OpenAPI 3.1 is JSON
+    Schema) and every ``x-kael-schema`` put in place."""
     root = msgspec.json.schema(tp)
     defs = root.pop("$defs", {})
 
@@ -35,6 +44,8 @@ def schema_of(tp: Any) -> dict[str, Any]:
         if isinstance(node, dict):
             if "$ref" in node:
                 return inline(defs[node["$ref"].rsplit("/", 1)[1]])
+            if _REPLACE in node:
+                return {**{k: node[k] for k in _KEPT if k in node}, **inline(node[_REPLACE])}
             return {k: inline(v) for k, v in node.items()}
         if isinstance(node, list):
             return [inline(v) for v in node]

@@ -1,32 +1,81 @@
-"""JobOutput: what becomes of one job's generated token ids (text pieces, stop strings, stats).
+"""JobOutput: what becomes of one choice's generated token ids (text pieces, stop strings, logprobs, stats).
 
 Both schedulers feed it: the single slot through ``model.generate``'s ``on_token``, the
-batch scheduler once per decode step. It runs on the thread that generates.
+batch scheduler once per decode step. It runs on the thread that generates. A job has one
+``Choice`` per sequence it generates (NOTE [choices] in jobs.py), each with its own output.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from kael.tokenizer import IncrementalDecoder
 
 from kael_server.errors import Cancelled
-from kael_server.jobs import Job, TextPiece
+from kael_server.jobs import ChoiceStats, Job, TextPiece, TokenInfo
 from kael_server.protocols import Tokenizer
 from kael_server.stops import StopMatcher
 
+__all__ = ["Choice", "Echo", "JobOutput", "token_text"]
+
+
+def token_text(tokenizer: Tokenizer, token: int) -> str:
+    """A token as a logprobs answer names it: its text, or ``bytes:\\xNN...`` (OpenAI's spelling)
+    for a token that is part of a UTF-8 character."""
+    raw = tokenizer.decode([token])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+@dataclass(frozen=True)
+class Echo:
+    """A prompt as its choices' texts start (``echo``): its text and, with logprobs, its tokens."""
+
+    text: str
+    tokens: tuple[TokenInfo, ...] | None = None
+
 
 class JobOutput:
-    """Decodes tokens to whole UTF-8 characters, cuts at stop strings and emits the text pieces."""
+    """Decodes one choice's tokens to whole UTF-8 characters, cuts at stop strings and emits the
+    text pieces (with the logprobs of the tokens they complete).
 
-    def __init__(self, job: Job, tokenizer: Tokenizer) -> None:
+    ``sampler`` (a ``kael.models.TokenSampler`` or None) is the one that picks this choice's
+    tokens; with ``params.logprobs`` its ``last`` record of each step becomes a ``TokenInfo``.
+    Stop strings count from token ``min_tokens`` on (vLLM's rule), so none ends the text sooner.
+    """
+
+    def __init__(
+        self, job: Job, tokenizer: Tokenizer, index: int = 0, *, sampler: Any = None, echo: Echo | None = None
+    ) -> None:
         self.job = job
+        self.index = index
         self.tokenizer = tokenizer
         self.eot = tokenizer.eot_token
+        self.ignore_eos = job.params.ignore_eos
+        self.min_tokens = job.params.min_tokens
         self.decoder = IncrementalDecoder(tokenizer)  # whole UTF-8 characters only
         self.stopper = StopMatcher(job.params.stop)
+        self.sampler = sampler if job.params.logprobs is not None else None
+        while len(job.stats.choices) <= index:
+            job.stats.choices.append(ChoiceStats())
+        self.stats = job.stats.choices[index]
         self.pieces: list[str] = []
+        self.pending: list[TokenInfo] = []
+        self.chars = 0
+        """Characters of the text so far (where the next token starts)."""
         self.interrupted = False
+        if job.params.logprobs is not None:
+            self.stats.logprobs = []
+        if echo is not None:
+            self.chars = len(echo.text)
+            if echo.tokens is not None and self.stats.logprobs is not None:
+                self.pending.extend(echo.tokens)
+                self.stats.logprobs.extend(echo.tokens)
+            self._send(echo.text)
 
     def on_token(self, token: int) -> bool:
         """Handles one generated token; False once generation must stop (cancelled, end of text, stop string)."""
@@ -34,28 +83,66 @@ class JobOutput:
         if job.cancelled:
             self.interrupted = True
             return False
-        if token == self.eot:
-            stats.finish_reason = "stop"
+        end_of_text = token == self.eot
+        if end_of_text and not self.ignore_eos:
+            self.stats.finish_reason = "stop"
             return False
         stats.tokens += 1
+        self.stats.tokens += 1
         if stats.ttft is None:
             stats.ttft = time.perf_counter() - job.arrived
-        self._send(self.stopper.feed(self.decoder.add(token)))
+        if self.sampler is not None:
+            self._note(token)
+        text = "" if end_of_text else self.decoder.add(token)  # as vLLM skips special tokens
+        self.chars += len(text)
+        if self.stats.tokens < self.min_tokens:
+            self._send(text)
+            return True
+        self._send(self.stopper.feed(text))
         if self.stopper.stopped:
-            stats.finish_reason = "stop"
+            self.stats.finish_reason = "stop"
             return False
         return True
 
     def text(self) -> str:
-        """The whole continuation once generation has ended; raises Cancelled if it was interrupted."""
+        """The whole text once generation has ended; raises Cancelled if it was interrupted."""
         if self.interrupted:
             raise Cancelled(self.job.cancel_reason or "client")
         if not self.stopper.stopped:
             self._send(self.stopper.feed(self.decoder.flush()))
             self._send(self.stopper.flush())
+        if self.pending:  # logprobs of tokens whose text was held back, then cut or empty
+            self.job.emit(TextPiece("", self.index, tuple(self.pending)))
+            self.pending.clear()
         return "".join(self.pieces)
+
+    def _note(self, token: int) -> None:
+        last = getattr(self.sampler, "last", None)
+        if last is None or last.token != token:  # a sampler that did not pick this token
+            raise RuntimeError(f"no logprob recorded for token {token} of choice {self.index}")
+        name = token_text(self.tokenizer, token)
+        top = {token_text(self.tokenizer, t): lp for t, lp in last.top}
+        top.setdefault(name, last.logprob)  # OpenAI: the chosen token is always listed
+        info = TokenInfo(name, last.logprob, top, self.chars)
+        self.pending.append(info)
+        if self.stats.logprobs is not None:
+            self.stats.logprobs.append(info)
 
     def _send(self, text: str) -> None:
         if text:
             self.pieces.append(text)
-            self.job.emit(TextPiece(text))
+            self.job.emit(TextPiece(text, self.index, tuple(self.pending)))
+            self.pending.clear()
+
+
+@dataclass(eq=False)
+class Choice:
+    """One sequence of a job: its prompt's ids, where its tokens go, and how they are picked."""
+
+    index: int
+    ids: list[int]
+    output: JobOutput
+    sampler: Any = None
+    """A ``kael.models.TokenSampler``, or None for the plain path (``SamplingParams.plain``)."""
+    rng: object | None = None
+    """Its random generator (None: greedy, or the model's default)."""

@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+__all__ = ["BatchEngine", "Model", "OnToken", "RngFactory", "Sampler", "Tokenizer"]
+
 OnToken = Callable[[int], object]
 """Called by ``Model.generate`` after each new token; a falsy return stops generation."""
 
 RngFactory = Callable[[int], object]
 """Builds the ``generator`` argument of ``Model.generate`` from a seed (e.g. a seeded ``kael.Generator``)."""
+
+Sampler = Callable[[Any, list[int]], int]
+"""``sampler(logits [V], tokens so far) -> token``: replaces the model's own sampling step."""
 
 
 class Tokenizer(Protocol):
@@ -26,6 +31,11 @@ class Tokenizer(Protocol):
 
 
 class Model(Protocol):
+    """A causal LM (kael's ``models.CausalLM``). ``sampler`` is passed to ``generate`` only for
+    requests that need it (``SamplingParams.plain`` is false), and the model is called as
+    ``model(ids)`` (ids a kael tensor [1, T], logits [1, T, V]) only for echoed prompts'
+    logprobs (``kael.models.prompt_logprobs``), so a model without them serves the rest."""
+
     max_positions: int
     vocab_size: int
 
@@ -37,6 +47,8 @@ class Model(Protocol):
         top_k: int = 0,
         on_token: OnToken | None = None,
         generator: object | None = None,
+        *,
+        sampler: Sampler | None = None,
     ) -> list[int]: ...
 
 
@@ -51,7 +63,9 @@ class BatchEngine(Protocol):
     logits in the same order (indexable by position; valid until the next call); ``sample``
     picks a token from one sequence's logits exactly as ``Model.generate`` would, and
     ``greedy`` picks every row's greedy token (``sample`` at temperature 0) from a step's
-    logits in one call.
+    logits in one call; ``fork(src, dst)`` starts free row ``dst`` as a copy of row ``src``'s
+    sequence (the ``n`` choices of a prompt share its prefill). A row's logits convert to a
+    NumPy row with ``numpy.asarray`` (for a ``kael.models.TokenSampler``).
     """
 
     rows: int
@@ -65,5 +79,7 @@ class BatchEngine(Protocol):
     def sample(self, logits: Any, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int: ...
 
     def greedy(self, logits: Any) -> list[int]: ...
+
+    def fork(self, src: int, dst: int) -> None: ...
 
     def release(self, row: int) -> None: ...

@@ -24,7 +24,7 @@ async def job_events(
     job: Job,
     record: RequestRecord,
     *,
-    piece: Callable[[str], bytes],
+    piece: Callable[[TextPiece], bytes],
     finish: Callable[[JobStats], list[bytes]],
     error: Callable[[ServerError], bytes],
 ) -> AsyncIterator[bytes]:
@@ -38,7 +38,7 @@ async def job_events(
         while True:
             item = await job.events.get()
             if isinstance(item, TextPiece):
-                yield piece(item.text)
+                yield piece(item)
             elif isinstance(item, Finished):
                 ended = True
                 record.outcome = "ok"

@@ -1,7 +1,9 @@
 """Reading a capped request body and decoding it into a schema Struct with client-safe errors.
 
 All problems are collected (not just the first) and reported by field name with the rule that
-was broken; the offending values and unknown keys are never repeated back to the client.
+was broken; the offending values and unknown keys are never repeated back to the client. A
+schema that does not forbid unknown fields (the OpenAI requests, as vLLM and llama.cpp do)
+ignores them and names them in one log warning instead.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ import msgspec
 from litestar import Request
 
 from kael_server.errors import BodyTooLarge, ClientGone, FieldError, InvalidRequest
+from kael_server.logs import get_logger
+
+__all__ = ["decode", "read_body"]
 
 T = TypeVar("T", bound=msgspec.Struct)
+_LOGGED_NAMES = 16
+_LOGGED_NAME_CHARS = 64
 
 
 async def read_body(request: Request[Any, Any, Any], limit: int) -> bytes:
@@ -56,13 +63,20 @@ def decode(body: bytes, schema: type[T]) -> T:
     fields = _fields(schema)
     errors: list[FieldError] = []
     if unknown := set(data) - set(fields):
-        errors.append(FieldError("body", f"{len(unknown)} unknown field(s); allowed: {', '.join(fields)}"))
+        if schema.__struct_config__.forbid_unknown_fields:
+            errors.append(FieldError("body", f"{len(unknown)} unknown field(s); allowed: {', '.join(fields)}"))
+    unknown_names = sorted(unknown)
     values: dict[str, Any] = {}
     for name, spec in fields.items():
         if name not in data:
             if spec.required:
                 errors.append(FieldError(name, "field required"))
             continue
+        if spec.empty is not None and _is_empty(data[name]):
+            errors.append(FieldError(name, spec.empty))
+            continue
+        if spec.nested is not None and isinstance(data[name], dict):
+            unknown_names += sorted(f"{name}.{key}" for key in set(data[name]) - set(_fields(spec.nested)))
         try:
             value = msgspec.convert(data[name], spec.hint, strict=True)
         except msgspec.ValidationError:
@@ -76,7 +90,22 @@ def decode(body: bytes, schema: type[T]) -> T:
             values[name] = value
     if errors:
         raise InvalidRequest(errors)
+    if unknown_names and not schema.__struct_config__.forbid_unknown_fields:
+        _warn_unknown(schema, unknown_names)
     return schema(**values)
+
+
+def _warn_unknown(schema: type[msgspec.Struct], names: list[str]) -> None:
+    """One warning naming the ignored fields (shortened and capped: a body may hold thousands)."""
+    shown = [n if len(n) <= _LOGGED_NAME_CHARS else n[:_LOGGED_NAME_CHARS] + "..." for n in names[:_LOGGED_NAMES]]
+    get_logger().warning("unknown_fields_ignored", schema=schema.__name__, fields=shown, count=len(names))
+
+
+def _is_empty(value: Any) -> bool:
+    """ "" or [], or a list holding one (a prompt list with an empty prompt)."""
+    if value == "" or value == []:
+        return True
+    return isinstance(value, list) and any(item == "" or item == [] for item in value)
 
 
 class _FieldSpec(typing.NamedTuple):
@@ -84,6 +113,10 @@ class _FieldSpec(typing.NamedTuple):
     required: bool
     expect: str
     check: typing.Callable[[Any], bool] | None
+    empty: str | None
+    """The message for an empty value, when the field says what that is."""
+    nested: type[msgspec.Struct] | None
+    """The Struct the field holds (its unknown keys are named too)."""
 
 
 @functools.cache
@@ -98,8 +131,20 @@ def _fields(schema: type[msgspec.Struct]) -> dict[str, _FieldSpec]:
             required=field.required,
             expect=extra.get("expect", "a value of the documented type"),
             check=extra.get("check"),
+            empty=extra.get("empty"),
+            nested=_struct_in(hints[field.name]),
         )
     return specs
+
+
+def _struct_in(hint: Any) -> type[msgspec.Struct] | None:
+    """The Struct type that ``hint`` is (through Annotated and Optional), if any."""
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+        return hint
+    for arg in typing.get_args(hint):
+        if (found := _struct_in(arg)) is not None:
+            return found
+    return None
 
 
 def _extra(hint: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from kael_server import sse
 from kael_server.driver import retry_headers, serve_generation
 from kael_server.errors import InvalidRequest, ServerError
 from kael_server.generator import Generator
-from kael_server.jobs import JobStats, SamplingParams
+from kael_server.jobs import Finished, JobStats, Prompt, SamplingParams, TextPiece
 from kael_server.openapi import JSON, documented, sse_events
 from kael_server.schemas import (
     ErrorResponse,
@@ -22,12 +22,14 @@ from kael_server.schemas import (
 )
 from kael_server.state import ServerState
 
+__all__ = ["GenerateReply", "error_response", "generate"]
+
 _ERRORS: dict[int, dict[str, Any]] = {status: {JSON: ErrorResponse} for status in (413, 422, 429, 499, 500, 503)}
 
 
 class GenerateReply:
     def __init__(self, body: GenerateRequest, generator: Generator) -> None:
-        self.prompt = body.prompt
+        self.prompts: tuple[Prompt, ...] = (body.prompt,)
         self.stream = body.stream
         self.params = SamplingParams(
             max_tokens=body.max_tokens,
@@ -36,11 +38,11 @@ class GenerateReply:
             seed=body.seed,
         )
 
-    def plain(self, text: str, stats: JobStats) -> Response[Any]:
-        return Response(GenerateResponse(text=text, tokens=stats.tokens, seconds=stats.seconds))
+    def plain(self, done: Finished, stats: JobStats) -> Response[Any]:
+        return Response(GenerateResponse(text=done.text, tokens=stats.tokens, seconds=stats.seconds))
 
-    def piece(self, text: str) -> bytes:
-        return sse.event(TextEvent(text))
+    def piece(self, piece: TextPiece) -> bytes:
+        return sse.event(TextEvent(piece.text))
 
     def finish(self, stats: JobStats) -> list[bytes]:
         return []

@@ -1,4 +1,8 @@
-"""OpenAI-compatible API: ``POST /v1/completions`` and ``GET /v1/models``."""
+"""OpenAI-compatible API: ``POST /v1/completions`` and ``GET /v1/models``.
+
+``sampling_params`` turns the fields every OpenAI generation request shares
+(``schemas.SamplingRequest``) into a job's SamplingParams, so a chat route reuses it.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +12,105 @@ from typing import Any, Literal, cast
 
 from litestar import Request, Response, get, post
 
-from kael_server import sse
+from kael_server import limits, sse
 from kael_server.driver import retry_headers, serve_generation
-from kael_server.errors import InvalidRequest, PromptRejected, ServerError
+from kael_server.errors import FieldError, InvalidRequest, PromptRejected, ServerError
 from kael_server.generator import Generator
-from kael_server.jobs import JobStats, SamplingParams
+from kael_server.jobs import ChoiceStats, Finished, JobStats, Prompt, SamplingParams, TextPiece, TokenInfo
 from kael_server.openapi import JSON, documented, sse_events
 from kael_server.schemas import (
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     ModelCard,
     ModelList,
     OpenAIError,
     OpenAIErrorResponse,
+    SamplingRequest,
     Usage,
 )
 from kael_server.state import ServerState
+
+__all__ = ["CompletionReply", "completions", "error_response", "models", "sampling_params"]
 
 _ERRORS: dict[int, dict[str, Any]] = {status: {JSON: OpenAIErrorResponse} for status in (400, 413, 429, 499, 500, 503)}
 _STARTED = int(time.time())
 FinishReason = Literal["stop", "length"]
 
 
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def sampling_params(
+    body: SamplingRequest, vocab_size: int, *, logprobs: int | None = None, echo: bool = False
+) -> SamplingParams:
+    """The job's SamplingParams from a validated request (null fields take their defaults);
+    raises InvalidRequest for what the schema alone cannot say (rules between fields, token
+    ids beyond the vocabulary)."""
+    errors: list[FieldError] = []
+    max_tokens = _or(body.max_tokens, 16)
+    min_tokens = _or(body.min_tokens, 0)
+    if max_tokens == 0 and not echo:
+        errors.append(
+            FieldError("max_tokens", f"expected an integer from 1 to {limits.MAX_NEW_TOKENS} (0 only with echo)")
+        )
+    if min_tokens > max_tokens:
+        errors.append(FieldError("min_tokens", "expected at most max_tokens"))
+    bias: tuple[tuple[int, float], ...] = ()
+    if body.logit_bias:
+        bias = tuple(sorted((int(token), float(value)) for token, value in body.logit_bias.items()))
+        if bias[-1][0] >= vocab_size:
+            errors.append(FieldError("logit_bias", f"expected token ids below the vocabulary size ({vocab_size})"))
+    if errors:
+        raise InvalidRequest(errors)
+    top_k = _or(body.top_k, 0)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_or(body.temperature, 1.0),
+        top_k=max(top_k, 0),  # -1 (vLLM) and 0 both mean all
+        seed=body.seed,
+        stop=body.stop_strings(),
+        n=_or(body.n, 1),
+        top_p=_or(body.top_p, 1.0),
+        min_p=_or(body.min_p, 0.0),
+        presence_penalty=_or(body.presence_penalty, 0.0),
+        frequency_penalty=_or(body.frequency_penalty, 0.0),
+        repetition_penalty=_or(body.repetition_penalty, 1.0),
+        logit_bias=tuple((t, b) for t, b in bias if b != 0),
+        min_tokens=min_tokens,
+        ignore_eos=_or(body.ignore_eos, False),
+        logprobs=logprobs,
+        echo=echo,
+    )
+
+
+def _prompts(prompt: str | list[Any], vocab_size: int) -> tuple[Prompt, ...]:
+    """The prompt field as a tuple of prompts (text, or token ids checked against the vocabulary)."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if isinstance(prompt[0], str):
+        return tuple(prompt)
+    lists = [prompt] if isinstance(prompt[0], int) else prompt
+    if any(i >= vocab_size for ids in lists for i in ids):
+        raise InvalidRequest([FieldError("prompt", f"expected token ids below the vocabulary size ({vocab_size})")])
+    return tuple(tuple(ids) for ids in lists)
+
+
 class CompletionReply:
     def __init__(self, body: CompletionRequest, generator: Generator) -> None:
-        self.prompt = body.prompt
-        self.stream = body.stream
+        echo = bool(body.echo)
+        self.params = sampling_params(body, generator.vocab_size, logprobs=body.logprobs, echo=echo)
+        if body.best_of is not None and body.best_of != self.params.n:
+            raise InvalidRequest([FieldError("best_of", "expected null or the value of n (every choice is returned)")])
+        self.prompts = _prompts(body.prompt, generator.vocab_size)
+        if len(self.prompts) * self.params.n > limits.MAX_CHOICES:
+            raise InvalidRequest(
+                [FieldError("n", f"expected n times the number of prompts to be at most {limits.MAX_CHOICES}")]
+            )
+        self.stream = bool(body.stream)
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self.params = SamplingParams(
-            max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            top_k=body.top_k,
-            seed=body.seed,
-            stop=body.stop_strings(),
-        )
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = generator.model_name
@@ -50,16 +118,27 @@ class CompletionReply:
     def _completion(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
-    def plain(self, text: str, stats: JobStats) -> Response[Any]:
-        choice = CompletionChoice(text=text, finish_reason=_finish_reason(stats))
-        return Response(self._completion([choice], _usage(stats)))
+    def plain(self, done: Finished, stats: JobStats) -> Response[Any]:
+        choices = [
+            CompletionChoice(
+                text=text,
+                index=i,
+                logprobs=_logprobs(choice.logprobs) if choice.logprobs is not None else None,
+                finish_reason=_finish_reason(choice),
+            )
+            for i, (text, choice) in enumerate(zip(done.texts, stats.choices, strict=True))
+        ]
+        return Response(self._completion(choices, _usage(stats)))
 
-    def piece(self, text: str) -> bytes:
-        return sse.event(self._completion([CompletionChoice(text=text)]))
+    def piece(self, piece: TextPiece) -> bytes:
+        logprobs = _logprobs(piece.logprobs) if self.params.logprobs is not None else None
+        return sse.event(self._completion([CompletionChoice(text=piece.text, index=piece.index, logprobs=logprobs)]))
 
     def finish(self, stats: JobStats) -> list[bytes]:
-        last = self._completion([CompletionChoice(text="", finish_reason=_finish_reason(stats))])
-        chunks = [sse.event(last)]
+        chunks = [
+            sse.event(self._completion([CompletionChoice(text="", index=i, finish_reason=_finish_reason(choice))]))
+            for i, choice in enumerate(stats.choices)
+        ]
         if self.include_usage:
             chunks.append(sse.event(self._completion([], _usage(stats))))
         return chunks
@@ -68,8 +147,17 @@ class CompletionReply:
         return sse.event(_error_body(error))
 
 
-def _finish_reason(stats: JobStats) -> FinishReason:
-    return cast(FinishReason, stats.finish_reason)
+def _logprobs(tokens: list[TokenInfo] | tuple[TokenInfo, ...]) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        tokens=[t.text for t in tokens],
+        token_logprobs=[t.logprob for t in tokens],
+        top_logprobs=[t.top for t in tokens],
+        text_offset=[t.offset for t in tokens],
+    )
+
+
+def _finish_reason(choice: ChoiceStats) -> FinishReason:
+    return cast(FinishReason, choice.finish_reason)
 
 
 def _usage(stats: JobStats) -> Usage:
@@ -116,6 +204,13 @@ def error_response(error: ServerError) -> Response[Any]:
         body=CompletionRequest,
     ),
     summary="OpenAI-compatible text completion",
+    description=(
+        "OpenAI's whole completion request, with vLLM's top_k, min_p, repetition_penalty, min_tokens "
+        "and ignore_eos; fields outside the schema are ignored (and named in a log warning). Sampling "
+        "order: logit_bias, repetition, frequency and presence penalties, then temperature, top_k, "
+        "top_p, min_p. Choice i of prompt p has index p * n + i and, with a seed, samples with seed + i. "
+        "logprobs are the model's own (before any penalty or bias)."
+    ),
 )
 async def completions(request: Request[Any, Any, Any], server: ServerState) -> Response[Any]:
     return await serve_generation(request, server, CompletionRequest, CompletionReply, error_response)
@@ -124,7 +219,7 @@ async def completions(request: Request[Any, Any, Any], server: ServerState) -> R
 @get(
     "/v1/models",
     operation_class=documented({200: {JSON: ModelList}, 503: {JSON: OpenAIErrorResponse}}),
-    summary="The model this server serves",
+    summary="The model this server serves, with its context length (max_model_len)",
 )
 async def models(server: ServerState) -> Response[Any]:
     try:
