@@ -3,6 +3,11 @@
 Storage is a 1-D NumPy uint8 array over a block of the caching allocator (the block
 returns to the cache when the array is freed), so every CPU code path that builds
 NumPy views over ``Storage.data`` keeps working.
+
+The thread and memory controls are written once, here, as functions of the extension's
+process-wide thread pool and allocator; the backend's methods of the same names call
+them, ``kael.cpu`` (their one public home) reaches them through those methods when this
+backend serves ``cpu``, and ``kael_backend_cpu`` re-exports them.
 """
 
 from __future__ import annotations
@@ -13,16 +18,60 @@ import kael
 import numpy as np
 from kael import DTypeError, ShapeError
 from kael.backends import host
+from kael.cpu import check_num_threads
 
 from ._kernels import kernel_table
 from ._native import C
 
-__all__ = ["CpuBackend", "check_threads"]
+__all__ = [
+    "CpuBackend",
+    "MAX_THREADS",
+    "set_num_threads",
+    "get_num_threads",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "isa",
+    "check_threads",
+]
+
+#: The most threads the pool takes (csrc/thread_pool.cpp checks it too).
+MAX_THREADS = 1024
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the kernels use (1 <= n <= 1024); the default is KAEL_NUM_THREADS or the CPUs available."""
+    C.set_num_threads(check_num_threads(n, MAX_THREADS))
+
+
+def get_num_threads() -> int:
+    """Threads the kernels use now."""
+    return int(C.get_num_threads())
+
+
+def memory_stats() -> dict[str, int]:
+    """The caching allocator's counters: allocated/requested/peak/cached bytes, allocations, frees, cache hits."""
+    return dict(C.memory_stats())
+
+
+def reset_peak_memory_stats() -> None:
+    """Set peak_allocated_bytes to the bytes allocated now."""
+    C.reset_peak_memory_stats()
+
+
+def empty_cache() -> None:
+    """Give every cached (free) block back to the system."""
+    C.empty_cache()
+
+
+def isa() -> str:
+    """The vector instruction set the kernels run with ("avx2" or "base")."""
+    return str(C.isa())
 
 
 def check_threads(n: Any) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise kael.KaelError(f"set_num_threads: expected an int >= 1, got {n!r}")
+    """Kept for old callers: ``kael.cpu.check_num_threads`` with this backend's limit."""
+    check_num_threads(n, MAX_THREADS)
 
 
 class CpuBackend(kael.Backend):
@@ -52,23 +101,22 @@ class CpuBackend(kael.Backend):
     def to_host(self, t: Any) -> np.ndarray:
         return host.view(t)
 
+    # -- thread and memory controls: kael.cpu calls these; the module's functions above ---
     def memory_stats(self) -> dict[str, int]:
-        return dict(C.memory_stats())
+        return memory_stats()
 
     def reset_peak_memory_stats(self) -> None:
-        C.reset_peak_memory_stats()
+        reset_peak_memory_stats()
 
     def empty_cache(self) -> None:
-        C.empty_cache()
+        empty_cache()
 
-    # -- threads -------------------------------------------------------------------
     def set_num_threads(self, n: int) -> None:
-        check_threads(n)
-        C.set_num_threads(n)
+        set_num_threads(n)
 
     def get_num_threads(self) -> int:
-        return int(C.get_num_threads())
+        return get_num_threads()
 
     def isa(self) -> str:
         """The vector instruction set the kernels run with ("avx2" or "base")."""
-        return str(C.isa())
+        return isa()

@@ -1,17 +1,65 @@
-"""``kael.cpu``: the CPU backend's memory statistics and thread count.
+"""``kael.cpu``: the one home of the CPU thread and memory controls.
 
-Everything delegates to the backend serving device ``cpu``: the native
-``kael-backend-cpu`` reports its caching allocator (allocated, peak and cached bytes,
-cache hits); the NumPy reference backend has no allocator of its own and reports ``{}``.
+Every function here acts on the backend that serves device ``cpu`` now
+(``kael.backends.current("cpu")``): the native ``kael-backend-cpu`` when it is installed
+(its thread pool, caching allocator and vector instruction set), otherwise the NumPy
+reference backend, which has none of them (1 thread, no statistics, no instruction set).
+
+=============================  ========================================================
+``set_num_threads(n)``         threads the CPU kernels use (an int >= 1)
+``get_num_threads()``          threads the CPU kernels use now (1 without a thread pool)
+``memory_stats()``             the allocator's counters: ``allocated_bytes``,
+                               ``peak_allocated_bytes``, ``cached_bytes``, ``num_allocs``,
+                               ``cache_hits``, ... (``{}`` without an allocator)
+``reset_peak_memory_stats()``  restart the ``peak_allocated_bytes`` high-water mark
+``empty_cache()``              give cached free blocks back to the system
+``isa()``                      the vector instruction set of the kernels (``"avx2"``,
+                               ``"base"``), or None
+``backend()``                  the Backend serving ``cpu``
+=============================  ========================================================
+
+The other spellings are the same controls: ``kael.set_num_threads`` and
+``kael.get_num_threads`` are these very functions; ``kael_backend_cpu.set_num_threads``,
+``get_num_threads``, ``memory_stats``, ``reset_peak_memory_stats``, ``empty_cache`` and
+``isa`` (and the matching ``CpuBackend`` methods) reach the native backend whichever
+backend is selected, and give the same results as these when it serves ``cpu`` (the
+default once it is installed).
+
+Environment variables, read by the native backend the first time it needs them (so set
+them before the first CPU operation):
+
+==================================  ===================================================
+``KAEL_NUM_THREADS=n``              the default thread count, 1 <= n <= 1024 (unset or
+                                    out of range: the CPUs this process may run on)
+``KAEL_NO_CACHING_ALLOCATOR=1``     free blocks at once instead of caching them (any
+                                    value but empty or ``0``)
+``KAEL_CPU_CACHE_LIMIT_MB=n``       most bytes the allocator keeps cached (default 4096)
+``KAEL_CPU_ISA=base``               the portable vector code even on an AVX2 machine
+``KAEL_BACKEND_CPU=reference``      serve ``cpu`` with the NumPy reference backend
+==================================  ===================================================
+
+A backend author serving ``cpu`` gets these controls by giving the backend methods of
+the same names (``set_num_threads``, ``get_num_threads``, ``memory_stats``,
+``reset_peak_memory_stats``, ``empty_cache``, ``isa``); each is optional, and
+``check_num_threads`` validates a thread count the same way for every backend.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._threads import get_num_threads, set_num_threads
+from ._errors import KaelError
 
-__all__ = ["backend", "memory_stats", "reset_peak_memory_stats", "empty_cache", "set_num_threads", "get_num_threads"]
+__all__ = [
+    "set_num_threads",
+    "get_num_threads",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "isa",
+    "backend",
+    "check_num_threads",
+]
 
 
 def backend() -> Any:
@@ -19,6 +67,28 @@ def backend() -> Any:
     from ._plugins import manager
 
     return manager.select("cpu")
+
+
+def check_num_threads(n: object, limit: int | None = None) -> int:
+    """n as a thread count: an int >= 1 (and <= limit when given), else a KaelError saying so."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (limit is not None and n > limit):
+        want = "an int >= 1" if limit is None else f"an int >= 1 and <= {limit}"
+        raise KaelError(f"set_num_threads: expected {want}, got {n!r}")
+    return n
+
+
+def set_num_threads(n: int) -> None:
+    """Use n >= 1 threads for the CPU kernels (accepted and ignored by a backend without a pool)."""
+    check_num_threads(n)
+    fn = getattr(backend(), "set_num_threads", None)
+    if fn is not None:
+        fn(n)
+
+
+def get_num_threads() -> int:
+    """Threads the CPU kernels use (1 when the backend has no thread pool)."""
+    fn = getattr(backend(), "get_num_threads", None)
+    return int(fn()) if fn is not None else 1
 
 
 def memory_stats() -> dict[str, int]:
@@ -38,3 +108,9 @@ def empty_cache() -> None:
     fn = getattr(backend(), "empty_cache", None)
     if fn is not None:
         fn()
+
+
+def isa() -> str | None:
+    """The vector instruction set the CPU kernels run with ("avx2", "base"), or None when the backend has none."""
+    fn = getattr(backend(), "isa", None)
+    return str(fn()) if fn is not None else None
