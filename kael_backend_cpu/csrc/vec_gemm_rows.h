@@ -273,8 +273,8 @@ void rows_kmajor(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, const
     const int64_t j1 = std::min<int64_t>(n3, j0 + chunk);
     // The next chunk of B is fetched into cache while this one is computed: each block
     // takes an equal share and asks for one line per step along k (a burst of requests
-    // at the start of each block would stall it: the 8-row MLP projection, k = 3072,
-    // went from 5.9 to 4.1 ms over GPT-2 small's 12 layers), so memory and arithmetic overlap.
+    // at the start of each block would stall it; kael_backend_cpu/README.md, "Notes"),
+    // so memory and arithmetic overlap.
     const char* next = reinterpret_cast<const char*>(b + j1 * csb);
     const int64_t next_bytes = (std::min<int64_t>(n, j1 + chunk) - j1) * csb * static_cast<int64_t>(sizeof(T));
     const int64_t tiles = (j1 - j0) / 3;
