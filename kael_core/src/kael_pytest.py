@@ -60,14 +60,14 @@ def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("kael_backend", default=None)
     if not name:
         return
-    from kael._plugins import manager
+    import kael
 
     backend = _find(name)
     ok, reason = backend.is_available()
     if not ok:
         raise pytest.UsageError(f"--kael-backend {name!r}: the backend is not available here: {reason}")
-    _state["previous"] = (backend.device_type, manager.overrides.get(backend.device_type))
-    manager.use(backend.device_type, name)
+    _state["previous"] = (backend.device_type, kael.backends.override(backend.device_type))
+    kael.backends.use(backend.device_type, name)
     _state["backend"] = backend
 
 
@@ -75,9 +75,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     prev = _state.pop("previous", None)
     _state.pop("backend", None)
     if prev is not None:
-        from kael._plugins import manager
+        import kael
 
-        manager.use(prev[0], prev[1])
+        kael.backends.use(prev[0], prev[1])
 
 
 def selected_backend() -> Any:

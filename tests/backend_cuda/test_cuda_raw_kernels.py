@@ -156,6 +156,25 @@ def test_erf(emulate):
     np.testing.assert_allclose(y, [math.erf(v) for v in x], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_silu(emulate, dtype):
+    x = np.array([-80.0, -3.0, -0.5, 0.0, 0.25, 2.0, 40.0], dtype)
+    y = np.empty_like(x)
+    raw.pointwise("silu", x, y)
+    np.testing.assert_allclose(y, [v / (1 + math.exp(-v)) for v in x.tolist()], rtol=1e-6, atol=1e-30)
+
+
+def test_every_elementwise_source_named_after_a_catalogue_op_is_its_kernel(emulate):
+    from kael.backends import catalogue
+
+    from kael_backend_cuda import _elementwise
+
+    for name in raw.ELEMENTWISE_SOURCES:
+        if name in catalogue.POINTWISE_OPS:
+            assert _elementwise.KERNELS[name].__name__ == name
+            assert _elementwise.KERNELS[name].__qualname__.startswith("_source"), name
+
+
 def test_block_sizes_are_warp_multiples():
     for cols, want in [(1, 32), (32, 32), (33, 64), (768, 1024), (50257, 1024)]:
         assert raw._block(cols) == want
@@ -252,6 +271,7 @@ def test_launch_arguments_match_the_cuda_signatures(monkeypatch, dtype):
 
     y = np.ones(4, dtype)
     raw.erf(y, y.copy())
+    raw.pointwise("silu", y, y.copy())
     raw.gelu(y, y.copy(), True)
     raw.gelu_backward(y, y, y.copy(), False)
     raw.adamw(y.copy(), y, y.copy(), y.copy(), 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.1, 0.001)

@@ -18,12 +18,9 @@ from functools import wraps
 from typing import Any
 
 import numpy as np
-from kael import _dtype as dt
-from kael._device import Device
-from kael._errors import DeviceError, DTypeError
-from kael._storage import Storage
-from kael._tensor import Tensor, contiguous_strides
-from kael.backends import Backend
+from kael import Device, DeviceError, DTypeError, Tensor
+from kael.backends import Backend, memory
+from kael.backends import dtypes as dt
 
 from . import _elementwise, _fused, _indexing, _random, _reduce, _xp
 from ._xp import state, view
@@ -120,11 +117,11 @@ class CudaBackend(Backend):
         if any(s < 0 or s % isz for s in arr.strides):
             arr = _xp.X.xp.ascontiguousarray(arr)
         shape = tuple(int(n) for n in arr.shape)
-        strides = tuple(int(s) // isz for s in arr.strides) if arr.size else contiguous_strides(shape)
+        strides = tuple(int(s) // isz for s in arr.strides) if arr.size else memory.contiguous_strides(shape)
         flat = _xp.flat_bytes(arr)
         device = Device("cuda", index)  # the producer's device, "cuda:N" (NOTE: "cuda" is a distinct Device)
         self.index(device)
-        return Tensor._make(Storage(flat, int(flat.nbytes), device), shape, strides, 0, dtype)
+        return memory.wrap_buffer(flat, int(flat.nbytes), device, shape, strides, dtype)
 
 
 def _on_device_of_output(k: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,9 +1,18 @@
-"""Elementwise kernels: copy, fill, arange, where, unary, binary and comparison ops.
+"""Elementwise kernels: copy, fill, arange, where, and every elementwise op of the catalogue.
 
-Each op is an xp ufunc (a CuPy elementwise CUDA kernel on the GPU). When the output
-shares no storage with an input and needs no cast, the ufunc writes straight into the
-output's strided view (``out=``); otherwise the result goes through a temporary, which
-keeps in-place ops on overlapping views correct (CuPy does not check for overlap).
+The op lists come from ``kael.backends.catalogue``: each ``Pointwise`` entry runs as
+
+* a CUDA source of ``_raw_kernels.ELEMENTWISE_SOURCES`` when there is one (a
+  ``cupy.ElementwiseKernel`` computing in float32/float64; under emulation the op's
+  NumPy definition, ``Pointwise.compute``): erf, and the elementwise fused ops such as silu;
+* else its ufunc (an xp ufunc: a CuPy elementwise CUDA kernel on the GPU). When the
+  output shares no storage with an input and needs no cast, the ufunc writes straight
+  into the output's strided view (``out=``); otherwise the result goes through a
+  temporary, which keeps in-place ops on overlapping views correct (CuPy does not check
+  for overlap);
+* else its NumPy expression evaluated with ``xp`` (rsqrt, sigmoid).
+
+A fused elementwise op without a CUDA source is left to the frontend's decomposition.
 """
 
 from __future__ import annotations
@@ -12,11 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from kael import _dtype as dt
-from kael._errors import DTypeError, KaelError
+from kael import DTypeError, KaelError
+from kael.backends import catalogue
+from kael.backends import dtypes as dt
 
 from . import _raw_kernels as raw
-from ._io import distinct, raw_copy, rd, view, wr
+from ._io import compute_dtype, distinct, raw_copy, rd, view, wr
 from ._xp import X, errstate
 
 __all__ = ["KERNELS", "ZeroDivisionError_"]
@@ -26,44 +36,15 @@ class ZeroDivisionError_(KaelError, ZeroDivisionError):
     """Integer division (remainder, floor_divide) by zero, as the reference backend raises it."""
 
 
+def _spec(op: str) -> catalogue.Pointwise:
+    p = catalogue.CATALOGUE[op].pointwise
+    assert p is not None
+    return p
+
+
 # Ops whose xp ufunc returns the input dtype for integer inputs too (safe to write with out=).
 _INT_SAFE = {"neg", "abs", "sign", "add", "sub", "mul", "maximum", "minimum"}
-_BOOL_OUT = {"logical_not", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
-
-_UFUNC_NAMES = {
-    "neg": "negative",
-    "exp": "exp",
-    "log": "log",
-    "sqrt": "sqrt",
-    "tanh": "tanh",
-    "abs": "absolute",
-    "sin": "sin",
-    "cos": "cos",
-    "log1p": "log1p",
-    "expm1": "expm1",
-    "floor": "floor",
-    "ceil": "ceil",
-    "round": "rint",
-    "sign": "sign",
-    "logical_not": "logical_not",
-    "add": "add",
-    "sub": "subtract",
-    "mul": "multiply",
-    "div": "true_divide",
-    "pow": "power",
-    "maximum": "maximum",
-    "minimum": "minimum",
-    "remainder": "remainder",
-    "floor_divide": "floor_divide",
-    "eq": "equal",
-    "ne": "not_equal",
-    "lt": "less",
-    "le": "less_equal",
-    "gt": "greater",
-    "ge": "greater_equal",
-    "logical_and": "logical_and",
-    "logical_or": "logical_or",
-}
+_BOOL_OUT = {op for op in catalogue.POINTWISE_OPS if _spec(op).bool_out}
 
 
 def _is_int(a: Any) -> bool:
@@ -80,7 +61,7 @@ def _fast(op: str, out: Any, *inputs: Any) -> bool:
 
 
 def _unary(op: str) -> Callable[[Any, Any], None]:
-    name = _UFUNC_NAMES[op]
+    name = _spec(op).ufunc
 
     def kernel(out: Any, a: Any) -> None:
         f = getattr(X.xp, name)
@@ -94,25 +75,32 @@ def _unary(op: str) -> Callable[[Any, Any], None]:
     return kernel
 
 
-def _rsqrt(out: Any, a: Any) -> None:
-    xp = X.xp
-    with errstate():
-        wr(out, 1 / xp.sqrt(rd(a)))
+def _expression(op: str) -> Callable[..., None]:
+    """The op's NumPy definition evaluated with xp (it uses only functions NumPy and CuPy share)."""
+    spec = _spec(op)
+
+    def kernel(out: Any, *inputs: Any) -> None:
+        with errstate():
+            wr(out, spec.compute(X.xp, *(rd(t) for t in inputs)))
+
+    kernel.__name__ = op
+    return kernel
 
 
-def _sigmoid(out: Any, a: Any) -> None:
-    xp = X.xp
-    with errstate():
-        wr(out, 1 / (1 + xp.exp(-rd(a))))
+def _source(op: str) -> Callable[..., None]:
+    """The op's CUDA source (ELEMENTWISE_SOURCES), computing in float32 (16-bit floats) or float64."""
 
+    def kernel(out: Any, *inputs: Any) -> None:
+        cd = compute_dtype(out, *inputs)
+        xs = [rd(t).astype(cd, copy=False) for t in inputs]
+        y = X.xp.empty(out.shape, cd)
+        if y.size:
+            with errstate():
+                raw.pointwise(op, *xs, y)
+        wr(out, y)
 
-def _erf(out: Any, a: Any) -> None:
-    x = rd(a)
-    x = x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
-    y = X.xp.empty(x.shape, x.dtype)
-    if y.size:
-        raw.erf(x, y)
-    wr(out, y)
+    kernel.__name__ = op
+    return kernel
 
 
 def _check_binary(op: str, a: Any, b: Any) -> None:
@@ -124,7 +112,7 @@ def _check_binary(op: str, a: Any, b: Any) -> None:
 
 
 def _binary(op: str) -> Callable[[Any, Any, Any], None]:
-    name = _UFUNC_NAMES[op]
+    name = _spec(op).ufunc
     checked = op in ("pow", "remainder", "floor_divide")
 
     def kernel(out: Any, a: Any, b: Any) -> None:
@@ -168,51 +156,19 @@ def where(out: Any, cond: Any, a: Any, b: Any) -> None:
         wr(out, xp.where(rd(cond), rd(a), rd(b)))
 
 
+def _pointwise(op: str) -> Callable[..., None] | None:
+    spec = _spec(op)
+    if op in raw.ELEMENTWISE_SOURCES:
+        return _source(op)
+    if catalogue.CATALOGUE[op].kind == "fused":
+        return None  # no CUDA kernel of its own: the frontend runs the decomposition
+    if spec.ufunc:
+        return _unary(op) if catalogue.CATALOGUE[op].arity[1] == 1 else _binary(op)
+    return _expression(op)
+
+
 KERNELS: dict[str, Callable[..., None]] = {"copy": copy, "fill": fill, "arange": arange, "where": where}
-KERNELS.update(
-    {
-        op: _unary(op)
-        for op in (
-            "neg",
-            "exp",
-            "log",
-            "sqrt",
-            "tanh",
-            "abs",
-            "sin",
-            "cos",
-            "log1p",
-            "expm1",
-            "floor",
-            "ceil",
-            "round",
-            "sign",
-            "logical_not",
-        )
-    }
-)
-KERNELS.update({"rsqrt": _rsqrt, "sigmoid": _sigmoid, "erf": _erf})
-KERNELS.update(
-    {
-        op: _binary(op)
-        for op in (
-            "add",
-            "sub",
-            "mul",
-            "div",
-            "pow",
-            "maximum",
-            "minimum",
-            "remainder",
-            "floor_divide",
-            "eq",
-            "ne",
-            "lt",
-            "le",
-            "gt",
-            "ge",
-            "logical_and",
-            "logical_or",
-        )
-    }
-)
+for _op in catalogue.POINTWISE_OPS:
+    _k = _pointwise(_op)
+    if _k is not None:
+        KERNELS[_op] = _k

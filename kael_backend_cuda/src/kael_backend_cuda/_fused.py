@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from kael import _dtype as dt
+from kael.backends import dtypes as dt
 
 from . import _raw_kernels as raw
 from ._io import compute_dtype, distinct, rd, view, wr, writable_as

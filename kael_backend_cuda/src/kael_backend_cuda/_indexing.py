@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from kael import _dtype as dt
+from kael.backends import dtypes as dt
 
 from ._io import distinct, f32_to_bf16_bits, rd, view, wr
 from ._xp import X, argsort, dense_view, quiet

@@ -1,6 +1,6 @@
 """Reading operands as xp arrays and writing results into outputs, strides honoured.
 
-The CUDA twin of ``kael.backends.reference._io``: bfloat16 (which neither CuPy nor
+The CUDA twin of ``kael.backends.host``'s read/write: bfloat16 (which neither CuPy nor
 NumPy has) is stored as uint16 bits, read widened to float32 and written back
 rounded to nearest even. ``compute_dtype`` is the dtype the fused kernels run in.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from kael import _dtype as dt
+from kael.backends import dtypes as dt
+from kael.backends import memory
 
 from ._xp import X, errstate, view
 
@@ -48,7 +49,7 @@ def wr(out: Any, value: Any) -> None:
 def raw_copy(out: Any, a: Any) -> None:
     """Copy a's elements into out bit for bit (same dtype), safe when they share storage."""
     src = view(a)
-    if a._storage is out._storage:
+    if memory.same_storage(a, out):
         src = src.copy()
     X.xp.copyto(view(out), src)
 
@@ -60,8 +61,7 @@ def compute_dtype(*ts: Any) -> Any:
 
 def distinct(out: Any, *inputs: Any) -> bool:
     """True when out shares storage with none of the inputs (so a kernel may write into it directly)."""
-    s = out._storage
-    return all(t is None or t._storage is not s for t in inputs)
+    return all(t is None or not memory.same_storage(out, t) for t in inputs)
 
 
 def writable_as(out: Any, np_dtype: Any, *inputs: Any) -> bool:

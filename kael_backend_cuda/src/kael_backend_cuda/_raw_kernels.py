@@ -6,6 +6,9 @@ thread block per row, block-wide reductions with warp shuffles) or a
 Under emulation (NOTE [host emulation] in ``_xp``) the same launcher runs the NumPy
 twin, which does the same arithmetic in the same dtype; twins are used only then.
 
+Elementwise catalogue ops with a source here (erf, silu) launch through ``pointwise(op,
+*inputs, out)``; their NumPy twin is the op's own definition (``Pointwise.compute``).
+
 Contract of every launcher: arrays are xp arrays of one float dtype (float32 or float64,
 the kernel's ``T``); row-wise kernels take C-contiguous 2-D ``[rows, cols]`` arrays and
 need rows >= 1 and cols >= 1 (the glue in ``_fused`` handles empty shapes); outputs are
@@ -18,6 +21,7 @@ import math
 from typing import Any
 
 import numpy as np
+from kael.backends import catalogue
 
 from ._xp import X, state
 
@@ -33,6 +37,7 @@ __all__ = [
     "gelu_backward",
     "adamw",
     "erf",
+    "pointwise",
     "row_kernel_names",
 ]
 
@@ -245,8 +250,10 @@ def row_kernel_names() -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # CUDA C: pointwise kernels (cupy.ElementwiseKernel: in_params, out_params, operation).
 # --------------------------------------------------------------------------------------------------
+# An entry named after an elementwise catalogue op (erf, silu) is that op's kernel (inputs T x..., output T y).
 ELEMENTWISE_SOURCES: dict[str, tuple[str, str, str]] = {
     "erf": ("T x", "T y", "y = erf(x);"),
+    "silu": ("T x", "T y", "y = x / ((T)1 + exp(-x));"),
     "gelu": (
         "T x, int32 approx_tanh",
         "T y",
@@ -472,12 +479,20 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _erf_np = np.vectorize(math.erf, otypes=[np.float64])
 
 
+def pointwise(op: str, *arrays: Any) -> None:
+    """arrays = (*inputs, out): out = op(*inputs) for an elementwise catalogue op with a source, on any strides."""
+    *inputs, out = arrays
+    if X.emulated:
+        spec = catalogue.op(op).pointwise
+        assert spec is not None, f"{op!r} is not an elementwise op"
+        out[...] = spec.compute(np, *inputs)
+        return
+    _ew(op)(*inputs, out)
+
+
 def erf(x: Any, y: Any) -> None:
     """y = erf(x), elementwise on any strides."""
-    if X.emulated:
-        y[...] = _erf_np(x)
-        return
-    _ew("erf")(x, y)
+    pointwise("erf", x, y)
 
 
 def gelu(x: Any, y: Any, approx_tanh: bool) -> None:

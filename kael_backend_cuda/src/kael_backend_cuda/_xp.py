@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from kael.backends import memory
 
 __all__ = [
     "X",
@@ -156,26 +157,25 @@ def allocate(nbytes: int, index: int) -> Any:
         return s.cupy.empty(nbytes, s.cupy.uint8)
 
 
+def _make_view(t: Any) -> Any:
+    isz = t.dtype.itemsize
+    strides = tuple(s * isz for s in t.stride())
+    data = memory.buffer(t)
+    offset = t.storage_offset() * isz
+    if t.numel() == 0:
+        return X.xp.empty(t.shape, t.dtype.np)
+    if state().emulated:
+        return np.ndarray(t.shape, t.dtype.np, buffer=data, offset=offset, strides=strides)
+    return state().cupy.ndarray(t.shape, t.dtype.np, memptr=data.data + offset, strides=strides)
+
+
 def view(t: Any) -> Any:
     """The strided xp array over t's elements (uint16 bits for bfloat16); cached on the tensor.
 
-    NOTE [cuda views]: the cache lives in ``Tensor._npv``, which the frontend uses only for
-    CPU tensors; tensor metadata never changes after creation, so the cache never goes stale.
+    NOTE [cuda views]: the cache is the tensor's backend-view slot (``kael.backends.memory.cached_view``);
+    tensor metadata never changes after creation, so the cache never goes stale.
     """
-    v = t._npv
-    if v is None:
-        isz = t.dtype.itemsize
-        strides = tuple(s * isz for s in t._strides)
-        data = t._storage.data
-        if t.numel() == 0:
-            v = X.xp.empty(t.shape, t.dtype.np)
-        elif state().emulated:
-            v = np.ndarray(t.shape, t.dtype.np, buffer=data, offset=t._offset * isz, strides=strides)
-        else:
-            cupy = state().cupy
-            v = cupy.ndarray(t.shape, t.dtype.np, memptr=data.data + t._offset * isz, strides=strides)
-        t._npv = v
-    return v
+    return memory.cached_view(t, _make_view)
 
 
 def dense_view(t: Any, shape: tuple[int, ...]) -> Any:
@@ -188,8 +188,8 @@ def dense_view(t: Any, shape: tuple[int, ...]) -> Any:
     if t.numel() == 0:
         return X.xp.empty(shape, t.dtype.np)
     if state().emulated:
-        return np.ndarray(shape, t.dtype.np, buffer=t._storage.data, offset=t._offset * isz)
-    return state().cupy.ndarray(shape, t.dtype.np, memptr=t._storage.data.data + t._offset * isz)
+        return np.ndarray(shape, t.dtype.np, buffer=memory.buffer(t), offset=t.storage_offset() * isz)
+    return state().cupy.ndarray(shape, t.dtype.np, memptr=memory.buffer(t).data + t.storage_offset() * isz)
 
 
 def to_host(arr: Any) -> np.ndarray:

@@ -131,8 +131,8 @@ def f32_to_bf16_bits(x: Any) -> np.ndarray:
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bits (uint16) -> their float32 values (exact)."""
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+    """bfloat16 bits (uint16) -> their float32 values (exact); an array, 0-d included."""
+    return np.asarray(np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _promote_slow(a: DType, b: DType) -> DType:

@@ -248,7 +248,7 @@ class Tensor:
 
             a = _dispatch.backend_for(self.device.type).to_host(self)
         if self.dtype is dt.bfloat16:
-            a = (a.astype(np.uint32) << 16).view(np.float32)
+            a = dt.bf16_bits_to_f32(a)
         return a
 
     def numpy(self, *, force: bool = False) -> np.ndarray:

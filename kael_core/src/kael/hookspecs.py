@@ -43,6 +43,13 @@ class KaelSpecs:
         """Return the ``kael.models.ModelFamily`` instances this plugin provides (entry-point group ``kael.models``)."""
         return []
 
+    @hookspec(firstresult=True)
+    def kael_namespace(self, name: str) -> Any:
+        """Return the object that serves ``kael.<name>`` (kael-debug: the ``kael_debug`` module for ``kael.debug``), or None.
+
+        kael reaches a plugin's features only through this hook (never by importing the plugin).
+        """
+
     @hookspec
     def kael_plugin_info(self) -> dict[str, Any]:
         """Return {"name": ..., "version": ..., "description": ...} for ``python -m kael info``."""

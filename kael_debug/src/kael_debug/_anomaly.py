@@ -7,6 +7,8 @@ from contextlib import contextmanager
 
 from . import _hooks
 
+__all__ = ["set_anomaly_detection", "is_anomaly_enabled", "detect_anomaly"]
+
 
 def set_anomaly_detection(enabled: bool) -> None:
     """After each node, raise KaelError naming it if a floating gradient it produced has a NaN."""

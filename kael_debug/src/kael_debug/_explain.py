@@ -6,11 +6,13 @@ import gc
 
 from kael import Tensor
 
+__all__ = ["explain"]
+
 
 def _references(t: Tensor) -> int:
     """Live tensors sharing t's storage (temporaries already freed do not count)."""
-    storage = t._storage
-    return sum(1 for r in gc.get_referrers(storage) if isinstance(r, Tensor) and r._storage is storage)
+    storage = t.untyped_storage()
+    return sum(1 for r in gc.get_referrers(storage) if isinstance(r, Tensor) and r.untyped_storage() is storage)
 
 
 def explain(t: Tensor) -> str:
@@ -18,7 +20,7 @@ def explain(t: Tensor) -> str:
         from kael import DTypeError
 
         raise DTypeError(f"explain: expected a kael.Tensor, got {type(t).__name__}")
-    s = t._storage
+    s = t.untyped_storage()
     lines = [
         f"shape: {list(t.shape)}",
         f"strides: {list(t.stride())}",

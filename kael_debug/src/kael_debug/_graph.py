@@ -9,6 +9,9 @@ from collections import deque
 from typing import Any
 
 from kael import KaelError, Tensor
+from kael.autograd import get_gradient_edge
+
+__all__ = ["autograd_graph_dot", "render_graph"]
 
 
 def autograd_graph_dot(t: Tensor) -> str:
@@ -19,11 +22,7 @@ def autograd_graph_dot(t: Tensor) -> str:
     shape of the gradient that flows along it.
     """
     lines = ["digraph autograd {"]
-    root: Any = t.grad_fn if t.grad_fn is not None else (t._accumulator if t.requires_grad else None)
-    if root is None and t.requires_grad:
-        from kael.autograd._function import _accumulator
-
-        root = _accumulator(t)
+    root: Any = get_gradient_edge(t).node if t.grad_fn is not None or t.requires_grad else None
     if root is not None:
         ids = {root: 0}
         lines.append(f'  n0 [label="{root.name()}"];')

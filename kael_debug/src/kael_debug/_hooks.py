@@ -13,6 +13,8 @@ from typing import Any, TextIO
 import kael
 import numpy as np
 
+__all__ = ["sync", "trace_stream", "anomaly"]
+
 _lock = threading.Lock()
 trace_stream: TextIO | None = None
 anomaly = False
@@ -20,7 +22,7 @@ _NAME = "kael_debug.hooks"
 
 
 def _grad_norm(g: Any) -> float:
-    a = np.asarray(g._host(), dtype=np.float64)
+    a = np.asarray(g, dtype=np.float64)  # the gradient's values on the host, any device and dtype
     return float(math.sqrt(float(np.sum(a * a))))
 
 
@@ -40,7 +42,7 @@ class _Hooks:
         if not anomaly:
             return
         for g in grad_inputs:
-            if g is not None and g.dtype.is_floating_point and bool(np.isnan(g._host()).any()):
+            if g is not None and g.dtype.is_floating_point and bool(np.isnan(np.asarray(g)).any()):
                 raise kael.KaelError(f"Function {node.name()} returned NaN in its gradient")
 
 
@@ -49,12 +51,10 @@ _instance = _Hooks()
 
 def sync() -> None:
     """Register the hooks while a trace or anomaly detection is on; unregister otherwise."""
-    from kael._plugins import manager
-
     with _lock:
         want = trace_stream is not None or anomaly
-        have = manager.pm.get_plugin(_NAME) is not None
+        have = kael.backends.hooks_registered(_NAME)
         if want and not have:
-            manager.pm.register(_instance, name=_NAME)
+            kael.backends.register_hooks(_instance, _NAME)
         elif have and not want:
-            manager.pm.unregister(name=_NAME)
+            kael.backends.unregister_hooks(_NAME)

@@ -15,18 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kael import Tensor, _dispatch
+from kael import Tensor
+from kael.backends import catalogue, dispatch
 
-# outputs each op allocates (the rest write in place)
-_N_OUTPUTS = {
-    "layer_norm": 3,
-    "layer_norm_backward": 3,
-    "topk": 2,
-    "sort": 2,
-    "index_add": 0,
-    "scatter_add": 0,
-    "adamw_step": 0,
-}
+__all__ = ["OpEvent", "Profile", "profile"]
+
 _active: list[Profile] = []
 _lock = threading.Lock()
 
@@ -44,7 +37,8 @@ class OpEvent:
 
 
 def _wrap(device_type: str, op: str, backend: Any, kernel: Callable[..., Any]) -> Callable[..., Any]:
-    n_out = _N_OUTPUTS.get(op, 1)
+    d = catalogue.CATALOGUE.get(op)
+    allocated = d.allocated if d is not None else (0,)  # the outputs the frontend allocated for the call
     bname = getattr(backend, "name", "?")
 
     def profiled(*args: Any, **kwargs: Any) -> Any:
@@ -54,7 +48,7 @@ def _wrap(device_type: str, op: str, backend: Any, kernel: Callable[..., Any]) -
         finally:
             dur = time.perf_counter() - t0
             shapes = [list(a.shape) for a in args if isinstance(a, Tensor)]
-            nbytes = sum(a.nbytes for a in args[:n_out] if isinstance(a, Tensor))
+            nbytes = sum(args[i].nbytes for i in allocated if i < len(args) and isinstance(args[i], Tensor))
             ev = OpEvent(op, device_type, bname, shapes, t0 * 1e6, dur * 1e6, nbytes, threading.get_ident())
             for p in list(_active):
                 p.events.append(ev)
@@ -72,14 +66,14 @@ class Profile:
         with _lock:
             _active.append(self)
             if len(_active) == 1:
-                _dispatch.set_kernel_wrapper(_wrap)
+                dispatch.set_kernel_wrapper(_wrap)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         with _lock:
             _active.remove(self)
             if not _active:
-                _dispatch.set_kernel_wrapper(None)
+                dispatch.set_kernel_wrapper(None)
 
     def summary(self) -> list[dict[str, Any]]:
         rows: dict[tuple[str, str], dict[str, Any]] = {}

@@ -1,4 +1,4 @@
-"""The kael.plugins entry point: reports itself, and honours KAEL_TRACE_BACKWARD at load."""
+"""The kael.plugins entry point: reports itself, serves ``kael.debug``, and honours KAEL_TRACE_BACKWARD at load."""
 
 from __future__ import annotations
 
@@ -8,10 +8,22 @@ from typing import Any
 
 import kael
 
+__all__ = ["kael_plugin_info", "kael_namespace"]
+
 
 @kael.hookimpl
 def kael_plugin_info() -> dict[str, Any]:
     return {"name": "debug", "version": "0.1.0", "description": "explain, graphs, trace, anomaly, profiler"}
+
+
+@kael.hookimpl
+def kael_namespace(name: str) -> Any:
+    """``kael.debug`` is this package."""
+    if name != "debug":
+        return None
+    import kael_debug
+
+    return kael_debug
 
 
 if os.environ.get("KAEL_TRACE_BACKWARD"):

@@ -47,10 +47,10 @@ def default_tolerances(*values: Any) -> tuple[float, float]:
 
 def to_numpy(x: Any) -> np.ndarray:
     """Host NumPy values of a kael Tensor (any device, bfloat16 widened), array, list or number."""
-    from .._tensor import Tensor
+    from kael import Tensor
 
     if isinstance(x, Tensor):
-        return np.array(x.detach()._host(), copy=True)
+        return np.array(np.asarray(x.detach()), copy=True)
     return np.asarray(x)
 
 

@@ -18,27 +18,27 @@ __all__ = ["gradcheck", "jacobians"]
 
 
 def _outputs(r: Any) -> list[Any]:
-    from .._tensor import Tensor
+    from kael import Tensor
 
     outs = list(r) if isinstance(r, (tuple, list)) else [r]
     return [o for o in outs if isinstance(o, Tensor) and o.dtype.is_floating_point]
 
 
 def _host64(t: Any) -> np.ndarray:
-    return np.asarray(t.detach()._host(), dtype=np.float64)
+    return np.asarray(t.detach(), dtype=np.float64)
 
 
 def _replace(inputs: Sequence[Any], i: int, host: np.ndarray) -> list[Any]:
-    from .. import ops
+    import kael
 
     x = inputs[i]
     new = list(inputs)
-    new[i] = ops.tensor(host, dtype=x.dtype, device=x.device)
+    new[i] = kael.tensor(host, dtype=x.dtype, device=x.device)
     return new
 
 
 def _flat_outputs(fn: Callable[..., Any], args: Sequence[Any]) -> np.ndarray:
-    from ..autograd import no_grad
+    from kael.autograd import no_grad
 
     with no_grad():
         outs = _outputs(fn(*args))
@@ -52,9 +52,9 @@ def jacobians(
 
     J has shape [total output elements, input elements] (outputs flattened and concatenated).
     """
-    from .. import ops
-    from .._tensor import Tensor
-    from ..autograd import grad
+    import kael
+    from kael import Tensor
+    from kael.autograd import grad
 
     inputs = list(inputs)
     wrt = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
@@ -78,7 +78,7 @@ def jacobians(
         for k in range(size):
             onehot = np.zeros(size)
             onehot[k] = 1.0
-            g_out = ops.tensor(onehot.reshape(o.shape), dtype=o.dtype, device=o.device)
+            g_out = kael.tensor(onehot.reshape(o.shape), dtype=o.dtype, device=o.device)
             gs = grad(o, [inputs[i] for i in wrt], grad_outputs=g_out, retain_graph=True, allow_unused=True)
             for i, g in zip(wrt, gs):
                 if g is None:
@@ -121,7 +121,7 @@ def gradcheck(
     ``inputs`` is a tensor or a sequence of positional arguments (tensors and other values).
     Use float64 inputs: the default tolerances assume them.
     """
-    from .._tensor import Tensor
+    from kael import Tensor
 
     args = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     label = f"gradcheck{f' ({name})' if name else ''}"

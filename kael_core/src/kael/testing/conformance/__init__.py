@@ -22,16 +22,23 @@ test here is skipped). The suite checks:
 The table is public so a backend's own tests can reuse it: ``all_cases()`` lists
 ``Case`` rows (``case.id`` is ``op-dtype-sample``), ``check_kernel(case, backend,
 device)`` runs one. Failure messages name the op, dtype, sample, output, the worst
-element and the max abs diff.
+element and the max abs diff. ``vals`` (sample values of a kind), ``host_bits`` (values
+in a dtype's storage representation), ``host_values`` (a tensor's values on the host)
+and ``KERNEL_TOL`` (tolerances per dtype) serve a backend's own tests and fuzzers.
+
+The elementwise rows are made from the op catalogue (``kael.backends.catalogue``), so a
+new elementwise op is covered as soon as it has a catalogue entry.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from ._cases import Call, Case
-from ._layout import Alias, Operand, Out
-from ._run import REFERENCE, check_decomposition, check_kernel
+from kael.backends import catalogue
+
+from ._cases import KERNEL_TOL, Call, Case, vals
+from ._layout import Alias, Operand, Out, host_bits
+from ._run import REFERENCE, check_decomposition, check_kernel, host_values
 from ._table_elementwise import elementwise_cases
 from ._table_fused import fused_cases
 from ._table_structured import indexing_cases, matmul_cases, reduction_cases
@@ -49,6 +56,10 @@ __all__ = [
     "fused_op_cases",
     "check_kernel",
     "check_decomposition",
+    "host_bits",
+    "host_values",
+    "vals",
+    "KERNEL_TOL",
 ]
 
 RANDOM_OPS = frozenset({"uniform", "normal", "randint"})
@@ -61,15 +72,11 @@ def all_cases() -> tuple[Case, ...]:
 
 
 def primitive_cases() -> tuple[Case, ...]:
-    from ..._ops import PRIMITIVES
-
-    return tuple(c for c in all_cases() if c.op in PRIMITIVES)
+    return tuple(c for c in all_cases() if c.op in catalogue.PRIMITIVES)
 
 
 def fused_op_cases() -> tuple[Case, ...]:
-    from ..._ops import FUSED
-
-    return tuple(c for c in all_cases() if c.op in FUSED)
+    return tuple(c for c in all_cases() if c.op in catalogue.FUSED)
 
 
 def cases_for(op: str) -> tuple[Case, ...]:

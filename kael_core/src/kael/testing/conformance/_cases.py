@@ -1,6 +1,6 @@
 """The case model of the conformance table: a Case names (op, dtype, sample) and builds a Call.
 
-A ``Call`` lists the kernel's positional arguments exactly as ``kael._ops`` documents
+A ``Call`` lists the kernel's positional arguments exactly as ``kael.backends.catalogue`` documents
 them: ``Operand`` (input tensor), ``Out`` (preallocated output), ``Alias`` (the
 tensor of another argument again, e.g. in-place ``add(t, t, b)``), lists of
 operands (``cat``), and plain Python values (dims, scalars, flags).
@@ -14,10 +14,24 @@ from typing import Any
 
 import numpy as np
 
-from ... import _dtype as dt
+from kael.backends import dtypes as dt
+
 from ._layout import Alias, Operand, Out
 
-__all__ = ["Case", "Call", "vals", "operand", "fixed", "DTYPES", "FLOATS", "INTS", "SIGNED", "NUMERIC", "by_name"]
+__all__ = [
+    "Case",
+    "Call",
+    "vals",
+    "operand",
+    "fixed",
+    "DTYPES",
+    "FLOATS",
+    "INTS",
+    "SIGNED",
+    "NUMERIC",
+    "KERNEL_TOL",
+    "by_name",
+]
 
 DTYPES: tuple[dt.DType, ...] = dt.ALL_DTYPES
 FLOATS: tuple[dt.DType, ...] = (dt.float16, dt.bfloat16, dt.float32, dt.float64)
@@ -35,7 +49,7 @@ KERNEL_TOL: dict[str, tuple[float, float]] = {
 
 
 def by_name(name: str) -> dt.DType:
-    return dt.BY_NAME[name]
+    return dt.by_name(name)
 
 
 @dataclass

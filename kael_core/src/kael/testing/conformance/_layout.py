@@ -27,8 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ... import _dtype as dt
-from ..._tensor import Tensor, from_numpy_bits
+import kael
+from kael import Tensor
+from kael.backends import dtypes as dt
+from kael.backends import host, memory
 
 __all__ = ["Operand", "Out", "Alias", "host_bits", "place", "SENTINEL"]
 
@@ -67,9 +69,7 @@ class Alias:
 def host_bits(values: np.ndarray, dtype: dt.DType) -> np.ndarray:
     """Values in dtype's storage representation (bfloat16: rounded uint16 bits)."""
     if dtype is dt.bfloat16:
-        from ...backends.reference._io import f32_to_bf16_bits
-
-        return f32_to_bf16_bits(np.asarray(values, dtype=np.float32))
+        return host.f32_to_bf16_bits(np.asarray(values, dtype=np.float32))
     with np.errstate(all="ignore"):
         return np.asarray(values).astype(dtype.np)
 
@@ -116,6 +116,9 @@ def place(
     raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
 
 
-def host_tensor(host: np.ndarray, dtype: dt.DType) -> Tensor:
-    """A CPU tensor over a private copy of host (no backend involved)."""
-    return from_numpy_bits(np.array(host, copy=True), dtype)
+def host_tensor(values: np.ndarray, dtype: dt.DType) -> Tensor:
+    """A contiguous CPU tensor over a private copy of values (storage representation; no backend involved)."""
+    a = np.array(values, dtype=dtype.np, order="C", copy=True)
+    flat = a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
+    shape = tuple(int(n) for n in a.shape)
+    return memory.wrap_buffer(flat, flat.nbytes, kael.device("cpu"), shape, memory.contiguous_strides(shape), dtype)

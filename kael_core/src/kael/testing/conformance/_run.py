@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ... import _dtype as dt
-from ..._tensor import Tensor
-from ...backends._base import Backend
-from ...backends.reference import ReferenceBackend
+import kael
+from kael import Backend, Tensor
+from kael.backends import dtypes as dt
+from kael.backends.reference import ReferenceBackend
+
 from .._assert import assert_close
 from ._cases import KERNEL_TOL, Call, Case
 from ._layout import SENTINEL, Alias, Operand, Out, _strided_buffer, host_bits, host_tensor, place
@@ -62,7 +63,7 @@ class Run:
 
 def host_values(t: Tensor) -> np.ndarray:
     """A host copy of t's values (bfloat16 widened to float32)."""
-    return np.array(t._host(), copy=True)
+    return np.array(np.asarray(t), copy=True)
 
 
 def _sentinel(d: dt.DType) -> Any:
@@ -126,16 +127,15 @@ def _host_empty(shape: tuple[int, ...], d: dt.DType) -> Tensor:
 
 def device_factory(backend: Backend, device: Any) -> tuple[Make, Empty]:
     """Allocation on the backend under test: allocate + from_host, nothing else."""
-    from ... import ops
 
     def make(h: np.ndarray, d: dt.DType) -> Tensor:
-        t = ops.empty(tuple(h.shape), dtype=d, device=device)
+        t = kael.empty(tuple(h.shape), dtype=d, device=device)
         if h.size:
             backend.from_host(t, np.asarray(h, order="C"))
         return t
 
     def empty(shape: tuple[int, ...], d: dt.DType) -> Tensor:
-        return ops.empty(shape, dtype=d, device=device)
+        return kael.empty(shape, dtype=d, device=device)
 
     return make, empty
 

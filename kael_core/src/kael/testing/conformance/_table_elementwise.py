@@ -1,8 +1,11 @@
-"""Table rows for the elementwise primitives: copy, fill, arange, unary, binary, comparison, where.
+"""Table rows for the elementwise ops: copy, fill, arange, where, and every ``Pointwise`` op of the catalogue.
 
-Every op runs over its dtypes with a reduced set of samples, and over the full set
-(transposed, strided with offsets, stride-0 broadcasts, strided outputs, in-place
-aliasing, 3-d permutes, special values, one large input) for the primary dtypes.
+The unary, binary and comparison rows (and those of elementwise fused ops such as silu)
+come from ``kael.backends.catalogue``: each op's dtypes, sample value domains,
+special-value and in-place samples are read from its ``Pointwise`` entry. Every op runs
+over its dtypes with a reduced set of samples, and over the full set (transposed,
+strided with offsets, stride-0 broadcasts, strided outputs, in-place aliasing, 3-d
+permutes, special values, one large input) for the primary dtypes.
 """
 
 from __future__ import annotations
@@ -12,91 +15,46 @@ from typing import Any
 
 import numpy as np
 
-from ... import _dtype as dt
-from ..._ops import BINARY_OPS, COMPARE_OPS, UNARY_OPS
+from kael.backends import catalogue
+from kael.backends import dtypes as dt
+
 from ._cases import DTYPES, FLOATS, NUMERIC, Call, Case, fixed, operand
 from ._layout import Alias, Operand, Out
 
-__all__ = ["elementwise_cases"]
+__all__ = ["elementwise_cases", "pointwise_dtypes", "pointwise_kinds"]
 
 PRIMARY = (dt.float32, dt.int32)
 LARGE = (257, 1031)
-FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid", "erf", "log1p", "expm1")
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.5])
 SPECIAL_B = np.array([1.0, np.inf, np.nan, -0.0, 0.0, -np.inf, np.inf, -2.0])
-SPECIAL_OPS = frozenset(
-    FLOAT_UNARY
-    + (
-        "neg",
-        "abs",
-        "floor",
-        "ceil",
-        "round",
-        "logical_not",
-        "add",
-        "sub",
-        "mul",
-        "div",
-        "maximum",
-        "minimum",
-        "eq",
-        "ne",
-        "lt",
-        "le",
-        "gt",
-        "ge",
-    )
-)
-
-#: ops the frontend runs in place as kernel(t, t, b) (Tensor.add_ and friends without autograd)
-INPLACE_OPS = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum"})
 
 Builder = Callable[[np.random.Generator], Call]
+_DTYPES: dict[str, tuple[dt.DType, ...]] = {"float": FLOATS, "numeric": NUMERIC, "all": DTYPES, "bool": (dt.bool_,)}
 
 
-def _unary_dtypes(op: str) -> tuple[dt.DType, ...]:
-    if op in FLOAT_UNARY:
-        return FLOATS
-    if op == "logical_not":
-        return DTYPES
-    return NUMERIC
+def _spec(op: str) -> catalogue.Pointwise:
+    p = catalogue.op(op).pointwise
+    assert p is not None, f"{op!r} is not an elementwise op"
+    return p
 
 
-def _binary_dtypes(op: str) -> tuple[dt.DType, ...]:
-    if op in ("add", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"):
-        return DTYPES
-    if op == "div":
-        return FLOATS
-    if op in ("logical_and", "logical_or"):
-        return (dt.bool_,)
-    return NUMERIC
+def pointwise_dtypes(op: str) -> tuple[dt.DType, ...]:
+    """The dtypes the frontend hands op's kernel."""
+    return _DTYPES[_spec(op).dtypes]
 
 
-def _kinds(op: str, d: dt.DType) -> tuple[str, str]:
-    """Value kinds for (a, b) so every sample is in the op's domain and free of overflow."""
-    if op in ("log", "sqrt", "rsqrt"):
-        return "positive", "normal"
-    if op == "log1p":
-        return "unit", "normal"
-    if op in ("floor", "ceil", "round"):
-        return "halves", "normal"
-    if op == "pow":
-        return ("positive", "unit") if d.is_floating_point else ("small", "small")
-    if op in ("div", "remainder", "floor_divide"):
-        return "normal", "nonzero"
-    if op in ("eq", "ne", "lt", "le", "gt", "ge") and d.is_floating_point:
-        return "halves", "halves"
-    return "normal", "normal"
+def pointwise_kinds(op: str, d: dt.DType) -> tuple[str, ...]:
+    """Value kinds for the inputs so every sample is in the op's domain and free of overflow."""
+    return _spec(op).kinds(d.category == dt.INTEGER)
 
 
 def _out_dtype(op: str, d: dt.DType) -> dt.DType:
-    return dt.bool_ if op in COMPARE_OPS or op == "logical_not" else d
+    return dt.bool_ if _spec(op).bool_out else d
 
 
 def _samples(op: str, d: dt.DType, nin: int) -> dict[str, Builder]:
     """name -> builder of the Call [out, a] or [out, a, b]."""
-    ka, kb = _kinds(op, d)
-    kinds = (ka, kb)[:nin]
+    kinds = (pointwise_kinds(op, d) * 2)[:nin]
     od = _out_dtype(op, d)
 
     def simple(
@@ -123,7 +81,7 @@ def _samples(op: str, d: dt.DType, nin: int) -> dict[str, Builder]:
             smalls=((1, 4), (1, 4)) if nin == 1 else (None, (1, 4)),
         ),
     }
-    if op in INPLACE_OPS:
+    if _spec(op).inplace and nin == 2:  # the frontend runs Tensor.add_ and friends as kernel(t, t, b)
 
         def inplace(rng: np.random.Generator) -> Call:
             ins = [operand(rng, (3, 4), d, lay, k) for lay, k in zip(("transposed", "strided"), kinds)]
@@ -139,7 +97,7 @@ def _samples(op: str, d: dt.DType, nin: int) -> dict[str, Builder]:
         if nin == 2:
             s["bcast_col_scalar"] = simple((3, 4), ("broadcast", "broadcast"), smalls=((3, 1), ()))
             s["bcast_0d_out_strided"] = simple((3, 4), ("contiguous", "broadcast"), "strided", smalls=(None, ()))
-    if d in (dt.float32, dt.float64) and op in SPECIAL_OPS:
+    if d in (dt.float32, dt.float64) and _spec(op).special:
 
         def special(rng: np.random.Generator) -> Call:
             ins = [Operand(SPECIAL, d), Operand(SPECIAL_B, d)][:nin]
@@ -280,13 +238,10 @@ def elementwise_cases() -> list[Case]:
     cases += _copy_cases()
     cases += _fill_cases()
     cases += _arange_cases()
-    for op in UNARY_OPS:
-        for d in _unary_dtypes(op):
-            for name, b in _samples(op, d, 1).items():
-                cases.append(Case(op, d.name, name, b))
-    for op in BINARY_OPS + COMPARE_OPS:
-        for d in _binary_dtypes(op):
-            for name, b in _samples(op, d, 2).items():
+    for op in catalogue.POINTWISE_OPS:
+        nin = catalogue.op(op).arity[1]
+        for d in pointwise_dtypes(op):
+            for name, b in _samples(op, d, nin).items():
                 cases.append(Case(op, d.name, name, b))
     for d in DTYPES:
         for name, b in _where_samples(d).items():

@@ -2,8 +2,9 @@
 
 The same rows serve twice: a backend that implements a fused op is checked against
 the reference kernel, and every op with a frontend decomposition
-(``kael.ops._fused.decompositions``) has that decomposition, run on the backend's
-primitives, checked against the reference kernel too.
+(``kael.backends.catalogue.decomposition``) has that decomposition, run on the backend's
+primitives, checked against the reference kernel too. Elementwise fused ops (silu) have
+their rows in ``_table_elementwise``, made from the catalogue.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ... import _dtype as dt
+from kael.backends import dtypes as dt
+
 from ._cases import FLOATS, Call, Case, operand, vals
 from ._layout import Operand, Out
 

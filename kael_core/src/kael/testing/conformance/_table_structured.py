@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ... import _dtype as dt
+from kael.backends import dtypes as dt
+
 from ._cases import DTYPES, FLOATS, NUMERIC, Call, Case, operand, vals
 from ._layout import Operand, Out
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import kael
-from kael import _dtype as dt
-from kael._ops import CATALOGUE, PRIMITIVES
-from kael.backends._base import API_VERSION
+from kael.backends import API_VERSION
+from kael.backends import dtypes as dt
+from kael.backends.catalogue import CATALOGUE, PRIMITIVES
 from kael.testing import assert_close
-from kael.testing.conformance._layout import host_bits
+from kael.testing.conformance import host_bits
 
 SHAPES = [(), (0,), (5,), (3, 4), (2, 0, 3), (2, 3, 5)]
 
@@ -52,7 +52,7 @@ def test_kernels_are_callable(kael_backend: Any) -> None:
 @pytest.mark.parametrize("dtype", [d.name for d in dt.ALL_DTYPES])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)) or "0d")
 def test_host_round_trip(dtype: str, shape: tuple[int, ...], kael_backend: Any, kael_device: Any) -> None:
-    d = dt.BY_NAME[dtype]
+    d = dt.by_name(dtype)
     rng = np.random.default_rng(0)
     values = (rng.random(shape) < 0.5) if d is dt.bool_ else rng.integers(0, 100, size=shape).astype(np.float64)
     t = kael.empty(shape, dtype=d, device=kael_device)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kael
-from kael import _dtype as dt
+from kael.backends import dtypes as dt
 
 DTYPES = [d.name for d in dt.ALL_DTYPES if d is not dt.bfloat16]
 
@@ -21,16 +21,16 @@ def _cpu_only(kael_backend: Any) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_to_numpy_zero_copy(dtype: str, kael_backend: Any, kael_device: Any) -> None:
     _cpu_only(kael_backend)
-    t = kael.arange(12, device=kael_device).reshape(3, 4).to(dt.BY_NAME[dtype])
+    t = kael.arange(12, device=kael_device).reshape(3, 4).to(dt.by_name(dtype))
     try:
         a = np.from_dlpack(t)
     except (BufferError, TypeError) as exc:  # NumPy versions without bool DLPack support
         pytest.skip(f"NumPy cannot import {dtype} through DLPack: {exc}")
-    np.testing.assert_array_equal(a, np.arange(12).reshape(3, 4).astype(dt.BY_NAME[dtype].np))
+    np.testing.assert_array_equal(a, np.arange(12).reshape(3, 4).astype(dt.by_name(dtype).np))
     assert a.__array_interface__["data"][0] == t.data_ptr(), "np.from_dlpack copied the tensor"
     v = t.T[1:]
     av = np.from_dlpack(v)
-    np.testing.assert_array_equal(av, np.arange(12).reshape(3, 4).astype(dt.BY_NAME[dtype].np).T[1:])
+    np.testing.assert_array_equal(av, np.arange(12).reshape(3, 4).astype(dt.by_name(dtype).np).T[1:])
     assert av.__array_interface__["data"][0] == v.data_ptr()
 
 

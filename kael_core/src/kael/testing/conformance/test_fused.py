@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
-from kael.ops._fused import decompositions
+from kael.backends import catalogue
 from kael.testing.conformance import Case, check_decomposition, check_kernel, fused_op_cases
+
+DECOMPOSITIONS = catalogue.decompositions()
 
 
 @pytest.mark.parametrize("case", fused_op_cases(), ids=lambda c: c.id)
@@ -17,6 +19,6 @@ def test_fused_kernel(case: Case, kael_backend: Any, kael_device: Any) -> None:
     check_kernel(case, kael_backend, kael_device)
 
 
-@pytest.mark.parametrize("case", [c for c in fused_op_cases() if c.op in decompositions], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [c for c in fused_op_cases() if c.op in DECOMPOSITIONS], ids=lambda c: c.id)
 def test_decomposition(case: Case, kael_backend: Any, kael_device: Any) -> None:
-    check_decomposition(case, decompositions[case.op], kael_device, kael_backend)
+    check_decomposition(case, DECOMPOSITIONS[case.op], kael_device, kael_backend)

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 import kael
-from kael._plugins import manager
 from kael.testing import assert_close
 
 B, T, C, H, V = 2, 5, 8, 2, 11
@@ -72,12 +71,12 @@ def _step(
 
 @contextlib.contextmanager
 def _reference_cpu() -> Iterator[None]:
-    prev = manager.overrides.get("cpu")
-    manager.use("cpu", "reference")
+    prev = kael.backends.override("cpu")
+    kael.backends.use("cpu", "reference")
     try:
         yield
     finally:
-        manager.use("cpu", prev)
+        kael.backends.use("cpu", prev)
 
 
 def test_gpt2_step_matches_reference(kael_device: Any) -> None:

@@ -2,7 +2,9 @@
 
 Backward formulas are frontend ops, so this checks that the backend's kernels (and
 its fused backward kernels such as gelu_backward and layer_norm_backward, when it has
-them) give the right gradients, for every differentiable op family.
+them) give the right gradients, for every differentiable op family. Every elementwise op
+of the catalogue with a float result gets a case of its own (``pointwise_<op>``), its
+inputs drawn from the op's sample domain.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 import kael
+from kael.backends import catalogue
 from kael.testing import gradcheck
 
 
@@ -84,9 +87,32 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] =
 }
 
 
+# the conformance table's value kinds -> the kinds here (steps such as floor's are not probed at their jumps)
+_GRAD_KIND = {"positive": "positive", "small": "positive", "nonzero": "away0", "unit": "unit"}
+
+
+def _pointwise_cases() -> dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]]:
+    out: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] = {}
+    for op in catalogue.POINTWISE_OPS:
+        d = catalogue.op(op)
+        p = d.pointwise
+        assert p is not None
+        if p.bool_out or p.dtypes == "bool":
+            continue  # no float result to differentiate
+        kinds = [_GRAD_KIND.get(k, "normal") for k in (p.domain * 2)[: d.arity[1]]]
+        shapes = [(2, 3), (3,)][: d.arity[1]]  # binary ops broadcast their second operand
+        out[f"pointwise_{op}"] = (getattr(kael, op), list(zip(shapes, kinds)))
+    return out
+
+
+CASES.update(_pointwise_cases())
+
+
 def _values(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.ndarray:
     if kind == "positive":
         return rng.uniform(0.3, 2.0, size=shape)
+    if kind == "unit":
+        return rng.uniform(-0.9, 0.9, size=shape)
     if kind == "away0":
         return rng.uniform(0.2, 1.5, size=shape) * rng.choice([-1.0, 1.0], size=shape)  # type: ignore[no-any-return]
     return rng.standard_normal(shape)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import kael
-from kael import _dtype as dt
-from kael.testing.conformance._run import host_values
+from kael.backends import dtypes as dt
+from kael.testing.conformance import host_values
 
 N = 40_000
 UNIFORM = [(d, "uniform", -2.0, 3.0) for d in ("float32", "float64", "float16", "bfloat16")]
@@ -19,7 +19,7 @@ ALL = UNIFORM + NORMAL + RANDINT
 
 
 def _draw(backend: Any, device: Any, op: str, dtype: str, a: Any, b: Any, seed: int, shape: Any = (N,)) -> Any:
-    out = kael.empty(shape, dtype=dt.BY_NAME[dtype], device=device)
+    out = kael.empty(shape, dtype=dt.by_name(dtype), device=device)
     gen = kael.Generator(device).manual_seed(seed)
     backend.kernel(op)(out, a, b, gen)
     return out
