@@ -1,6 +1,7 @@
-"""Fused kernels against the reference: gelu (+ backward), softmax / log_softmax over any
-dim, layer_norm (+ backward), cross_entropy, attention over a KV cache with lengths,
-adamw_step; on strided operands and every float dtype."""
+"""Fused kernels against the reference: gelu (+ backward), silu (also against float64
+NumPy), softmax / log_softmax over any dim, layer_norm (+ backward), cross_entropy,
+attention over a KV cache with lengths, adamw_step; on strided operands and every float
+dtype."""
 
 from __future__ import annotations
 
@@ -56,6 +57,53 @@ def test_gelu_tanh_float32_long_rows_are_accurate(cpu: Any) -> None:
     v = x.astype(np.float64)
     exact = 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
     assert_close(logical(out), exact, rtol=1e-6, atol=1e-7)
+
+
+def _silu64(x: np.ndarray) -> np.ndarray:
+    v = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return v / (1.0 + np.exp(-v))
+
+
+def test_silu_is_native_in_this_build(cpu: Any) -> None:
+    from kael_backend_cpu._native import C
+
+    assert cpu.kernel("silu") is C.silu
+
+
+@SETTINGS
+@given(
+    shape=st.lists(st.integers(0, 40), min_size=0, max_size=3).map(tuple),
+    dtype=st.sampled_from(FLOATS),
+    layout=st.sampled_from(LAYOUTS),
+    scale=st.sampled_from([1.0, 10.0, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_silu(cpu: Any, ref: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:
+    d = dt.BY_NAME[dtype]
+    x = place(np.random.default_rng(seed).standard_normal(shape) * scale, d, layout)
+    got, want = _pair(cpu, shape, d)
+    cpu.kernel("silu")(got, x)
+    ref.kernel("silu")(want, x)
+    assert_close(logical(got), logical(want), **tol(d, 2.0), msg=f"silu {dtype} {layout}")
+    assert_close(logical(got), _silu64(logical(x)), **tol(d, 2.0), msg=f"silu {dtype} {layout} vs float64")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_silu_special_values(cpu: Any, dtype: str) -> None:
+    d = dt.BY_NAME[dtype]
+    vals = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e4, -1e4, 200.0, -200.0, 20.0, -20.0, 1e-3, -1e-3])
+    x = place(vals, d, "contiguous")
+    out = cpu_empty(cpu, vals.shape, d)
+    cpu.kernel("silu")(out, x)
+    got = logical(out).astype(np.float64)
+    xv = logical(x).astype(np.float64)
+    assert np.isnan(got[3]) and np.isnan(got[4])  # -inf / inf, as PyTorch gives; nan passes
+    assert got[2] == np.inf and got[5] == xv[5] and got[7] == xv[7]  # x for large x
+    assert got[6] == 0 and np.signbit(got[6])  # -0 where exp(-x) overflows
+    finite = np.isfinite(_silu64(xv)) & ~np.isin(np.arange(vals.size), [3, 4])
+    assert_close(got[finite], _silu64(xv)[finite], **tol(d, 2.0), msg=f"silu specials {dtype}")
+    assert list(np.signbit(got[:2])) == [False, True]
 
 
 @SETTINGS
