@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 
 import pytest
+from kael_server.metrics import Metrics
+from litestar.testing import TestClient
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kael_server import Generator, create_app
 
 from .asgi import Exchange
 from .conftest import generator_of, make_app, samples
-from .fakes import FakeModel, Gate
+from .fakes import ByteTokenizer, FakeModel, Gate
 
 
 def vm_hwm_bytes() -> int:
@@ -87,3 +93,36 @@ def test_registries_are_per_app() -> None:
     rendered = samples(generator_of(second).metrics.render().decode())
     assert rendered[("kael_requests_total", (("status", "ok"),))] == 0
     assert first_metrics.registry is not generator_of(second).metrics.registry
+
+
+def test_content_type_names_one_charset_and_the_exposition_version() -> None:
+    with TestClient(make_app()) as client:
+        response = client.get("/metrics")
+    content_type = response.headers["content-type"]
+    assert content_type == CONTENT_TYPE_LATEST  # prometheus_client's own, as is
+    assert content_type.count("charset") == 1
+    # The body is in the format the header names: prometheus_client's parser reads it.
+    assert ("kael_requests_total", (("status", "ok"),)) in samples(response.text)
+
+
+def test_head_answers_like_get_without_a_body() -> None:
+    with TestClient(make_app()) as client:
+        for path in ("/health", "/ready", "/metrics"):
+            got = client.get(path)
+            headed = client.head(path)
+            assert (headed.status_code, headed.content) == (got.status_code, b"")
+            assert headed.headers["content-type"] == got.headers["content-type"]
+            assert int(headed.headers["content-length"]) > 0
+
+
+def test_head_on_ready_says_503_while_loading() -> None:
+    loaded = threading.Event()
+
+    def loader(metrics: Metrics) -> Generator:
+        loaded.wait(10)
+        return Generator(FakeModel(), ByteTokenizer(), metrics=metrics)
+
+    with TestClient(create_app(loader)) as client:
+        assert client.head("/ready").status_code == 503
+        assert client.get("/ready").json() == {"status": "loading"}
+        loaded.set()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,4 +141,109 @@ def test_real_model_streams_to_the_page(browser: object, tmp_path: Path) -> None
             page.close()
 
 
-_ = subprocess
+BUNDLED = HERE.parents[1] / "kael_server" / "src" / "kael_server" / "models" / "kael-tiny"
+PAGE_KEY = "playground-key-Mn8"
+
+
+@pytest.fixture
+def bundled_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The real ``kael-server`` with no --data: the bundled kael-tiny, as a newcomer starts it
+    (extra flags as the indirect parameter)."""
+    pytest.importorskip("kael")
+    import kael_server.loading
+
+    try:
+        kael_server.loading.bundled_model_dir()
+    except kael_server.loading.ServerConfigError:
+        pytest.skip("this installation has no bundled model")
+    port = free_port()
+    cmd = [sys.executable, "-m", "kael_server.cli", "--port", str(port), *getattr(request, "param", ())]
+    with server_process(cmd, port):
+        yield f"http://127.0.0.1:{port}"
+
+
+def _wait_for_model_line(page: object) -> str:
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "document.getElementById('model').textContent.includes('context')", timeout=30000
+    )
+    return str(page.text_content("#model"))  # type: ignore[attr-defined]
+
+
+def _generate_and_wait(page: object) -> None:
+    page.click("#generate")  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "!document.getElementById('generate').disabled && "
+        "(document.getElementById('generated') !== null) && "
+        "(document.getElementById('generated').textContent.length > 0 || "
+        "document.getElementById('message').textContent.length > 0)",
+        timeout=60000,
+    )
+
+
+def test_the_defaults_fit_the_bundled_model(browser: object, bundled_server: str) -> None:
+    card = httpx.get(f"{bundled_server}/v1/models").json()["data"][0]
+    context = card["max_model_len"]
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.goto(bundled_server + "/")
+        assert _wait_for_model_line(page) == f"model {card['id']} · context {context} tokens"
+        max_tokens = int(page.input_value("#max_tokens"))
+        assert int(page.get_attribute("#max_tokens", "max")) == min(512, context - 1)
+        prompt = page.input_value("#prompt")
+        prompt_tokens = httpx.post(f"{bundled_server}/tokenize", json={"prompt": prompt}).json()["count"]
+        assert prompt_tokens + max_tokens <= context  # the first click fits the model
+        _generate_and_wait(page)  # nothing changed: the newcomer's first click
+        assert page.text_content("#message") == ""
+        assert len(page.text_content("#generated")) > 0
+        assert "tokens/s" in page.text_content("#stats")
+    finally:
+        page.close()
+
+
+def test_a_prompt_that_does_not_fit_shows_the_servers_reason(browser: object, bundled_server: str) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.goto(bundled_server + "/")
+        _wait_for_model_line(page)
+        page.fill("#prompt", "x = 1\n" * 40)  # bytes are tokens: 240 of kael-tiny's 128
+        _generate_and_wait(page)
+        message = page.text_content("#message")
+        assert message.startswith("Too long: prompt (240 tokens) plus max_tokens")
+        assert "exceeds the context of 128 tokens" in message
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("bundled_server", [["--api-key", PAGE_KEY]], indirect=True)
+def test_the_page_asks_for_the_key_and_sends_it(browser: object, bundled_server: str) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.goto(bundled_server + "/")  # the page itself needs no key
+        page.wait_for_selector("#auth", state="visible", timeout=30000)  # /v1/models said 401
+        assert page.text_content("#auth_reason") == "This server needs an API key."
+        page.fill("#api_key", "not-the-key")
+        page.click("#save_key")
+        page.wait_for_function(
+            "document.getElementById('auth_reason').textContent.startsWith('The server did not accept')",
+            timeout=30000,
+        )
+        assert page.is_visible("#auth")
+        page.fill("#api_key", PAGE_KEY)
+        page.press("#api_key", "Enter")
+        assert "context" in _wait_for_model_line(page)  # /v1/models answered with the key
+        assert page.is_hidden("#auth")
+        assert page.evaluate("sessionStorage.getItem('kael-api-key')") == PAGE_KEY
+        _generate_and_wait(page)
+        assert page.text_content("#message") == ""
+        assert len(page.text_content("#generated")) > 0
+        page.reload()  # the key stays for this tab's session
+        _wait_for_model_line(page)
+        assert page.is_hidden("#auth")
+    finally:
+        page.close()
+    fresh = browser.new_page()  # type: ignore[attr-defined]
+    try:  # another tab (another session) is asked again
+        fresh.goto(bundled_server + "/")
+        fresh.wait_for_selector("#auth", state="visible", timeout=30000)
+    finally:
+        fresh.close()

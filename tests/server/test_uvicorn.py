@@ -33,8 +33,9 @@ def data_lines(response: httpx.Response) -> Iterator[str]:
             yield line[len("data: ") :]
 
 
-def test_sigterm_mid_stream_ends_it_with_an_error_event_and_exits(
-    served: tuple[subprocess.Popen[str], str],
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_stream_ends_it_with_an_error_event_and_exits_0(
+    served: tuple[subprocess.Popen[str], str], sig: signal.Signals
 ) -> None:
     process, url = served
     received: list[str] = []
@@ -43,12 +44,29 @@ def test_sigterm_mid_stream_ends_it_with_an_error_event_and_exits(
     ) as response:
         lines = data_lines(response)
         received.append(next(lines))
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(sig)  # Ctrl+C is SIGINT
         received.extend(lines)
     assert received[-2:] == ['{"error":"server shutting down"}', "[DONE]"]
     assert 1 <= len(received) - 2 < 500  # stopped long before 500 tokens (20 ms each)
-    # uvicorn re-raises the signal once it has shut down gracefully, as the signal asks.
-    assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    # After the drain the process ends normally, without re-raising the signal (a SIGINT
+    # re-raised is a KeyboardInterrupt traceback).
+    assert process.wait(timeout=30) == 0
+    output = process.stdout.read() if process.stdout else ""
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output
+    assert all(json.loads(line) for line in output.splitlines() if line.strip())  # JSON log lines only
+
+
+def test_head_on_the_probes_and_metrics_over_a_real_socket(served: tuple[subprocess.Popen[str], str]) -> None:
+    _, url = served
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for path in ("/health", "/ready", "/metrics"):
+            got, headed = client.get(path), client.head(path)
+            assert headed.status_code == got.status_code == 200
+            assert headed.content == b""
+            assert headed.headers["content-type"] == got.headers["content-type"]
+            if path != "/metrics":  # the metrics change between the two requests
+                assert headed.headers["content-length"] == str(len(got.content))
+        assert client.head("/generate").status_code == 405  # a POST route stays POST
 
 
 def test_plain_client_that_disconnects_is_cancelled(served: tuple[subprocess.Popen[str], str]) -> None:
