@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import platform
 import shutil
 import socket
@@ -144,3 +145,13 @@ def test_cuda_without_a_gpu_is_refused_in_one_line() -> None:
     line = refusal_line(run_cli("--device", "cuda"))
     assert line.startswith("kael-server: --device 'cuda' cannot be used: ")
     assert kael.cuda.unavailable_reason() in line
+
+
+def test_every_module_declares_its_public_names() -> None:
+    modules = [m.name for m in pkgutil.walk_packages(kael_server.__path__, "kael_server.")]
+    assert {"kael_server.auth", "kael_server.deadline", "kael_server.routes.status"} <= set(modules)
+    for name in ["kael_server", *modules]:
+        module = importlib.import_module(name)
+        assert isinstance(getattr(module, "__all__", None), list), f"{name} has no __all__"
+        missing = [n for n in module.__all__ if not hasattr(module, n)]
+        assert not missing, f"{name}.__all__ names what it lacks: {missing}"

@@ -24,6 +24,8 @@ from kael_server.state import ServerState
 from kael_server.validation import decode, read_body
 from kael_server.waiting import accepted, finished
 
+__all__ = ["Reply", "retry_headers", "serve_generation"]
+
 B = TypeVar("B", bound=msgspec.Struct)
 
 

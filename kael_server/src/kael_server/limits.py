@@ -2,6 +2,28 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_CHOICES",
+    "MAX_DETOKENIZE_IDS",
+    "MAX_LOGIT_BIAS",
+    "MAX_LOGPROBS",
+    "MAX_NEW_TOKENS",
+    "MAX_PROMPTS",
+    "MAX_PROMPT_CHARS",
+    "MAX_PROMPT_TOKENS",
+    "MAX_SEED",
+    "MAX_STOP_CHARS",
+    "MAX_STOP_STRINGS",
+    "MAX_TEMPERATURE",
+    "MAX_TOP_K",
+    "MIN_OPENAI_SEED",
+    "MIN_SAMPLING_TEMPERATURE",
+    "RETRY_AFTER_SECONDS",
+    "SHUTDOWN_DRAIN_SECONDS",
+    "temperature_ok",
+]
+
 MAX_PROMPT_CHARS = 8192
 MAX_NEW_TOKENS = 512
 MAX_TOP_K = 1_000_000

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from kael_server.errors import Busy
 from kael_server.jobs import Failed, Job, Outcome
 
+__all__ = ["Scheduler", "SlotPool"]
+
 
 class Scheduler(ABC):
     capacity: int

@@ -10,6 +10,8 @@ from kael_server.accounting import RequestRecord, outcome_of_error
 from kael_server.errors import ServerError, client_error
 from kael_server.jobs import Failed, Finished, Job, JobStats, TextPiece
 
+__all__ = ["DONE", "HEADERS", "MEDIA_TYPE", "event", "job_events"]
+
 MEDIA_TYPE = "text/event-stream"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"

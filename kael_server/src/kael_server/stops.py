@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+__all__ = ["StopMatcher"]
+
 
 class StopMatcher:
     """Feeds text pieces in order and releases only text that cannot be part of a stop string.

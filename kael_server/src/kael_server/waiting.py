@@ -11,6 +11,8 @@ from litestar import Request
 from kael_server.errors import ClientGone
 from kael_server.jobs import Failed, Finished, Job
 
+__all__ = ["accepted", "finished", "or_disconnect"]
+
 T = TypeVar("T")
 
 
