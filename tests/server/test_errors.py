@@ -4,10 +4,13 @@ logged server-side with traceback and request id; one log line per request witho
 from __future__ import annotations
 
 import json
+import logging
+import warnings
+from collections.abc import Iterator
 
 import pytest
 import structlog
-from kael_server.logs import configure_logging
+from kael_server.logs import HANDLER_NAME, configure_logging
 from litestar.testing import TestClient
 
 from .conftest import make_app, metric, sse_payloads
@@ -62,8 +65,52 @@ def test_failure_is_logged_with_traceback_and_request_id() -> None:
     assert (line["request_id"], line["status"], line["outcome"]) == ("req-42", 500, "error")
 
 
+@pytest.fixture
+def server_logging() -> Iterator[None]:
+    """configure_logging's global state (structlog, the root logger, warnings) undone afterwards."""
+    root = logging.getLogger()
+    level = root.level
+    try:
+        yield
+    finally:
+        structlog.reset_defaults()
+        for handler in [h for h in root.handlers if h.name == HANDLER_NAME]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+        logging.captureWarnings(False)
+
+
+def test_standard_logging_and_warnings_are_json_lines_too(
+    capsys: pytest.CaptureFixture[str], server_logging: None
+) -> None:
+    configure_logging("json")
+    logging.getLogger("uvicorn.error").info("Started server process [%d]", 42)
+    logging.getLogger("uvicorn.error").debug("below the level")
+    try:
+        raise ValueError(SECRET)
+    except ValueError:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a plugin failed to load", RuntimeWarning, stacklevel=1)
+    configure_logging("json")  # again: still one handler, so one line per event
+    logging.getLogger("uvicorn.error").warning("Shutting down")
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    started, failure, warned, shutdown = lines
+    assert (started["event"], started["logger"], started["level"]) == (
+        "Started server process [42]",
+        "uvicorn.error",
+        "info",
+    )
+    assert failure["event"] == "Exception in ASGI application" and failure["level"] == "error"
+    assert failure["exception"][0]["exc_value"] == SECRET  # a structured traceback, no local variables
+    assert "locals" not in json.dumps(failure["exception"])
+    assert warned["logger"] == "py.warnings" and "a plugin failed to load" in warned["event"]
+    assert shutdown["event"] == "Shutting down" and "timestamp" in shutdown
+
+
 def test_one_json_line_per_request_without_prompt_or_generated_text(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], server_logging: None
 ) -> None:
     configure_logging("json")
     try:
