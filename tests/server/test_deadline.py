@@ -20,6 +20,7 @@ from kael_server.deadline import MAX_REQUEST_TIMEOUT, arm, check_request_timeout
 from kael_server.errors import Cancelled
 from kael_server.jobs import Finished, Job, SamplingParams
 from litestar import Litestar
+from litestar.testing import TestClient
 
 from kael_server import Generator, create_app, deadline
 
@@ -207,3 +208,16 @@ def test_cli_refuses_a_bad_timeout_in_one_line() -> None:
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("kael-server:")]
     assert "--request-timeout" in line and "more than 0" in line
     assert "Traceback" not in done.stderr
+
+
+def test_the_openapi_document_has_the_504_only_with_a_deadline() -> None:
+    with TestClient(single_slot_app(FakeModel(), timeout=5)) as client:
+        paths = client.get("/schema/openapi.json").json()["paths"]
+    for path in ("/generate", "/v1/completions"):
+        responses = paths[path]["post"]["responses"]
+        assert responses["504"]["content"] == responses["500"]["content"]
+        assert responses["504"]["description"] == "The generation ran past --request-timeout"
+    assert "504" not in paths["/tokenize"]["post"]["responses"]
+    with TestClient(single_slot_app(FakeModel(), timeout=None)) as client:
+        paths = client.get("/schema/openapi.json").json()["paths"]
+    assert "504" not in paths["/generate"]["post"]["responses"]

@@ -15,7 +15,7 @@ from litestar.openapi import OpenAPIConfig
 from kael_server import __version__, limits
 from kael_server.accounting import RequestAccounting, request_id_of
 from kael_server.auth import ApiKeys, RequireApiKey, document_api_keys
-from kael_server.deadline import check_request_timeout
+from kael_server.deadline import check_request_timeout, document_deadline
 from kael_server.errors import client_error
 from kael_server.generator import Generator
 from kael_server.metrics import Metrics
@@ -74,6 +74,8 @@ def create_app(
     )
     if keys:
         document_api_keys(app, protect_metrics)
+    if timeout is not None:
+        document_deadline(app)
     return app
 
 

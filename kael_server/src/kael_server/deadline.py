@@ -9,12 +9,16 @@ request is counted under the outcome ``timeout`` (``kael_requests_total{status="
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
+from litestar import Litestar
+from litestar.openapi.spec import OpenAPIResponse
+
 from kael_server.jobs import Job
 
-__all__ = ["MAX_REQUEST_TIMEOUT", "arm", "check_request_timeout"]
+__all__ = ["MAX_REQUEST_TIMEOUT", "arm", "check_request_timeout", "document_deadline"]
 
 MAX_REQUEST_TIMEOUT = 86_400.0
 """A day: any longer is no limit worth having."""
@@ -46,3 +50,19 @@ def arm(job: Job, seconds: float | None) -> None:
 def _expire(job: Job) -> None:
     if not job.done.done():
         job.cancel("timeout")
+
+
+def document_deadline(app: Litestar) -> None:
+    """Adds the 504 answer to the OpenAPI document of every generation route (with the error
+    body of the route's 500: each API phrases its errors its own way)."""
+    generation = {
+        route.path for route in app.routes for h in getattr(route, "route_handlers", ()) if h.opt.get("generation")
+    }
+    for path, item in (app.openapi_schema.paths or {}).items():
+        operation = item.post if path in generation else None
+        if operation is None or not operation.responses or "500" not in operation.responses:
+            continue
+        failure = operation.responses["500"]
+        if isinstance(failure, OpenAPIResponse):
+            timeout = dataclasses.replace(failure, description="The generation ran past --request-timeout")
+            operation.responses = {**operation.responses, "504": timeout}
