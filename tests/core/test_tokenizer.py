@@ -13,7 +13,7 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kael._errors import DTypeError, FormatError, IndexError_, KaelError
-from kael.tokenizer import BpeTokenizer, IncrementalDecoder, _pretokenize
+from kael.tokenizer import BpeTokenizer, IncrementalDecoder, SupportsDecode, _pretokenize
 from kael.tokenizer._bpe import MergeTable, merge_long, merge_short
 from kael.tokenizer._bytes import BYTE_TO_CHAR, CHAR_TO_BYTE, token_to_bytes
 from kael.tokenizer._cache import PieceCache
@@ -332,6 +332,37 @@ def test_incremental_equals_full_decode_for_any_bytes(tok: BpeTokenizer, vocab: 
     ids = byte_token_ids(vocab, data)
     decoder = tok.incremental_decoder()
     assert "".join(decoder.add(i) for i in ids) + decoder.flush() == tok.decode_text(ids)
+
+
+class _Bytes:
+    """Any tokenizer with ``decode(ids) -> bytes`` (SupportsDecode): here token i is byte i."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def decode(self, ids: list[int]) -> bytes:
+        self.calls.append(ids)
+        return bytes(ids)
+
+
+@given(st.binary(max_size=60), st.lists(st.integers(min_value=0, max_value=60), max_size=6))
+def test_incremental_decoder_over_any_byte_tokenizer(data: bytes, cuts: list[int]) -> None:
+    source: SupportsDecode = _Bytes()
+    decoder = IncrementalDecoder(source)
+    bounds = [0, *sorted(c for c in cuts if c <= len(data)), len(data)]
+    pieces = [decoder.add_many(data[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    text = "".join(pieces) + decoder.flush()
+    assert text == data.decode("utf-8", errors="replace")  # the oracle: one-shot decoding
+    assert all(isinstance(ids, list) for ids in source.calls)  # what SupportsDecode promises
+
+
+def test_incremental_decoder_errors_argument() -> None:
+    strict = IncrementalDecoder(_Bytes(), errors="strict")
+    assert strict.add(0xC3) == ""
+    with pytest.raises(UnicodeDecodeError):
+        strict.add(0x41)  # C3 41 is no character
+    ignore = IncrementalDecoder(_Bytes(), errors="ignore")
+    assert ignore.add_many(b"a\xffb") == "ab"
 
 
 # -- malformed files -------------------------------------------------------------------
