@@ -44,21 +44,22 @@ def best_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def _kael_setup() -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
-    from kael import _dtype as dt
-    from kael._device import CPU
-    from kael._storage import Storage
-    from kael._tensor import Tensor, contiguous_strides, from_numpy_bits
+    import kael
+    from kael.backends import dtypes as dt
+    from kael.backends import memory
 
     import kael_backend_cpu
 
     backend = kael_backend_cpu.CpuBackend()
 
+    cpu = kael.device("cpu")
+
     def wrap(a: np.ndarray) -> Any:
-        return from_numpy_bits(a, dt.float32 if a.dtype == np.float32 else dt.int64)
+        return kael.from_numpy(a)  # shares a's memory (float32 or int64 arrays)
 
     def empty(shape: tuple[int, ...], d: Any = dt.float32) -> Any:
         n = int(np.prod(shape)) * d.itemsize
-        return Tensor._make(Storage(backend.allocate(n, CPU), n, CPU), shape, contiguous_strides(shape), 0, d)
+        return memory.wrap_buffer(backend.allocate(n, cpu), n, cpu, shape, memory.contiguous_strides(shape), d)
 
     return backend, wrap, empty
 

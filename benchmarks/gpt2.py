@@ -142,9 +142,7 @@ def worker(directory: Path, threads: int, new_tokens: int, repeats: int) -> dict
     report["load_copy_s"] = _best(lambda: GPT.from_pretrained(directory), repeats)
     report["load_mmap_s"] = _best(lambda: GPT.from_pretrained(directory, mmap=True), repeats)
     model = GPT.from_pretrained(directory)
-    from kael._dispatch import backend_for
-
-    report["kael_backend"] = backend_for("cpu").name
+    report["kael_backend"] = kael.backends.current("cpu").name
     rng = np.random.default_rng(1)
     long_prompt = rng.integers(0, model.vocab_size, PREFILL_TOKENS).tolist()
     prompt = rng.integers(0, model.vocab_size, PROMPT_TOKENS).tolist()
@@ -192,16 +190,16 @@ def worker(directory: Path, threads: int, new_tokens: int, repeats: int) -> dict
 
 def python_overhead_ms(model: Any, prompt: list[int], new_tokens: int) -> float:
     """Milliseconds per decode step spent outside the kernels: the same decode with every kernel a no-op."""
-    from kael import _dispatch
+    from kael.backends import dispatch
 
     noop = lambda *args, **kwargs: None  # noqa: E731
     real = ("argmax", "amin", "amax")  # the id checks and greedy choice read their results
-    _dispatch.set_kernel_wrapper(lambda device, op, backend, kernel: kernel if op in real else noop)
+    dispatch.set_kernel_wrapper(lambda device, op, backend, kernel: kernel if op in real else noop)
     try:
         stamps: list[float] = []
         model.generate(prompt, new_tokens, on_token=lambda t: stamps.append(time.perf_counter()))
     finally:
-        _dispatch.set_kernel_wrapper(None)
+        dispatch.set_kernel_wrapper(None)
     return 1e3 / _decode_rate(stamps)
 
 

@@ -422,9 +422,9 @@ def main() -> None:
 def backend_name() -> str | None:
     """The backend serving device cpu in this environment (what a started server uses too)."""
     try:
-        from kael import _dispatch
+        import kael
 
-        return str(_dispatch.backend_for("cpu").name)
+        return str(kael.backends.current("cpu").name)
     except Exception:
         return None
 

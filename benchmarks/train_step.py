@@ -69,7 +69,6 @@ def kael_step(d: dict[str, np.ndarray], lr: float) -> Callable[[], float]:
 def frontend_ms(d: dict[str, np.ndarray], lr: float, steps: int, repeats: int) -> float:
     """ms per step with a CPU backend whose kernels do nothing: the frontend's own cost (ops, autograd,
     optimizer), i.e. what kael adds on top of any backend's kernel time."""
-    from kael._plugins import manager
     from kael.backends.reference import ReferenceBackend
 
     class NullBackend(ReferenceBackend):
@@ -85,7 +84,7 @@ def frontend_ms(d: dict[str, np.ndarray], lr: float, steps: int, repeats: int) -
             return [NullBackend()]
 
     step = kael_step(d, lr)  # weights loaded through the real backend
-    manager.register(Plugin(), "benchmark_null_kernels")
+    kael.backends.register(Plugin(), "benchmark_null_kernels")
     kael.backends.use("cpu", "null_kernels")
     try:
         # the calling thread's CPU time: this part is single-threaded Python, and CPU time is not
@@ -93,7 +92,7 @@ def frontend_ms(d: dict[str, np.ndarray], lr: float, steps: int, repeats: int) -
         ms, _ = time_steps(step, steps, repeats, keep_losses=False, clock=time.thread_time)
     finally:
         kael.backends.use("cpu", None)
-        manager.unregister("benchmark_null_kernels")
+        kael.backends.unregister("benchmark_null_kernels")
     return ms
 
 

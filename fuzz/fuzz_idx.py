@@ -22,8 +22,14 @@ import numpy as np
 with _harness.instrumented(__name__ == "__main__", ["kael"]):
     import kael.ops  # noqa: F401
     from kael import FormatError
-    from kael._tensor import numpy_bits
+    from kael.backends import host
     from kael.data.idx import parse_idx, read_idx, read_idx_images, read_idx_labels
+
+
+def _bits(t: Any) -> Any:
+    """A C-contiguous host array of CPU tensor t's raw elements (uint16 bits for bfloat16)."""
+    return np.asarray(host.view(t), order="C")  # asarray(order="C"), not ascontiguousarray: 0-d stays 0-d
+
 
 PATH = _harness.scratch_path("idx", ".idx")
 
@@ -61,7 +67,7 @@ def _same(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
 
 def _read(reader: Any) -> np.ndarray[Any, Any] | None:
     try:
-        return numpy_bits(reader(PATH))
+        return _bits(reader(PATH))
     except FormatError:
         return None
 

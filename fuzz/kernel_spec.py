@@ -12,10 +12,17 @@ INT_MIN, zero divisors, any bit pattern) instead of well-behaved values from the
 bit 1 in place (the output is the first input, for ops the frontend runs in place).
 
 `decode` returns a `KernelCase`: the kernel's positional arguments as `Tensor` specs
-(logical shape, dtype, layout, role) and plain Python values, in kael._ops order.
+(logical shape, dtype, layout, role) and plain Python values, in the order of the op's
+catalogue signature (kael.backends.catalogue).
+
+The elementwise ops, their dtypes, value domains, in-place use and bit-exactness come from
+the catalogue's `Pointwise` entries: an elementwise op added to the catalogue is fuzzed
+with no change here (fused ones, such as silu, at the end of OPS; they are skipped for a
+backend that does not implement them).
 
 The committed seeds and regressions are in this encoding: append to OPS and to the dtype
-lists, never reorder them, or the saved inputs decode to other calls.
+lists, never reorder them, or the saved inputs decode to other calls (the catalogue keeps
+its families in order and new ops go at their ends).
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from kael import _dtype as dt
-from kael._ops import BINARY_OPS, COMPARE_OPS, UNARY_OPS
+from kael.backends import catalogue
+from kael.backends import dtypes as dt
+from kael.backends.catalogue import BINARY_OPS, COMPARE_OPS, POINTWISE_FUSED, POINTWISE_OPS, UNARY_OPS
 
 __all__ = ["OPS", "KernelCase", "Layout", "Reader", "TensorSpec", "decode", "encode_case"]
 
@@ -33,12 +41,21 @@ FLOATS = (dt.float32, dt.float64, dt.float16, dt.bfloat16)
 INTS = (dt.int32, dt.int64, dt.uint8, dt.int8, dt.int16)
 NUMERIC = FLOATS + INTS
 ALL = (*NUMERIC, dt.bool_)
-FLOAT_UNARY = frozenset(("exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid", "erf", "log1p", "expm1"))
-INPLACE = frozenset(("add", "sub", "mul", "div", "pow", "maximum", "minimum"))
 REDUCE = ("sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all")
 FUSED = ("softmax", "log_softmax", "layer_norm", "gelu")
 STRUCTURED = ("copy", "fill", "arange", "where", "matmul", "cat", "index_select", "gather")
-OPS: tuple[str, ...] = (*BINARY_OPS, *UNARY_OPS, *COMPARE_OPS, *STRUCTURED, *REDUCE, *FUSED)
+OPS: tuple[str, ...] = (*BINARY_OPS, *UNARY_OPS, *COMPARE_OPS, *STRUCTURED, *REDUCE, *FUSED, *POINTWISE_FUSED)
+_POINTWISE_DTYPES = {"float": FLOATS, "numeric": NUMERIC, "all": ALL, "bool": (dt.bool_,)}
+
+
+def _pointwise(op: str) -> catalogue.Pointwise:
+    p = catalogue.op(op).pointwise
+    assert p is not None
+    return p
+
+
+#: ops the frontend runs in place as kernel(t, t, b) (Tensor.add_ and friends)
+INPLACE = frozenset(op for op in BINARY_OPS if _pointwise(op).inplace)
 
 
 class Reader:
@@ -147,32 +164,19 @@ def _layout(r: Reader, ndim: int, broadcast: bool) -> Layout:
 
 
 def _dtypes(op: str) -> tuple[dt.DType, ...]:
-    if op in FLOAT_UNARY or op in FUSED or op == "div":
+    if op in POINTWISE_OPS:
+        return _POINTWISE_DTYPES[_pointwise(op).dtypes]
+    if op in FUSED:
         return FLOATS
-    if op in ("logical_and", "logical_or"):
-        return (dt.bool_,)
-    if op in ("logical_not", "add", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "copy", "fill"):
-        return ALL
-    if op in ("where", "cat", "index_select", "gather", "sum", "prod", "amax", "amin", "any", "all"):
+    if op in ("copy", "fill", "where", "cat", "index_select", "gather", "sum", "prod", "amax", "amin", "any", "all"):
         return ALL
     return NUMERIC
 
 
 def _kinds(op: str, d: dt.DType) -> tuple[str, str]:
-    """Value kinds for (a, b) that keep well-behaved values in the op's domain (as the conformance table)."""
-    if op in ("log", "sqrt", "rsqrt"):
-        return "positive", "normal"
-    if op == "log1p":
-        return "unit", "normal"
-    if op in ("floor", "ceil", "round"):
-        return "halves", "normal"
-    if op == "pow":
-        return ("positive", "unit") if d.is_floating_point else ("small", "small")
-    if op in ("div", "remainder", "floor_divide"):
-        return "normal", "nonzero"
-    if op in ("eq", "ne", "lt", "le", "gt", "ge") and d.is_floating_point:
-        return "halves", "halves"
-    return "normal", "normal"
+    """Value kinds for (a, b) that keep well-behaved values in the op's domain (the catalogue's, as the conformance table)."""
+    ka, kb = (_pointwise(op).kinds(d.category == dt.INTEGER) * 2)[:2]
+    return ka, kb
 
 
 def _reduce_out(op: str, d: dt.DType) -> dt.DType:
@@ -226,14 +230,13 @@ def _numel(shape: Any) -> int:
 def _elementwise(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> None:
     shape = _shape(r)
     ka, kb = _kinds(op, d)
-    if op in UNARY_OPS:
-        out_dtype = dt.bool_ if op == "logical_not" else d
+    spec = _pointwise(op)
+    out_dtype = dt.bool_ if spec.bool_out else d
+    if catalogue.op(op).arity[1] == 1:
         case.args = [b.tensor(shape, out_dtype, "out"), b.tensor(shape, d, kind=ka)]
-        case.exact = op in ("neg", "abs", "logical_not", "sign") and d.category != 2
     else:
-        out_dtype = dt.bool_ if op in COMPARE_OPS else d
         case.args = [b.tensor(shape, out_dtype, "out"), b.tensor(shape, d, kind=ka), b.tensor(shape, d, kind=kb)]
-        case.exact = op in COMPARE_OPS or (op in ("maximum", "minimum") and d.category != 2)
+    case.exact = spec.exact == "all" or (spec.exact == "ints" and d.category != dt.FLOATING)
     if case.alias:
         a = case.args[1]
         case.args[1] = TensorSpec(
@@ -362,7 +365,7 @@ def decode(data: bytes) -> KernelCase:
     flags = r.byte()
     case = KernelCase(op, d, [], raw=bool(flags & 1), alias=bool(flags & 2))
     b = _Builder(r)
-    if op in UNARY_OPS or op in BINARY_OPS or op in COMPARE_OPS:
+    if op in POINTWISE_OPS:
         _elementwise(op, d, r, b, case)
     elif op in STRUCTURED:
         _structured(op, d, r, b, case)

@@ -158,6 +158,7 @@ def kernels_seeds() -> Seeds:
         "index_select_f32.bin": encode_case("index_select", "float32", (4, 3), extra=b"\x00\x05"),
         "softmax_f32.bin": encode_case("softmax", "float32", (2, 5), extra=dense * 2 + b"\x01"),
         "layer_norm_f32.bin": encode_case("layer_norm", "float32", (2, 8), extra=b"\x03"),
+        "silu_bf16_transposed.bin": encode_case("silu", "bfloat16", (4, 3), extra=dense + b"\x01\x00\x01"),
     }
 
 

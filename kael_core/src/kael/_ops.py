@@ -247,7 +247,9 @@ COMPARE: dict[str, Pointwise] = {
 }
 #: Elementwise fused ops: optional kernels, each with a decomposition (and a Function in kael.ops).
 UNARY_FUSED: dict[str, Pointwise] = {
-    "silu": _float(expr=lambda xp, x: x / (1 + xp.exp(-x)), decompose=lambda p, x: p.mul(x, p.sigmoid(x))),
+    "silu": _float(
+        expr=lambda xp, x: x / (1 + xp.exp(-x)), decompose=lambda p, x: p.mul(x, p.sigmoid(x)), inplace=True
+    ),
 }
 
 UNARY_OPS: tuple[str, ...] = tuple(UNARY)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import functional, init, utils
 from ._containers import ModuleDict, ModuleList, Sequential
-from ._layers import GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, ReLU
+from ._layers import GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, ReLU, SiLU
 from ._module import IncompatibleKeys, Module
 from ._parameter import Parameter
 
@@ -18,6 +18,7 @@ __all__ = [
     "Dropout",
     "GELU",
     "ReLU",
+    "SiLU",
     "Identity",
     "Flatten",
     "Sequential",

@@ -1,4 +1,4 @@
-"""Layers: Linear, Embedding, LayerNorm, Dropout and the activations (GELU, ReLU), plus Identity and Flatten.
+"""Layers: Linear, Embedding, LayerNorm, Dropout and the activations (GELU, ReLU, SiLU), plus Identity and Flatten.
 
 Parameter shapes and initialisations follow PyTorch (``Linear.weight`` is
 ``[out_features, in_features]``), so checkpoints and results carry over.
@@ -18,7 +18,7 @@ from . import init
 from ._module import Module
 from ._parameter import Parameter
 
-__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Identity", "Flatten"]
+__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "SiLU", "Identity", "Flatten"]
 
 
 def _positive(op: str, **sizes: Any) -> None:
@@ -157,6 +157,20 @@ class GELU(Module):
 class ReLU(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
+
+
+class SiLU(Module):
+    """SiLU(x) = x * sigmoid(x) (swish; the activation of Llama-family MLPs). inplace overwrites the input."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = bool(inplace)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x, self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
 
 
 class Identity(Module):

@@ -16,6 +16,7 @@ __all__ = [
     "linear",
     "relu",
     "gelu",
+    "silu",
     "softmax",
     "log_softmax",
     "cross_entropy",
@@ -40,6 +41,13 @@ def relu(input: Tensor) -> Tensor:
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """Exact GELU (erf), or approximate='tanh' (GPT-2's gelu_new)."""
     return ops.gelu(input, approximate)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """SiLU (swish): input * sigmoid(input), a fused op (the backend's kernel, or its decomposition)."""
+    if inplace:
+        return input.silu_()  # type: ignore[no-any-return]
+    return ops.silu(input)
 
 
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
