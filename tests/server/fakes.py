@@ -92,7 +92,7 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> bytes:
-        return bytes(ids)
+        return b"".join(b"<|endoftext|>" if i == EOT else bytes((i,)) for i in ids)
 
 
 @dataclass

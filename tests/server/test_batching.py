@@ -64,13 +64,13 @@ async def all_encoded(app: Litestar, n: int) -> None:
 
 
 async def ready_together(
-    app: Litestar, gate: Gate, first: dict[str, Any], payloads: list[dict[str, Any]]
+    app: Litestar, gate: Gate, first: dict[str, Any], payloads: list[dict[str, Any]], path: str = "/generate"
 ) -> tuple[Exchange, list[Exchange]]:
     """Starts ``first`` and holds the worker before its first decode step, then starts
     ``payloads``, so they are all ready at the next step boundary; runs everything to the end."""
-    held = Exchange(app, "/generate", first).start()
+    held = Exchange(app, path, first).start()
     assert await asyncio.to_thread(gate.wait_arrivals, 1)  # the worker waits before step 0
-    rest = [Exchange(app, "/generate", p).start() for p in payloads]
+    rest = [Exchange(app, path, p).start() for p in payloads]
     await all_encoded(app, 1 + len(payloads))
     gate.open()
     for exchange in (held, *rest):
@@ -423,3 +423,94 @@ def test_slots_one_keeps_the_single_slot_pool_and_the_flags_parse() -> None:
     for bad in (["--slots", "0"], ["--queue", "-1"], ["--queue-timeout", "nan"], ["--slots", "two"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(bad)
+
+
+# ---- several choices per job (n, prompt lists): one prefill per prompt, forked ----------------
+
+
+@pytest.mark.anyio
+async def test_n_choices_share_one_prefill_and_fork_into_their_rows() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(7, gate=gate)
+    app = batch_app(engine)
+    seeded = {"prompt": "seed me", "max_tokens": 7, "temperature": 0.9, "n": 3, "seed": 21}
+    prompts = {"prompt": ["ab", "xyz"], "max_tokens": 5, "temperature": 0, "n": 2}
+    first, rest = await ready_together(app, gate, seeded, [prompts], path="/v1/completions")
+    assert first.status == rest[0].status == 200
+    # one prefill row per prompt ("ab" and "xyz" in one call), forked into its other choices' rows
+    assert engine.prefill_calls == [[0], [3, 5]]
+    assert [p for _, p in engine.prefills] == [list(b"seed me"), list(b"ab"), list(b"xyz")]
+    assert engine.forks == [(0, 1), (0, 2), (3, 4), (5, 6)]
+    single = make_app()
+    for exchange, payload in ((first, seeded), (rest[0], prompts)):
+        want = body(await post(single, payload, "/v1/completions"))["choices"]
+        assert body(exchange)["choices"] == want
+    assert sorted(engine.released) == [0, 1, 2, 3, 4, 5, 6] and not engine.contexts
+    assert max(len(rows) for rows in engine.steps) == 3 + 4  # all seven rows decoded side by side
+
+
+@pytest.mark.anyio
+async def test_a_job_wider_than_the_batch_is_refused_and_a_wide_one_waits_for_its_rows() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(2, gate=gate)
+    app = batch_app(engine, queue=2, queue_timeout=30)
+    wide = await post(app, {"prompt": "a", "n": 3}, "/v1/completions")
+    assert wide.status == 400 and body(wide)["error"]["param"] == "n"
+    assert "--slots" in body(wide)["error"]["message"]
+    holder = Exchange(app, "/v1/completions", {"prompt": "h", "max_tokens": 3, "temperature": 0}).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)
+    pair = Exchange(app, "/v1/completions", {"prompt": "p", "max_tokens": 2, "temperature": 0, "n": 2}).start()
+    await asyncio.to_thread(poll_until, lambda: len(scheduler_of(app).running()) == 2)
+    with scheduler_of(app)._changed:
+        assert [e.job for e in scheduler_of(app)._queue] == scheduler_of(app).running()[1:]  # it waits: one row free
+    gate.open()
+    await holder.finish()
+    await pair.finish()
+    assert pair.status == 200 and [c["index"] for c in body(pair)["choices"]] == [0, 1]
+    assert engine.prefills[-1][1] == list(b"p") and engine.forks[-1][1] != engine.forks[-1][0]
+    m = samples(generator_of(app).metrics.render().decode())
+    assert m[("kael_queue_wait_seconds_count", ())] == 2
+
+
+@pytest.mark.anyio
+async def test_a_failing_choice_ends_its_whole_job_and_gives_every_row_back() -> None:
+    gate = Gate()
+
+    firsts = [97 + random.Random(30 + i).randrange(26) for i in (0, 1)]  # the fakes draw from random.Random(seed)
+    assert firsts[0] != firsts[1]
+
+    def doomed(context: tuple[int, ...]) -> bool:  # choice 1 of the "bad" job, at its second token
+        return context == (*b"bad", firsts[1])
+
+    engine = FakeBatchEngine(5, gate=gate, fail_sample=doomed)
+    app = batch_app(engine)
+    good = {"prompt": "good", "max_tokens": 6, "temperature": 0}
+    bad = {"prompt": "bad", "max_tokens": 6, "temperature": 1.0, "n": 2, "seed": 30}
+    first, rest = await ready_together(app, gate, good, [bad], path="/v1/completions")
+    assert first.status == 200 and rest[0].status == 500
+    assert SECRET not in rest[0].received.decode()
+    want = body(await post(make_app(), good, "/v1/completions"))["choices"]
+    assert body(first)["choices"] == want
+    assert not engine.contexts and sorted(engine.released) == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_penalties_bias_and_logprobs_next_to_plain_greedy_rows_are_as_alone() -> None:
+    gate = Gate()
+    engine = FakeBatchEngine(5, gate=gate)
+    app = batch_app(engine)
+    plain = [{"prompt": p, "max_tokens": 8, "temperature": 0} for p in ("one", "two")]
+    special = [
+        {"prompt": "pen", "max_tokens": 8, "temperature": 0, "frequency_penalty": 1.5, "logprobs": 2},
+        {"prompt": "nuc", "max_tokens": 8, "temperature": 0.8, "top_p": 0.5, "min_p": 0.1, "seed": 4},
+        {"prompt": "bias", "max_tokens": 8, "temperature": 0, "logit_bias": {"66": 3.5}, "echo": True},
+    ]
+    first, rest = await ready_together(
+        app, gate, {**plain[0], "stream": True}, [plain[1], *special], path="/v1/completions"
+    )
+    single = make_app()
+    want = [body(await post(single, p, "/v1/completions"))["choices"] for p in (plain[1], *special)]
+    assert [body(e)["choices"] for e in rest] == want
+    streamed = "".join(json.loads(e)["choices"][0]["text"] for e in first.events()[:-1])
+    assert streamed == body(await post(single, plain[0], "/v1/completions"))["choices"][0]["text"]
+    assert engine.greedy_calls >= 6  # the two plain greedy rows still share one greedy call per step
