@@ -14,7 +14,7 @@ __all__ = ["KERNELS"]
 
 def _blas_ready(x: np.ndarray) -> np.ndarray:
     """x itself when NumPy can hand it to BLAS (unit stride in one of the last two dims, no
-    broadcast batch dims); else a contiguous copy. NumPy's non-BLAS matmul loop is ~50x slower."""
+    broadcast batch dims); else a contiguous copy. NumPy's own (non-BLAS) matmul loop is far slower."""
     isz = x.itemsize
     if x.ndim >= 2 and (x.strides[-1] == isz or x.strides[-2] == isz) and all(st > 0 for st in x.strides[:-2]):
         return x
