@@ -6,6 +6,7 @@ paths, and the tests skip when Playwright or Chromium is absent (.ci/run install
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -247,3 +248,47 @@ def test_the_page_asks_for_the_key_and_sends_it(browser: object, bundled_server:
         fresh.wait_for_selector("#auth", state="visible", timeout=30000)
     finally:
         fresh.close()
+
+
+def _models_body(card: dict[str, object]) -> str:
+    return json.dumps({"object": "list", "data": [card]})
+
+
+def test_a_models_answer_without_max_model_len_keeps_the_defaults(browser: object, slow_server: str) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.route(
+            "**/v1/models",
+            lambda route: route.fulfill(
+                status=200, content_type="application/json", body=_models_body({"id": "other", "object": "model"})
+            ),
+        )
+        page.goto(slow_server + "/")
+        page.wait_for_function("document.getElementById('model').textContent === 'model other'", timeout=10000)
+        assert page.input_value("#max_tokens") == "128"
+        assert page.get_attribute("#max_tokens", "max") == "512"
+    finally:
+        page.close()
+
+
+def test_a_loading_server_is_asked_again_until_it_says_its_context(browser: object, slow_server: str) -> None:
+    calls: list[int] = []
+
+    def answer(route: object) -> None:
+        calls.append(1)
+        if len(calls) < 3:  # the model is still loading
+            route.fulfill(status=503, content_type="application/json", body='{"error": {}}')  # type: ignore[attr-defined]
+        else:
+            card = {"id": "small", "object": "model", "max_model_len": 100}
+            route.fulfill(status=200, content_type="application/json", body=_models_body(card))  # type: ignore[attr-defined]
+
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.route("**/v1/models", answer)
+        page.goto(slow_server + "/")
+        assert _wait_for_model_line(page) == "model small · context 100 tokens"
+        assert len(calls) == 3
+        assert page.input_value("#max_tokens") == "50"  # half the context, leaving room for the prompt
+        assert page.get_attribute("#max_tokens", "max") == "99"
+    finally:
+        page.close()
