@@ -98,13 +98,14 @@ def test_generate_stream_openai_and_metrics(served: tuple[subprocess.Popen[str],
         assert families["kael_peak_memory_bytes"].samples[0].value > 10_000_000
 
 
-def test_sigterm_mid_stream_drains(served: tuple[subprocess.Popen[str], str]) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_stream_drains_and_exits_0(served: tuple[subprocess.Popen[str], str], sig: signal.Signals) -> None:
     process, url = served
     with httpx.Client(base_url=url, timeout=60) as client:
         body = {"prompt": "Once", "max_tokens": 60, "temperature": 0, "stream": True}
         events = stream_events(client, "/generate", body)
         received = [next(events)]
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(sig)  # SIGINT is Ctrl+C
         received.extend(events)
     assert received[-1] == "[DONE]"
     # A tiny model may finish its 60 tokens before the signal lands; otherwise the drain cut it.
@@ -119,4 +120,4 @@ def test_sigterm_mid_stream_drains(served: tuple[subprocess.Popen[str], str]) ->
     uvicorn = [line["event"] for line in lines if line.get("logger") == "uvicorn.error"]
     assert f"Started server process [{process.pid}]" in uvicorn
     assert "Application startup complete." in uvicorn and "Application shutdown complete." in uvicorn
-    assert "Traceback" not in output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output
