@@ -4,8 +4,9 @@ Keys come from ``--api-key KEY`` (repeatable), ``--api-key-file FILE`` (one key 
 blank lines and ``#`` comment lines ignored) and the ``KAEL_API_KEY`` environment variable.
 With any key configured, every route needs one, except the open ones: ``/health``,
 ``/ready``, the playground page (it asks for the key itself), the OpenAPI document,
-``OPTIONS`` requests and, unless ``--protect-metrics``, ``/metrics``. A route opts out with ``opt={"auth": "open"}``
-(``"metrics"`` for the metrics route), so a new route is protected unless it says otherwise.
+``OPTIONS`` requests and, unless ``--protect-metrics``, ``/metrics``. A route opts out with
+``opt={"auth": "open"}`` (``"metrics"`` for the metrics route), so a new route is protected
+unless it says otherwise.
 
 NOTE [api key secrecy]: a key is never logged, never put in an error message and never
 compared byte by byte: the server keeps only the SHA-256 digest of each key and compares
@@ -125,12 +126,17 @@ def configured_keys(
     return ApiKeys(all_keys)
 
 
+def _opted_out(opt: Mapping[str, object], protect_metrics: bool) -> bool:
+    """Whether a route's ``opt`` makes it open."""
+    kind = opt.get("auth")
+    return kind == "open" or (kind == "metrics" and not protect_metrics)
+
+
 def _is_open(scope: Scope, protect_metrics: bool, docs_path: str) -> bool:
     if scope.get("method") == "OPTIONS":  # Litestar's automatic answer (Allow) says nothing private
         return True
     handler = scope.get("route_handler")
-    kind = handler.opt.get("auth") if handler is not None else None
-    if kind == "open" or (kind == "metrics" and not protect_metrics):
+    if handler is not None and _opted_out(handler.opt, protect_metrics):
         return True
     path: str = scope.get("path", "")
     return path == docs_path or path.startswith(docs_path + "/")
@@ -211,8 +217,7 @@ def document_api_keys(app: Litestar, protect_metrics: bool) -> None:
             handler = handlers.get((path, method))
             if operation is None or handler is None:
                 continue
-            kind = handler.opt.get("auth")
-            if kind == "open" or (kind == "metrics" and not protect_metrics):
+            if _opted_out(handler.opt, protect_metrics):
                 operation.security = []
             elif operation.responses is not None:
                 operation.responses = {**operation.responses, "401": unauthorized}
