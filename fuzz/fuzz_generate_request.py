@@ -85,8 +85,10 @@ def _has_duplicate_keys(body: bytes) -> bool:
 
 
 def _check_accepted(value: msgspec.Struct, schema: type[msgspec.Struct], body: bytes) -> None:
-    if isinstance(value, (GenerateRequest, CompletionRequest)) and not temperature_ok(value.temperature):
-        raise AssertionError(f"accepted temperature {value.temperature!r}")
+    temperature = getattr(value, "temperature", None)  # null in a CompletionRequest: the default
+    if isinstance(value, (GenerateRequest, CompletionRequest)) and temperature is not None:
+        if not temperature_ok(temperature):
+            raise AssertionError(f"accepted temperature {temperature!r}")
     if isinstance(value, CompletionRequest):
         stops = value.stop_strings()
         if len(stops) > MAX_STOP_STRINGS or not all(1 <= len(s) <= MAX_STOP_CHARS for s in stops):
