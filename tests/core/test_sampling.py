@@ -357,3 +357,12 @@ def test_ids_out_of_the_vocabulary_and_bad_arguments_are_clear_errors() -> None:
     sampler(np.zeros(4))
     with pytest.raises(kael.ShapeError, match="a step of 5 logits after steps of 4"):
         sampler(np.zeros(5))
+
+
+def test_logits_a_tiny_repetition_penalty_makes_infinite_still_sample() -> None:
+    # 2.0 / 1e-308 overflows to +inf: that token (the only seen one with a positive logit) is certain
+    x = np.array([2.0, 1.0, -1.0, 0.5])
+    options = SamplingOptions(temperature=0.7, repetition_penalty=1e-308, top_p=0.9, min_p=0.1)
+    sampler = TokenSampler(options, prompt=[0, 2], generator=kael.Generator().manual_seed(1))
+    assert {sampler(x) for _ in range(20)} == {0}
+    assert TokenSampler(SamplingOptions(temperature=0, repetition_penalty=1e-308), prompt=[1])(x) == 1

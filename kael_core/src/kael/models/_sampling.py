@@ -224,7 +224,8 @@ def _penalize(
     """Steps 3 and 4 in place: ``counts`` [V] of generated tokens, ``seen`` [V] prompt or output."""
     if repetition != 1:
         hit = x[seen]
-        x[seen] = np.where(hit > 0, hit / repetition, hit * repetition)
+        with np.errstate(over="ignore"):  # a tiny penalty may overflow a logit to +-inf: that is its meaning
+            x[seen] = np.where(hit > 0, hit / repetition, hit * repetition)
     if frequency != 0:
         x -= counts * frequency
     if presence != 0:
@@ -260,10 +261,12 @@ def _filter(x: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: 
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
+    """softmax of processed logits; +inf ones (a tiny repetition penalty can make them) share
+    all the probability, as the limit of ever larger logits would."""
     m = np.max(x)
-    if not np.isfinite(m):
+    if np.isnan(m) or m == _NEG_INF:
         raise KaelError(f"sampling: the logits give no valid distribution (max logit {float(m)!r})")
-    e = np.exp(x - m)
+    e = (x == m).astype(np.float64) if m == math.inf else np.exp(x - m)
     result: np.ndarray = e / e.sum()
     return result
 
