@@ -43,7 +43,7 @@ def _view(t: kael.Tensor, perm: list[int], steps: tuple[int, ...]) -> kael.Tenso
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(strided(), st.sampled_from(["exp", "tanh", "abs", "neg", "sigmoid", "sqrt_abs", "round"]))
+@given(strided(), st.sampled_from(["exp", "tanh", "abs", "neg", "sigmoid", "sqrt_abs", "round", "silu", "erf"]))
 def test_unary_on_strided_views(emulate, case, op):
     base, perm, steps = case
     c = _view(kael.tensor(base), perm, steps)
@@ -131,6 +131,7 @@ FUSED = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": lambda x: F.gelu(x),
     "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
+    "silu": lambda x: F.silu(x * 4.0),
 }
 
 
@@ -150,6 +151,24 @@ def test_fused_forward_and_backward(emulate, name, dtype):
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
     _close(out["cuda"][0], out["cpu"][0], **tol)
     _close(out["cuda"][1], out["cpu"][1], **tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_silu_runs_the_cuda_kernel_and_matches_torch(emulate, dtype):
+    """silu on cuda is the backend's own kernel (its ElementwiseKernel source, emulated), not the decomposition."""
+    torch = pytest.importorskip("torch")
+    assert "silu" in emulate.supported_ops()
+    seen: list[str] = []
+    kael.backends.dispatch.set_kernel_wrapper(lambda dev, op, b, k: (seen.append(op), k)[1])
+    try:
+        x = np.array([[-30.0, -2.5, -0.5, 0.0], [0.25, 1.0, 3.0, 40.0]], np.float32)
+        got = kael.silu(kael.tensor(x, dtype=getattr(kael, dtype), device="cuda").T).float().cpu().numpy()
+    finally:
+        kael.backends.dispatch.set_kernel_wrapper(None)
+    assert "silu" in seen and "sigmoid" not in seen, seen
+    want = torch.nn.functional.silu(torch.tensor(x).to(getattr(torch, dtype)).T).float().numpy()
+    tol = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}[dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
 def test_cross_entropy_with_ignore_and_smoothing(emulate):

@@ -253,6 +253,8 @@ FUSED = [
     Case("log_softmax_3d", lambda m, x: m.log_softmax(x, 1), args(nrm(2, 3, 2)), fused=True),
     Case("gelu", lambda m, x: F(m).gelu(x), args(nrm(3, 4)), fused=True),
     Case("gelu_tanh", lambda m, x: F(m).gelu(x, approximate="tanh"), args(nrm(3, 4)), fused=True),
+    Case("silu", lambda m, x: F(m).silu(x), args(nrm(3, 4)), fused=True),
+    Case("silu_wide_range", lambda m, x: F(m).silu(x * 8.0).sum(0), args(nrm(5, 3)), fused=True),
     Case(
         "layer_norm", lambda m, x, w, b: F(m).layer_norm(x, (4,), w, b), args(nrm(2, 3, 4), nrm(4), nrm(4)), fused=True
     ),
@@ -444,6 +446,7 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
     from kael._ops import FUSED as CATALOGUE_FUSED
 
     covered = {
+        "silu",
         "softmax",
         "log_softmax",
         "gelu",

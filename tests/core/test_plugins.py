@@ -51,14 +51,14 @@ BROKEN_ADD = """
     import numpy as np
 
     import kael
+    from kael.backends import host, memory
     from kael.backends.reference import ReferenceBackend
-    from kael.backends.reference._io import rd, wr
 
 
     def add(out, a, b):  # a classic bug: reads b as if it were contiguous from its offset
         n = out.numel()
-        flat = b._storage.data.view(b.dtype.np)[b._offset:b._offset + n]
-        wr(out, rd(a) + (flat.reshape(out.shape) if flat.size == n else rd(b)))
+        flat = memory.buffer(b).view(b.dtype.np)[b.storage_offset():b.storage_offset() + n]
+        host.write(out, host.read(a) + (flat.reshape(out.shape) if flat.size == n else host.read(b)))
 
 
     class BrokenAdd(ReferenceBackend):

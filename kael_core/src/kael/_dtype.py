@@ -112,6 +112,7 @@ def as_dtype(d: Any) -> DType:
 
 
 def from_numpy_dtype(npd: np.dtype[Any]) -> DType:
+    """The kael dtype stored as NumPy dtype npd (bfloat16 has none: its uint16 bits read as uint16)."""
     found = _FROM_NP.get(npd)
     if found is None:
         raise DTypeError(f"from_numpy: NumPy dtype {npd} is not supported; expected one of {sorted(BY_NAME)}")

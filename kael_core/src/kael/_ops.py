@@ -182,8 +182,22 @@ def _arg(spec: str) -> Arg:
     return Arg(spec, "in")
 
 
+def _split_args(args: str) -> list[str]:
+    """The comma-separated specs of a signature, commas inside brackets (``tuple[int, ...]``) kept."""
+    parts, depth, cur = [], 0, ""
+    for ch in args:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in [*parts, cur] if p.strip()]
+
+
 def _op(name: str, kind: str, args: str, doc: str = "", pointwise: Pointwise | None = None) -> OpDef:
-    return OpDef(name, kind, tuple(_arg(s) for s in args.split(",") if s.strip()), doc, pointwise)
+    return OpDef(name, kind, tuple(_arg(s) for s in _split_args(args)), doc, pointwise)
 
 
 # -- elementwise ops -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ _STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides in elements for shape (a size-0 dim counts as 1, as in PyTorch)."""
     found = _STRIDES.get(shape)  # every allocation asks: memoised (shapes repeat)
     if found is not None:
         return found

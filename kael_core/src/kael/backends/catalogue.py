@@ -22,7 +22,10 @@ for elementwise ops; a kernel writes only into its outputs and returns None.
 * ``decomposition(name)``: the frontend's decomposition of a fused op into primitives,
   a callable ``f(*inputs, *attributes)`` returning the outputs (no autograd). When a
   backend does not list a fused op in ``supported_ops()``, the frontend runs exactly
-  this on the backend's primitives; ``decompositions()`` lists them all.
+  this on the backend's primitives; ``decompositions()`` lists them all. Two fused ops
+  have none: ``adamw_step`` (an in-place update, written with primitives in
+  ``kael.adamw_step``) and ``layer_norm_backward`` (written with primitives inside
+  layer_norm's backward).
 """
 
 from __future__ import annotations

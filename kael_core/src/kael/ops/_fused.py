@@ -165,6 +165,13 @@ class _Nop:
         pass
 
 
+def embedding_decomp(weight: Tensor, ids: Tensor) -> Tensor:
+    from ._indexing import IndexSelect
+
+    flat = reshape_nograd(contiguous_nograd(ids), (ids.numel(),))
+    return reshape_nograd(IndexSelect.forward(_Nop(), weight, 0, flat), ids.shape + (weight.shape[1],))
+
+
 def topk_decomp(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     values = empty(x.shape, x.dtype, x.device)
     indices = empty(x.shape, dt.int64, x.device)
@@ -184,6 +191,7 @@ decompositions: dict[str, Any] = {
     "linear": linear_decomp,
     "attention": attention_decomp,
     "cross_entropy": cross_entropy_decomp,
+    "embedding": embedding_decomp,
     "topk": topk_decomp,
 }
 
@@ -415,10 +423,7 @@ class Embedding(Function):
             out = empty(ids.shape + (weight.shape[1],), weight.dtype, weight.device)
             k(out, weight, ids)
         else:
-            from ._indexing import IndexSelect
-
-            flat = reshape_nograd(contiguous_nograd(ids), (ids.numel(),))
-            out = reshape_nograd(IndexSelect.forward(_Nop(), weight, 0, flat), ids.shape + (weight.shape[1],))
+            out = embedding_decomp(weight, ids)
         ctx.save_for_backward(ids)
         ctx.shape = weight.shape
         return out
