@@ -47,7 +47,7 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
     """SiLU (swish): input * sigmoid(input), a fused op (the backend's kernel, or its decomposition)."""
     if inplace:
         return input.silu_()  # type: ignore[no-any-return]
-    return ops.silu(input)
+    return ops.silu(input)  # type: ignore[no-any-return]
 
 
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
