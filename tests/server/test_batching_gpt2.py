@@ -15,9 +15,10 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
+import numpy as np
 import pytest
 from kael_server.batching import BatchScheduler
 from litestar import Litestar
@@ -62,14 +63,25 @@ def reference_text(tokenizer: Any, ids: list[int]) -> str:
     return b"".join(tokenizer.decode([t]) for t in ids).decode("utf-8", errors="replace")
 
 
+class RowLogits(NamedTuple):
+    """One row's logits as Probe hands them out: (engine row, its logits), and as an array the
+    logits themselves (what a kael.models.TokenSampler reads)."""
+
+    row: int
+    values: Any
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self.values, dtype=dtype)
+
+
 class StepLogits:
-    """A decode step's logits as Probe hands them out: row i is (engine row, its logits)."""
+    """A decode step's logits as Probe hands them out: row i is RowLogits(engine row, its logits)."""
 
     def __init__(self, rows: list[int], values: Any) -> None:
         self.rows, self.values = list(rows), values
 
-    def __getitem__(self, i: int) -> tuple[int, Any]:
-        return self.rows[i], kael.select(self.values, 0, i)
+    def __getitem__(self, i: int) -> RowLogits:
+        return RowLogits(self.rows[i], kael.select(self.values, 0, i))
 
 
 class Probe:
@@ -84,18 +96,24 @@ class Probe:
         self.sampled: dict[int, int] = {}
         self.steps: list[list[int]] = []
         self.prefill_calls: list[list[int]] = []
+        self.forks: list[tuple[int, int]] = []
         self.greedy_calls = 0
 
-    def prefill(self, row: int, prompt: list[int]) -> tuple[int, Any]:
+    def prefill(self, row: int, prompt: list[int]) -> RowLogits:
         self.prompts[row], self.sampled[row] = list(prompt), 0
-        return row, self.engine.prefill(row, prompt)
+        return RowLogits(row, self.engine.prefill(row, prompt))
 
-    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> list[tuple[int, Any]]:
+    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> list[RowLogits]:
         self.prefill_calls.append(list(rows))
         logits = self.engine.prefill_many(rows, prompts)
         for row, prompt in zip(rows, prompts, strict=True):
             self.prompts[row], self.sampled[row] = list(prompt), 0
-        return [(row, kael.select(logits, 0, i)) for i, row in enumerate(rows)]
+        return [RowLogits(row, kael.select(logits, 0, i)) for i, row in enumerate(rows)]
+
+    def fork(self, src: int, dst: int) -> None:
+        self.forks.append((src, dst))
+        self.prompts[dst], self.sampled[dst] = self.prompts[src], self.sampled[src]
+        self.engine.fork(src, dst)
 
     def decode(self, rows: list[int], tokens: list[int]) -> StepLogits:
         self.gate.step()
@@ -238,6 +256,51 @@ async def test_cancelled_and_failing_requests_leave_the_others_unchanged(model: 
     outcomes = {s: m[("kael_requests_total", (("status", s),))] for s in ("ok", "error", "cancelled")}
     assert outcomes == {"ok": 2, "error": 1, "cancelled": 1}
     assert m[("kael_requests_in_flight", ())] == 0
+
+
+@pytest.mark.anyio
+async def test_choices_penalties_nucleus_and_logprobs_batched_are_as_alone(model: Any, tokenizer: Any) -> None:
+    gate = Gate()
+    probe = Probe(kael.models.BatchDecoder(model, 8), gate)
+    app = apps(model, tokenizer, probe)
+    payloads: list[dict[str, Any]] = [
+        {"prompt": "Hello world", "max_tokens": 12, "temperature": 0},
+        {"prompt": "The meaning of life is", "max_tokens": 10, "temperature": 0.9, "n": 2, "seed": 70},
+        {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "frequency_penalty": 1.2, "logprobs": 3},
+        {"prompt": "def fibonacci(n):", "max_tokens": 10, "temperature": 1.1, "top_p": 0.8, "min_p": 0.05, "seed": 9},
+        {
+            "prompt": ["In the", "A"],
+            "max_tokens": 6,
+            "temperature": 0,
+            "logit_bias": {"13": 5},
+            "echo": True,
+            "logprobs": 1,
+        },
+    ]
+    first = Exchange(app, "/v1/completions", payloads[0]).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)
+    rest = [Exchange(app, "/v1/completions", p).start() for p in payloads[1:]]
+    await encoded(app, len(payloads))
+    gate.open()
+    for exchange in (first, *rest):
+        await exchange.finish()
+        assert exchange.status == 200, exchange.received
+    alone = apps(model, tokenizer)
+    for exchange, payload in zip((first, *rest), payloads, strict=True):
+        want = Exchange(alone, "/v1/completions", payload).start()
+        await want.finish()
+        got, expected = json.loads(exchange.received)["choices"], json.loads(want.received)["choices"]
+        for mine, theirs in zip(got, expected, strict=True):
+            assert mine["text"] == theirs["text"] and mine["finish_reason"] == theirs["finish_reason"]
+            if theirs["logprobs"] is not None:  # the same tokens; logprobs equal up to float rounding
+                assert mine["logprobs"]["tokens"] == theirs["logprobs"]["tokens"]
+                for a, b in zip(mine["logprobs"]["token_logprobs"], theirs["logprobs"]["token_logprobs"], strict=True):
+                    assert (a is None and b is None) or abs(a - b) < 1e-5
+    assert [len(rows) for rows in probe.prefill_calls] == [1, 5]  # one row per prompt
+    assert len(probe.forks) == 1  # the n=2 request's second choice
+    assert max(len(rows) for rows in probe.steps) == 7
+    seeded = [c["text"] for c in json.loads(rest[0].received)["choices"]]
+    assert len(set(seeded)) == 2  # seed 70 and seed 71
 
 
 @pytest.mark.e2e
