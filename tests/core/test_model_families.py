@@ -237,7 +237,8 @@ def test_gpt2_is_built_in_and_found_by_model_type(tmp_path: Path) -> None:
     assert isinstance(loaded, kael.GPT) and isinstance(loaded, CausalLM)
     ids = kael.tensor([[1, 2, 3]])
     with kael.no_grad():
-        np.testing.assert_array_equal(loaded(ids).numpy(), model(ids).numpy())
+        # a copy-mode load stores the projections out-major (NOTE [conv1d layout]): equal up to rounding
+        np.testing.assert_allclose(loaded(ids).numpy(), model(ids).numpy(), rtol=0, atol=1e-6)
     config = json.loads((tmp_path / "config.json").read_text())
     del config["model_type"]  # older exports: GPT-2
     (tmp_path / "config.json").write_text(json.dumps(config))
