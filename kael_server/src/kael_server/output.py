@@ -79,28 +79,29 @@ class JobOutput:
 
     def on_token(self, token: int) -> bool:
         """Handles one generated token; False once generation must stop (cancelled, end of text, stop string)."""
-        job, stats = self.job, self.job.stats
+        job, choice = self.job, self.stats
         if job.cancelled:
             self.interrupted = True
             return False
         end_of_text = token == self.eot
         if end_of_text and not self.ignore_eos:
-            self.stats.finish_reason = "stop"
+            choice.finish_reason = "stop"
             return False
+        stats = job.stats
         stats.tokens += 1
-        self.stats.tokens += 1
+        choice.tokens += 1
         if stats.ttft is None:
             stats.ttft = time.perf_counter() - job.arrived
         if self.sampler is not None:
             self._note(token)
         text = "" if end_of_text else self.decoder.add(token)  # as vLLM skips special tokens
         self.chars += len(text)
-        if self.stats.tokens < self.min_tokens:
+        if choice.tokens < self.min_tokens:
             self._send(text)
             return True
         self._send(self.stopper.feed(text))
         if self.stopper.stopped:
-            self.stats.finish_reason = "stop"
+            choice.finish_reason = "stop"
             return False
         return True
 
@@ -131,8 +132,11 @@ class JobOutput:
     def _send(self, text: str) -> None:
         if text:
             self.pieces.append(text)
-            self.job.emit(TextPiece(text, self.index, tuple(self.pending)))
-            self.pending.clear()
+            if self.pending:
+                self.job.emit(TextPiece(text, self.index, tuple(self.pending)))
+                self.pending.clear()
+            else:
+                self.job.emit(TextPiece(text, self.index))
 
 
 @dataclass(eq=False)
