@@ -120,7 +120,7 @@ class TensorSpec:
     dtype: dt.DType
     layout: Layout
     role: str = "in"
-    kind: str = "normal"  # value kind for well-behaved values (kael.testing.conformance._cases.vals)
+    kind: str = "normal"  # value kind for well-behaved values (kael.testing.conformance.vals)
     bound: int = 0  # indices: values in 0..bound-1
 
     def describe(self) -> str:

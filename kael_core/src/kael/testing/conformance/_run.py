@@ -21,8 +21,8 @@ import kael
 from kael import Backend, Tensor
 from kael.backends import dtypes as dt
 from kael.backends.reference import ReferenceBackend
+from kael.testing import assert_close
 
-from .._assert import assert_close
 from ._cases import KERNEL_TOL, Call, Case
 from ._layout import SENTINEL, Alias, Operand, Out, _strided_buffer, host_bits, host_tensor, place
 
