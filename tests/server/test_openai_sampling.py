@@ -373,3 +373,15 @@ def test_unseeded_requests_draw_fresh_entropy(client: TestClient[Litestar]) -> N
     assert len(texts) == 3
     nucleus = {complete(client, prompt="p", max_tokens=16, top_p=0.999)["choices"][0]["text"] for _ in range(3)}
     assert len(nucleus) == 3
+
+
+def test_without_make_rng_unseeded_requests_still_draw_fresh_entropy() -> None:
+    import kael
+
+    model = FakeModel()
+    with TestClient(create_app(Generator(model, ByteTokenizer()))) as client:
+        texts = {complete(client, prompt="p", max_tokens=16)["choices"][0]["text"] for _ in range(3)}
+        seeded = {complete(client, prompt="p", max_tokens=16, seed=5)["choices"][0]["text"] for _ in range(2)}
+    assert len(texts) == 3 and len(seeded) == 1
+    assert all(isinstance(call.generator, kael.Generator) for call in model.calls)
+    assert len({call.generator.initial_seed() for call in model.calls[:3]}) == 3  # type: ignore[union-attr]

@@ -27,9 +27,9 @@ class Generator:
     Each sampled choice gets its own random generator, seeded with the request's ``seed``
     (choice ``i`` of a prompt: ``seed + i``, as vLLM numbers them) or, unseeded, with fresh
     entropy, so no two unseeded requests share a random stream, across restarts too.
-    ``make_rng(seed)`` builds it for ``model.generate`` (without ``make_rng`` the plain path
-    samples from the model's default random state); a choice that needs kael's TokenSampler
-    (penalties, bias, top-p, min-p, logprobs, min_tokens) gets a seeded ``kael.Generator``.
+    ``make_rng(seed)`` builds it for ``model.generate`` (default: a seeded ``kael.Generator``,
+    what kael's models take); a choice that needs kael's TokenSampler (penalties, bias, top-p,
+    min-p, logprobs, min_tokens) always gets a seeded ``kael.Generator``.
     ``shutting_down`` is set once the server starts draining: no new job is admitted and the
     running ones are cancelled. ``make_scheduler(generator)`` replaces the single-slot
     SlotPool (a batching scheduler needs the generator's model and tokenizer).
@@ -52,7 +52,7 @@ class Generator:
         self.model_name = model_name
         self.context_length = int(model.max_positions)
         self.vocab_size = int(model.vocab_size)
-        self.make_rng = make_rng
+        self.make_rng: RngFactory = make_rng if make_rng is not None else _kael_rng
         self.metrics = metrics if metrics is not None else Metrics()
         self.scheduler = make_scheduler(self) if make_scheduler is not None else SlotPool(self.run)
         self.shutting_down = threading.Event()
@@ -124,8 +124,8 @@ class Generator:
 
     def rng_for(self, params: SamplingParams, choice: int = 0) -> object | None:
         """``model.generate``'s random generator for a prompt's choice number ``choice``: None
-        when greedy (or without ``make_rng``), else ``make_rng(seed_for(params, choice))``."""
-        if params.temperature == 0 or self.make_rng is None:
+        when greedy, else ``make_rng(seed_for(params, choice))``."""
+        if params.temperature == 0:
             return None
         return self.make_rng(self.seed_for(params, choice))
 
@@ -135,8 +135,7 @@ class Generator:
         return params.seed + choice if params.seed is not None else secrets.randbits(63)
 
     def _sampler(self, params: SamplingParams, ids: list[int], choice: int) -> Any:
-        import kael  # only requests past the plain path need kael's TokenSampler
-        from kael.models import SamplingOptions, TokenSampler
+        from kael.models import SamplingOptions, TokenSampler  # only requests past the plain path need it
 
         options = SamplingOptions(
             temperature=params.temperature,
@@ -151,7 +150,7 @@ class Generator:
             stop_tokens=(self.tokenizer.eot_token,) if params.min_tokens else (),
             logprobs=params.logprobs,
         )
-        rng = kael.Generator().manual_seed(self.seed_for(params, choice)) if params.temperature else None
+        rng = _kael_rng(self.seed_for(params, choice)) if params.temperature else None
         return TokenSampler(options, ids if params.repetition_penalty != 1 else (), rng)
 
     def _echo(self, prompt: Prompt, ids: list[int], params: SamplingParams) -> Echo:
@@ -210,3 +209,9 @@ class Generator:
             stats.seconds = time.perf_counter() - start
             self.metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
         return tuple(texts)
+
+
+def _kael_rng(seed: int) -> Any:
+    import kael  # on first use, as loading.py imports it
+
+    return kael.Generator().manual_seed(seed)
