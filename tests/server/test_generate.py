@@ -7,8 +7,10 @@ import random
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from kael_server import Generator, create_app
+
 from .conftest import make_app, sse_payloads
-from .fakes import EOT, FakeModel
+from .fakes import EOT, ByteTokenizer, FakeModel
 
 
 def test_plain_answer_has_requested_token_count(client: TestClient[Litestar], model: FakeModel) -> None:
@@ -92,3 +94,19 @@ def test_top_k_is_clamped_to_the_vocabulary(client: TestClient[Litestar], model:
     client.post("/generate", json={"prompt": "x", "max_tokens": 1, "top_k": 1_000_000})
     client.post("/generate", json={"prompt": "x", "max_tokens": 1, "top_k": 5})
     assert [c.top_k for c in model.calls] == [model.vocab_size, 5]
+
+
+def test_unseeded_sampling_gets_fresh_seeds_and_greedy_none() -> None:
+    seeds: list[int] = []
+
+    def make_rng(seed: int) -> random.Random:
+        seeds.append(seed)
+        return random.Random(seed)
+
+    with TestClient(create_app(Generator(FakeModel(), ByteTokenizer(), make_rng=make_rng))) as client:
+        for _ in range(3):
+            client.post("/generate", json={"prompt": "p", "max_tokens": 2})
+        client.post("/generate", json={"prompt": "p", "max_tokens": 2, "seed": 77})
+        client.post("/generate", json={"prompt": "p", "max_tokens": 2, "temperature": 0})
+    assert len(seeds) == 4 and seeds[3] == 77  # greedy needs no random generator
+    assert len(set(seeds[:3])) == 3 and all(0 <= s < 2**63 for s in seeds[:3])
