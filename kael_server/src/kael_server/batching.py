@@ -63,6 +63,8 @@ class _Entry:
     seqs: list[_Seq] = field(default_factory=list)
     """Its choices, from the start on (by index)."""
     started: float = 0.0
+    accepted: bool = False
+    """Its prompts were accepted (counted): it is a generation, whatever happens next."""
     closed: bool = False
     """Its outcome was decided (on the worker)."""
     done: bool = False
@@ -282,6 +284,7 @@ class BatchScheduler(Scheduler):
                 continue
             assert entry.ids is not None
             generator.accept(job, entry.ids)
+            entry.accepted = True
             try:
                 entry.seqs = [_Seq(entry, choice) for choice in generator.choices(job, entry.ids)]
             except Exception as exc:
@@ -445,7 +448,7 @@ class BatchScheduler(Scheduler):
         if entry.closed:
             return
         entry.closed = True
-        if entry.seqs:
+        if entry.accepted:
             stats = entry.job.stats
             stats.seconds = time.perf_counter() - entry.started
             self._metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
