@@ -239,6 +239,27 @@ def test_langchain_openai_wrapper_with_its_default_parameters(served: Served) ->
     assert not [e for e in served.log_events() if e.get("event") == "unknown_fields_ignored"]
 
 
+def test_langchain_openai_wrapper_with_every_default_on_a_model_with_room_for_them(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """langchain's defaults untouched (max_tokens 256 included) on a random GPT-2 with a 512-token context."""
+    from kael_server.loading import bundled_model_dir
+    from langchain_openai import OpenAI
+
+    directory = tmp_path_factory.mktemp("ctx512") / "gpt2-512"
+    kael.GPT(257, 512, 2, 2, 32, generator=kael.Generator().manual_seed(3)).save_pretrained(directory)
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copyfile(bundled_model_dir() / name, directory / name)
+    with kael_server(tmp_path_factory.mktemp("log512"), "--data", str(directory), "--slots", "2") as server:
+        llm = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        assert llm.max_tokens == 256 and llm.temperature == 0.7  # the defaults, as sent
+        text = llm.invoke(PROMPT)
+        assert isinstance(text, str)
+        usage = server.api.completions.create(model="m", prompt=PROMPT, max_tokens=256, seed=1).usage
+        assert usage is not None and 0 < usage.completion_tokens <= 256
+        assert not [e for e in server.log_events() if e.get("event") == "unknown_fields_ignored"]
+
+
 def test_a_raw_body_with_unknown_fields_gets_200_and_a_warning(served: Served) -> None:
     body = {
         "prompt": PROMPT,
