@@ -328,7 +328,11 @@ def _reduce(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> N
     else:
         dims = tuple(i for i in range(len(shape)) if mask >> i & 1)
     if op in ("amax", "amin", "argmax", "argmin"):  # no identity: reduced dims must not be empty
-        shape = tuple(max(s, 1) if i in dims else s for i, s in enumerate(shape))
+        grown = [max(s, 1) if i in dims else s for i, s in enumerate(shape)]
+        while _numel(grown) > MAX_NUMEL:  # a 0 made into 1 lifts _shape's bound on the other dims
+            big = grown.index(max(grown))
+            grown[big] = max(grown[big] % 9, 1 if big in dims else 0)
+        shape = tuple(grown)
     out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape))
     case.args = [b.tensor(out_shape, _reduce_out(op, d), "out"), b.tensor(shape, d), dims]
     case.exact = op in ("amax", "amin", "argmax", "argmin", "any", "all") and d.category != 2

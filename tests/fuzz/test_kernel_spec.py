@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kael.backends import catalogue, dtypes
 
@@ -69,3 +70,14 @@ def test_saved_inputs_name_their_op_by_index(folder: str) -> None:
     for path in saved:
         data = path.read_bytes()
         assert data and data[0] < len(ks.OPS) and ks.decode(data).op == ks.OPS[data[0]], path.name
+
+
+def test_a_reduced_dim_grown_from_0_to_1_keeps_the_size_bound() -> None:
+    """argmax over an empty dim: the dim becomes 1, which must not lift the other dims past MAX_NUMEL.
+
+    Found by fuzz_kernels as a slow unit (8.5M elements: 14 s under ASan).
+    """
+    case = ks.decode(b"gr\xff\xff\xff\xff\xff\x00gr\xff\xff\xff\x00e")
+    assert case.op == "argmax"
+    (n_in,) = {int(np.prod(case.args[1].shape))}
+    assert 0 < n_in <= ks.MAX_NUMEL and case.args[0].shape[3] == 1
