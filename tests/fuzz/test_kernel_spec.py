@@ -79,5 +79,5 @@ def test_a_reduced_dim_grown_from_0_to_1_keeps_the_size_bound() -> None:
     """
     case = ks.decode(b"gr\xff\xff\xff\xff\xff\x00gr\xff\xff\xff\x00e")
     assert case.op == "argmax"
-    (n_in,) = {int(np.prod(case.args[1].shape))}
+    n_in = int(np.prod(case.args[1].shape))
     assert 0 < n_in <= ks.MAX_NUMEL and case.args[0].shape[3] == 1
