@@ -14,7 +14,7 @@ from typing import Any
 
 import kael
 from kael import nn
-from kael.models import CausalLMBase
+from kael.models import CausalLMBase, read_config_json
 
 __all__ = ["ToyConfig", "ToyLM", "load", "save"]
 
@@ -93,7 +93,7 @@ class ToyLM(CausalLMBase):
 
 def load(directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> ToyLM:
     d = Path(directory)
-    raw = json.loads((d / "config.json").read_text())
+    raw, _ = read_config_json(d, "kael-toy config")
     fields = {k: raw[k] for k in ToyConfig.__dataclass_fields__}
     model = ToyLM(ToyConfig(**fields))
     model.load_state_dict(kael.load_safetensors(d / "model.safetensors"))

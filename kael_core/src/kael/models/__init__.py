@@ -19,6 +19,7 @@ from ._registry import (
     from_pretrained,
     get_family,
     model_type_of,
+    read_config_json,
     register_family,
     unregister_family,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "families",
     "get_family",
     "model_type_of",
+    "read_config_json",
     "from_pretrained",
     "GPT",
     "GPTConfig",

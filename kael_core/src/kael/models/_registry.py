@@ -44,6 +44,7 @@ __all__ = [
     "families",
     "get_family",
     "model_type_of",
+    "read_config_json",
     "from_pretrained",
     "ENTRY_POINT_GROUP",
 ]
@@ -145,8 +146,12 @@ def get_family(model_type: str) -> ModelFamily:
         ) from None
 
 
-def model_type_of(path: Any) -> str:
-    """The ``model_type`` of a checkpoint directory's ``config.json`` (or of that file)."""
+def read_config_json(path: Any, what: str = "model config") -> tuple[dict[str, Any], Path]:
+    """A checkpoint's ``config.json`` (a file or its directory) as a dict, and the file's path.
+
+    Every way it can fail is a FormatError naming ``what`` and the file. Families read
+    their configs with it, so those errors read the same for every family.
+    """
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
@@ -154,16 +159,22 @@ def model_type_of(path: Any) -> str:
     try:
         raw = p.read_bytes()
     except OSError as exc:
-        raise FormatError(f"model config {where}: cannot read it ({exc.strerror or exc})") from None
+        raise FormatError(f"{what} {where}: cannot read it ({exc.strerror or exc})") from None
     try:
         d = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"model config {where}: not UTF-8 JSON ({exc})") from None
+        raise FormatError(f"{what} {where}: not UTF-8 JSON ({exc})") from None
     if not isinstance(d, dict):
-        raise FormatError(f"model config {where}: expected a JSON object, got {type(d).__name__}")
+        raise FormatError(f"{what} {where}: expected a JSON object, got {type(d).__name__}")
+    return d, p
+
+
+def model_type_of(path: Any) -> str:
+    """The ``model_type`` of a checkpoint directory's ``config.json`` (or of that file)."""
+    d, p = read_config_json(path)
     mt = d.get("model_type", DEFAULT_MODEL_TYPE)
     if not isinstance(mt, str) or not mt:
-        raise FormatError(f"model config {where}: model_type must be a non-empty string, got {mt!r}")
+        raise FormatError(f"model config {os.fspath(p)!r}: model_type must be a non-empty string, got {mt!r}")
     return mt
 
 

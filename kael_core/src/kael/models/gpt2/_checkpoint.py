@@ -39,6 +39,7 @@ from ...io import load_safetensors, save_safetensors
 from ...io._atomic import atomic_write
 from ...nn._module import _set_data
 from ...ops import contiguous, detach, to, transpose
+from .._registry import read_config_json
 from ._config import GPTConfig
 from ._model import GPT
 
@@ -68,19 +69,7 @@ def _where(path: Any) -> str:
 
 def read_config(path: Any) -> GPTConfig:
     """A GPTConfig from a Hugging Face GPT-2 ``config.json`` (a file or its directory)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / CONFIG_NAME
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise FormatError(f"GPT-2 config {_where(p)}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"GPT-2 config {_where(p)}: not UTF-8 JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise FormatError(f"GPT-2 config {_where(p)}: expected a JSON object, got {type(d).__name__}")
+    d, p = read_config_json(path, "GPT-2 config")
 
     def fail(msg: str) -> None:
         raise FormatError(f"GPT-2 config {_where(p)}: {msg}")
