@@ -15,7 +15,7 @@ from kael import _dtype as dt
 from kael._device import CPU
 from kael._storage import Storage
 from kael._tensor import Tensor, contiguous_strides, from_numpy_bits
-from kael.backends.reference._io import f32_to_bf16_bits
+from kael.backends.host import f32_to_bf16_bits
 
 LAYOUTS = ("contiguous", "transposed", "stepped", "offset", "broadcast")
 

@@ -12,9 +12,9 @@ from typing import Any
 from kael.tokenizer import IncrementalDecoder
 
 from kael_server.errors import Cancelled, NotReady, PromptRejected
-from kael_server.jobs import Failed, Finished, Job, Outcome, Prompt, PromptAccepted, SamplingParams, TokenInfo
+from kael_server.jobs import Failed, Finished, Job, Outcome, Prompt, PromptAccepted, SamplingParams
 from kael_server.metrics import Metrics
-from kael_server.output import Choice, Echo, JobOutput, token_text
+from kael_server.output import Choice, Echo, JobOutput, token_info
 from kael_server.protocols import Model, RngFactory, Tokenizer
 from kael_server.scheduler import Scheduler, SlotPool
 
@@ -163,13 +163,7 @@ class Generator:
         records = prompt_logprobs(self.model, ids, params.logprobs)
         decoder, chars, tokens = IncrementalDecoder(self.tokenizer), 0, []
         for token, record in zip(ids, records):
-            name = token_text(self.tokenizer, token)
-            if record is None:
-                tokens.append(TokenInfo(name, None, None, chars))
-            else:
-                top = {token_text(self.tokenizer, t): lp for t, lp in record.top}
-                top.setdefault(name, record.logprob)
-                tokens.append(TokenInfo(name, record.logprob, top, chars))
+            tokens.append(token_info(self.tokenizer, token, record, chars))
             chars += len(decoder.add(token))
         return Echo(text, tuple(tokens))
 

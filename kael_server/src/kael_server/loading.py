@@ -105,11 +105,6 @@ def load_app(
     check_device(device)
     import kael  # imported here so the web stack imports without loading kael's models
 
-    def make_rng(seed: int) -> object:
-        rng = kael.Generator()
-        rng.manual_seed(seed)
-        return rng
-
     def load(metrics: Metrics) -> Generator:
         model = kael.models.from_pretrained(path, device=device)  # the family config.json's model_type names
         tokenizer = kael.BpeTokenizer.from_directory(path)
@@ -118,8 +113,7 @@ def load_app(
             model,
             tokenizer,
             device=device,
-            model_name=path.name,
-            make_rng=make_rng,
+            model_name=path.name,  # seeds become kael.Generators (the Generator's default make_rng)
             metrics=metrics,
             make_scheduler=partial(_batch_scheduler, model, slots, queue, queue_timeout) if batched else None,
         )

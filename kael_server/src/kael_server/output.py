@@ -18,7 +18,7 @@ from kael_server.jobs import ChoiceStats, Job, TextPiece, TokenInfo
 from kael_server.protocols import Tokenizer
 from kael_server.stops import StopMatcher
 
-__all__ = ["Choice", "Echo", "JobOutput", "token_text"]
+__all__ = ["Choice", "Echo", "JobOutput", "token_info", "token_text"]
 
 
 def token_text(tokenizer: Tokenizer, token: int) -> str:
@@ -29,6 +29,17 @@ def token_text(tokenizer: Tokenizer, token: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def token_info(tokenizer: Tokenizer, token: int, record: Any, chars: int) -> TokenInfo:
+    """A token's logprobs entry from kael's ``TokenLogprob`` ``record`` (None: no logprob, as for
+    a prompt's first token), its text starting at character ``chars``."""
+    name = token_text(tokenizer, token)
+    if record is None:
+        return TokenInfo(name, None, None, chars)
+    top = {token_text(tokenizer, t): lp for t, lp in record.top}
+    top.setdefault(name, record.logprob)  # OpenAI: the chosen token is always listed
+    return TokenInfo(name, record.logprob, top, chars)
 
 
 @dataclass(frozen=True)
@@ -121,10 +132,7 @@ class JobOutput:
         last = getattr(self.sampler, "last", None)
         if last is None or last.token != token:  # a sampler that did not pick this token
             raise RuntimeError(f"no logprob recorded for token {token} of choice {self.index}")
-        name = token_text(self.tokenizer, token)
-        top = {token_text(self.tokenizer, t): lp for t, lp in last.top}
-        top.setdefault(name, last.logprob)  # OpenAI: the chosen token is always listed
-        info = TokenInfo(name, last.logprob, top, self.chars)
+        info = token_info(self.tokenizer, token, last, self.chars)
         self.pending.append(info)
         if self.stats.logprobs is not None:
             self.stats.logprobs.append(info)

@@ -18,6 +18,7 @@ from .._dtype import (
     ALL_DTYPES,
     BY_NAME,
     DType,
+    as_dtype,
     bfloat16,
     bool_,
     float16,
@@ -62,7 +63,6 @@ INTEGER_DTYPES: tuple[DType, ...] = tuple(d for d in ALL_DTYPES if d.category ==
 
 def by_name(name: str) -> DType:
     """The dtype called `name` ("float32", "bool", ...)."""
-    found = BY_NAME.get(name) if isinstance(name, str) else None
-    if found is None:
+    if not isinstance(name, str):
         raise DTypeError(f"unknown dtype {name!r}; expected one of {sorted(BY_NAME)}")
-    return found
+    return as_dtype(name)  # the one name lookup, with its error

@@ -47,7 +47,7 @@ from ..ops import Generator, argmax, cat, narrow, select, tensor, view
 from ..ops._inplace import copy_
 from ._generate import _prefill, _prompt_ids, sample_next
 from ._kv_cache import KVCache
-from ._steps import GenericStep, decode_step
+from ._steps import decode_step
 
 if TYPE_CHECKING:
     from ._protocol import CausalLM
@@ -99,7 +99,6 @@ class BatchDecoder:
             self._step = decode_step(model, self.cache, direct)
         except KaelError as exc:
             raise KaelError(f"BatchDecoder: {exc}") from None
-        self.direct = not isinstance(self._step, GenericStep)
 
     @property
     def max_positions(self) -> int:

@@ -42,20 +42,39 @@ def _sampled(token: Any, vocab_size: int) -> int:
     return int(token)
 
 
-def check_sampling(temperature: Any, top_k: Any, generator: Any, op: str) -> None:
+def check_temperature(temperature: Any, op: str) -> None:
+    """A KaelError naming ``op`` unless temperature is 0 (greedy) or finite and >= MIN_TEMPERATURE."""
     if (
         isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
+        or not isinstance(temperature, (int, float, np.integer, np.floating))
         or math.isnan(temperature)
         or not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf)
     ):
         raise KaelError(
             f"{op}: temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature!r}"
         )
+
+
+def check_sampling(temperature: Any, top_k: Any, generator: Any, op: str) -> None:
+    check_temperature(temperature, op)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise KaelError(f"{op}: top_k must be an int >= 0 (0 disables it), got {top_k!r}")
     if generator is not None and not isinstance(generator, Generator):
         raise DTypeError(f"{op}: generator must be a kael.Generator or None, got {type(generator).__name__}")
+
+
+def draw(probs: np.ndarray, generator: Generator | None, op: str) -> int:
+    """One index drawn from the (unnormalised) probabilities ``probs`` [V] by the inverse CDF of a
+    single uniform number from ``generator`` (kael's default generator when None)."""
+    cdf = np.cumsum(probs)
+    if not np.isfinite(cdf[-1]) or cdf[-1] <= 0:
+        raise KaelError(f"{op}: the logits give no valid distribution (sum of probabilities {cdf[-1]!r})")
+    dev = generator.device if generator is not None else None
+    u = float(rand(1, dtype=dt.float64, device=dev, generator=generator).item())
+    # side="right" skips zero-probability tokens (flat stretches of the cdf); the clamp keeps a draw
+    # that rounds onto the end on the last token that can be drawn.
+    j = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    return min(j, int(np.flatnonzero(probs)[-1]))
 
 
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int = 0, generator: Generator | None = None) -> Any:
@@ -89,13 +108,7 @@ def _sample_row(logits: Tensor, temperature: float, top_k: int, generator: Gener
     if 0 < top_k < v:
         logits, ids = topk(logits, top_k)
     probs = softmax(div(to(logits, dtype=dt.float32), float(temperature)))._host().astype(np.float64)
-    cdf = np.cumsum(probs)
-    if not np.isfinite(cdf[-1]) or cdf[-1] <= 0:
-        raise KaelError(f"sample_next: the logits give no valid distribution (sum of probabilities {cdf[-1]!r})")
-    dev = generator.device if generator is not None else None
-    u = float(rand(1, dtype=dt.float64, device=dev, generator=generator).item())
-    # side="right" skips zero-probability tokens (flat stretches of the cdf)
-    j = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), cdf.shape[0] - 1)
+    j = draw(probs, generator, "sample_next")
     return int(select(ids, 0, j).item()) if ids is not None else j
 
 

@@ -38,7 +38,8 @@ from .. import _dtype as dt
 from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import Generator, rand, tensor
+from ..ops import Generator, tensor
+from ._generate import check_temperature, draw
 
 __all__ = [
     "SamplingOptions",
@@ -52,7 +53,6 @@ __all__ = [
     "top_logprobs",
 ]
 
-MIN_TEMPERATURE = 0.001
 _NEG_INF = -math.inf
 
 
@@ -96,9 +96,7 @@ class SamplingOptions:
 
     def __post_init__(self) -> None:
         op = "SamplingOptions"
-        t = self.temperature
-        if not _number(t) or math.isnan(t) or not (t == 0 or MIN_TEMPERATURE <= t < math.inf):
-            raise KaelError(f"{op}: temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t!r}")
+        check_temperature(self.temperature, op)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise KaelError(f"{op}: top_k must be an int >= -1 (0 and -1 disable it), got {self.top_k!r}")
         if not _number(self.top_p) or not 0 < self.top_p <= 1:
@@ -352,16 +350,7 @@ class TokenSampler:
 
     def _draw(self, x: np.ndarray) -> int:
         o = self.options
-        probs = _softmax(_filter(x, o.temperature, o.top_k, o.top_p, o.min_p))
-        cdf = np.cumsum(probs)
-        if not np.isfinite(cdf[-1]) or cdf[-1] <= 0:
-            raise KaelError(f"TokenSampler: the logits give no valid distribution (sum of probabilities {cdf[-1]!r})")
-        dev = self.generator.device if self.generator is not None else None
-        u = float(rand(1, dtype=dt.float64, device=dev, generator=self.generator).item())
-        # side="right" skips zero-probability tokens (flat stretches of the cdf); the clamp keeps
-        # a draw that rounds onto the end on the last token that can be drawn.
-        j = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-        return min(j, int(np.flatnonzero(probs)[-1]))
+        return draw(_softmax(_filter(x, o.temperature, o.top_k, o.top_p, o.min_p)), self.generator, "TokenSampler")
 
 
 def prompt_logprobs(model: Any, ids: Sequence[int], top_n: int = 0) -> list[TokenLogprob | None]:
