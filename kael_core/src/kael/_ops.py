@@ -330,9 +330,28 @@ _defs += [
         "attention",
         "fused",
         "out!, q, k, v, scale: float, causal: bool, lengths?",
-        "q [B,H,Tq,D], k/v [B,H,Tk,D]; causal aligns the last query with key Tk-1 (KV cache); "
-        "lengths int64 [B] limits the keys each row sees",
+        "q [B,H,Tq,D], k/v [B,Hkv,Tk,D] with H % Hkv == 0: query head h reads key/value head "
+        "h // (H // Hkv) (grouped-query attention; multi-query when Hkv == 1; K/V never repeated); "
+        "causal aligns the last query with key Tk-1 (KV cache); lengths int64 [B] limits the keys each row sees",
     ),
+    _op(
+        "rms_norm",
+        "fused",
+        "out!, rstd!, x, weight?, eps: float",
+        "normalises over the last dim in float32 (float64 for float64 x), as Hugging Face's RMSNorm: "
+        "rstd = 1/sqrt(mean(x*x) + eps), out = (x * rstd rounded to x.dtype) * weight; rstd float32/64 "
+        "of shape x.shape[:-1]",
+    ),
+    _op(
+        "rope",
+        "fused",
+        "out!, x, cos, sin, positions",
+        "rotary embedding, rotate-half convention (Hugging Face Llama): x/out [B,H,T,D] with D even, "
+        "cos/sin [P, D/2] float32 or float64 tables, positions int64 [B,T] (each in [0, P)); with "
+        "c, s = cos/sin[positions[b,t]], x1, x2 = x[..,:D/2], x[..,D/2:]: out[..,:D/2] = x1*c - x2*s, "
+        "out[..,D/2:] = x2*c + x1*s, computed in float32 (float64 when x or the tables are float64)",
+    ),
+    _op("silu_mul", "fused", "out!, gate, up", "SwiGLU: out = silu(gate) * up; gate, up, out same shape and dtype"),
     _op("topk", "fused", "values!, indices!, x, k: int", "along the last dim, largest first"),
     _op(
         "adamw_step",
