@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import functional, init, utils
 from ._containers import ModuleDict, ModuleList, Sequential
-from ._layers import GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, ReLU, SiLU
+from ._layers import GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, ReLU, RMSNorm, SiLU
 from ._module import IncompatibleKeys, Module
 from ._parameter import Parameter
 
@@ -15,6 +15,7 @@ __all__ = [
     "Linear",
     "Embedding",
     "LayerNorm",
+    "RMSNorm",
     "Dropout",
     "GELU",
     "ReLU",

@@ -1,4 +1,4 @@
-"""Layers: Linear, Embedding, LayerNorm, Dropout and the activations (GELU, ReLU, SiLU), plus Identity and Flatten.
+"""Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout and the activations (GELU, ReLU, SiLU), plus Identity and Flatten.
 
 Parameter shapes and initialisations follow PyTorch (``Linear.weight`` is
 ``[out_features, in_features]``), so checkpoints and results carry over.
@@ -18,7 +18,7 @@ from . import init
 from ._module import Module
 from ._parameter import Parameter
 
-__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "SiLU", "Identity", "Flatten"]
+__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU", "Identity", "Flatten"]
 
 
 def _positive(op: str, **sizes: Any) -> None:
@@ -116,6 +116,53 @@ class LayerNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalisation over the trailing normalized_shape dims, scaled by weight (ones).
+
+    PyTorch's ``torch.nn.RMSNorm``: ``eps=None`` means the machine epsilon of the input's
+    dtype at call time. Hugging Face's ``LlamaRMSNorm`` defaults to 1e-6 instead (and
+    checkpoints give ``rms_norm_eps``): pass it explicitly. Values follow Hugging Face (see
+    ``kael.nn.functional.rms_norm``).
+    """
+
+    def __init__(
+        self,
+        normalized_shape: Any,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, (int, tuple, list)):
+            raise ShapeError(
+                f"RMSNorm: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+            )
+        ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if not ns:
+            raise ShapeError("RMSNorm: normalized_shape must name at least one dimension, got []")
+        for n in ns:
+            _positive("RMSNorm", normalized_shape=n)
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0):
+            raise DTypeError(f"RMSNorm: eps must be a non-negative number or None, got {eps!r}")
+        d = _float_dtype("RMSNorm", dtype)
+        self.normalized_shape = ns
+        self.eps = None if eps is None else float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        self.register_parameter("weight", Parameter(empty(ns, dtype=d, device=device)) if elementwise_affine else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

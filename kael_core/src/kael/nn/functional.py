@@ -23,6 +23,9 @@ __all__ = [
     "nll_loss",
     "mse_loss",
     "layer_norm",
+    "rms_norm",
+    "rope",
+    "silu_mul",
     "dropout",
     "embedding",
     "scaled_dot_product_attention",
@@ -124,6 +127,52 @@ def layer_norm(
     return ops.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
+#: Machine epsilon of each float dtype (``torch.finfo(dtype).eps``): rms_norm's default eps.
+_FINFO_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+
+
+def rms_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """Root-mean-square normalisation over the trailing ``normalized_shape`` dims (PyTorch's signature).
+
+    eps=None is PyTorch's default, the machine epsilon of input's dtype (``torch.finfo(dtype).eps``);
+    Hugging Face Llama checkpoints use ``rms_norm_eps`` from config.json (often 1e-6 or 1e-5), which
+    is also ``kael.rms_norm``'s default of 1e-6. Values as Hugging Face's ``LlamaRMSNorm``: statistics
+    in float32 (float64 for float64 input), the normalised value rounded to input's dtype before the
+    weight (PyTorch rounds once, after the weight: half-precision results may differ in the last bit).
+    """
+    if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, (int, tuple, list)):
+        raise DTypeError(f"rms_norm: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not isinstance(input, Tensor):
+        raise DTypeError(f"rms_norm: input must be a tensor, got {type(input).__name__}")
+    if not ns or input.ndim < len(ns) or input.shape[input.ndim - len(ns) :] != ns:
+        raise ShapeError(f"rms_norm: input shape {list(input.shape)} does not end with normalized_shape {list(ns)}")
+    if weight is not None and (not isinstance(weight, Tensor) or weight.shape != ns):
+        raise ShapeError(
+            f"rms_norm: weight has shape {list(getattr(weight, 'shape', ()))!r}, expected normalized_shape {list(ns)}"
+        )
+    if eps is None:
+        eps = _FINFO_EPS.get(input.dtype.name, 2.0**-23)
+    if len(ns) == 1:
+        return ops.rms_norm(input, weight, eps)
+    n = 1
+    for s in ns:
+        n *= s
+    lead = input.shape[: input.ndim - len(ns)]
+    w = ops.reshape(weight, (n,)) if weight is not None else None
+    return ops.reshape(ops.rms_norm(ops.reshape(input, lead + (n,)), w, eps), input.shape)
+
+
+def rope(input: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
+    """Rotary position embedding of input [B, H, T, D] (rotate-half; see ``kael.rope``)."""
+    return ops.rope(input, cos, sin, positions)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up, SwiGLU's gated product, as one fused op (see ``kael.silu_mul``)."""
+    return ops.silu_mul(gate, up)
+
+
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator: Any = None) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training.
 
@@ -149,13 +198,20 @@ def embedding(input: Tensor, weight: Tensor) -> Tensor:
 
 
 def scaled_dot_product_attention(
-    query: Tensor, key: Tensor, value: Tensor, is_causal: bool = False, scale: float | None = None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
 ) -> Tensor:
     """softmax(q @ k^T * scale) @ v over [..., T, D] operands (scale defaults to 1/sqrt(D)).
 
     With is_causal, query i sees keys up to i + (Tk - Tq): the last query is aligned with
     the last key, which is what decoding with a KV cache needs (and PyTorch's top-left
-    alignment when Tq == Tk).
+    alignment when Tq == Tk). With enable_gqa (PyTorch's flag), key/value may have fewer
+    heads (dim -3) than query, a divisor of them: query head h reads key/value head
+    h // (H // Hkv) (grouped-query attention; K/V are never repeated).
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor) or t.ndim < 2:
@@ -164,16 +220,24 @@ def scaled_dot_product_attention(
                 f"{getattr(t, 'shape', type(t).__name__)!r}"
             )
     lead = query.shape[:-2]
-    if key.shape[:-2] != lead or value.shape[:-2] != lead:
+    grouped = enable_gqa and query.ndim >= 3 and key.ndim == query.ndim and key.shape[-3] != query.shape[-3]
+    klead = key.shape[:-3] + query.shape[-3:-2] if grouped else key.shape[:-2]
+    vlead = value.shape[:-3] + query.shape[-3:-2] if grouped else value.shape[:-2]
+    if klead != lead or vlead != lead or (grouped and value.shape[-3] != key.shape[-3]):
+        hint = "" if enable_gqa else " (pass enable_gqa=True for fewer key/value heads than query heads)"
         raise ShapeError(
             f"scaled_dot_product_attention: batch dims of query {list(query.shape)}, key "
-            f"{list(key.shape)} and value {list(value.shape)} differ"
+            f"{list(key.shape)} and value {list(value.shape)} differ{hint}"
         )
 
     def as4d(t: Tensor) -> Tensor:
         if t.ndim == 4:
             return t
-        return ops.reshape(t, (1, -1) + t.shape[-2:]) if t.ndim != 2 else ops.reshape(t, (1, 1) + t.shape)
+        if t.ndim == 2:
+            return ops.reshape(t, (1, 1) + t.shape)
+        if t.ndim == 3:
+            return ops.reshape(t, (1,) + t.shape)
+        return ops.reshape(t, (-1,) + t.shape[-3:])
 
     out = ops.attention(as4d(query), as4d(key), as4d(value), causal=is_causal, scale=scale)
     return out if query.ndim == 4 else ops.reshape(out, lead + out.shape[-2:])

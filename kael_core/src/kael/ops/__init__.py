@@ -48,6 +48,7 @@ from ._fused import (
     softmax,
     topk,
 )
+from ._fused_llama import rms_norm, rope, silu_mul
 from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
 from ._inplace import clone, contiguous, detach, to
 from ._linalg import matmul
@@ -127,6 +128,9 @@ __all__ = [
     "embedding",
     "cross_entropy",
     "attention",
+    "rms_norm",
+    "rope",
+    "silu_mul",
     "topk",
     "adamw_step",
 ]

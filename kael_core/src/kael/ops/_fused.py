@@ -118,17 +118,38 @@ def _prod(s: tuple[int, ...]) -> int:
     return n
 
 
-def attention_decomp(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None) -> Tensor:
-    s = binary("mul", _mm(q, _t(k)), scale)
-    tq, tk = q.shape[-2], k.shape[-2]
+def _group_queries(q: Tensor, hkv: int) -> Tensor:
+    """q [B,H,Tq,D] as [B,Hkv,g*Tq,D] (g = H // Hkv): the g query heads of kv head j stacked on its rows.
+
+    Query head h = j*g + i reads kv head j = h // g (Hugging Face's ``repeat_kv`` order), so
+    one matmul per kv head serves its whole group and K/V are never repeated. A view when
+    q's (H, Tq) dims are contiguous (always when Tq == 1), a copy of q otherwise.
+    """
+    b, h, tq, d = q.shape
+    return q if hkv == h else reshape_nograd(q, (b, hkv, (h // hkv) * tq, d))
+
+
+def _attention_mask(tq: int, tk: int, group: int, causal: bool, lengths: Tensor | None, device: Any) -> Tensor | None:
+    """True where a score is masked, broadcastable to the scores [B, Hkv, group*Tq, Tk] (None: nothing masked)."""
     from ._creation import arange
 
-    qi = reshape_nograd(arange(tq, device=q.device), (tq, 1))
-    ki = reshape_nograd(arange(tk, device=q.device), (1, tk))
+    qi = reshape_nograd(arange(group * tq, device=device), (group * tq, 1))
+    if group != 1:
+        qi = binary("remainder", qi, tq)  # row r of a grouped block is query r % Tq
+    ki = reshape_nograd(arange(tk, device=device), (1, tk))
     masked: Tensor | None = binary("gt", ki, binary("add", qi, tk - tq)) if causal else None
     if lengths is not None:
         lm = binary("ge", reshape_nograd(ki, (1, 1, 1, tk)), reshape_nograd(lengths, (lengths.shape[0], 1, 1, 1)))
         masked = lm if masked is None else binary("logical_or", masked, lm)
+    return masked
+
+
+def attention_decomp(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None) -> Tensor:
+    b, h, tq, _ = q.shape
+    hkv, tk = k.shape[1], k.shape[-2]
+    qg = _group_queries(q, hkv)
+    s = binary("mul", _mm(qg, _t(k)), scale)
+    masked = _attention_mask(tq, tk, h // hkv if hkv else 1, causal, lengths, q.device)
     if masked is not None:
         from ._reduce import Where_nograd
 
@@ -140,7 +161,8 @@ def attention_decomp(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool
         p = binary("div", e, Where_nograd(binary("eq", den, 0.0), 1.0, den))
     else:
         p = softmax_decomp(s, s.ndim - 1)
-    return _mm(p, v)
+    out = _mm(p, v)
+    return out if hkv == h else reshape_nograd(out, (b, h, tq, v.shape[-1]))
 
 
 def cross_entropy_decomp(logits: Tensor, target: Tensor, ignore_index: int, smoothing: float) -> Tensor:
@@ -545,23 +567,18 @@ class Attention(Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> Any:
         q, k, v = ctx.saved_tensors
-        # recompute probabilities (flash-attention style: nothing big saved)
-        tq, tk = q.shape[-2], k.shape[-2]
-        s = binary("mul", _mm(q, _t(k)), ctx.scale)
-        from ._creation import arange
+        # recompute probabilities (flash-attention style: nothing big saved); grouped-query heads
+        # are stacked on the rows of their kv head, so dk/dv come out summed over each group
+        b, h, tq, _ = q.shape
+        hkv, tk = k.shape[1], k.shape[-2]
+        qg = _group_queries(q, hkv)
+        if hkv != h:
+            g = reshape_nograd(contiguous_nograd(g), (b, hkv, (h // hkv) * tq, g.shape[-1]))
+        s = binary("mul", _mm(qg, _t(k)), ctx.scale)
         from ._reduce import Where_nograd
 
         if ctx.causal or ctx.lengths is not None:
-            qi = reshape_nograd(arange(tq, device=q.device), (tq, 1))
-            ki = reshape_nograd(arange(tk, device=q.device), (1, tk))
-            masked = binary("gt", ki, binary("add", qi, tk - tq)) if ctx.causal else None
-            if ctx.lengths is not None:
-                lm = binary(
-                    "ge",
-                    reshape_nograd(ki, (1, 1, 1, tk)),
-                    reshape_nograd(ctx.lengths, (ctx.lengths.shape[0], 1, 1, 1)),
-                )
-                masked = lm if masked is None else binary("logical_or", masked, lm)
+            masked = _attention_mask(tq, tk, h // hkv if hkv else 1, ctx.causal, ctx.lengths, q.device)
             assert masked is not None
             s = Where_nograd(expand_to(masked, s.shape), float("-inf"), s)
         p = softmax_decomp(s, s.ndim - 1)
@@ -571,25 +588,35 @@ class Attention(Function):
         ds = binary("mul", p, binary("sub", dp, reduce_op("sum", binary("mul", dp, p), (p.ndim - 1,), True, p.dtype)))
         ds = binary("mul", ds, ctx.scale)
         dq = _mm(ds, k)
-        dk = _mm(_t(ds), q)
+        dk = _mm(_t(ds), qg)
+        if hkv != h:
+            dq = reshape_nograd(dq, q.shape)
         return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape), None, None, None)
 
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, lengths: Tensor | None = None
 ) -> Tensor:
-    """Scaled dot-product attention over q [B,H,Tq,D], k/v [B,H,Tk,D].
+    """Scaled dot-product attention over q [B,H,Tq,D], k/v [B,Hkv,Tk,D].
 
     causal aligns the last query with the last key, so a query block appended to a
     KV cache attends to all earlier keys. lengths [B] limits each row's keys.
+    Grouped-query attention: with Hkv < H (H % Hkv == 0), query head h reads key/value
+    head h // (H // Hkv), as PyTorch's ``enable_gqa=True`` and Hugging Face's ``repeat_kv``;
+    K/V are never repeated in memory.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _float(t, f"scaled_dot_product_attention {name}")
         if t.ndim != 4:
             raise ShapeError(f"scaled_dot_product_attention: {name} must be [B, H, T, D], got {list(t.shape)}")
-    if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3] or k.shape[-1] != q.shape[-1]:
+    if k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3] or k.shape[-1] != q.shape[-1]:
         raise ShapeError(
             f"scaled_dot_product_attention: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} do not fit"
+        )
+    if (q.shape[1] % k.shape[1] if k.shape[1] else q.shape[1]) != 0:
+        raise ShapeError(
+            f"scaled_dot_product_attention: the {q.shape[1]} query heads of q {list(q.shape)} are not a multiple of "
+            f"the {k.shape[1]} key/value heads of k {list(k.shape)} (grouped-query attention needs H % Hkv == 0)"
         )
     if causal and q.shape[-2] > k.shape[-2]:
         raise ShapeError(

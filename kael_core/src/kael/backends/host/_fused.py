@@ -1,4 +1,4 @@
-"""Fused ops written as plain NumPy math: the readable definition of each kernel."""
+"""Fused ops written as plain NumPy math: the readable definition of each kernel (the Llama ops included)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import rd, wr
+from ._io import bf16_bits_to_f32, f32_to_bf16_bits, rd, wr
 
 __all__ = ["KERNELS"]
 
@@ -107,22 +107,71 @@ def cross_entropy(losses: Any, logits: Any, target: Any, ignore_index: int, labe
 
 def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
     qv, kv, vv = rd(q), rd(k), rd(v)
-    tq, tk = qv.shape[-2], kv.shape[-2]
-    s = np.matmul(qv, np.swapaxes(kv, -1, -2)) * scale  # [B, H, Tq, Tk]
+    b, h, tq, _ = qv.shape
+    hkv, tk = kv.shape[1], kv.shape[-2]
+    if hkv != h:  # grouped-query: q as [B, Hkv, g, Tq, D] against k/v [B, Hkv, 1, Tk, D] (broadcast, no repeat)
+        qv = qv.reshape(b, hkv, h // hkv, tq, qv.shape[-1])
+        kv, vv = kv[:, :, None], vv[:, :, None]
+    s = np.matmul(qv, np.swapaxes(kv, -1, -2)) * scale  # [B, H, Tq, Tk] (or [B, Hkv, g, Tq, Tk])
     mask = np.zeros((tq, tk), dtype=bool)
     if causal:
         mask |= np.arange(tk)[None, :] > (np.arange(tq)[:, None] + (tk - tq))
     full = np.broadcast_to(mask, s.shape).copy()
     if lengths is not None:
         lens = rd(lengths)
-        full |= (np.arange(tk)[None, :] >= lens[:, None])[:, None, None, :]
+        full |= (np.arange(tk)[None, :] >= lens[:, None]).reshape((b,) + (1,) * (s.ndim - 2) + (tk,))
     s = np.where(full, -np.inf, s)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
     e = np.exp(s - m)
     den = e.sum(axis=-1, keepdims=True)
     p = e / np.where(den == 0, 1, den)
-    wr(out, np.matmul(p, vv))
+    wr(out, np.matmul(p, vv).reshape(out.shape))
+
+
+def _stat(x: np.ndarray) -> Any:
+    return np.float64 if x.dtype == np.float64 else np.float32
+
+
+def _round_to(x: Any, v: np.ndarray) -> np.ndarray:
+    """v rounded to tensor x's dtype (bfloat16 through its bits), as float32/64 values."""
+    if x.dtype.name == "bfloat16":
+        return bf16_bits_to_f32(f32_to_bf16_bits(v.astype(np.float32)))
+    return v.astype(x.dtype.np).astype(v.dtype)
+
+
+def rms_norm(out: Any, rstd: Any, x: Any, weight: Any, eps: float) -> None:
+    v = rd(x)
+    st = _stat(v)
+    xf = v.astype(st)
+    n = xf.shape[-1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = 1.0 / np.sqrt((xf * xf).sum(axis=-1, keepdims=True, dtype=st) / st(n) + st(eps))
+    y = _round_to(x, xf * r)  # Hugging Face rounds the normalised value to x's dtype before the weight
+    if weight is not None:
+        y = y * rd(weight).astype(st)
+    wr(out, y)
+    wr(rstd, r[..., 0])
+
+
+def rope(out: Any, x: Any, cos: Any, sin: Any, positions: Any) -> None:
+    c64 = np.float64 in (cos.dtype.np, x.dtype.np)
+    ct = np.float64 if c64 else np.float32
+    v = rd(x).astype(ct)  # [B, H, T, D]
+    pos = rd(positions)  # [B, T]
+    c = rd(cos).astype(ct)[pos][:, None]  # [B, 1, T, D/2]
+    s = rd(sin).astype(ct)[pos][:, None]
+    half = v.shape[-1] // 2
+    x1, x2 = v[..., :half], v[..., half:]
+    wr(out, np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1))
+
+
+def silu_mul(out: Any, gate: Any, up: Any) -> None:
+    g = rd(gate)
+    ct = np.float64 if g.dtype == np.float64 else np.float32
+    gv: np.ndarray = g.astype(ct)
+    with np.errstate(over="ignore"):
+        wr(out, gv / (1 + np.exp(np.negative(gv))) * rd(up).astype(ct))
 
 
 def topk(values: Any, indices: Any, x: Any, k: int) -> None:
@@ -170,6 +219,9 @@ KERNELS: dict[str, Callable[..., None]] = {
     "embedding": embedding,
     "cross_entropy": cross_entropy,
     "attention": attention,
+    "rms_norm": rms_norm,
+    "rope": rope,
+    "silu_mul": silu_mul,
     "topk": topk,
     "adamw_step": adamw_step,
 }
