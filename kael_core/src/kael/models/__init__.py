@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._base import CausalLMBase
 from ._batched import BatchDecoder
 from ._generate import Sampler, generate, sample_next
+from ._generation_config import GenerationConfig, read_generation_config
 from ._kv_cache import CacheStep, KVCache
 from ._protocol import CausalLM, DecodeStep, StepLike
 from ._registry import (
@@ -53,6 +54,8 @@ __all__ = [
     "get_family",
     "model_type_of",
     "read_config_json",
+    "GenerationConfig",
+    "read_generation_config",
     "from_pretrained",
     "GPT",
     "GPTConfig",
