@@ -31,6 +31,7 @@ from ._dtype import bool_ as bool
 from ._errors import (
     AutogradError,
     BackendError,
+    ChatTemplateError,
     DeviceError,
     DTypeError,
     FormatError,
@@ -76,6 +77,7 @@ __all__ = [
     "IndexError_",
     "AutogradError",
     "PluginError",
+    "ChatTemplateError",
     "from_numpy",
     "from_dlpack",
     "no_grad",
@@ -116,6 +118,10 @@ def __getattr__(name: str) -> Any:
 
     if name in ("nn", "optim", "io", "data", "models", "testing", "tokenizer", "debug", "cuda", "cpu"):
         return importlib.import_module(f"kael.{name}")
+    if name in ("HFTokenizer", "ChatTemplate", "load_tokenizer"):
+        from . import tokenizer
+
+        return getattr(tokenizer, name)
     if name in ("GPT", "BpeTokenizer", "load_safetensors", "save_safetensors", "set_num_threads", "get_num_threads"):
         from . import _lazy
 

@@ -12,6 +12,7 @@ __all__ = [
     "IndexError_",
     "AutogradError",
     "PluginError",
+    "ChatTemplateError",
 ]
 
 
@@ -49,3 +50,7 @@ class AutogradError(KaelError, RuntimeError):
 
 class PluginError(KaelError, RuntimeError):
     """A plugin that failed to load or declared something invalid."""
+
+
+class ChatTemplateError(KaelError, ValueError):
+    """A chat template that fails to render the given messages (bad messages, or the template refuses them)."""

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import TYPE_CHECKING, Literal, NoReturn
 
 from kael._errors import DTypeError, FormatError, IndexError_, KaelError
 from kael.tokenizer._bpe import MergeTable, merge
@@ -23,6 +23,9 @@ from kael.tokenizer._cache import PieceCache
 from kael.tokenizer._files import check_merges, check_vocab, parse_merges, parse_vocab
 from kael.tokenizer._incremental import IncrementalDecoder
 from kael.tokenizer._pretokenize import pretokenize
+
+if TYPE_CHECKING:
+    from kael.tokenizer._chat import ChatTemplate
 
 __all__ = ["BpeTokenizer", "EOT"]
 
@@ -89,6 +92,8 @@ class BpeTokenizer:
             self._decoder[encoder[name]] = name.encode("utf-8")
         self._special_splitters: dict[frozenset[str], re.Pattern[str]] = {}
         self._cache = PieceCache(self._bpe, _CACHE_ENTRIES, _CACHE_PIECE_CHARS)
+        self.chat_template: ChatTemplate | None = None
+        """A chat template for this tokenizer's model (``load_tokenizer`` attaches the directory's), or None."""
 
     # -- construction ---------------------------------------------------------------
 
