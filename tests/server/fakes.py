@@ -314,3 +314,32 @@ class PoisonTokenizer(ByteTokenizer):
         if self.poison_token in ids:
             raise RuntimeError(SECRET)
         return super().decode(ids)
+
+
+END_OF_TURN = 4
+"""The byte FakeChatTemplate ends a turn with (ASCII end of transmission)."""
+
+
+class FakeChatTemplate:
+    """A chat template with ``kael.tokenizer.ChatTemplate``'s interface: each message as
+    ``[role]content`` + byte 4, then ``[assistant]`` for the generation prompt. A message whose
+    content is ``"refuse"`` makes it raise a ChatTemplateError naming ``name``, as a template's
+    ``raise_exception`` does."""
+
+    name = "/srv/models/secret-path/chat_template.jinja"
+
+    def __init__(self, end_of_turn: tuple[int, ...] = (END_OF_TURN,)) -> None:
+        self.end_of_turn = end_of_turn
+        self.rendered: list[list[dict[str, Any]]] = []
+
+    def render(self, messages: Sequence[Any], *, add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        import kael
+
+        self.rendered.append([dict(m) for m in messages])
+        if any(m["content"] == "refuse" for m in messages):
+            raise kael.ChatTemplateError(f"{self.name}: the chat template refused the messages: no refusals")
+        text = "".join(f"[{m['role']}]{m['content']}\x04" for m in messages)
+        return text + ("[assistant]" if add_generation_prompt else "")
+
+    def end_of_turn_tokens(self, tokenizer: Any) -> tuple[int, ...]:
+        return self.end_of_turn

@@ -57,7 +57,11 @@ def test_bad_data_directory_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     result = run_cli("--data", str(tmp_path))
     assert result.returncode == 2
-    assert "lacks model.safetensors, vocab.json, merges.txt" in result.stderr
+    assert "lacks model.safetensors, a tokenizer (tokenizer.json, or vocab.json and merges.txt)" in result.stderr
+    (tmp_path / "vocab.json").write_text("{}")
+    result = run_cli("--data", str(tmp_path))
+    assert result.returncode == 2
+    assert "lacks model.safetensors, merges.txt" in result.stderr
 
 
 def test_no_data_means_the_bundled_model_or_a_clear_error() -> None:

@@ -10,6 +10,7 @@ __all__ = [
     "BodyTooLarge",
     "Busy",
     "Cancelled",
+    "ChatRejected",
     "ClientGone",
     "FieldError",
     "InvalidRequest",
@@ -86,6 +87,13 @@ class Cancelled(ServerError):
         self.reason = reason
         self.status_code, message = self._ANSWERS.get(reason, (499, "client disconnected"))
         super().__init__(message)
+
+
+class ChatRejected(ServerError):
+    """A chat request the model cannot format: it has no chat template, or the template refused
+    the conversation (400, with the reason)."""
+
+    status_code = 400
 
 
 class ClientGone(Exception):

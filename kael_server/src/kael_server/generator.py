@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kael.tokenizer import IncrementalDecoder
+from kael import KaelError
+from kael.tokenizer import BpeTokenizer, IncrementalDecoder
 
 from kael_server.errors import Cancelled, NotReady, PromptRejected
-from kael_server.jobs import Failed, Finished, Job, Outcome, Prompt, PromptAccepted, SamplingParams
+from kael_server.jobs import ChatPrompt, Failed, Finished, Job, Outcome, Prompt, PromptAccepted, SamplingParams
 from kael_server.metrics import Metrics
 from kael_server.output import Choice, Echo, JobOutput, token_info
 from kael_server.protocols import Model, RngFactory, Tokenizer
 from kael_server.scheduler import Scheduler, SlotPool
 
-__all__ = ["Generator"]
+__all__ = ["Generator", "encode_chat", "end_of_text_ids"]
 
 
 class Generator:
@@ -33,6 +35,12 @@ class Generator:
     ``shutting_down`` is set once the server starts draining: no new job is admitted and the
     running ones are cancelled. ``make_scheduler(generator)`` replaces the single-slot
     SlotPool (a batching scheduler needs the generator's model and tokenizer).
+
+    ``stop_tokens`` are the ids that end every text (default ``end_of_text_ids``: the
+    tokenizer's end of text and the eos ids of ``model.generation_config``). ``chat_template``
+    (default: the tokenizer's ``chat_template``, None without one) serves
+    ``/v1/chat/completions``; a chat reply also ends at ``chat_stop_tokens`` (default: the
+    template's ``end_of_turn_tokens(tokenizer)``).
     """
 
     def __init__(
@@ -45,9 +53,17 @@ class Generator:
         make_rng: RngFactory | None = None,
         metrics: Metrics | None = None,
         make_scheduler: Callable[[Generator], Scheduler] | None = None,
+        stop_tokens: Sequence[int] | None = None,
+        chat_template: Any = None,
+        chat_stop_tokens: Sequence[int] | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.stop_tokens = tuple(stop_tokens) if stop_tokens is not None else end_of_text_ids(model, tokenizer)
+        self.chat_template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+        if chat_stop_tokens is None and self.chat_template is not None:
+            chat_stop_tokens = self.chat_template.end_of_turn_tokens(tokenizer)
+        self.chat_stop_tokens = tuple(chat_stop_tokens or ())
         self.device = device
         self.model_name = model_name
         self.context_length = int(model.max_positions)
@@ -88,13 +104,36 @@ class Generator:
             return Failed(exc)
 
     def prepare(self, job: Job) -> list[list[int]]:
-        """Each prompt's token ids, checked against the context; raises PromptRejected or Cancelled."""
-        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in job.prompts]
+        """Each prompt's token ids, checked against the context; raises PromptRejected or Cancelled.
+
+        With ``params.fit_context``, ``job.params`` becomes the same with max_tokens at most
+        what the context leaves after the longest prompt (PromptRejected if nothing is left)."""
+        prompts = [self._encode(p) for p in job.prompts]
         if job.cancelled:
             raise Cancelled(job.cancel_reason or "client")
+        if job.params.fit_context and prompts:
+            room = self.context_length - max(len(ids) for ids in prompts)
+            if room < 1:
+                raise PromptRejected(
+                    413,
+                    f"the prompt ({max(len(ids) for ids in prompts)} tokens) leaves no room in the context "
+                    f"of {self.context_length} tokens for a reply",
+                )
+            job.params = dataclasses.replace(job.params, max_tokens=min(job.params.max_tokens, max(room, 1)))
         for ids in prompts:
             self._check_prompt(ids, job.params.max_tokens)
         return prompts
+
+    def end_tokens(self, params: SamplingParams) -> frozenset[int]:
+        """The ids that end a choice of a job with ``params``: never part of its text."""
+        return frozenset(self.stop_tokens) | frozenset(params.stop_token_ids)
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, ChatPrompt):
+            return encode_chat(self.tokenizer, prompt.text)
+        return list(prompt)
 
     def accept(self, job: Job, prompts: list[list[int]]) -> None:
         """The job will generate now: count its prompts and tell the client (a stream may start)."""
@@ -118,7 +157,9 @@ class Generator:
                 else:
                     sampler = self._sampler(params, ids, j)
                     rng = sampler.generator
-                output = JobOutput(job, self.tokenizer, index, sampler=sampler, echo=echo)
+                output = JobOutput(
+                    job, self.tokenizer, index, sampler=sampler, echo=echo, end_tokens=self.end_tokens(params)
+                )
                 out.append(Choice(index, ids, output, sampler, rng))
         return out
 
@@ -147,7 +188,7 @@ class Generator:
             repetition_penalty=params.repetition_penalty,
             logit_bias=dict(params.logit_bias),
             min_tokens=params.min_tokens,
-            stop_tokens=(self.tokenizer.eot_token,) if params.min_tokens else (),
+            stop_tokens=tuple(sorted(self.end_tokens(params))) if params.min_tokens else (),
             logprobs=params.logprobs,
         )
         rng = _kael_rng(self.seed_for(params, choice)) if params.temperature else None
@@ -203,6 +244,34 @@ class Generator:
             stats.seconds = time.perf_counter() - start
             self.metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
         return tuple(texts)
+
+
+def end_of_text_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a generated text: the tokenizer's ``eot_token`` (when it has one) and
+    every eos id of the model's ``generation_config`` (when it has one), in that order."""
+    ids: list[int] = []
+    try:
+        ids.append(int(tokenizer.eot_token))
+    except KaelError:  # a tokenizer with neither an eos token nor <|endoftext|>
+        pass
+    config = getattr(model, "generation_config", None)
+    for token in getattr(config, "eos_token_ids", None) or ():
+        if int(token) not in ids:
+            ids.append(int(token))
+    return tuple(ids)
+
+
+def encode_chat(tokenizer: Any, text: str) -> list[int]:
+    """A rendered chat prompt's ids: special tokens written in the text are the tokenizer's
+    specials, and a text that already starts with the BOS token gets no second one (as vLLM
+    and Hugging Face's ``apply_chat_template`` avoid it); other texts are encoded as the
+    tokenizer's config says (its BOS, when it adds one)."""
+    if isinstance(tokenizer, BpeTokenizer):
+        return tokenizer.encode(text, allowed_special="all")
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos):
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text))
 
 
 def _kael_rng(seed: int) -> Any:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ChoiceStats",
+    "ChatPrompt",
     "Event",
     "Failed",
     "Finished",
@@ -37,8 +38,16 @@ __all__ = [
 ]
 
 
-Prompt = str | tuple[int, ...]
-"""Text to encode, or token ids as they are."""
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation rendered by the model's chat template, encoded as a chat prompt (the
+    special tokens written in it are the tokenizer's specials; ``generator.encode_chat``)."""
+
+    text: str
+
+
+Prompt = str | tuple[int, ...] | ChatPrompt
+"""Text to encode, token ids as they are, or a rendered conversation."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,12 @@ class SamplingParams:
     """Record each generated token's log-probability and this many top alternatives."""
     echo: bool = False
     """Each choice's text starts with its prompt (with the prompt's logprobs when ``logprobs`` is set)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a choice besides the model's own end-of-text ids (a chat template's
+    end-of-turn tokens); like those, never part of the text."""
+    fit_context: bool = False
+    """``max_tokens`` is an upper bound: once the prompt is encoded it becomes at most what the
+    context leaves after the longest prompt (a chat request without max_tokens)."""
 
     @property
     def plain(self) -> bool:
@@ -165,6 +180,8 @@ Outcome = Finished | Failed
 class Job:
     prompts: tuple[Prompt, ...]
     params: SamplingParams
+    """With ``fit_context``, replaced once by the worker's ``Generator.prepare`` (its max_tokens
+    fitted to the encoded prompts) before the job is accepted; read by the worker after that."""
     arrived: float
     """``time.perf_counter()`` when the request arrived."""
     loop: asyncio.AbstractEventLoop

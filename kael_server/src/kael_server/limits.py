@@ -8,6 +8,7 @@ __all__ = [
     "MAX_DETOKENIZE_IDS",
     "MAX_LOGIT_BIAS",
     "MAX_LOGPROBS",
+    "MAX_MESSAGES",
     "MAX_NEW_TOKENS",
     "MAX_PROMPTS",
     "MAX_PROMPT_CHARS",
@@ -17,6 +18,7 @@ __all__ = [
     "MAX_STOP_STRINGS",
     "MAX_TEMPERATURE",
     "MAX_TOP_K",
+    "MAX_TOP_LOGPROBS",
     "MIN_OPENAI_SEED",
     "MIN_SAMPLING_TEMPERATURE",
     "RETRY_AFTER_SECONDS",
@@ -41,6 +43,10 @@ MAX_PROMPT_TOKENS = 8192
 MAX_CHOICES = 16
 """Sequences one request may ask for: ``n`` times the number of prompts."""
 MAX_LOGPROBS = 5
+MAX_TOP_LOGPROBS = 20
+"""A chat request's ``top_logprobs`` (OpenAI's limit)."""
+MAX_MESSAGES = 256
+"""Messages in one ``/v1/chat/completions`` conversation."""
 MAX_LOGIT_BIAS = 1024
 """Entries in ``logit_bias``."""
 MIN_OPENAI_SEED = -(2**63)

@@ -21,6 +21,7 @@ from kael_server.metrics import Metrics
 __all__ = [
     "BUNDLED_MODEL",
     "CHECKPOINT_FILES",
+    "TOKENIZER_FILES",
     "ServerConfigError",
     "bundled_model_dir",
     "check_device",
@@ -28,8 +29,15 @@ __all__ = [
     "load_app",
 ]
 
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
+CHECKPOINT_FILES = ("config.json", "model.safetensors")
+"""Files every checkpoint directory has, besides its tokenizer (TOKENIZER_FILES); sharded
+weights have ``model.safetensors.index.json`` instead of ``model.safetensors``."""
+_SHARDED = "model.safetensors.index.json"
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+"""A Hugging Face ``tokenizer.json``, or GPT-2's vocabulary and merges: what
+``kael.tokenizer.load_tokenizer`` reads, in that order."""
 BUNDLED_MODEL = "kael-tiny"
+_TOKENIZER_WORDS = "tokenizer.json, or vocab.json and merges.txt"
 
 
 def bundled_model_dir() -> Path:
@@ -37,8 +45,8 @@ def bundled_model_dir() -> Path:
     path = Path(str(importlib.resources.files("kael_server"))) / "models" / BUNDLED_MODEL
     if not (path / "config.json").is_file():
         raise ServerConfigError(
-            "this installation has no bundled model; pass --data DIR, a GPT-2 checkpoint "
-            f"directory with {', '.join(CHECKPOINT_FILES)}"
+            "this installation has no bundled model; pass --data DIR, a checkpoint "
+            f"directory with {', '.join(CHECKPOINT_FILES)} and {_TOKENIZER_WORDS}"
         )
     return path
 
@@ -51,6 +59,14 @@ def checkpoint_dir(data: str | Path | None) -> Path:
     if not path.is_dir():
         raise ServerConfigError(f"--data {str(path)!r} is not a directory")
     missing = [name for name in CHECKPOINT_FILES if not (path / name).is_file()]
+    if "model.safetensors" in missing and (path / _SHARDED).is_file():
+        missing.remove("model.safetensors")
+    if not any(all((path / name).is_file() for name in files) for files in TOKENIZER_FILES):
+        gpt2 = TOKENIZER_FILES[1]
+        if any((path / name).is_file() for name in gpt2):  # half of GPT-2's pair: name the other half
+            missing += [name for name in gpt2 if not (path / name).is_file()]
+        else:
+            missing.append(f"a tokenizer ({_TOKENIZER_WORDS})")
     if missing:
         raise ServerConfigError(f"--data {str(path)!r} lacks {', '.join(missing)}")
     return path
@@ -83,7 +99,11 @@ def load_app(
     config.json's ``model_type``; any size: shapes come from config.json).
 
     The directory and the device are checked at once; the weights load on a thread after
-    start-up, while ``/health`` answers and ``/ready`` says 503. Raises ServerConfigError or
+    start-up, while ``/health`` answers and ``/ready`` says 503. The tokenizer is
+    ``kael.tokenizer.load_tokenizer``'s (with the directory's chat template, which
+    ``/v1/chat/completions`` needs); texts end at its end-of-text token and at every eos id of
+    the model's ``generation_config``, chat replies also at the template's end-of-turn
+    tokens (Generator). Raises ServerConfigError or
     ImportError (kael missing) before anything is served. ``api_keys``, ``protect_metrics``
     and ``request_timeout`` are create_app's.
 
@@ -107,7 +127,7 @@ def load_app(
 
     def load(metrics: Metrics) -> Generator:
         model = kael.models.from_pretrained(path, device=device)  # the family config.json's model_type names
-        tokenizer = kael.BpeTokenizer.from_directory(path)
+        tokenizer = kael.tokenizer.load_tokenizer(path)  # tokenizer.json, else vocab.json + merges.txt
         batched = slots > 1 or queue > 0
         return Generator(
             model,

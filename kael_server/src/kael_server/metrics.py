@@ -41,7 +41,7 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "kael_requests",
-            "Generation requests (/generate, /v1/completions), each counted once by outcome "
+            "Generation requests (/generate, /v1/completions, /v1/chat/completions), each counted once by outcome "
             "(timeout: ended by --request-timeout).",
             ["status"],
             registry=r,

@@ -8,6 +8,7 @@ batch scheduler once per decode step. It runs on the thread that generates. A jo
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,15 +58,24 @@ class JobOutput:
     ``sampler`` (a ``kael.models.TokenSampler`` or None) is the one that picks this choice's
     tokens; with ``params.logprobs`` its ``last`` record of each step becomes a ``TokenInfo``.
     Stop strings count from token ``min_tokens`` on (vLLM's rule), so none ends the text sooner.
+    ``end_tokens`` (default: the tokenizer's ``eot_token``) end the text with finish reason
+    "stop", unless ``ignore_eos``; they are never part of it.
     """
 
     def __init__(
-        self, job: Job, tokenizer: Tokenizer, index: int = 0, *, sampler: Any = None, echo: Echo | None = None
+        self,
+        job: Job,
+        tokenizer: Tokenizer,
+        index: int = 0,
+        *,
+        sampler: Any = None,
+        echo: Echo | None = None,
+        end_tokens: Collection[int] | None = None,
     ) -> None:
         self.job = job
         self.index = index
         self.tokenizer = tokenizer
-        self.eot = tokenizer.eot_token
+        self.end_tokens = frozenset(end_tokens) if end_tokens is not None else frozenset((tokenizer.eot_token,))
         self.ignore_eos = job.params.ignore_eos
         self.min_tokens = job.params.min_tokens
         self.decoder = IncrementalDecoder(tokenizer)  # whole UTF-8 characters only
@@ -94,7 +104,7 @@ class JobOutput:
         if job.cancelled:
             self.interrupted = True
             return False
-        end_of_text = token == self.eot
+        end_of_text = token in self.end_tokens
         if end_of_text and not self.ignore_eos:
             choice.finish_reason = "stop"
             return False

@@ -22,8 +22,15 @@ Sampler = Callable[[Any, list[int]], int]
 
 
 class Tokenizer(Protocol):
-    vocab_size: int
-    eot_token: int
+    """kael's ``BpeTokenizer`` or ``HFTokenizer`` (``kael.tokenizer.load_tokenizer``). A chat
+    prompt is encoded with ``encode(text, allowed_special="all")`` by a BpeTokenizer and
+    ``encode(text, add_special_tokens=...)`` by any other (``generator.encode_chat``)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eot_token(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -32,7 +32,7 @@ from kael_server.schemas import (
 )
 from kael_server.state import ServerState
 
-__all__ = ["CompletionReply", "completions", "error_response", "models", "sampling_params"]
+__all__ = ["CompletionReply", "completions", "error_body", "error_response", "models", "sampling_params"]
 
 _ERRORS: dict[int, dict[str, Any]] = {status: {JSON: OpenAIErrorResponse} for status in (400, 413, 429, 499, 500, 503)}
 _STARTED = int(time.time())
@@ -144,7 +144,7 @@ class CompletionReply:
         return chunks
 
     def stream_error(self, error: ServerError) -> bytes:
-        return sse.event(_error_body(error))
+        return sse.event(error_body(error))
 
 
 def _logprobs(tokens: list[TokenInfo] | tuple[TokenInfo, ...]) -> CompletionLogprobs:
@@ -168,7 +168,7 @@ def _usage(stats: JobStats) -> Usage:
     )
 
 
-def _error_body(error: ServerError) -> OpenAIErrorResponse:
+def error_body(error: ServerError) -> OpenAIErrorResponse:
     status = error.status_code
     param = code = None
     if isinstance(error, InvalidRequest):
@@ -192,7 +192,7 @@ def _error_body(error: ServerError) -> OpenAIErrorResponse:
 def error_response(error: ServerError) -> Response[Any]:
     # OpenAI answers invalid parameters with 400, not 422.
     status = 400 if error.status_code == 422 else error.status_code
-    return Response(_error_body(error), status_code=status, headers=retry_headers(error))
+    return Response(error_body(error), status_code=status, headers=retry_headers(error))
 
 
 @post(
