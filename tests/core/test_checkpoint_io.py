@@ -390,3 +390,23 @@ def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, specs: li
         np.testing.assert_array_equal(_bits(got[name]), _bits(t))
     oracle = _oracle(d)
     assert set(oracle) == set(tensors)
+
+
+# -- GPT-2 reads sharded checkpoints through load_checkpoint_tensors ---------------------------------
+
+
+def test_gpt2_loads_sharded_transformers_checkpoint(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=5, eos_token_id=[5, 7]
+    )
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / INDEX_NAME).exists() and not (tmp_path / SINGLE_NAME).exists()
+    m = kael.models.from_pretrained(tmp_path)
+    assert m.generation_config is not None and m.generation_config.eos_token_ids == (5, 7)  # type: ignore[attr-defined]
+    ids = [[3, 1, 4, 1, 5, 9]]
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    got = m(kael.tensor(ids)).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)

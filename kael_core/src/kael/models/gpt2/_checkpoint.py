@@ -35,10 +35,11 @@ from ... import _dtype as dt
 from ..._errors import FormatError
 from ..._tensor import Tensor
 from ...autograd import no_grad
-from ...io import load_safetensors, save_safetensors
+from ...io import INDEX_NAME, load_checkpoint_tensors, load_safetensors, save_safetensors
 from ...io._atomic import atomic_write
 from ...nn._module import _set_data
 from ...ops import contiguous, detach, to, transpose
+from .._generation_config import read_generation_config
 from .._registry import read_config_json
 from ._config import GPTConfig
 from ._model import GPT
@@ -192,19 +193,22 @@ def _checkpoint_params(tensors: dict[str, Tensor], model: GPT, where: str) -> di
 
 
 def load_gpt2(model: GPT, path: Any, *, mmap: bool = False) -> GPT:
-    """Load GPT-2 weights (either key layout) from a safetensors file, or a directory's model.safetensors.
+    """Load GPT-2 weights (either key layout) from a safetensors file, or a checkpoint directory
+    (its ``model.safetensors`` or sharded ``model.safetensors.index.json``, via
+    ``kael.io.load_checkpoint_tensors``).
 
     Strict: every parameter must be present with its shape and nothing else may be,
     otherwise a FormatError names the keys. Values are cast to the model's dtype and
     moved to its device; parameters keep their identity.
     """
     p = Path(path)
-    if p.is_dir():
-        p = p / WEIGHTS_NAME
     where = _where(p)
-    if not p.is_file():
+    if p.is_dir():
+        tensors = load_checkpoint_tensors(p, mmap=mmap, device=model.device)
+    elif p.is_file():
+        tensors = load_safetensors(p, mmap=mmap, device=model.device)
+    else:
         raise FormatError(f"GPT-2 checkpoint {where}: no such file")
-    tensors = load_safetensors(p, mmap=mmap, device=model.device)
     found = _checkpoint_params(tensors, model, where)
     with no_grad():
         for name, param in model.named_parameters():
@@ -218,13 +222,17 @@ def load_gpt2(model: GPT, path: Any, *, mmap: bool = False) -> GPT:
 
 
 def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> GPT:
-    """A GPT from a directory holding ``config.json`` and ``model.safetensors``, in eval mode."""
+    """A GPT from a directory holding ``config.json`` and ``model.safetensors`` (or its sharded index), in eval mode.
+
+    ``model.generation_config`` is the directory's ``generation_config.json`` (empty when absent).
+    """
     d = Path(directory)
     if not d.is_dir():
         raise FormatError(f"GPT.from_pretrained: {_where(d)} is not a directory")
     config = read_config(d / CONFIG_NAME)
     model = GPT.from_config(config, device=device, dtype=dtype, init=False)
-    load_gpt2(model, d / WEIGHTS_NAME, mmap=mmap)
+    load_gpt2(model, d if (d / INDEX_NAME).is_file() else d / WEIGHTS_NAME, mmap=mmap)
+    model.generation_config = read_generation_config(d)
     return model.eval()
 
 

@@ -174,6 +174,7 @@ class GPT(CausalLMBase):
         self.config = cfg
         self.vocab_size = cfg.vocab_size
         self.max_positions = cfg.max_positions
+        self.generation_config: Any = None  # a kael.models.GenerationConfig when loaded from a checkpoint
         self.wte = EmbeddingTable(vocab_size, dimension, device, d)
         self.wpe = EmbeddingTable(max_positions, dimension, device, d)
         self.h = ModuleList([Block(cfg, device, d) for _ in range(layers)])
