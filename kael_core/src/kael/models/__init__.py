@@ -1,4 +1,4 @@
-"""Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2.
+"""Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama.
 
 NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
 ``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
@@ -37,6 +37,7 @@ from ._sampling import (
 )
 from ._steps import GenericStep, RowsStep, decode_step
 from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
+from .llama import LlamaConfig, LlamaForCausalLM
 
 __all__ = [
     "CausalLM",
@@ -59,6 +60,8 @@ __all__ = [
     "from_pretrained",
     "GPT",
     "GPTConfig",
+    "LlamaForCausalLM",
+    "LlamaConfig",
     "KVCache",
     "CacheStep",
     "generate",

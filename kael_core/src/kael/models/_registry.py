@@ -1,7 +1,8 @@
 """The model-family registry: Hugging Face ``model_type`` -> the family that loads it.
 
 ``kael.models.from_pretrained(directory)`` reads ``config.json``'s ``model_type`` and hands
-the directory to that family's loader. GPT-2 (``"gpt2"``) is built in; other families
+the directory to that family's loader. GPT-2 (``"gpt2"``) and the Llama family (``"llama"``,
+``"qwen2"``, ``"mistral"``) are built in; other families
 come from packages that register under the ``kael.models`` entry-point group, the same
 way backends register under ``kael.backends``::
 
@@ -118,9 +119,11 @@ def _plugin_families() -> list[tuple[str, ModelFamily]]:
 def families() -> dict[str, ModelFamily]:
     """Every family served now, by ``model_type`` (built-in, from entry points, registered by hand)."""
     from .gpt2 import FAMILY as GPT2
+    from .llama import FAMILIES as LLAMA
 
     with _lock:
         out: dict[str, ModelFamily] = {GPT2.model_type: GPT2}
+        out.update((fam.model_type, fam) for fam in LLAMA)
         seen: dict[str, str] = {}
         for plugin, fam in _plugin_families():
             if fam.model_type in seen and seen[fam.model_type] != plugin:

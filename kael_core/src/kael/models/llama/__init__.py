@@ -1,0 +1,55 @@
+"""The Llama family (``model_type`` ``"llama"``, ``"qwen2"``, ``"mistral"``): model, config, checkpoints, step.
+
+RMSNorm, rotary embeddings, SwiGLU and grouped-query attention over kael's fused ops
+(``rms_norm``, ``rope``, ``silu_mul``, ``attention`` with fewer key/value heads).
+``FAMILIES`` are what the family registry (``kael.models.families``) serves for the three
+model types; they share one loader, which reads each type's ``config.json`` differences.
+"""
+
+from __future__ import annotations
+
+from .._registry import ModelFamily
+from ._checkpoint import from_pretrained, save_pretrained
+from ._config import MODEL_TYPES, ROPE_TYPES, LlamaConfig, RopeScaling, hf_config, read_config
+from ._model import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaModel,
+    Projection,
+    Table,
+)
+from ._rope import attention_scaling, inverse_frequencies, rope_tables
+from ._step import LlamaDecodeStep
+
+__all__ = [
+    "LlamaForCausalLM",
+    "LlamaConfig",
+    "RopeScaling",
+    "LlamaModel",
+    "LlamaDecoderLayer",
+    "LlamaAttention",
+    "LlamaMLP",
+    "LlamaDecodeStep",
+    "Projection",
+    "Table",
+    "from_pretrained",
+    "save_pretrained",
+    "read_config",
+    "hf_config",
+    "inverse_frequencies",
+    "attention_scaling",
+    "rope_tables",
+    "MODEL_TYPES",
+    "ROPE_TYPES",
+    "FAMILIES",
+]
+
+_DESCRIPTIONS = {
+    "llama": "Llama (Hugging Face LlamaForCausalLM checkpoints: RMSNorm, rotary, SwiGLU, grouped-query attention)",
+    "qwen2": "Qwen2 (Hugging Face Qwen2ForCausalLM checkpoints: Llama with q/k/v biases)",
+    "mistral": "Mistral (Hugging Face MistralForCausalLM checkpoints without a sliding window shorter than the context)",
+}
+
+FAMILIES = tuple(ModelFamily(mt, from_pretrained, description=_DESCRIPTIONS[mt]) for mt in MODEL_TYPES)

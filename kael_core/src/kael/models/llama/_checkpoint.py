@@ -1,0 +1,108 @@
+"""Llama-family checkpoints: ``from_pretrained`` and ``save_pretrained`` in Hugging Face's layout.
+
+A checkpoint directory holds ``config.json`` (``read_config``), the weights as
+``model.safetensors`` or sharded ``model-0000N-of-0000M.safetensors`` with
+``model.safetensors.index.json`` (``kael.io.load_checkpoint_tensors``), and optionally
+``generation_config.json`` (``kael.models.read_generation_config``, attached as
+``model.generation_config``). Loading is strict: the checkpoint's names and shapes are
+checked against the model's parameters before any tensor is read, and a missing,
+unexpected or misshapen tensor is a FormatError naming it. Two extras are accepted:
+``lm_head.weight`` in a checkpoint whose config ties it (it must then equal
+``model.embed_tokens.weight``), and the ``rotary_emb.inv_freq`` buffers older
+transformers versions saved (kael computes the frequencies from the config).
+
+``dtype``: None computes in float32 (whatever the stored dtype), ``"auto"`` keeps the
+stored dtype of the embeddings (every weight converted to it), a kael dtype converts to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ... import _dtype as dt
+from ..._errors import DTypeError, FormatError
+from ..._tensor import Tensor
+from ...io import load_checkpoint_tensors, save_checkpoint_tensors
+from ...io._atomic import atomic_write
+from ...nn._module import _set_data
+from ...ops import detach, to
+from .._generation_config import read_generation_config
+from ._config import hf_config, read_config
+from ._model import LlamaForCausalLM
+
+__all__ = ["from_pretrained", "save_pretrained", "CONFIG_NAME"]
+
+CONFIG_NAME = "config.json"
+_HEAD = "lm_head.weight"
+
+
+def _where(path: Any) -> str:
+    return repr(os.fspath(path))
+
+
+def _target_dtype(dtype: Any) -> dt.DType | None:
+    """The dtype to load as: float32 for None, None (keep stored) for "auto", else a floating kael dtype."""
+    if dtype is None:
+        return dt.float32
+    if isinstance(dtype, str) and dtype == "auto":
+        return None
+    d = dt.as_dtype(dtype)
+    if not d.is_floating_point:
+        raise DTypeError(f"LlamaForCausalLM.from_pretrained: dtype must be floating point, None or 'auto', got {d!r}")
+    return d
+
+
+def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> LlamaForCausalLM:
+    """A LlamaForCausalLM from a Hugging Face llama/qwen2/mistral checkpoint directory, in eval mode."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise FormatError(f"LlamaForCausalLM.from_pretrained: {_where(d)} is not a directory")
+    config = read_config(d / CONFIG_NAME)
+    target = _target_dtype(dtype)
+    model = LlamaForCausalLM(config, device=device, dtype=target or dt.float32, init=False)
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    optional = [f"model.layers.{i}.self_attn.rotary_emb.inv_freq" for i in range(config.num_hidden_layers)]
+    if config.tie_word_embeddings:
+        optional.append(_HEAD)
+        expected[_HEAD] = expected["model.embed_tokens.weight"]
+    tensors = load_checkpoint_tensors(
+        d, device=model.device, dtype=target, mmap=mmap, expected=expected, optional=optional
+    )
+    if target is None:
+        target = tensors["model.embed_tokens.weight"].dtype
+    head = tensors.get(_HEAD) if config.tie_word_embeddings else None
+    if head is not None and not _equal(head, tensors["model.embed_tokens.weight"]):
+        raise FormatError(
+            f"Llama checkpoint {_where(d)}: config.json ties the word embeddings but 'lm_head.weight' "
+            "differs from 'model.embed_tokens.weight'"
+        )
+    for name, param in model.named_parameters():
+        t = tensors[name]
+        _set_data(param, t if t.dtype is target else to(t, dtype=target))
+    model.generation_config = read_generation_config(d)
+    return model.eval()
+
+
+def _equal(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and bool((a._host() == b._host()).all())
+
+
+def save_pretrained(model: LlamaForCausalLM, directory: Any) -> None:
+    """Write ``config.json`` and the weights (``model.safetensors``) in Hugging Face's layout.
+
+    transformers reads the result with ``AutoModelForCausalLM.from_pretrained`` (the
+    architecture of its model_type); so does ``kael.models.from_pretrained``. Each file is
+    written atomically.
+    """
+    if not isinstance(model, LlamaForCausalLM):
+        raise FormatError(f"save_pretrained: expected a kael LlamaForCausalLM, got {type(model).__name__}")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tensors = {name: detach(p) for name, p in model.named_parameters()}
+    save_checkpoint_tensors(d, tensors)
+    text = json.dumps(hf_config(model.config, model.dtype.name), indent=2, sort_keys=True) + "\n"
+    with atomic_write(d / CONFIG_NAME) as f:
+        f.write(text.encode("utf-8"))

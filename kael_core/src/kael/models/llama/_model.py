@@ -1,0 +1,309 @@
+"""The Llama family's model (llama, qwen2, mistral): ``LlamaForCausalLM`` and its modules.
+
+Parameters are named exactly as the Hugging Face checkpoint keys
+(``model.embed_tokens.weight``, ``model.layers.3.self_attn.k_proj.weight``,
+``model.layers.3.mlp.gate_proj.weight``, ``model.norm.weight``, ``lm_head.weight`` unless
+tied), with the projections ``[out, in]`` as ``nn.Linear`` stores them, so loading is a
+mapping. One forward pass, shapes for batch B, T new tokens, C = hidden_size, H query
+heads, Hkv key/value heads (H % Hkv == 0), D = head_dim, F = intermediate_size:
+
+    x = embed_tokens[ids]                                        [B, T, C]    embed
+    per layer (LlamaDecoderLayer.forward):
+      h    = rms_norm(x, input_layernorm)
+      q    = rope(q_proj(h) as [B, H, T, D]), k = rope(k_proj(h) as [B, Hkv, T, D])
+      v    = v_proj(h) as [B, Hkv, T, D]
+      y    = attention(q, k, v, causal)  (k, v: cached + new; query head h reads kv head h // (H/Hkv))
+      x    = x + o_proj(y as [B, T, H*D])
+      x    = x + down_proj(silu_mul(gate_proj(h2), up_proj(h2)))  with h2 = rms_norm(x, post_attention_layernorm)
+    logits = linear(rms_norm(x, norm), lm_head or embed_tokens)  [B, T, V]   run_head
+
+Rotary positions are each row's own (``starts[b] + t``, NOTE [model-family seam]); the
+cos/sin tables (``_rope.py``) are made once per device. The KV cache holds the Hkv
+key/value heads only. ``LlamaForCausalLM`` is a ``CausalLM``: ``forward``, ``run`` and
+``generate`` come from ``CausalLMBase``, its fast decode step is ``LlamaDecodeStep``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import _dtype as dt
+from ..._errors import DTypeError
+from ..._tensor import Tensor
+from ...nn import Module, ModuleList, Parameter, RMSNorm, init
+from ...ops import (
+    add,
+    attention,
+    cat,
+    embedding,
+    empty,
+    linear,
+    reshape,
+    rope,
+    silu_mul,
+    tensor,
+    transpose,
+    unsqueeze,
+    view,
+)
+from .._base import CausalLMBase
+from .._kv_cache import KVCache
+from .._protocol import DecodeStep
+from ._config import LlamaConfig
+from ._rope import rope_tables
+
+__all__ = ["LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "Projection", "Table"]
+
+
+def _param(shape: tuple[int, ...], device: Any, dtype: dt.DType) -> Parameter:
+    # Uninitialised: LlamaForCausalLM.reset_parameters draws every value once (from_pretrained never does).
+    return Parameter(empty(shape, dtype=dtype, device=device))
+
+
+class Projection(Module):
+    """``x @ weight.T + bias`` with ``weight [out, in]`` (``nn.Linear``'s layout), bias optional, uninitialised."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, device: Any, dtype: dt.DType) -> None:
+        super().__init__()
+        self.weight = _param((out_features, in_features), device, dtype)
+        self.register_parameter("bias", _param((out_features,), device, dtype) if bias else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        o, i = self.weight.shape
+        return f"in_features={i}, out_features={o}, bias={self.bias is not None}"
+
+
+class Table(Module):
+    """A lookup table ``weight [num_embeddings, dim]`` (``embed_tokens``)."""
+
+    def __init__(self, num_embeddings: int, dim: int, device: Any, dtype: dt.DType) -> None:
+        super().__init__()
+        self.weight = _param((num_embeddings, dim), device, dtype)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+
+
+class LlamaAttention(Module):
+    """Grouped-query self-attention with rotary q and k (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``)."""
+
+    def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
+        super().__init__()
+        c, h, kv, d = config.hidden_size, config.num_attention_heads, config.kv_heads, config.dim
+        self.heads, self.kv_heads, self.head_dim = h, kv, d
+        self.q_proj = Projection(c, h * d, config.qkv_bias, device, dtype)
+        self.k_proj = Projection(c, kv * d, config.qkv_bias, device, dtype)
+        self.v_proj = Projection(c, kv * d, config.qkv_bias, device, dtype)
+        self.o_proj = Projection(h * d, c, config.o_bias, device, dtype)
+
+    def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
+        """x [B, T, C] -> [B, T, C]; rot = (cos, sin, positions [B, T]); ``step`` the cache step or None."""
+        b, t, _ = x.shape
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        cos, sin, pos = rot
+        q = rope(transpose(view(self.q_proj(x), b, t, h, d), 1, 2), cos, sin, pos)  # [B, H, T, D]
+        k = rope(transpose(view(self.k_proj(x), b, t, kv, d), 1, 2), cos, sin, pos)  # [B, Hkv, T, D]
+        v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
+        if step is None:
+            y = attention(q, k, v, causal=True)
+        else:
+            y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1))  # new k, v: [B, 2, Hkv, T, D]
+        out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
+        return out
+
+
+class LlamaMLP(Module):
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+
+    def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
+        super().__init__()
+        c, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = Projection(c, f, bias, device, dtype)
+        self.up_proj = Projection(c, f, bias, device, dtype)
+        self.down_proj = Projection(f, c, bias, device, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return out
+
+
+class LlamaDecoderLayer(Module):
+    """One layer: pre-norm attention and MLP, each added to the residual stream."""
+
+    def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
+        super().__init__()
+        c, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = LlamaAttention(config, device, dtype)
+        self.mlp = LlamaMLP(config, device, dtype)
+        self.input_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
+        x = add(x, self.self_attn(self.input_layernorm(x), rot, step, layer))
+        out: Tensor = add(x, self.mlp(self.post_attention_layernorm(x)))
+        return out
+
+
+class LlamaModel(Module):
+    """The decoder stack without the head: ``embed_tokens``, ``layers``, ``norm`` (checkpoint prefix ``model.``)."""
+
+    def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
+        super().__init__()
+        self.embed_tokens = Table(config.vocab_size, config.hidden_size, device, dtype)
+        self.layers = ModuleList([LlamaDecoderLayer(config, device, dtype) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
+
+
+class LlamaForCausalLM(CausalLMBase):
+    """A Llama-family causal LM: ``forward(ids [B, T], cache=None) -> logits [B, T, V]``.
+
+    ``LlamaForCausalLM(config)`` draws transformers' initialisation (N(0,
+    initializer_range) weights, zero biases, unit norms; ``init=False`` leaves the
+    weights uninitialised, for loading). ``LlamaForCausalLM.from_pretrained(directory)``
+    loads a Hugging Face llama/qwen2/mistral checkpoint.
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        device: Any = None,
+        dtype: Any = None,
+        init: bool = True,
+        generator: Any = None,
+        initializer_range: float = 0.02,
+    ) -> None:
+        super().__init__()
+        if not isinstance(config, LlamaConfig):
+            raise DTypeError(f"LlamaForCausalLM: config must be a LlamaConfig, got {type(config).__name__}")
+        d = dt.as_dtype(dtype) if dtype is not None else dt.float32
+        if not d.is_floating_point:
+            raise DTypeError(f"LlamaForCausalLM: dtype must be floating point, got {d!r}")
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.max_positions = config.max_position_embeddings
+        self.generation_config: Any = None  # a kael.models.GenerationConfig when loaded from a checkpoint
+        self.model = LlamaModel(config, device, d)
+        if not config.tie_word_embeddings:
+            self.lm_head = Projection(config.hidden_size, config.vocab_size, False, device, d)
+        self._rot_tables: dict[tuple[Any, str], tuple[Tensor, Tensor]] = {}
+        self._rot_positions: tuple[tuple[Any, tuple[int, ...], int], Tensor] | None = None
+        if init:
+            self.reset_parameters(generator, initializer_range)
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None
+    ) -> LlamaForCausalLM:
+        """Load ``config.json`` and the safetensors weights of a Hugging Face llama/qwen2/mistral directory."""
+        from ._checkpoint import from_pretrained
+
+        return from_pretrained(directory, device=device, mmap=mmap, dtype=dtype)
+
+    def save_pretrained(self, directory: Any) -> None:
+        """Write ``config.json`` and ``model.safetensors`` that transformers and kael read."""
+        from ._checkpoint import save_pretrained
+
+        save_pretrained(self, directory)
+
+    def reset_parameters(self, generator: Any = None, std: float = 0.02) -> None:
+        """transformers' initialisation: N(0, std) projections and embeddings, zero biases, unit norm weights."""
+        for name, p in self.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                init.ones_(p)
+            elif name.endswith("bias"):
+                init.zeros_(p)
+            else:
+                init.normal_(p, 0.0, std, generator=generator)
+
+    @property
+    def device(self) -> Any:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> dt.DType:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.dim
+
+    @property
+    def lm_head_weight(self) -> Tensor:
+        """The LM head's weight [V, C]: ``lm_head.weight``, or ``embed_tokens.weight`` when tied."""
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.weight
+        w: Tensor = self.lm_head.weight
+        return w
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"model_type={c.model_type!r}, vocab_size={c.vocab_size}, hidden_size={c.hidden_size}, "
+            f"layers={c.num_hidden_layers}, heads={c.num_attention_heads}, kv_heads={c.kv_heads}, "
+            f"head_dim={c.dim}, tied={c.tie_word_embeddings}"
+        )
+
+    # -- rotary tables and positions -------------------------------------------------------------
+    def rope_tables(self) -> tuple[Tensor, Tensor]:
+        """The cos and sin tables [max_positions, head_dim / 2] on the model's device (float64 for float64)."""
+        dev = self.device
+        wide = self.dtype is dt.float64
+        key = (dev, "float64" if wide else "float32")
+        got = self._rot_tables.get(key)
+        if got is None:
+            cos, sin = rope_tables(self.config, self.max_positions, np.float64 if wide else np.float32)
+            tdt = dt.float64 if wide else dt.float32
+            got = (tensor(cos, dtype=tdt, device=dev), tensor(sin, dtype=tdt, device=dev))
+            self._rot_tables = {key: got}
+        return got
+
+    def _positions(self, starts: Sequence[int], t: int) -> Tensor:
+        """Positions int64 [B, T] of the step's tokens: row b's are starts[b] + 0..T-1 (the last one reused)."""
+        key = (self.device, tuple(starts), t)
+        last = self._rot_positions
+        if last is not None and last[0] == key:
+            return last[1]
+        pos = tensor([list(range(s, s + t)) for s in starts], dtype=dt.int64, device=self.device)
+        self._rot_positions = (key, pos)
+        return pos
+
+    # -- the pieces of a forward pass (NOTE [model-family seam]) -----------------------------------
+    def embed(self, ids: Tensor, starts: Sequence[int]) -> Tensor:
+        """The token embeddings [B, T, C] (positions enter through rotary q and k in each layer)."""
+        out: Tensor = self.model.embed_tokens(ids)
+        return out
+
+    def run_layer(self, i: int, x: Tensor, step: Any) -> Tensor:
+        """Layer ``i`` on x [B, T, C]; its attention reads and extends ``step``'s cache (None: no cache)."""
+        starts = step.starts if step is not None else [0] * x.shape[0]
+        cos, sin = self.rope_tables()
+        out: Tensor = self.model.layers[i](x, (cos, sin, self._positions(starts, x.shape[1])), step, i)
+        return out
+
+    def run_head(self, x: Tensor) -> Tensor:
+        """The final RMSNorm and the LM head: logits [B, T, V] for x [B, T, C]."""
+        return linear(self.model.norm(x), self.lm_head_weight)
+
+    def decode_step(self, cache: KVCache) -> DecodeStep | None:
+        """The direct-kernel step (``LlamaDecodeStep``), or None when the backend lacks a fused kernel it calls."""
+        from ._step import LlamaDecodeStep
+
+        return LlamaDecodeStep.create(self, cache)

@@ -1,0 +1,244 @@
+"""``LlamaDecodeStep``: the Llama family's one-token decode step for 1 to N cache rows, no per-step allocation.
+
+The same design as ``GPT2DecodeStep`` (``kael/models/gpt2/_step.py``): every activation
+buffer is allocated once for all the cache's rows, views of the first n rows are made
+once per n, and a step calls the backend's kernels directly (NOTE [kernel contract] in
+kael/_ops.py), batched over the step's rows except where a row reads its own cache:
+
+    rms_norm -> linear(q_proj, k_proj, v_proj) -> rope(q), rope(k) at each row's position
+    -> per row: copy(new k, v into its cache row), attention (GQA: Hkv cached heads)
+    -> linear(o_proj) -> add(residual) -> rms_norm -> linear(gate_proj, up_proj)
+    -> silu_mul -> linear(down_proj) -> add(residual)
+    then rms_norm(norm) -> linear(lm_head)
+
+Buffer layout: the rotated keys and the values of a step share one ``kv`` buffer
+``[n, 2, Hkv, 1, D]`` (``rope`` writes k into its first half, ``v_proj`` its output into
+the second), so one copy per row writes both into the cache's ``[B, 2, Hkv, P, D]``
+layer buffer (NOTE [kv cache layout]). Positions are a view of an ``arange`` table when
+the rows' positions are evenly spaced (always for one row), else a small int64 tensor.
+
+The row-wise ops see activations as ``[n, 1, C]``, one ``[1, C]`` row per sequence, so a
+backend whose products round a row the same way whatever the row count gives each row
+exactly its logits alone (NOTE [batched = alone] in ``kael/models/_batched.py``).
+``create`` returns None when the backend lacks one of the fused ops; callers then use
+the generic step over the model's modules, which decomposes them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ... import _dispatch
+from ... import _dtype as dt
+from ..._errors import ShapeError
+from ..._tensor import Tensor
+from ...ops import arange, tensor
+from ...ops._core import empty
+from ...ops._views import make_view
+
+if TYPE_CHECKING:
+    from .._kv_cache import KVCache
+    from ._model import LlamaForCausalLM
+
+__all__ = ["LlamaDecodeStep"]
+
+_FUSED = ("rms_norm", "linear", "rope", "silu_mul", "attention")
+
+
+class _Layer(NamedTuple):
+    """One layer's weights as the step consumes them (projections [out, in], biases or None)."""
+
+    in_norm: Tensor
+    q_w: Tensor
+    q_b: Tensor | None
+    k_w: Tensor
+    k_b: Tensor | None
+    v_w: Tensor
+    v_b: Tensor | None
+    o_w: Tensor
+    o_b: Tensor | None
+    post_norm: Tensor
+    gate_w: Tensor
+    gate_b: Tensor | None
+    up_w: Tensor
+    up_b: Tensor | None
+    down_w: Tensor
+    down_b: Tensor | None
+
+
+def _layers(model: LlamaForCausalLM) -> list[_Layer]:
+    out = []
+    for blk in model.model.layers:
+        a, m = blk.self_attn, blk.mlp
+        out.append(
+            _Layer(
+                blk.input_layernorm.weight,
+                a.q_proj.weight,
+                a.q_proj.bias,
+                a.k_proj.weight,
+                a.k_proj.bias,
+                a.v_proj.weight,
+                a.v_proj.bias,
+                a.o_proj.weight,
+                a.o_proj.bias,
+                blk.post_attention_layernorm.weight,
+                m.gate_proj.weight,
+                m.gate_proj.bias,
+                m.up_proj.weight,
+                m.up_proj.bias,
+                m.down_proj.weight,
+                m.down_proj.bias,
+            )
+        )
+    return out
+
+
+def _kernels(device_type: str) -> dict[str, Any] | None:
+    kernels = {op: _dispatch.fused_kernel(device_type, op) for op in _FUSED}
+    if any(k is None for k in kernels.values()):
+        return None
+    kernels["copy"] = _dispatch.kernel(device_type, "copy")
+    kernels["add"] = _dispatch.kernel(device_type, "add")
+    return kernels
+
+
+def _first(t: Tensor, n: int) -> Tensor:
+    """The first n rows (dim 0) of a buffer."""
+    return make_view(t, (n, *t.shape[1:]), t._strides, t._offset)
+
+
+class LlamaDecodeStep:
+    """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``)."""
+
+    def __init__(self, model: LlamaForCausalLM, cache: KVCache, kernels: dict[str, Any]) -> None:
+        cfg = model.config
+        c, h, kv, d, f, n = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.kv_heads,
+            cfg.dim,
+            cfg.intermediate_size,
+            cache.batch,
+        )
+        dev, dtype = model.device, model.dtype
+        stat = dt.float64 if dtype is dt.float64 else dt.float32
+        self.layers, self.cache, self.k = _layers(model), cache, kernels
+        self.embed, self.norm_w, self.head_w = (
+            model.model.embed_tokens.weight,
+            model.model.norm.weight,
+            model.lm_head_weight,
+        )
+        self.cos, self.sin = model.rope_tables()
+        self.c, self.h, self.kvh, self.d, self.f, self.v = c, h, kv, d, f, model.vocab_size
+        self.eps, self.scale = cfg.rms_norm_eps, 1.0 / math.sqrt(d)
+        self.arange = arange(cache.max_positions, dtype=dt.int64, device=dev)
+        self.x = empty((n, 1, c), dtype, dev)  # the residual stream, one row per sequence of the step
+        self.norm = empty((n, 1, c), dtype, dev)
+        self.rstd = empty((n, 1), stat, dev)
+        self.q = empty((n, 1, h * d), dtype, dev)
+        self.qrot = empty((n, h, 1, d), dtype, dev)
+        self.kraw = empty((n, 1, kv * d), dtype, dev)
+        self.kv = empty((n, 2, kv, 1, d), dtype, dev)
+        self.att = empty((n, h, 1, d), dtype, dev)
+        self.proj = empty((n, 1, c), dtype, dev)
+        self.gate = empty((n, 1, f), dtype, dev)
+        self.up = empty((n, 1, f), dtype, dev)
+        self.act = empty((n, 1, f), dtype, dev)
+        self.logits = empty((n, 1, model.vocab_size), dtype, dev)
+        self._views: dict[int, tuple[Tensor, ...]] = {}
+
+    @classmethod
+    def create(cls, model: LlamaForCausalLM, cache: KVCache) -> LlamaDecodeStep | None:
+        """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
+        kernels = _kernels(model.device.type)
+        return None if kernels is None else cls(model, cache, kernels)
+
+    def views(self, n: int) -> tuple[Tensor, ...]:
+        """The first n rows of every buffer, in the shapes the kernels take (made once per n)."""
+        got = self._views.get(n)
+        if got is None:
+            h, kv, d = self.h, self.kvh, self.d
+            kvw = 2 * kv * d
+            got = (
+                _first(self.x, n),
+                _first(self.norm, n),
+                _first(self.rstd, n),
+                _first(self.q, n),
+                make_view(self.q, (n, h, 1, d), (h * d, d, h * d, 1), 0),  # q as [n, H, 1, D]
+                _first(self.qrot, n),
+                _first(self.kraw, n),
+                make_view(self.kraw, (n, kv, 1, d), (kv * d, d, kv * d, 1), 0),  # k as [n, Hkv, 1, D]
+                make_view(self.kv, (n, kv, 1, d), (kvw, d, d, 1), 0),  # kv[:, 0]: the rotated keys
+                make_view(self.kv, (n, 1, kv * d), (kvw, kvw, 1), kv * d),  # kv[:, 1] as v_proj's output
+                make_view(self.att, (n, 1, h * d), (h * d, h * d, 1), 0),
+                _first(self.proj, n),
+                _first(self.gate, n),
+                _first(self.up, n),
+                _first(self.act, n),
+                _first(self.logits, n),
+                make_view(self.logits, (n, self.v), (self.v, 1), 0),
+            )
+            self._views[n] = got
+        return got
+
+    def positions(self, pos: list[int]) -> Tensor:
+        """The rows' positions as int64 [n, 1]: a view of the arange table when evenly spaced."""
+        n, p0 = len(pos), pos[0]
+        step = pos[1] - p0 if n > 1 else 0
+        if step >= 0 and all(p == p0 + i * step for i, p in enumerate(pos)):
+            return make_view(self.arange, (n, 1), (step, 1), p0)
+        return tensor([[p] for p in pos], dtype=dt.int64, device=self.arange.device)
+
+    def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
+        """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
+        cache, k = self.cache, self.k
+        rms_norm, linear, rope, silu_mul = k["rms_norm"], k["linear"], k["rope"], k["silu_mul"]
+        copy, attention_k, add_k = k["copy"], k["attention"], k["add"]
+        n, c, h, kv, d, eps = len(rows), self.c, self.h, self.kvh, self.d, self.eps
+        pos = [cache.lengths[r] for r in rows]
+        if max(pos) >= cache.max_positions:
+            raise ShapeError(f"LlamaDecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
+        x, norm, rstd, q, q4, qrot, kraw, k4, krot, vout, att_flat, proj, gate, up, act, logits, logits2 = self.views(n)
+        where = self.positions(pos)
+        emb = self.embed
+        for i, t in enumerate(tokens):
+            copy(
+                make_view(self.x, (1, 1, c), (c, c, 1), i * c),
+                make_view(emb, (1, 1, c), (0, 0, emb._strides[1]), emb._offset + t * emb._strides[0]),
+            )
+        kvw = 2 * kv * d
+        kvs = [make_view(self.kv, (1, 2, kv, 1, d), (kvw, kv * d, d, d, 1), i * kvw) for i in range(n)]
+        qs = [make_view(self.qrot, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
+        atts = [make_view(self.att, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
+        cos, sin, scale = self.cos, self.sin, self.scale
+        for li, w in enumerate(self.layers):
+            rms_norm(norm, rstd, x, w.in_norm, eps)
+            linear(q, norm, w.q_w, w.q_b)
+            linear(kraw, norm, w.k_w, w.k_b)
+            linear(vout, norm, w.v_w, w.v_b)
+            rope(qrot, q4, cos, sin, where)
+            rope(krot, k4, cos, sin, where)
+            buf = cache.data[li]  # [B, 2, Hkv, P, D]
+            st = buf._strides
+            kst = (st[0], st[2], st[3], st[4])
+            for i, (r, s) in enumerate(zip(rows, pos)):
+                base = buf._offset + r * st[0]
+                copy(make_view(buf, (1, 2, kv, 1, d), st, base + s * st[3]), kvs[i])
+                keys = make_view(buf, (1, kv, s + 1, d), kst, base)
+                values = make_view(buf, (1, kv, s + 1, d), kst, base + st[1])
+                attention_k(atts[i], qs[i], keys, values, scale, True, None)
+            linear(proj, att_flat, w.o_w, w.o_b)
+            add_k(x, x, proj)
+            rms_norm(norm, rstd, x, w.post_norm, eps)
+            linear(gate, norm, w.gate_w, w.gate_b)
+            linear(up, norm, w.up_w, w.up_b)
+            silu_mul(act, gate, up)
+            linear(proj, act, w.down_w, w.down_b)
+            add_k(x, x, proj)
+        rms_norm(norm, rstd, x, self.norm_w, eps)
+        linear(logits, norm, self.head_w, None)
+        for b in cache.data:  # written in place, like an in-place op would
+            b._bump_version()
+        self.logits._bump_version()
+        return logits2
