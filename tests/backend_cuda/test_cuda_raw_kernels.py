@@ -164,6 +164,53 @@ def test_silu(emulate, dtype):
     np.testing.assert_allclose(y, [v / (1 + math.exp(-v)) for v in x.tolist()], rtol=1e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_silu_mul(emulate, dtype):
+    g = np.array([-80.0, -3.0, -0.5, 0.0, 0.25, 2.0, 40.0], dtype)
+    u = np.array([1.5, -2.0, 3.0, 7.0, -0.5, 0.75, 2.0], dtype)
+    y = np.empty_like(g)
+    raw.silu_mul(g, u, y)
+    want = [a / (1 + math.exp(-a)) * b for a, b in zip(g.tolist(), u.tolist())]
+    np.testing.assert_allclose(y, want, rtol=1e-6 if dtype == np.float32 else 1e-14, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("weight", [False, True])
+def test_rms_norm_rows(emulate, dtype, weight):
+    rng = _rng(5)
+    x = rng.standard_normal((3, 10)).astype(dtype)
+    w = rng.standard_normal(10).astype(dtype) if weight else None
+    y, rstd = np.empty_like(x), np.empty(3, dtype)
+    raw.rms_norm_rows(x, w, y, rstd, 1e-6)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for r in range(3):
+        row = [float(v) for v in x[r]]
+        want_r = 1 / math.sqrt(math.fsum(v * v for v in row) / 10 + 1e-6)
+        assert rstd[r] == pytest.approx(want_r, rel=tol)
+        want = [v * want_r * (float(w[j]) if weight else 1.0) for j, v in enumerate(row)]
+        np.testing.assert_allclose(y[r], want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rope_rows(emulate, dtype):
+    rng = _rng(6)
+    b, h, t, d, p = 2, 3, 4, 6, 9
+    x = rng.standard_normal((b, h, t, d)).astype(dtype)
+    ang = rng.uniform(-3, 3, (p, d // 2))
+    cos, sin = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+    pos = rng.integers(0, p, (b, t)).astype(np.int64)
+    y = np.empty_like(x)
+    raw.rope_rows(x, cos, sin, pos, y)
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    for bi, hi, ti in np.ndindex(b, h, t):
+        for j in range(d // 2):
+            a = ang[pos[bi, ti], j]
+            x1, x2 = float(x[bi, hi, ti, j]), float(x[bi, hi, ti, j + d // 2])
+            # a rotation of the pair (x1, x2) by the angle a
+            assert y[bi, hi, ti, j] == pytest.approx(x1 * math.cos(a) - x2 * math.sin(a), rel=tol, abs=tol)
+            assert y[bi, hi, ti, j + d // 2] == pytest.approx(x2 * math.cos(a) + x1 * math.sin(a), rel=tol, abs=tol)
+
+
 def test_every_elementwise_source_named_after_a_catalogue_op_is_its_kernel(emulate):
     from kael.backends import catalogue
 
@@ -221,6 +268,52 @@ def test_cuda_sources_compile_with_nvrtc():
         _compile(nvrtc, src, ["check<float>", "check<double>"])
 
 
+def _instantiations() -> str:
+    """Explicit instantiations of every row kernel for float and double (what CuPy's name_expressions ask for)."""
+    lines = []
+    for name in sorted({n.split("<")[0] for n in raw.row_kernel_names()}):
+        m = re.search(rf"__global__ void {name}\(([^)]*)\)", raw.ROW_KERNELS_SOURCE)
+        assert m, name
+        for t in ("float", "double"):
+            params = re.sub(r"\bT\b", t, m.group(1))
+            lines.append(f"template __global__ void {name}<{t}>({params});")
+    return "\n".join(lines)
+
+
+def test_cuda_sources_compile_with_nvcc(tmp_path):
+    """With nvcc on PATH (no GPU needed), every CUDA source compiles to PTX for sm_80, both T."""
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    types = {"T": "T", "int32": "int", "int64": "long long", "float32": "float", "float64": "double"}
+    sources = {"rows": raw.ROW_KERNELS_SOURCE + "\n" + _instantiations() + "\n"}
+    for name, (ins, outs, body) in raw.ELEMENTWISE_SOURCES.items():
+        decls = "".join(
+            f"{types[p.split()[0]]} {p.split()[1]} = {types[p.split()[0]]}(1);\n" for p in f"{ins}, {outs}".split(",")
+        )
+        sources[name] = (
+            f"template <typename T> __global__ void check(T* sink) {{\n{decls}{body}\nsink[0] = T(0);\n}}\n"
+            "template __global__ void check<float>(float*);\ntemplate __global__ void check<double>(double*);\n"
+        )
+    for name, src in sources.items():
+        cu = tmp_path / f"{name}.cu"
+        cu.write_text(src)
+        r = subprocess.run(
+            [nvcc, "-arch=sm_80", "-std=c++14", "--ptx", str(cu), "-o", str(tmp_path / f"{name}.ptx")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, f"{name}: nvcc failed:\n{r.stderr}"
+    entries = re.findall(r"\.entry (\w+)\(", (tmp_path / "rows.ptx").read_text())
+    for name in {n.split("<")[0] for n in raw.row_kernel_names()}:
+        mangled = {e for e in entries if e.startswith(f"_Z{len(name)}{name}I")}
+        assert len(mangled) == 2, (name, mangled)  # the float and the double entry point
+
+
 # -- launch arguments against the CUDA signatures (the GPU path, without a GPU) ----------------------------
 _CTYPES = {"int": np.int32, "long long": np.int64}
 
@@ -264,6 +357,12 @@ def test_launch_arguments_match_the_cuda_signatures(monkeypatch, dtype):
     raw.cross_entropy_rows(x, np.zeros(3, np.int64), v.copy(), -100, 0.1)
     raw.attention_softmax(np.ones((1, 3, 2, 4), dtype), np.ones(1, np.int64), 3, 2, 0.5, True)
     raw.attention_softmax(np.ones((1, 3, 2, 4), dtype), None, 3, 2, 0.5, False)
+    raw.rms_norm_rows(x, np.ones(5, dtype), x.copy(), v.copy(), 1e-6)
+    raw.rms_norm_rows(x, None, x.copy(), v.copy(), 1e-6)
+    tables = np.ones((4, 2), dtype)
+    raw.rope_rows(
+        np.ones((2, 3, 2, 4), dtype), tables, tables.copy(), np.zeros((2, 2), np.int64), np.ones((2, 3, 2, 4), dtype)
+    )
     for name, rows, cols, dt, args in launched:
         assert dt == dtype and rows >= 1 and cols >= 1
         _check_row_args(name, dtype, args)
@@ -272,6 +371,7 @@ def test_launch_arguments_match_the_cuda_signatures(monkeypatch, dtype):
     y = np.ones(4, dtype)
     raw.erf(y, y.copy())
     raw.pointwise("silu", y, y.copy())
+    raw.silu_mul(y, y.copy(), y.copy())
     raw.gelu(y, y.copy(), True)
     raw.gelu_backward(y, y, y.copy(), False)
     raw.adamw(y.copy(), y, y.copy(), y.copy(), 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.1, 0.001)

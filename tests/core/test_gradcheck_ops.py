@@ -246,7 +246,31 @@ def _sdpa_cache(m: Any, q: Any, k: Any, v: Any) -> Any:
     return F(m).scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def _silu_mul(m: Any, gate: Any, up: Any) -> Any:
+    """SwiGLU's product: kael's fused op, torch's silu(gate) * up."""
+    return m.silu_mul(gate, up) if m is kael else F(m).silu(gate) * up
+
+
+_ROPE_FREQ = np.arange(5)[:, None] * 10000.0 ** (-np.arange(0, 4, 2) / 4)  # [P=5, D/2=2] angles
+
+
+def _rope(m: Any, x: Any, pos: Any) -> Any:
+    """Rotary embedding of x [B, H, T, 4] at positions pos [B, T]: kael's op, torch's rotate-half formula."""
+    cos, sin = np.cos(_ROPE_FREQ), np.sin(_ROPE_FREQ)
+    if m is kael:
+        return kael.rope(x, kael.tensor(cos), kael.tensor(sin), pos)
+    c = m.tensor(np.concatenate([cos, cos], -1))[pos][:, None]
+    s = m.tensor(np.concatenate([sin, sin], -1))[pos][:, None]
+    return x * c + m.cat([-x[..., 2:], x[..., :2]], -1) * s
+
+
 FUSED = [
+    Case("rms_norm", lambda m, x, w: F(m).rms_norm(x, (4,), w, eps=1e-6), args(nrm(2, 3, 4), nrm(4)), fused=True),
+    Case("rms_norm_no_weight", lambda m, x: F(m).rms_norm(x, (5,), eps=1e-3), args(nrm(3, 5)), fused=True),
+    Case("rms_norm_2d_shape", lambda m, x, w: F(m).rms_norm(x, (2, 3), w), args(nrm(2, 2, 3), nrm(2, 3)), fused=True),
+    Case("silu_mul", _silu_mul, args(nrm(3, 4), nrm(3, 4)), fused=True),
+    Case("silu_mul_broadcast", _silu_mul, args(nrm(3, 4), nrm(4)), fused=True),
+    Case("rope", _rope, args(nrm(2, 2, 3, 4), ints(5, 2, 3)), fused=True),
     Case("softmax", lambda m, x: F(m).softmax(x, dim=1), args(nrm(3, 4)), fused=True),
     Case("softmax_dim0", lambda m, x: m.softmax(x, 0), args(nrm(3, 4)), fused=True),
     Case("log_softmax", lambda m, x: F(m).log_softmax(x, dim=-1), args(nrm(3, 4)), fused=True),
@@ -327,6 +351,18 @@ FUSED = [
     ),
     Case("attention_lengths", _sdpa_lengths, args(nrm(2, 1, 2, 2), nrm(2, 1, 3, 2), nrm(2, 1, 3, 2)), fused=True),
     Case("attention_causal_kv_cache", _sdpa_cache, args(nrm(1, 1, 2, 2), nrm(1, 1, 4, 2), nrm(1, 1, 4, 2)), fused=True),
+    Case(
+        "attention_gqa",
+        lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        args(nrm(1, 4, 3, 2), nrm(1, 2, 4, 2), nrm(1, 2, 4, 3)),
+        fused=True,
+    ),
+    Case(
+        "attention_mqa_causal",
+        lambda m, q, k, v: F(m).scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        args(nrm(2, 3, 3, 2), nrm(2, 1, 3, 2), nrm(2, 1, 3, 2)),
+        fused=True,
+    ),
     Case("topk", lambda m, x: m.topk(x, 2)[0] * 2, args(distinct(3, 5)), fused=True),
     Case(
         "nll_loss",
@@ -457,6 +493,9 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "embedding",
         "cross_entropy",
         "attention",
+        "rms_norm",
+        "rope",
+        "silu_mul",
         "topk",
     }
     not_differentiable = {"adamw_step"}  # an optimizer update (checked against torch in test_optim.py)

@@ -6,6 +6,10 @@ from ``_raw_kernels`` (CUDA on a GPU, the NumPy twin under emulation) and writes
 result back, straight into the output when its layout and dtype already fit.
 ``linear`` and the matmuls of ``attention`` go to cuBLAS through ``xp.matmul``;
 ``embedding`` is one ``take``; ``topk`` is CuPy's stable sort (CUB radix sort).
+The Llama family's ops: ``rms_norm`` (a row kernel; 16-bit inputs get the normalised value
+rounded to their dtype before the weight, as Hugging Face does), ``rope`` (a row kernel
+over [B*H*T, D]) and ``silu_mul`` (a pointwise kernel); grouped-query ``attention`` stacks
+the query heads of each kv head on its rows, so K/V are never repeated.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 from kael.backends import dtypes as dt
 
 from . import _raw_kernels as raw
-from ._io import compute_dtype, distinct, rd, view, wr, writable_as
+from ._io import compute_dtype, distinct, f32_to_bf16_bits, rd, view, wr, writable_as
 from ._xp import X, argsort, dense_view, errstate, quiet
 
 __all__ = ["KERNELS"]
@@ -209,20 +213,24 @@ def _attention_half(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool
     """float16: the reference's arithmetic (matmuls and softmax in float16), composed of xp ops."""
     xp = X.xp
     qv, kv, vv = rd(q), rd(k), rd(v)
-    tq, tk = qv.shape[-2], kv.shape[-2]
+    b, h, tq, _ = qv.shape
+    hkv, tk = kv.shape[1], kv.shape[-2]
+    if hkv != h:  # grouped-query: q [B, Hkv, g, Tq, D] against k/v [B, Hkv, 1, Tk, D] (broadcast, no repeat)
+        qv = qv.reshape(b, hkv, h // hkv, tq, qv.shape[-1])
+        kv, vv = kv[:, :, None], vv[:, :, None]
     s = xp.matmul(qv, xp.swapaxes(kv, -1, -2)) * scale
     mask = xp.zeros((tq, tk), dtype=bool)
     if causal:
         mask |= xp.arange(tk)[None, :] > (xp.arange(tq)[:, None] + (tk - tq))
     full = xp.broadcast_to(mask, s.shape)
     if lengths is not None:
-        full = full | (xp.arange(tk)[None, :] >= rd(lengths)[:, None])[:, None, None, :]
+        full = full | (xp.arange(tk)[None, :] >= rd(lengths)[:, None]).reshape((b,) + (1,) * (s.ndim - 2) + (tk,))
     s = xp.where(full, -xp.inf, s)
     m = s.max(axis=-1, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)
     e = xp.exp(s - m)
     den = e.sum(axis=-1, keepdims=True)
-    wr(out, xp.matmul(e / xp.where(den == 0, 1, den), vv))
+    wr(out, xp.matmul(e / xp.where(den == 0, 1, den), vv).reshape(out.shape))
 
 
 def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
@@ -237,18 +245,74 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
     qv = rd(q).astype(cd, copy=False)
     kv = rd(k).astype(cd, copy=False)
     vv = rd(v).astype(cd, copy=False)
-    tq, tk = qv.shape[-2], kv.shape[-2]
+    b, h, tq, d = qv.shape
+    hkv, tk = kv.shape[1], kv.shape[-2]
     if tk == 0:
         wr(out, 0)
         return
-    scores = xp.ascontiguousarray(xp.matmul(qv, xp.swapaxes(kv, -1, -2)))  # [B, H, Tq, Tk] via cuBLAS
+    # grouped-query: the g = H/Hkv query heads of kv head j stacked on its rows, [B, Hkv, g*Tq, D]; one
+    # cuBLAS batch per kv head then serves its whole group, and the scores [B, Hkv, g*Tq, Tk] are the
+    # [B, H, Tq, Tk] scores in memory (query head h = j*g + i), so the masked softmax runs unchanged
+    grouped = (b, hkv, (h // hkv) * tq) if hkv != h else (b, h, tq)
+    if hkv != h:
+        qv = qv.reshape(grouped + (d,))
+    scores = xp.ascontiguousarray(xp.matmul(qv, xp.swapaxes(kv, -1, -2)))  # via cuBLAS
     lens = xp.ascontiguousarray(view(lengths), dtype=np.int64) if lengths is not None else None
-    s4 = scores.reshape((-1,) + scores.shape[-3:]) if scores.ndim != 4 else scores
-    raw.attention_softmax(s4, lens, s4.shape[1], tq, float(scale), bool(causal))
+    raw.attention_softmax(scores.reshape(b, h, tq, tk), lens, h, tq, float(scale), bool(causal))
     if _fits(out, cd, q, k, v, lengths):
-        xp.matmul(scores, vv, out=dense_view(out, out.shape))
+        xp.matmul(scores, vv, out=dense_view(out, grouped + (out.shape[-1],)))
     else:
-        wr(out, xp.matmul(scores, vv))
+        wr(out, xp.matmul(scores, vv).reshape(out.shape))
+
+
+def _round_to(t: Any, v: Any) -> Any:
+    """float32 values v rounded to 16-bit tensor t's dtype (float16, bfloat16), as float32 again."""
+    xp = X.xp
+    if t.dtype is dt.bfloat16:
+        return (f32_to_bf16_bits(v).astype(xp.uint32) << 16).view(xp.float32)
+    return v.astype(xp.float16).astype(xp.float32)
+
+
+def rms_norm(out: Any, rstd: Any, x: Any, weight: Any, eps: float) -> None:
+    if x.numel() == 0:
+        return
+    cd = compute_dtype(x)
+    c = x.shape[-1]
+    rows = _arr(x, cd).reshape(-1, c)
+    half = x.dtype.itemsize == 2
+    w = _arr(weight, cd) if weight is not None else None
+    y, y_direct = _dst(out, cd, rows.shape, x, weight)
+    rs, rs_direct = _dst(rstd, cd, (rows.shape[0],), x)
+    raw.rms_norm_rows(rows, None if half else w, y, rs, eps)
+    if half:  # Hugging Face: (x * rstd).to(x.dtype) * weight, the product rounded once more on the write
+        y = _round_to(x, y)
+        if w is not None:
+            y = y * w
+    _finish(out, y, y_direct and not half)
+    _finish(rstd, rs, rs_direct)
+
+
+def rope(out: Any, x: Any, cos: Any, sin: Any, positions: Any) -> None:
+    if out.numel() == 0:
+        return
+    cd = compute_dtype(x, cos, sin)
+    xv = _arr(x, cd)
+    c, s = _arr(cos, cd), _arr(sin, cd)
+    pos = X.xp.ascontiguousarray(view(positions), dtype=np.int64)
+    y, direct = _dst(out, cd, out.shape, x, cos, sin, positions)
+    raw.rope_rows(xv, c, s, pos, y)
+    _finish(out, y, direct)
+
+
+def silu_mul(out: Any, gate: Any, up: Any) -> None:
+    if out.numel() == 0:
+        return
+    cd = compute_dtype(gate, up)
+    gv = rd(gate).astype(cd, copy=False)
+    uv = rd(up).astype(cd, copy=False)
+    y, direct = _dst(out, cd, out.shape, gate, up)
+    raw.silu_mul(gv, uv, y)
+    _finish(out, y, direct)
 
 
 def topk(values: Any, indices: Any, x: Any, k: int) -> None:
@@ -320,6 +384,9 @@ _PLAIN: dict[str, Callable[..., None]] = {
     "embedding": embedding,
     "cross_entropy": cross_entropy,
     "attention": attention,
+    "rms_norm": rms_norm,
+    "rope": rope,
+    "silu_mul": silu_mul,
     "topk": topk,
     "adamw_step": adamw_step,
 }

@@ -6,6 +6,12 @@ thread block per row, block-wide reductions with warp shuffles) or a
 Under emulation (NOTE [host emulation] in ``_xp``) the same launcher runs the NumPy
 twin, which does the same arithmetic in the same dtype; twins are used only then.
 
+The Llama family's kernels: ``rms_norm_rows`` (a row reduction like layer norm),
+``rope_rows`` (one block per [b, h, t] row, a thread per rotated pair, the table rows
+picked by the token's position) and the pointwise ``silu_mul``. Grouped-query attention
+needs no kernel of its own: the glue stacks each kv head's query heads on its rows, so
+``attention_softmax`` runs unchanged on the [B, H, Tq, Tk] scores.
+
 Elementwise catalogue ops with a source here (erf, silu) launch through ``pointwise(op,
 *inputs, out)``; their NumPy twin is the op's own definition (``Pointwise.compute``).
 
@@ -33,6 +39,9 @@ __all__ = [
     "layer_norm_backward_rows",
     "cross_entropy_rows",
     "attention_softmax",
+    "rms_norm_rows",
+    "rope_rows",
+    "silu_mul",
     "gelu",
     "gelu_backward",
     "adamw",
@@ -231,6 +240,42 @@ __global__ void attention_softmax(T* scores, const long long* lengths, int rows_
     s = block_sum(s, buf);
     for (int j = threadIdx.x; j < tk; j += blockDim.x) sr[j] = j < n ? exp(sr[j] * scale - m) / s : T(0);
 }
+
+// RMSNorm (Hugging Face's LlamaRMSNorm) over each row: rstd[r] = 1/sqrt(mean(x^2) + eps), y = x * rstd * w.
+// x, y: [rows, cols]; w: [cols], read when has_w (the glue passes has_w = 0 for 16-bit inputs, whose
+// normalised value must be rounded to the input dtype before the weight is applied).
+template <typename T>
+__global__ void rms_norm_rows(const T* x, const T* w, T* y, T* rstd, int cols, T eps, int has_w) {
+    __shared__ T buf[32];
+    const long long row = blockIdx.x;
+    const T* xr = x + row * cols;
+    T* yr = y + row * cols;
+    T s = T(0);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += xr[j] * xr[j];
+    const T r = T(1) / sqrt(block_sum(s, buf) / T(cols) + eps);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = has_w ? (xr[j] * r) * w[j] : xr[j] * r;
+    if (threadIdx.x == 0) rstd[row] = r;
+}
+
+// Rotary embedding (rotate-half) of x [B*H*T rows, 2*half] (C-contiguous, row = (b*H + h)*T + t) at
+// positions pos [B, T] of the tables cos, sin [P, half]: y[.., j] = x1*c - x2*s, y[.., half+j] = x2*c + x1*s.
+// One block per row, a thread per rotated pair; positions were range-checked by the frontend.
+template <typename T>
+__global__ void rope_rows(const T* x, const T* cos_t, const T* sin_t, const long long* pos, T* y, int heads,
+                          int t, int half) {
+    const long long row = blockIdx.x;
+    const long long b = row / ((long long)heads * t);
+    const long long p = pos[b * t + row % t];
+    const T* xr = x + row * 2 * half;
+    T* yr = y + row * 2 * half;
+    const T* cr = cos_t + p * half;
+    const T* sr = sin_t + p * half;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        const T x1 = xr[j], x2 = xr[j + half], c = cr[j], s = sr[j];
+        yr[j] = x1 * c - x2 * s;
+        yr[j + half] = x2 * c + x1 * s;
+    }
+}
 """
 
 _ROW_KERNELS = (
@@ -239,6 +284,8 @@ _ROW_KERNELS = (
     "layer_norm_backward_rows",
     "cross_entropy_rows",
     "attention_softmax",
+    "rms_norm_rows",
+    "rope_rows",
 )
 
 
@@ -254,6 +301,7 @@ def row_kernel_names() -> list[str]:
 ELEMENTWISE_SOURCES: dict[str, tuple[str, str, str]] = {
     "erf": ("T x", "T y", "y = erf(x);"),
     "silu": ("T x", "T y", "y = x / ((T)1 + exp(-x));"),
+    "silu_mul": ("T g, T u", "T y", "y = g / ((T)1 + exp(-g)) * u;"),
     "gelu": (
         "T x, int32 approx_tanh",
         "T y",
@@ -473,6 +521,53 @@ def attention_softmax(scores: Any, lengths: Any, heads: int, tq: int, scale: flo
             np.int32(lengths is not None),
         ),
     )
+
+
+def rms_norm_rows(x: Any, w: Any, y: Any, rstd: Any, eps: float) -> None:
+    """y = x * rstd (* w) per row, rstd [rows] = 1/sqrt(mean(x^2) + eps). x, y: [rows, cols]; w: [cols] or None."""
+    rows, cols = x.shape
+    if X.emulated:
+        with np.errstate(all="ignore"):
+            one = x.dtype.type
+            r = one(1) / np.sqrt(np.sum(x * x, axis=-1) / one(cols) + one(eps))
+            o = x * r[:, None]
+            y[...] = o * w if w is not None else o
+            rstd[...] = r
+        return
+    _launch(
+        "rms_norm_rows",
+        rows,
+        cols,
+        x.dtype,
+        (x, w if w is not None else x, y, rstd, np.int32(cols), _scalar(x.dtype, eps), np.int32(w is not None)),
+    )
+
+
+def rope_rows(x: Any, cos: Any, sin: Any, positions: Any, y: Any) -> None:
+    """Rotate-half rotary embedding. x, y: C-contiguous [B, H, T, D]; cos, sin: [P, D/2]; positions: int64 [B, T]."""
+    b, h, t, d = x.shape
+    half = d // 2
+    if X.emulated:
+        c = cos[positions][:, None]  # [B, 1, T, D/2]
+        s = sin[positions][:, None]
+        x1, x2 = x[..., :half], x[..., half:]
+        y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+        y[..., :half] = y1
+        y[..., half:] = y2
+        return
+    _launch(
+        "rope_rows", b * h * t, half, x.dtype, (x, cos, sin, positions, y, np.int32(h), np.int32(t), np.int32(half))
+    )
+
+
+def silu_mul(g: Any, u: Any, y: Any) -> None:
+    """y = silu(g) * u = g / (1 + exp(-g)) * u, elementwise on any strides (same shape and dtype)."""
+    if X.emulated:
+        one = g.dtype.type
+        with np.errstate(all="ignore"):
+            y[...] = g / (one(1) + np.exp(-g)) * u
+        return
+    _ew("silu_mul")(g, u, y)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

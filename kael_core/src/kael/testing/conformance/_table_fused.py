@@ -188,22 +188,125 @@ def _cross_entropy(d: dt.DType) -> dict[str, Builder]:
 
 
 def _attention(d: dt.DType) -> dict[str, Builder]:
-    def mk(tq: int, tk: int, causal: bool, lengths: list[int] | None, lay: str = "contiguous") -> Builder:
+    def mk(
+        tq: int,
+        tk: int,
+        causal: bool,
+        lengths: list[int] | None,
+        lay: str = "contiguous",
+        heads: int = 2,
+        kv_heads: int = 2,
+        dv: int = 4,
+    ) -> Builder:
         def build(rng: np.random.Generator) -> Call:
-            q = operand(rng, (2, 2, tq, 4), d, lay)
-            k = operand(rng, (2, 2, tk, 4), d, lay)
-            v = operand(rng, (2, 2, tk, 4), d, lay)
+            q = operand(rng, (2, heads, tq, 4), d, lay)
+            k = operand(rng, (2, kv_heads, tk, 4), d, lay)
+            v = operand(rng, (2, kv_heads, tk, dv), d, lay)
             ln = Operand(np.array(lengths, np.int64), dt.int64) if lengths is not None else None
-            return Call([Out((2, 2, tq, 4), d), q, k, v, 0.5, causal, ln])
+            return Call([Out((2, heads, tq, dv), d), q, k, v, 0.5, causal, ln])
 
         return build
 
     s = {"full": mk(3, 5, False, None), "causal": mk(3, 5, True, None, HEADS)}
+    # grouped-query attention: 4 query heads over 2 kv heads, multi-query (1 kv head)
+    s["gqa_causal"] = mk(3, 5, True, None, HEADS, heads=4, kv_heads=2)
+    s["mqa_decode"] = mk(1, 6, True, None, heads=4, kv_heads=1)
     if d in FULL:
         s["causal_square"] = mk(4, 4, True, None, HEADS)
         s["decode"] = mk(1, 6, True, None)
         s["lengths"] = mk(3, 5, True, [5, 3], "strided")
         s["zero_length"] = mk(2, 5, False, [0, 5])
+        s["gqa_full"] = mk(3, 5, False, None, heads=6, kv_heads=2, dv=3)
+        s["gqa_lengths"] = mk(2, 5, True, [5, 2], "strided", heads=4, kv_heads=2)
+        s["gqa_decode_lengths"] = mk(1, 5, True, [3, 5], HEADS, heads=6, kv_heads=3)
+        s["mqa_transposed"] = mk(3, 4, False, None, "transposed", heads=3, kv_heads=1)
+    return s
+
+
+def _rms_norm(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], lay: str, weight: str | None, eps: float = 1e-6) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            c = shape[-1]
+            w = operand(rng, (c,), d, weight) if weight is not None else None
+            st = _stat(d)
+            return Call([Out(shape, d), Out(shape[:-1], st), operand(rng, shape, d, lay), w, eps])
+
+        return build
+
+    s = {"weight": mk((4, 6), "contiguous", "contiguous"), "plain": mk((4, 6), "transposed", None, 1e-5)}
+    s["decode"] = mk((2, 1, 8), "contiguous", "contiguous")  # [B, T=1, C]
+    if d in FULL:
+        s["3d_strided"] = mk((2, 3, 6), "strided", "strided")
+        s["1d"] = mk((6,), "contiguous", "contiguous")
+        s["permuted"] = mk((3, 2, 5), "permute:1,0,2", "contiguous")
+        s["large_eps"] = mk((3, 4), "contiguous", "contiguous", 0.5)
+    if d is dt.float32:
+        s["large"] = mk((64, 1024), "contiguous", "contiguous")
+    return s
+
+
+def _rope_tables(p: int, half: int, table: dt.DType) -> tuple[Operand, Operand]:
+    freq = np.arange(p)[:, None] * 10000.0 ** (-np.arange(half) / half)
+    return Operand(np.cos(freq), table), Operand(np.sin(freq), table)
+
+
+def _rope(d: dt.DType) -> dict[str, Builder]:
+    def mk(
+        shape: tuple[int, int, int, int],
+        lay: str,
+        positions: str,
+        table: dt.DType = dt.float32,
+        p: int = 9,
+        out: str = "contiguous",
+    ) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            b, _, t, dh = shape
+            cos, sin = _rope_tables(p, dh // 2, table)
+            if positions == "arange":  # the prefill of a fresh sequence: 0..T-1 in every row
+                pos = Operand(np.arange(t, dtype=np.int64), dt.int64, "broadcast", (b, t))
+            elif positions == "offset":  # each row at its own KV-cache length
+                start = rng.integers(0, p - t + 1, size=(b, 1))
+                pos = Operand(start + np.arange(t), dt.int64, "strided")
+            else:  # arbitrary (padded batches, reordered tokens)
+                pos = Operand(vals(rng, (b, t), dt.int64, f"index:{p}"), dt.int64, "transposed")
+            return Call([Out(shape, d, out), operand(rng, shape, d, lay), cos, sin, pos])
+
+        return build
+
+    s = {
+        "prefill": mk((2, 3, 4, 8), "contiguous", "arange"),
+        "decode_per_row": mk((3, 2, 1, 8), HEADS, "offset"),
+    }
+    if d in FULL:
+        s["heads_permuted"] = mk((2, 3, 4, 6), HEADS, "random")
+        s["strided_out"] = mk((2, 2, 3, 4), "strided", "offset", out="strided")
+        s["table64"] = mk((1, 2, 5, 4), "contiguous", "random", dt.float64)
+        s["d2"] = mk((2, 1, 3, 2), "transposed", "random")
+    else:
+        s["table64"] = mk((1, 2, 5, 4), "contiguous", "random", dt.float64)
+    return s
+
+
+def _silu_mul(d: dt.DType) -> dict[str, Builder]:
+    def mk(
+        shape: tuple[int, ...], lg: str, lu: str, small: tuple[int, ...] | None = None, scale: float = 1.0
+    ) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            g = Operand(vals(rng, shape, d) * scale, d, lg)
+            u = operand(rng, shape, d, lu, small=small)
+            return Call([Out(shape, d), g, u])
+
+        return build
+
+    s = {"2d": mk((4, 6), "contiguous", "contiguous"), "decode": mk((2, 1, 8), "contiguous", "strided")}
+    if d in FULL:
+        s["transposed"] = mk((3, 5), "transposed", "contiguous")
+        s["broadcast_up"] = mk((3, 4), "strided", "broadcast", small=(1, 4))
+        s["wide_range"] = mk((4, 5), "contiguous", "transposed", scale=20.0)
+        s["empty"] = mk((0, 4), "contiguous", "contiguous")
+        s["0d"] = mk((), "contiguous", "contiguous")
+    if d is dt.float32:
+        s["large"] = mk((64, 1031), "contiguous", "contiguous")
     return s
 
 
@@ -245,6 +348,9 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "embedding": (_embedding, FLOATS),
     "cross_entropy": (_cross_entropy, FLOATS),
     "attention": (_attention, FLOATS),
+    "rms_norm": (_rms_norm, FLOATS),
+    "rope": (_rope, FLOATS),
+    "silu_mul": (_silu_mul, FLOATS),
     "topk": (_topk, FLOATS + (dt.int64,)),
     "adamw_step": (_adamw, FULL),
 }

@@ -24,6 +24,13 @@ def _idx(ref: Any, values: list[Any]) -> Any:
     return kael.tensor(values, device=ref.device)
 
 
+def _rope_tables(x: Any, p: int) -> tuple[Any, Any]:
+    """cos/sin [p, D/2] float64 tables of rotary angles for x [.., D] (constants, on x's device)."""
+    half = x.shape[-1] // 2
+    freq = np.arange(p)[:, None] * 10000.0 ** (-np.arange(half) / half)
+    return kael.tensor(np.cos(freq), device=x.device), kael.tensor(np.sin(freq), device=x.device)
+
+
 # name: (fn, input specs); a spec is (shape, kind) with kind normal | positive | away0 (|x| >= 0.2)
 CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] = {
     "add_bcast": (lambda a, b: a + b, [((2, 3), "normal"), ((3,), "normal")]),
@@ -83,6 +90,19 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] =
         lambda q, k, v: kael.attention(q, k, v, lengths=_idx(q, [2, 4])),
         [((2, 1, 2, 2), "normal"), ((2, 1, 4, 2), "normal"), ((2, 1, 4, 2), "normal")],
     ),
+    "attention_gqa_causal": (
+        lambda q, k, v: kael.attention(q, k, v, causal=True),
+        [((1, 4, 3, 2), "normal"), ((1, 2, 4, 2), "normal"), ((1, 2, 4, 2), "normal")],
+    ),
+    "attention_mqa_lengths": (
+        lambda q, k, v: kael.attention(q, k, v, lengths=_idx(q, [2, 4])),
+        [((2, 3, 2, 2), "normal"), ((2, 1, 4, 2), "normal"), ((2, 1, 4, 2), "normal")],
+    ),
+    "rms_norm": (lambda x, w: kael.rms_norm(x, w, 1e-6), [((2, 3, 4), "normal"), ((4,), "normal")]),
+    "rms_norm_plain": (lambda x: kael.rms_norm(x.T, eps=1e-3), [((4, 3), "normal")]),
+    "rope": (lambda x: kael.rope(x, *_rope_tables(x, 6), _idx(x, [[0, 5, 2], [3, 3, 1]])), [((2, 2, 3, 4), "normal")]),
+    "silu_mul": (lambda g, u: kael.silu_mul(g, u), [((2, 3), "normal"), ((2, 3), "normal")]),
+    "silu_mul_broadcast": (lambda g, u: kael.silu_mul(g.T, u), [((3, 2), "normal"), ((3,), "normal")]),
     "inplace_on_clone": (lambda a: a.clone().mul_(2).add_(a), [((2, 3), "normal")]),
 }
 
