@@ -2,10 +2,12 @@
 
 The ``tokenizers`` library runs the pipeline (normalizer, pre-tokenizer, model,
 post-processor, decoder), set up as ``transformers.AutoTokenizer`` sets it up from the
-directory's ``tokenizer_config.json``: the named special tokens and the added tokens are
-registered as special tokens, and ``add_bos_token`` / ``add_eos_token``, when the config
-names either, replace the post-processor with one that adds exactly those. So ``encode``
-gives the ids ``AutoTokenizer.from_pretrained(directory)(text)["input_ids"]`` gives.
+directory's ``tokenizer_config.json``: the added tokens of ``added_tokens_decoder`` and
+the named special tokens (bos/eos/unk/pad and the extra ones) are registered, and the
+post-processor of ``tokenizer.json`` decides which tokens (BOS, EOS) ``encode`` adds: as
+in ``transformers`` 5, the config's ``add_bos_token`` / ``add_eos_token`` do not override
+it. So ``encode`` gives the ids ``AutoTokenizer.from_pretrained(directory)(text)["input_ids"]``
+gives.
 
 Decoding to bytes is kael's own: ``decode(ids)`` joins each token's bytes, computed from
 the token string by the decoder's per-token steps (byte-level characters to bytes,
@@ -17,6 +19,7 @@ the text the ids add after whatever came before them.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -24,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tokenizers import AddedToken, Tokenizer, processors
+from tokenizers import AddedToken, Tokenizer
 
 from kael._errors import DTypeError, FormatError, IndexError_, KaelError
 from kael.tokenizer._bytes import CHAR_TO_BYTE
@@ -66,7 +69,6 @@ class HFTokenizer:
         self._tk = tokenizer
         self._source = source
         self._register_tokens(config)
-        self._set_post_processor(config)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self._vocab_size = max(vocab.values(), default=-1) + 1
         added = tokenizer.get_added_tokens_decoder()
@@ -155,30 +157,6 @@ class HFTokenizer:
             if spec.content not in present:
                 tk.add_special_tokens([_added_token(replace(spec, special=True))])
                 present.add(spec.content)
-
-    def _set_post_processor(self, config: TokenizerConfig) -> None:
-        """As ``transformers``: ``add_bos_token``/``add_eos_token`` in the config (or no post-processor) win."""
-        tk = self._tk
-        if config.add_bos_token is None and config.add_eos_token is None and tk.post_processor is not None:
-            return
-        bos = config.named.get("bos_token")
-        eos = config.named.get("eos_token")
-        add_bos = bool(config.add_bos_token) and bos is not None
-        add_eos = bool(config.add_eos_token) and eos is not None
-        specials: list[tuple[str, int]] = []
-        for add, spec in ((add_bos, bos), (add_eos, eos)):
-            if add and spec is not None:
-                token_id = tk.token_to_id(spec.content)
-                if token_id is None:
-                    raise FormatError(f"{TOKENIZER_CONFIG}: the token {spec.content!r} is not in the vocabulary")
-                specials.append((spec.content, token_id))
-        b = f"{bos.content}:0 " if add_bos and bos else ""
-        e = f" {eos.content}:0" if add_eos and eos else ""
-        b1 = f" {bos.content}:1" if add_bos and bos else ""
-        e1 = f" {eos.content}:1" if add_eos and eos else ""
-        tk.post_processor = processors.TemplateProcessing(
-            single=f"{b}$A:0{e}", pair=f"{b}$A:0{e}{b1} $B:1{e1}", special_tokens=specials
-        )
 
     # -- properties -----------------------------------------------------------------
 
@@ -281,15 +259,16 @@ class HFTokenizer:
             checked = [i for i in checked if i not in self._special_ids]
         if errors == "replace":
             return self._tk.decode(checked, skip_special_tokens=False)
-        data = self.decode(checked)
         try:
-            text = data.decode("utf-8", errors)
+            codecs.lookup_error(errors)
+        except (LookupError, TypeError):
+            raise KaelError(f"decode_text: unknown errors handler {errors!r} (see bytes.decode)") from None
+        try:
+            text = self.decode(checked).decode("utf-8", errors)
         except UnicodeDecodeError as e:
             raise KaelError(
                 f"decode_text: the ids' bytes are not UTF-8 at byte {e.start} ({e.reason}) and errors={errors!r}"
             ) from None
-        except LookupError:
-            raise KaelError(f"decode_text: unknown errors handler {errors!r} (see bytes.decode)") from None
         if self._strip_left is not None and checked and checked[0] not in self._added:
             content, count = self._strip_left
             for _ in range(count):

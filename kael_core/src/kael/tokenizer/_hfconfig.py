@@ -3,8 +3,9 @@
 
 ``read_tokenizer_config(directory)`` gathers what kael uses from them into a
 ``TokenizerConfig``: the named special tokens (bos/eos/unk/pad), the extra special
-tokens, the added tokens of ``added_tokens_decoder``, the ``add_bos_token`` /
-``add_eos_token`` switches and the raw ``chat_template`` entry. The files are merged as
+tokens, the added tokens of ``added_tokens_decoder`` and the raw ``chat_template``
+entry (``add_bos_token`` / ``add_eos_token`` are not read: with a ``tokenizer.json``,
+its post-processor decides, as in ``transformers`` 5). The files are merged as
 ``transformers`` merges them: ``special_tokens_map.json`` is the legacy source, read
 only when ``tokenizer_config.json`` has no ``added_tokens_decoder``, and then its values
 win. Every rule a file breaks is a ``FormatError`` naming the file and the rule.
@@ -62,8 +63,6 @@ class TokenizerConfig:
     extra_special: list[TokenSpec] = field(default_factory=list)
     added_tokens: dict[int, TokenSpec] = field(default_factory=dict)
     """``added_tokens_decoder``: id -> token."""
-    add_bos_token: bool | None = None
-    add_eos_token: bool | None = None
     chat_template: Any = None
     """The raw ``chat_template`` entry (a string, a list of ``{"name", "template"}``, or None)."""
 
@@ -129,12 +128,6 @@ def parse_tokenizer_config(
     """Gather a ``TokenizerConfig`` from the parsed files (``source``/``map_source`` name them in errors)."""
     config = TokenizerConfig()
     _read_tokens(raw, source, config)
-    for name in ("add_bos_token", "add_eos_token"):
-        if name in raw:
-            value = raw[name]
-            if value is not None and type(value) is not bool:
-                raise FormatError(f"{source}: {name} must be true or false, got {_short(value)}")
-            setattr(config, name, bool(value))
     decoder = raw.get("added_tokens_decoder")
     if decoder is not None:
         if not isinstance(decoder, dict):
