@@ -1,4 +1,4 @@
-"""``python -m kael``: ``info`` (plugins, backends, devices), ``generate`` and ``--version``."""
+"""``python -m kael``: ``info`` (plugins, backends, devices), ``generate``, ``chat`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="generate text with a model checkpoint (any family), streamed to stdout")
     g.add_argument("prompt", help="the prompt text")
     g.add_argument(
-        "--model", required=True, help="directory with config.json, model.safetensors, vocab.json, merges.txt"
+        "--model",
+        required=True,
+        help="checkpoint directory: config.json, model.safetensors, and tokenizer.json or vocab.json + merges.txt",
     )
     g.add_argument(
         "--max-tokens",
@@ -97,9 +99,31 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
     g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     g.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    c = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal: each line of stdin is a message, replies are streamed",
+        description="Each line read from stdin is a user message; the reply is streamed to stdout. "
+        "The whole conversation is rendered with the checkpoint's chat template each turn. "
+        "/reset forgets the conversation, /exit (or end of input) ends the chat.",
+    )
+    c.add_argument(
+        "--model",
+        required=True,
+        help="checkpoint directory with a chat template (tokenizer_config.json's chat_template or chat_template.jinja)",
+    )
+    c.add_argument("--system", default=None, help="a system message that starts the conversation")
+    c.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply (default 256)")
+    c.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default), else >= 0.001")
+    c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: in (0, 1], 1 disables (default)")
+    c.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    c.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     args = parser.parse_args(argv)
     if args.cmd == "info":
         return info()
+    if args.cmd == "chat":
+        from kael.models._cli import chat_cli
+
+        return chat_cli(args)
     from kael.models._cli import generate_cli
 
     return generate_cli(args)

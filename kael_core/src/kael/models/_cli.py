@@ -1,20 +1,25 @@
-"""``python -m kael generate``: stream a model's continuation of a prompt to stdout (any model family).
+"""``python -m kael generate`` and ``python -m kael chat``: stream a model's text to stdout (any model family).
 
-Text is written as the tokens arrive. GPT-2 spells many characters with several
-byte-level tokens, so the tokens go through the tokenizer's incremental UTF-8
-decoder: a character is written once its last byte has arrived, never half of it
-(bytes that can never form a character are written as U+FFFD).
+``generate`` continues one prompt; ``chat`` holds a conversation read line by line from
+stdin, rendering the whole history with the checkpoint's chat template each turn. Text
+is written as the tokens arrive. Byte-level tokenizers spell many characters with several
+tokens, so the tokens go through the tokenizer's incremental UTF-8 decoder: a character is
+written once its last byte has arrived, never half of it (bytes that can never form a
+character are written as U+FFFD). Text ends at the tokenizer's end of text and at every eos
+id of the checkpoint's ``generation_config.json``; a chat reply also at the template's
+end-of-turn tokens.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Collection, Sequence
 from typing import Any, TextIO
 
 from .._errors import KaelError
 
-__all__ = ["fit_prompt", "generate_cli", "stream_generation"]
+__all__ = ["chat_cli", "encode_chat", "fit_prompt", "generate_cli", "stop_ids", "stream_generation"]
 
 
 def _write(out: TextIO, text: str) -> None:
@@ -43,25 +48,65 @@ def stream_generation(
     top_k: int = 0,
     generator: Any = None,
     stop_at_eot: bool = True,
+    stop_tokens: Collection[int] | None = None,
+    sampler: Any = None,
 ) -> list[int]:
     """Generate and write the text to ``out`` as it comes; return the new token ids.
 
-    Generation stops at ``<|endoftext|>`` (not written) when ``stop_at_eot``.
+    Generation stops at a stop token (not written): ``stop_tokens``, or the tokenizer's
+    ``eot_token`` when they are None and ``stop_at_eot``. ``sampler`` is ``generate``'s.
     """
     decoder = tokenizer.incremental_decoder()
-    eot = tokenizer.eot_token if stop_at_eot else None
+    stops = (
+        frozenset(stop_tokens) if stop_tokens is not None else frozenset([tokenizer.eot_token] if stop_at_eot else [])
+    )
 
     def on_token(token: int) -> bool:
-        if token == eot:
+        if token in stops:
             return False
         _write(out, decoder.add(token))
         return True
 
+    extra = {} if sampler is None else {"sampler": sampler}
     ids = model.generate(
-        prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, on_token=on_token, generator=generator
+        prompt_ids,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        on_token=on_token,
+        generator=generator,
+        **extra,
     )
     _write(out, decoder.flush())
     return list(ids)
+
+
+def stop_ids(model: Any, tokenizer: Any, template: Any = None) -> tuple[int, ...]:
+    """The ids that end a text: the tokenizer's ``eot_token`` (when it has one), every eos id of
+    ``model.generation_config`` and, with a chat ``template``, its end-of-turn tokens."""
+    ids: list[int] = []
+    try:
+        ids.append(int(tokenizer.eot_token))
+    except KaelError:  # neither an eos token nor <|endoftext|>
+        pass
+    config = getattr(model, "generation_config", None)
+    ids += [int(t) for t in getattr(config, "eos_token_ids", None) or ()]
+    if template is not None:
+        ids += template.end_of_turn_tokens(tokenizer)
+    return tuple(dict.fromkeys(ids))
+
+
+def encode_chat(tokenizer: Any, text: str) -> list[int]:
+    """A rendered chat prompt's ids: special tokens written in it are the tokenizer's specials,
+    and a text that already starts with the BOS token gets no second one."""
+    from ..tokenizer import BpeTokenizer
+
+    if isinstance(tokenizer, BpeTokenizer):
+        return tokenizer.encode(text, allowed_special="all")
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos):
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text))
 
 
 def fit_prompt(ids: list[int], context: int, truncate: bool = False) -> list[int]:
@@ -80,7 +125,7 @@ def fit_prompt(ids: list[int], context: int, truncate: bool = False) -> list[int
 def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``generate`` with parsed arguments (see ``kael.__main__``); 0 on success, 1 on an error."""
     from ..ops import Generator
-    from ..tokenizer import BpeTokenizer
+    from ..tokenizer import load_tokenizer
     from ._generate import check_sampling
     from ._registry import from_pretrained
 
@@ -91,7 +136,7 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             raise KaelError(f"--max-tokens must be >= 0, got {args.max_tokens}")
         check_sampling(args.temperature, args.top_k, None, "generate")
         model = from_pretrained(args.model, device=args.device, mmap=True)
-        tokenizer = BpeTokenizer.from_directory(args.model)
+        tokenizer = load_tokenizer(args.model)  # tokenizer.json, else vocab.json + merges.txt
         ids = tokenizer.encode(args.prompt)
         if not ids:  # GPT-2 starts unconditional text after <|endoftext|>
             ids = [tokenizer.eot_token]
@@ -106,9 +151,117 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             temperature=args.temperature,
             top_k=args.top_k,
             generator=generator,
+            stop_tokens=stop_ids(model, tokenizer),
         )
         _write(out, "\n")
     except (KaelError, OSError) as exc:
         print(f"error: {exc}", file=err)
         return 1
     return 0
+
+
+CHAT_COMMANDS = {
+    "/exit": "end the chat (as does end of input)",
+    "/reset": "forget the conversation (the system text stays)",
+}
+
+
+def chat_cli(
+    args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run ``chat`` with parsed arguments (see ``kael.__main__``): 0 at the end of input or
+    ``/exit``, 1 on an error, 2 when the checkpoint has no chat template.
+
+    Each line read from ``inp`` is a user message; the whole conversation (with ``--system``
+    first) is rendered by the template with the generation prompt and the reply streamed to
+    ``out``, then a newline. A turn that no longer fits the context is refused (on ``err``) and
+    left out of the conversation. On a terminal a ``> `` prompt is shown before each line.
+    """
+    from ..ops import Generator
+    from ..tokenizer import load_tokenizer
+    from ._generate import check_sampling
+    from ._registry import from_pretrained
+    from ._sampling import SamplingOptions, TokenSampler
+
+    inp = inp if inp is not None else sys.stdin
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    try:
+        if args.max_tokens < 1:
+            raise KaelError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+        check_sampling(args.temperature, 0, None, "chat")
+        if not 0 < args.top_p <= 1:
+            raise KaelError(f"--top-p must be in (0, 1], got {args.top_p}")
+        tokenizer = load_tokenizer(args.model)
+        template = tokenizer.chat_template
+        if template is None:
+            print(
+                f"error: {args.model!r} has no chat template: add a chat_template to its tokenizer_config.json "
+                "or a chat_template.jinja file (or use `python -m kael generate`)",
+                file=err,
+            )
+            return 2
+        model = from_pretrained(args.model, device=args.device, mmap=True)
+        stops = stop_ids(model, tokenizer, template)
+        generator = Generator(args.device).manual_seed(args.seed) if args.seed is not None else None
+        if generator is None and args.temperature > 0:
+            generator = Generator(args.device)  # fresh entropy; one stream for the whole chat
+        start = [{"role": "system", "content": args.system}] if args.system else []
+        history = list(start)
+        interactive = bool(getattr(inp, "isatty", lambda: False)())
+        while True:
+            if interactive:
+                _write(out, "> ")
+            line = inp.readline()
+            if not line:
+                break
+            text = line.rstrip("\r\n")
+            if text.strip() == "/exit":
+                break
+            if text.strip() == "/reset":
+                history = list(start)
+                print("(conversation cleared)", file=err)
+                continue
+            if not text.strip():
+                continue
+            turn = [*history, {"role": "user", "content": text}]
+            ids = encode_chat(tokenizer, template.render(turn, add_generation_prompt=True))
+            room = model.max_positions - len(ids)
+            if room < 1:
+                print(
+                    f"error: the conversation is {len(ids)} tokens, which leaves no room in the model's "
+                    f"context of {model.max_positions}; /reset starts again",
+                    file=err,
+                )
+                continue
+            sampler = None
+            if args.top_p < 1 and args.temperature > 0:
+                sampler = TokenSampler(SamplingOptions(temperature=args.temperature, top_p=args.top_p), (), generator)
+            new = stream_generation(
+                model,
+                tokenizer,
+                ids,
+                min(args.max_tokens, room),
+                out,
+                temperature=args.temperature,
+                generator=generator,
+                stop_tokens=stops,
+                sampler=sampler,
+            )
+            _write(out, "\n")
+            reply = _reply_ids(new, stops)
+            history = [*turn, {"role": "assistant", "content": tokenizer.decode_text(reply)}]
+    except (KaelError, OSError) as exc:
+        print(f"error: {exc}", file=err)
+        return 1
+    return 0
+
+
+def _reply_ids(new: Sequence[int], stops: Collection[int]) -> list[int]:
+    """The generated ids up to (without) the first stop token."""
+    reply: list[int] = []
+    for token in new:
+        if token in stops:
+            break
+        reply.append(token)
+    return reply
