@@ -349,7 +349,7 @@ def _check_messages(messages: object) -> list[dict[str, Any]]:
             )
         role = message.get("role")
         if role not in ROLES:
-            got = "no role" if "role" not in message else f"role {_short(role)}"
+            got = "no role" if "role" not in message else f"role {_short(repr(role))}"
             raise ChatTemplateError(f"messages[{index}].role must be one of {list(ROLES)}, got {got}")
         if "content" not in message or message["content"] is None:
             raise ChatTemplateError(f"messages[{index}].content is missing: every message needs a string content")
