@@ -307,6 +307,34 @@ def test_bad_ids_name_the_id_and_the_vocab_size(pairs: dict[str, tuple[HFTokeniz
     assert isinstance(tok.incremental_decoder(), IncrementalDecoder)
 
 
+def test_integer_like_ids_are_accepted(pairs: dict[str, tuple[HFTokenizer, Any]]) -> None:
+    np = pytest.importorskip("numpy")
+    tok, _ = pairs["byte_level"]
+    ids = tok.encode("Hello world")
+    as_numpy = np.array(ids, dtype=np.int64)
+    assert tok.decode(as_numpy) == tok.decode(ids) == b"Hello world"
+    assert tok.decode_text(list(as_numpy)) == "Hello world"
+    assert tok.incremental_decoder().add(as_numpy[0]) == tok.decode_text(ids[:1])
+
+
+def test_ids_without_a_token_are_index_errors() -> None:
+    # A hand-written BPE vocabulary whose ids skip 2
+    spec = {
+        "version": "1.0",
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 3}, "merges": ["a b"]},
+        "added_tokens": [],
+    }
+    tok = HFTokenizer.from_bytes(json.dumps(spec).encode())
+    assert tok.vocab_size == 4
+    assert tok.encode("abab") == [3, 3] and tok.decode([3, 0]) == b"aba"
+    with pytest.raises(IndexError_, match=r"token id 2 at position 1 stands for no token in this vocabulary of 4 ids"):
+        tok.decode([0, 2])
+    with pytest.raises(IndexError_, match=r"token id 2 at position 0 stands for no token"):
+        tok.decode_text([2])
+    with pytest.raises(KaelError, match=r"tokenizer.json: this tokenizer has no end-of-text token"):
+        _ = tok.eot_token
+
+
 def test_lone_surrogates_encode_as_replacement_characters(pairs: dict[str, tuple[HFTokenizer, Any]]) -> None:
     tok, _ = pairs["byte_level"]
     assert tok.encode("a\udc80b") == tok.encode("a\ufffdb")

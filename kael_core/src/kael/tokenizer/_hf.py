@@ -22,10 +22,10 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
@@ -71,6 +71,7 @@ class HFTokenizer:
         self._register_tokens(config)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self._vocab_size = max(vocab.values(), default=-1) + 1
+        self._gaps = frozenset(range(self._vocab_size)).difference(vocab.values())  # ids with no token (rare)
         added = tokenizer.get_added_tokens_decoder()
         self._added: dict[int, str] = {i: t.content for i, t in added.items()}
         self._special: dict[str, int] = {t.content: i for i, t in sorted(added.items()) if t.special}
@@ -286,8 +287,7 @@ class HFTokenizer:
     def _token_to_bytes(self, token_id: int) -> bytes:
         added = self._added.get(token_id)
         token = added if added is not None else self._tk.id_to_token(token_id)
-        if token is None:
-            self._raise_bad_id([token_id], "decode")
+        assert token is not None, "_check_ids lets only ids with a token through"
         piece: Piece = token
         for step in self._piece_steps:
             # An added token is text, not byte-level characters (the library's ByteLevel
@@ -297,25 +297,31 @@ class HFTokenizer:
         return piece if isinstance(piece, bytes) else piece.encode("utf-8")
 
     def _check_ids(self, ids: Iterable[int], op: str) -> list[int]:
-        checked = list(ids)
+        """``ids`` as a list of ints (NumPy integers and other ``__index__`` types converted), each a token."""
+        checked = ids if isinstance(ids, list) else list(ids)
         n = self._vocab_size
-        for token_id in checked:
-            if type(token_id) is not int or not 0 <= token_id < n:
-                self._raise_bad_id(checked, op)
-        return checked
-
-    def _raise_bad_id(self, ids: Sequence[object], op: str) -> NoReturn:
-        n = self._vocab_size
-        for position, token_id in enumerate(ids):
-            if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
-                raise DTypeError(f"{op}: token ids must be integers, got {token_id!r} at position {position}")
-            value = token_id.__index__()
-            if not 0 <= value < n or (value not in self._added and self._tk.id_to_token(value) is None):
+        if all(type(i) is int and 0 <= i < n for i in checked) and not (
+            self._gaps and self._gaps.intersection(checked)
+        ):
+            return checked
+        out: list[int] = []
+        for position, token_id in enumerate(checked):
+            if type(token_id) is not int:
+                if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
+                    raise DTypeError(f"{op}: token ids must be integers, got {token_id!r} at position {position}")
+                token_id = token_id.__index__()
+            if not 0 <= token_id < n:
                 raise IndexError_(
-                    f"{op}: token id {value} at position {position} is out of range "
+                    f"{op}: token id {token_id} at position {position} is out of range "
                     f"for a vocabulary of {n} ids (valid: 0..{n - 1})"
                 )
-        raise IndexError_(f"{op}: bad token ids")
+            if token_id in self._gaps:
+                raise IndexError_(
+                    f"{op}: token id {token_id} at position {position} stands for no token "
+                    f"in this vocabulary of {n} ids (its ids are not dense)"
+                )
+            out.append(token_id)
+        return out
 
 
 def _added_token(spec: TokenSpec) -> AddedToken:
