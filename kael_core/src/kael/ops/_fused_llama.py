@@ -20,9 +20,9 @@ from .._tensor import Tensor
 from ..autograd._function import Function
 from ._core import broadcast_shapes, cast, check_device, empty, expand_to
 from ._fused import decompositions
-from ._pointwise import binary, sum_to, unary
+from ._pointwise import binary, unary
 from ._reduce import reduce_op
-from ._views import _slice_fn, contiguous_nograd, reshape_nograd
+from ._views import _slice_fn, contiguous_nograd, expand, reshape_nograd
 
 __all__ = ["rms_norm", "rope", "silu_mul", "RmsNorm", "Rope", "SiluMul"]
 
@@ -278,40 +278,7 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
         raise DTypeError(f"silu_mul: gate is {gate.dtype!r} but up is {up.dtype!r}; expected the same dtype")
     check_device("silu_mul", gate, up)
     shape = broadcast_shapes(gate.shape, up.shape, "silu_mul")
-    if gate.shape == shape and up.shape == shape:
-        return SiluMul.apply(gate, up)  # type: ignore[no-any-return]
-    return _SiluMulBroadcast.apply(gate, up, shape)  # type: ignore[no-any-return]
-
-
-class _SiluMulBroadcast(Function):
-    """silu_mul over operands broadcast to `shape` (stride-0 views), gradients summed back."""
-
-    @staticmethod
-    def forward(ctx: Any, gate: Tensor, up: Tensor, shape: tuple[int, ...]) -> Tensor:
-        ctx.shapes = (gate.shape, up.shape)
-        ge, ue = expand_to(gate, shape), expand_to(up, shape)
-        ctx.save_for_backward(ge, ue)
-        return SiluMul.forward(_NoSave(), ge, ue)
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> Any:
-        ge, ue = ctx.saved_tensors
-        inner = _NoSave()
-        inner.saved_tensors = (ge, ue)
-        inner.needs_input_grad = ctx.needs_input_grad[:2]
-        dgate, dup = SiluMul.backward(inner, g)
-        return (
-            sum_to(dgate, ctx.shapes[0]) if dgate is not None else None,
-            sum_to(dup, ctx.shapes[1]) if dup is not None else None,
-            None,
-        )
-
-
-class _NoSave:
-    """A stand-in context for calling a Function's forward/backward directly."""
-
-    saved_tensors: tuple[Any, ...] = ()
-    needs_input_grad: tuple[bool, ...] = (True, True)
-
-    def save_for_backward(self, *tensors: Any) -> None:
-        self.saved_tensors = tensors
+    # stride-0 views with autograd: their backward sums the gradients back to the operands' shapes
+    gate = gate if gate.shape == shape else expand(gate, shape)
+    up = up if up.shape == shape else expand(up, shape)
+    return SiluMul.apply(gate, up)  # type: ignore[no-any-return]
