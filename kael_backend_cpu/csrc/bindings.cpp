@@ -529,6 +529,40 @@ void bind_fused(py::module_& m) {
     if (hw) u.fix(gx, w, false);
     layer_norm_backward(gx, hgw ? &gw : nullptr, hgb ? &gb : nullptr, g, a, mu, r, hw ? &w : nullptr);
   });
+  m.def("rms_norm", [](py::handle out, py::handle rstd, py::handle x, py::handle weight, double eps) {
+    View o = parse(out, "rms_norm", true), r = parse(rstd, "rms_norm", true), a = parse(x, "rms_norm");
+    View w;
+    const bool hw = !weight.is_none();
+    if (hw) w = parse(weight, "rms_norm");
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, true);  // rows are read in full before they are written
+    u.fix(r, a, false);
+    if (hw) {
+      u.fix(o, w, false);
+      u.fix(r, w, false);
+    }
+    rms_norm(o, r, a, hw ? &w : nullptr, eps);
+  });
+  m.def("rope", [](py::handle out, py::handle x, py::handle cos, py::handle sin, py::handle positions) {
+    View o = parse(out, "rope", true), a = parse(x, "rope"), c = parse(cos, "rope"), s = parse(sin, "rope"),
+         p = parse(positions, "rope");
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, true);  // each row reads both halves before writing: out may be x
+    u.fix(o, c, false);
+    u.fix(o, s, false);
+    u.fix(o, p, false);
+    rope(o, a, c, s, p);
+  });
+  m.def("silu_mul", [](py::handle out, py::handle gate, py::handle up) {
+    View o = parse(out, "silu_mul", true), g = parse(gate, "silu_mul"), x = parse(up, "silu_mul");
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, g, true);
+    u.fix(o, x, true);
+    silu_mul(o, g, x);
+  });
   m.def("cross_entropy",
         [](py::handle losses, py::handle logits, py::handle target, int64_t ignore_index, double label_smoothing) {
           View l = parse(losses, "cross_entropy", true), z = parse(logits, "cross_entropy"),

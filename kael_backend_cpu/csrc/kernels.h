@@ -107,8 +107,18 @@ void cross_entropy(const View& losses, const View& logits, const View& target, i
 void adamw_step(const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq, double lr,
                 double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
+// -- rms_norm.cpp, rope.cpp, silu_mul.cpp: the Llama-family fused ops ---------------------
+// rstd [x.shape[:-1]] float32/64 = 1 / sqrt(mean(x^2) + eps) over the last dim;
+// out = (x * rstd rounded to x.dtype) * weight[D] (weight may be null).
+void rms_norm(const View& out, const View& rstd, const View& x, const View* weight, double eps);
+// Rotate-half rotary embedding: x/out [B,H,T,D], cos/sin [P, D/2], positions int64 [B,T].
+void rope(const View& out, const View& x, const View& cos, const View& sin, const View& positions);
+// out = silu(gate) * up, all the same shape and dtype.
+void silu_mul(const View& out, const View& gate, const View& up);
+
 // -- attention.cpp -----------------------------------------------------------------------
-// q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv] -> out [B,H,Tq,Dv]; causal aligns the last query
+// q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv] -> out [B,H,Tq,Dv], H % Hkv == 0 and query head
+// h reading kv head h / (H / Hkv) (grouped-query attention); causal aligns the last query
 // with key Tk-1 (a KV cache); lengths int64 [B] limits the keys each batch row sees.
 void attention(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
                const View* lengths);

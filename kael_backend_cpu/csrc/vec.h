@@ -2,13 +2,11 @@
 //
 // NOTE [runtime dispatch]: the vector kernels are written once, by family
 // (vec_core.h: types and loads; vec_math.h: exp/tanh/sigmoid/silu/gelu; vec_rows.h:
-// softmax/layer_norm rows; vec_arith.h: add/sub/mul/div; vec_gemm_packed.h and
-// vec_gemm_rows.h: matrix products), gathered into a table by vec_table.h, and
-// compiled twice: by vec_base.cpp for the baseline target (SSE2 on x86-64, NEON on
-// arm64) and by vec_avx2.cpp with -mavx2 -mfma, each inside a namespace of its own.
-// vec_select.cpp picks the AVX2 table when the CPU reports both features
-// (KAEL_CPU_ISA=base forces the portable one). The default build never uses
-// -march=native, so a wheel runs on any x86-64.
+// softmax/layer_norm rows; vec_llama.h: rms_norm/silu_mul/rope rows; vec_arith.h: add/sub/mul/div; vec_gemm_packed.h
+// and vec_gemm_rows.h: matrix products), gathered into a table by vec_table.h, and compiled twice: by vec_base.cpp for
+// the baseline target (SSE2 on x86-64, NEON on arm64) and by vec_avx2.cpp with -mavx2 -mfma, each inside a namespace of
+// its own. vec_select.cpp picks the AVX2 table when the CPU reports both features (KAEL_CPU_ISA=base forces the
+// portable one). The default build never uses -march=native, so a wheel runs on any x86-64.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +59,13 @@ struct VecTable {
   // out = a (op) b for op 0..3 = add, sub, mul, div; sa/sb are 0 (broadcast) or 1.
   // Large outputs are written with non-temporal stores (no read-for-ownership).
   void (*arith_f32)(int op, float* out, const float* a, int64_t sa, const float* b, int64_t sb, int64_t n) = nullptr;
+  // Llama-family rows (vec_llama.h): sum of x[i]^2; out = (x * r) * w (w may be null);
+  // out = silu(gate) * up; rotate-half over n pairs: o1 = x1 c - x2 s, o2 = x2 c + x1 s
+  double (*sumsq_f32)(const float* x, int64_t n) = nullptr;
+  void (*scale_mul_f32)(float* out, const float* x, float r, const float* w, int64_t n) = nullptr;
+  void (*silu_mul_f32)(float* out, const float* gate, const float* up, int64_t n) = nullptr;
+  void (*rope_f32)(float* o1, float* o2, const float* x1, const float* x2, const float* c, const float* s,
+                   int64_t n) = nullptr;
 };
 
 const VecTable& vec();

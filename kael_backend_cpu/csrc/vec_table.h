@@ -11,6 +11,7 @@
 #include "vec_core.h"         // vector types, loads/stores, splat, horizontal sums
 #include "vec_gemm_packed.h"  // GEMM micro-kernel and panel packing
 #include "vec_gemm_rows.h"    // few-row GEMM kernels (rows_nmajor, rows_kmajor)
+#include "vec_llama.h"        // rms_norm (sum of squares, scaling), silu_mul and rope rows
 #include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
@@ -49,5 +50,9 @@ VecTable make_table(const char* name) {
   t.layer_norm_f32 = layer_norm_f32;
   t.axpy_f32 = axpy_f32;
   t.arith_f32 = arith_f32;
+  t.sumsq_f32 = sumsq_f32;
+  t.scale_mul_f32 = scale_mul_f32;
+  t.silu_mul_f32 = silu_mul_f32;
+  t.rope_f32 = rope_f32;
   return t;
 }
