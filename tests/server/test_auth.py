@@ -26,7 +26,7 @@ from litestar.testing import TestClient
 from kael_server import Generator, create_app
 
 from .conftest import samples
-from .fakes import ByteTokenizer, FakeModel
+from .fakes import ByteTokenizer, FakeChatTemplate, FakeModel
 from .processes import free_port, server_process
 
 KEY = "kael-test-key-Z9q"
@@ -36,13 +36,14 @@ METRICS = {("/metrics", "GET"), ("/metrics", "HEAD")}
 BODIES: dict[str, Any] = {
     "/generate": {"prompt": "ab", "max_tokens": 3},
     "/v1/completions": {"prompt": "ab", "max_tokens": 3},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 3},
     "/tokenize": {"prompt": "ab"},
     "/detokenize": {"tokens": [104, 105]},
 }
 
 
 def keyed_app(*, protect_metrics: bool = False, keys: tuple[str, ...] = (KEY, OTHER)) -> Litestar:
-    generator = Generator(FakeModel(), ByteTokenizer(), make_rng=random.Random)
+    generator = Generator(FakeModel(), ByteTokenizer(), make_rng=random.Random, chat_template=FakeChatTemplate())
     return create_app(generator, api_keys=keys, protect_metrics=protect_metrics)
 
 
@@ -85,7 +86,8 @@ def assert_refused(response: httpx.Response, message: str, method: str) -> None:
 def test_missing_wrong_and_right_keys_on_every_route(protect_metrics: bool) -> None:
     app = keyed_app(protect_metrics=protect_metrics)
     routes = every_route(app)
-    assert {("/generate", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET")} <= set(routes)
+    assert {("/generate", "POST"), ("/v1/completions", "POST"), ("/v1/chat/completions", "POST")} <= set(routes)
+    assert ("/v1/models", "GET") in routes
     assert {("/tokenize", "POST"), ("/detokenize", "POST")} | OPEN | METRICS <= set(routes)
     with TestClient(app) as client:
         for path, method in routes:
@@ -121,7 +123,7 @@ def test_right_key_gets_the_real_answers() -> None:
 
 
 def test_without_keys_every_route_is_open() -> None:
-    app = create_app(Generator(FakeModel(), ByteTokenizer(), make_rng=random.Random))
+    app = create_app(Generator(FakeModel(), ByteTokenizer(), make_rng=random.Random, chat_template=FakeChatTemplate()))
     with TestClient(app) as client:
         for path, method in every_route(app):
             assert call(client, path, method, None).status_code == 200, (path, method)
