@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from kael_server import Generator, create_app  # noqa: E402
 
 from .conftest import make_app  # noqa: E402
-from .fakes import ByteTokenizer, FakeBatchEngine, FakeModel  # noqa: E402
+from .fakes import ByteTokenizer, FakeBatchEngine, FakeChatTemplate, FakeModel  # noqa: E402
 
 # A body over the size cap is rightly refused with 413 before it is even parsed.
 CONFIG = schemathesis.config.SchemathesisConfig.from_dict(
@@ -66,4 +66,26 @@ batched = schemathesis.openapi.from_asgi(
 @batched.parametrize()
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 def test_completions_conform_to_the_schema_when_batched(case: Any) -> None:
+    case.call_and_validate(checks=CHECKS)
+
+
+# The chat request (messages as objects and text parts, max_completion_tokens, logprobs with
+# top_logprobs, every sampling field) against a batching server whose model has a chat template.
+chat = schemathesis.openapi.from_asgi(
+    "/schema/openapi.json",
+    create_app(
+        Generator(
+            FakeModel(max_positions=600),
+            ByteTokenizer(),
+            chat_template=FakeChatTemplate(),
+            make_scheduler=lambda g: BatchScheduler(g, FakeBatchEngine(16), queue=4),
+        )
+    ),
+    config=CONFIG,
+).include(path="/v1/chat/completions")
+
+
+@chat.parametrize()
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+def test_chat_completions_conform_to_the_schema(case: Any) -> None:
     case.call_and_validate(checks=CHECKS)
