@@ -10,6 +10,7 @@ transformers' greedy generate.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import kael
 import numpy as np
@@ -163,3 +164,39 @@ def test_forward_errors_and_the_gradient_guard(model: LlamaForCausalLM) -> None:
         model(kael.tensor([[1]]), other)
     with pytest.raises(kael.KaelError, match="320"):
         model.generate([320], 2)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fused_projections_equal_separate_ones(tmp_path: Path, backend: str, family: str) -> None:
+    """A copy-mode load puts q/k/v and gate/up in one buffer each (the step runs one product for
+    each); a mapped load keeps the file's tensors (separate products); both give the same logits."""
+    build(tmp_path, family, seed=7, mlp_bias=family == "llama", attention_bias=family == "llama")
+    fused, mapped = LlamaForCausalLM.from_pretrained(tmp_path), LlamaForCausalLM.from_pretrained(tmp_path, mmap=True)
+    a = fused.model.layers[1].self_attn
+    assert a.q_proj.weight._storage is a.k_proj.weight._storage is a.v_proj.weight._storage
+    assert a.v_proj.weight.shape == (32, 64) and a.v_proj.weight.is_contiguous()
+    assert a.k_proj.bias is not None and a.k_proj.bias._storage is a.v_proj.bias._storage
+    assert (
+        mapped.model.layers[1].self_attn.q_proj.weight._storage
+        is not mapped.model.layers[1].self_attn.k_proj.weight._storage
+    )
+    for name, p in fused.named_parameters():  # the same values, names and shapes
+        np.testing.assert_array_equal(p.detach().numpy(), dict(mapped.named_parameters())[name].detach().numpy())
+    ids = [(5 * i + 1) % 320 for i in range(20)]
+    got = {}
+    for label, m in (("fused", fused), ("mapped", mapped)):
+        cache = m.new_cache(max_positions=20)
+        with kael.no_grad():
+            m(kael.tensor([ids[:8]]), cache)
+            step = decode_step(m, cache)
+            if _fused_available():
+                assert isinstance(step, LlamaDecodeStep)
+                assert all((lay.qkv_w is not None) == (label == "fused") for lay in step.layers)
+                assert all((lay.gate_up_w is not None) == (label == "fused") for lay in step.layers)
+            rows = []
+            for t in ids[8:]:
+                rows.append(step([0], [t]).numpy()[0].copy())
+                cache.lengths[0] += 1
+        got[label] = np.stack(rows)
+        np.testing.assert_allclose(got[label], _logits(m, ids)[8:], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(got["fused"], got["mapped"], atol=1e-5, rtol=0)

@@ -13,6 +13,14 @@ transformers versions saved (kael computes the frequencies from the config).
 
 ``dtype``: None computes in float32 (whatever the stored dtype), ``"auto"`` keeps the
 stored dtype of the embeddings (every weight converted to it), a kael dtype converts to it.
+
+NOTE [fused projections]: a copy-mode load puts each layer's q/k/v projections (weights,
+and biases when present) into one ``[(H + 2 Hkv) * D, C]`` buffer and gate/up into one
+``[2F, C]`` buffer, the parameters being row blocks of it (no memory is doubled: each
+buffer replaces the tensors it holds, one layer at a time). The parameters keep their
+names, shapes and identity; ``LlamaDecodeStep`` sees that they are adjacent and runs one
+product where it would run three (or two). A mapped load keeps the file's tensors (no
+copy is the point of mapping) and the step runs the separate products; both are exact.
 """
 
 from __future__ import annotations
@@ -25,15 +33,17 @@ from typing import Any
 from ... import _dtype as dt
 from ..._errors import DTypeError, FormatError
 from ..._tensor import Tensor
+from ...autograd import no_grad
 from ...io import load_checkpoint_tensors, save_checkpoint_tensors
 from ...io._atomic import atomic_write
 from ...nn._module import _set_data
-from ...ops import detach, to
+from ...ops import detach, empty, narrow, to
+from ...ops._inplace import copy_
 from .._generation_config import read_generation_config
 from ._config import hf_config, read_config
-from ._model import LlamaForCausalLM
+from ._model import LlamaForCausalLM, Projection
 
-__all__ = ["from_pretrained", "save_pretrained", "CONFIG_NAME"]
+__all__ = ["from_pretrained", "save_pretrained", "fuse_projections", "CONFIG_NAME"]
 
 CONFIG_NAME = "config.json"
 _HEAD = "lm_head.weight"
@@ -82,8 +92,36 @@ def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, 
     for name, param in model.named_parameters():
         t = tensors[name]
         _set_data(param, t if t.dtype is target else to(t, dtype=target))
+    del tensors
+    if not mmap:
+        fuse_projections(model)
     model.generation_config = read_generation_config(d)
     return model.eval()
+
+
+def fuse_projections(model: LlamaForCausalLM) -> None:
+    """Put each layer's q/k/v and gate/up parameters into one buffer each (NOTE [fused projections])."""
+    with no_grad():
+        for blk in model.model.layers:
+            a, m = blk.self_attn, blk.mlp
+            _fuse([a.q_proj, a.k_proj, a.v_proj])
+            _fuse([m.gate_proj, m.up_proj])
+
+
+def _fuse(projections: list[Projection]) -> None:
+    for attr in ("weight", "bias"):
+        parts: list[Tensor | None] = [getattr(p, attr) for p in projections]
+        if any(t is None for t in parts):
+            continue
+        ts = [t for t in parts if t is not None]
+        first = ts[0]
+        buf = empty((sum(t.shape[0] for t in ts), *first.shape[1:]), dtype=first.dtype, device=first.device)
+        row = 0
+        for t in ts:
+            block = narrow(buf, 0, row, t.shape[0])
+            copy_(block, t)
+            _set_data(t, block)
+            row += t.shape[0]
 
 
 def _equal(a: Tensor, b: Tensor) -> bool:

@@ -11,6 +11,10 @@ kael/_ops.py), batched over the step's rows except where a row reads its own cac
     -> silu_mul -> linear(down_proj) -> add(residual)
     then rms_norm(norm) -> linear(lm_head)
 
+When a layer's q/k/v (or gate/up) parameters are adjacent row blocks of one buffer (NOTE
+[fused projections] in ``_checkpoint.py``), they run as one product into one output
+buffer, whose q, k and v (gate and up) parts the next kernels read as views.
+
 Buffer layout: the rotated keys and the values of a step share one ``kv`` buffer
 ``[n, 2, Hkv, 1, D]`` (``rope`` writes k into its first half, ``v_proj`` its output into
 the second), so one copy per row writes both into the cache's ``[B, 2, Hkv, P, D]``
@@ -47,8 +51,16 @@ _FUSED = ("rms_norm", "linear", "rope", "silu_mul", "attention")
 
 
 class _Layer(NamedTuple):
-    """One layer's weights as the step consumes them (projections [out, in], biases or None)."""
+    """One layer's weights as the step consumes them (projections [out, in], biases or None).
 
+    qkv_w / gate_up_w: the fused [(H + 2 Hkv) * D, C] / [2F, C] views when the parameters are
+    adjacent, else None (and the separate ones are used).
+    """
+
+    qkv_w: Tensor | None
+    qkv_b: Tensor | None
+    gate_up_w: Tensor | None
+    gate_up_b: Tensor | None
     in_norm: Tensor
     q_w: Tensor
     q_b: Tensor | None
@@ -67,12 +79,50 @@ class _Layer(NamedTuple):
     down_b: Tensor | None
 
 
+def _adjacent(ts: list[Tensor | None]) -> Tensor | None:
+    """The tensors as one view when they are consecutive row blocks of one contiguous buffer, else None."""
+    if any(t is None for t in ts):
+        return None
+    parts = [t for t in ts if t is not None]
+    first = parts[0]
+    row = math.prod(first.shape[1:])
+    offset = first._offset
+    for t in parts:
+        if t._storage is not first._storage or t.dtype is not first.dtype or not t.is_contiguous():
+            return None
+        if t.shape[1:] != first.shape[1:] or t._offset != offset:
+            return None
+        offset += t.shape[0] * row
+    shape = (sum(t.shape[0] for t in parts), *first.shape[1:])
+    strides = (row, 1) if len(shape) == 2 else (1,)
+    return make_view(first, shape, strides, first._offset)
+
+
+def _fused(ws: list[Tensor | None], bs: list[Tensor | None]) -> tuple[Tensor | None, Tensor | None]:
+    """(weight, bias) of the fused product, or (None, None) when the parts are not adjacent."""
+    w = _adjacent(ws)
+    if w is None:
+        return None, None
+    if all(b is None for b in bs):
+        return w, None
+    b = _adjacent(bs)
+    return (w, b) if b is not None else (None, None)
+
+
 def _layers(model: LlamaForCausalLM) -> list[_Layer]:
     out = []
     for blk in model.model.layers:
         a, m = blk.self_attn, blk.mlp
+        qkv_w, qkv_b = _fused(
+            [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+        )
+        gu_w, gu_b = _fused([m.gate_proj.weight, m.up_proj.weight], [m.gate_proj.bias, m.up_proj.bias])
         out.append(
             _Layer(
+                qkv_w,
+                qkv_b,
+                gu_w,
+                gu_b,
                 blk.input_layernorm.weight,
                 a.q_proj.weight,
                 a.q_proj.bias,
@@ -140,6 +190,8 @@ class LlamaDecodeStep:
         self.qrot = empty((n, h, 1, d), dtype, dev)
         self.kraw = empty((n, 1, kv * d), dtype, dev)
         self.kv = empty((n, 2, kv, 1, d), dtype, dev)
+        self.qkv = empty((n, 1, (h + 2 * kv) * d), dtype, dev)  # the fused q/k/v product
+        self.gate_up = empty((n, 1, 2 * f), dtype, dev)  # the fused gate/up product
         self.att = empty((n, h, 1, d), dtype, dev)
         self.proj = empty((n, 1, c), dtype, dev)
         self.gate = empty((n, 1, f), dtype, dev)
@@ -158,8 +210,8 @@ class LlamaDecodeStep:
         """The first n rows of every buffer, in the shapes the kernels take (made once per n)."""
         got = self._views.get(n)
         if got is None:
-            h, kv, d = self.h, self.kvh, self.d
-            kvw = 2 * kv * d
+            h, kv, d, f = self.h, self.kvh, self.d, self.f
+            kvw, w3 = 2 * kv * d, (h + 2 * kv) * d
             got = (
                 _first(self.x, n),
                 _first(self.norm, n),
@@ -178,6 +230,14 @@ class LlamaDecodeStep:
                 _first(self.act, n),
                 _first(self.logits, n),
                 make_view(self.logits, (n, self.v), (self.v, 1), 0),
+                # the fused products and their parts
+                _first(self.qkv, n),
+                make_view(self.qkv, (n, h, 1, d), (w3, d, w3, 1), 0),
+                make_view(self.qkv, (n, kv, 1, d), (w3, d, w3, 1), h * d),
+                make_view(self.qkv, (n, 1, kv * d), (w3, w3, 1), (h + kv) * d),
+                _first(self.gate_up, n),
+                make_view(self.gate_up, (n, 1, f), (2 * f, 2 * f, 1), 0),
+                make_view(self.gate_up, (n, 1, f), (2 * f, 2 * f, 1), f),
             )
             self._views[n] = got
         return got
@@ -199,7 +259,9 @@ class LlamaDecodeStep:
         pos = [cache.lengths[r] for r in rows]
         if max(pos) >= cache.max_positions:
             raise ShapeError(f"LlamaDecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
-        x, norm, rstd, q, q4, qrot, kraw, k4, krot, vout, att_flat, proj, gate, up, act, logits, logits2 = self.views(n)
+        views = self.views(n)
+        x, norm, rstd, q, q4, qrot, kraw, k4, krot, vout, att_flat, proj, gate, up, act, logits, logits2 = views[:17]
+        qkv, q4f, k4f, vf, gate_up, gate_f, up_f = views[17:]
         where = self.positions(pos)
         emb = self.embed
         for i, t in enumerate(tokens):
@@ -214,11 +276,17 @@ class LlamaDecodeStep:
         cos, sin, scale = self.cos, self.sin, self.scale
         for li, w in enumerate(self.layers):
             rms_norm(norm, rstd, x, w.in_norm, eps)
-            linear(q, norm, w.q_w, w.q_b)
-            linear(kraw, norm, w.k_w, w.k_b)
-            linear(vout, norm, w.v_w, w.v_b)
-            rope(qrot, q4, cos, sin, where)
-            rope(krot, k4, cos, sin, where)
+            if w.qkv_w is not None:
+                linear(qkv, norm, w.qkv_w, w.qkv_b)
+                rope(qrot, q4f, cos, sin, where)
+                rope(krot, k4f, cos, sin, where)
+                copy(vout, vf)
+            else:
+                linear(q, norm, w.q_w, w.q_b)
+                linear(kraw, norm, w.k_w, w.k_b)
+                linear(vout, norm, w.v_w, w.v_b)
+                rope(qrot, q4, cos, sin, where)
+                rope(krot, k4, cos, sin, where)
             buf = cache.data[li]  # [B, 2, Hkv, P, D]
             st = buf._strides
             kst = (st[0], st[2], st[3], st[4])
@@ -231,9 +299,13 @@ class LlamaDecodeStep:
             linear(proj, att_flat, w.o_w, w.o_b)
             add_k(x, x, proj)
             rms_norm(norm, rstd, x, w.post_norm, eps)
-            linear(gate, norm, w.gate_w, w.gate_b)
-            linear(up, norm, w.up_w, w.up_b)
-            silu_mul(act, gate, up)
+            if w.gate_up_w is not None:
+                linear(gate_up, norm, w.gate_up_w, w.gate_up_b)
+                silu_mul(act, gate_f, up_f)
+            else:
+                linear(gate, norm, w.gate_w, w.gate_b)
+                linear(up, norm, w.up_w, w.up_b)
+                silu_mul(act, gate, up)
             linear(proj, act, w.down_w, w.down_b)
             add_k(x, x, proj)
         rms_norm(norm, rstd, x, self.norm_w, eps)
