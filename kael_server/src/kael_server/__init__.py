@@ -1,4 +1,4 @@
-"""kael-server: an HTTP generation server for kael's GPT-2 models.
+"""kael-server: an HTTP generation server for kael's models (completions and chat).
 
 ``kael-server --data DIR`` serves a checkpoint; in Python, ``create_app(Generator(model,
 tokenizer))`` builds the Litestar app around any model and tokenizer of the right shape.

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kael-server",
         description="Serve text generation over HTTP (plain JSON, server-sent events, "
-        "and an OpenAI-compatible /v1/completions).",
+        "and OpenAI-compatible /v1/completions and /v1/chat/completions).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=version_text())
@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         metavar="DIR",
         default=None,
-        help="checkpoint directory (config.json, model.safetensors, vocab.json, merges.txt); "
-        "without it, the model bundled with kael-server",
+        help="checkpoint directory (config.json, model.safetensors, and tokenizer.json or vocab.json + "
+        "merges.txt; a chat template for /v1/chat/completions); without it, the model bundled with kael-server",
     )
     parser.add_argument("--device", default="cpu", help="kael device to run the model on, e.g. cpu or cuda")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
