@@ -120,3 +120,28 @@ def test_random_creation(kael_device: Any) -> None:
     assert a.device == kael_device and a.tolist() == b.tolist()
     u = kael.rand(1000, device=kael_device)
     assert 0 <= kael.amin(u).item() and kael.amax(u).item() < 1
+
+
+def test_llama_ops(kael_device: Any) -> None:
+    """rms_norm, rope, silu_mul and grouped-query attention through the frontend, against NumPy formulas."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    want = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6) * w
+    assert_close(kael.rms_norm(_t(x, kael_device), _t(w, kael_device)), want, rtol=1e-5, atol=1e-6)
+    h = rng.standard_normal((2, 4, 3, 6)).astype(np.float32)  # [B, H, T, D]
+    ang = np.arange(5)[:, None] * 10000.0 ** (-np.arange(3) / 3)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = np.array([[0, 1, 2], [2, 3, 4]])
+    c, s = cos[pos][:, None], sin[pos][:, None]
+    rot = np.concatenate([h[..., :3] * c - h[..., 3:] * s, h[..., 3:] * c + h[..., :3] * s], -1)
+    got = kael.rope(_t(h, kael_device), _t(cos, kael_device), _t(sin, kael_device), _t(pos, kael_device))
+    assert_close(got, rot, rtol=1e-5, atol=1e-6)
+    g, u = x * 3, x[::-1].copy()
+    assert_close(kael.silu_mul(_t(g, kael_device), _t(u, kael_device)), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
+    k, v = rng.standard_normal((2, 2, 5, 6)).astype(np.float32), rng.standard_normal((2, 2, 5, 6)).astype(np.float32)
+    sc = h @ np.repeat(k, 2, axis=1).swapaxes(-1, -2) / np.sqrt(6)  # query head i reads kv head i // 2
+    sc = np.where(np.arange(5)[None, :] > np.arange(3)[:, None] + 2, -np.inf, sc)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ np.repeat(v, 2, axis=1)
+    got = kael.attention(_t(h, kael_device), _t(k, kael_device), _t(v, kael_device), causal=True)
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
