@@ -109,6 +109,9 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
     qv, kv, vv = rd(q), rd(k), rd(v)
     b, h, tq, _ = qv.shape
     hkv, tk = kv.shape[1], kv.shape[-2]
+    if tk == 0:  # no keys: every query attends to nothing (an empty sum), as the decomposition gives
+        wr(out, 0)
+        return
     if hkv != h:  # grouped-query: q as [B, Hkv, g, Tq, D] against k/v [B, Hkv, 1, Tk, D] (broadcast, no repeat)
         qv = qv.reshape(b, hkv, h // hkv, tq, qv.shape[-1])
         kv, vv = kv[:, :, None], vv[:, :, None]
