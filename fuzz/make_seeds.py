@@ -102,6 +102,111 @@ def tokenizer_seeds() -> Seeds:
     return seeds
 
 
+def _added(token_id: int, content: str) -> dict[str, object]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _bpe_model(vocab: dict[str, int], merges: list[tuple[str, str]], **options: object) -> dict[str, object]:
+    model: dict[str, object] = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+    }
+    model.update(options)
+    model["vocab"] = vocab
+    model["merges"] = [[a, b] for a, b in merges]
+    return model
+
+
+def hf_tokenizer_seeds() -> Seeds:
+    """Inputs are `tokenizer.json NUL tokenizer_config.json NUL text` (see fuzz_hf_tokenizer)."""
+    chars = _byte_chars()
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("l", "l"), ("ll", "o")]
+    vocab = {c: i for i, c in enumerate(chars)}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    added = [_added(len(vocab) + i, name) for i, name in enumerate(specials)]
+    byte_level = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": _bpe_model({**vocab, **{name: len(vocab) + i for i, name in enumerate(specials)}}, merges),
+    }
+    chatml = (
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    chatml_config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": chatml}
+    # Llama 2 style: <unk> <s> </s>, the byte tokens, a few merges over Metaspace pieces
+    llama_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for byte in range(256):
+        llama_vocab[f"<0x{byte:02X}>"] = len(llama_vocab)
+    llama_merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("l", "l")]
+    for a, b in llama_merges:
+        llama_vocab.setdefault(a, len(llama_vocab))
+        llama_vocab.setdefault(b, len(llama_vocab))
+        llama_vocab.setdefault(a + b, len(llama_vocab))
+    llama = {
+        "version": "1.0",
+        "added_tokens": [_added(i, name) for i, name in enumerate(["<unk>", "<s>", "</s>"])],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+        },
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            ],
+        },
+        "model": _bpe_model(llama_vocab, llama_merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True),
+    }
+    inst = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('roles must alternate') }}{% endif %}{% if m['role'] == 'user' %}"
+        "{{ bos_token + '[INST] ' + m['content'].strip() + ' [/INST]' }}{% else %}{{ ' ' + m['content'] + eos_token }}"
+        "{% endif %}{% endfor %}"
+    )
+    llama_config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "chat_template": inst}
+
+    def seed(tokenizer: Mapping[str, object], config: Mapping[str, object] | None, text: str) -> bytes:
+        config_bytes = json.dumps(config, ensure_ascii=False).encode() if config is not None else b""
+        return json.dumps(tokenizer, ensure_ascii=False).encode() + b"\0" + config_bytes + b"\0" + text.encode()
+
+    return {
+        "byte_level_chatml.bin": seed(byte_level, chatml_config, "Hello the world<|im_end|> 日本語 😀"),
+        "byte_level_no_config.bin": seed(byte_level, None, "  hello  there\n\n"),
+        "llama_byte_fallback_inst.bin": seed(llama, llama_config, "the hello ¿Qué? 💩 <s>x</s>"),
+        "llama_no_template.bin": seed(llama, {"eos_token": "</s>"}, ""),
+    }
+
+
 def generate_request_seeds() -> Seeds:
     bodies = {
         "generate_min.json": {"prompt": "Hello"},
@@ -166,6 +271,7 @@ MAKERS: dict[str, Callable[[], Seeds]] = {
     "fuzz_safetensors": safetensors_seeds,
     "fuzz_idx": idx_seeds,
     "fuzz_tokenizer": tokenizer_seeds,
+    "fuzz_hf_tokenizer": hf_tokenizer_seeds,
     "fuzz_generate_request": generate_request_seeds,
     "fuzz_kernels": kernels_seeds,
 }

@@ -30,7 +30,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-TARGETS = ("fuzz_safetensors", "fuzz_idx", "fuzz_tokenizer", "fuzz_generate_request", "fuzz_kernels")
+TARGETS = (
+    "fuzz_safetensors",
+    "fuzz_idx",
+    "fuzz_tokenizer",
+    "fuzz_hf_tokenizer",
+    "fuzz_generate_request",
+    "fuzz_kernels",
+)
 NATIVE = {"fuzz_kernels"}
 MEMORY_MB = 2048
 FINDING_PREFIXES = ("crash-", "oom-", "timeout-", "leak-", "slow-unit-")

@@ -385,6 +385,19 @@ def test_malformed_tokenizer_config_is_a_format_error(tmp_path: Path, config: di
         HFTokenizer.from_directory(directory)
 
 
+def test_a_file_the_library_cannot_run_fails_at_load(dirs: dict[str, Path]) -> None:
+    raw = json.loads((dirs["llama2"] / "tokenizer.json").read_text(encoding="utf-8"))
+    # the post-processor adds "<s>", but its special_tokens table names another token
+    raw["post_processor"]["special_tokens"] = {"<x>": {"id": "<x>", "ids": [1], "tokens": ["<x>"]}}
+    with pytest.raises(FormatError, match=r"tokenizer.json: encode: the tokenizers library cannot run this file"):
+        HFTokenizer.from_bytes(json.dumps(raw).encode())
+    # ... or adds an id that is no token
+    raw = json.loads((dirs["llama2"] / "tokenizer.json").read_text(encoding="utf-8"))
+    raw["post_processor"]["special_tokens"]["<s>"]["ids"] = [10**6]
+    with pytest.raises(FormatError, match=r"tokenizer.json: encode gave the id 1000000, which stands for no token"):
+        HFTokenizer.from_bytes(json.dumps(raw).encode())
+
+
 def test_config_that_is_not_an_object_or_not_json(tmp_path: Path) -> None:
     directory = write_byte_level(tmp_path / "b")
     (directory / "tokenizer_config.json").write_text("[]")

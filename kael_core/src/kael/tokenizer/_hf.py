@@ -48,6 +48,9 @@ __all__ = ["HFTokenizer", "TOKENIZER_JSON"]
 TOKENIZER_JSON = "tokenizer.json"
 _EOT = "<|endoftext|>"
 
+_PROBE = "Hello, world! 123 \t\n  é中🙂 <s></s>"
+"""Encoded and decoded once at load, so that a file the library cannot run fails as a FormatError."""
+
 StrPath = str | os.PathLike[str]
 Piece = str | bytes
 Step = Callable[[Piece], Piece]
@@ -138,13 +141,19 @@ class HFTokenizer:
                 raise
             raise FormatError(f"{source}: not a valid tokenizers file: {_first_line(e)}") from None
         try:
-            return cls(tokenizer, raw.get("decoder"), config, source=source)
+            built = cls(tokenizer, raw.get("decoder"), config, source=source)
+            # The library checks little at load; a file it cannot run (a post-processor naming a
+            # token it does not define, a byte-level vocabulary lacking bytes) fails here, not later.
+            for add in (True, False):
+                built.decode_text(built.encode(_PROBE, add_special_tokens=add))
+            built.decode_text([])
         except KaelError:
             raise
         except BaseException as e:
             if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
                 raise
-            raise FormatError(f"{source}: cannot set the tokenizer up: {_first_line(e)}") from None
+            raise FormatError(f"{source}: the tokenizers library cannot run this file: {_first_line(e)}") from None
+        return built
 
     def _register_tokens(self, config: TokenizerConfig) -> None:
         """Register the config's added tokens, then its named and extra special tokens, as ``transformers`` does."""
@@ -226,7 +235,14 @@ class HFTokenizer:
             text.encode("utf-8")
         except UnicodeEncodeError:
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return list(self._tk.encode(text, add_special_tokens=add_special_tokens).ids)
+        try:
+            ids: list[int] = self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+        except BaseException as e:
+            raise self._library_failure(e, "encode") from None
+        if ids and (max(ids) >= self._vocab_size or (self._gaps and not self._gaps.isdisjoint(ids))):
+            bad = next(i for i in ids if i >= self._vocab_size or i in self._gaps)
+            raise FormatError(f"{self._source}: encode gave the id {bad}, which stands for no token in this file")
+        return ids
 
     # -- decoding -------------------------------------------------------------------
 
@@ -259,7 +275,10 @@ class HFTokenizer:
         if skip_special_tokens:
             checked = [i for i in checked if i not in self._special_ids]
         if errors == "replace":
-            return self._tk.decode(checked, skip_special_tokens=False)
+            try:
+                return self._tk.decode(checked, skip_special_tokens=False)
+            except BaseException as e:
+                raise self._library_failure(e, "decode_text") from None
         try:
             codecs.lookup_error(errors)
         except (LookupError, TypeError):
@@ -295,6 +314,12 @@ class HFTokenizer:
             if added is None or step is not _byte_level:
                 piece = step(piece)
         return piece if isinstance(piece, bytes) else piece.encode("utf-8")
+
+    def _library_failure(self, e: BaseException, op: str) -> BaseException:
+        """A library error (or Rust panic) as a FormatError naming the file; interrupts pass through."""
+        if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
+            return e
+        return FormatError(f"{self._source}: {op}: the tokenizers library cannot run this file: {_first_line(e)}")
 
     def _check_ids(self, ids: Iterable[int], op: str) -> list[int]:
         """``ids`` as a list of ints (NumPy integers and other ``__index__`` types converted), each a token."""
