@@ -245,3 +245,18 @@ def test_langchain_chat_openai_against_kael_server(process: Any, llama_dir: Path
         for chunk in llm.stream([("system", MESSAGES[0]["content"]), ("human", MESSAGES[1]["content"])])
     )
     assert streamed == text
+
+
+@pytest.mark.e2e
+def test_chat_on_the_cuda_backend(llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kael-server --device cuda`` (the CuPy backend, in host emulation here) answers as the CPU does."""
+    pytest.importorskip("kael_backend_cuda")
+    from .test_openai_clients import kael_server
+
+    _, text, finish = expected_reply(llama_dir, MESSAGES, 8)
+    monkeypatch.setenv("KAEL_CUDA_EMULATE", "1")  # the server process's environment (a real GPU needs none)
+    with kael_server(tmp_path, "--data", str(llama_dir), "--device", "cuda") as served:
+        monkeypatch.delenv("KAEL_CUDA_EMULATE")
+        reply = served.api.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content == text
+    assert reply.choices[0].finish_reason == finish
