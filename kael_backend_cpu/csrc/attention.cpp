@@ -7,6 +7,14 @@
 // scale and each row's mask inside the softmax, and writes P V straight into the
 // output view. Both products are gemm() calls that read q/k/v/out through their
 // strides (no copies of the cache); inside a task they run single-threaded.
+//
+// NOTE [grouped-query attention]: k/v may have Hkv heads with H % Hkv == 0; query head h
+// reads kv head h / g (g = H / Hkv, Hugging Face's repeat_kv order) through its strides,
+// never a repeated copy. A decode step (Tq == 1) makes one task per (batch, kv head,
+// group of up to 16 query heads): the group's queries are the rows of one S = Q K^T and
+// one P V product, so each K/V row is read once for the whole group. Up to 16 rows a
+// gemm row equals that row's product alone (NOTE [gemm paths]), so grouped results are
+// bit-identical to the per-head ones (and Hkv == H runs exactly as before).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -22,44 +30,66 @@
 namespace kael {
 namespace {
 
+// Largest number of query heads one decode task stacks into a product (NOTE [gemm paths]).
+constexpr int64_t kMaxGroupRows = 16;
+
 template <class T>
 void attention_native(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
                       const std::vector<int64_t>& lens) {
   const int64_t nb = q.shape[0], nh = q.shape[1], tq = q.shape[2], d = q.shape[3];
+  const int64_t nkv = k.shape[1], group = nh / nkv;
   const int64_t tk = k.shape[2], dv = v.shape[3];
   const int64_t offset = tk - tq;
+  // A decode step stacks the query heads of one kv head (up to kMaxGroupRows at a time);
+  // otherwise a task is a block of bq queries of one head.
+  const bool stack = tq == 1 && group > 1;
+  const int64_t hs = stack ? std::min(group, kMaxGroupRows) : 1;  // heads per task
+  const int64_t per_kv = (group + hs - 1) / hs;                   // tasks per kv head when stacking
+  const int64_t hblocks = stack ? per_kv * nkv : nh;              // head tasks per batch row
   const int64_t bq =
-      std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, tk * static_cast<int64_t>(sizeof(T))), 1,
-                          std::min<int64_t>(64, std::max<int64_t>(1, tq)));
+      stack ? 1
+            : std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, tk * static_cast<int64_t>(sizeof(T))), 1,
+                                  std::min<int64_t>(64, std::max<int64_t>(1, tq)));
   const int64_t qblocks = (tq + bq - 1) / bq;
-  const int64_t tasks = nb * nh * qblocks;
+  const int64_t tasks = nb * hblocks * qblocks;
   const auto sc = static_cast<T>(scale);
-  const int64_t work = std::max<int64_t>(1, bq * tk * (d + dv));
+  const int64_t work = std::max<int64_t>(1, hs * bq * tk * (d + dv));
   // A chunk holds at least 4K multiply-adds: one query over a short cache (a decode step)
   // still spreads its heads over the threads, as its keys and values come cold from memory.
   parallel_for(0, tasks, std::max<int64_t>(1, (int64_t{1} << 12) / work), [&](int64_t t0, int64_t t1) {
-    std::vector<T> s(static_cast<size_t>(bq * tk));
+    std::vector<T> s(static_cast<size_t>(hs * bq * tk));
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t blk = task % qblocks, h = (task / qblocks) % nh, b = task / (qblocks * nh);
-      const int64_t i0 = blk * bq, rows = std::min(bq, tq - i0);
+      const int64_t blk = task % qblocks, hb = (task / qblocks) % hblocks, b = task / (qblocks * hblocks);
+      // query heads [h0, h0 + nheads) of kv head hk; with stacking, their rows are the product's rows
+      int64_t h0 = hb, nheads = 1;
+      if (stack) {
+        h0 = (hb / per_kv) * group + (hb % per_kv) * hs;
+        nheads = std::min(hs, (hb / per_kv + 1) * group - h0);
+      }
+      const int64_t hk = h0 / group;
+      const int64_t i0 = blk * bq, rows = stack ? nheads : std::min(bq, tq - i0);
+      // row stride of the product's rows: query positions, or query heads when stacked
+      const int64_t qrs = stack ? q.strides[1] : q.strides[2], ors = stack ? out.strides[1] : out.strides[2];
       const int64_t len = lens.empty() ? tk : std::clamp<int64_t>(lens[static_cast<size_t>(b)], 0, tk);
-      const int64_t kmax = std::min(len, causal ? i0 + rows + offset : tk);
-      T* o = out.ptr<T>() + b * out.strides[0] + h * out.strides[1] + i0 * out.strides[2];
+      const int64_t last = stack ? i0 : i0 + rows - 1;  // the last query position in the task
+      const int64_t kmax = std::min(len, causal ? last + 1 + offset : tk);
+      T* o = out.ptr<T>() + b * out.strides[0] + h0 * out.strides[1] + i0 * out.strides[2];
       if (kmax <= 0) {
         for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t j = 0; j < dv; ++j) o[r * out.strides[2] + j * out.strides[3]] = T(0);
+          for (int64_t j = 0; j < dv; ++j) o[r * ors + j * out.strides[3]] = T(0);
         }
         continue;
       }
-      const T* qp = q.ptr<T>() + b * q.strides[0] + h * q.strides[1] + i0 * q.strides[2];
-      const T* kp = k.ptr<T>() + b * k.strides[0] + h * k.strides[1];
-      const T* vp = v.ptr<T>() + b * v.strides[0] + h * v.strides[1];
+      const T* qp = q.ptr<T>() + b * q.strides[0] + h0 * q.strides[1] + i0 * q.strides[2];
+      const T* kp = k.ptr<T>() + b * k.strides[0] + hk * k.strides[1];
+      const T* vp = v.ptr<T>() + b * v.strides[0] + hk * v.strides[1];
       T* sp = s.data();
       // S [rows x kmax] = Q_blk [rows x d] @ K[:kmax]^T [d x kmax]
-      gemm<T>(rows, kmax, d, qp, q.strides[2], q.strides[3], kp, k.strides[3], k.strides[2], sp, kmax, 1, false);
+      gemm<T>(rows, kmax, d, qp, qrs, q.strides[3], kp, k.strides[3], k.strides[2], sp, kmax, 1, false);
       for (int64_t r = 0; r < rows; ++r) {
         T* row = sp + r * kmax;
-        const int64_t valid = std::min(len, causal ? i0 + r + offset + 1 : tk);
+        const int64_t qi = stack ? i0 : i0 + r;
+        const int64_t valid = std::min(len, causal ? qi + offset + 1 : tk);
         if (valid <= 0) {
           std::fill(row, row + kmax, T(0));
           continue;
@@ -73,7 +103,7 @@ void attention_native(const View& out, const View& q, const View& k, const View&
         std::fill(row + valid, row + kmax, T(0));
       }
       // out block [rows x dv] = P [rows x kmax] @ V[:kmax] [kmax x dv]
-      gemm<T>(rows, dv, kmax, sp, kmax, 1, vp, v.strides[2], v.strides[3], o, out.strides[2], out.strides[3], false);
+      gemm<T>(rows, dv, kmax, sp, kmax, 1, vp, v.strides[2], v.strides[3], o, ors, out.strides[3], false);
     }
   });
 }
@@ -84,10 +114,13 @@ void attention(const View& out, const View& q, const View& k, const View& v, dou
                const View* lengths) {
   KAEL_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4 && out.ndim == 4, Shape,
              "attention: q, k, v and out must be [B, H, T, D]");
-  KAEL_CHECK(k.shape[0] == q.shape[0] && k.shape[1] == q.shape[1] && k.shape[3] == q.shape[3] &&
-                 v.shape[0] == k.shape[0] && v.shape[1] == k.shape[1] && v.shape[2] == k.shape[2],
+  KAEL_CHECK(k.shape[0] == q.shape[0] && k.shape[3] == q.shape[3] && v.shape[0] == k.shape[0] &&
+                 v.shape[1] == k.shape[1] && v.shape[2] == k.shape[2],
              Shape, "attention: q [", q.shape[0], ", ", q.shape[1], ", ", q.shape[2], ", ", q.shape[3], "], k [",
-             k.shape[0], ", ", k.shape[1], ", ", k.shape[2], ", ", k.shape[3], "] and v do not fit");
+             k.shape[0], ", ", k.shape[1], ", ", k.shape[2], ", ", k.shape[3], "] and v [", v.shape[0], ", ",
+             v.shape[1], ", ", v.shape[2], ", ", v.shape[3], "] do not fit");
+  KAEL_CHECK(k.shape[1] > 0 ? q.shape[1] % k.shape[1] == 0 : q.shape[1] == 0, Shape, "attention: q has ", q.shape[1],
+             " heads, which k/v's ", k.shape[1], " heads must divide (grouped-query attention)");
   KAEL_CHECK(out.shape[0] == q.shape[0] && out.shape[1] == q.shape[1] && out.shape[2] == q.shape[2] &&
                  out.shape[3] == v.shape[3],
              Shape, "attention: output must be [B, H, Tq, Dv]");
