@@ -221,3 +221,37 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         0,
         f"kael {kael.__version__} (Python {platform.python_version()}, NumPy {np.__version__})",
     )
+
+
+def test_generation_stops_at_every_generation_config_eos_id(
+    model_dir: Path, tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    greedy = CASE["greedy_20"]
+    stop = greedy[3]
+    cut = greedy.index(stop)
+    directory = tmp_path / "with-generation-config"
+    shutil.copytree(model_dir, directory)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [tokenizer.eot_token, stop]}))
+    assert main(["generate", "--model", str(directory), CASE["prompt"], "--max-tokens", "20"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out == tokenizer.decode_text(greedy[:cut]) + "\n"
+
+
+def test_a_tokenizer_json_checkpoint_generates_the_same_text(
+    model_dir: Path, tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GPT-2's tokenizer saved by transformers as tokenizer.json alone (load_tokenizer's first choice)."""
+    pytest.importorskip("transformers")
+    from hf_fixtures import write_gpt2
+
+    directory = write_gpt2(tmp_path / "gpt2-tokenizer-json")
+    for name in ("vocab.json", "merges.txt"):
+        (directory / name).unlink()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model_dir / name, directory / name)
+    assert isinstance(kael.tokenizer.load_tokenizer(directory), kael.tokenizer.HFTokenizer)
+    assert main(["generate", "--model", str(directory), CASE["prompt"], "--max-tokens", "20"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out == tokenizer.decode_text(CASE["greedy_20"]) + "\n"
