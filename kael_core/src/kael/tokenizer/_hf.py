@@ -38,7 +38,6 @@ from kael.tokenizer._hfconfig import (
     TokenizerConfig,
     TokenSpec,
     parse_tokenizer_config,
-    read_json_object,
     read_tokenizer_config,
 )
 from kael.tokenizer._incremental import IncrementalDecoder
@@ -99,8 +98,11 @@ class HFTokenizer:
         path = root / TOKENIZER_JSON
         if not path.is_file():
             raise FormatError(f"{root}: no {TOKENIZER_JSON} in this directory")
-        raw = read_json_object(path)
-        tokenizer = cls._build(raw, str(path), read_tokenizer_config(root))
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise FormatError(f"{path}: cannot be read: {e.strerror or e}") from None
+        tokenizer = cls._build(data, str(path), read_tokenizer_config(root))
         tokenizer.chat_template = ChatTemplate.from_directory(root)
         return tokenizer
 
@@ -117,11 +119,10 @@ class HFTokenizer:
 
         A ``chat_template`` in ``tokenizer_config`` becomes ``.chat_template``.
         """
-        raw = _parse_object(tokenizer_json, source)
         config_raw = _parse_object(tokenizer_config, TOKENIZER_CONFIG) if tokenizer_config is not None else {}
         map_raw = _parse_object(special_tokens_map, SPECIAL_TOKENS_MAP) if special_tokens_map is not None else None
         config = parse_tokenizer_config(config_raw, TOKENIZER_CONFIG, map_raw, SPECIAL_TOKENS_MAP)
-        tokenizer = cls._build(raw, source, config)
+        tokenizer = cls._build(tokenizer_json, source, config)
         tokenizer.chat_template = ChatTemplate.from_config_entry(
             config.chat_template,
             TOKENIZER_CONFIG,
@@ -131,11 +132,12 @@ class HFTokenizer:
         return tokenizer
 
     @classmethod
-    def _build(cls, raw: dict[str, Any], source: str, config: TokenizerConfig) -> HFTokenizer:
+    def _build(cls, data: bytes, source: str, config: TokenizerConfig) -> HFTokenizer:
+        raw = _parse_object(data, source)
         if not isinstance(raw.get("model"), dict):
             raise FormatError(f"{source}: expected a 'model' object (a tokenizers serialization)")
         try:
-            tokenizer = Tokenizer.from_str(json.dumps(raw))
+            tokenizer = Tokenizer.from_str(data.decode("utf-8"))  # valid UTF-8: _parse_object checked
         except BaseException as e:  # the library raises Exception, or PanicException (a BaseException)
             if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
                 raise
