@@ -260,7 +260,8 @@ def test_bad_sampling_fields_are_refused_as_for_completions(client: TestClient[L
     assert error_of(client, {"messages": USER, "top_logprobs": 2})[1]["param"] == "top_logprobs"
     assert error_of(client, {"messages": USER, "logprobs": True, "top_logprobs": 21})[1]["param"] == "top_logprobs"
     assert error_of(client, {"messages": USER, "max_completion_tokens": 0})[1]["param"] == "max_completion_tokens"
-    assert error_of(client, {"messages": USER, "max_tokens": 0})[1]["param"] == "max_tokens"
+    zero = error_of(client, {"messages": USER, "max_tokens": 0})[1]
+    assert zero["param"] == "max_tokens" and zero["message"] == "max_tokens: expected 1 to 512"
     assert error_of(client, {"messages": USER, "temperature": 11})[1]["param"] == "temperature"
     assert error_of(client, {"messages": USER, "n": 17})[1]["param"] == "n"
     assert error_of(client, {"messages": USER, "logit_bias": {"300": 1}})[1]["param"] == "logit_bias"

@@ -50,8 +50,9 @@ class ChatReply:
 
     def __init__(self, body: ChatCompletionRequest, generator: Generator) -> None:
         messages = conversation(body.messages)
-        if body.max_completion_tokens == 0:
-            raise InvalidRequest([FieldError("max_completion_tokens", f"expected 1 to {limits.MAX_NEW_TOKENS}")])
+        zero = [name for name in ("max_completion_tokens", "max_tokens") if getattr(body, name) == 0]
+        if zero:  # /v1/completions takes 0 with echo; a chat reply has at least one token
+            raise InvalidRequest([FieldError(name, f"expected 1 to {limits.MAX_NEW_TOKENS}") for name in zero])
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequest([FieldError("top_logprobs", "expected null unless logprobs is true")])
         given = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
