@@ -373,6 +373,22 @@ def test_silu_mul_on_every_backend_and_dtype(dtype: str, mode: str) -> None:
     np.testing.assert_allclose(_np(y), silu_mul_ref(_np(kg), _np(ku)), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_silu_mul_half_rounds_like_hugging_face_act_fn_then_mul(dtype: str, mode: str) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    g, u = rng.standard_normal((4, 64)) * 3, rng.standard_normal((4, 64))
+    td = getattr(torch, dtype)
+    want = (torch.nn.functional.silu(torch.tensor(g, dtype=td)) * torch.tensor(u, dtype=td)).double().numpy()
+    kd = getattr(kael, dtype)
+    got = _np(kael.silu_mul(kael.tensor(g, dtype=kd), kael.tensor(u, dtype=kd)))
+    if mode == "reference":  # the reference kernel: silu rounded to the dtype, then the product rounded
+        np.testing.assert_array_equal(got, want)
+    else:  # a backend kernel or the decomposition (sigmoid, then two products): within an ulp or two
+        ulp = {"bfloat16": 2.0**-7, "float16": 2.0**-10}[dtype]
+        np.testing.assert_allclose(got, want, rtol=2 * ulp, atol=ulp * 1e-2)
+
+
 def test_silu_mul_bad_input() -> None:
     with pytest.raises(kael.DTypeError, match="silu_mul: gate is kael.float32 but up is kael.float64"):
         kael.silu_mul(kael.ones(2), kael.ones(2, dtype=kael.float64))

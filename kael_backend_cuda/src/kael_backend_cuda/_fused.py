@@ -8,7 +8,8 @@ result back, straight into the output when its layout and dtype already fit.
 ``embedding`` is one ``take``; ``topk`` is CuPy's stable sort (CUB radix sort).
 The Llama family's ops: ``rms_norm`` (a row kernel; 16-bit inputs get the normalised value
 rounded to their dtype before the weight, as Hugging Face does), ``rope`` (a row kernel
-over [B*H*T, D]) and ``silu_mul`` (a pointwise kernel); grouped-query ``attention`` stacks
+over [B*H*T, D]) and ``silu_mul`` (a pointwise kernel; 16-bit inputs run silu, rounded to
+their dtype, then the product, as Hugging Face's ``act_fn(gate) * up``); grouped-query ``attention`` stacks
 the query heads of each kv head on its rows, so K/V are never repeated.
 """
 
@@ -310,6 +311,11 @@ def silu_mul(out: Any, gate: Any, up: Any) -> None:
     cd = compute_dtype(gate, up)
     gv = rd(gate).astype(cd, copy=False)
     uv = rd(up).astype(cd, copy=False)
+    if gate.dtype.itemsize == 2:  # silu rounded to the 16-bit dtype before the product, as silu then mul do
+        act = X.xp.empty(out.shape, cd)
+        raw.pointwise("silu", gv, act)
+        wr(out, _round_to(gate, act) * uv)
+        return
     y, direct = _dst(out, cd, out.shape, gate, up)
     raw.silu_mul(gv, uv, y)
     _finish(out, y, direct)

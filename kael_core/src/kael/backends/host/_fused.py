@@ -174,7 +174,10 @@ def silu_mul(out: Any, gate: Any, up: Any) -> None:
     ct = np.float64 if g.dtype == np.float64 else np.float32
     gv: np.ndarray = g.astype(ct)
     with np.errstate(over="ignore"):
-        wr(out, gv / (1 + np.exp(np.negative(gv))) * rd(up).astype(ct))
+        act = gv / (1 + np.exp(np.negative(gv)))
+    if gate.dtype.itemsize == 2:  # silu rounded to the 16-bit dtype before the product, as silu then mul
+        act = _round_to(gate, act)  # (and Hugging Face's act_fn(gate) * up) do
+    wr(out, act * rd(up).astype(ct))
 
 
 def topk(values: Any, indices: Any, x: Any, k: int) -> None:
