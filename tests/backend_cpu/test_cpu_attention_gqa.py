@@ -26,6 +26,12 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 
 
+def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") -> None:
+    """assert_close within cpu_helpers.tol(d, scale)."""
+    t = tol(d, scale)
+    assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
+
+
 def attention64(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool, lengths: np.ndarray | None
 ) -> np.ndarray:
@@ -98,7 +104,7 @@ def test_grouped_query_attention(
     lengths = place(lv, dt.int64, "contiguous") if use_lengths else None
     got = run(q, k, v, 1 / np.sqrt(dim), causal, lengths, cpu)
     want = attention64(vals(q), vals(k), vals(v), 1 / np.sqrt(dim), causal, lv if use_lengths else None)
-    assert_close(vals(got), want, **tol(d, 8.0), msg=f"gqa H={nh} Hkv={nkv} tq={tq} {dtype}")
+    close(vals(got), want, d, 8.0, msg=f"gqa H={nh} Hkv={nkv} tq={tq} {dtype}")
     # the same kernel on K/V repeated in memory (plain multi-head attention): bit for bit
     kr = place(np.repeat(vals(k), group, axis=1), d, "contiguous")
     vr = place(np.repeat(vals(v), group, axis=1), d, "contiguous")
@@ -122,7 +128,7 @@ def test_decode_rows_are_what_they_are_alone(cpu: Any, nh: int, nkv: int, dtype:
         alone = run(q[i : i + 1], k[i : i + 1], v[i : i + 1], 0.125, True, lengths[i : i + 1], cpu)
         np.testing.assert_array_equal(together[i : i + 1], logical(alone), err_msg=f"row {i}")
     want = attention64(vals(q), vals(k), vals(v), 0.125, True, lv)
-    assert_close(together.astype(np.float64), want, **tol(d, 8.0))
+    close(together.astype(np.float64), want, d, 8.0)
 
 
 def test_grouped_query_attention_errors(cpu: Any) -> None:

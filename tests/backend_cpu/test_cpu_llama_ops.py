@@ -27,6 +27,12 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 
 
+def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") -> None:
+    """assert_close within cpu_helpers.tol(d, scale)."""
+    t = tol(d, scale)
+    assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
+
+
 def round_to(v: np.ndarray, d: dt.DType) -> np.ndarray:
     """float64 values rounded to dtype d (nearest even), as float64."""
     v = np.asarray(v, dtype=np.float64)
@@ -76,10 +82,10 @@ def test_rms_norm(
     out, rstd = cpu_empty(cpu, shape, d), cpu_empty(cpu, rows, sd)
     cpu.kernel("rms_norm")(out, rstd, x, w, eps)
     want, want_r = rms_norm64(vals(x), None if w is None else vals(w), eps, d)
-    assert_close(vals(rstd), want_r, **tol(sd, 4.0), msg=f"rms_norm rstd {dtype} {layout}")
+    close(vals(rstd), want_r, sd, 4.0, msg=f"rms_norm rstd {dtype} {layout}")
     # 16-bit floats: x * rstd may round the other way from the float64 oracle (one ulp)
     scale = 4.0 if d in (dt.float32, dt.float64) else 2.0
-    assert_close(vals(out), want, **tol(d, scale), msg=f"rms_norm {dtype} {layout} n={n}")
+    close(vals(out), want, d, scale, msg=f"rms_norm {dtype} {layout} n={n}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -102,7 +108,7 @@ def test_rms_norm_against_hugging_face(cpu: Any, dtype: str) -> None:
     cpu.kernel("rms_norm")(out, rstd, x, w, 1e-5)
     got = logical(out).astype(np.float32)
     if d is not dt.float32:
-        assert_close(got, want, **tol(d, 1.0), msg=f"rms_norm vs LlamaRMSNorm {dtype}")
+        close(got, want, d, 1.0, msg=f"rms_norm vs LlamaRMSNorm {dtype}")
         return
     # torch's float32 mean(x^2) may be a last bit off the correctly rounded one, which
     # the kernel gets (a float64 sum): from there on it is HF's formula bit for bit
@@ -190,7 +196,7 @@ def test_silu_mul(cpu: Any, shape: tuple, dtype: str, layout: str, scale: float,
     u = place(rng.standard_normal(shape), d, "transposed")
     out = cpu_empty(cpu, shape, d)
     cpu.kernel("silu_mul")(out, g, u)
-    assert_close(vals(out), silu_mul64(vals(g), vals(u), d), **tol(d, 2.0), msg=f"silu_mul {dtype} {layout}")
+    close(vals(out), silu_mul64(vals(g), vals(u), d), d, 2.0, msg=f"silu_mul {dtype} {layout}")
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -205,7 +211,7 @@ def test_silu_mul_on_the_halves_of_one_projection(cpu: Any, dtype: str, inter: i
     out = cpu_empty(cpu, (2, 3, inter), d)
     cpu.kernel("silu_mul")(out, gate, up)
     bv = vals(both)
-    assert_close(vals(out), silu_mul64(bv[..., :inter], bv[..., inter:], d), **tol(d, 2.0), msg=f"{dtype}")
+    close(vals(out), silu_mul64(bv[..., :inter], bv[..., inter:], d), d, 2.0, msg=f"{dtype}")
 
 
 def test_silu_mul_in_place_and_errors(cpu: Any) -> None:
@@ -215,7 +221,7 @@ def test_silu_mul_in_place_and_errors(cpu: Any) -> None:
     u = from_numpy_bits(uv.astype(np.float32), dt.float32)
     want = silu_mul64(vals(g), vals(u), dt.float32)
     cpu.kernel("silu_mul")(g, g, u)
-    assert_close(vals(g), want, **tol(dt.float32, 2.0))
+    close(vals(g), want, dt.float32, 2.0)
     k = cpu.kernel("silu_mul")
     with pytest.raises(kael.ShapeError, match="silu_mul: gate, up and out must share a shape"):
         k(cpu_empty(cpu, (100,), dt.float32), u, place(np.ones(99), dt.float32, "contiguous"))
@@ -278,7 +284,7 @@ def test_rope(
     want = rope64(vals(x), vals(c), vals(s), np.asarray(pv))
     wide = dt.float64 in (xd, td)
     t_ = tol(xd, 2.0) if xd is not dt.float32 or not wide else {"rtol": 2e-7, "atol": 1e-7}
-    assert_close(vals(out), want, **t_, msg=f"rope {dtype} tables {table_dtype} {layout}")
+    assert_close(vals(out), want, rtol=t_["rtol"], atol=t_["atol"], msg=f"rope {dtype} tables {table_dtype} {layout}")
     # in place: out is x itself, bit for bit the out-of-place result
     y = place(vals(x), xd, "contiguous")
     cpu.kernel("rope")(y, y, c, s, pos)
