@@ -1,11 +1,14 @@
-"""Package a checkpoint written by examples/train_gpt.py as the bundled kael-tiny model.
+"""Package a checkpoint as a bundled model: kael-tiny (examples/train_gpt.py) or kael-tiny-chat
+(examples/train_llama.py, with ``--chat``).
 
     python scripts/package_kael_tiny.py CHECKPOINT_DIR [--command "how it was trained"]
+    python scripts/package_kael_tiny.py CHECKPOINT_DIR --chat [--command "..."]
 
-Copies config.json, model.safetensors, vocab.json and merges.txt into
-kael_server/src/kael_server/models/kael-tiny/ and writes its README.md from the
-checkpoint's trainer.json (held-out loss history, steps, time) with samples drawn
-from the packaged model.
+Copies the checkpoint's model files into kael_server/src/kael_server/models/kael-tiny/
+(config.json, model.safetensors, vocab.json, merges.txt) or .../kael-tiny-chat/ (config.json,
+generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json) and writes
+its README.md from the checkpoint's trainer.json (held-out loss history, steps, time) with
+samples drawn from the packaged model.
 """
 
 from __future__ import annotations
@@ -78,9 +81,16 @@ Reproduce: `{command}`, then `python scripts/package_kael_tiny.py DIR`.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--command", default="python examples/train_gpt.py --out DIR")
+    parser.add_argument("--command", default=None, help="the command that trained the checkpoint")
+    parser.add_argument("--chat", action="store_true", help="package kael-tiny-chat (examples/train_llama.py)")
     args = parser.parse_args()
     state = json.loads((args.checkpoint / "trainer.json").read_text())
+    if args.chat:
+        import package_chat_model
+
+        print(package_chat_model.package(args.checkpoint, state, args.command or package_chat_model.COMMAND))
+        return
+    args.command = args.command or "python examples/train_gpt.py --out DIR"
     DEST.mkdir(parents=True, exist_ok=True)
     for name in FILES:
         shutil.copyfile(args.checkpoint / name, DEST / name)
