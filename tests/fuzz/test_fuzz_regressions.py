@@ -22,7 +22,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = ROOT / "fuzz"
-PY_TARGETS = ["fuzz_safetensors", "fuzz_idx", "fuzz_tokenizer", "fuzz_hf_tokenizer", "fuzz_generate_request"]
+PY_TARGETS = [
+    "fuzz_safetensors",
+    "fuzz_checkpoint_index",
+    "fuzz_idx",
+    "fuzz_tokenizer",
+    "fuzz_hf_tokenizer",
+    "fuzz_generate_request",
+]
 TARGETS = [*PY_TARGETS, "fuzz_kernels"]
 
 
