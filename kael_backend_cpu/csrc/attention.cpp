@@ -11,8 +11,9 @@
 // NOTE [grouped-query attention]: k/v may have Hkv heads with H % Hkv == 0; query head h
 // reads kv head h / g (g = H / Hkv, Hugging Face's repeat_kv order) through its strides,
 // never a repeated copy. A decode step (Tq == 1) makes one task per (batch, kv head,
-// group of up to 16 query heads): the group's queries are the rows of one S = Q K^T and
-// one P V product, so each K/V row is read once for the whole group. Up to 16 rows a
+// stack of up to 16 query heads): the stack's queries are the rows of one S = Q K^T and
+// one P V product, so each K/V row is read once for the whole stack. Stacks are smaller
+// only when there would otherwise be fewer tasks than threads. Up to 16 rows a
 // gemm row equals that row's product alone (NOTE [gemm paths]), so grouped results are
 // bit-identical to the per-head ones (and Hkv == H runs exactly as before).
 #include <algorithm>
@@ -40,12 +41,14 @@ void attention_native(const View& out, const View& q, const View& k, const View&
   const int64_t nkv = k.shape[1], group = nh / nkv;
   const int64_t tk = k.shape[2], dv = v.shape[3];
   const int64_t offset = tk - tq;
-  // A decode step stacks the query heads of one kv head (up to kMaxGroupRows at a time);
-  // otherwise a task is a block of bq queries of one head.
+  // A decode step stacks the query heads of one kv head (up to kMaxGroupRows at a time, and
+  // fewer when that would leave threads idle); otherwise a task is a block of bq queries of
+  // one head. A row's result does not depend on the stacking (NOTE [gemm paths]).
   const bool stack = tq == 1 && group > 1;
-  const int64_t hs = stack ? std::min(group, kMaxGroupRows) : 1;  // heads per task
-  const int64_t per_kv = (group + hs - 1) / hs;                   // tasks per kv head when stacking
-  const int64_t hblocks = stack ? per_kv * nkv : nh;              // head tasks per batch row
+  const int64_t hs =
+      stack ? std::clamp<int64_t>(nb * nh / parallel_width(), 1, std::min(group, kMaxGroupRows)) : 1;  // heads/task
+  const int64_t per_kv = (group + hs - 1) / hs;       // tasks per kv head when stacking
+  const int64_t hblocks = stack ? per_kv * nkv : nh;  // head tasks per batch row
   const int64_t bq =
       stack ? 1
             : std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(1, tk * static_cast<int64_t>(sizeof(T))), 1,
