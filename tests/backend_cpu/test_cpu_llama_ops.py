@@ -380,4 +380,6 @@ def test_kernels_release_the_gil(cpu: Any, one_thread: Any) -> None:
         "rope": lambda: cpu.kernel("rope")(out.reshape(x4.shape), x4, c, s, pos),
     }
     for name, call in calls.items():
-        assert _runs_while(call), f"{name} held the GIL"
+        # a loaded machine may not schedule this thread during one call; holding the GIL
+        # fails every attempt
+        assert any(_runs_while(call) for _ in range(5)), f"{name} held the GIL"
