@@ -172,3 +172,27 @@ def test_generate_reads_a_tokenizer_json_checkpoint(llama_dir: Path) -> None:
     stops = set(stop_ids(model, tokenizer))
     cut = next((i for i, t in enumerate(new) if t in stops), len(new))
     assert result.stdout == tokenizer.decode_text(new[:cut]) + "\n"
+
+
+class Interrupted(io.StringIO):
+    """A terminal whose user presses Ctrl-C after the first message."""
+
+    def __init__(self) -> None:
+        super().__init__("Hi\n")
+        self.lines = 0
+
+    def readline(self, size: int | None = -1) -> str:
+        self.lines += 1
+        if self.lines > 1:
+            raise KeyboardInterrupt
+        return super().readline()
+
+
+def test_ctrl_c_ends_the_chat_without_a_traceback(gpt2_dir: Path) -> None:
+    args = Namespace(
+        model=str(gpt2_dir), system=None, max_tokens=4, temperature=0.0, top_p=1.0, seed=None, device="cpu"
+    )
+    out, err = io.StringIO(), io.StringIO()
+    assert chat_cli(args, inp=Interrupted(), out=out, err=err) == 130
+    (reply,) = conversation_oracle(gpt2_dir, ["Hi"], 4)
+    assert out.getvalue() == reply + "\n\n" and err.getvalue() == ""

@@ -170,7 +170,7 @@ def chat_cli(
     args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     """Run ``chat`` with parsed arguments (see ``kael.__main__``): 0 at the end of input or
-    ``/exit``, 1 on an error, 2 when the checkpoint has no chat template.
+    ``/exit``, 1 on an error, 2 when the checkpoint has no chat template, 130 on Ctrl-C.
 
     Each line read from ``inp`` is a user message; the whole conversation (with ``--system``
     first) is rendered by the template with the generation prompt and the reply streamed to
@@ -254,6 +254,9 @@ def chat_cli(
     except (KaelError, OSError) as exc:
         print(f"error: {exc}", file=err)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C in a terminal: end the line, no traceback
+        _write(out, "\n")
+        return 130
     return 0
 
 
