@@ -49,7 +49,7 @@ def answer(model: Any, tok: Any, eos: tuple[int, ...], request: str, seed: int, 
 
 def readme(directory: Path, state: dict[str, Any], command: str) -> str:
     cfg = state.get("config", {})
-    model = from_pretrained(directory)
+    model: Any = from_pretrained(directory)
     tok = load_tokenizer(directory)
     eos = read_generation_config(directory).eos_token_ids
     params = sum(p.numel() for p in model.parameters())
