@@ -190,7 +190,10 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
         timeout=120,
     )
     assert bare.returncode != 0
-    assert "no model family serves model_type 'kael_toy'" in bare.stderr and "['gpt2', 'llama', 'mistral', 'qwen2']" in bare.stderr
+    assert (
+        "no model family serves model_type 'kael_toy'" in bare.stderr
+        and "['gpt2', 'llama', 'mistral', 'qwen2']" in bare.stderr
+    )
 
 
 @pytest.fixture
