@@ -4,8 +4,8 @@
 
 (``package_kael_tiny.py --chat`` calls ``package`` here.) Copies the model files into
 kael_server/src/kael_server/models/kael-tiny-chat/ and writes its README.md from the
-checkpoint's trainer.json, with answers the packaged model gives to a few requests: some
-for functions of held-out stdlib files (never trained on), some for trained ones.
+checkpoint's trainer.json, with the packaged model's answers (greedy and sampled) to a few
+requests: common stdlib method names and functions the standard library does not have.
 """
 
 from __future__ import annotations
