@@ -80,7 +80,7 @@ backend, one thread of this repository's 2-core machine, shared with other work)
 conversations made from the CPython standard library that ships with Python 3.11 (PSF
 License; test directories excluded): the user asks for a function, by its signature or by
 its docstring's first paragraph, and the assistant answers with the function's source. The
-loss is on the assistant's tokens only. kael-server serves it with `--data` pointing here,
+loss is on the assistant's tokens only. kael-server serves it as `kael-server --data kael-tiny-chat`,
 on `/v1/chat/completions`; transformers loads it too (`AutoModelForCausalLM`, `AutoTokenizer`).
 
 **What to expect:** a model of {params / 1e6:.1f} M parameters trained for {state["seconds"] / 60:.0f} minutes.

@@ -74,3 +74,17 @@ def test_chat_completions_answer_is_the_greedy_reply(client: TestClient[Litestar
     assert answer["usage"]["prompt_tokens"] == len(ids)
     assert answer["choices"][0]["message"] == {"role": "assistant", "content": tokenizer.decode_text(reply)}
     assert answer["choices"][0]["finish_reason"] == finish
+
+
+def test_data_names_the_bundled_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kael_server.loading import BUNDLED_MODELS, ServerConfigError, bundled_model_dir, checkpoint_dir
+
+    monkeypatch.chdir(tmp_path)  # no directory called kael-tiny-chat here
+    assert BUNDLED_MODELS == ("kael-tiny", "kael-tiny-chat")
+    assert checkpoint_dir("kael-tiny-chat").resolve() == CHAT_DIR.resolve()
+    assert checkpoint_dir("kael-tiny") == bundled_model_dir()
+    (tmp_path / "kael-tiny-chat").mkdir()  # a directory of that name wins, and is checked as a checkpoint
+    with pytest.raises(ServerConfigError, match="lacks config.json"):
+        checkpoint_dir("kael-tiny-chat")
+    with pytest.raises(ServerConfigError, match="no bundled model is called 'nope'"):
+        bundled_model_dir("nope")

@@ -93,7 +93,8 @@ def render_chat(template: Any, messages: list[dict[str, str]], model_name: str) 
         raise ChatRejected(
             f"the model {model_name!r} has no chat template, so /v1/chat/completions cannot format a "
             "conversation for it; add a chat_template to its tokenizer_config.json or a "
-            "chat_template.jinja file to its directory, or use /v1/completions"
+            "chat_template.jinja file to its directory, or use /v1/completions (the bundled "
+            "kael-tiny-chat model has one: kael-server --data kael-tiny-chat)"
         )
     import kael  # the template was loaded by kael, so kael is imported already
 

@@ -20,6 +20,7 @@ from kael_server.metrics import Metrics
 
 __all__ = [
     "BUNDLED_MODEL",
+    "BUNDLED_MODELS",
     "CHECKPOINT_FILES",
     "TOKENIZER_FILES",
     "ServerConfigError",
@@ -37,15 +38,20 @@ TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 """A Hugging Face ``tokenizer.json``, or GPT-2's vocabulary and merges: what
 ``kael.tokenizer.load_tokenizer`` reads, in that order."""
 BUNDLED_MODEL = "kael-tiny"
+BUNDLED_MODELS = ("kael-tiny", "kael-tiny-chat")
+"""The models shipped inside the package: ``--data NAME`` serves one by name (when no directory
+of that name exists), ``kael-tiny`` without ``--data``; ``kael-tiny-chat`` has a chat template."""
 _TOKENIZER_WORDS = "tokenizer.json, or vocab.json and merges.txt"
 
 
-def bundled_model_dir() -> Path:
-    """The model shipped inside the kael_server package, for ``kael-server`` without ``--data``."""
-    path = Path(str(importlib.resources.files("kael_server"))) / "models" / BUNDLED_MODEL
+def bundled_model_dir(name: str = BUNDLED_MODEL) -> Path:
+    """A model shipped inside the kael_server package (``kael-tiny`` serves ``kael-server`` without ``--data``)."""
+    if name not in BUNDLED_MODELS:
+        raise ServerConfigError(f"no bundled model is called {name!r}; the bundled models are {list(BUNDLED_MODELS)}")
+    path = Path(str(importlib.resources.files("kael_server"))) / "models" / name
     if not (path / "config.json").is_file():
         raise ServerConfigError(
-            "this installation has no bundled model; pass --data DIR, a checkpoint "
+            f"this installation has no bundled model {name!r}; pass --data DIR, a checkpoint "
             f"directory with {', '.join(CHECKPOINT_FILES)} and {_TOKENIZER_WORDS}"
         )
     return path
@@ -56,6 +62,8 @@ def checkpoint_dir(data: str | Path | None) -> Path:
     if data is None:
         return bundled_model_dir()
     path = Path(data)
+    if not path.is_dir() and str(data) in BUNDLED_MODELS:
+        return bundled_model_dir(str(data))
     if not path.is_dir():
         raise ServerConfigError(f"--data {str(path)!r} is not a directory")
     missing = [name for name in CHECKPOINT_FILES if not (path / name).is_file()]
