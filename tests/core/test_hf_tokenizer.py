@@ -474,3 +474,25 @@ def _not_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+# -- encode_chat ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["llama2", "llama3"])
+def test_encode_chat_never_doubles_the_bos(pairs: dict[str, tuple[HFTokenizer, Any]], kind: str) -> None:
+    from kael.tokenizer import encode_chat
+
+    tok, auto = pairs[kind]
+    assert tok.bos_token is not None
+    rendered = f"{tok.bos_token}hello there"  # a template that writes the BOS itself
+    ids = encode_chat(tok, rendered)
+    assert ids == auto(rendered, add_special_tokens=False)["input_ids"] and ids.count(tok.bos_token_id) == 1
+    assert encode_chat(tok, "hello there") == auto("hello there")["input_ids"]  # the config's BOS, once
+
+
+def test_encode_chat_reads_specials_in_gpt2_text() -> None:
+    from kael.tokenizer import encode_chat
+
+    tok = BpeTokenizer.from_directory(GPT2_DATA)
+    assert encode_chat(tok, "hi<|endoftext|>") == [5303, 50256]

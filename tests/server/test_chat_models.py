@@ -99,7 +99,7 @@ def test_llama_prompt_has_one_bos(llama_dir: Path) -> None:
     tokenizer = kael.tokenizer.load_tokenizer(llama_dir)
     bos = tokenizer.bos_token_id
     assert ids[0] == bos and ids.count(bos) == 1
-    from kael_server.generator import encode_chat
+    from kael.tokenizer import encode_chat
 
     assert encode_chat(tokenizer, tokenizer.chat_template.render(MESSAGES)) == ids
 

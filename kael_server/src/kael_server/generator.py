@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kael import KaelError
-from kael.tokenizer import BpeTokenizer, IncrementalDecoder
+from kael.tokenizer import IncrementalDecoder, encode_chat
 
 from kael_server.errors import Cancelled, NotReady, PromptRejected
 from kael_server.jobs import ChatPrompt, Failed, Finished, Job, Outcome, Prompt, PromptAccepted, SamplingParams
@@ -20,7 +20,7 @@ from kael_server.output import Choice, Echo, JobOutput, token_info
 from kael_server.protocols import Model, RngFactory, Tokenizer
 from kael_server.scheduler import Scheduler, SlotPool
 
-__all__ = ["Generator", "encode_chat", "end_of_text_ids"]
+__all__ = ["Generator", "end_of_text_ids"]
 
 
 class Generator:
@@ -259,19 +259,6 @@ def end_of_text_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
         if int(token) not in ids:
             ids.append(int(token))
     return tuple(ids)
-
-
-def encode_chat(tokenizer: Any, text: str) -> list[int]:
-    """A rendered chat prompt's ids: special tokens written in the text are the tokenizer's
-    specials, and a text that already starts with the BOS token gets no second one (as vLLM
-    and Hugging Face's ``apply_chat_template`` avoid it); other texts are encoded as the
-    tokenizer's config says (its BOS, when it adds one)."""
-    if isinstance(tokenizer, BpeTokenizer):
-        return tokenizer.encode(text, allowed_special="all")
-    bos = getattr(tokenizer, "bos_token", None)
-    if bos and text.startswith(bos):
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(text))
 
 
 def _kael_rng(seed: int) -> Any:

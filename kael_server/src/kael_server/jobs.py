@@ -41,7 +41,7 @@ __all__ = [
 @dataclass(frozen=True)
 class ChatPrompt:
     """A conversation rendered by the model's chat template, encoded as a chat prompt (the
-    special tokens written in it are the tokenizer's specials; ``generator.encode_chat``)."""
+    special tokens written in it are the tokenizer's specials; ``kael.tokenizer.encode_chat``)."""
 
     text: str
 

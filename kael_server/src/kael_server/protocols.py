@@ -24,7 +24,7 @@ Sampler = Callable[[Any, list[int]], int]
 class Tokenizer(Protocol):
     """kael's ``BpeTokenizer`` or ``HFTokenizer`` (``kael.tokenizer.load_tokenizer``). A chat
     prompt is encoded with ``encode(text, allowed_special="all")`` by a BpeTokenizer and
-    ``encode(text, add_special_tokens=...)`` by any other (``generator.encode_chat``)."""
+    ``encode(text, add_special_tokens=...)`` by any other (``kael.tokenizer.encode_chat``)."""
 
     @property
     def vocab_size(self) -> int: ...

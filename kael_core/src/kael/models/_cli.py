@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from .._errors import KaelError
 
-__all__ = ["chat_cli", "encode_chat", "fit_prompt", "generate_cli", "stop_ids", "stream_generation"]
+__all__ = ["chat_cli", "fit_prompt", "generate_cli", "stop_ids", "stream_generation"]
 
 
 def _write(out: TextIO, text: str) -> None:
@@ -96,19 +96,6 @@ def stop_ids(model: Any, tokenizer: Any, template: Any = None) -> tuple[int, ...
     return tuple(dict.fromkeys(ids))
 
 
-def encode_chat(tokenizer: Any, text: str) -> list[int]:
-    """A rendered chat prompt's ids: special tokens written in it are the tokenizer's specials,
-    and a text that already starts with the BOS token gets no second one."""
-    from ..tokenizer import BpeTokenizer
-
-    if isinstance(tokenizer, BpeTokenizer):
-        return tokenizer.encode(text, allowed_special="all")
-    bos = getattr(tokenizer, "bos_token", None)
-    if bos and text.startswith(bos):
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(text))
-
-
 def fit_prompt(ids: list[int], context: int, truncate: bool = False) -> list[int]:
     """``ids`` if they fit the model's context; its last ``context`` ids with ``truncate``;
     otherwise a KaelError, as kael-server refuses such a prompt."""
@@ -178,7 +165,7 @@ def chat_cli(
     left out of the conversation. On a terminal a ``> `` prompt is shown before each line.
     """
     from ..ops import Generator
-    from ..tokenizer import load_tokenizer
+    from ..tokenizer import encode_chat, load_tokenizer
     from ._generate import check_sampling
     from ._registry import from_pretrained
     from ._sampling import SamplingOptions, TokenSampler

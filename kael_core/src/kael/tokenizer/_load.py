@@ -1,4 +1,5 @@
-"""``load_tokenizer``: the tokenizer of a checkpoint directory, whichever format it ships.
+"""``load_tokenizer``: the tokenizer of a checkpoint directory, whichever format it ships;
+``encode_chat``: the ids of a prompt a chat template rendered.
 
 A Hugging Face ``tokenizer.json`` (``HFTokenizer``) when the directory has one, else
 GPT-2's ``vocab.json`` + ``merges.txt`` (``BpeTokenizer``, given the directory's chat
@@ -15,7 +16,7 @@ from kael.tokenizer._chat import ChatTemplate
 from kael.tokenizer._hf import TOKENIZER_JSON, HFTokenizer
 from kael.tokenizer._tokenizer import BpeTokenizer
 
-__all__ = ["load_tokenizer"]
+__all__ = ["encode_chat", "load_tokenizer"]
 
 
 def load_tokenizer(directory: str | os.PathLike[str]) -> BpeTokenizer | HFTokenizer:
@@ -32,3 +33,16 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> BpeTokenizer | HFTokeni
     raise FormatError(
         f"load_tokenizer: {str(root)!r} holds no tokenizer: looked for {TOKENIZER_JSON}, or vocab.json and merges.txt"
     )
+
+
+def encode_chat(tokenizer: BpeTokenizer | HFTokenizer, text: str) -> list[int]:
+    """The ids of a prompt a chat template rendered: special tokens written in ``text`` are the
+    tokenizer's specials, and a text that already starts with the BOS token gets no second one
+    (as Hugging Face's ``apply_chat_template`` and vLLM avoid it); other texts are encoded as
+    the tokenizer's config says (with its BOS, when it adds one)."""
+    if isinstance(tokenizer, BpeTokenizer):
+        return tokenizer.encode(text, allowed_special="all")
+    bos = getattr(tokenizer, "bos_token", None)  # any tokenizer with encode(text, add_special_tokens=)
+    if bos and text.startswith(bos):
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text))
