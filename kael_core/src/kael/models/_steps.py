@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import KaelError, ShapeError
 from .._tensor import Tensor
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from ._kv_cache import KVCache
     from ._protocol import CausalLM, DecodeStep
 
-__all__ = ["GenericStep", "RowsStep", "decode_step"]
+__all__ = ["GenericStep", "RowsStep", "decode_step", "step_kernels"]
 
 
 class RowsStep:
@@ -94,3 +95,14 @@ def decode_step(model: CausalLM, cache: KVCache, direct: bool | None = None) -> 
             "(it lacks a fused kernel the step calls)"
         )
     return fast if fast is not None else GenericStep(model, cache)
+
+
+def step_kernels(device_type: str, fused: tuple[str, ...]) -> dict[str, Any] | None:
+    """The kernels a family's direct decode step calls: its ``fused`` ops plus ``copy`` and ``add``,
+    or None when the backend lacks one of the fused ops (the step then falls back to the generic one)."""
+    kernels = {op: _dispatch.fused_kernel(device_type, op) for op in fused}
+    if any(k is None for k in kernels.values()):
+        return None
+    kernels["copy"] = _dispatch.kernel(device_type, "copy")
+    kernels["add"] = _dispatch.kernel(device_type, "add")
+    return kernels

@@ -26,12 +26,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ... import _dispatch
 from ... import _dtype as dt
 from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops._core import empty
 from ...ops._views import make_view
+from .._steps import step_kernels
 
 if TYPE_CHECKING:
     from .._kv_cache import KVCache
@@ -87,15 +87,6 @@ def _layers(model: GPT) -> list[_Layer]:
     return out
 
 
-def _kernels(device_type: str) -> dict[str, Any] | None:
-    kernels = {op: _dispatch.fused_kernel(device_type, op) for op in _FUSED}
-    if any(k is None for k in kernels.values()):
-        return None
-    kernels["copy"] = _dispatch.kernel(device_type, "copy")
-    kernels["add"] = _dispatch.kernel(device_type, "add")
-    return kernels
-
-
 class GPT2DecodeStep:
     """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``)."""
 
@@ -127,7 +118,7 @@ class GPT2DecodeStep:
     @classmethod
     def create(cls, model: GPT, cache: KVCache) -> GPT2DecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
-        kernels = _kernels(model.device.type)
+        kernels = step_kernels(model.device.type, _FUSED)
         return None if kernels is None else cls(model, cache, kernels)
 
     def views(self, n: int) -> tuple[Tensor, ...]:

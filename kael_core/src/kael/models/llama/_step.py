@@ -33,13 +33,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ... import _dispatch
 from ... import _dtype as dt
 from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops import arange, tensor
 from ...ops._core import empty
 from ...ops._views import make_view
+from .._steps import step_kernels
 
 if TYPE_CHECKING:
     from .._kv_cache import KVCache
@@ -144,15 +144,6 @@ def _layers(model: LlamaForCausalLM) -> list[_Layer]:
     return out
 
 
-def _kernels(device_type: str) -> dict[str, Any] | None:
-    kernels = {op: _dispatch.fused_kernel(device_type, op) for op in _FUSED}
-    if any(k is None for k in kernels.values()):
-        return None
-    kernels["copy"] = _dispatch.kernel(device_type, "copy")
-    kernels["add"] = _dispatch.kernel(device_type, "add")
-    return kernels
-
-
 def _first(t: Tensor, n: int) -> Tensor:
     """The first n rows (dim 0) of a buffer."""
     return make_view(t, (n, *t.shape[1:]), t._strides, t._offset)
@@ -203,7 +194,7 @@ class LlamaDecodeStep:
     @classmethod
     def create(cls, model: LlamaForCausalLM, cache: KVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
-        kernels = _kernels(model.device.type)
+        kernels = step_kernels(model.device.type, _FUSED)
         return None if kernels is None else cls(model, cache, kernels)
 
     def views(self, n: int) -> tuple[Tensor, ...]:
