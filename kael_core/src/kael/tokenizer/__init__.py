@@ -11,4 +11,12 @@ from kael.tokenizer._incremental import IncrementalDecoder, SupportsDecode
 from kael.tokenizer._load import encode_chat, load_tokenizer
 from kael.tokenizer._tokenizer import BpeTokenizer
 
-__all__ = ["BpeTokenizer", "ChatTemplate", "HFTokenizer", "IncrementalDecoder", "SupportsDecode", "encode_chat", "load_tokenizer"]
+__all__ = [
+    "BpeTokenizer",
+    "ChatTemplate",
+    "HFTokenizer",
+    "IncrementalDecoder",
+    "SupportsDecode",
+    "encode_chat",
+    "load_tokenizer",
+]

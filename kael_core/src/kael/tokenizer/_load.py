@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from kael._errors import FormatError
 from kael.tokenizer._chat import ChatTemplate
@@ -35,11 +36,13 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> BpeTokenizer | HFTokeni
     )
 
 
-def encode_chat(tokenizer: BpeTokenizer | HFTokenizer, text: str) -> list[int]:
+def encode_chat(tokenizer: Any, text: str) -> list[int]:
     """The ids of a prompt a chat template rendered: special tokens written in ``text`` are the
     tokenizer's specials, and a text that already starts with the BOS token gets no second one
     (as Hugging Face's ``apply_chat_template`` and vLLM avoid it); other texts are encoded as
-    the tokenizer's config says (with its BOS, when it adds one)."""
+    the tokenizer's config says (with its BOS, when it adds one). ``tokenizer`` is a
+    ``BpeTokenizer``, an ``HFTokenizer``, or any tokenizer with ``encode(text, add_special_tokens=)``
+    (and a ``bos_token``, when it has one)."""
     if isinstance(tokenizer, BpeTokenizer):
         return tokenizer.encode(text, allowed_special="all")
     bos = getattr(tokenizer, "bos_token", None)  # any tokenizer with encode(text, add_special_tokens=)
