@@ -211,45 +211,6 @@ def encode_examples(tok: Any, examples: list[Example], context: int) -> tuple[np
     return arr, targets, np.array(starts, dtype=np.int64)
 
 
-def ensure_grouped_attention() -> bool:
-    """Let a CPU backend without grouped-query attention run models with fewer K/V heads than heads.
-
-    A kael-backend-cpu built before its attention kernel took K/V heads < query heads
-    raises a ShapeError for them; this installs a kernel wrapper (kael.backends.dispatch)
-    that repeats K/V to one head per query head (a copy, as transformers' ``repeat_kv``
-    makes: query head h reads K/V head h // (H // Hkv)) and calls the same kernel. The
-    result is the grouped-query attention's; only memory and time differ. Returns whether
-    it was needed.
-    """
-    from kael.backends import dispatch
-
-    q, kv = kael.zeros(1, 2, 1, 2), kael.zeros(1, 1, 1, 2)
-    try:
-        kael.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
-        return False
-    except kael.ShapeError:
-        pass
-
-    def repeat(t: Any, heads: int) -> Any:
-        b, hkv, n, d = t.shape
-        return kael.reshape(kael.contiguous(t[:, :, None].expand(b, hkv, heads // hkv, n, d)), (b, heads, n, d))
-
-    def wrap(device_type: str, op: str, backend: Any, kernel: Any) -> Any:
-        if op != "attention":
-            return kernel
-
-        def attention(out: Any, q: Any, k: Any, v: Any, *rest: Any) -> Any:
-            if k.shape[1] != q.shape[1]:
-                with kael.no_grad():
-                    k, v = repeat(k, q.shape[1]), repeat(v, q.shape[1])
-            return kernel(out, q, k, v, *rest)
-
-        return attention
-
-    dispatch.set_kernel_wrapper(wrap)
-    return True
-
-
 def batch(
     data: tuple[np.ndarray, np.ndarray, np.ndarray], batch_size: int, ctx: int, rng: np.random.Generator
 ) -> tuple[kael.Tensor, kael.Tensor]:
@@ -336,12 +297,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(held[2]):,} held-out ({len(held[0]):,} tokens); vocabulary {tok.get_vocab_size():,}",
         file=sys.stderr,
     )
-    hosted = ensure_grouped_attention()
-    if hosted:
-        print(
-            "attention: this CPU build has no grouped-query kernel; K/V heads are repeated for it",
-            file=sys.stderr,
-        )
     kael.manual_seed(args.seed)
     eos = (tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"))
     config = LlamaConfig(
@@ -369,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     n_params = sum(q.numel() for q in params)
     print(f"model: {n_params:,} parameters", file=sys.stderr)
-    state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0, "history": [], "host_attention": hosted}
+    state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0, "history": []}
     warmup, budget = args.warmup, args.minutes * 60
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()

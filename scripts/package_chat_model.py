@@ -68,7 +68,7 @@ def readme(directory: Path, state: dict[str, Any], command: str) -> str:
         )
     hosted = (
         " The installed C++ build then had no grouped-query attention kernel, so the script repeated"
-        " the 2 K/V heads to 4 before calling it (`ensure_grouped_attention`: the same attention, more memory)."
+        " the 2 K/V heads to 4 before calling it (the same attention, more memory)."
         if state.get("host_attention")
         else ""
     )
