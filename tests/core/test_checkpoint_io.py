@@ -241,6 +241,34 @@ def test_shard_names_must_be_plain(tmp_path: Path, bad: str) -> None:
         load_checkpoint_tensors(d)
 
 
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("s" * 256 + ".safetensors", r"is 268 bytes long; a file name holds at most 255"),
+        ("\u00e9" * 128, r"is 256 bytes long"),
+        ("x\ud800.safetensors", r"lone surrogate"),
+    ],
+)
+def test_shard_names_must_fit_a_file_name(tmp_path: Path, bad: str, message: str) -> None:
+    d = _sharded(tmp_path)
+    idx = _index(d)
+    idx["weight_map"]["a"] = bad
+    _write_index(d, idx)
+    with pytest.raises(kael.FormatError, match=message):
+        load_checkpoint_tensors(d)
+    with pytest.raises(kael.FormatError, match=message):
+        read_checkpoint_entries(d)
+
+
+def test_longest_plain_shard_name_is_looked_up(tmp_path: Path) -> None:
+    d = _sharded(tmp_path)
+    idx = _index(d)
+    idx["weight_map"]["a"] = "y" * 255
+    _write_index(d, idx)
+    with pytest.raises(kael.FormatError, match=r"missing shard.*does not exist"):
+        load_checkpoint_tensors(d)
+
+
 def test_missing_shard(tmp_path: Path) -> None:
     d = _sharded(tmp_path)
     (d / "model-00002-of-00003.safetensors").unlink()

@@ -55,6 +55,7 @@ SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 MAX_INDEX_BYTES = 100_000_000
+MAX_NAME_BYTES = 255  # NAME_MAX on Linux, macOS and Windows file systems
 # The dtypes a floating-point weight may be stored in (float64 too: kael saves float64 models).
 _FLOAT_ST = ("F32", "F16", "BF16", "F64")
 _SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
@@ -74,9 +75,15 @@ class CheckpointEntry:
 
 
 def _plain_name(name: object, where: str, what: str) -> str:
-    """A shard name must be a plain file name: no directory part, no '..', no NUL."""
+    """A shard name must be a plain file name: no directory part, no '..', no NUL, at most 255 UTF-8 bytes."""
     if not isinstance(name, str):
         fail(where, "shard name", f"the {what} must be a string, got {type(name).__name__}")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        fail(where, "shard name", f"the {what} {name!r} is not valid Unicode (it holds a lone surrogate)")
+    if size > MAX_NAME_BYTES:
+        fail(where, "shard name", f"the {what} is {size} bytes long; a file name holds at most {MAX_NAME_BYTES}")
     if (
         not name
         or name in (".", "..")
@@ -155,7 +162,11 @@ def read_checkpoint_entries(directory: str | os.PathLike[str]) -> dict[str, Chec
     iwhere = f"checkpoint index {os.fspath(index)!r}"
     shards = sorted(set(weight_map.values()))
     for shard in shards:
-        if not (d / shard).is_file():
+        try:
+            present = (d / shard).is_file()
+        except (OSError, ValueError) as e:
+            fail(iwhere, "missing shard", f"the shard {shard!r} it names cannot be looked up ({e})")
+        if not present:
             fail(iwhere, "missing shard", f"the shard {shard!r} it names does not exist")
     out: dict[str, CheckpointEntry] = {}
     for shard in shards:
