@@ -352,6 +352,23 @@ _defs += [
         "out[..,D/2:] = x2*c + x1*s, computed in float32 (float64 when x or the tables are float64)",
     ),
     _op("silu_mul", "fused", "out!, gate, up", "SwiGLU: out = silu(gate) * up; gate, up, out same shape and dtype"),
+    _op(
+        "dequantize",
+        "fused",
+        "out!, weight, scheme: 'q8_0'|'q4_0'|'bf16'|'f16'",
+        "out float32 [N, K] = the values of weight, a matrix stored in a weight format (NOTE [weight formats] in "
+        "kael/quant/_formats.py): q8_0/q4_0: weight uint8 [N, K/32*B], each row K/32 GGML blocks of B bytes "
+        "used as they are in GGUF (q8_0, B = 34: float16 d, 32 int8 q; value i = d*q[i]. q4_0, B = 18: float16 d, "
+        "16 bytes q; value i < 16 = d*((q[i] & 15) - 8), value i + 16 = d*((q[i] >> 4) - 8)); bf16/f16: weight "
+        "[N, K] of that dtype",
+    ),
+    _op(
+        "quantized_linear",
+        "fused",
+        "out!, x, weight, bias?, scheme: 'q8_0'|'q4_0'|'bf16'|'f16'",
+        "out [.., N] = x [.., K] @ dequantize(weight, scheme).T + bias [N]; x, bias, out float32 (accumulated in "
+        "float32); weight as for dequantize. A backend's result for a row never depends on how many rows x has",
+    ),
     _op("topk", "fused", "values!, indices!, x, k: int", "along the last dim, largest first"),
     _op(
         "adamw_step",
