@@ -54,6 +54,7 @@ from ._inplace import clone, contiguous, detach, to
 from ._linalg import matmul
 from ._pointwise import FUNCTIONS, Relu, Where, binary, unary
 from ._pointwise_fused import pointwise_fused
+from ._quant import dequantize, quantized_linear
 from ._random import Generator, default_generator, manual_seed, seed
 from ._reduce import Amax, Amin, Prod, Sum, argreduce, logical_reduce, max_with_indices, mean, std, var
 from ._views import expand, flatten, narrow, permute, reshape, select, slice_, squeeze, transpose, unsqueeze, view
@@ -133,6 +134,8 @@ __all__ = [
     "silu_mul",
     "topk",
     "adamw_step",
+    "dequantize",
+    "quantized_linear",
 ]
 
 empty = empty_

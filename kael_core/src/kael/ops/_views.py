@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _dispatch
+from .. import _dtype as dt
 from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor, contiguous_strides
 from ..autograd._function import Function
@@ -22,6 +23,7 @@ __all__ = [
     "reshape_nograd",
     "reshape",
     "view",
+    "view_dtype",
     "permute",
     "transpose",
     "expand",
@@ -133,8 +135,48 @@ def reshape(a: Tensor, *shape: Any) -> Tensor:
     return Reshape.apply(a, s)  # type: ignore[no-any-return]
 
 
-def view(a: Tensor, *shape: Any) -> Tensor:
+def view_dtype(a: Tensor, dtype: dt.DType) -> Tensor:
+    """a's bytes reinterpreted as elements of `dtype` (PyTorch's ``Tensor.view(dtype)``); no copy, no backend.
+
+    Storage is bytes, so this is metadata only. With a different item size the last dim
+    must have stride 1 (its size scales by the ratio of the item sizes), and for a larger
+    item the last size, the other strides and the offset must divide by the ratio. The
+    result carries no gradient (the values are reinterpreted, not computed).
+    """
     _need_tensor(a, "view")
+    if not isinstance(dtype, dt.DType):
+        raise DTypeError(f"view: expected a kael dtype, got {dtype!r}")
+    old, new = a.dtype.itemsize, dtype.itemsize
+    if old == new:
+        return Tensor._make(a._storage, a.shape, a._strides, a._offset, dtype, a._base if a._base is not None else a)
+    what = f"view: cannot view a {a.dtype!r} tensor of shape {list(a.shape)}, strides {list(a._strides)} as {dtype!r}"
+    if a.ndim == 0:
+        raise ShapeError(f"{what}: a 0-d tensor can only be viewed as a dtype of the same item size ({old} bytes)")
+    if a._strides[-1] != 1 and a.shape[-1] != 1:
+        raise ShapeError(f"{what}: the last dim must have stride 1, got {a._strides[-1]}")
+    if new < old:
+        r = old // new
+        shape = a.shape[:-1] + (a.shape[-1] * r,)
+        strides = tuple(s * r for s in a._strides[:-1]) + (1,)
+        offset = a._offset * r
+    else:
+        r = new // old
+        if a.shape[-1] % r or any(s % r for s in a._strides[:-1]) or a._offset % r:
+            raise ShapeError(
+                f"{what}: the last size {a.shape[-1]}, the other strides and the offset {a._offset} must be "
+                f"multiples of {r} (the ratio of the item sizes {new} / {old})"
+            )
+        shape = a.shape[:-1] + (a.shape[-1] // r,)
+        strides = tuple(s // r for s in a._strides[:-1]) + (1,)
+        offset = a._offset // r
+    return Tensor._make(a._storage, shape, strides, offset, dtype, a._base if a._base is not None else a)
+
+
+def view(a: Tensor, *shape: Any) -> Tensor:
+    """a with a new shape over the same storage (``view(dtype)``: the bytes as another dtype, see view_dtype)."""
+    _need_tensor(a, "view")
+    if len(shape) == 1 and isinstance(shape[0], dt.DType):
+        return view_dtype(a, shape[0])
     s = _infer_shape(shape, a.numel(), "view")
     if _view_strides(a.shape, a._strides, s) is None:
         raise ShapeError(

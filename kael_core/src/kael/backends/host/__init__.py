@@ -27,7 +27,7 @@ from typing import Any
 
 from ..._errors import BackendError
 from ..._ops import FUSED, PRIMITIVES
-from . import _elementwise, _fused, _indexing, _random, _reduce
+from . import _elementwise, _fused, _indexing, _quant, _random, _reduce
 from ._io import bf16_bits_to_f32, compute_np, f32_to_bf16_bits, rd, view, wr
 from ._random import normal, randint, uniform
 
@@ -54,7 +54,14 @@ compute_dtype = compute_np
 
 #: The seeded random kernels: uniform(out, low, high, generator), normal(...), randint(...).
 RANDOM_KERNELS: dict[str, Callable[..., None]] = dict(_random.KERNELS)
-_ALL = {**_elementwise.KERNELS, **_reduce.KERNELS, **_indexing.KERNELS, **_random.KERNELS, **_fused.KERNELS}
+_ALL = {
+    **_elementwise.KERNELS,
+    **_reduce.KERNELS,
+    **_indexing.KERNELS,
+    **_random.KERNELS,
+    **_fused.KERNELS,
+    **_quant.KERNELS,
+}
 #: Every primitive (the random kernels included), as NumPy host kernels.
 PRIMITIVE_KERNELS: dict[str, Callable[..., None]] = {op: k for op, k in _ALL.items() if op in PRIMITIVES}
 #: Every fused op, as NumPy host kernels (the elementwise fused ones made from the catalogue).
