@@ -11,6 +11,7 @@ from ._base import CausalLMBase
 from ._batched import BatchDecoder
 from ._generate import Sampler, generate, sample_next
 from ._generation_config import GenerationConfig, read_generation_config
+from ._gguf import load_gguf, save_gguf
 from ._kv_cache import CacheStep, KVCache
 from ._protocol import CausalLM, DecodeStep, StepLike
 from ._registry import (
@@ -58,6 +59,8 @@ __all__ = [
     "GenerationConfig",
     "read_generation_config",
     "from_pretrained",
+    "load_gguf",
+    "save_gguf",
     "GPT",
     "GPTConfig",
     "LlamaForCausalLM",

@@ -270,15 +270,15 @@ def tokenizer_to_gguf(tokenizer: BpeTokenizer | HFTokenizer) -> dict[str, Any]:
     others are a ``FormatError`` naming what is not supported.
     """
     if isinstance(tokenizer, BpeTokenizer):
-        tokens, merges, special = _bpe_tokenizer_parts(tokenizer)
-        types = [TOKEN_CONTROL if i in special else TOKEN_NORMAL for i in range(len(tokens))]
+        bpe_tokens, bpe_merges, special = _bpe_tokenizer_parts(tokenizer)
+        bpe_types = [TOKEN_CONTROL if i in special else TOKEN_NORMAL for i in range(len(bpe_tokens))]
         eot = tokenizer.eot_token if special else None
         out: dict[str, Any] = {
             _KEY + "model": "gpt2",
             _KEY + "pre": "gpt-2",
-            _KEY + "tokens": tokens,
-            _KEY + "token_type": types,
-            _KEY + "merges": merges,
+            _KEY + "tokens": bpe_tokens,
+            _KEY + "token_type": bpe_types,
+            _KEY + "merges": bpe_merges,
             _KEY + "add_bos_token": False,
         }
         if eot is not None:

@@ -1,0 +1,455 @@
+"""GGUF models: ``load_gguf`` (a llama.cpp GGUF file -> a kael model and its tokenizer) and
+``save_gguf`` (a kael model -> a GGUF file llama.cpp loads), dispatched by ``general.architecture``.
+
+Each architecture module (``_gguf_gpt2.py``: ``gpt2``; ``_gguf_llama.py``: ``llama``,
+``qwen2``) reads its config from the ``{arch}.*`` metadata, builds the model, and lists
+every tensor of the file as a ``TensorSpec``: its GGUF name, the kael tensor it fills,
+its shape in the file (row-major: GGUF's ``ne`` reversed, so a projection is ``[out, in]``)
+and its role. Loading is strict: a missing, unexpected or misshapen tensor, a type the
+role cannot take, an unknown architecture are each a ``FormatError`` naming the file and
+the tensor or key, raised before any parameter is set.
+
+NOTE [gguf weights]: a projection stored F32 becomes a float parameter; one stored F16,
+BF16, Q8_0 or Q4_0 becomes a ``kael.quant.QuantizedLinear`` of that scheme whose weight
+is the file's bytes (the Q8_0/Q4_0 blocks are GGML's, exactly ``kael.quant``'s layout, so
+nothing is re-quantized). A token table stored in one of those types becomes the family's
+``QuantizedTable`` (which is also the tied LM head). Norms, biases and GPT-2's position
+table are float32 whatever their stored float type. ``model.weights_scheme`` is the
+projections' scheme (None when they are all F32). ``save_gguf`` writes the same mapping
+back: quantized modules keep their bytes, float ones are F32, or ``weights`` quantizes
+them on the way out (NOTE [weights choice] in ``_weights.py``), the model untouched.
+
+NOTE [gguf rope rows]: llama.cpp's converter reorders the rows of each Llama q/k
+projection head from Hugging Face's rotate-half layout to GGML's interleaved one
+(``permute`` in ``convert_hf_to_gguf.py``); ``rope_rows`` is that reordering as a row
+index, undone on load and redone on save. It moves whole rows, so a quantized weight's
+block rows move as they are. Qwen2 uses NEOX rope in llama.cpp and is not permuted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _dtype as dt
+from .._errors import DTypeError, FormatError, KaelError
+from .._tensor import Tensor, from_numpy_bits
+from ..autograd import no_grad
+from ..nn import Module
+from ..nn._module import _set_data
+from ..ops import detach, to, transpose
+from ._generation_config import GenerationConfig
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ..io import GGUFFile, GGUFTensor
+
+__all__ = [
+    "TensorSpec",
+    "GGUF_SCHEMES",
+    "FILE_TYPES",
+    "ROLE_LINEAR",
+    "ROLE_TABLE",
+    "ROLE_FLOAT",
+    "architectures",
+    "load_gguf",
+    "load_gguf_model",
+    "save_gguf",
+    "rope_rows",
+    "is_gguf_path",
+    "meta_int",
+    "meta_float",
+]
+
+GGUF_SCHEMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "BF16": "bf16", "F16": "f16"}
+"""GGUF tensor types that are a ``kael.quant`` scheme (F32 is a float parameter)."""
+_TYPE_OF = {v: k for k, v in GGUF_SCHEMES.items()}
+FILE_TYPES = {None: 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
+"""``general.file_type`` (llama.cpp's ``llama_ftype``) for a model's ``weights_scheme``."""
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+_BLOCK = 32
+
+ROLE_LINEAR = "linear"  # a projection's weight [out, in]: float parameter or QuantizedLinear
+ROLE_TABLE = "table"  # the token embedding [V, C]: float parameter or the family's QuantizedTable
+ROLE_FLOAT = "float"  # a norm, a bias, a position table: float32 always
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a GGUF model file and the kael tensor it is."""
+
+    name: str
+    """Its GGUF name (``blk.0.attn_qkv.weight``)."""
+    target: str
+    """The qualified name of the kael tensor (``h.0.attn.c_attn.weight``)."""
+    shape: tuple[int, ...]
+    """Its shape in the file, row-major (a projection ``[out, in]``)."""
+    role: str = ROLE_FLOAT
+    transpose: bool = False
+    """The kael float parameter is stored ``[in, out]`` (GPT-2's Conv1D)."""
+    rope_heads: int = 0
+    """Rows reordered for GGML's rope in groups of this many heads (0: not; NOTE [gguf rope rows])."""
+    optional: bool = False
+
+
+def rope_rows(rows: int, heads: int) -> np.ndarray:
+    """The row index ``perm`` with ``hf = gguf[perm]`` for a q/k projection of ``heads`` heads (NOTE [gguf rope rows])."""
+    d = rows // heads
+    idx = np.arange(rows).reshape(heads, d // 2, 2)  # GGUF row h*D + 2j + s ...
+    return np.ascontiguousarray(idx.transpose(0, 2, 1).reshape(-1))  # ... is Hugging Face's row h*D + s*D/2 + j
+
+
+def meta_int(metadata: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
+    """A positive integer metadata value (``default`` when absent and given); FormatError naming the key."""
+    v = metadata.get(key, default)
+    if v is None:
+        raise FormatError(f"{where}: missing metadata key {key!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise FormatError(f"{where}: metadata {key!r} must be a positive integer, got {v!r}")
+    return v
+
+
+def meta_float(metadata: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+    """A finite number metadata value (``default`` when absent and given); FormatError naming the key."""
+    v = metadata.get(key, default)
+    if v is None:
+        raise FormatError(f"{where}: missing metadata key {key!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+        raise FormatError(f"{where}: metadata {key!r} must be a finite number, got {v!r}")
+    if isinstance(v, float) and float(np.float32(v)) == v:
+        return float(str(np.float32(v)))  # a float32 value as written (1e-05, not 9.999999747378752e-06)
+    return float(v)
+
+
+def _arch_modules() -> list[ModuleType]:
+    from . import _gguf_gpt2, _gguf_llama
+
+    return [_gguf_gpt2, _gguf_llama]
+
+
+def architectures() -> tuple[str, ...]:
+    """The ``general.architecture`` values ``load_gguf`` reads."""
+    return tuple(a for m in _arch_modules() for a in m.ARCHITECTURES)
+
+
+def _arch_module(arch: Any, where: str) -> ModuleType:
+    for m in _arch_modules():
+        if arch in m.ARCHITECTURES:
+            return m
+    if arch is None:
+        raise FormatError(f"{where}: no metadata key 'general.architecture'")
+    raise FormatError(f"{where}: general.architecture {arch!r} is not supported (kael reads {sorted(architectures())})")
+
+
+def is_gguf_path(path: Any) -> bool:
+    """Whether ``path`` names a file ending in ``.gguf`` (what ``from_pretrained`` hands to ``load_gguf``)."""
+    try:
+        p = Path(path)
+    except TypeError:
+        return False
+    return p.suffix.lower() == ".gguf" and not p.is_dir()
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+def _submodule(model: Module, name: str) -> Module:
+    m = model
+    for part in name.split(".") if name else ():
+        m = getattr(m, part)
+    return m
+
+
+def _split(target: str) -> tuple[str, str]:
+    owner, _, attr = target.rpartition(".")
+    return owner, attr
+
+
+def _float32(t: GGUFTensor) -> np.ndarray:
+    """A stored tensor's values as a new float32 array of its logical shape."""
+    if t.type == "F32":
+        return np.array(t.data, dtype=np.float32)
+    if t.type == "F16":
+        return t.data.astype(np.float32)
+    if t.type == "BF16":
+        return (t.data.astype(np.uint32) << 16).view(np.float32)
+    from ..quant import dequantize_array
+
+    return np.asarray(dequantize_array(t.data, GGUF_SCHEMES[t.type], t.shape[-1]), dtype=np.float32)
+
+
+def _stored(t: GGUFTensor, perm: np.ndarray | None, mmap: bool) -> np.ndarray:
+    """The stored bytes of a quantized tensor (uint8 blocks, uint16 bf16 bits, float16), rows permuted."""
+    if perm is not None:
+        return np.ascontiguousarray(t.data[perm])
+    return t.data if mmap else np.array(t.data)
+
+
+def _check(specs: list[TensorSpec], f: GGUFFile, where: str) -> dict[str, TensorSpec]:
+    """The specs by GGUF name, after checking the file's tensors against them (one FormatError for all)."""
+    by_name = {s.name: s for s in specs}
+    problems: list[str] = []
+    missing = [s.name for s in specs if not s.optional and s.name not in f.tensors]
+    unexpected = [n for n in f.tensors if n not in by_name]
+    if missing:
+        problems.append(f"missing tensor(s) {missing}")
+    if unexpected:
+        problems.append(f"unexpected tensor(s) {unexpected}")
+    for name, t in f.tensors.items():
+        spec = by_name.get(name)
+        if spec is None:
+            continue
+        if t.shape != spec.shape:
+            problems.append(f"tensor {name!r} has shape {list(t.shape)}, the config needs {list(spec.shape)}")
+        elif spec.role == ROLE_FLOAT and t.type not in _FLOAT_TYPES:
+            problems.append(f"tensor {name!r} has type {t.type}, expected one of {list(_FLOAT_TYPES)}")
+        elif spec.role != ROLE_FLOAT and t.type not in ("F32", *GGUF_SCHEMES):
+            problems.append(f"tensor {name!r} has type {t.type}, expected one of {['F32', *GGUF_SCHEMES]}")
+        elif t.type in ("Q8_0", "Q4_0") and t.shape[-1] % _BLOCK:
+            problems.append(f"tensor {name!r} is {t.type} with rows of {t.shape[-1]} values, not a multiple of 32")
+    if problems:
+        raise FormatError(f"{where}: " + "; ".join(problems))
+    return by_name
+
+
+def _set_float(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm: np.ndarray | None) -> None:
+    from ..ops import tensor
+
+    arr = _float32(t)
+    if perm is not None:
+        arr = np.ascontiguousarray(arr[perm])
+    owner, attr = _split(spec.target)
+    dst = getattr(_submodule(model, owner), attr)
+    src = tensor(arr, dtype=dt.float32, device=device)
+    if spec.transpose:  # NOTE [conv1d layout] in gpt2/_checkpoint.py: [in, out] over out-major memory
+        src = transpose(src, 0, 1)
+    _set_data(dst, src)
+
+
+def _weight_tensor(data: np.ndarray, scheme: str, device: Any, mmap: bool) -> Tensor:
+    if mmap and getattr(device, "type", str(device).split(":")[0]) == "cpu":
+        dtype = {"bf16": dt.bfloat16, "f16": dt.float16}.get(scheme, dt.uint8)
+        return from_numpy_bits(data, dtype)  # a read-only view of the file's mapping
+    from ..quant import to_device_weight
+
+    return to_device_weight(data, scheme, device)
+
+
+def _set_linear(
+    model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm: np.ndarray | None, mmap: bool
+) -> None:
+    from ..quant import QuantizedLinear
+
+    scheme = GGUF_SCHEMES[t.type]
+    module_name, _ = _split(spec.target)
+    parent_name, attr = _split(module_name)
+    parent = _submodule(model, parent_name)
+    old = getattr(parent, attr)
+    out_f, in_f = spec.shape
+    has_bias = getattr(old, "bias", None) is not None
+    q = QuantizedLinear(in_f, out_f, scheme, bias=has_bias, device=device)
+    q.weight = _weight_tensor(_stored(t, perm, mmap), scheme, device, mmap)
+    setattr(parent, attr, q)
+
+
+def _set_table(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, mmap: bool) -> bool:
+    """The token table as the family's QuantizedTable; False when the family has none (then it loads as float)."""
+    if not callable(getattr(model, "quantize_embeddings", None)):
+        return False
+    from ._weights import QuantizedTable
+
+    scheme = GGUF_SCHEMES[t.type]
+    module_name, _ = _split(spec.target)
+    parent_name, attr = _split(module_name)
+    v, c = spec.shape
+    table = QuantizedTable(v, c, scheme, device=device)
+    table.weight = _weight_tensor(_stored(t, None, mmap), scheme, device, mmap)
+    setattr(_submodule(model, parent_name), attr, table)
+    return True
+
+
+def _generation_config(metadata: Mapping[str, Any]) -> GenerationConfig:
+    def tid(key: str) -> int | None:
+        v = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        return v if type(v) is int else None
+
+    eos = tuple(i for i in (tid("eos"), tid("eot")) if i is not None)
+    return GenerationConfig(
+        eos_token_ids=tuple(dict.fromkeys(eos)), bos_token_id=tid("bos"), pad_token_id=tid("padding")
+    )
+
+
+def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
+    where = f"GGUF file {f.path!r}"
+    arch = f.metadata.get("general.architecture")
+    fam = _arch_module(arch, where)
+    config = fam.config_from_metadata(arch, f.metadata, f.tensors, where)
+    by_name = _check(fam.tensor_specs(config), f, where)
+    model = fam.new_model(config, device)
+    fam.check_extra(f, where)
+    schemes: Counter[str] = Counter()
+    with no_grad():
+        # Projections first: a bias then lands in the module that replaced a float projection.
+        order = sorted(f.tensors.items(), key=lambda kv: by_name[kv[0]].role != ROLE_LINEAR)
+        for name, t in order:
+            spec = by_name[name]
+            if fam.skip_tensor(spec):
+                continue
+            perm = rope_rows(spec.shape[0], spec.rope_heads) if spec.rope_heads else None
+            if spec.role == ROLE_LINEAR and t.type in GGUF_SCHEMES:
+                _set_linear(model, spec, t, device, perm, mmap)
+                schemes[GGUF_SCHEMES[t.type]] += 1
+            elif spec.role == ROLE_TABLE and t.type in GGUF_SCHEMES and _set_table(model, spec, t, device, mmap):
+                pass
+            else:
+                _set_float(model, spec, t, device, perm)
+    model.weights_scheme = schemes.most_common(1)[0][0] if schemes else None
+    fam.finish(model, mmap)
+    on_quantized = getattr(model, "on_quantized", None)
+    if model.weights_scheme is not None and callable(on_quantized):
+        on_quantized()
+    model.generation_config = _generation_config(f.metadata)
+    return model.eval()
+
+
+def load_gguf_model(
+    path: Any, device: Any = "cpu", *, weights: Any = None, mmap: bool = False, dtype: Any = None
+) -> Any:
+    """The model of a GGUF file without its tokenizer (``load_gguf``'s first value); ``dtype``
+    (``from_pretrained``'s) must be None or float32: a GGUF model computes in float32."""
+    if dtype is not None and ((isinstance(dtype, str) and dtype == "auto") or dt.as_dtype(dtype) is not dt.float32):
+        raise DTypeError(f"load_gguf: a GGUF model computes in float32; dtype must be None or float32, got {dtype!r}")
+    return _load(path, device, weights=weights, mmap=mmap, with_tokenizer=False)[0]
+
+
+def load_gguf(path: Any, device: Any = "cpu", *, weights: Any = None, mmap: bool = False) -> tuple[Any, Any]:
+    """The model and tokenizer of a llama.cpp GGUF file: ``(model, tokenizer)``, the model in eval mode.
+
+    ``general.architecture`` ``gpt2`` gives a ``kael.models.GPT``, ``llama`` and ``qwen2`` a
+    ``LlamaForCausalLM``; weights as NOTE [gguf weights] says. ``weights`` (None keeps the
+    file's) is ``from_pretrained``'s choice (NOTE [weights choice]): an F32 file is quantized
+    to it, a file already quantized otherwise is refused. ``mmap=True`` keeps the stored
+    weights of a CPU model as read-only views of the file instead of copies. The tokenizer is
+    ``kael.tokenizer.tokenizer_from_gguf``'s (None when the file has none). Every problem
+    with the file is a ``FormatError`` naming it.
+    """
+    return _load(path, device, weights=weights, mmap=mmap, with_tokenizer=True)
+
+
+def _load(path: Any, device: Any, *, weights: Any, mmap: bool, with_tokenizer: bool) -> tuple[Any, Any]:
+    from ..io import read_gguf
+    from ._weights import apply_weights, check_weights
+
+    check_weights(weights, "load_gguf")
+    p = Path(path)
+    if not p.is_file():
+        raise FormatError(f"load_gguf: {os.fspath(p)!r} is not a file")
+    f = read_gguf(p)
+    try:
+        model = _read_model(f, device, mmap)
+        tokenizer = None
+        kind = f.metadata.get("tokenizer.ggml.model")
+        if with_tokenizer and kind not in (None, "none", "no_vocab"):
+            from ..tokenizer import tokenizer_from_gguf
+
+            tokenizer = tokenizer_from_gguf(f.metadata, f"GGUF file {f.path!r}")
+    finally:
+        f.close()  # arrays still in use keep the mapping alive (kael.io.read_gguf)
+    return apply_weights(model, weights, "load_gguf"), tokenizer
+
+
+# -- saving ----------------------------------------------------------------------------------------
+
+
+def _host_float(t: Tensor) -> np.ndarray:
+    return np.ascontiguousarray(to(detach(t), dtype=dt.float32)._host(), dtype=np.float32)
+
+
+def _module_tensor(
+    model: Module, spec: TensorSpec, scheme: str | None, inv: np.ndarray | None
+) -> tuple[str, np.ndarray]:
+    """(GGUF type, data) of one spec's tensor of ``model``; ``scheme`` quantizes a float projection/table."""
+    from ..quant import QuantizedLinear, quantize_array
+    from ._weights import QuantizedTable
+
+    owner, attr = _split(spec.target)
+    module = _submodule(model, owner)
+    if spec.role != ROLE_FLOAT and isinstance(module, (QuantizedLinear, QuantizedTable)):
+        w = module.weight if module.weight.device.type == "cpu" else to(module.weight, device="cpu")
+        data = np.ascontiguousarray(w._np_view())  # uint8 blocks, float16, or bfloat16's uint16 bits
+        if inv is not None:
+            data = np.ascontiguousarray(data[inv])
+        return _TYPE_OF[module.scheme], data
+    arr = _host_float(getattr(module, attr))
+    if spec.transpose:
+        arr = np.ascontiguousarray(arr.T)
+    if inv is not None:
+        arr = np.ascontiguousarray(arr[inv])
+    if spec.role == ROLE_FLOAT or scheme is None or (scheme in ("q8_0", "q4_0") and arr.shape[-1] % _BLOCK):
+        return "F32", arr
+    return _TYPE_OF[scheme], np.asarray(quantize_array(arr, scheme))
+
+
+def save_gguf(model: Any, path: Any, tokenizer: Any = None, *, weights: Any = None) -> None:
+    """Write ``model`` (a kael GPT-2 or Llama-family model) as a GGUF file llama.cpp loads.
+
+    The metadata holds the architecture's hyperparameters and, given ``tokenizer`` (a
+    ``BpeTokenizer`` or byte-level ``HFTokenizer``), the vocabulary
+    (``kael.tokenizer.tokenizer_to_gguf``); without one the file says
+    ``tokenizer.ggml.model = "none"``. Tensors as NOTE [gguf weights]: a quantized model's
+    modules keep their bytes; ``weights`` quantizes a float model's on the way out (as
+    ``from_pretrained(weights=...)`` would, NOTE [weights choice]), leaving the model as it
+    is. Written atomically.
+    """
+    from ..io import write_gguf
+    from ._weights import check_weights, head_scheme, is_quantized
+
+    scheme = check_weights(weights, "save_gguf")
+    fam = None
+    for m in _arch_modules():
+        if m.handles(model):
+            fam = m
+    if fam is None:
+        raise KaelError(
+            f"save_gguf: expected a kael GPT or LlamaForCausalLM, got {type(model).__name__} "
+            f"(GGUF export knows {sorted(architectures())})"
+        )
+    have = getattr(model, "weights_scheme", None)
+    if scheme is not None and (have is not None or is_quantized(model)) and have != scheme:
+        raise KaelError(
+            f"save_gguf: the model holds {have or 'quantized'} weights; weights={weights!r} would requantize them "
+            "(save the float model, or leave weights unset)"
+        )
+    if scheme is not None and model.dtype is not dt.float32:
+        raise KaelError(f"save_gguf: weights={scheme!r} needs a float32 model, got {model.dtype!r}")
+    arch, metadata = fam.gguf_metadata(model)
+    effective = scheme if scheme is not None else have
+    metadata = {
+        "general.architecture": arch,
+        "general.name": metadata.pop("general.name", arch),
+        "general.file_type": FILE_TYPES.get(effective, 0),
+        **metadata,
+    }
+    if tokenizer is not None:
+        from ..tokenizer import tokenizer_to_gguf
+
+        metadata.update(tokenizer_to_gguf(tokenizer))
+    else:
+        metadata["tokenizer.ggml.model"] = "none"
+    tensors: list[tuple[str, str, tuple[int, ...], np.ndarray]] = []
+    with no_grad():
+        for spec in fam.export_specs(model):
+            inv = np.argsort(rope_rows(spec.shape[0], spec.rope_heads)) if spec.rope_heads else None
+            want = scheme
+            if scheme is not None and fam.is_head(model, spec):
+                want = head_scheme(scheme)
+            kind, data = _module_tensor(model, spec, want, inv)
+            tensors.append((spec.name, kind, spec.shape, data))
+    write_gguf(path, metadata, tensors)

@@ -1,0 +1,222 @@
+"""GGUF's ``llama`` and ``qwen2`` architectures, mapped onto ``kael.models.LlamaForCausalLM``.
+
+llama.cpp's names (``gguf`` ``MODEL_ARCH.LLAMA`` / ``QWEN2``), row-major shapes for C hidden,
+H heads, Hkv key/value heads, D head_dim, F intermediate, V vocabulary:
+
+    token_embd.weight [V, C]        model.embed_tokens     output_norm.weight [C]  model.norm
+    output.weight [V, C]            lm_head (absent: tied to token_embd)
+    blk.N.attn_norm.weight [C]      model.layers.N.input_layernorm
+    blk.N.attn_q.weight [H*D, C]    ...self_attn.q_proj    blk.N.attn_k.weight [Hkv*D, C]  ...k_proj
+    blk.N.attn_v.weight [Hkv*D, C]  ...v_proj              blk.N.attn_output.weight [C, H*D] ...o_proj
+    blk.N.ffn_norm.weight [C]       ...post_attention_layernorm
+    blk.N.ffn_gate.weight [F, C]    ...mlp.gate_proj       blk.N.ffn_up.weight [F, C]  ...up_proj
+    blk.N.ffn_down.weight [C, F]    ...mlp.down_proj
+
+with ``.bias`` tensors for q/k/v (qwen2 always; llama with ``attention_bias``, which also has
+``attn_output.bias``) and gate/up/down (llama's ``mlp_bias``). A llama file's q and k rows
+(weights and biases) are in GGML's rope order (NOTE [gguf rope rows] in ``_gguf.py``).
+Mistral checkpoints are written as ``llama``, as llama.cpp's converter does.
+
+Metadata (``{arch}.``): ``context_length``, ``embedding_length``, ``feed_forward_length``,
+``block_count``, ``attention.head_count``, ``attention.head_count_kv`` (default: the heads),
+``attention.layer_norm_rms_epsilon``, ``attention.key_length`` / ``value_length`` (the head
+dim; default C / H), ``rope.dimension_count`` (must be the head dim: no partial rotary),
+``rope.freq_base`` (default 10000), ``rope.scaling.type`` (``none`` or ``linear`` with
+``rope.scaling.factor``), ``vocab_size`` (default: ``token_embd``'s rows). A ``rope_freqs``
+tensor (per-dimension factors, e.g. Llama 3.1's scaling) is not supported: FormatError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import FormatError, KaelError
+from ._gguf import ROLE_FLOAT, ROLE_LINEAR, ROLE_TABLE, TensorSpec, meta_float, meta_int
+from .llama import LlamaConfig, LlamaForCausalLM, RopeScaling
+
+__all__ = [
+    "ARCHITECTURES",
+    "config_from_metadata",
+    "tensor_specs",
+    "export_specs",
+    "new_model",
+    "check_extra",
+    "skip_tensor",
+    "finish",
+    "handles",
+    "is_head",
+    "gguf_metadata",
+]
+
+ARCHITECTURES = ("llama", "qwen2")
+_TABLE, _HEAD = "token_embd.weight", "output.weight"
+
+
+def _token_id(metadata: Mapping[str, Any], name: str) -> int | None:
+    v = metadata.get(f"tokenizer.ggml.{name}_token_id")
+    return v if type(v) is int else None
+
+
+def _rope_scaling(arch: str, metadata: Mapping[str, Any], where: str) -> RopeScaling:
+    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
+    legacy = metadata.get(f"{arch}.rope.scale_linear")
+    if kind == "none" and legacy is None:
+        return RopeScaling()
+    if kind == "linear" or (kind == "none" and legacy is not None):
+        key = f"{arch}.rope.scaling.factor" if kind == "linear" else f"{arch}.rope.scale_linear"
+        factor = meta_float(metadata, key, where)
+        if factor <= 0:
+            raise FormatError(f"{where}: metadata {key!r} must be > 0, got {factor!r}")
+        return RopeScaling("linear", {"factor": factor})
+    raise FormatError(
+        f"{where}: metadata '{arch}.rope.scaling.type' is {kind!r}; kael reads 'none' and 'linear' rope scaling"
+    )
+
+
+def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mapping[str, Any], where: str) -> LlamaConfig:
+    """The LlamaConfig of a ``llama`` / ``qwen2`` GGUF file (biases and tying from which tensors it has)."""
+    if "rope_freqs.weight" in tensors:
+        raise FormatError(
+            f"{where}: tensor 'rope_freqs.weight' (per-dimension rope factors, e.g. Llama 3's rope scaling) "
+            "is not supported"
+        )
+    a = arch
+    c = meta_int(metadata, f"{a}.embedding_length", where)
+    heads = meta_int(metadata, f"{a}.attention.head_count", where)
+    kv = meta_int(metadata, f"{a}.attention.head_count_kv", where, heads)
+    default_dim = c // heads if c % heads == 0 else None
+    hd = meta_int(metadata, f"{a}.attention.key_length", where, default_dim)
+    vd = meta_int(metadata, f"{a}.attention.value_length", where, hd)
+    if vd != hd:
+        raise FormatError(f"{where}: attention.key_length {hd} != attention.value_length {vd} is not supported")
+    rot = meta_int(metadata, f"{a}.rope.dimension_count", where, hd)
+    if rot != hd:
+        raise FormatError(
+            f"{where}: metadata '{a}.rope.dimension_count' is {rot}, the head dim is {hd}: partial rotary "
+            "embeddings are not supported"
+        )
+    table = tensors.get(_TABLE)
+    rows = int(table.shape[0]) if table is not None and len(table.shape) == 2 else None
+    vocab = meta_int(metadata, f"{a}.vocab_size", where, rows)
+    qkv_bias = "blk.0.attn_q.bias" in tensors or a == "qwen2"
+    eos = _token_id(metadata, "eos")
+    try:
+        return LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=c,
+            intermediate_size=meta_int(metadata, f"{a}.feed_forward_length", where),
+            num_hidden_layers=meta_int(metadata, f"{a}.block_count", where),
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=hd,
+            max_position_embeddings=meta_int(metadata, f"{a}.context_length", where),
+            rms_norm_eps=meta_float(metadata, f"{a}.attention.layer_norm_rms_epsilon", where, 1e-6),
+            rope_theta=meta_float(metadata, f"{a}.rope.freq_base", where, 10000.0),
+            rope_scaling=_rope_scaling(a, metadata, where),
+            tie_word_embeddings=_HEAD not in tensors,
+            qkv_bias=qkv_bias,
+            o_bias=a == "llama" and "blk.0.attn_output.bias" in tensors,
+            mlp_bias=a == "llama" and "blk.0.ffn_gate.bias" in tensors,
+            model_type="qwen2" if a == "qwen2" else "llama",
+            bos_token_id=_token_id(metadata, "bos"),
+            eos_token_id=eos,
+        )
+    except KaelError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{where}: the {a} metadata is not a valid model: {exc}") from None
+
+
+def _arch(config: LlamaConfig) -> str:
+    return "qwen2" if config.model_type == "qwen2" else "llama"
+
+
+def tensor_specs(config: LlamaConfig) -> list[TensorSpec]:
+    """Every tensor of a GGUF file of ``config`` (the one ``save_gguf`` writes too)."""
+    c, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    h, kv, d = config.num_attention_heads, config.kv_heads, config.dim
+    permuted = _arch(config) == "llama"  # NOTE [gguf rope rows]
+    specs = [TensorSpec(_TABLE, "model.embed_tokens.weight", (v, c), ROLE_TABLE)]
+    for i in range(config.num_hidden_layers):
+        b, m = f"blk.{i}.", f"model.layers.{i}."
+        attn = (
+            ("attn_q", "self_attn.q_proj", h * d, c, h if permuted else 0, config.qkv_bias),
+            ("attn_k", "self_attn.k_proj", kv * d, c, kv if permuted else 0, config.qkv_bias),
+            ("attn_v", "self_attn.v_proj", kv * d, c, 0, config.qkv_bias),
+            ("attn_output", "self_attn.o_proj", c, h * d, 0, config.o_bias),
+            ("ffn_gate", "mlp.gate_proj", f, c, 0, config.mlp_bias),
+            ("ffn_up", "mlp.up_proj", f, c, 0, config.mlp_bias),
+            ("ffn_down", "mlp.down_proj", c, f, 0, config.mlp_bias),
+        )
+        specs.append(TensorSpec(f"{b}attn_norm.weight", f"{m}input_layernorm.weight", (c,)))
+        specs.append(TensorSpec(f"{b}ffn_norm.weight", f"{m}post_attention_layernorm.weight", (c,)))
+        for gg, kael, out_f, in_f, rope, bias in attn:
+            specs.append(
+                TensorSpec(f"{b}{gg}.weight", f"{m}{kael}.weight", (out_f, in_f), ROLE_LINEAR, rope_heads=rope)
+            )
+            if bias:
+                specs.append(TensorSpec(f"{b}{gg}.bias", f"{m}{kael}.bias", (out_f,), ROLE_FLOAT, rope_heads=rope))
+    specs.append(TensorSpec("output_norm.weight", "model.norm.weight", (c,)))
+    if not config.tie_word_embeddings:
+        specs.append(TensorSpec(_HEAD, "lm_head.weight", (v, c), ROLE_LINEAR))
+    return specs
+
+
+def export_specs(model: LlamaForCausalLM) -> list[TensorSpec]:
+    return tensor_specs(model.config)
+
+
+def new_model(config: LlamaConfig, device: Any) -> LlamaForCausalLM:
+    return LlamaForCausalLM(config, device=device, init=False)
+
+
+def check_extra(f: Any, where: str) -> None:
+    """Nothing beyond the tensor specs (tying and biases were read from the tensors present)."""
+
+
+def skip_tensor(spec: TensorSpec) -> bool:
+    return False
+
+
+def finish(model: LlamaForCausalLM, mmap: bool) -> None:
+    """A float copy-mode load fuses q/k/v and gate/up as ``from_pretrained`` does (NOTE [fused projections])."""
+    if mmap or model.weights_scheme is not None:
+        return
+    from .llama._checkpoint import fuse_projections
+
+    fuse_projections(model)
+
+
+def handles(model: Any) -> bool:
+    return isinstance(model, LlamaForCausalLM)
+
+
+def is_head(model: LlamaForCausalLM, spec: TensorSpec) -> bool:
+    return spec.name == _HEAD or (spec.name == _TABLE and model.config.tie_word_embeddings)
+
+
+def gguf_metadata(model: LlamaForCausalLM) -> tuple[str, dict[str, Any]]:
+    c = model.config
+    a = _arch(c)
+    out: dict[str, Any] = {
+        f"{a}.vocab_size": c.vocab_size,
+        f"{a}.context_length": c.max_position_embeddings,
+        f"{a}.embedding_length": c.hidden_size,
+        f"{a}.block_count": c.num_hidden_layers,
+        f"{a}.feed_forward_length": c.intermediate_size,
+        f"{a}.rope.dimension_count": c.dim,
+        f"{a}.attention.head_count": c.num_attention_heads,
+        f"{a}.attention.head_count_kv": c.kv_heads,
+        f"{a}.attention.key_length": c.dim,
+        f"{a}.attention.value_length": c.dim,
+        f"{a}.attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+        f"{a}.rope.freq_base": float(c.rope_theta),
+    }
+    kind = c.rope_scaling.rope_type
+    if kind == "linear":
+        out[f"{a}.rope.scaling.type"] = "linear"
+        out[f"{a}.rope.scaling.factor"] = float(c.rope_scaling.get("factor"))
+    elif kind not in ("default", "dynamic"):  # dynamic is the default inside the context (llama/_rope.py)
+        raise KaelError(f"save_gguf: rope type {kind!r} cannot be written to GGUF by kael (default and linear can)")
+    return a, out
