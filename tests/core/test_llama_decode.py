@@ -191,8 +191,8 @@ def test_fused_projections_equal_separate_ones(tmp_path: Path, backend: str, fam
             step = decode_step(m, cache)
             if _fused_available():
                 assert isinstance(step, LlamaDecodeStep)
-                assert all((lay.qkv_w is not None) == (label == "fused") for lay in step.layers)
-                assert all((lay.gate_up_w is not None) == (label == "fused") for lay in step.layers)
+                assert all((lay.qkv is not None) == (label == "fused") for lay in step.layers)
+                assert all((lay.gate_up is not None) == (label == "fused") for lay in step.layers)
             rows = []
             for t in ids[8:]:
                 rows.append(step([0], [t]).numpy()[0].copy())

@@ -29,6 +29,9 @@ class CausalLMBase(Module):
 
     vocab_size: int
     max_positions: int
+    #: The format of the projection weights (``kael.quantize``'s scheme: "q8_0", "q4_0", "bf16",
+    #: "f16"), or None for float weights (NOTE [weights choice] in _weights.py).
+    weights_scheme: str | None = None
 
     # -- what a family supplies -----------------------------------------------------------------
     @property

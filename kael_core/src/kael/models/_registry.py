@@ -181,10 +181,29 @@ def model_type_of(path: Any) -> str:
     return mt
 
 
-def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> CausalLM:
-    """The model in a checkpoint directory, loaded by the family its ``config.json`` names, in eval mode."""
+def from_pretrained(
+    directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
+) -> CausalLM:
+    """The model in a checkpoint directory, loaded by the family its ``config.json`` names, in eval mode.
+
+    ``dtype`` is the float dtype of the loaded parameters. ``weights`` (None, ``"f32"``,
+    ``"bf16"``, ``"f16"``, ``"q8_0"``, ``"q4_0"``) then puts the projections and the token
+    table in that format with ``kael.quantize`` (NOTE [weights choice] in
+    ``kael/models/_weights.py``: llama.cpp's default choices; the model then computes in
+    float32, so ``dtype`` must be None or float32). A quantized checkpoint loads as saved.
+    ``directory`` may also be a ``.gguf`` file (``kael.models.load_gguf``).
+    """
+    from ._weights import apply_weights, check_weights, check_weights_dtype
+
+    scheme = check_weights(weights)
+    check_weights_dtype(scheme, dtype)
+    from ._gguf import is_gguf_path, load_gguf_model
+
+    if is_gguf_path(directory):  # a llama.cpp GGUF file: kael.models.load_gguf's model
+        return load_gguf_model(directory, device, weights=weights, mmap=mmap, dtype=dtype)  # type: ignore[no-any-return]
     d = Path(directory)
     if not d.is_dir():
         raise FormatError(f"from_pretrained: {os.fspath(d)!r} is not a directory")
     family = get_family(model_type_of(d))
-    return family.load(d, device=device, mmap=mmap, dtype=dtype)
+    model = family.load(d, device=device, mmap=mmap, dtype=dtype)
+    return apply_weights(model, weights)  # type: ignore[no-any-return]

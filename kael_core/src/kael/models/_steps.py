@@ -6,11 +6,16 @@ that lacks the fused kernels a fast one calls): it runs the model's own pieces
 as the cache step, which writes each row's keys and values at its own position and
 attends each row to exactly its own keys (no padding, no length mask: NOTE [batched =
 alone] in ``_batched.py``). ``decode_step`` picks the family's step or this one.
+
+``step_kernels``, ``Proj``, ``projection`` and ``weight_kernels`` are what a family's
+direct step (GPT-2's, Llama's) uses to find its kernels and run each projection with
+``linear`` or, for a weight in a weight format (``kael.quant.QuantizedLinear``,
+``QuantizedTable``), ``quantized_linear``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _dispatch
 from .. import _dtype as dt
@@ -24,7 +29,7 @@ if TYPE_CHECKING:
     from ._kv_cache import KVCache
     from ._protocol import CausalLM, DecodeStep
 
-__all__ = ["GenericStep", "RowsStep", "decode_step", "step_kernels"]
+__all__ = ["GenericStep", "Proj", "RowsStep", "decode_step", "projection", "step_kernels", "weight_kernels"]
 
 
 class RowsStep:
@@ -97,12 +102,58 @@ def decode_step(model: CausalLM, cache: KVCache, direct: bool | None = None) -> 
     return fast if fast is not None else GenericStep(model, cache)
 
 
+class Proj(NamedTuple):
+    """One projection as a direct step runs it: weight [out, in] (float, a view is fine) and bias,
+    or, with a ``scheme``, the weight as ``quantized_linear`` takes it (uint8 blocks, bf16/f16)."""
+
+    weight: Tensor
+    bias: Tensor | None
+    scheme: str | None
+
+
+def projection(module: Any) -> Proj:
+    """The ``Proj`` of a projection module: a ``QuantizedLinear`` (it has ``scheme``), one with
+    ``as_linear()`` (GPT-2's Conv1D), or one with ``weight`` [out, in] and ``bias``."""
+    scheme = getattr(module, "scheme", None)
+    if scheme is not None:
+        return Proj(module.weight, module.bias, scheme)
+    as_linear = getattr(module, "as_linear", None)
+    w, b = as_linear() if callable(as_linear) else (module.weight, module.bias)
+    return Proj(w, b, None)
+
+
+def weight_kernels(model: Any) -> tuple[str, ...]:
+    """The fused ops a direct step needs for the model's weight formats: ``quantized_linear`` when a
+    module holds a weight in one, and ``dequantize`` when a token table does (``QuantizedTable``)."""
+    from ._weights import QuantizedTable, module_scheme
+
+    formats = [m for m in model.modules() if module_scheme(m) is not None]
+    if not formats:
+        return ()
+    tables = any(isinstance(m, QuantizedTable) for m in formats)
+    return ("quantized_linear", "dequantize") if tables else ("quantized_linear",)
+
+
 def step_kernels(device_type: str, fused: tuple[str, ...]) -> dict[str, Any] | None:
     """The kernels a family's direct decode step calls: its ``fused`` ops plus ``copy`` and ``add``,
-    or None when the backend lacks one of the fused ops (the step then falls back to the generic one)."""
+    or None when the backend lacks one of the fused ops (the step then falls back to the generic one).
+
+    With ``linear`` among them, ``project(out, x, proj)`` runs a ``Proj``: ``linear`` for a float
+    weight, ``quantized_linear`` (which must then be among ``fused``) for a weight format.
+    """
     kernels = {op: _dispatch.fused_kernel(device_type, op) for op in fused}
     if any(k is None for k in kernels.values()):
         return None
     kernels["copy"] = _dispatch.kernel(device_type, "copy")
     kernels["add"] = _dispatch.kernel(device_type, "add")
+    if "linear" in kernels:
+        linear, quantized = kernels["linear"], kernels.get("quantized_linear")
+
+        def project(out: Tensor, x: Tensor, p: Proj) -> None:
+            if p.scheme is None:
+                linear(out, x, p.weight, p.bias)
+            else:
+                quantized(out, x, p.weight, p.bias, p.scheme)
+
+        kernels["project"] = project
     return kernels

@@ -21,6 +21,11 @@ products that read each weight row once, front to back, all rows of the input at
 that is markedly faster for decoding than the ``[in, out]`` memory order, alone and
 batched (``benchmarks/gpt2.py`` measures it). A mapped load keeps the file's order (no
 copy is the point of mapping); both are correct.
+
+A quantized model (NOTE [quantized checkpoint] in kael/models/_weights.py) is saved with its
+``QuantizedLinear`` / ``QuantizedTable`` buffers under the module keys and the
+``"kael.quantization"`` metadata; loading rebuilds those modules first, then loads
+strictly as for a float one (each buffer with its exact stored shape and dtype).
 """
 
 from __future__ import annotations
@@ -41,6 +46,14 @@ from ...nn._module import _set_data
 from ...ops import contiguous, detach, to, transpose
 from .._generation_config import read_generation_config
 from .._registry import read_config_json
+from .._weights import (
+    apply_weights,
+    check_weights,
+    check_weights_dtype,
+    quantization_metadata,
+    quantized_modules,
+    read_quantization,
+)
 from ._config import GPTConfig
 from ._model import GPT
 
@@ -155,8 +168,9 @@ def _same(a: Tensor, b: Tensor) -> bool:
 
 
 def _checkpoint_params(tensors: dict[str, Tensor], model: GPT, where: str) -> dict[str, Tensor]:
-    """Map a checkpoint's tensors (either layout) onto the model's parameter names, strictly."""
-    expected = {name: p for name, p in model.named_parameters()}
+    """Map a checkpoint's tensors (either layout) onto the model's parameter and buffer names, strictly."""
+    expected = model.state_dict()
+    params = {name for name, _ in model.named_parameters()}
     prefixed = any(k.startswith(PREFIX) for k in tensors)
     prefix = PREFIX if prefixed else ""
     found: dict[str, Tensor] = {}
@@ -179,8 +193,10 @@ def _checkpoint_params(tensors: dict[str, Tensor], model: GPT, where: str) -> di
         want = expected[name].shape
         if t.shape != want:
             problems.append(f"{prefix + name!r} has shape {list(t.shape)}, the model expects {list(want)}")
-        elif not t.dtype.is_floating_point:
+        elif name in params and not t.dtype.is_floating_point:
             problems.append(f"{prefix + name!r} has dtype {t.dtype.name}, expected a floating-point dtype")
+        elif name not in params and t.dtype is not expected[name].dtype:  # a weight format's exact dtype
+            problems.append(f"{prefix + name!r} has dtype {t.dtype.name}, expected {expected[name].dtype.name}")
     head = tensors.get("lm_head.weight")
     if head is not None and not problems and not _same(head, found["wte.weight"]):
         problems.append("'lm_head.weight' differs from 'wte.weight': an untied LM head is not supported")
@@ -218,22 +234,42 @@ def load_gpt2(model: GPT, path: Any, *, mmap: bool = False) -> GPT:
             if not mmap and _CONV1D_WEIGHT.fullmatch(name):  # NOTE [conv1d layout]
                 t = transpose(contiguous(transpose(t, 0, 1)), 0, 1)
             _set_data(param, t)
+        for name, buf in model.named_buffers():  # weights in a weight format, as stored
+            _set_data(buf, found[name])
     return model
 
 
-def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> GPT:
+def from_pretrained(
+    directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
+) -> GPT:
     """A GPT from a directory holding ``config.json`` and ``model.safetensors`` (or its sharded index), in eval mode.
 
     ``model.generation_config`` is the directory's ``generation_config.json`` (empty when absent).
+    ``weights`` (None, ``"f32"``, ``"bf16"``, ``"f16"``, ``"q8_0"``, ``"q4_0"``): the format of the
+    weights after loading (NOTE [weights choice] in kael/models/_weights.py). A quantized
+    checkpoint (``save_pretrained`` of a quantized model) loads as it was saved.
     """
     d = Path(directory)
     if not d.is_dir():
         raise FormatError(f"GPT.from_pretrained: {_where(d)} is not a directory")
+    scheme = check_weights(weights, "GPT.from_pretrained")
     config = read_config(d / CONFIG_NAME)
+    specs, stored = read_quantization(d)
+    check_weights_dtype(stored or ("quantized" if specs else scheme), dtype, "GPT.from_pretrained")
     model = GPT.from_config(config, device=device, dtype=dtype, init=False)
+    if specs:
+        where = f"GPT-2 checkpoint {_where(d)}"
+        for _, parent, attr, module in list(quantized_modules(model, specs, _key, where)):
+            setattr(parent, attr, module)
+        model.weights_scheme = stored
     load_gpt2(model, d if (d / INDEX_NAME).is_file() else d / WEIGHTS_NAME, mmap=mmap)
     model.generation_config = read_generation_config(d)
-    return model.eval()
+    return apply_weights(model.eval(), weights, "GPT.from_pretrained")  # type: ignore[no-any-return]
+
+
+def _key(module_name: str) -> str:
+    """The checkpoint key of a module's weight (the ``transformer.`` layout ``save_pretrained`` writes)."""
+    return f"{PREFIX}{module_name}.weight"
 
 
 def save_pretrained(model: GPT, directory: Any) -> None:
@@ -246,8 +282,9 @@ def save_pretrained(model: GPT, directory: Any) -> None:
         raise FormatError(f"save_pretrained: expected a kael GPT, got {type(model).__name__}")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tensors = {PREFIX + name: detach(p) for name, p in model.named_parameters()}
-    save_safetensors(tensors, d / WEIGHTS_NAME, metadata={"format": "pt"})
+    tensors = {PREFIX + name: detach(t) for name, t in model.state_dict().items()}
+    metadata = {"format": "pt", **quantization_metadata(model, _key)}
+    save_safetensors(tensors, d / WEIGHTS_NAME, metadata=metadata)
     text = json.dumps(hf_config(model.config, model.dtype), indent=2, sort_keys=True) + "\n"
     with atomic_write(d / CONFIG_NAME) as f:
         f.write(text.encode("utf-8"))

@@ -70,6 +70,10 @@ class EmbeddingTable(Module):
     def forward(self, ids: Tensor) -> Tensor:
         return embedding(ids, self.weight)
 
+    def project(self, x: Tensor) -> Tensor:
+        """The tied LM head over this table: x [.., C] -> logits [.., V]."""
+        return linear(x, self.weight)
+
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
 
@@ -84,6 +88,10 @@ class Conv1D(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, transpose(self.weight, 0, 1), self.bias)
+
+    def as_linear(self) -> tuple[Tensor, Tensor | None]:
+        """(weight as [out, in], a view; bias): what ``kael.quantize`` turns into a ``QuantizedLinear``."""
+        return transpose(self.weight, 0, 1), self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.weight.shape[0]}, out_features={self.weight.shape[1]}"
@@ -175,7 +183,8 @@ class GPT(CausalLMBase):
         self.vocab_size = cfg.vocab_size
         self.max_positions = cfg.max_positions
         self.generation_config: Any = None  # a kael.models.GenerationConfig when loaded from a checkpoint
-        self.wte = EmbeddingTable(vocab_size, dimension, device, d)
+        self.weights_scheme: str | None = None  # kael.quantize's scheme of the weights; None: float
+        self.wte: Module = EmbeddingTable(vocab_size, dimension, device, d)
         self.wpe = EmbeddingTable(max_positions, dimension, device, d)
         self.h = ModuleList([Block(cfg, device, d) for _ in range(layers)])
         self.ln_f = LayerNorm(dimension, eps=layer_norm_epsilon, device=device, dtype=d)
@@ -187,11 +196,14 @@ class GPT(CausalLMBase):
         return cls(**config.as_dict(), **kwargs)
 
     @classmethod
-    def from_pretrained(cls, directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> GPT:
-        """Load ``config.json`` and ``model.safetensors`` from a directory (either key layout)."""
+    def from_pretrained(
+        cls, directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
+    ) -> GPT:
+        """Load ``config.json`` and ``model.safetensors`` from a directory (either key layout);
+        ``weights`` as ``kael.models.from_pretrained``'s (NOTE [weights choice] in kael/models/_weights.py)."""
         from ._checkpoint import from_pretrained
 
-        return from_pretrained(directory, device=device, mmap=mmap, dtype=dtype)
+        return from_pretrained(directory, device=device, mmap=mmap, dtype=dtype, weights=weights)
 
     def save_pretrained(self, directory: Any) -> None:
         """Write ``config.json`` and ``model.safetensors`` that Hugging Face transformers and kael read."""
@@ -217,7 +229,8 @@ class GPT(CausalLMBase):
 
     @property
     def dtype(self) -> dt.DType:
-        return self.wte.weight.dtype
+        """The dtype the model computes in (its activations and KV cache): that of its norms."""
+        return self.ln_f.weight.dtype
 
     @property
     def num_layers(self) -> int:
@@ -248,7 +261,7 @@ class GPT(CausalLMBase):
         else:
             where = tensor([list(range(s, s + t)) for s in starts], dtype=dt.int64, device=ids.device)
             pos = embedding(where, self.wpe.weight)
-        out: Tensor = add(embedding(ids, self.wte.weight), pos)
+        out: Tensor = add(self.wte(ids), pos)
         return out
 
     def run_layer(self, i: int, x: Tensor, step: Any) -> Tensor:
@@ -258,7 +271,16 @@ class GPT(CausalLMBase):
 
     def run_head(self, x: Tensor) -> Tensor:
         """The final layer norm and the tied LM head: logits [B, T, V] for x [B, T, C]."""
-        return linear(self.ln_f(x), self.wte.weight)
+        out: Tensor = self.wte.project(self.ln_f(x))
+        return out
+
+    # -- weight formats (NOTE [weights choice] in kael/models/_weights.py) -----------------------
+    def quantize_embeddings(self, scheme: str) -> None:
+        """``wte`` as a QuantizedTable in ``head_scheme(scheme)``: it is the tied LM head too (``wpe`` stays float)."""
+        from .._weights import QuantizedTable, head_scheme
+
+        if isinstance(self.wte, EmbeddingTable):
+            self.wte = QuantizedTable.from_float(self.wte.weight, head_scheme(scheme))
 
     def decode_step(self, cache: KVCache) -> DecodeStep | None:
         """The direct-kernel step (``GPT2DecodeStep``), or None when the backend lacks a fused kernel it calls."""

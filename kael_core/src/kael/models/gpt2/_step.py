@@ -19,6 +19,11 @@ row exactly its logits alone (NOTE [batched = alone] in ``kael/models/_batched.p
 ``generate`` runs it with n = 1 over a one-row cache; ``BatchDecoder`` with any n.
 ``create`` returns None when the backend lacks one of the fused ops, and callers then
 use the generic step over the model's own modules, which decomposes them.
+
+A quantized projection (``kael.quant.QuantizedLinear``) runs the ``quantized_linear``
+kernel instead of ``linear``, and a quantized ``wte`` (``QuantizedTable``) is read with
+``dequantize`` (one table row per token) and is the head's ``quantized_linear`` weight;
+the step then also needs those kernels (``_steps.Proj``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops._core import empty
 from ...ops._views import make_view
-from .._steps import step_kernels
+from .._steps import Proj, projection, step_kernels, weight_kernels
 
 if TYPE_CHECKING:
     from .._kv_cache import KVCache
@@ -43,25 +48,16 @@ _FUSED = ("layer_norm", "linear", "gelu", "attention")
 
 
 class _Layer(NamedTuple):
-    """One layer's tensors as the step consumes them (projections as [out, in] views)."""
+    """One layer's tensors as the step consumes them (projections: [out, in] weights and their scheme)."""
 
     ln_1_w: Tensor
     ln_1_b: Tensor
-    attn_w: Tensor
-    attn_b: Tensor
-    attn_proj_w: Tensor
-    attn_proj_b: Tensor
+    attn: Proj
+    attn_proj: Proj
     ln_2_w: Tensor
     ln_2_b: Tensor
-    fc_w: Tensor
-    fc_b: Tensor
-    mlp_proj_w: Tensor
-    mlp_proj_b: Tensor
-
-
-def _out_in(w: Tensor) -> Tensor:
-    """A Conv1D weight [in, out] as the [out, in] view ``linear`` takes."""
-    return make_view(w, (w.shape[1], w.shape[0]), (w._strides[1], w._strides[0]), w._offset)
+    fc: Proj
+    mlp_proj: Proj
 
 
 def _layers(model: GPT) -> list[_Layer]:
@@ -72,16 +68,12 @@ def _layers(model: GPT) -> list[_Layer]:
             _Layer(
                 blk.ln_1.weight,
                 blk.ln_1.bias,
-                _out_in(a.c_attn.weight),
-                a.c_attn.bias,
-                _out_in(a.c_proj.weight),
-                a.c_proj.bias,
+                projection(a.c_attn),
+                projection(a.c_proj),
                 blk.ln_2.weight,
                 blk.ln_2.bias,
-                _out_in(m.c_fc.weight),
-                m.c_fc.bias,
-                _out_in(m.c_proj.weight),
-                m.c_proj.bias,
+                projection(m.c_fc),
+                projection(m.c_proj),
             )
         )
     return out
@@ -102,6 +94,8 @@ class GPT2DecodeStep:
             model.ln_f.weight,
             model.ln_f.bias,
         )
+        self.wte_scheme: str | None = getattr(model.wte, "scheme", None)
+        self.head = Proj(self.wte, None, self.wte_scheme)
         self.c, self.h, self.d, self.v = c, h, d, model.vocab_size
         self.eps, self.scale = cfg.layer_norm_epsilon, 1.0 / math.sqrt(d)
         self.x = empty((n, 1, c), dtype, dev)  # the residual stream, one row per sequence of the step
@@ -118,7 +112,7 @@ class GPT2DecodeStep:
     @classmethod
     def create(cls, model: GPT, cache: KVCache) -> GPT2DecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
-        kernels = step_kernels(model.device.type, _FUSED)
+        kernels = step_kernels(model.device.type, _FUSED + weight_kernels(model))
         return None if kernels is None else cls(model, cache, kernels)
 
     def views(self, n: int) -> tuple[Tensor, ...]:
@@ -151,29 +145,40 @@ class GPT2DecodeStep:
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
         cache, k = self.cache, self.k
-        layer_norm, linear, copy, attention_k, add_k, gelu = (
+        layer_norm, copy, attention_k, add_k, gelu = (
             k["layer_norm"],
-            k["linear"],
             k["copy"],
             k["attention"],
             k["add"],
             k["gelu"],
         )
+        linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         n, c, h, d, eps = len(rows), self.c, self.h, self.d, self.eps
         pos = [cache.lengths[r] for r in rows]
         if max(pos) >= cache.max_positions:
             raise ShapeError(f"GPT2DecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
         x, norm, mean, rstd, qkv, att_flat, proj, hidden, act, logits, logits2 = self.views(n)
         s3 = 3 * c
-        for i, (t, s) in enumerate(zip(tokens, pos)):
-            add_k(_row(self.x, i, c), _table_row(self.wte, t, c), _table_row(self.wpe, s, c))
+        if self.wte_scheme is None:
+            for i, (t, s) in enumerate(zip(tokens, pos)):
+                add_k(_row(self.x, i, c), _table_row(self.wte, t, c), _table_row(self.wpe, s, c))
+        else:  # dequantize the token's row of blocks into the residual row, then add the position
+            dequantize, wte, row = k["dequantize"], self.wte, self.wte._strides[0]
+            for i, (t, s) in enumerate(zip(tokens, pos)):
+                x_row = _row(self.x, i, c)
+                dequantize(
+                    make_view(x_row, (1, c), (c, 1), x_row._offset),
+                    make_view(wte, (1, wte.shape[1]), (row, wte._strides[1]), wte._offset + t * row),
+                    self.wte_scheme,
+                )
+                add_k(x_row, x_row, _table_row(self.wpe, s, c))
         # Per-row views of the step's queries, new keys/values and attention output.
         qs = [make_view(self.qkv, (1, h, 1, d), (s3, d, s3, 1), i * s3) for i in range(n)]
         kvs = [make_view(self.qkv, (1, 2, h, 1, d), (s3, c, d, s3, 1), i * s3 + c) for i in range(n)]
         atts = [make_view(self.att, (1, h, 1, d), (c, d, d, 1), i * c) for i in range(n)]
         for li, w in enumerate(self.layers):
             layer_norm(norm, mean, rstd, x, w.ln_1_w, w.ln_1_b, eps)
-            linear(qkv, norm, w.attn_w, w.attn_b)
+            linear(qkv, norm, w.attn)
             buf = cache.data[li]  # [B, 2, H, P, D]
             st = buf._strides
             kst = (st[0], st[2], st[3], st[4])
@@ -183,15 +188,15 @@ class GPT2DecodeStep:
                 keys = make_view(buf, (1, h, s + 1, d), kst, base)
                 values = make_view(buf, (1, h, s + 1, d), kst, base + st[1])
                 attention_k(atts[i], qs[i], keys, values, self.scale, True, None)
-            linear(proj, att_flat, w.attn_proj_w, w.attn_proj_b)
+            linear(proj, att_flat, w.attn_proj)
             add_k(x, x, proj)
             layer_norm(norm, mean, rstd, x, w.ln_2_w, w.ln_2_b, eps)
-            linear(hidden, norm, w.fc_w, w.fc_b)
+            linear(hidden, norm, w.fc)
             gelu(act, hidden, "tanh")
-            linear(proj, act, w.mlp_proj_w, w.mlp_proj_b)
+            linear(proj, act, w.mlp_proj)
             add_k(x, x, proj)
         layer_norm(norm, mean, rstd, x, self.ln_f_w, self.ln_f_b, eps)
-        linear(logits, norm, self.wte, None)
+        linear(logits, norm, self.head)
         for b in cache.data:  # written in place, like an in-place op would
             b._bump_version()
         self.logits._bump_version()

@@ -21,6 +21,7 @@ buffer replaces the tensors it holds, one layer at a time). The parameters keep 
 names, shapes and identity; ``LlamaDecodeStep`` sees that they are adjacent and runs one
 product where it would run three (or two). A mapped load keeps the file's tensors (no
 copy is the point of mapping) and the step runs the separate products; both are exact.
+A quantized model's QuantizedLinear weights are fused the same way (``on_quantized``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,15 @@ from ...nn._module import _set_data
 from ...ops import detach, empty, narrow, to
 from ...ops._inplace import copy_
 from .._generation_config import read_generation_config
+from .._weights import (
+    check_weights,
+    check_weights_dtype,
+    quantization_metadata,
+    quantized_modules,
+    read_quantization,
+)
 from ._config import hf_config, read_config
-from ._model import LlamaForCausalLM, Projection
+from ._model import LlamaForCausalLM
 
 __all__ = ["from_pretrained", "save_pretrained", "fuse_projections", "CONFIG_NAME"]
 
@@ -65,22 +73,42 @@ def _target_dtype(dtype: Any) -> dt.DType | None:
     return d
 
 
-def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None) -> LlamaForCausalLM:
-    """A LlamaForCausalLM from a Hugging Face llama/qwen2/mistral checkpoint directory, in eval mode."""
+def from_pretrained(
+    directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
+) -> LlamaForCausalLM:
+    """A LlamaForCausalLM from a Hugging Face llama/qwen2/mistral checkpoint directory, in eval mode.
+
+    ``weights`` (None, ``"f32"``, ``"bf16"``, ``"f16"``, ``"q8_0"``, ``"q4_0"``): the format of the
+    weights after loading (NOTE [weights choice] in kael/models/_weights.py). A quantized
+    checkpoint (``save_pretrained`` of a quantized model, NOTE [quantized checkpoint]) loads as
+    it was saved: its quantized modules are rebuilt, then every tensor is checked and loaded.
+    """
     d = Path(directory)
     if not d.is_dir():
         raise FormatError(f"LlamaForCausalLM.from_pretrained: {_where(d)} is not a directory")
+    where = "LlamaForCausalLM.from_pretrained"
+    scheme = check_weights(weights, where)
     config = read_config(d / CONFIG_NAME)
+    specs, stored = read_quantization(d)
+    check_weights_dtype(stored or scheme, dtype, where)
     target = _target_dtype(dtype)
     model = LlamaForCausalLM(config, device=device, dtype=target or dt.float32, init=False)
+    if specs:
+        for _, parent, attr, module in list(quantized_modules(model, specs, _key, f"Llama checkpoint {_where(d)}")):
+            setattr(parent, attr, module)
+        model.weights_scheme = stored
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    buffers = dict(model.named_buffers())  # weights in a weight format: exact dtype, checked below
     optional = [f"model.layers.{i}.self_attn.rotary_emb.inv_freq" for i in range(config.num_hidden_layers)]
+    optional += list(buffers)
     if config.tie_word_embeddings:
         optional.append(_HEAD)
-        expected[_HEAD] = expected["model.embed_tokens.weight"]
+        if not specs:
+            expected[_HEAD] = expected["model.embed_tokens.weight"]
     tensors = load_checkpoint_tensors(
-        d, device=model.device, dtype=target, mmap=mmap, expected=expected, optional=optional
+        d, device=model.device, dtype=None if specs else target, mmap=mmap, expected=expected, optional=optional
     )
+    _check_buffers(tensors, buffers, d)
     if target is None:
         target = tensors["model.embed_tokens.weight"].dtype
     head = tensors.get(_HEAD) if config.tie_word_embeddings else None
@@ -92,11 +120,36 @@ def from_pretrained(directory: Any, device: Any = "cpu", *, mmap: bool = False, 
     for name, param in model.named_parameters():
         t = tensors[name]
         _set_data(param, t if t.dtype is target else to(t, dtype=target))
+    for name, buf in buffers.items():
+        _set_data(buf, tensors[name])
     del tensors
     if not mmap:
         fuse_projections(model)
     model.generation_config = read_generation_config(d)
     return model.eval()
+
+
+def _key(module_name: str) -> str:
+    """The checkpoint key of a module's weight."""
+    return f"{module_name}.weight"
+
+
+def _check_buffers(tensors: dict[str, Tensor], buffers: dict[str, Tensor], d: Path) -> None:
+    """Every weight-format buffer is in the checkpoint with its exact stored shape and dtype."""
+    problems = []
+    for name, buf in buffers.items():
+        t = tensors.get(name)
+        if t is None:
+            problems.append(f"missing tensor {name!r}")
+        elif t.shape != buf.shape or t.dtype is not buf.dtype:
+            problems.append(
+                f"{name!r} is {t.dtype.name} {list(t.shape)}, its quantization metadata needs "
+                f"{buf.dtype.name} {list(buf.shape)}"
+            )
+    if _HEAD in tensors and _HEAD not in buffers and any(n.startswith("model.embed_tokens.") for n in buffers):
+        problems.append(f"{_HEAD!r} is not expected beside a quantized tied 'model.embed_tokens.weight'")
+    if problems:
+        raise FormatError(f"Llama checkpoint {_where(d)}: " + "; ".join(problems))
 
 
 def fuse_projections(model: LlamaForCausalLM) -> None:
@@ -108,13 +161,18 @@ def fuse_projections(model: LlamaForCausalLM) -> None:
             _fuse([m.gate_proj, m.up_proj])
 
 
-def _fuse(projections: list[Projection]) -> None:
+def _fuse(projections: list[Any]) -> None:
+    # Only projections of one kind (float, or one weight format) fuse: their rows then line up.
+    if len({(type(p), getattr(p, "scheme", None)) for p in projections}) != 1:
+        return
     for attr in ("weight", "bias"):
         parts: list[Tensor | None] = [getattr(p, attr) for p in projections]
         if any(t is None for t in parts):
             continue
         ts = [t for t in parts if t is not None]
         first = ts[0]
+        if any(t.dtype is not first.dtype or t.shape[1:] != first.shape[1:] for t in ts):
+            continue
         buf = empty((sum(t.shape[0] for t in ts), *first.shape[1:]), dtype=first.dtype, device=first.device)
         row = 0
         for t in ts:
@@ -139,8 +197,8 @@ def save_pretrained(model: LlamaForCausalLM, directory: Any) -> None:
         raise FormatError(f"save_pretrained: expected a kael LlamaForCausalLM, got {type(model).__name__}")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tensors = {name: detach(p) for name, p in model.named_parameters()}
-    save_checkpoint_tensors(d, tensors)
+    tensors = {name: detach(t) for name, t in model.state_dict().items()}
+    save_checkpoint_tensors(d, tensors, metadata={"format": "pt", **quantization_metadata(model, _key)})
     text = json.dumps(hf_config(model.config, model.dtype.name), indent=2, sort_keys=True) + "\n"
     with atomic_write(d / CONFIG_NAME) as f:
         f.write(text.encode("utf-8"))

@@ -74,6 +74,10 @@ class Projection(Module):
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
 
+    def as_linear(self) -> tuple[Tensor, Tensor | None]:
+        """(weight [out, in], bias): what ``kael.quantize`` turns into a ``QuantizedLinear``."""
+        return self.weight, self.bias
+
     def extra_repr(self) -> str:
         o, i = self.weight.shape
         return f"in_features={i}, out_features={o}, bias={self.bias is not None}"
@@ -88,6 +92,10 @@ class Table(Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         return embedding(ids, self.weight)
+
+    def project(self, x: Tensor) -> Tensor:
+        """The tied LM head over this table: x [.., C] -> logits [.., V]."""
+        return linear(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
@@ -158,7 +166,7 @@ class LlamaModel(Module):
 
     def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
         super().__init__()
-        self.embed_tokens = Table(config.vocab_size, config.hidden_size, device, dtype)
+        self.embed_tokens: Module = Table(config.vocab_size, config.hidden_size, device, dtype)
         self.layers = ModuleList([LlamaDecoderLayer(config, device, dtype) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
 
@@ -192,9 +200,10 @@ class LlamaForCausalLM(CausalLMBase):
         self.vocab_size = config.vocab_size
         self.max_positions = config.max_position_embeddings
         self.generation_config: Any = None  # a kael.models.GenerationConfig when loaded from a checkpoint
+        self.weights_scheme: str | None = None  # kael.quantize's scheme of the weights; None: float
         self.model = LlamaModel(config, device, d)
         if not config.tie_word_embeddings:
-            self.lm_head = Projection(config.hidden_size, config.vocab_size, False, device, d)
+            self.lm_head: Module = Projection(config.hidden_size, config.vocab_size, False, device, d)
         self._rot_tables: dict[tuple[Any, str], tuple[Tensor, Tensor]] = {}
         self._rot_positions: tuple[tuple[Any, tuple[int, ...], int], Tensor] | None = None
         if init:
@@ -202,12 +211,13 @@ class LlamaForCausalLM(CausalLMBase):
 
     @classmethod
     def from_pretrained(
-        cls, directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None
+        cls, directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
     ) -> LlamaForCausalLM:
-        """Load ``config.json`` and the safetensors weights of a Hugging Face llama/qwen2/mistral directory."""
+        """Load ``config.json`` and the safetensors weights of a Hugging Face llama/qwen2/mistral directory;
+        ``weights`` as ``kael.models.from_pretrained``'s (NOTE [weights choice] in kael/models/_weights.py)."""
         from ._checkpoint import from_pretrained
 
-        return from_pretrained(directory, device=device, mmap=mmap, dtype=dtype)
+        return from_pretrained(directory, device=device, mmap=mmap, dtype=dtype, weights=weights)
 
     def save_pretrained(self, directory: Any) -> None:
         """Write ``config.json`` and ``model.safetensors`` that transformers and kael read."""
@@ -231,7 +241,8 @@ class LlamaForCausalLM(CausalLMBase):
 
     @property
     def dtype(self) -> dt.DType:
-        return self.model.embed_tokens.weight.dtype
+        """The dtype the model computes in (its activations and KV cache): that of its norms."""
+        return self.model.norm.weight.dtype
 
     @property
     def num_layers(self) -> int:
@@ -247,11 +258,17 @@ class LlamaForCausalLM(CausalLMBase):
 
     @property
     def lm_head_weight(self) -> Tensor:
-        """The LM head's weight [V, C]: ``lm_head.weight``, or ``embed_tokens.weight`` when tied."""
-        if self.config.tie_word_embeddings:
-            return self.model.embed_tokens.weight
-        w: Tensor = self.lm_head.weight
+        """The LM head's weight [V, C]: ``lm_head.weight``, or ``embed_tokens.weight`` when tied
+        (in a weight format, the stored tensor: see ``head``)."""
+        w: Tensor = self.head.weight
         return w
+
+    @property
+    def head(self) -> Module:
+        """The module whose weight is the LM head: ``lm_head``, or ``model.embed_tokens`` when tied."""
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens
+        return self.lm_head
 
     def extra_repr(self) -> str:
         c = self.config
@@ -300,7 +317,29 @@ class LlamaForCausalLM(CausalLMBase):
 
     def run_head(self, x: Tensor) -> Tensor:
         """The final RMSNorm and the LM head: logits [B, T, V] for x [B, T, C]."""
-        return linear(self.model.norm(x), self.lm_head_weight)
+        h = self.model.norm(x)
+        out: Tensor = self.model.embed_tokens.project(h) if self.config.tie_word_embeddings else self.lm_head(h)
+        return out
+
+    # -- weight formats (NOTE [weights choice] in kael/models/_weights.py) -------------------------
+    def quantize_embeddings(self, scheme: str) -> None:
+        """``embed_tokens`` as a QuantizedTable (in ``head_scheme(scheme)`` when it is the tied head, else
+        ``scheme``), and an untied ``lm_head`` still float as a QuantizedLinear in ``head_scheme(scheme)``."""
+        from ...quant import QuantizedLinear
+        from .._weights import QuantizedTable, head_scheme
+
+        tied = self.config.tie_word_embeddings
+        if isinstance(self.model.embed_tokens, Table):
+            table = self.model.embed_tokens.weight
+            self.model.embed_tokens = QuantizedTable.from_float(table, head_scheme(scheme) if tied else scheme)
+        if not tied and isinstance(self.lm_head, Projection):
+            self.lm_head = QuantizedLinear.from_float(self.lm_head.weight, None, head_scheme(scheme))
+
+    def on_quantized(self) -> None:
+        """Rebuild each layer's fused q/k/v and gate/up buffers over the new weights (NOTE [fused projections])."""
+        from ._checkpoint import fuse_projections
+
+        fuse_projections(self)
 
     def decode_step(self, cache: KVCache) -> DecodeStep | None:
         """The direct-kernel step (``LlamaDecodeStep``), or None when the backend lacks a fused kernel it calls."""

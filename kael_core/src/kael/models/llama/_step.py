@@ -26,6 +26,11 @@ backend whose products round a row the same way whatever the row count gives eac
 exactly its logits alone (NOTE [batched = alone] in ``kael/models/_batched.py``).
 ``create`` returns None when the backend lacks one of the fused ops; callers then use
 the generic step over the model's modules, which decomposes them.
+
+A quantized projection (``kael.quant.QuantizedLinear``) runs the ``quantized_linear``
+kernel instead of ``linear`` (q/k/v or gate/up in one weight format fuse the same way:
+their rows of blocks are adjacent), and a quantized ``embed_tokens`` (``QuantizedTable``)
+is read with ``dequantize``, one table row per token (``_steps.Proj``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from ..._tensor import Tensor
 from ...ops import arange, tensor
 from ...ops._core import empty
 from ...ops._views import make_view
-from .._steps import step_kernels
+from .._steps import Proj, projection, step_kernels, weight_kernels
 
 if TYPE_CHECKING:
     from .._kv_cache import KVCache
@@ -51,32 +56,23 @@ _FUSED = ("rms_norm", "linear", "rope", "silu_mul", "attention")
 
 
 class _Layer(NamedTuple):
-    """One layer's weights as the step consumes them (projections [out, in], biases or None).
+    """One layer's weights as the step consumes them (projections as ``Proj``: [out, in] or a weight format).
 
-    qkv_w / gate_up_w: the fused [(H + 2 Hkv) * D, C] / [2F, C] views when the parameters are
-    adjacent, else None (and the separate ones are used).
+    qkv / gate_up: the fused [(H + 2 Hkv) * D, C] / [2F, C] projections when the parts are
+    adjacent (and in one format), else None (and the separate ones are used).
     """
 
-    qkv_w: Tensor | None
-    qkv_b: Tensor | None
-    gate_up_w: Tensor | None
-    gate_up_b: Tensor | None
+    qkv: Proj | None
+    gate_up: Proj | None
     in_norm: Tensor
-    q_w: Tensor
-    q_b: Tensor | None
-    k_w: Tensor
-    k_b: Tensor | None
-    v_w: Tensor
-    v_b: Tensor | None
-    o_w: Tensor
-    o_b: Tensor | None
+    q: Proj
+    k: Proj
+    v: Proj
+    o: Proj
     post_norm: Tensor
-    gate_w: Tensor
-    gate_b: Tensor | None
-    up_w: Tensor
-    up_b: Tensor | None
-    down_w: Tensor
-    down_b: Tensor | None
+    gate: Proj
+    up: Proj
+    down: Proj
 
 
 def _adjacent(ts: list[Tensor | None]) -> Tensor | None:
@@ -98,47 +94,40 @@ def _adjacent(ts: list[Tensor | None]) -> Tensor | None:
     return make_view(first, shape, strides, first._offset)
 
 
-def _fused(ws: list[Tensor | None], bs: list[Tensor | None]) -> tuple[Tensor | None, Tensor | None]:
-    """(weight, bias) of the fused product, or (None, None) when the parts are not adjacent."""
-    w = _adjacent(ws)
+def _fused(parts: list[Proj]) -> Proj | None:
+    """The fused projection of ``parts`` (one format, adjacent weights and biases), or None."""
+    scheme = parts[0].scheme
+    if any(p.scheme != scheme for p in parts):
+        return None
+    w = _adjacent([p.weight for p in parts])
     if w is None:
-        return None, None
+        return None
+    bs = [p.bias for p in parts]
     if all(b is None for b in bs):
-        return w, None
+        return Proj(w, None, scheme)
     b = _adjacent(bs)
-    return (w, b) if b is not None else (None, None)
+    return Proj(w, b, scheme) if b is not None else None
 
 
 def _layers(model: LlamaForCausalLM) -> list[_Layer]:
     out = []
     for blk in model.model.layers:
         a, m = blk.self_attn, blk.mlp
-        qkv_w, qkv_b = _fused(
-            [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-        )
-        gu_w, gu_b = _fused([m.gate_proj.weight, m.up_proj.weight], [m.gate_proj.bias, m.up_proj.bias])
+        q, k, v = projection(a.q_proj), projection(a.k_proj), projection(a.v_proj)
+        gate, up = projection(m.gate_proj), projection(m.up_proj)
         out.append(
             _Layer(
-                qkv_w,
-                qkv_b,
-                gu_w,
-                gu_b,
+                _fused([q, k, v]),
+                _fused([gate, up]),
                 blk.input_layernorm.weight,
-                a.q_proj.weight,
-                a.q_proj.bias,
-                a.k_proj.weight,
-                a.k_proj.bias,
-                a.v_proj.weight,
-                a.v_proj.bias,
-                a.o_proj.weight,
-                a.o_proj.bias,
+                q,
+                k,
+                v,
+                projection(a.o_proj),
                 blk.post_attention_layernorm.weight,
-                m.gate_proj.weight,
-                m.gate_proj.bias,
-                m.up_proj.weight,
-                m.up_proj.bias,
-                m.down_proj.weight,
-                m.down_proj.bias,
+                gate,
+                up,
+                projection(m.down_proj),
             )
         )
     return out
@@ -165,11 +154,10 @@ class LlamaDecodeStep:
         dev, dtype = model.device, model.dtype
         stat = dt.float64 if dtype is dt.float64 else dt.float32
         self.layers, self.cache, self.k = _layers(model), cache, kernels
-        self.embed, self.norm_w, self.head_w = (
-            model.model.embed_tokens.weight,
-            model.model.norm.weight,
-            model.lm_head_weight,
-        )
+        self.embed, self.norm_w = model.model.embed_tokens.weight, model.model.norm.weight
+        self.embed_scheme: str | None = getattr(model.model.embed_tokens, "scheme", None)
+        head = model.head
+        self.head = Proj(head.weight, None, getattr(head, "scheme", None))
         self.cos, self.sin = model.rope_tables()
         self.c, self.h, self.kvh, self.d, self.f, self.v = c, h, kv, d, f, model.vocab_size
         self.eps, self.scale = cfg.rms_norm_eps, 1.0 / math.sqrt(d)
@@ -194,7 +182,7 @@ class LlamaDecodeStep:
     @classmethod
     def create(cls, model: LlamaForCausalLM, cache: KVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
-        kernels = step_kernels(model.device.type, _FUSED)
+        kernels = step_kernels(model.device.type, _FUSED + weight_kernels(model))
         return None if kernels is None else cls(model, cache, kernels)
 
     def views(self, n: int) -> tuple[Tensor, ...]:
@@ -244,7 +232,8 @@ class LlamaDecodeStep:
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
         cache, k = self.cache, self.k
-        rms_norm, linear, rope, silu_mul = k["rms_norm"], k["linear"], k["rope"], k["silu_mul"]
+        rms_norm, rope, silu_mul = k["rms_norm"], k["rope"], k["silu_mul"]
+        linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         copy, attention_k, add_k = k["copy"], k["attention"], k["add"]
         n, c, h, kv, d, eps = len(rows), self.c, self.h, self.kvh, self.d, self.eps
         pos = [cache.lengths[r] for r in rows]
@@ -255,11 +244,20 @@ class LlamaDecodeStep:
         qkv, q4f, k4f, vf, gate_up, gate_f, up_f = views[17:]
         where = self.positions(pos)
         emb = self.embed
-        for i, t in enumerate(tokens):
-            copy(
-                make_view(self.x, (1, 1, c), (c, c, 1), i * c),
-                make_view(emb, (1, 1, c), (0, 0, emb._strides[1]), emb._offset + t * emb._strides[0]),
-            )
+        if self.embed_scheme is None:
+            for i, t in enumerate(tokens):
+                copy(
+                    make_view(self.x, (1, 1, c), (c, c, 1), i * c),
+                    make_view(emb, (1, 1, c), (0, 0, emb._strides[1]), emb._offset + t * emb._strides[0]),
+                )
+        else:  # dequantize each token's row of blocks into its residual row
+            dequantize, row, width = k["dequantize"], emb._strides[0], emb.shape[1]
+            for i, t in enumerate(tokens):
+                dequantize(
+                    make_view(self.x, (1, c), (c, 1), i * c),
+                    make_view(emb, (1, width), (row, emb._strides[1]), emb._offset + t * row),
+                    self.embed_scheme,
+                )
         kvw = 2 * kv * d
         kvs = [make_view(self.kv, (1, 2, kv, 1, d), (kvw, kv * d, d, d, 1), i * kvw) for i in range(n)]
         qs = [make_view(self.qrot, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
@@ -267,15 +265,15 @@ class LlamaDecodeStep:
         cos, sin, scale = self.cos, self.sin, self.scale
         for li, w in enumerate(self.layers):
             rms_norm(norm, rstd, x, w.in_norm, eps)
-            if w.qkv_w is not None:
-                linear(qkv, norm, w.qkv_w, w.qkv_b)
+            if w.qkv is not None:
+                linear(qkv, norm, w.qkv)
                 rope(qrot, q4f, cos, sin, where)
                 rope(krot, k4f, cos, sin, where)
                 copy(vout, vf)
             else:
-                linear(q, norm, w.q_w, w.q_b)
-                linear(kraw, norm, w.k_w, w.k_b)
-                linear(vout, norm, w.v_w, w.v_b)
+                linear(q, norm, w.q)
+                linear(kraw, norm, w.k)
+                linear(vout, norm, w.v)
                 rope(qrot, q4, cos, sin, where)
                 rope(krot, k4, cos, sin, where)
             buf = cache.data[li]  # [B, 2, Hkv, P, D]
@@ -287,20 +285,20 @@ class LlamaDecodeStep:
                 keys = make_view(buf, (1, kv, s + 1, d), kst, base)
                 values = make_view(buf, (1, kv, s + 1, d), kst, base + st[1])
                 attention_k(atts[i], qs[i], keys, values, scale, True, None)
-            linear(proj, att_flat, w.o_w, w.o_b)
+            linear(proj, att_flat, w.o)
             add_k(x, x, proj)
             rms_norm(norm, rstd, x, w.post_norm, eps)
-            if w.gate_up_w is not None:
-                linear(gate_up, norm, w.gate_up_w, w.gate_up_b)
+            if w.gate_up is not None:
+                linear(gate_up, norm, w.gate_up)
                 silu_mul(act, gate_f, up_f)
             else:
-                linear(gate, norm, w.gate_w, w.gate_b)
-                linear(up, norm, w.up_w, w.up_b)
+                linear(gate, norm, w.gate)
+                linear(up, norm, w.up)
                 silu_mul(act, gate, up)
-            linear(proj, act, w.down_w, w.down_b)
+            linear(proj, act, w.down)
             add_k(x, x, proj)
         rms_norm(norm, rstd, x, self.norm_w, eps)
-        linear(logits, norm, self.head_w, None)
+        linear(logits, norm, self.head)
         for b in cache.data:  # written in place, like an in-place op would
             b._bump_version()
         self.logits._bump_version()
