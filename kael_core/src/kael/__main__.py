@@ -1,4 +1,4 @@
-"""``python -m kael``: ``info`` (plugins, backends, devices), ``generate``, ``chat`` and ``--version``."""
+"""``python -m kael``: ``info`` (plugins, backends, devices), ``generate``, ``chat``, ``export-gguf`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -117,6 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: in (0, 1], 1 disables (default)")
     c.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     c.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    x = sub.add_parser(
+        "export-gguf",
+        help="write a checkpoint directory and its tokenizer as a GGUF file that llama.cpp loads",
+    )
+    x.add_argument("model", help="checkpoint directory (GPT-2 or a Llama-family model, with its tokenizer)")
+    x.add_argument("out", help="the .gguf file to write")
+    x.add_argument(
+        "--weights",
+        default=None,
+        choices=("f32", "bf16", "f16", "q8_0", "q4_0"),
+        help="weight format of the projections and token table (default: as the checkpoint holds them)",
+    )
     args = parser.parse_args(argv)
     if args.cmd == "info":
         return info()
@@ -124,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         from kael.models._cli import chat_cli
 
         return chat_cli(args)
+    if args.cmd == "export-gguf":
+        from kael.models._gguf import export_gguf_cli
+
+        return export_gguf_cli(args)
     from kael.models._cli import generate_cli
 
     return generate_cli(args)

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="checkpoint directory (config.json, model.safetensors, and tokenizer.json or vocab.json + "
         "merges.txt; a chat template for /v1/chat/completions), or the name of a bundled model: kael-tiny "
-        "(the default) or kael-tiny-chat (a Llama-architecture model with a chat template)",
+        "(the default) or kael-tiny-chat (a Llama-architecture model with a chat template), or a llama.cpp "
+        "GGUF file (model.gguf: GPT-2, Llama or Qwen2 with its tokenizer)",
     )
     parser.add_argument("--device", default="cpu", help="kael device to run the model on, e.g. cpu or cuda")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")

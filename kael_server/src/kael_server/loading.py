@@ -58,10 +58,14 @@ def bundled_model_dir(name: str = BUNDLED_MODEL) -> Path:
 
 
 def checkpoint_dir(data: str | Path | None) -> Path:
-    """``data`` checked to hold a complete checkpoint (the bundled model when None)."""
+    """``data`` checked to hold a complete checkpoint (the bundled model when None), or a ``.gguf`` file."""
     if data is None:
         return bundled_model_dir()
     path = Path(data)
+    if path.suffix.lower() == ".gguf" and not path.is_dir():  # a llama.cpp GGUF file: model and tokenizer in one
+        if not path.is_file():
+            raise ServerConfigError(f"--data {str(path)!r}: no such GGUF file")
+        return path
     if not path.is_dir() and str(data) in BUNDLED_MODELS:
         return bundled_model_dir(str(data))
     if not path.is_dir():
@@ -134,8 +138,13 @@ def load_app(
     import kael  # imported here so the web stack imports without loading kael's models
 
     def load(metrics: Metrics) -> Generator:
-        model = kael.models.from_pretrained(path, device=device)  # the family config.json's model_type names
-        tokenizer = kael.tokenizer.load_tokenizer(path)  # tokenizer.json, else vocab.json + merges.txt
+        if path.is_file():  # GGUF: the family general.architecture names, the tokenizer from its metadata
+            model, tokenizer = kael.models.load_gguf(path, device=device)
+            if tokenizer is None:
+                raise ServerConfigError(f"--data {str(path)!r}: this GGUF file has no tokenizer")
+        else:
+            model = kael.models.from_pretrained(path, device=device)  # the family config.json's model_type names
+            tokenizer = kael.tokenizer.load_tokenizer(path)  # tokenizer.json, else vocab.json + merges.txt
         batched = slots > 1 or queue > 0
         return Generator(
             model,

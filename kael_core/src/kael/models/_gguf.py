@@ -64,6 +64,7 @@ __all__ = [
     "save_gguf",
     "rope_rows",
     "is_gguf_path",
+    "export_gguf_cli",
     "meta_int",
     "meta_float",
 ]
@@ -453,3 +454,24 @@ def save_gguf(model: Any, path: Any, tokenizer: Any = None, *, weights: Any = No
             kind, data = _module_tensor(model, spec, want, inv)
             tensors.append((spec.name, kind, spec.shape, data))
     write_gguf(path, metadata, tensors)
+
+
+def export_gguf_cli(args: Any, out: Any = None, err: Any = None) -> int:
+    """``python -m kael export-gguf MODEL OUT.gguf [--weights S]``: a checkpoint directory (any family
+    ``save_gguf`` knows) and its tokenizer written as one GGUF file; 1 with the error on stderr."""
+    import sys
+
+    from ..tokenizer import load_tokenizer
+    from ._registry import from_pretrained
+
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    try:
+        model = from_pretrained(args.model)
+        tokenizer = load_tokenizer(args.model)
+        save_gguf(model, args.out, tokenizer, weights=args.weights)
+    except (KaelError, OSError) as exc:
+        print(f"error: {exc}", file=err)
+        return 1
+    print(f"wrote {os.fspath(args.out)}", file=out)
+    return 0
