@@ -116,8 +116,10 @@ def __getattr__(name: str) -> Any:
     # Lazily reachable sub-packages (they import heavier modules).
     import importlib
 
-    if name in ("nn", "optim", "io", "data", "models", "testing", "tokenizer", "debug", "cuda", "cpu"):
+    if name in ("nn", "optim", "io", "data", "models", "testing", "tokenizer", "debug", "cuda", "cpu", "quant"):
         return importlib.import_module(f"kael.{name}")
+    if name == "quantize":  # kael.quant.quantize(model, scheme, ...)
+        return importlib.import_module("kael.quant").quantize
     if name in ("HFTokenizer", "ChatTemplate", "load_tokenizer"):
         from . import tokenizer
 

@@ -1,0 +1,228 @@
+"""kael.quantize and QuantizedLinear on small models built from kael.nn layers.
+
+* Modules swapped in their parents (state_dict keys kept, in order), ``skip`` honoured with
+  everything under a skipped name, a layer whose in_features is not a multiple of 32 left
+  float32 for the block schemes (and quantized for bf16 / f16), tied modules one layer.
+* The quantized model's output equals a float64 NumPy forward over the dequantized weights
+  (within float32 accumulation), and stays within the stated quantization noise of the float
+  model: relative RMS error below 2% for q8_0, 15% for q4_0, 1% for bf16, 0.1% for f16.
+* ``as_linear`` modules ([in, out] storage, like GPT-2's Conv1D), the ``quantize_embeddings``
+  and ``on_quantized`` hooks, ``weights_scheme``; state_dict round trips; training through a
+  quantized layer (a float adapter before it gets the gradient NumPy computes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kael
+import numpy as np
+import pytest
+from kael import nn
+from kael.quant import SCHEMES, QuantizedLinear, dequantize_array, quantize_array
+
+NOISE = {"q8_0": 0.02, "q4_0": 0.15, "bf16": 0.01, "f16": 0.001}
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d, bias=False)
+
+    def forward(self, x: kael.Tensor) -> kael.Tensor:
+        return self.down(kael.relu(self.up(x)))
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(40, 64)  # in_features 40: no whole 32-value blocks
+        self.blocks = nn.ModuleList([Block(64), Block(64)])
+        self.head = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+    def forward(self, x: kael.Tensor) -> kael.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.head(h)
+
+
+def _numpy_forward(model: Tiny, x: np.ndarray) -> np.ndarray:
+    """The model's forward in float64 NumPy over the float values each layer now holds."""
+
+    def lin(m: Any, v: np.ndarray) -> np.ndarray:
+        if isinstance(m, QuantizedLinear):
+            w = dequantize_array(_bits(m.weight), m.scheme, m.in_features).astype(np.float64)
+        else:
+            w = m.weight.detach().numpy().astype(np.float64)
+        y = v @ w.T
+        return y if m.bias is None else y + m.bias.detach().numpy()
+
+    h = lin(model.inp, x.astype(np.float64))
+    for b in model.blocks:
+        h = h + lin(b.down, np.maximum(lin(b.up, h), 0))
+    return lin(model.head[2], np.maximum(lin(model.head[0], h), 0))
+
+
+def _bits(t: kael.Tensor) -> np.ndarray:
+    return t.view(kael.int16).numpy().view(np.uint16) if t.dtype is kael.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quantize_swaps_projections_and_keeps_outputs_within_noise(scheme: str) -> None:
+    kael.manual_seed(0)
+    model = Tiny()
+    x = np.random.default_rng(1).standard_normal((5, 40)).astype(np.float32)
+    before = model(kael.tensor(x)).detach().numpy().astype(np.float64)
+    keys = list(model.state_dict())
+    weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    assert kael.quantize(model, scheme, skip=("blocks.1",)) is model
+    assert list(model.state_dict()) == keys  # same keys, same order
+    assert model.weights_scheme == scheme
+    block = scheme in ("q8_0", "q4_0")
+    assert isinstance(model.inp, QuantizedLinear) != block  # 40 inputs: float32 for the block schemes
+    for name in ("blocks.0.up", "blocks.0.down", "head.0", "head.2"):
+        m = model.get_submodule(name) if hasattr(model, "get_submodule") else _get(model, name)
+        assert isinstance(m, QuantizedLinear) and m.scheme == scheme, name
+        np.testing.assert_array_equal(_bits(m.weight), quantize_array(weights[name + ".weight"], scheme))
+        if m.bias is not None:
+            assert m.bias.dtype is kael.float32
+            np.testing.assert_array_equal(m.bias.numpy(), weights[name + ".bias"])
+    assert type(model.blocks[1].up) is nn.Linear and type(model.blocks[1].down) is nn.Linear  # skipped subtree
+    after = model(kael.tensor(x)).detach().numpy()
+    want = _numpy_forward(model, x)
+    np.testing.assert_allclose(after, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    rel = np.sqrt(np.mean((after - before) ** 2)) / np.sqrt(np.mean(before**2))
+    assert rel < NOISE[scheme], rel
+    assert rel > 0 or scheme == "f16"
+
+
+def _get(model: nn.Module, name: str) -> Any:
+    m: Any = model
+    for part in name.split("."):
+        m = getattr(m, part)
+    return m
+
+
+def test_tied_module_becomes_one_quantized_layer() -> None:
+    shared = nn.Linear(32, 32)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    kael.quantize(model, "q8_0")
+    assert isinstance(model[0], QuantizedLinear) and model[0] is model[2]
+
+
+class Conv1DLike(nn.Module):
+    """GPT-2's layout: weight [in, out]; as_linear gives the [out, in] view."""
+
+    def __init__(self, nx: int, nf: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(kael.randn(nx, nf))
+        self.bias = nn.Parameter(kael.randn(nf))
+
+    def forward(self, x: kael.Tensor) -> kael.Tensor:
+        return x @ self.weight + self.bias
+
+    def as_linear(self) -> tuple[kael.Tensor, kael.Tensor | None]:
+        return self.weight.T, self.bias
+
+
+class WithHooks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_attn = Conv1DLike(64, 96)
+        self.calls: list[str] = []
+
+    def forward(self, x: kael.Tensor) -> kael.Tensor:
+        return self.c_attn(x)
+
+    def quantize_embeddings(self, scheme: str) -> None:
+        self.calls.append(f"embeddings:{scheme}:{type(self.c_attn).__name__}")
+
+    def on_quantized(self) -> None:
+        self.calls.append(f"on_quantized:{self.weights_scheme}")
+
+
+def test_as_linear_modules_and_the_family_hooks() -> None:
+    kael.manual_seed(3)
+    model = WithHooks()
+    w = model.c_attn.weight.detach().numpy().copy()
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    kael.quantize(model, "q4_0", embeddings=True)
+    assert isinstance(model.c_attn, QuantizedLinear) and (model.c_attn.in_features, model.c_attn.out_features) == (
+        64,
+        96,
+    )
+    np.testing.assert_array_equal(model.c_attn.weight.numpy(), quantize_array(np.ascontiguousarray(w.T), "q4_0"))
+    assert model.calls == ["embeddings:q4_0:QuantizedLinear", "on_quantized:q4_0"]
+    y = model(kael.tensor(x)).numpy()
+    wq = dequantize_array(quantize_array(np.ascontiguousarray(w.T), "q4_0"), "q4_0", 64)
+    np.testing.assert_allclose(y, x @ wq.T + model.c_attn.bias.numpy(), rtol=1e-4, atol=1e-4)
+    plain = WithHooks()
+    kael.quantize(plain, "q8_0")  # embeddings=False: only on_quantized
+    assert plain.calls == ["on_quantized:q8_0"]
+
+
+def test_state_dict_round_trip_into_an_empty_layer() -> None:
+    kael.manual_seed(5)
+    lin = nn.Linear(64, 24)
+    for scheme in SCHEMES:
+        q = QuantizedLinear.from_float(lin.weight, lin.bias, scheme)
+        empty = QuantizedLinear(64, 24, scheme)
+        assert {k: (v.dtype, v.shape) for k, v in empty.state_dict().items()} == {
+            k: (v.dtype, v.shape) for k, v in q.state_dict().items()
+        }
+        empty.load_state_dict(q.state_dict())
+        x = kael.randn(3, 64)
+        np.testing.assert_array_equal(empty(x).numpy(), q(x).numpy())
+    nobias = QuantizedLinear(32, 8, "q8_0", bias=False)
+    assert list(nobias.state_dict()) == ["weight"] and nobias.bias is None
+
+
+def test_from_float_takes_16_bit_weights() -> None:
+    kael.manual_seed(6)
+    w = kael.randn(8, 64).to(kael.bfloat16)
+    q = QuantizedLinear.from_float(w, None, "q8_0")
+    np.testing.assert_array_equal(q.weight.numpy(), quantize_array(w.float().numpy(), "q8_0"))
+
+
+def test_training_through_a_quantized_layer() -> None:
+    """A float adapter in front of a frozen quantized layer gets dL/dA = (W^T g)^T x, as NumPy computes."""
+    kael.manual_seed(7)
+    adapter = nn.Linear(32, 64, bias=False)
+    frozen = QuantizedLinear.from_float(kael.randn(16, 64), kael.randn(16), "q8_0")
+    x = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
+    out = frozen(adapter(kael.tensor(x)))
+    out.sum().backward()
+    assert adapter.weight.grad is not None
+    w = dequantize_array(frozen.weight.numpy(), "q8_0", 64).astype(np.float64)
+    g_h = np.ones((4, 16)) @ w  # dL/dh, h = adapter(x)
+    np.testing.assert_allclose(adapter.weight.grad.numpy(), g_h.T @ x, rtol=1e-4, atol=1e-4)
+    assert not any(t.requires_grad for t in frozen.state_dict().values())
+
+
+@pytest.mark.parametrize(
+    ("call", "err", "match"),
+    [
+        (lambda: kael.quantize(Tiny(), "q3_k"), kael.DTypeError, "quantize: unknown weight scheme 'q3_k'"),
+        (lambda: kael.quantize(object(), "q8_0"), kael.DTypeError, "expected a kael.nn.Module, got object"),
+        (lambda: kael.quantize(Tiny(), "q8_0", skip="head"), kael.DTypeError, "got the string 'head'"),
+        (lambda: kael.quantize(nn.Linear(32, 4), "q8_0"), kael.ShapeError, "the model itself is a projection"),
+        (lambda: QuantizedLinear(40, 4, "q4_0"), kael.ShapeError, "multiple of 32, got 40"),
+        (lambda: QuantizedLinear(-1, 4, "f16"), kael.ShapeError, "in_features must be a non-negative int"),
+        (lambda: QuantizedLinear(32, 4, "int4"), kael.DTypeError, "unknown weight scheme 'int4'"),
+        (
+            lambda: QuantizedLinear.from_float(kael.zeros(4, 32, dtype=kael.int32), None, "q8_0"),
+            kael.DTypeError,
+            "floating-point tensor",
+        ),
+        (lambda: QuantizedLinear.from_float(kael.zeros(4, 32), kael.zeros(5), "q8_0"), kael.ShapeError, r"\[4\]"),
+    ],
+)
+def test_bad_input_is_a_clear_error(call: Any, err: type, match: str) -> None:
+    with pytest.raises(err, match=match):
+        call()
+
+
+def test_kael_quantize_is_kael_quant_quantize() -> None:
+    assert kael.quantize is kael.quant.quantize
