@@ -363,6 +363,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     what was expected; nothing sized by the file is allocated before it is checked.
     """
     where = f"GGUF file {os.fspath(path)!r}"
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before open: opening a FIFO would block
+        raise FormatError(f"{where}: not a regular file")
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
