@@ -65,7 +65,8 @@ def write_checkpoint(directory: Path, shape: dict[str, Any], seed: int = 0) -> f
 
     start = time.perf_counter()
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(**shape, bos_token_id=50256, eos_token_id=50256)
+    # n_ctx: transformers no longer writes it, llama.cpp's GPT-2 converter still reads it
+    cfg = transformers.GPT2Config(**shape, n_ctx=shape["n_positions"], bos_token_id=50256, eos_token_id=50256)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(directory)
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(TOKENIZER / name, directory / name)
@@ -87,24 +88,39 @@ def export_kael(hf_dir: Path, out_dir: Path, formats: list[str]) -> dict[str, Pa
 
 
 def llama_cpp_source(given: Path | None, scratch: Path) -> Path:
-    """A llama.cpp source tree holding convert_hf_to_gguf.py: the given one, build/llama.cpp/src, or the
-    llama-cpp-python sdist's vendored copy (pip download, unpacked into scratch)."""
+    """A llama.cpp source tree holding convert_hf_to_gguf.py: the given tree or llama-cpp-python sdist
+    (.tar.gz), else build/llama.cpp/src, else the sdist of the installed llama-cpp-python (pip download)
+    unpacked into scratch (its vendored llama.cpp)."""
+    if given is not None and given.is_file():
+        return _unpack_sdist(given, scratch)
     for cand in (given, ROOT / "build" / "llama.cpp" / "src"):
         if cand is not None and (cand / "convert_hf_to_gguf.py").is_file():
             return cand
     if given is not None:
         raise SystemExit(f"--llama-cpp-src {given}: no convert_hf_to_gguf.py there")
-    import tarfile
-
     import llama_cpp
 
     sdist = scratch / "sdist"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(sdist)]
-    subprocess.run(cmd + [f"llama-cpp-python=={llama_cpp.__version__}"], check=True, capture_output=True)
-    archive = next(sdist.glob("llama_cpp_python-*.tar.gz"))
+    # only this package from source, and no build isolation: pip must not build cmake from source
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python"]
+    cmd += ["--no-build-isolation", "-d", str(sdist), f"llama-cpp-python=={llama_cpp.__version__}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise SystemExit(
+            f"pip download of the llama-cpp-python sdist failed (give --llama-cpp-src):\n{r.stderr[-2000:]}"
+        )
+    return _unpack_sdist(next(sdist.glob("llama_cpp_python-*.tar.gz")), scratch)
+
+
+def _unpack_sdist(archive: Path, scratch: Path) -> Path:
+    import tarfile
+
     with tarfile.open(archive) as tar:
         tar.extractall(scratch / "src", filter="data")
-    return next((scratch / "src").glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+    tree = next((scratch / "src").glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+    if not (tree / "convert_hf_to_gguf.py").is_file():
+        raise SystemExit(f"{archive}: no vendor/llama.cpp/convert_hf_to_gguf.py inside")
+    return tree
 
 
 def export_llama_cpp(hf_dir: Path, out_dir: Path, formats: list[str], src: Path) -> dict[str, Path]:
