@@ -13,11 +13,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import kael
 import numpy as np
 import pytest
 from gguf_bytes import TYPE, array, build, info, kv, s, u32, u64
-
-import kael
 from kael.io import GGUF_TENSOR_TYPES, GGUF_VALUE_TYPES, GGUFFile, read_gguf
 
 gguf = pytest.importorskip("gguf")
