@@ -637,3 +637,14 @@ PYBIND11_MODULE(_C, m) {
   bind_indexing(m);
   bind_fused(m);
 }
+  m.def("isa_info", [] {  // what vec_select.cpp sees and can pick (NOTE [runtime dispatch] in vec.h)
+    py::dict features, requires;
+    for (const auto& [name, on] : cpu_feature_list()) features[py::str(name)] = on;
+    for (const auto& name : vec_tables_compiled()) requires[py::str(name)] = vec_table_requires(name);
+    py::dict d;
+    d["tables"] = vec_tables_compiled();
+    d["runnable"] = vec_tables_runnable();
+    d["requires"] = requires;
+    d["features"] = features;
+    return d;
+  });

@@ -3,13 +3,20 @@
 // NOTE [runtime dispatch]: the vector kernels are written once, by family
 // (vec_core.h: types and loads; vec_math.h: exp/tanh/sigmoid/silu/gelu; vec_rows.h:
 // softmax/layer_norm rows; vec_llama.h: rms_norm/silu_mul/rope rows; vec_arith.h: add/sub/mul/div; vec_gemm_packed.h
-// and vec_gemm_rows.h: matrix products), gathered into a table by vec_table.h, and compiled twice: by vec_base.cpp for
-// the baseline target (SSE2 on x86-64, NEON on arm64) and by vec_avx2.cpp with -mavx2 -mfma, each inside a namespace of
-// its own. vec_select.cpp picks the AVX2 table when the CPU reports both features (KAEL_CPU_ISA=base forces the
-// portable one). The default build never uses -march=native, so a wheel runs on any x86-64.
+// and vec_gemm_rows.h: matrix products), gathered into a table by vec_table.h, and compiled three times, each inside a
+// namespace of its own: by vec_base.cpp for the baseline target (SSE2 on x86-64, NEON on arm64; table "baseline"), by
+// vec_avx2.cpp with -mavx2 -mfma (table "avx2", 32-byte vectors) and by vec_avx512.cpp with -mavx512f -mavx512bw
+// -mavx512vl -mavx512dq (table "avx512", 64-byte vectors). vec_select.cpp reads CPUID and XGETBV once and picks the
+// widest table whose instructions the CPU has and whose registers the OS saves (vec_table_requires names them);
+// KAEL_CPU_ISA=baseline|avx2|avx512 (base: baseline) forces one, and a name it does not know or a table this CPU cannot
+// run makes every vector kernel throw a BackendError saying so (never an illegal instruction). The default build never
+// uses -march=native, so a wheel runs on any x86-64.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace kael {
 
@@ -69,8 +76,35 @@ struct VecTable {
 };
 
 const VecTable& vec();
-// The portable table and, when compiled in, the AVX2 one (for tests).
+// The portable table and, when compiled in (else nullptr), the AVX2 and AVX-512 ones. Only
+// call a table's kernels when vec_table_missing(name) is empty.
 const VecTable& vec_base_table();
 const VecTable* vec_avx2_table();
 
+// The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws
+// kael::Error (BackendError) when KAEL_CPU_ISA names an unknown table or one this CPU cannot run.
 }  // namespace kael
+const VecTable* vec_avx512_table();
+
+// What CPUID and XGETBV report: the instruction sets and whether the OS saves the YMM
+// (os_avx) and opmask/ZMM (os_avx512) register state across context switches.
+struct CpuFeatures {
+  bool avx = false, avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512_vnni = false, avx512_bf16 = false;
+  bool os_avx = false, os_avx512 = false;
+};
+const CpuFeatures& cpu_features();
+// (name, present) for every field of CpuFeatures, in declaration order.
+std::vector<std::pair<std::string, bool>> cpu_feature_list();
+// The tables compiled into this build, widest first ("avx512", "avx2", "baseline").
+std::vector<std::string> vec_tables_compiled();
+// The features (cpu_feature_list names) table `name` needs; empty for baseline.
+std::vector<std::string> vec_table_requires(const std::string& name);
+// Why this process cannot run table `name`: "" when it can, else "not compiled in" or the
+// features it lacks. An unknown name is reported as such.
+std::string vec_table_missing(const std::string& name);
+// The tables this CPU can run, widest first.
+std::vector<std::string> vec_tables_runnable();
+// The compiled-in table called `name` ("base" is "baseline"), or nullptr.
+const VecTable* vec_table_named(const std::string& name);

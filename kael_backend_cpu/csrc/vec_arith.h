@@ -22,7 +22,9 @@ inline vf arith(vf a, vf b) {
 }
 
 inline void stream_store(float* p, vf v) {  // p is sizeof(vf)-aligned
-#if KAEL_VBYTES == 32 && defined(__AVX__)
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  _mm512_stream_ps(p, bitcast<__m512>(v));
+#elif KAEL_VBYTES == 32 && defined(__AVX__)
   _mm256_stream_ps(p, bitcast<__m256>(v));
 #elif KAEL_VBYTES == 16 && defined(__SSE2__)
   _mm_stream_ps(p, bitcast<__m128>(v));

@@ -27,7 +27,7 @@ namespace vec_base {
 }  // namespace vec_base
 
 const VecTable& vec_base_table() {
-  static const VecTable t = vec_base::make_table("base");
+  static const VecTable t = vec_base::make_table("baseline");
   return t;
 }
 

@@ -1,5 +1,6 @@
 // Vector types and lane helpers every vector kernel uses: vf/vd/vi/vl (KAEL_VBYTES wide),
-// V<T> (lanes per vector), bitcast, load/store (whole and partial), splat, horizontal sums.
+// V<T> (lanes per vector), bitcast, load/store (whole and partial: lane masks at 64 bytes),
+// splat, horizontal sums.
 // Pasted inside the per-ISA namespace by vec_table.h (NOTE [runtime dispatch] in vec.h):
 // no includes but its vec_*.h siblings.
 #pragma once
@@ -51,6 +52,31 @@ inline vec_t<T> splat(T x) {
   // lane-by-lane fill can come out as a chain of inserts
   return x - vec_t<T>{};
 }
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+// 64-byte vectors: tails through AVX-512 lane masks (a masked-off lane is never read or
+// written, so no fault past the end of an array).
+template <class T>
+inline uint32_t lane_mask(int64_t count) {
+  return count >= V<T>::L ? (uint32_t{1} << V<T>::L) - 1 : (uint32_t{1} << count) - 1;
+}
+// First `count` lanes from p, the rest `fill`.
+template <class T>
+inline vec_t<T> load_partial(const T* p, int64_t count, T fill) {
+  if constexpr (std::is_same_v<T, float>) {
+    return bitcast<vf>(_mm512_mask_loadu_ps(_mm512_set1_ps(fill), static_cast<__mmask16>(lane_mask<T>(count)), p));
+  } else {
+    return bitcast<vd>(_mm512_mask_loadu_pd(_mm512_set1_pd(fill), static_cast<__mmask8>(lane_mask<T>(count)), p));
+  }
+}
+template <class T>
+inline void store_partial(T* p, vec_t<T> v, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_mask_storeu_ps(p, static_cast<__mmask16>(lane_mask<T>(count)), bitcast<__m512>(v));
+  } else {
+    _mm512_mask_storeu_pd(p, static_cast<__mmask8>(lane_mask<T>(count)), bitcast<__m512d>(v));
+  }
+}
+#else
 // First `count` lanes from p, the rest `fill`.
 template <class T>
 inline vec_t<T> load_partial(const T* p, int64_t count, T fill) {
@@ -64,12 +90,27 @@ inline void store_partial(T* p, vec_t<T> v, int64_t count) {
   store(tmp, v);
   for (int64_t i = 0; i < count; ++i) p[i] = tmp[i];
 }
+#endif
+// The sum of v's lanes. Up to 32 bytes, lane by lane in order; at 64 bytes the two
+// 32-byte halves are added first (one vector add, then 8 or 4 lanes in order).
 template <class T>
 inline T hsum(vec_t<T> v) {
+#if KAEL_VBYTES == 64
+  typedef T half_t __attribute__((vector_size(32)));  // NOLINT(modernize-use-using)
+  half_t lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  const half_t h = lo + hi;
+  T s = 0;
+  for (int i = 0; i < V<T>::L / 2; ++i) s += h[i];
+  return s;
+#else
   T s = 0;
   for (int i = 0; i < V<T>::L; ++i) s += v[i];
   return s;
+#endif
 }
+// The sum of a float vector's lanes in double, lane by lane in order.
 inline double hsum_d(vf v) {
   double s = 0;
   for (int i = 0; i < V<float>::L; ++i) s += v[i];

@@ -71,7 +71,7 @@ void pack_a(int64_t mc, int64_t kc, const T* a, int64_t rsa, int64_t csa, T* ap)
   }
 }
 
-#if KAEL_VBYTES == 32 && defined(__AVX__)
+#if KAEL_VBYTES >= 32 && defined(__AVX__)  // 32-byte registers (also in the 64-byte table)
 // dst[r * lds + c] = src[c * lss + r] for an 8x8 block of floats.
 inline void transpose8x8(const float* src, int64_t lss, float* dst, int64_t lds) {
   __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lss), r2 = _mm256_loadu_ps(src + 2 * lss),
@@ -114,7 +114,7 @@ void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rsb, int64_t csb, T* bp0
     }
     if (rsb == 1 && cols == NR) {  // B^T row-major: NR streams along k
       int64_t k0 = 0;
-#if KAEL_VBYTES == 32 && defined(__AVX__)
+#if KAEL_VBYTES >= 32 && defined(__AVX__)
       if constexpr (std::is_same_v<T, float> && NR % 8 == 0) {  // 8x8 blocks through registers
         for (; k0 + 8 <= kc; k0 += 8) {
           for (int c0 = 0; c0 < NR; c0 += 8) transpose8x8(bb + c0 * csb + k0, csb, bp + k0 * NR + c0, NR);

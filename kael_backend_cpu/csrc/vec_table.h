@@ -2,7 +2,8 @@
 // vec.h): every kernel family, written once with GCC/Clang vector extensions, and make_table,
 // which fills a VecTable with them. The including file (vec_base.cpp, vec_avx2.cpp) defines
 // KAEL_VBYTES (vector width in bytes), KAEL_MR_F/KAEL_NV_F/KAEL_MC_F and KAEL_MR_D/KAEL_NV_D/
-// KAEL_MC_D (GEMM micro-tile rows, vectors per row and row block) and opens a namespace of its
+// KAEL_MC_D (GEMM micro-tile rows, vectors per row and row block; optionally KAEL_KC_F/KAEL_NC_F
+// and KAEL_KC_D/KAEL_NC_D, the depth and column blocks, 256 and 4080 by default) and opens a namespace of its
 // own, after including <algorithm>, <cmath>, <cstdint>, <cstring>, <limits>, <type_traits>,
 // <vector>, <immintrin.h> (x86) and vec.h. This file and the vec_*.h headers below have no
 // other includes: they are pasted inside that namespace, once per instruction set.
@@ -16,6 +17,21 @@
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 template <class T, int MR, int NV>
+#ifndef KAEL_KC_F
+#define KAEL_KC_F 256
+#endif
+#ifndef KAEL_NC_F
+#define KAEL_NC_F 4080
+#endif
+#ifndef KAEL_KC_D
+#define KAEL_KC_D 256
+#endif
+#ifndef KAEL_NC_D
+#define KAEL_NC_D 4080
+#endif
+static_assert(KAEL_MC_F % KAEL_MR_F == 0 && KAEL_NC_F % (KAEL_NV_F * V<float>::L) == 0, "float GEMM blocks");
+static_assert(KAEL_MC_D % KAEL_MR_D == 0 && KAEL_NC_D % (KAEL_NV_D * V<double>::L) == 0, "double GEMM blocks");
+
 GemmKernels<T> gemm_kernels(int64_t mc, int64_t kc, int64_t nc) {
   GemmKernels<T> g;
   g.mr = MR;
@@ -34,8 +50,8 @@ GemmKernels<T> gemm_kernels(int64_t mc, int64_t kc, int64_t nc) {
 VecTable make_table(const char* name) {
   VecTable t;
   t.name = name;
-  t.sgemm = gemm_kernels<float, KAEL_MR_F, KAEL_NV_F>(KAEL_MC_F, 256, 4080);
-  t.dgemm = gemm_kernels<double, KAEL_MR_D, KAEL_NV_D>(KAEL_MC_D, 256, 4080);
+  t.sgemm = gemm_kernels<float, KAEL_MR_F, KAEL_NV_F>(KAEL_MC_F, KAEL_KC_F, KAEL_NC_F);
+  t.dgemm = gemm_kernels<double, KAEL_MR_D, KAEL_NV_D>(KAEL_MC_D, KAEL_KC_D, KAEL_NC_D);
   t.exp_f32 = exp_f32;
   t.tanh_f32 = tanh_f32;
   t.sigmoid_f32 = sigmoid_f32;

@@ -99,8 +99,8 @@ TEST(GemmDouble, MatchesNaive) {
 
 // Every table's building blocks agree with a naive product.
 TEST(VecTables, MicroKernelsAndRowKernels) {
-  std::vector<const kael::VecTable*> tables = {&kael::vec_base_table()};
-  if (kael::vec_avx2_table() != nullptr) tables.push_back(kael::vec_avx2_table());
+  std::vector<const kael::VecTable*> tables;  // every table this CPU runs (baseline, avx2, avx512)
+  for (const auto& name : kael::vec_tables_runnable()) tables.push_back(kael::vec_table_named(name));
   for (const kael::VecTable* t : tables) {
     const auto& g = t->sgemm;
     const int64_t kc = 37, m = g.mr, n = g.nr;
@@ -138,8 +138,8 @@ TEST(VecTables, MicroKernelsAndRowKernels) {
 }
 
 TEST(VecTables, TranscendentalsAreAccurate) {
-  std::vector<const kael::VecTable*> tables = {&kael::vec_base_table()};
-  if (kael::vec_avx2_table() != nullptr) tables.push_back(kael::vec_avx2_table());
+  std::vector<const kael::VecTable*> tables;  // every table this CPU runs (baseline, avx2, avx512)
+  for (const auto& name : kael::vec_tables_runnable()) tables.push_back(kael::vec_table_named(name));
   std::vector<float> x;
   for (float v = -110.0f; v < 95.0f; v += 0.0137f) x.push_back(v);
   const float inf = std::numeric_limits<float>::infinity();

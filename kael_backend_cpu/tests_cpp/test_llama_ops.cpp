@@ -27,8 +27,8 @@ std::vector<float> randn(size_t n, uint32_t seed) {
 }
 
 std::vector<const kael::VecTable*> tables() {
-  std::vector<const kael::VecTable*> t = {&kael::vec_base_table()};
-  if (kael::vec_avx2_table() != nullptr) t.push_back(kael::vec_avx2_table());
+  std::vector<const kael::VecTable*> t;  // every table this CPU runs (baseline, avx2, avx512)
+  for (const auto& name : kael::vec_tables_runnable()) t.push_back(kael::vec_table_named(name));
   return t;
 }
 

@@ -6,7 +6,7 @@ switches back.
 
 The thread and memory controls have one home, ``kael.cpu`` (``kael.cpu.set_num_threads``,
 ``get_num_threads``, ``memory_stats``, ``reset_peak_memory_stats``, ``empty_cache``,
-``isa``; ``kael.set_num_threads`` is the same function), which acts on whichever backend
+``isa``, ``isa_info``; ``kael.set_num_threads`` is the same function), which acts on whichever backend
 serves ``cpu``. The functions of the same names here act on this package's thread pool
 and allocator whichever backend is selected: they are what ``kael.cpu`` calls when this
 backend serves ``cpu``.
@@ -20,6 +20,7 @@ from ._backend import (
     empty_cache,
     get_num_threads,
     isa,
+    isa_info,
     memory_stats,
     reset_peak_memory_stats,
     set_num_threads,
@@ -35,6 +36,7 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "isa",
+    "isa_info",
     "check_threads",
     "__version__",
 ]

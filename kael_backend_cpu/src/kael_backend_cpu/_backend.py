@@ -12,11 +12,12 @@ backend serves ``cpu``, and ``kael_backend_cpu`` re-exports them.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kael
 import numpy as np
-from kael import DTypeError, ShapeError
+from kael import DTypeError, KaelError, ShapeError
 from kael.backends import host
 from kael.cpu import check_num_threads
 
@@ -32,6 +33,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "empty_cache",
     "isa",
+    "isa_info",
     "check_threads",
 ]
 
@@ -65,8 +67,32 @@ def empty_cache() -> None:
 
 
 def isa() -> str:
-    """The vector instruction set the kernels run with ("avx2" or "base")."""
+    """The vector table the kernels run with: "avx512", "avx2" or "baseline".
+
+    Chosen once, at the first vector kernel: the widest table this CPU (and its OS) runs, or
+    the one ``KAEL_CPU_ISA`` names; a name it does not know, or a table this CPU cannot run,
+    is a ``kael.BackendError`` here and from every vector kernel.
+    """
     return str(C.isa())
+
+
+def isa_info() -> dict[str, Any]:
+    """What the vector-table selection sees, without raising.
+
+    ``isa``: the table in use (None when ``KAEL_CPU_ISA`` is refused, ``error`` then says
+    why); ``requested``: ``KAEL_CPU_ISA`` or None; ``tables``: the tables compiled in and
+    ``runnable``: those this CPU runs, widest first; ``requires``: the CPU features each
+    table needs; ``features``: what CPUID reports (``avx``, ``avx2``, ``fma``, ``f16c``,
+    ``avx512f``, ``avx512bw``, ``avx512vl``, ``avx512dq``, ``avx512_vnni``, ``avx512_bf16``)
+    and whether the OS saves the YMM (``os_avx``) and ZMM/opmask (``os_avx512``) registers.
+    """
+    info: dict[str, Any] = dict(C.isa_info())
+    info["requested"] = os.environ.get("KAEL_CPU_ISA") or None
+    try:
+        info["isa"], info["error"] = isa(), None
+    except KaelError as exc:
+        info["isa"], info["error"] = None, str(exc)
+    return info
 
 
 def check_threads(n: Any) -> None:
@@ -118,5 +144,9 @@ class CpuBackend(kael.Backend):
         return get_num_threads()
 
     def isa(self) -> str:
-        """The vector instruction set the kernels run with ("avx2" or "base")."""
+        """The vector table the kernels run with: "avx512", "avx2" or "baseline" (``isa()``)."""
         return isa()
+
+    def isa_info(self) -> dict[str, Any]:
+        """The table in use, the tables compiled in and runnable, and the CPU features (``isa_info()``)."""
+        return isa_info()

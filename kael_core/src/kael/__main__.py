@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["info", "main", "version_text"]
+__all__ = ["cpu_isa", "info", "main", "version_text"]
 
 
 def info(out: Any = None) -> int:
@@ -48,6 +49,7 @@ def info(out: Any = None) -> int:
             p(f"  {dtype:6} served by {chosen.name!r} ({n} device{'s' if n != 1 else ''})")
         except kael.KaelError as exc:
             p(f"  {dtype:6} not usable: {exc}")
+    cpu_isa(p)
     p("\nmodel families (config.json model_type):")
     try:
         for name, fam in sorted(kael.models.families().items()):
@@ -55,6 +57,28 @@ def info(out: Any = None) -> int:
     except kael.KaelError as exc:
         p(f"  not usable: {exc}")
     return 0
+
+
+def cpu_isa(p: Callable[[str], None]) -> None:
+    """The CPU backend's vector table and the CPU features it saw (``kael.cpu.isa_info``), when it has them."""
+    import kael
+
+    try:
+        info = kael.cpu.isa_info()
+    except kael.KaelError as exc:
+        p(f"\ncpu vector table: not usable: {exc}")
+        return
+    if info is None:
+        return
+    requested = info.get("requested")
+    forced = f" (KAEL_CPU_ISA={requested})" if requested else ""
+    if info.get("isa"):
+        p(f"\ncpu vector table: {info['isa']}{forced}")
+    else:
+        p(f"\ncpu vector table: none{forced}: {info.get('error')}")
+    p(f"  compiled in: {', '.join(info.get('tables', []))}; this CPU runs: {', '.join(info.get('runnable', []))}")
+    features = info.get("features", {})
+    p(f"  CPU features: {' '.join(name for name, on in features.items() if on) or '(none of those checked)'}")
 
 
 def version_text() -> str:

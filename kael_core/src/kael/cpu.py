@@ -13,8 +13,10 @@ reference backend, which has none of them (1 thread, no statistics, no instructi
                                ``cache_hits``, ... (``{}`` without an allocator)
 ``reset_peak_memory_stats()``  restart the ``peak_allocated_bytes`` high-water mark
 ``empty_cache()``              give cached free blocks back to the system
-``isa()``                      the vector instruction set of the kernels (``"avx2"``,
-                               ``"base"``), or None
+``isa()``                      the vector table of the kernels (``"avx512"``, ``"avx2"``,
+                               ``"baseline"``), or None
+``isa_info()``                 the table in use, the tables compiled in and those this
+                               CPU runs, and the CPU features seen (a dict), or None
 ``backend()``                  the Backend serving ``cpu``
 =============================  ========================================================
 
@@ -34,13 +36,18 @@ them before the first CPU operation):
 ``KAEL_NO_CACHING_ALLOCATOR=1``     free blocks at once instead of caching them (any
                                     value but empty or ``0``)
 ``KAEL_CPU_CACHE_LIMIT_MB=n``       most bytes the allocator keeps cached (default 4096)
-``KAEL_CPU_ISA=base``               the portable vector code even on an AVX2 machine
+``KAEL_CPU_ISA=name``               the vector table: ``baseline`` (``base`` is the same),
+                                    ``avx2`` or ``avx512``; unset or empty: the widest the
+                                    CPU and OS run (CPUID and XGETBV). A test and debug
+                                    control: an unknown name, or a table this CPU cannot
+                                    run, makes ``isa()`` and every vector kernel raise a
+                                    ``BackendError`` naming the value and what is possible
 ``KAEL_BACKEND_CPU=reference``      serve ``cpu`` with the NumPy reference backend
 ==================================  ===================================================
 
 A backend author serving ``cpu`` gets these controls by giving the backend methods of
 the same names (``set_num_threads``, ``get_num_threads``, ``memory_stats``,
-``reset_peak_memory_stats``, ``empty_cache``, ``isa``); each is optional, and
+``reset_peak_memory_stats``, ``empty_cache``, ``isa``, ``isa_info``); each is optional, and
 ``check_num_threads`` validates a thread count the same way for every backend.
 """
 
@@ -57,6 +64,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "empty_cache",
     "isa",
+    "isa_info",
     "backend",
     "check_num_threads",
 ]
@@ -111,6 +119,19 @@ def empty_cache() -> None:
 
 
 def isa() -> str | None:
-    """The vector instruction set the CPU kernels run with ("avx2", "base"), or None when the backend has none."""
+    """The vector table the CPU kernels run with ("avx512", "avx2", "baseline"), or None when the backend has none."""
     fn = getattr(backend(), "isa", None)
     return str(fn()) if fn is not None else None
+
+
+def isa_info() -> dict[str, Any] | None:
+    """What the backend's vector-table selection sees, or None when it has none.
+
+    The native backend gives ``isa`` (the table in use, None when ``KAEL_CPU_ISA`` is
+    refused), ``error`` (why, else None), ``requested`` (``KAEL_CPU_ISA`` or None),
+    ``tables`` (compiled in, widest first), ``runnable`` (those this CPU runs),
+    ``requires`` (table -> the features it needs) and ``features`` (feature -> bool, as
+    CPUID and XGETBV report them). It never raises for a refused ``KAEL_CPU_ISA``.
+    """
+    fn = getattr(backend(), "isa_info", None)
+    return dict(fn()) if fn is not None else None
