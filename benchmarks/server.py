@@ -5,6 +5,8 @@ and, with ``--load``, K concurrent streaming clients against a batching server.
     python benchmarks/server.py --data tests/data/tiny-gpt2       # start kael-server, measure, stop
     python benchmarks/server.py --load --random-gpt2 small        # GPT-2 small, random weights, --slots 8
     python benchmarks/server.py --load --random-gpt2 4,4,256 --clients 1,2,4,8 --max-tokens 64
+    python benchmarks/server.py --load --random-gpt2 small --weights q8_0 --llama-server   # and llama.cpp's
+    python benchmarks/server.py --load --data model.gguf --llama-server build/llama.cpp/bin/llama-server
 
 With ``--data`` a directory lacking vocab.json / merges.txt gets them from
 tests/data/gpt2-tokenizer. ``--random-gpt2`` builds the checkpoint with kael (``small`` or
@@ -13,6 +15,13 @@ mode starts the server with ``--slots`` (default 8) and a queue as deep, sweeps 
 ``--passes`` passes (default 3), and reports for each K: aggregate tokens/s (all tokens over
 the wall time of a pass; the median pass, and every pass), per-stream tokens/s after the first
 token (median), p50/p99 time to first token, and errors. Prints one JSON object.
+
+``--weights S`` (f32, bf16, f16, q8_0, q4_0) is passed to the kael-server it starts. With
+``--llama-server [PATH]`` (default ``build/llama.cpp/bin/llama-server``, built by
+``scripts/build_llama_cpp.sh``) the load mode also starts llama.cpp's server with as many
+slots (``-np``) on the same GGUF file (``--data model.gguf``, or the random GPT-2 written as
+GGUF by kael's ``save_gguf`` in ``--weights``' format) and runs the same sweep, the same
+prompt and token counts, against it: its results are under ``"llama_server"``.
 Every loop is bounded in time and count, and only loopback addresses are used when the
 script starts the server itself.
 """
@@ -84,6 +93,7 @@ class StreamTiming:
         self.first: float | None = None
         self.last: float | None = None
         self.tokens = 0
+        self.events = 0  # text events: the token count when a server sends no usage
 
     def event(self, data: str | bytes) -> bool:
         """Reads the data of one ``data:`` event; True if it carried text."""
@@ -97,16 +107,18 @@ class StreamTiming:
             return False
         self.last = time.perf_counter()
         self.first = self.first or self.last
+        self.events += 1
         return True
 
     def result(self) -> dict[str, float]:
         first, last = self.first, self.last
         if first is None or last is None:
             raise RuntimeError("the stream produced no text")
+        tokens = self.tokens or self.events
         return {
             "ttft_s": first - self.start,
-            "tokens": self.tokens,
-            "tokens_per_s": (self.tokens - 1) / (last - first) if last > first else float("nan"),
+            "tokens": tokens,
+            "tokens_per_s": (tokens - 1) / (last - first) if last > first else float("nan"),
         }
 
 
@@ -295,6 +307,18 @@ def measure_load(
         model = client.get("/v1/models").json()["data"][0]
         prompt = exact_prompt(client, prompt_tokens)
         max_tokens = min(max_tokens, model["max_model_len"] - prompt_tokens)
+    return {
+        "url": url,
+        "model": model["id"],
+        "prompt_tokens": prompt_tokens,
+        "prompt": prompt,
+        **sweep(url, clients, prompt, max_tokens, rounds, passes),
+    }
+
+
+def sweep(url: str, clients: list[int], prompt: str, max_tokens: int, rounds: int, passes: int) -> dict[str, Any]:
+    """The load sweep over K against any server with a streaming /v1/completions (kael's or llama.cpp's)."""
+    with httpx.Client(base_url=url, timeout=600) as client:
         one_stream(client, prompt, 4)  # warm-up: first-call allocations, caches
     # Whole sweeps over K, one after another: a slow spell of a shared machine then
     # touches every K rather than one of them.
@@ -307,9 +331,6 @@ def measure_load(
     for r in results:
         r["aggregate_over_one_client"] = round(r["aggregate_tokens_per_s"] / base, 2) if base else None
     return {
-        "url": url,
-        "model": model["id"],
-        "prompt_tokens": prompt_tokens,
         "max_tokens": max_tokens,
         "rounds_per_client": rounds,
         "passes": passes,
@@ -336,11 +357,14 @@ def random_gpt2(spec: str, directory: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def started_server(data: Path, device: str, extra: list[str] | None = None) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = Path(tmp) / data.name
-        checkpoint.mkdir()
-        for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
-            source = data / name if (data / name).is_file() else TOKENIZER / name
-            shutil.copyfile(source, checkpoint / name)
+        if data.is_file():  # a GGUF file holds the model and its tokenizer
+            checkpoint = data
+        else:
+            checkpoint = Path(tmp) / data.name
+            checkpoint.mkdir()
+            for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
+                source = data / name if (data / name).is_file() else TOKENIZER / name
+                shutil.copyfile(source, checkpoint / name)
         port = free_port()
         command = [shutil.which("kael-server") or sys.executable]
         if command[0] == sys.executable:
@@ -367,6 +391,55 @@ def started_server(data: Path, device: str, extra: list[str] | None = None) -> I
                 process.kill()
 
 
+LLAMA_SERVER = ROOT / "build" / "llama.cpp" / "bin" / "llama-server"
+
+
+def write_gguf(checkpoint: Path, out: Path, weights: str | None) -> Path:
+    """The checkpoint (a GPT-2 directory) as one GGUF file written by kael, in ``weights``' format."""
+    import kael
+    from kael.models import from_pretrained, save_gguf
+
+    model = from_pretrained(checkpoint)
+    tokenizer = kael.BpeTokenizer.from_files(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
+    save_gguf(model, out, tokenizer, weights=weights or "f32")
+    return out
+
+
+@contextlib.contextmanager
+def started_llama_server(binary: Path, gguf: Path, slots: int, context: int) -> Iterator[str]:
+    """llama.cpp's server on gguf with ``slots`` parallel sequences of ``context`` tokens each, on loopback."""
+    port = free_port()
+    command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["-np", str(slots), "-c", str(slots * context), "-b", "512"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:  # 503 while loading
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not start: {' '.join(command)}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def gguf_context(gguf: Path) -> int:
+    """The model's context length from a GGUF file's metadata (``{arch}.context_length``)."""
+    import kael
+
+    with kael.io.read_gguf(gguf) as f:
+        arch = f.metadata["general.architecture"]
+        return int(f.metadata[f"{arch}.context_length"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group(required=True)
@@ -390,7 +463,29 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each /health measurement")
     parser.add_argument("--streams", type=int, default=5, help="streams timed for TTFT and tokens/s")
     parser.add_argument("--prompt", default="The meaning of life is")
+    parser.add_argument(
+        "--weights",
+        choices=("f32", "bf16", "f16", "q8_0", "q4_0"),
+        default=None,
+        help="passed to the kael-server this script starts (kael-server --weights S)",
+    )
+    parser.add_argument(
+        "--llama-server",
+        nargs="?",
+        type=Path,
+        const=LLAMA_SERVER,
+        default=None,
+        metavar="PATH",
+        help=f"with --load: also sweep llama.cpp's server on the same GGUF file (default PATH: {LLAMA_SERVER})",
+    )
     args = parser.parse_args()
+    if args.llama_server is not None:
+        if not args.load or args.url:
+            parser.error("--llama-server goes with --load and --data or --random-gpt2")
+        if not args.llama_server.is_file():
+            parser.error(f"--llama-server: {args.llama_server} does not exist (build it: scripts/build_llama_cpp.sh)")
+        if args.data is not None and args.data.suffix.lower() != ".gguf":
+            parser.error("--llama-server with --data needs a .gguf file (llama.cpp reads GGUF only)")
     clients = [int(k) for k in args.clients.split(",")]
 
     def run(url: str) -> dict[str, Any]:
@@ -398,20 +493,46 @@ def main() -> None:
             return measure_load(url, clients, args.prompt_tokens, args.max_tokens, args.rounds, args.passes)
         return measure(url, args.seconds, args.streams, args.prompt)
 
-    extra = ["--slots", str(args.slots), "--queue", str(max(clients))] if args.load else []
+    batching = ["--slots", str(args.slots), "--queue", str(max(clients))] if args.load else []
+    extra = batching + (["--weights", args.weights] if args.weights is not None else [])
+
+    def side_by_side(gguf: Path, result: dict[str, Any]) -> dict[str, Any]:
+        """The same sweep against llama-server on gguf (when asked for), added to kael's result."""
+        if args.llama_server is None:
+            return result
+        with started_llama_server(args.llama_server, gguf, args.slots, gguf_context(gguf)) as url:
+            theirs = sweep(url, clients, result["prompt"], result["max_tokens"], args.rounds, args.passes)
+        result["llama_server"] = {"binary": str(args.llama_server), "gguf": str(gguf), "slots": args.slots, **theirs}
+        ratios = {}
+        for ours, other in zip(result["load"], theirs["load"]):
+            if other["aggregate_tokens_per_s"]:
+                ratios[str(ours["clients"])] = round(
+                    ours["aggregate_tokens_per_s"] / other["aggregate_tokens_per_s"], 3
+                )
+        result["aggregate_kael_over_llama_server"] = ratios
+        return result
+
     if args.url:
         result = run(args.url)
     elif args.data:
         with started_server(args.data, args.device, extra) as url:
             result = run(url)
+        if args.llama_server is not None:
+            result = side_by_side(args.data, result)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             built = Path(tmp) / "random-gpt2"
             started = time.perf_counter()
             config = random_gpt2(args.random_gpt2, built)
             config["build_s"] = round(time.perf_counter() - started, 1)
-            with started_server(built, args.device, extra) as url:
+            if args.llama_server is not None:  # both servers on one GGUF file in --weights' format
+                data = write_gguf(built, Path(tmp) / "random-gpt2.gguf", args.weights)
+                serve_extra = batching  # the file already holds the weights in that format
+            else:
+                data, serve_extra = built, extra
+            with started_server(data, args.device, serve_extra) as url:
                 result = {"random_gpt2": config, **run(url)}
+            result = side_by_side(data, result)
     if args.load and not args.url:
         result["server_flags"] = extra
     if not args.url:
