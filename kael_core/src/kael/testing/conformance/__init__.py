@@ -41,6 +41,7 @@ from ._layout import Alias, Operand, Out, host_bits
 from ._run import REFERENCE, check_decomposition, check_kernel, host_values
 from ._table_elementwise import elementwise_cases
 from ._table_fused import fused_cases
+from ._table_quant import quant_cases
 from ._table_structured import indexing_cases, matmul_cases, reduction_cases
 
 __all__ = [
@@ -68,7 +69,9 @@ RANDOM_OPS = frozenset({"uniform", "normal", "randint"})
 @lru_cache(maxsize=1)
 def all_cases() -> tuple[Case, ...]:
     """Every row of the table (random kernels have their own statistical tests)."""
-    return tuple(elementwise_cases() + reduction_cases() + matmul_cases() + indexing_cases() + fused_cases())
+    return tuple(
+        elementwise_cases() + reduction_cases() + matmul_cases() + indexing_cases() + fused_cases() + quant_cases()
+    )
 
 
 def primitive_cases() -> tuple[Case, ...]:
