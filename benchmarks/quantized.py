@@ -258,8 +258,11 @@ def system_info() -> dict[str, Any]:
     try:
         import kael
 
+        backend = kael.backends.current("cpu")
+        info["kael_cpu_backend"] = backend.name
+        # without these kernels kael runs the ops' decompositions (dequantize on every call)
+        info["kael_cpu_weight_kernels"] = sorted({"dequantize", "quantized_linear"} & set(backend.supported_ops()))
         info["kael_cpu_isa"] = kael.cpu.isa()
-        info["kael_cpu_backend"] = kael.backends.current("cpu").name
     except Exception as exc:  # an older kael without kael.cpu.isa, or no C++ backend
         info["kael_cpu_isa"] = f"unavailable ({type(exc).__name__}: {exc})"
     try:
@@ -391,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
             r.pop("tokens", None)
         report["runs"] = runs
         report["summary"] = summarize(runs)
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2, default=str))
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
