@@ -7,8 +7,9 @@
 * Batch invariance of the fused kernels: each row of a batch equals that row alone, bit for bit.
 * The gradient in x (``grad @ W``) and in the bias, against NumPy and float32 finite differences.
 * ``Tensor.view(dtype)`` (the decomposition's byte reinterpretation) against torch's.
-* Every path: the installed CPU backend, the reference backend's fused host kernels, and the
-  decompositions on a backend without fused kernels (``mode``).
+* Every path: the installed CPU backend, the reference backend's fused host kernels, the
+  decompositions on a backend without fused kernels, and a backend with a dequantize kernel
+  but no quantized_linear one (``mode``).
 * Bad input: a KaelError subclass naming the op, the value and what was expected.
 """
 
@@ -22,19 +23,23 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kael.backends import host
 from kael.backends.reference import ReferenceBackend
 from kael.quant import SCHEMES, dequantize_array, quantize_array, to_device_weight
 
-MODES = ["default", "reference", "decomposition"]
+MODES = ["default", "reference", "decomposition", "dequantize_only"]
 
 
 @pytest.fixture(params=MODES)
 def mode(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The CPU backend as installed, the reference backend (fused host kernels), and one without fused kernels."""
+    """The CPU backend as installed, the reference backend (fused host kernels), one without fused kernels, and
+    one with a dequantize kernel only."""
     if request.param == "default":
         yield request.param
         return
     backend = ReferenceBackend(fused=request.param == "reference")
+    if request.param == "dequantize_only":  # quantized_linear = the backend's dequantize kernel, then its matmul
+        backend.kernels["dequantize"] = host.kernel("dequantize")
     backend.name = f"quant_ops_{request.param}"
     backend.priority = -1
 

@@ -224,5 +224,17 @@ def test_bad_input_is_a_clear_error(call: Any, err: type, match: str) -> None:
         call()
 
 
+def test_quantizing_again_same_scheme_is_a_no_op_other_scheme_an_error() -> None:
+    kael.manual_seed(8)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+    kael.quantize(model, "q8_0")
+    first = model[0]
+    kael.quantize(model, "q8_0")
+    assert model[0] is first
+    with pytest.raises(kael.DTypeError, match="'0' is already quantized to q8_0"):
+        kael.quantize(model, "q4_0")
+    assert model[0] is first and model.weights_scheme == "q8_0"
+
+
 def test_kael_quantize_is_kael_quant_quantize() -> None:
     assert kael.quantize is kael.quant.quantize

@@ -59,6 +59,12 @@ def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iter
             f"quantize: the model itself is a projection ({type(model).__name__}); build a "
             "QuantizedLinear.from_float(weight, bias, scheme) instead (quantize swaps children in their parent)"
         )
+    for name, m in model.named_modules():  # checked before anything changes
+        if isinstance(m, QuantizedLinear) and m.scheme != scheme:
+            raise DTypeError(
+                f"quantize: {name!r} is already quantized to {m.scheme}; expected a float model to quantize to "
+                f"{scheme} (quantizing a quantized weight again only adds error)"
+            )
     done: dict[int, Module] = {}  # id(original) -> its replacement (or itself when left float)
 
     def walk(parent: Module, prefix: str, stack: set[int]) -> None:
