@@ -122,7 +122,7 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         if args.max_tokens < 0:
             raise KaelError(f"--max-tokens must be >= 0, got {args.max_tokens}")
         check_sampling(args.temperature, args.top_k, None, "generate")
-        model = from_pretrained(args.model, device=args.device, mmap=True)
+        model = from_pretrained(args.model, device=args.device, mmap=True, weights=getattr(args, "weights", None))
         tokenizer = load_tokenizer(args.model)  # tokenizer.json, else vocab.json + merges.txt
         ids = tokenizer.encode(args.prompt)
         if not ids:  # GPT-2 starts unconditional text after <|endoftext|>
@@ -188,7 +188,7 @@ def chat_cli(
                 file=err,
             )
             return 2
-        model = from_pretrained(args.model, device=args.device, mmap=True)
+        model = from_pretrained(args.model, device=args.device, mmap=True, weights=getattr(args, "weights", None))
         stops = stop_ids(model, tokenizer, template)
         generator = Generator(args.device).manual_seed(args.seed) if args.seed is not None else None
         if generator is None and args.temperature > 0:

@@ -141,13 +141,15 @@ def step_kernels(device_type: str, fused: tuple[str, ...]) -> dict[str, Any] | N
     With ``linear`` among them, ``project(out, x, proj)`` runs a ``Proj``: ``linear`` for a float
     weight, ``quantized_linear`` (which must then be among ``fused``) for a weight format.
     """
-    kernels = {op: _dispatch.fused_kernel(device_type, op) for op in fused}
-    if any(k is None for k in kernels.values()):
+    found = {op: _dispatch.fused_kernel(device_type, op) for op in fused}
+    if any(k is None for k in found.values()):
         return None
+    kernels: dict[str, Any] = dict(found)
     kernels["copy"] = _dispatch.kernel(device_type, "copy")
     kernels["add"] = _dispatch.kernel(device_type, "add")
     if "linear" in kernels:
-        linear, quantized = kernels["linear"], kernels.get("quantized_linear")
+        linear: Any = kernels["linear"]
+        quantized: Any = kernels.get("quantized_linear")
 
         def project(out: Tensor, x: Tensor, p: Proj) -> None:
             if p.scheme is None:

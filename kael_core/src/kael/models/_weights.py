@@ -54,6 +54,8 @@ __all__ = [
     "quantization_metadata",
     "quantized_modules",
     "read_quantization",
+    "replace_module",
+    "QuantizedCheckpoint",
     "stored_shape",
 ]
 
@@ -250,7 +252,16 @@ def _header_metadata(path: Path) -> dict[str, str]:
     return dict(header.metadata or {})
 
 
-def read_quantization(directory: Any) -> tuple[dict[str, QuantizedSpec], str | None]:
+class QuantizedCheckpoint(NamedTuple):
+    """What a checkpoint's metadata declares: its quantized tensors (empty for a float checkpoint), its
+    ``weights`` choice (None for a float one) and ``where``, the file holding the metadata, for errors."""
+
+    specs: dict[str, QuantizedSpec]
+    weights: str | None
+    where: str
+
+
+def read_quantization(directory: Any) -> QuantizedCheckpoint:
     """The quantized tensors a checkpoint directory declares (empty for a float one) and its weights choice.
 
     Every malformation is a FormatError naming the file and the key: metadata that is not a
@@ -259,12 +270,13 @@ def read_quantization(directory: Any) -> tuple[dict[str, QuantizedSpec], str | N
     """
     path = _first_file(Path(directory))
     if path is None:
-        return {}, None
+        return QuantizedCheckpoint({}, None, f"checkpoint {os.fspath(directory)!r}")
+    file = f"checkpoint {os.fspath(path)!r}"
     meta = _header_metadata(path)
     raw = meta.get(QUANTIZATION_KEY)
-    where = f"checkpoint {os.fspath(path)!r}: metadata {QUANTIZATION_KEY!r}"
+    where = f"{file}: metadata {QUANTIZATION_KEY!r}"
     if raw is None:
-        return {}, None
+        return QuantizedCheckpoint({}, None, file)
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -301,7 +313,7 @@ def read_quantization(directory: Any) -> tuple[dict[str, QuantizedSpec], str | N
             f"checkpoint {os.fspath(path)!r}: metadata {WEIGHTS_KEY!r} is {weights!r}, expected one of "
             f"{list(WEIGHTS[1:])} for a checkpoint with quantized tensors"
         )
-    return specs, weights
+    return QuantizedCheckpoint(specs, weights, file)
 
 
 def _short(x: object) -> str:
@@ -346,6 +358,14 @@ def quantized_modules(
                 f"the model's module is {list(want)}"
             )
         yield name, parent, attr, q
+
+
+def replace_module(parent: Module, name: str, module: Module) -> None:
+    """``parent.name = module``, keeping the child's place (so state_dict keeps its key order)."""
+    if name in parent._modules:
+        parent._modules[name] = module
+    else:
+        setattr(parent, name, module)
 
 
 def _submodule(model: Module, name: str) -> Module:

@@ -53,6 +53,7 @@ from .._weights import (
     quantization_metadata,
     quantized_modules,
     read_quantization,
+    replace_module,
 )
 from ._config import GPTConfig
 from ._model import GPT
@@ -254,13 +255,12 @@ def from_pretrained(
         raise FormatError(f"GPT.from_pretrained: {_where(d)} is not a directory")
     scheme = check_weights(weights, "GPT.from_pretrained")
     config = read_config(d / CONFIG_NAME)
-    specs, stored = read_quantization(d)
-    check_weights_dtype(stored or ("quantized" if specs else scheme), dtype, "GPT.from_pretrained")
+    specs, stored, where = read_quantization(d)
+    check_weights_dtype(stored or scheme, dtype, "GPT.from_pretrained")
     model = GPT.from_config(config, device=device, dtype=dtype, init=False)
     if specs:
-        where = f"GPT-2 checkpoint {_where(d)}"
-        for _, parent, attr, module in list(quantized_modules(model, specs, _key, where)):
-            setattr(parent, attr, module)
+        for _, parent, attr, module in list(quantized_modules(model, specs, _key, f"GPT-2 {where}")):
+            replace_module(parent, attr, module)
         model.weights_scheme = stored
     load_gpt2(model, d if (d / INDEX_NAME).is_file() else d / WEIGHTS_NAME, mmap=mmap)
     model.generation_config = read_generation_config(d)

@@ -230,7 +230,8 @@ class GPT(CausalLMBase):
     @property
     def dtype(self) -> dt.DType:
         """The dtype the model computes in (its activations and KV cache): that of its norms."""
-        return self.ln_f.weight.dtype
+        d: dt.DType = self.ln_f.weight.dtype
+        return d
 
     @property
     def num_layers(self) -> int:
@@ -277,10 +278,10 @@ class GPT(CausalLMBase):
     # -- weight formats (NOTE [weights choice] in kael/models/_weights.py) -----------------------
     def quantize_embeddings(self, scheme: str) -> None:
         """``wte`` as a QuantizedTable in ``head_scheme(scheme)``: it is the tied LM head too (``wpe`` stays float)."""
-        from .._weights import QuantizedTable, head_scheme
+        from .._weights import QuantizedTable, head_scheme, replace_module
 
         if isinstance(self.wte, EmbeddingTable):
-            self.wte = QuantizedTable.from_float(self.wte.weight, head_scheme(scheme))
+            replace_module(self, "wte", QuantizedTable.from_float(self.wte.weight, head_scheme(scheme)))
 
     def decode_step(self, cache: KVCache) -> DecodeStep | None:
         """The direct-kernel step (``GPT2DecodeStep``), or None when the backend lacks a fused kernel it calls."""

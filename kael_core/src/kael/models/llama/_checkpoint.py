@@ -47,6 +47,7 @@ from .._weights import (
     quantization_metadata,
     quantized_modules,
     read_quantization,
+    replace_module,
 )
 from ._config import hf_config, read_config
 from ._model import LlamaForCausalLM
@@ -89,13 +90,13 @@ def from_pretrained(
     where = "LlamaForCausalLM.from_pretrained"
     scheme = check_weights(weights, where)
     config = read_config(d / CONFIG_NAME)
-    specs, stored = read_quantization(d)
+    specs, stored, file = read_quantization(d)
     check_weights_dtype(stored or scheme, dtype, where)
     target = _target_dtype(dtype)
     model = LlamaForCausalLM(config, device=device, dtype=target or dt.float32, init=False)
     if specs:
-        for _, parent, attr, module in list(quantized_modules(model, specs, _key, f"Llama checkpoint {_where(d)}")):
-            setattr(parent, attr, module)
+        for _, parent, attr, module in list(quantized_modules(model, specs, _key, f"Llama {file}")):
+            replace_module(parent, attr, module)
         model.weights_scheme = stored
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
     buffers = dict(model.named_buffers())  # weights in a weight format: exact dtype, checked below
@@ -108,7 +109,7 @@ def from_pretrained(
     tensors = load_checkpoint_tensors(
         d, device=model.device, dtype=None if specs else target, mmap=mmap, expected=expected, optional=optional
     )
-    _check_buffers(tensors, buffers, d)
+    _check_buffers(tensors, buffers, f"Llama {file}")
     if target is None:
         target = tensors["model.embed_tokens.weight"].dtype
     head = tensors.get(_HEAD) if config.tie_word_embeddings else None
@@ -134,7 +135,7 @@ def _key(module_name: str) -> str:
     return f"{module_name}.weight"
 
 
-def _check_buffers(tensors: dict[str, Tensor], buffers: dict[str, Tensor], d: Path) -> None:
+def _check_buffers(tensors: dict[str, Tensor], buffers: dict[str, Tensor], where: str) -> None:
     """Every weight-format buffer is in the checkpoint with its exact stored shape and dtype."""
     problems = []
     for name, buf in buffers.items():
@@ -149,7 +150,7 @@ def _check_buffers(tensors: dict[str, Tensor], buffers: dict[str, Tensor], d: Pa
     if _HEAD in tensors and _HEAD not in buffers and any(n.startswith("model.embed_tokens.") for n in buffers):
         problems.append(f"{_HEAD!r} is not expected beside a quantized tied 'model.embed_tokens.weight'")
     if problems:
-        raise FormatError(f"Llama checkpoint {_where(d)}: " + "; ".join(problems))
+        raise FormatError(f"{where}: " + "; ".join(problems))
 
 
 def fuse_projections(model: LlamaForCausalLM) -> None:

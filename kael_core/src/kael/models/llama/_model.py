@@ -242,7 +242,8 @@ class LlamaForCausalLM(CausalLMBase):
     @property
     def dtype(self) -> dt.DType:
         """The dtype the model computes in (its activations and KV cache): that of its norms."""
-        return self.model.norm.weight.dtype
+        d: dt.DType = self.model.norm.weight.dtype
+        return d
 
     @property
     def num_layers(self) -> int:
@@ -326,14 +327,15 @@ class LlamaForCausalLM(CausalLMBase):
         """``embed_tokens`` as a QuantizedTable (in ``head_scheme(scheme)`` when it is the tied head, else
         ``scheme``), and an untied ``lm_head`` still float as a QuantizedLinear in ``head_scheme(scheme)``."""
         from ...quant import QuantizedLinear
-        from .._weights import QuantizedTable, head_scheme
+        from .._weights import QuantizedTable, head_scheme, replace_module
 
         tied = self.config.tie_word_embeddings
         if isinstance(self.model.embed_tokens, Table):
-            table = self.model.embed_tokens.weight
-            self.model.embed_tokens = QuantizedTable.from_float(table, head_scheme(scheme) if tied else scheme)
+            table = QuantizedTable.from_float(self.model.embed_tokens.weight, head_scheme(scheme) if tied else scheme)
+            replace_module(self.model, "embed_tokens", table)
         if not tied and isinstance(self.lm_head, Projection):
-            self.lm_head = QuantizedLinear.from_float(self.lm_head.weight, None, head_scheme(scheme))
+            head = QuantizedLinear.from_float(self.lm_head.weight, None, head_scheme(scheme))
+            replace_module(self, "lm_head", head)
 
     def on_quantized(self) -> None:
         """Rebuild each layer's fused q/k/v and gate/up buffers over the new weights (NOTE [fused projections])."""
