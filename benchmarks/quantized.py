@@ -52,6 +52,7 @@ FORMATS = ("f32", "bf16", "f16", "q8_0", "q4_0")
 GPT2_SMALL: dict[str, Any] = {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
 GPT2_QUICK: dict[str, Any] = {"n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128, "vocab_size": 50257}
 PROMPT_TOKENS = 16
+WARMUP_TOKENS = 4  # the decode warm-up before the timed runs
 LLAMA_FTYPE_MOSTLY_Q4_0 = 2  # llama.h's llama_ftype
 
 
@@ -204,12 +205,12 @@ def worker_kael(path: Path, threads: int, tokens: int, prefill: int, repeats: in
     run_prefill()
     report["prefill_tok_s"] = prefill / _best(run_prefill, repeats)
 
-    def decode() -> tuple[list[int], list[float]]:
+    def decode(n: int = tokens) -> tuple[list[int], list[float]]:
         stamps: list[float] = []
-        ids = model.generate(prompt, tokens, on_token=lambda t: stamps.append(time.perf_counter()))
+        ids = model.generate(prompt, n, on_token=lambda t: stamps.append(time.perf_counter()))
         return ids, stamps
 
-    decode()  # warm-up
+    decode(WARMUP_TOKENS)  # first-call allocations and caches
     runs = [decode() for _ in range(repeats)]
     report["decode_tok_s"] = max(_decode_rate(r[1]) for r in runs)
     report["tokens"] = runs[0][0]
@@ -235,17 +236,17 @@ def worker_llama_cpp(path: Path, threads: int, tokens: int, prefill: int, repeat
     run_prefill()
     report["prefill_tok_s"] = prefill / _best(run_prefill, repeats)
 
-    def decode() -> tuple[list[int], list[float]]:
+    def decode(n: int = tokens) -> tuple[list[int], list[float]]:
         ids: list[int] = []
         stamps: list[float] = []
         for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
             ids.append(int(tok))
             stamps.append(time.perf_counter())
-            if len(ids) == tokens:
+            if len(ids) == n:
                 break
         return ids, stamps
 
-    decode()  # warm-up
+    decode(WARMUP_TOKENS)  # first-call allocations and caches
     runs = [decode() for _ in range(repeats)]
     report["decode_tok_s"] = max(_decode_rate(r[1]) for r in runs)
     report["tokens"] = runs[0][0]
