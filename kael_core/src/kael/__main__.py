@@ -94,6 +94,9 @@ def version_text() -> str:
     return f"kael {__version__} (Python {platform.python_version()}, NumPy {numpy})"
 
 
+WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0")  # kael.models' weights choices (kael/models/_weights.py)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kael", description="kael command line")
     parser.add_argument("--version", action="version", version=version_text())
@@ -123,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
     g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     g.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    g.add_argument(
+        "--weights",
+        default=None,
+        choices=WEIGHTS,
+        help="load the weights in this format: f32, bf16, f16, or GGML's q8_0 / q4_0 blocks (projections and "
+        "token table, as llama.cpp's default quantization; norms and biases stay float32). Default: as stored",
+    )
     c = sub.add_parser(
         "chat",
         help="chat with a model in the terminal: each line of stdin is a message, replies are streamed",
@@ -141,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: in (0, 1], 1 disables (default)")
     c.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     c.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    c.add_argument(
+        "--weights",
+        default=None,
+        choices=WEIGHTS,
+        help="load the weights in this format: f32, bf16, f16, or GGML's q8_0 / q4_0 blocks (projections and "
+        "token table, as llama.cpp's default quantization; norms and biases stay float32). Default: as stored",
+    )
     x = sub.add_parser(
         "export-gguf",
         help="write a checkpoint directory and its tokenizer as a GGUF file that llama.cpp loads",
