@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 
+from kael_backend_cuda import _quant
 from kael_backend_cuda import _raw_kernels as raw
 
 
@@ -259,6 +260,7 @@ def _compile(nvrtc: object, src: str, names: list[str]) -> None:
 def test_cuda_sources_compile_with_nvrtc():
     nvrtc = _nvrtc()
     _compile(nvrtc, raw.ROW_KERNELS_SOURCE, raw.row_kernel_names())
+    _compile(nvrtc, _quant.QUANT_KERNELS_SOURCE, [])
     types = {"T": "T", "int32": "int", "int64": "long long", "float32": "float", "float64": "double"}
     for ins, outs, body in raw.ELEMENTWISE_SOURCES.values():
         decls = "".join(
@@ -290,6 +292,7 @@ def test_cuda_sources_compile_with_nvcc(tmp_path):
         pytest.skip("nvcc is not on PATH")
     types = {"T": "T", "int32": "int", "int64": "long long", "float32": "float", "float64": "double"}
     sources = {"rows": raw.ROW_KERNELS_SOURCE + "\n" + _instantiations() + "\n"}
+    sources["quant"] = _quant.QUANT_KERNELS_SOURCE  # extern "C" kernels (test_quant.py also checks sm_90)
     for name, (ins, outs, body) in raw.ELEMENTWISE_SOURCES.items():
         decls = "".join(
             f"{types[p.split()[0]]} {p.split()[1]} = {types[p.split()[0]]}(1);\n" for p in f"{ins}, {outs}".split(",")
