@@ -632,11 +632,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("get_num_threads", &get_num_threads);
   m.def("isa", [] { return std::string(vec().name); });
-  bind_elementwise(m);
-  bind_reductions(m);
-  bind_indexing(m);
-  bind_fused(m);
-}
   m.def("isa_info", [] {  // what vec_select.cpp sees and can pick (NOTE [runtime dispatch] in vec.h)
     py::dict features, requires;
     for (const auto& [name, on] : cpu_feature_list()) features[py::str(name)] = on;
@@ -648,3 +643,8 @@ PYBIND11_MODULE(_C, m) {
     d["features"] = features;
     return d;
   });
+  bind_elementwise(m);
+  bind_reductions(m);
+  bind_indexing(m);
+  bind_fused(m);
+}

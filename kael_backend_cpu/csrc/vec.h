@@ -75,15 +75,13 @@ struct VecTable {
                    int64_t n) = nullptr;
 };
 
+// The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws
+// kael::Error (BackendError) when KAEL_CPU_ISA names an unknown table or one this CPU cannot run.
 const VecTable& vec();
 // The portable table and, when compiled in (else nullptr), the AVX2 and AVX-512 ones. Only
 // call a table's kernels when vec_table_missing(name) is empty.
 const VecTable& vec_base_table();
 const VecTable* vec_avx2_table();
-
-// The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws
-// kael::Error (BackendError) when KAEL_CPU_ISA names an unknown table or one this CPU cannot run.
-}  // namespace kael
 const VecTable* vec_avx512_table();
 
 // What CPUID and XGETBV report: the instruction sets and whether the OS saves the YMM
@@ -108,3 +106,5 @@ std::string vec_table_missing(const std::string& name);
 std::vector<std::string> vec_tables_runnable();
 // The compiled-in table called `name` ("base" is "baseline"), or nullptr.
 const VecTable* vec_table_named(const std::string& name);
+
+}  // namespace kael

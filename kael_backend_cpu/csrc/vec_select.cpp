@@ -85,7 +85,57 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// KAEL_CPU_DISABLE=name[,name...]: features to treat as absent (cpu_feature_list names), so
+// one machine can run as a CPU without them would; "" when every name is known, else the message.
+std::string apply_disable(CpuFeatures& f) {
+  const char* env = std::getenv("KAEL_CPU_DISABLE");
+  if (env == nullptr) return {};
+  bool* fields[] = {&f.avx,      &f.avx2,     &f.fma,         &f.f16c,        &f.avx512f, &f.avx512bw,
+                    &f.avx512vl, &f.avx512dq, &f.avx512_vnni, &f.avx512_bf16, &f.os_avx,  &f.os_avx512};
+  const char* names[] = {"avx",      "avx2",     "fma",         "f16c",        "avx512f", "avx512bw",
+                         "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "os_avx",  "os_avx512"};
+  const std::string list = env;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string name = list.substr(start, end - start);
+    start = end + 1;
+    if (name.empty()) continue;
+    bool found = false;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) {
+      if (name == names[i]) {
+        *fields[i] = false;
+        found = true;
+      }
+    }
+    if (!found) {
+      std::string all;
+      for (const char* n : names) all += (all.empty() ? "" : ", ") + std::string(n);
+      return "KAEL_CPU_DISABLE='" + list + "': unknown CPU feature '" + name +
+             "'; expected a comma-separated list of " + all;
+    }
+  }
+  return {};
+}
+
+struct Detected {
+  CpuFeatures features;
+  std::string disable_error;
+};
+
+const Detected& detected() {
+  static const Detected d = [] {
+    Detected r;
+    r.features = detect();
+    r.disable_error = apply_disable(r.features);
+    return r;
+  }();
+  return d;
+}
+
 const VecTable& choose() {
+  KAEL_CHECK(detected().disable_error.empty(), Backend, detected().disable_error);
   const char* env = std::getenv("KAEL_CPU_ISA");
   if (env == nullptr || *env == '\0') {
     for (const auto& name : vec_tables_runnable()) {
@@ -107,8 +157,7 @@ const VecTable& choose() {
 }  // namespace
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures f = detect();
-  return f;
+  return detected().features;
 }
 
 std::vector<std::pair<std::string, bool>> cpu_feature_list() {

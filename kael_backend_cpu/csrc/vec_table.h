@@ -16,7 +16,6 @@
 #include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
-template <class T, int MR, int NV>
 #ifndef KAEL_KC_F
 #define KAEL_KC_F 256
 #endif
@@ -32,6 +31,7 @@ template <class T, int MR, int NV>
 static_assert(KAEL_MC_F % KAEL_MR_F == 0 && KAEL_NC_F % (KAEL_NV_F * V<float>::L) == 0, "float GEMM blocks");
 static_assert(KAEL_MC_D % KAEL_MR_D == 0 && KAEL_NC_D % (KAEL_NV_D * V<double>::L) == 0, "double GEMM blocks");
 
+template <class T, int MR, int NV>
 GemmKernels<T> gemm_kernels(int64_t mc, int64_t kc, int64_t nc) {
   GemmKernels<T> g;
   g.mr = MR;

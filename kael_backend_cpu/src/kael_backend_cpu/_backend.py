@@ -79,15 +79,18 @@ def isa() -> str:
 def isa_info() -> dict[str, Any]:
     """What the vector-table selection sees, without raising.
 
-    ``isa``: the table in use (None when ``KAEL_CPU_ISA`` is refused, ``error`` then says
-    why); ``requested``: ``KAEL_CPU_ISA`` or None; ``tables``: the tables compiled in and
+    ``isa``: the table in use (None when ``KAEL_CPU_ISA`` or ``KAEL_CPU_DISABLE`` is refused,
+    ``error`` then says why); ``requested``: ``KAEL_CPU_ISA`` or None; ``disabled``:
+    ``KAEL_CPU_DISABLE`` or None; ``tables``: the tables compiled in and
     ``runnable``: those this CPU runs, widest first; ``requires``: the CPU features each
     table needs; ``features``: what CPUID reports (``avx``, ``avx2``, ``fma``, ``f16c``,
     ``avx512f``, ``avx512bw``, ``avx512vl``, ``avx512dq``, ``avx512_vnni``, ``avx512_bf16``)
-    and whether the OS saves the YMM (``os_avx``) and ZMM/opmask (``os_avx512``) registers.
+    and whether the OS saves the YMM (``os_avx``) and ZMM/opmask (``os_avx512``) registers,
+    less those ``KAEL_CPU_DISABLE`` names.
     """
     info: dict[str, Any] = dict(C.isa_info())
     info["requested"] = os.environ.get("KAEL_CPU_ISA") or None
+    info["disabled"] = os.environ.get("KAEL_CPU_DISABLE") or None
     try:
         info["isa"], info["error"] = isa(), None
     except KaelError as exc:

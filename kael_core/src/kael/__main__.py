@@ -70,8 +70,10 @@ def cpu_isa(p: Callable[[str], None]) -> None:
         return
     if info is None:
         return
-    requested = info.get("requested")
-    forced = f" (KAEL_CPU_ISA={requested})" if requested else ""
+    env = [
+        f"{k}={info[v]}" for k, v in (("KAEL_CPU_ISA", "requested"), ("KAEL_CPU_DISABLE", "disabled")) if info.get(v)
+    ]
+    forced = f" ({', '.join(env)})" if env else ""
     if info.get("isa"):
         p(f"\ncpu vector table: {info['isa']}{forced}")
     else:
