@@ -450,7 +450,43 @@ bool tanh_form(const std::string& approximate) {
   raise(ErrorKind::DType, "gelu: approximate must be 'none' or 'tanh', got '" + approximate + "'");
 }
 
+// The scheme attribute of dequantize / quantized_linear (a str) as a QuantScheme.
+QuantScheme quant_scheme(py::handle h, const char* op) {
+  const QuantScheme all[] = {QuantScheme::Q8_0, QuantScheme::Q4_0, QuantScheme::BF16, QuantScheme::F16};
+  if (PyUnicode_Check(h.ptr())) {
+    const std::string s = py::cast<std::string>(h);
+    for (QuantScheme q : all) {
+      if (s == quant_scheme_name(q)) return q;
+    }
+    raise(ErrorKind::Kael, detail::cat(op, ": scheme must be 'q8_0', 'q4_0', 'bf16' or 'f16', got '", s, "'"));
+  }
+  raise(ErrorKind::Kael, detail::cat(op, ": scheme must be a str ('q8_0', 'q4_0', 'bf16' or 'f16'), got ",
+                                     py::str(py::type::of(h).attr("__name__")).cast<std::string>()));
+}
+
 void bind_fused(py::module_& m) {
+  m.def("dequantize", [](py::handle out, py::handle weight, py::handle scheme) {
+    View o = parse(out, "dequantize", true), w = parse(weight, "dequantize");
+    const QuantScheme s = quant_scheme(scheme, "dequantize");
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, w, false);
+    dequantize(o, w, s);
+  });
+  m.def("quantized_linear", [](py::handle out, py::handle x, py::handle weight, py::handle bias, py::handle scheme) {
+    const char* n = "quantized_linear";
+    View o = parse(out, n, true), a = parse(x, n), w = parse(weight, n);
+    View b;
+    const bool has_bias = !bias.is_none();
+    if (has_bias) b = parse(bias, n);
+    const QuantScheme s = quant_scheme(scheme, n);
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, false);
+    u.fix(o, w, false);
+    if (has_bias) u.fix(o, b, false);
+    quantized_linear(o, a, w, has_bias ? &b : nullptr, s);
+  });
   m.def("linear", [](py::handle out, py::handle x, py::handle weight, py::handle bias) {
     View o = parse(out, "linear", true), a = parse(x, "linear"), w = parse(weight, "linear");
     View b;

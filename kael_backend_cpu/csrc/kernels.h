@@ -123,4 +123,14 @@ void silu_mul(const View& out, const View& gate, const View& up);
 void attention(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
                const View* lengths);
 
+// -- quant.cpp: weight formats (NOTE [quantized linear paths]) ---------------------------
+// GGML's Q8_0 / Q4_0 blocks (uint8 [N, K/32*B]) and bfloat16 / float16 [N, K] weights; the
+// order indexes VecTable::dequant_row and qdot_rows.
+enum class QuantScheme { Q8_0, Q4_0, BF16, F16 };
+const char* quant_scheme_name(QuantScheme s);  // "q8_0", "q4_0", "bf16", "f16"
+// out float32 [N, K] = the values of weight
+void dequantize(const View& out, const View& weight, QuantScheme scheme);
+// out [.., N] = x [.., K] @ dequantize(weight).T (+ bias [N]); float32, accumulated in float32
+void quantized_linear(const View& out, const View& x, const View& weight, const View* bias, QuantScheme scheme);
+
 }  // namespace kael

@@ -14,6 +14,7 @@
 #include "vec_gemm_rows.h"    // few-row GEMM kernels (rows_nmajor, rows_kmajor)
 #include "vec_llama.h"        // rms_norm (sum of squares, scaling), silu_mul and rope rows
 #include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
+#include "vec_quant.h"        // weight formats: q8_0 / q4_0 / bf16 / f16 rows and few-row dot products
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 #ifndef KAEL_KC_F
@@ -70,5 +71,13 @@ VecTable make_table(const char* name) {
   t.scale_mul_f32 = scale_mul_f32;
   t.silu_mul_f32 = silu_mul_f32;
   t.rope_f32 = rope_f32;
+  t.dequant_row[0] = dequant_row<0>;
+  t.dequant_row[1] = dequant_row<1>;
+  t.dequant_row[2] = dequant_row<2>;
+  t.dequant_row[3] = dequant_row<3>;
+  t.qdot_rows[0] = qdot_rows<0>;
+  t.qdot_rows[1] = qdot_rows<1>;
+  t.qdot_rows[2] = qdot_rows<2>;
+  t.qdot_rows[3] = qdot_rows<3>;
   return t;
 }

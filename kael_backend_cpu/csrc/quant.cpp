@@ -1,0 +1,237 @@
+// dequantize and quantized_linear: float32 from weights stored in GGML's Q8_0 / Q4_0 blocks or
+// as bfloat16 / float16 (the formats of NOTE [weight formats] in kael/quant/_formats.py).
+//
+// NOTE [quantized linear paths]: out [M, N] = x [M, K] @ dequantize(weight [N, ..]).T + bias.
+// * M <= 16 (decode, batched decode, short prompts): dot products of the M rows with each
+//   weight row, the weights expanded to float32 in registers (vec_quant.h: qdot_rows) and
+//   read from memory once for all M rows; threads split N into contiguous ranges. Each row
+//   sums its products in one fixed order (32-value block sums added into one vector
+//   accumulator, its lanes, the bias last), so a row's result is bit-identical whatever M is.
+// * M > 16 (prefill): compute-bound. Panels of weight rows are dequantized into a float32
+//   scratch (about 1 MiB) and multiplied with the packed GEMM (gemm.h); threads split N into
+//   panels (or, with fewer panels than threads, the GEMM splits the rows). A row's result
+//   here may differ from the few-row path in the last bits (another summation order).
+// Dequantized values are exact (d * q fits float32), so only the summation order differs
+// from a float64 reference.
+#include <algorithm>
+#include <cstring>
+
+#include "buffer.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "thread_pool.h"
+#include "vec.h"
+
+namespace kael {
+namespace {
+
+constexpr int64_t kFewRows = 16;          // rows up to which the dot-product path runs
+constexpr int64_t kPanelBytes = 1 << 20;  // float32 scratch per panel of dequantized weight rows
+
+int64_t block_bytes(QuantScheme s) {
+  return s == QuantScheme::Q8_0 ? 34 : s == QuantScheme::Q4_0 ? 18 : 0;
+}
+
+bool is_block(QuantScheme s) {
+  return s == QuantScheme::Q8_0 || s == QuantScheme::Q4_0;
+}
+
+// A weight's rows, each contiguous in bytes (copied when the view's last stride is not 1).
+struct WeightRows {
+  const uint8_t* data = nullptr;
+  int64_t row_stride = 0;  // bytes
+  Temp copy;
+};
+
+// Checks that `w` holds an [n, k] matrix in scheme `s` and returns its rows.
+WeightRows weight_rows(const char* op, const View& w, QuantScheme s, int64_t n, int64_t k) {
+  const char* name = quant_scheme_name(s);
+  KAEL_CHECK(w.ndim == 2, Shape, op, ": weight must be 2-d ([N, row bytes] or [N, K]), got ", w.ndim, " dims");
+  int64_t cols = k;
+  if (is_block(s)) {
+    KAEL_CHECK(w.dtype == DType::UInt8, DType, op, ": a ", name, " weight must be uint8 blocks, got ",
+               dtype_name(w.dtype));
+    KAEL_CHECK(k % 32 == 0, Shape, op, ": K = ", k, " is not a multiple of the ", name, " block size 32");
+    cols = k / 32 * block_bytes(s);
+    KAEL_CHECK(w.shape[0] == n && w.shape[1] == cols, Shape, op, ": a ", name, " weight for [N, K] = [", n, ", ", k,
+               "] must be uint8 [", n, ", ", cols, "] (K/32 blocks of ", block_bytes(s), " bytes a row), got [",
+               w.shape[0], ", ", w.shape[1], "]");
+  } else {
+    const DType want = s == QuantScheme::BF16 ? DType::BFloat16 : DType::Float16;
+    KAEL_CHECK(w.dtype == want, DType, op, ": a ", name, " weight must be ", dtype_name(want), ", got ",
+               dtype_name(w.dtype));
+    KAEL_CHECK(w.shape[0] == n && w.shape[1] == k, Shape, op, ": a ", name, " weight for [N, K] = [", n, ", ", k,
+               "] must be [", n, ", ", k, "], got [", w.shape[0], ", ", w.shape[1], "]");
+  }
+  WeightRows r;
+  const View* v = &w;
+  if (cols > 1 && w.strides[1] != 1) {
+    r.copy = to_contiguous(w, w.dtype);
+    v = &r.copy.view;
+  }
+  r.data = v->ptr<uint8_t>();
+  r.row_stride = (n > 1 ? v->strides[0] : cols) * itemsize(w.dtype);
+  return r;
+}
+
+// Leading dims of v collapse to one row dim? Its stride in *rs (0 for a 1-d view).
+bool rows_stride(const View& v, int64_t* rs) {
+  const int nd = v.ndim;
+  if (nd == 1) {
+    *rs = 0;
+    return true;
+  }
+  for (int d = 0; d < nd - 2; ++d) {
+    if (v.shape[d] != 1 && v.strides[d] != v.strides[d + 1] * v.shape[d + 1]) return false;
+  }
+  *rs = v.strides[nd - 2];
+  return true;
+}
+
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+// c[i * rsc + j] (+)= bias[j] for the m x n block.
+void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * rsc;
+    for (int64_t j = 0; j < n; ++j) ci[j] += bias[j];
+  }
+}
+
+// The M > 16 path: panels of dequantized weight rows through the packed GEMM.
+void linear_panels(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+                   const float* bias, float* c, int64_t rsc) {
+  const auto dequant = vec().dequant_row[static_cast<int>(s)];
+  const int64_t width = parallel_width();
+  int64_t nb = std::clamp<int64_t>(kPanelBytes / (4 * k) / 16 * 16, 16, 512);
+  nb = std::max<int64_t>(16, std::min(nb, round_up((n + 2 * width - 1) / (2 * width), 16)));
+  const int64_t panels = (n + nb - 1) / nb;
+  const auto run_panel = [&](int64_t p, bool parallel_dequant) {
+    const int64_t n0 = p * nb, cnt = std::min(nb, n - n0);
+    Buffer buf(static_cast<size_t>(cnt * k) * sizeof(float));
+    auto* panel = buf.get<float>();
+    const auto rows = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) dequant(panel + r * k, w.data + (n0 + r) * w.row_stride, k);
+    };
+    if (parallel_dequant) {
+      parallel_for(0, cnt, std::max<int64_t>(1, 16384 / k), rows);
+    } else {
+      rows(0, cnt);
+    }
+    // B [k, cnt] is the panel read column-major: B[kk, j] = panel[j * k + kk]
+    gemm<float>(m, cnt, k, x, rsx, 1, panel, 1, k, c + n0, rsc, 1, false);
+    if (bias != nullptr) add_bias(c + n0, rsc, m, cnt, bias + n0);
+  };
+  if (panels >= width) {
+    parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) run_panel(p, false);
+    });
+  } else {
+    for (int64_t p = 0; p < panels; ++p) run_panel(p, true);  // the GEMM splits the rows
+  }
+}
+
+}  // namespace
+
+const char* quant_scheme_name(QuantScheme s) {
+  switch (s) {
+    case QuantScheme::Q8_0:
+      return "q8_0";
+    case QuantScheme::Q4_0:
+      return "q4_0";
+    case QuantScheme::BF16:
+      return "bf16";
+    case QuantScheme::F16:
+      return "f16";
+  }
+  return "?";
+}
+
+void dequantize(const View& out, const View& weight, QuantScheme scheme) {
+  KAEL_CHECK(out.ndim == 2, Shape, "dequantize: out must be float32 [N, K], got ", out.ndim, " dims");
+  KAEL_CHECK(out.dtype == DType::Float32, DType, "dequantize: out must be float32, got ", dtype_name(out.dtype));
+  const int64_t n = out.shape[0], k = out.shape[1];
+  WeightRows w = weight_rows("dequantize", weight, scheme, n, k);
+  if (out.numel() == 0) return;
+  const auto dequant = vec().dequant_row[static_cast<int>(scheme)];
+  const bool contiguous_rows = k == 1 || out.strides[1] == 1;
+  auto* o = out.ptr<float>();
+  parallel_for(0, n, std::max<int64_t>(1, 32768 / k), [&](int64_t r0, int64_t r1) {
+    Buffer row;
+    if (!contiguous_rows) row = Buffer(static_cast<size_t>(k) * sizeof(float));
+    for (int64_t r = r0; r < r1; ++r) {
+      float* dst = o + r * out.strides[0];
+      if (contiguous_rows) {
+        dequant(dst, w.data + r * w.row_stride, k);
+      } else {
+        auto* tmp = row.get<float>();
+        dequant(tmp, w.data + r * w.row_stride, k);
+        for (int64_t j = 0; j < k; ++j) dst[j * out.strides[1]] = tmp[j];
+      }
+    }
+  });
+}
+
+void quantized_linear(const View& out, const View& x, const View& weight, const View* bias, QuantScheme scheme) {
+  const char* op = "quantized_linear";
+  KAEL_CHECK(x.ndim >= 1, Shape, op, ": x must have at least 1 dim ([.., K])");
+  KAEL_CHECK(x.dtype == DType::Float32 && out.dtype == DType::Float32, DType, op, ": x and out must be float32, got x ",
+             dtype_name(x.dtype), ", out ", dtype_name(out.dtype));
+  KAEL_CHECK(out.ndim == x.ndim, Shape, op, ": out [.., N] must have x's ", x.ndim, " dims, got ", out.ndim);
+  for (int d = 0; d + 1 < x.ndim; ++d) {
+    KAEL_CHECK(out.shape[d] == x.shape[d], Shape, op, ": out's leading dims must be x's: dim ", d, " is ", out.shape[d],
+               ", x has ", x.shape[d]);
+  }
+  const int64_t k = x.shape[x.ndim - 1], n = out.shape[out.ndim - 1];
+  WeightRows w = weight_rows(op, weight, scheme, n, k);
+  if (bias != nullptr) {
+    KAEL_CHECK(bias->dtype == DType::Float32, DType, op, ": bias must be float32, got ", dtype_name(bias->dtype));
+    KAEL_CHECK(bias->ndim == 1 && bias->shape[0] == n, Shape, op, ": bias must be [", n, "] (N), got ", bias->ndim,
+               " dims", bias->ndim == 1 ? detail::cat(" [", bias->shape[0], "]") : std::string());
+  }
+  if (out.numel() == 0) return;
+  const int64_t m = out.numel() / n;
+
+  int64_t rsx = 0, rso = 0;
+  Temp xt, ot, bt;
+  const View* xv = &x;
+  const View* ov = &out;
+  if (!rows_stride(x, &rsx) || (k > 1 && x.strides[x.ndim - 1] != 1)) {
+    xt = to_contiguous(x, DType::Float32);
+    xv = &xt.view;
+    rsx = k;
+  }
+  if (!rows_stride(out, &rso) || (n > 1 && out.strides[out.ndim - 1] != 1)) {
+    ot = make_temp(DType::Float32, out.shape, out.ndim);
+    ov = &ot.view;
+    rso = n;
+  }
+  const float* bp = nullptr;
+  if (bias != nullptr) {
+    bp = bias->ptr<float>();
+    if (n > 1 && bias->strides[0] != 1) {
+      bt = to_contiguous(*bias, DType::Float32);
+      bp = bt.view.ptr<float>();
+    }
+  }
+  const float* xp = xv->ptr<float>();
+  float* c = ov->ptr<float>();
+  if (k == 0) {  // an empty sum: out = bias (or 0)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * rso + j] = bp != nullptr ? bp[j] : 0.0f;
+    }
+  } else if (m <= kFewRows) {
+    const auto dots = vec().qdot_rows[static_cast<int>(scheme)];
+    parallel_for(0, n, std::max<int64_t>(1, 32768 / (m * k)), [&](int64_t j0, int64_t j1) {
+      dots(m, j1 - j0, k, xp, rsx, w.data + j0 * w.row_stride, w.row_stride, bp == nullptr ? nullptr : bp + j0, c + j0,
+           rso);
+    });
+  } else {
+    linear_panels(scheme, m, n, k, xp, rsx, w, bp, c, rso);
+  }
+  if (ov != &out) copy(out, *ov);
+}
+
+}  // namespace kael

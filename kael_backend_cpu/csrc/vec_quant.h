@@ -1,0 +1,193 @@
+// Weight-format rows (the dequantize and quantized_linear ops, csrc/quant.cpp): one weight row
+// of a format expanded to float32, and the few-row dot products of float32 rows with weight
+// rows, the weights expanded in registers. Formats, indexed by kael::QuantScheme (kernels.h):
+// 0 q8_0 (34-byte blocks: float16 d, 32 int8 q; value d*q), 1 q4_0 (18-byte blocks: float16 d,
+// 16 bytes; value i < 16 = d*((q[i] & 15) - 8), i + 16 = d*((q[i] >> 4) - 8)), 2 bfloat16,
+// 3 float16. A block value d*q is exact in float32 (11 + 8 significant bits), so a dequantized
+// weight equals the reference's bit for bit.
+// Pasted inside the per-ISA namespace by vec_table.h (NOTE [runtime dispatch] in vec.h):
+// no includes but its vec_*.h siblings.
+#pragma once
+
+#include "vec_core.h"
+
+// clang-format off
+typedef int8_t vq8 __attribute__((vector_size(KAEL_VBYTES / 4)));     // NOLINT(modernize-use-using): L int8
+typedef uint8_t vqu8 __attribute__((vector_size(KAEL_VBYTES / 4)));   // NOLINT(modernize-use-using): L uint8
+typedef uint16_t vqu16 __attribute__((vector_size(KAEL_VBYTES / 2)));  // NOLINT(modernize-use-using): L uint16
+typedef uint32_t vqu32 __attribute__((vector_size(KAEL_VBYTES)));      // NOLINT(modernize-use-using): L uint32
+// clang-format on
+
+constexpr int64_t kQBlock = 32;                     // values per block (and per step of the dot loops)
+constexpr int kQVecs = int{kQBlock / V<float>::L};  // float vectors per block
+
+// float16 bits -> float32, exact for every value (subnormals, inf, nan) without F16C: the
+// normal range is a shift and one exact power-of-two multiply, subnormals come out of a
+// magic-number subtraction.
+inline vf half_to_float_v(vqu16 h) {
+  const vqu32 w = __builtin_convertvector(h, vqu32) << 16;
+  const vqu32 sign = w & 0x80000000u;
+  const vqu32 two_w = w + w;
+  const vf normal = bitcast<vf>((two_w >> 4) + (0xE0u << 23)) * splat(0x1.0p-112f);
+  const vf subnormal = bitcast<vf>((two_w >> 17) | (126u << 23)) - splat(0.5f);
+  const auto is_sub = bitcast<vqu32>(two_w < (1u << 27));  // lanes all ones / zero
+  return bitcast<vf>(sign | (is_sub & bitcast<vqu32>(subnormal)) | (~is_sub & bitcast<vqu32>(normal)));
+}
+
+inline float half_to_float_s(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normal = bitcast<float>((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float subnormal = bitcast<float>((two_w >> 17) | (126u << 23)) - 0.5f;
+  return bitcast<float>(sign | (two_w < (1u << 27) ? bitcast<uint32_t>(subnormal) : bitcast<uint32_t>(normal)));
+}
+
+inline vf bf16_to_float_v(vqu16 h) {
+  return bitcast<vf>(__builtin_convertvector(h, vqu32) << 16);
+}
+
+// L 16-bit floats at p (F = 2 bfloat16, 3 float16) as float32.
+template <int F>
+inline vf load_16bit(const uint8_t* p) {
+  vqu16 h;
+  std::memcpy(&h, p, sizeof(h));
+  if constexpr (F == 2) {
+    return bf16_to_float_v(h);
+  } else {
+#if defined(__F16C__) && KAEL_VBYTES == 32
+    return bitcast<vf>(_mm256_cvtph_ps(bitcast<__m128i>(h)));
+#elif defined(__AVX512F__) && KAEL_VBYTES == 64
+    return bitcast<vf>(_mm512_maskz_cvtph_ps(0xFFFF, bitcast<__m256i>(h)));  // (maskz: no -Wmaybe-uninitialized)
+#else
+    return half_to_float_v(h);
+#endif
+  }
+}
+
+template <int F>
+inline float scalar_16bit(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F == 2 ? bitcast<float>(static_cast<uint32_t>(h) << 16) : half_to_float_s(h);
+}
+
+// The 32 values of block b of a weight row, in kQVecs vectors.
+template <int F>
+inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
+  constexpr int64_t L = V<float>::L;
+  if constexpr (F == 0) {  // q8_0
+    const uint8_t* blk = row + b * 34;
+    uint16_t dbits;
+    std::memcpy(&dbits, blk, 2);
+    const vf d = splat(half_to_float_s(dbits));
+    for (int v = 0; v < kQVecs; ++v) {
+      vq8 q;
+      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
+      w[v] = __builtin_convertvector(q, vf) * d;
+    }
+  } else if constexpr (F == 1) {  // q4_0: the low nibbles are values 0..15, the high ones 16..31
+    const uint8_t* blk = row + b * 18;
+    uint16_t dbits;
+    std::memcpy(&dbits, blk, 2);
+    const vf d = splat(half_to_float_s(dbits));
+    constexpr int H = kQVecs / 2;
+    for (int v = 0; v < H; ++v) {
+      vqu8 q;
+      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
+      const vi lo = __builtin_convertvector(q & 15, vi) - 8;
+      const vi hi = __builtin_convertvector(q >> 4, vi) - 8;
+      w[v] = __builtin_convertvector(lo, vf) * d;
+      w[H + v] = __builtin_convertvector(hi, vf) * d;
+    }
+  } else {  // bfloat16, float16
+    for (int v = 0; v < kQVecs; ++v) w[v] = load_16bit<F>(row + (b * kQBlock + v * L) * 2);
+  }
+}
+
+// out[0..k) = weight row `row` as float32 (k % 32 == 0 for the block formats).
+template <int F>
+void dequant_row(float* out, const uint8_t* row, int64_t k) {
+  constexpr int64_t L = V<float>::L;
+  const int64_t nb = k / kQBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    vf w[kQVecs];
+    load_block<F>(row, b, w);
+    for (int v = 0; v < kQVecs; ++v) store(out + b * kQBlock + v * L, w[v]);
+  }
+  if constexpr (F >= 2) {
+    int64_t t = nb * kQBlock;
+    for (; t + L <= k; t += L) store(out + t, load_16bit<F>(row + t * 2));
+    for (; t < k; ++t) out[t] = scalar_16bit<F>(row + t * 2);
+  }
+}
+
+// The 32 products of a block with x[0..32), summed pairwise into one vector.
+inline vf block_dot(const vf (&w)[kQVecs], const float* x) {
+  constexpr int64_t L = V<float>::L;
+  vf p[kQVecs];
+  for (int v = 0; v < kQVecs; ++v) p[v] = w[v] * load(x + v * L);
+  for (int s = kQVecs / 2; s >= 1; s /= 2) {
+    for (int v = 0; v < s; ++v) p[v] = p[v] + p[v + s];
+  }
+  return p[0];
+}
+
+// c[i * rsc] = dot(a row i, weight row w) (+ *bias) for MB rows of a. Every row sums in the
+// same order whatever MB is (block sums into one vector accumulator, its lanes in order, the
+// tail of a 16-bit row, then the bias), so a row comes out the same in every group size.
+template <int F, int MB>
+inline void qdot_group(int64_t k, const float* a, int64_t rsa, const uint8_t* w, const float* bias, float* c,
+                       int64_t rsc) {
+  constexpr int64_t L = V<float>::L;
+  vf acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = vf{};
+  const int64_t nb = k / kQBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    vf wv[kQVecs];
+    load_block<F>(w, b, wv);
+    for (int i = 0; i < MB; ++i) acc[i] += block_dot(wv, a + i * rsa + b * kQBlock);
+  }
+  int64_t kv = nb * kQBlock;
+  if constexpr (F >= 2) {
+    for (; kv + L <= k; kv += L) {
+      const vf wt = load_16bit<F>(w + kv * 2);
+      for (int i = 0; i < MB; ++i) acc[i] += wt * load(a + i * rsa + kv);
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    float s = hsum<float>(acc[i]);
+    if constexpr (F >= 2) {
+      for (int64_t t = kv; t < k; ++t) s += scalar_16bit<F>(w + t * 2) * a[i * rsa + t];
+    }
+    if (bias != nullptr) s += *bias;
+    c[i * rsc] = s;
+  }
+}
+
+// Few rows: c[i * rsc + j] = dot(a row i, weight row j) (+ bias[j]), i < m, j < n; weight row j
+// at w + j * rsw bytes. Each weight row is read from memory once, by the first group of four
+// rows of a; the other groups find it in L1.
+template <int F>
+void qdot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, const uint8_t* w, int64_t rsw,
+               const float* bias, float* c, int64_t rsc) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* wj = w + j * rsw;
+    const float* bj = bias == nullptr ? nullptr : bias + j;
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) qdot_group<F, 4>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+    switch (m - i) {
+      case 3:
+        qdot_group<F, 3>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+        break;
+      case 2:
+        qdot_group<F, 2>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+        break;
+      case 1:
+        qdot_group<F, 1>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+        break;
+      default:
+        break;
+    }
+  }
+}
