@@ -25,7 +25,7 @@ from litestar import Litestar
 from kael_server import __version__, limits
 from kael_server.auth import ENV_VAR, configured_keys
 from kael_server.errors import ServerConfigError
-from kael_server.loading import load_app
+from kael_server.loading import WEIGHTS, load_app
 from kael_server.logs import configure_logging, get_logger
 from kael_server.state import ServerState
 
@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         "GGUF file (model.gguf: GPT-2, Llama or Qwen2 with its tokenizer)",
     )
     parser.add_argument("--device", default="cpu", help="kael device to run the model on, e.g. cpu or cuda")
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default=None,
+        help="load the weights in this format: f32, bf16, f16, or GGML's q8_0 / q4_0 blocks (projections and "
+        "token table, as llama.cpp's default quantization; norms and biases stay float32); default: as stored",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help=f"TCP port to listen on (1 to {MAX_PORT})")
     parser.add_argument(
@@ -246,6 +253,7 @@ def _main(argv: Sequence[str] | None) -> int:
             api_keys=keys,
             protect_metrics=args.protect_metrics,
             request_timeout=args.request_timeout,
+            weights=args.weights,
         )
         sock = listening_socket(args.host, args.port)
     except (ServerConfigError, ImportError) as exc:
@@ -256,6 +264,7 @@ def _main(argv: Sequence[str] | None) -> int:
         host=args.host,
         port=args.port,
         device=args.device,
+        weights=args.weights,
         slots=args.slots,
         queue=args.queue,
         request_timeout=args.request_timeout,

@@ -23,6 +23,7 @@ __all__ = [
     "BUNDLED_MODELS",
     "CHECKPOINT_FILES",
     "TOKENIZER_FILES",
+    "WEIGHTS",
     "ServerConfigError",
     "bundled_model_dir",
     "check_device",
@@ -42,6 +43,8 @@ BUNDLED_MODELS = ("kael-tiny", "kael-tiny-chat")
 """The models shipped inside the package: ``--data NAME`` serves one by name (when no directory
 of that name exists), ``kael-tiny`` without ``--data``; ``kael-tiny-chat`` has a chat template."""
 _TOKENIZER_WORDS = "tokenizer.json, or vocab.json and merges.txt"
+WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0")
+"""``--weights`` choices: ``kael.models.WEIGHTS`` (named here so the web stack imports without kael)."""
 
 
 def bundled_model_dir(name: str = BUNDLED_MODEL) -> Path:
@@ -106,6 +109,7 @@ def load_app(
     api_keys: ApiKeys | Sequence[str] = (),
     protect_metrics: bool = False,
     request_timeout: float | None = None,
+    weights: str | None = None,
 ) -> Litestar:
     """The app serving the checkpoint in ``data`` (any family ``kael.models.from_pretrained`` knows by
     config.json's ``model_type``; any size: shapes come from config.json).
@@ -122,9 +126,15 @@ def load_app(
     ``slots`` generations run at once: with more than one (or with a ``queue``), they share
     each decode step through a BatchScheduler over kael's ``BatchDecoder``; with one and no
     queue, the single-slot SlotPool runs ``model.generate`` as before.
+
+    ``weights`` (None: as stored; or one of WEIGHTS) loads the weights in that format
+    (``kael.models.from_pretrained(weights=...)``, ``load_gguf(weights=...)``); ``/v1/models``
+    reports the format the model holds.
     """
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise ServerConfigError(f"--slots must be an integer >= 1, got {slots!r}")
+    if weights is not None and weights not in WEIGHTS:
+        raise ServerConfigError(f"--weights must be one of {list(WEIGHTS)}, got {weights!r}")
     if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
         raise ServerConfigError(f"--queue must be an integer >= 0, got {queue!r}")
     if not 0 <= queue_timeout <= 3600:
@@ -139,11 +149,12 @@ def load_app(
 
     def load(metrics: Metrics) -> Generator:
         if path.is_file():  # GGUF: the family general.architecture names, the tokenizer from its metadata
-            model, tokenizer = kael.models.load_gguf(path, device=device)
+            model, tokenizer = kael.models.load_gguf(path, device=device, weights=weights)
             if tokenizer is None:
                 raise ServerConfigError(f"--data {str(path)!r}: this GGUF file has no tokenizer")
         else:
-            model = kael.models.from_pretrained(path, device=device)  # the family config.json's model_type names
+            # the family config.json's model_type names, its weights in the requested format
+            model = kael.models.from_pretrained(path, device=device, weights=weights)
             tokenizer = kael.tokenizer.load_tokenizer(path)  # tokenizer.json, else vocab.json + merges.txt
         batched = slots > 1 or queue > 0
         return Generator(

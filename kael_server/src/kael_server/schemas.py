@@ -465,6 +465,7 @@ class ModelCard(msgspec.Struct, kw_only=True):
     created: int
     owned_by: str = "kael"
     max_model_len: int
+    weights: str = "f32"  # the weights' format: f32, bf16, f16, q8_0 or q4_0 (kael-server --weights)
 
 
 class ModelList(msgspec.Struct, kw_only=True):

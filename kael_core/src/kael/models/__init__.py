@@ -37,6 +37,7 @@ from ._sampling import (
     top_logprobs,
 )
 from ._steps import GenericStep, RowsStep, decode_step
+from ._weights import WEIGHTS, QuantizedTable
 from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 from .llama import LlamaConfig, LlamaForCausalLM
 
@@ -59,6 +60,8 @@ __all__ = [
     "GenerationConfig",
     "read_generation_config",
     "from_pretrained",
+    "WEIGHTS",
+    "QuantizedTable",
     "load_gguf",
     "save_gguf",
     "GPT",

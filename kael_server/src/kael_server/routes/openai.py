@@ -226,5 +226,6 @@ async def models(server: ServerState) -> Response[Any]:
         generator = server.require()
     except ServerError as exc:
         return error_response(exc)
-    card = ModelCard(id=generator.model_name, created=_STARTED, max_model_len=generator.context_length)
+    weights = getattr(generator.model, "weights_scheme", None) or "f32"
+    card = ModelCard(id=generator.model_name, created=_STARTED, max_model_len=generator.context_length, weights=weights)
     return Response(ModelList(data=[card]))
