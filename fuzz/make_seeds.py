@@ -267,8 +267,79 @@ def kernels_seeds() -> Seeds:
     }
 
 
+def _gguf_str(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _gguf_file(kvs: list[bytes], infos: list[bytes], data: bytes, *, version: int = 3, alignment: int = 32) -> bytes:
+    """Header, key/value pairs, tensor infos, zero padding to `alignment`, then the data section."""
+    head = b"GGUF" + struct.pack("<IQQ", version, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
+    return head + bytes(-len(head) % alignment) + data
+
+
+def _gguf_kv(key: str, type_id: int, payload: bytes) -> bytes:
+    return _gguf_str(key) + struct.pack("<I", type_id) + payload
+
+
+def _gguf_info(name: str, ne: list[int], type_id: int, offset: int) -> bytes:
+    return _gguf_str(name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, type_id, offset)
+
+
+def gguf_seeds() -> Seeds:
+    # Value type ids: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array,
+    # 10 u64, 11 i64, 12 f64. Tensor type ids: 0 F32, 1 F16, 2 Q4_0, 8 Q8_0, 24-27 I8-I64, 28 F64, 30 BF16.
+    every_value = [
+        _gguf_kv("general.architecture", 8, _gguf_str("llama")),
+        _gguf_kv("v.u8", 0, b"\xff"),
+        _gguf_kv("v.i8", 1, b"\x80"),
+        _gguf_kv("v.u16", 2, struct.pack("<H", 65535)),
+        _gguf_kv("v.i16", 3, struct.pack("<h", -2)),
+        _gguf_kv("v.u32", 4, struct.pack("<I", 7)),
+        _gguf_kv("v.i32", 5, struct.pack("<i", -7)),
+        _gguf_kv("v.f32", 6, struct.pack("<f", 0.5)),
+        _gguf_kv("v.bool", 7, b"\x01"),
+        _gguf_kv("v.u64", 10, struct.pack("<Q", 2**64 - 1)),
+        _gguf_kv("v.i64", 11, struct.pack("<q", -(2**63))),
+        _gguf_kv("v.f64", 12, struct.pack("<d", -0.0)),
+        _gguf_kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + b"".join(_gguf_str(t) for t in ("a", "", "é"))),
+        _gguf_kv("tokenizer.ggml.scores", 9, struct.pack("<IQ3f", 6, 3, 0.0, -1.0, 2.5)),
+        _gguf_kv("v.bools", 9, struct.pack("<IQ", 7, 2) + b"\x00\x01"),
+        _gguf_kv("v.nested", 9, struct.pack("<IQ", 9, 2) + struct.pack("<IQi", 5, 1, 3) + struct.pack("<IQ", 5, 0)),
+    ]
+    f32 = struct.pack("<8f", *range(8))  # F32 [2, 4]
+    q8 = struct.pack("<e", 0.5) + bytes(range(32))  # one Q8_0 block: [1, 32]
+    value_file = _gguf_file(every_value, [_gguf_info("w", [4, 2], 0, 0), _gguf_info("q", [32, 1], 8, 32)], f32 + q8)
+    q4 = (struct.pack("<e", 1.0) + bytes(range(16))) * 2  # two Q4_0 blocks: [2, 32]
+    bf16 = struct.pack("<32H", *range(0x3F80, 0x3F80 + 32))  # BF16 [32]
+    f16 = struct.pack("<3e", 1.0, -2.0, 0.25)  # F16 [3]
+    ints = struct.pack("<2b", -1, 1) + bytes(62) + struct.pack("<2q", 5, -5)  # I8 [2] at 0, I64 [2, 1] at 64
+    blocks = _gguf_file(
+        [_gguf_kv("general.alignment", 4, struct.pack("<I", 64))],
+        [
+            _gguf_info("blk.0.attn_q.weight", [32, 2], 2, 0),
+            _gguf_info("bf", [32], 30, 64),
+            _gguf_info("h", [3], 1, 128),
+            _gguf_info("i8", [2], 24, 192),
+            _gguf_info("i64", [1, 2], 27, 256),
+        ],
+        q4 + bytes(28) + bf16 + f16 + bytes(58) + ints,
+        alignment=64,
+    )
+    v2 = _gguf_file(
+        [_gguf_kv("general.name", 8, _gguf_str("v2"))], [_gguf_info("s", [], 28, 0)], struct.pack("<d", 1.5), version=2
+    )
+    return {
+        "every_value_type_f32_q8_0.gguf": value_file,
+        "alignment_64_q4_0_bf16_f16_ints.gguf": blocks,
+        "version_2_scalar_f64.gguf": v2,
+        "metadata_only.gguf": _gguf_file(every_value[:3], [], b""),
+    }
+
+
 MAKERS: dict[str, Callable[[], Seeds]] = {
     "fuzz_safetensors": safetensors_seeds,
+    "fuzz_gguf": gguf_seeds,
     "fuzz_idx": idx_seeds,
     "fuzz_tokenizer": tokenizer_seeds,
     "fuzz_hf_tokenizer": hf_tokenizer_seeds,

@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TARGETS = (
     "fuzz_safetensors",
+    "fuzz_gguf",
     "fuzz_checkpoint_index",
     "fuzz_idx",
     "fuzz_tokenizer",

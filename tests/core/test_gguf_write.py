@@ -186,6 +186,19 @@ def test_nested_arrays_round_trip(tmp_path: Path) -> None:
     assert gguf.GGUFReader(str(tmp_path / "n.gguf")).fields["s"].contents() == ["a", "b", "c"]  # it flattens
 
 
+def test_an_empty_array_of_arrays_round_trips_under_the_name_the_reader_gives(tmp_path: Path) -> None:
+    write_gguf(
+        tmp_path / "e.gguf", {"e": GGUFValue("array[array]", []), "f": GGUFValue("array[array[array]]", [[]])}, []
+    )
+    with read_gguf(tmp_path / "e.gguf") as f:
+        assert f.metadata == {"e": [], "f": [[]]}
+        assert f.metadata_types == {"e": "array[array]", "f": "array[array[array]]"}
+    with pytest.raises(kael.FormatError, match=r"an array\[array\] value must be empty"):
+        write_gguf(tmp_path / "x.gguf", {"e": GGUFValue("array[array]", [[1]])}, [])
+    with pytest.raises(kael.FormatError, match="unknown GGUF type 'array'"):
+        write_gguf(tmp_path / "x.gguf", {"e": GGUFValue("array", [])}, [])
+
+
 # --- hypothesis: generated metadata and tensors ------------------------------------------
 
 _INT_RANGES = {
@@ -240,7 +253,8 @@ def _tensor_set(draw: st.DrawFn) -> list[tuple[str, str, tuple[int, ...], np.nda
     out = []
     for name in names:
         t = TENSOR_TYPES[draw(st.sampled_from(_TYPES))]
-        shape = list(draw(st.lists(st.integers(1, 4), max_size=4)))
+        # a 0-dim BF16 tensor is valid, but the gguf package's reader fails on it (IndexError)
+        shape = list(draw(st.lists(st.integers(1, 4), min_size=int(t.name == "BF16"), max_size=4)))
         if t.is_block:
             shape = [*shape[:-1], 32 * draw(st.integers(1, 2))] if shape else [32]
         nbytes = tensor_nbytes(t, tuple(shape))

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FUZZ = ROOT / "fuzz"
 PY_TARGETS = [
     "fuzz_safetensors",
+    "fuzz_gguf",
     "fuzz_checkpoint_index",
     "fuzz_idx",
     "fuzz_tokenizer",

@@ -66,7 +66,9 @@ class GGUFValue:
     """A metadata value with its GGUF type pinned: `GGUFValue("uint64", 7)`.
 
     `type` is a scalar type name ("uint8" ... "float64", "bool"), "string", or
-    "array[T]" for any such T, arrays included ("array[array[int32]]").
+    "array[T]" for any such T, arrays included ("array[array[int32]]"; "array[array]" is
+    an empty array of arrays). GGUF allows nested arrays and the `gguf` package reads
+    them, but llama.cpp refuses a file that holds one.
     """
 
     type: str
@@ -134,6 +136,8 @@ def _check_type(vtype: object, where: str, what: str, depth: int = 0) -> str:
         if depth >= MAX_ARRAY_DEPTH:
             _fail(where, what, f"{vtype!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
         _check_type(inner, where, what, depth + 1)
+    elif vtype == "array" and depth > 0:
+        pass  # "array[array]": an empty array of arrays, as the reader names it
     elif vtype not in SCALAR_DTYPES and vtype != "string":
         _fail(where, what, f"unknown GGUF type {vtype!r}; expected one of {', '.join(VALUE_TYPE_IDS)} or array[T]")
     return vtype
@@ -202,6 +206,8 @@ def _encode_value(vtype: str, v: Any, where: str, what: str) -> bytes:
         return _encode_scalar(vtype, v, where, what)
     if not isinstance(v, (list, tuple)):
         _fail(where, what, f"an {vtype} value must be a list, got {type(v).__name__}")
+    if inner == "array" and v:
+        _fail(where, what, f"an array[array] value must be empty; name the inner type (array[array[T]]), got {v!r}")
     base = "array" if _element_type(inner) is not None else inner
     head = struct.pack("<IQ", VALUE_TYPE_IDS[base], len(v))
     if inner in SCALAR_DTYPES:
