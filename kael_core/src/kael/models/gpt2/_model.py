@@ -20,6 +20,11 @@ One forward pass, shapes for batch B, T new tokens, C = dimension, H heads, D = 
 ``GPT`` is a ``CausalLM`` (NOTE [model-family seam] in ``kael/models/_protocol.py``):
 ``forward``, ``run`` and ``generate`` come from ``CausalLMBase``; its fast decode step
 is ``GPT2DecodeStep`` (``_step.py``).
+
+Every forward calls the child modules (``self.c_attn(x)``, ``self.wte(ids)``,
+``self.wte.project(x)`` for the head), never their weights, so ``kael.quantize`` can swap
+a ``Conv1D`` (``as_linear``) for a ``kael.quant.QuantizedLinear`` and ``quantize_embeddings``
+``wte`` for a ``QuantizedTable`` (NOTE [weights choice] in ``kael/models/_weights.py``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ Rotary positions are each row's own (``starts[b] + t``, NOTE [model-family seam]
 cos/sin tables (``_rope.py``) are made once per device. The KV cache holds the Hkv
 key/value heads only. ``LlamaForCausalLM`` is a ``CausalLM``: ``forward``, ``run`` and
 ``generate`` come from ``CausalLMBase``, its fast decode step is ``LlamaDecodeStep``.
+
+Every forward calls the child modules, never their weights, so ``kael.quantize`` can swap
+a ``Projection`` (``as_linear``) for a ``kael.quant.QuantizedLinear``; ``quantize_embeddings``
+makes ``embed_tokens`` a ``QuantizedTable`` (and an untied float ``lm_head`` a
+QuantizedLinear), ``on_quantized`` re-fuses q/k/v and gate/up (NOTE [weights choice] in
+``kael/models/_weights.py``).
 """
 
 from __future__ import annotations
