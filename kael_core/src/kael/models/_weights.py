@@ -32,11 +32,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .. import _dtype as dt
 from .._errors import DTypeError, FormatError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..nn import Module
-from ..ops import detach, index_select, reshape, to, view
+from ..ops import detach, index_select, reshape, view
 
 __all__ = [
     "WEIGHTS",
@@ -138,7 +140,7 @@ class QuantizedTable(Module):
 
         v, c = weight.shape
         table = cls(v, c, scheme, device=weight.device)
-        data = quantize_array(to(detach(weight), dtype=dt.float32).numpy(), scheme)
+        data = quantize_array(np.asarray(detach(weight)._host(), dtype=np.float32), scheme)  # on the host
         table.weight = to_device_weight(data, scheme, weight.device)
         return table
 
