@@ -407,3 +407,68 @@ def test_export_gguf_command(chat_dir: Path, tmp_path: Path, capsys: pytest.Capt
     np.testing.assert_array_equal(_logits(model, ids), _logits(from_pretrained(chat_dir, weights="q4_0"), ids))
     assert main(["export-gguf", str(tmp_path / "nothing"), str(out)]) == 1
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("weights", ["q4_0", "bf16"])
+def test_saving_a_loaded_file_gives_the_same_bytes(chat_dir: Path, tmp_path: Path, weights: str) -> None:
+    path = _export(chat_dir, weights)
+    model, tok = load_gguf(path)
+    again = tmp_path / "again.gguf"
+    save_gguf(model, again, tok)
+    assert again.read_bytes() == path.read_bytes()
+
+
+# -- files written by llama.cpp's own converter (optional: KAEL_LLAMA_CPP_DIR, a llama.cpp source tree) --
+
+_CONVERT = """
+import sys
+root, pre = sys.argv[1], sys.argv[2]
+sys.path[:0] = [root, root + "/gguf-py"]
+import convert_hf_to_gguf as c
+try:
+    import conversion.base as b
+except ImportError:
+    b = c
+# llama.cpp names a tokenizer's pre-tokenizer by hashing known tokenizers' output; these test
+# tokenizers are not in its table, so the test tells it which split they use.
+b.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[3:]]
+c.main()
+"""
+
+
+@pytest.mark.parametrize("outtype", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("which", ["gpt2", "kael-tiny-chat", "llama-untied"])
+def test_llama_cpp_converter_files_load(
+    request: pytest.FixtureRequest, root: Path, tmp_path: Path, which: str, outtype: str
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    src = os.environ.get("KAEL_LLAMA_CPP_DIR")
+    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
+        pytest.skip("set KAEL_LLAMA_CPP_DIR to a llama.cpp source tree to convert with its convert_hf_to_gguf.py")
+    if which == "llama-untied":
+        d = root / "llama3-vocab"
+        if not d.exists():
+            write_llama3(d)
+            build(d, "llama", vocab_size=load_tokenizer(d).vocab_size)
+    else:
+        d = request.getfixturevalue("chat_dir" if which == "kael-tiny-chat" else "gpt2_dir")
+    config = json.loads((d / "config.json").read_text())
+    if config["model_type"] == "gpt2" and "n_ctx" not in config:  # the converter reads n_ctx
+        (d / "config.json").write_text(json.dumps({**config, "n_ctx": config["n_positions"]}))
+    out = tmp_path / f"{which}-{outtype}.gguf"
+    pre = "llama-bpe" if which == "llama-untied" else "gpt-2"
+    cmd = [sys.executable, "-c", _CONVERT, src, pre, str(d), "--outfile", str(out), "--outtype", outtype]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model, tok = load_gguf(out)
+    weights = None if outtype == "f32" else outtype
+    assert model.weights_scheme == weights
+    bpe = BpeTokenizer.from_directory(d) if which == "gpt2" else None
+    ids = bpe.encode(TEXT, allowed_special="all") if bpe is not None else load_tokenizer(d).encode(TEXT)
+    assert tok.encode(TEXT) == ids
+    np.testing.assert_array_equal(_logits(model, ids), _logits(from_pretrained(d, weights=weights), ids))
