@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["GgmlFile", "library", "read"]
+__all__ = ["GgmlFile", "accepts", "library", "read"]
 
 # gguf_type ids (ggml's gguf.h): scalar getters and ctypes element types
 _SCALARS: dict[int, tuple[str, str, Any]] = {
@@ -105,6 +105,18 @@ def _value(lib: Any, g: int, i: int) -> tuple[str, Any]:
     name, _, ctype = _SCALARS[et]
     ptr = lib.gguf_get_arr_data(g, i) if n else None
     return f"array[{name}]", list((ctype * n).from_address(ptr)) if n else []
+
+
+def accepts(path: str | os.PathLike[str]) -> bool:
+    """Whether ggml parses `path`, its data section read into a context."""
+    lib = library()
+    ctx = ctypes.c_void_p()
+    g = lib.gguf_init_from_file(os.fspath(path).encode(), _Params(False, ctypes.pointer(ctx)))
+    if g:
+        lib.gguf_free(g)
+    if ctx.value:
+        lib.ggml_free(ctx)
+    return bool(g)
 
 
 def read(path: str | os.PathLike[str]) -> GgmlFile | None:

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import ggml_gguf
 import kael
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
-def _reference_file(path: Path, *, alignment: int | None = None) -> dict[str, Any]:
+def _reference_file(path: Path, *, alignment: int | None = None, nested: bool = True) -> dict[str, Any]:
     """A file with every value type and tensor type, written by gguf.GGUFWriter.
 
     Returns what each tensor's data must be: {name: (type, shape, expected array)}.
@@ -59,8 +60,9 @@ def _reference_file(path: Path, *, alignment: int | None = None) -> dict[str, An
     w.add_key_value("v.arr_u8", [0, 7, 255], V.ARRAY, sub_type=V.UINT8)
     w.add_key_value("v.arr_u64", [2**64 - 1, 0], V.ARRAY, sub_type=V.UINT64)
     w.add_key_value("v.arr_f64", [1e300, -0.0], V.ARRAY, sub_type=V.FLOAT64)
-    w.add_array("v.nested", [[1, 2], [3], [4, 5, 6]])
-    w.add_array("v.nested_str", [["x"], ["y", "z"]])
+    if nested:
+        w.add_array("v.nested", [[1, 2], [3], [4, 5, 6]])
+        w.add_array("v.nested_str", [["x"], ["y", "z"]])
     x = RNG.standard_normal((3, 64)).astype(np.float32)
     expected: dict[str, Any] = {}
 
@@ -273,16 +275,16 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
     "ne zero": (_tensor_file([4, 0]), "tensor 'w' ne[1]: 0, expected 1 <= ne < 2**63"),
     "ne huge": (_tensor_file([2**63]), "tensor 'w' ne[0]: 9223372036854775808"),
     "numel overflow": (_tensor_file([2**32, 2**32]), "has 18446744073709551616 elements, expected fewer than 2**63"),
-    "type Q4_K": (_tensor_file([256], 12), "tensor 'w' type: GGML type 12 (Q4_K); kael reads"),
+    "type Q4_K": (_tensor_file([256], 12, data=bytes(160)), "tensor 'w' type: GGML type 12 (Q4_K); kael reads"),
     "type unknown": (_tensor_file([4], 200), "tensor 'w' type: 200 is not a GGML type id"),
     "block multiple": (_tensor_file([33, 1], 8), "tensor 'w' ne[0]: 33 is not a multiple of Q8_0's block size 32"),
     "offset aligned": (_tensor_file([4], 0, 4), "tensor 'w' offset: 4 is not a multiple of the alignment 32"),
     "offset past end": (_tensor_file([4], 0, 64), "tensor 'w' offset: its 16 bytes at file offset"),
     "size past end": (_tensor_file([17]), "its 68 bytes at file offset"),
     "huge size": (_tensor_file([2**40, 2**20]), "run past the end of the file"),
-    "long name": (build([], [info("n" * 64, [1], 0, 0)], b"\0" * 4), "tensor #0 name: 'nnnn"),
-    "empty name": (build([], [info("", [1], 0, 0)], b"\0" * 4), "tensor #0 name: is empty"),
-    "name utf-8": (build([], [info(b"\x80", [1], 0, 0)], b"\0" * 4), "tensor #0 name: b'\\x80' is not valid UTF-8"),
+    "long name": (build([], [info("n" * 64, [1], 0, 0)], bytes(32)), "tensor #0 name: 'nnnn"),
+    "empty name": (build([], [info("", [1], 0, 0)], bytes(32)), "tensor #0 name: is empty"),
+    "name utf-8": (build([], [info(b"\x80", [1], 0, 0)], bytes(32)), "tensor #0 name: b'\\x80' is not valid UTF-8"),
     "duplicate tensor": (
         build([], [info("w", [1], 0, 0), info("w", [1], 0, 32)], b"\0" * 36),
         "tensor #1 name: 'w' appears more than once",
@@ -303,6 +305,38 @@ def test_malformed_file_is_a_format_error_naming_the_field(tmp_path: Path, case:
         read_gguf(path).close()
     assert str(e.value).startswith(f"GGUF file {os.fspath(path)!r}: "), str(e.value)
     assert fragment in str(e.value)
+
+
+# Rules kael keeps that llama.cpp's own parser does not (it accepts these files); a GGML
+# type kael does not read; and a case where that parser aborts the process (a data section
+# of 4 PiB, which it tries to allocate).
+KAEL_ONLY = {"key utf-8", "value utf-8", "surrogate utf-8", "NUL in key", "bool", "bool array", "ne zero"}
+KAEL_ONLY |= {"empty name", "name utf-8"}
+NOT_READ_BY_KAEL = {"type Q4_K"}
+GGML_ABORTS = {"huge size"}
+
+
+@pytest.mark.parametrize("case", [c for c in MALFORMED if c not in GGML_ABORTS])
+def test_llama_cpp_refuses_the_malformed_files_too_except_where_kael_is_stricter(tmp_path: Path, case: str) -> None:
+    ggml_gguf.library()
+    path = _write(tmp_path / "bad.gguf", MALFORMED[case][0])
+    assert ggml_gguf.accepts(path) == (case in KAEL_ONLY | NOT_READ_BY_KAEL)
+
+
+def test_llama_cpp_reads_the_reference_file_as_kael_does(tmp_path: Path) -> None:
+    ggml_gguf.library()
+    path = tmp_path / "ref.gguf"
+    _reference_file(path, nested=False)  # llama.cpp refuses nested arrays
+    g = ggml_gguf.read(path)
+    assert g is not None
+    with read_gguf(path) as f:
+        assert {k: t for k, (t, _) in g.metadata.items()} == f.metadata_types
+        for k, (t, v) in g.metadata.items():
+            assert v == f.metadata[k], k
+        assert list(g.tensors) == list(f.tensors)
+        for name, (_, offset, data) in g.tensors.items():
+            assert offset == f.tensors[name].offset - f.data_offset
+            assert data == f.tensors[name].data.tobytes()
 
 
 def test_eight_deep_nesting_is_read(tmp_path: Path) -> None:

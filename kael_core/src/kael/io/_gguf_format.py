@@ -25,15 +25,19 @@ file, the field, the value and what was expected:
   (llama.cpp's GGML_MAX_NAME is 64 with the NUL); bool values are 0 or 1;
 * `general.alignment`, when present, is a uint32 power of two (default 32);
 * a tensor has at most 4 dims, each ne >= 1 and < 2**63, and a product below 2**63.
-  GGUF does not forbid ne = 0, but llama.cpp divides by ne[1..3] when it checks for
-  overflow, no model holds an empty tensor, and a zero-size tensor could sit anywhere,
-  so kael refuses it (and never writes one);
+  GGUF does not forbid ne = 0, but llama.cpp releases of 2025 divide by ne[1..3] in their
+  overflow check (a crash on 0), no model holds an empty tensor, and a zero-size tensor
+  could sit anywhere, so kael refuses it (and never writes one);
 * a tensor's type is one of `TENSOR_TYPES` (any other GGML type is named in the error);
   ne[0] is a multiple of the block size of block types;
 * a tensor's offset (relative to the data section) is a multiple of the alignment, its
   bytes lie inside the file, and no two tensors overlap. Padding after the last tensor
   may be missing (llama.cpp's mapped loader does not read it), and tensors need not be
   in offset order.
+
+Of these, llama.cpp's own parser (ggml's gguf_init_from_file) does not check UTF-8, NUL
+characters, empty tensor names, bool bytes or ne = 0, and refuses nested arrays, which
+kael reads; tests/core/test_gguf_read.py pins both lists.
 
 The writer (`_gguf_write`) checks the same rules on its inputs, so what it writes the
 reader accepts.
