@@ -331,6 +331,25 @@ def test_save_load_round_trip_is_bit_exact(
         np.testing.assert_array_equal(_logits(again, ids), _logits(model, ids))
 
 
+def test_a_sharded_quantized_checkpoint_loads(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
+    """Each shard carries the metadata (save_checkpoint_tensors writes it to every one)."""
+    import shutil
+
+    from kael.io import save_checkpoint_tensors
+    from kael.models._weights import quantization_metadata
+
+    d, _ = checkpoints["llama"]
+    model = from_pretrained(d, weights="q4_0")
+    meta = {"format": "pt", **quantization_metadata(model, lambda name: f"{name}.weight")}
+    files = save_checkpoint_tensors(tmp_path, model.state_dict(), max_shard_size="20KB", metadata=meta)
+    assert len(files) > 3 and "model.safetensors.index.json" in files
+    shutil.copy(d / "config.json", tmp_path / "config.json")
+    again = from_pretrained(tmp_path)
+    assert again.weights_scheme == "q4_0"
+    ids = _ids("llama", 10)
+    np.testing.assert_array_equal(_logits(again, ids), _logits(model, ids))
+
+
 def _rewrite(
     path: Path, *, meta: dict[str, str] | None = None, drop: str | None = None, replace: dict[str, Any] | None = None
 ) -> None:
