@@ -75,7 +75,7 @@ def test_completions_are_the_quantized_models_greedy_text(served: tuple[str, Tes
         assert float_new != new
 
 
-def test_float_model_reports_f32(tmp_path: Path) -> None:
+def test_float_model_reports_f32() -> None:
     with TestClient(load_app(None)) as c:
         assert poll_until(lambda: c.get("/ready").status_code == 200, timeout=120), c.get("/ready").text
         assert c.get("/v1/models").json()["data"][0]["weights"] == "f32"
