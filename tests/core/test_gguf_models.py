@@ -472,3 +472,22 @@ def test_llama_cpp_converter_files_load(
     ids = bpe.encode(TEXT, allowed_special="all") if bpe is not None else load_tokenizer(d).encode(TEXT)
     assert tok.encode(TEXT) == ids
     np.testing.assert_array_equal(_logits(model, ids), _logits(from_pretrained(d, weights=weights), ids))
+
+
+@pytest.mark.parametrize("weights", ["q8_0", "q4_0", "bf16"])
+def test_cuda_load_and_save(chat_dir: Path, tmp_path: Path, weights: str) -> None:
+    try:
+        kael.empty(1, device="cuda")
+    except kael.KaelError:
+        pytest.skip("no usable cuda device (a GPU, or KAEL_CUDA_EMULATE=1 for host emulation)")
+    path = _export(chat_dir, weights)
+    cpu, tok = load_gguf(path)
+    gpu, _ = load_gguf(path, device="cuda")
+    assert gpu.device.type == "cuda"
+    ids = tok.encode("def add(a, b):")
+    with kael.no_grad():
+        got = np.asarray(gpu(kael.tensor([ids], device="cuda"))._host()[0])
+    np.testing.assert_allclose(got, _logits(cpu, ids), rtol=0, atol=1e-4)
+    again = tmp_path / "from-cuda.gguf"
+    save_gguf(gpu, again, tok)
+    assert again.read_bytes() == path.read_bytes()
