@@ -243,6 +243,14 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
     "element type": (build([kv("k", TYPE["array"], array(99, 0, b""))]), "metadata 'k' element type: 99"),
     "key utf-8": (build([kv(b"k\xff", TYPE["uint8"], b"\0")]), "metadata key #0: b'k\\xff' is not valid UTF-8"),
     "value utf-8": (build([kv("k", TYPE["string"], s(b"\xc3("))]), "metadata 'k': b'\\xc3(' is not valid UTF-8"),
+    "string array utf-8": (
+        build([kv("k", TYPE["array"], array(TYPE["string"], 2, s("ok") + s(b"\xff")))]),
+        "metadata 'k'[1]: b'\\xff' is not valid UTF-8",
+    ),
+    "string array count truncated": (
+        build([kv("k", TYPE["array"], array(TYPE["string"], 3, s("a" * 8) + s("b")))], alignment=1),
+        "metadata 'k'[2] length: needs 8 bytes",
+    ),
     "surrogate utf-8": (build([kv("k", TYPE["string"], s(b"\xed\xa0\x80"))]), "is not valid UTF-8"),
     "empty key": (build([kv("", TYPE["uint8"], b"\0")]), "metadata key #0: is empty"),
     "NUL in key": (build([kv("a\0b", TYPE["uint8"], b"\0")]), "contains a NUL"),
@@ -311,7 +319,7 @@ def test_malformed_file_is_a_format_error_naming_the_field(tmp_path: Path, case:
 # type kael does not read; and a case where that parser aborts the process (a data section
 # of 4 PiB, which it tries to allocate).
 KAEL_ONLY = {"key utf-8", "value utf-8", "surrogate utf-8", "NUL in key", "bool", "bool array", "ne zero"}
-KAEL_ONLY |= {"empty name", "name utf-8"}
+KAEL_ONLY |= {"empty name", "name utf-8", "string array utf-8"}
 NOT_READ_BY_KAEL = {"type Q4_K"}
 GGML_ABORTS = {"huge size"}
 
