@@ -218,7 +218,8 @@ print(kael.cpu.backend().name, kael.cpu.isa())
 @pytest.fixture(scope="module")
 def inputs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("isa") / "inputs.npz"
-    np.savez(path, **make_inputs())
+    inputs: dict[str, Any] = make_inputs()
+    np.savez(path, **inputs)
     return path
 
 
