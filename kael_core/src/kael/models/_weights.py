@@ -187,8 +187,8 @@ def apply_weights(model: Any, weights: Any, where: str = "from_pretrained") -> A
         return model
     if have is not None:
         raise KaelError(
-            f"{where}: the checkpoint already holds {have} weights; weights={weights!r} would convert "
-            "them again, a second rounding (load the float checkpoint, or leave weights unset)"
+            f"{where}: the checkpoint already holds {have} weights; weights={weights!r} would requantize "
+            "them, a second rounding (load the float checkpoint, or leave weights unset)"
         )
     if scheme is None:
         return model
