@@ -491,3 +491,34 @@ def test_cuda_load_and_save(chat_dir: Path, tmp_path: Path, weights: str) -> Non
     again = tmp_path / "from-cuda.gguf"
     save_gguf(gpu, again, tok)
     assert again.read_bytes() == path.read_bytes()
+
+
+def test_a_padded_vocabulary(root: Path, tmp_path: Path) -> None:
+    """A table with more rows than the tokenizer has tokens gets unused [PAD] tokens (as the converter
+    writes them), and a file whose token list does not match the table is refused."""
+    d = root / "padded"
+    if not d.exists():
+        write_llama3(d)
+        build(d, "llama", vocab_size=load_tokenizer(d).vocab_size + 7)
+    tok = load_tokenizer(d)
+    path = tmp_path / "padded.gguf"
+    save_gguf(from_pretrained(d), path, tok)
+    with kael.io.read_gguf(path) as f:
+        tokens, types = f.metadata["tokenizer.ggml.tokens"], f.metadata["tokenizer.ggml.token_type"]
+    assert len(tokens) == tok.vocab_size + 7 and tokens[-1] == f"[PAD{tok.vocab_size + 6}]" and types[-7:] == [5] * 7
+    model, back = load_gguf(path)
+    assert back.encode(TEXT) == tok.encode(TEXT)
+    np.testing.assert_array_equal(_logits(model, tok.encode(TEXT)), _logits(from_pretrained(d), tok.encode(TEXT)))
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    assert llm.tokenize(TEXT.encode(), add_bos=True, special=True) == tok.encode(TEXT)
+    short = _rewrite(
+        path,
+        tmp_path / "short.gguf",
+        meta={
+            "tokenizer.ggml.tokens": kael.io.GGUFValue("array[string]", tokens[:-1]),
+            "tokenizer.ggml.token_type": kael.io.GGUFValue("array[int32]", types[:-1]),
+        },
+    )
+    with pytest.raises(kael.FormatError, match=r"tokenizer.ggml.tokens has \d+ tokens, the model's vocabulary"):
+        load_gguf(short)

@@ -293,6 +293,12 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
     fam = _arch_module(arch, where)
     config = fam.config_from_metadata(arch, f.metadata, f.tensors, where)
     by_name = _check(fam.tensor_specs(config), f, where)
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and tokens and len(tokens) != config.vocab_size:
+        raise FormatError(  # llama.cpp refuses this too: a token id must be a row of the table
+            f"{where}: tokenizer.ggml.tokens has {len(tokens)} tokens, the model's vocabulary "
+            f"(token_embd.weight rows) is {config.vocab_size}"
+        )
     model = fam.new_model(config, device)
     fam.check_extra(f, where)
     schemes: Counter[str] = Counter()
@@ -440,8 +446,17 @@ def save_gguf(model: Any, path: Any, tokenizer: Any = None, *, weights: Any = No
     }
     if tokenizer is not None:
         from ..tokenizer import tokenizer_to_gguf
+        from ..tokenizer._gguf import TOKEN_UNUSED
 
-        metadata.update(tokenizer_to_gguf(tokenizer))
+        vocab = tokenizer_to_gguf(tokenizer)
+        tokens, types = vocab["tokenizer.ggml.tokens"], vocab["tokenizer.ggml.token_type"]
+        n = model.vocab_size
+        if len(tokens) > n:
+            raise KaelError(f"save_gguf: the tokenizer has {len(tokens)} tokens, more than the model's {n} embeddings")
+        # A table with more rows than tokens (a padded vocabulary): unused tokens, as llama.cpp's converter adds.
+        vocab["tokenizer.ggml.tokens"] = [*tokens, *(f"[PAD{i}]" for i in range(len(tokens), n))]
+        vocab["tokenizer.ggml.token_type"] = [*types, *([TOKEN_UNUSED] * (n - len(types)))]
+        metadata.update(vocab)
     else:
         metadata["tokenizer.ggml.model"] = "none"
     tensors: list[tuple[str, str, tuple[int, ...], np.ndarray]] = []
