@@ -12,7 +12,6 @@
 #include "vec_core.h"
 
 // clang-format off
-typedef int8_t vq8 __attribute__((vector_size(KAEL_VBYTES / 4)));     // NOLINT(modernize-use-using): L int8
 typedef uint8_t vqu8 __attribute__((vector_size(KAEL_VBYTES / 4)));   // NOLINT(modernize-use-using): L uint8
 typedef uint16_t vqu16 __attribute__((vector_size(KAEL_VBYTES / 2)));  // NOLINT(modernize-use-using): L uint16
 typedef uint32_t vqu32 __attribute__((vector_size(KAEL_VBYTES)));      // NOLINT(modernize-use-using): L uint32
@@ -72,7 +71,25 @@ inline float scalar_16bit(const uint8_t* p) {
   return F == 2 ? bitcast<float>(static_cast<uint32_t>(h) << 16) : half_to_float_s(h);
 }
 
-// The 32 values of block b of a weight row, in kQVecs vectors.
+// L values of a row of 16-bit floats (F = 2, 3) or of float32 (F = 4, a row dequantized already) from value t.
+template <int F>
+inline vf load_values(const uint8_t* row, int64_t t) {
+  if constexpr (F == 4) {
+    return load(reinterpret_cast<const float*>(row) + t);
+  } else {
+    return load_16bit<F>(row + t * 2);
+  }
+}
+template <int F>
+inline float scalar_value(const uint8_t* row, int64_t t) {
+  if constexpr (F == 4) {
+    return reinterpret_cast<const float*>(row)[t];
+  } else {
+    return scalar_16bit<F>(row + t * 2);
+  }
+}
+
+// The 32 values of block b of a weight row, in kQVecs vectors (F = 4: a float32 row).
 template <int F>
 inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
   constexpr int64_t L = V<float>::L;
@@ -82,9 +99,12 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
     std::memcpy(&dbits, blk, 2);
     const vf d = splat(half_to_float_s(dbits));
     for (int v = 0; v < kQVecs; ++v) {
-      vq8 q;
+      vqu8 q;
       std::memcpy(&q, blk + 2 + v * L, sizeof(q));
-      w[v] = __builtin_convertvector(q, vf) * d;
+      // int8 q = (q ^ 0x80) - 128 read unsigned: GCC vectorises the zero extension, and
+      // scalarises a sign extension of these vectors
+      const vi qi = __builtin_convertvector(q ^ 0x80, vi) - 128;
+      w[v] = __builtin_convertvector(qi, vf) * d;
     }
   } else if constexpr (F == 1) {  // q4_0: the low nibbles are values 0..15, the high ones 16..31
     const uint8_t* blk = row + b * 18;
@@ -100,8 +120,8 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
       w[v] = __builtin_convertvector(lo, vf) * d;
       w[H + v] = __builtin_convertvector(hi, vf) * d;
     }
-  } else {  // bfloat16, float16
-    for (int v = 0; v < kQVecs; ++v) w[v] = load_16bit<F>(row + (b * kQBlock + v * L) * 2);
+  } else {  // bfloat16, float16, float32
+    for (int v = 0; v < kQVecs; ++v) w[v] = load_values<F>(row, b * kQBlock + v * L);
   }
 }
 
@@ -149,16 +169,16 @@ inline void qdot_group(int64_t k, const float* a, int64_t rsa, const uint8_t* w,
     for (int i = 0; i < MB; ++i) acc[i] += block_dot(wv, a + i * rsa + b * kQBlock);
   }
   int64_t kv = nb * kQBlock;
-  if constexpr (F >= 2) {
+  if constexpr (F >= 2) {  // 16-bit and float32 rows: any k
     for (; kv + L <= k; kv += L) {
-      const vf wt = load_16bit<F>(w + kv * 2);
+      const vf wt = load_values<F>(w, kv);
       for (int i = 0; i < MB; ++i) acc[i] += wt * load(a + i * rsa + kv);
     }
   }
   for (int i = 0; i < MB; ++i) {
     float s = hsum<float>(acc[i]);
     if constexpr (F >= 2) {
-      for (int64_t t = kv; t < k; ++t) s += scalar_16bit<F>(w + t * 2) * a[i * rsa + t];
+      for (int64_t t = kv; t < k; ++t) s += scalar_value<F>(w, t) * a[i * rsa + t];
     }
     if (bias != nullptr) s += *bias;
     c[i * rsc] = s;
@@ -166,25 +186,33 @@ inline void qdot_group(int64_t k, const float* a, int64_t rsa, const uint8_t* w,
 }
 
 // Few rows: c[i * rsc + j] = dot(a row i, weight row j) (+ bias[j]), i < m, j < n; weight row j
-// at w + j * rsw bytes. Each weight row is read from memory once, by the first group of four
-// rows of a; the other groups find it in L1.
+// at w + j * rsw bytes. One row of a: the weights are expanded in registers as they stream by.
+// More: each weight row is expanded once into `row` (k floats of scratch) and read from there
+// (L1) by every group of four rows of a. The values and the operations on them are the same
+// either way, so a row of c is the same bits whatever m is.
 template <int F>
 void qdot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, const uint8_t* w, int64_t rsw,
-               const float* bias, float* c, int64_t rsc) {
+               const float* bias, float* c, int64_t rsc, float* row) {
+  const auto* rowb = reinterpret_cast<const uint8_t*>(row);
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* wj = w + j * rsw;
     const float* bj = bias == nullptr ? nullptr : bias + j;
+    if (m == 1) {
+      qdot_group<F, 1>(k, a, rsa, wj, bj, c + j, rsc);
+      continue;
+    }
+    dequant_row<F>(row, wj, k);
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) qdot_group<F, 4>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+    for (; i + 4 <= m; i += 4) qdot_group<4, 4>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
     switch (m - i) {
       case 3:
-        qdot_group<F, 3>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+        qdot_group<4, 3>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
         break;
       case 2:
-        qdot_group<F, 2>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+        qdot_group<4, 2>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
         break;
       case 1:
-        qdot_group<F, 1>(k, a + i * rsa, rsa, wj, bj, c + i * rsc + j, rsc);
+        qdot_group<4, 1>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
         break;
       default:
         break;
