@@ -34,12 +34,16 @@ inline vf half_to_float_v(vqu16 h) {
 }
 
 inline float half_to_float_s(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;
   const uint32_t two_w = w + w;
   const float normal = bitcast<float>((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float subnormal = bitcast<float>((two_w >> 17) | (126u << 23)) - 0.5f;
   return bitcast<float>(sign | (two_w < (1u << 27) ? bitcast<uint32_t>(subnormal) : bitcast<uint32_t>(normal)));
+#endif
 }
 
 inline vf bf16_to_float_v(vqu16 h) {
@@ -178,7 +182,13 @@ inline void qdot_group(int64_t k, const float* a, int64_t rsa, const uint8_t* w,
   for (int i = 0; i < MB; ++i) {
     float s = hsum<float>(acc[i]);
     if constexpr (F >= 2) {
-      for (int64_t t = kv; t < k; ++t) s += scalar_value<F>(w, t) * a[i * rsa + t];
+      for (int64_t t = kv; t < k; ++t) {
+#if defined(__FMA__)
+        s = __builtin_fmaf(scalar_value<F>(w, t), a[i * rsa + t], s);  // explicit: contraction varied by caller
+#else
+        s += scalar_value<F>(w, t) * a[i * rsa + t];
+#endif
+      }
     }
     if (bias != nullptr) s += *bias;
     c[i * rsc] = s;
