@@ -164,8 +164,8 @@ def read_checkpoint_entries(directory: str | os.PathLike[str]) -> dict[str, Chec
     for shard in shards:
         try:
             present = (d / shard).is_file()
-        except (OSError, ValueError) as e:
-            fail(iwhere, "missing shard", f"the shard {shard!r} it names cannot be looked up ({e})")
+        except (OSError, ValueError) as err:
+            fail(iwhere, "missing shard", f"the shard {shard!r} it names cannot be looked up ({err})")
         if not present:
             fail(iwhere, "missing shard", f"the shard {shard!r} it names does not exist")
     out: dict[str, CheckpointEntry] = {}
