@@ -195,37 +195,103 @@ inline void qdot_group(int64_t k, const float* a, int64_t rsa, const uint8_t* w,
   }
 }
 
+// MB rows of a against NB float32 weight rows (k floats apart, from qdot_rows' scratch): an
+// MB x NB tile, each x vector loaded once for the NB rows. Every dot product is the same
+// operations on the same values as qdot_group's (products w * x, the block's pairwise tree, the
+// accumulator, the lanes, the tail, the bias), so the results are its bits.
+template <int MB, int NB>
+inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, const float* bias, float* c,
+                      int64_t rsc) {
+  constexpr int64_t L = V<float>::L;
+  vf acc[MB][NB];
+  for (auto& r : acc) {
+    for (auto& v : r) v = vf{};
+  }
+  const int64_t nb = k / kQBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < MB; ++i) {
+      vf xv[kQVecs];
+      for (int v = 0; v < kQVecs; ++v) xv[v] = load(a + i * rsa + b * kQBlock + v * L);
+      for (int j = 0; j < NB; ++j) {
+        vf p[kQVecs];
+        for (int v = 0; v < kQVecs; ++v) p[v] = load(w + j * k + b * kQBlock + v * L) * xv[v];
+        for (int s = kQVecs / 2; s >= 1; s /= 2) {
+          for (int v = 0; v < s; ++v) p[v] = p[v] + p[v + s];
+        }
+        acc[i][j] += p[0];
+      }
+    }
+  }
+  int64_t kv = nb * kQBlock;
+  for (; kv + L <= k; kv += L) {
+    for (int i = 0; i < MB; ++i) {
+      for (int j = 0; j < NB; ++j) acc[i][j] += load(w + j * k + kv) * load(a + i * rsa + kv);
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    for (int j = 0; j < NB; ++j) {
+      float s = hsum<float>(acc[i][j]);
+      for (int64_t t = kv; t < k; ++t) {
+#if defined(__FMA__)
+        s = __builtin_fmaf(w[j * k + t], a[i * rsa + t], s);
+#else
+        s += w[j * k + t] * a[i * rsa + t];
+#endif
+      }
+      if (bias != nullptr) s += bias[j];
+      c[i * rsc + j] = s;
+    }
+  }
+}
+
+// All m rows against NB float32 weight rows: tiles of four rows, then the rest.
+template <int NB>
+inline void qdot_tiles(int64_t m, int64_t k, const float* a, int64_t rsa, const float* w, const float* bias, float* c,
+                       int64_t rsc) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) qdot_tile<4, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+  switch (m - i) {
+    case 3:
+      qdot_tile<3, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+      break;
+    case 2:
+      qdot_tile<2, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+      break;
+    case 1:
+      qdot_tile<1, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+      break;
+    default:
+      break;
+  }
+}
+
+// Weight rows expanded at a time by qdot_rows for several rows of a (its scratch: kQRows * k floats).
+constexpr int64_t kQRows = 3;
+
 // Few rows: c[i * rsc + j] = dot(a row i, weight row j) (+ bias[j]), i < m, j < n; weight row j
 // at w + j * rsw bytes. One row of a: the weights are expanded in registers as they stream by.
-// More: each weight row is expanded once into `row` (k floats of scratch) and read from there
-// (L1) by every group of four rows of a. The values and the operations on them are the same
-// either way, so a row of c is the same bits whatever m is.
+// More: each weight row is expanded once into `row` (kQRows * k floats of scratch, kQRows rows
+// at a time) and read from there (L1/L2) by tiles of four rows of a x kQRows weight rows. The
+// values and the operations on them are the same either way, so a row of c is the same bits
+// whatever m is.
 template <int F>
 void qdot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, const uint8_t* w, int64_t rsw,
                const float* bias, float* c, int64_t rsc, float* row) {
-  const auto* rowb = reinterpret_cast<const uint8_t*>(row);
-  for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* wj = w + j * rsw;
+  if (m == 1) {
+    for (int64_t j = 0; j < n; ++j)
+      qdot_group<F, 1>(k, a, rsa, w + j * rsw, bias == nullptr ? nullptr : bias + j, c + j, rsc);
+    return;
+  }
+  for (int64_t j = 0; j < n; j += kQRows) {
+    const int64_t cnt = n - j < kQRows ? n - j : kQRows;
+    for (int64_t r = 0; r < cnt; ++r) dequant_row<F>(row + r * k, w + (j + r) * rsw, k);
     const float* bj = bias == nullptr ? nullptr : bias + j;
-    if (m == 1) {
-      qdot_group<F, 1>(k, a, rsa, wj, bj, c + j, rsc);
-      continue;
-    }
-    dequant_row<F>(row, wj, k);
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) qdot_group<4, 4>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
-    switch (m - i) {
-      case 3:
-        qdot_group<4, 3>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
-        break;
-      case 2:
-        qdot_group<4, 2>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
-        break;
-      case 1:
-        qdot_group<4, 1>(k, a + i * rsa, rsa, rowb, bj, c + i * rsc + j, rsc);
-        break;
-      default:
-        break;
+    if (cnt == 3) {
+      qdot_tiles<3>(m, k, a, rsa, row, bj, c + j, rsc);
+    } else if (cnt == 2) {
+      qdot_tiles<2>(m, k, a, rsa, row, bj, c + j, rsc);
+    } else {
+      qdot_tiles<1>(m, k, a, rsa, row, bj, c + j, rsc);
     }
   }
 }
