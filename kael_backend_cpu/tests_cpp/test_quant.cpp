@@ -76,7 +76,7 @@ TEST(VecQuant, DequantRowExactOnEveryTable) {
     for (int f = 0; f < 4; ++f) {
       for (int64_t k : {32, 64, 96, 4096, 1, 7, 33, 100}) {
         if (f < 2 && k % 32 != 0) continue;
-        const auto rows = random_rows(f, 3, k, static_cast<uint32_t>(f * 1000 + k));
+        const auto rows = random_rows(f, 3, k, static_cast<uint32_t>(int64_t{f} * 1000 + k));
         std::vector<float> out(static_cast<size_t>(k) + 1, -7.0f);
         for (int64_t r = 0; r < 3; ++r) {
           const uint8_t* row = rows.data() + r * row_bytes(f, k);
@@ -97,7 +97,7 @@ TEST(VecQuant, RowDotsBoundedAndIndependentOfRowCount) {
       for (int64_t k : {32, 96, 768, 100}) {
         if (f < 2 && k % 32 != 0) continue;
         const int64_t n = 11, m = 16;
-        const auto w = random_rows(f, n, k, static_cast<uint32_t>(7 * f + k));
+        const auto w = random_rows(f, n, k, static_cast<uint32_t>(int64_t{7} * f + k));
         std::mt19937 g(static_cast<uint32_t>(k));
         std::normal_distribution<float> d(0.0f, 1.0f);
         std::vector<float> x(static_cast<size_t>(m * k)), bias(n), scratch(static_cast<size_t>(3 * k));
@@ -114,7 +114,8 @@ TEST(VecQuant, RowDotsBoundedAndIndependentOfRowCount) {
               exact += p;
               mag += std::fabs(p);
             }
-            const double tol = 1.01 * static_cast<double>(k / 32 + 66) * std::ldexp(1.0, -24) * mag;
+            const int64_t height = k / 32 + 66;  // the kernels' summation depth, rounded up
+            const double tol = 1.01 * static_cast<double>(height) * std::ldexp(1.0, -24) * mag;
             EXPECT_NEAR(alone[i * n + j], exact, tol) << t->name << " f=" << f << " k=" << k;
           }
         }
@@ -131,8 +132,8 @@ TEST(VecQuant, RowDotsBoundedAndIndependentOfRowCount) {
 }
 
 TEST(QuantKernels, BadInputThrows) {
-  std::vector<uint8_t> w(static_cast<size_t>(3 * 68));
-  std::vector<float> x(2 * 64), out(2 * 3);
+  std::vector<uint8_t> w(size_t{3} * 68);
+  std::vector<float> x(size_t{2} * 64), out(size_t{2} * 3);
   const View wv = kael::contiguous_view(w.data(), DType::UInt8, {3, 68});
   const View xv = kael::contiguous_view(x.data(), DType::Float32, {2, 64});
   const View ov = kael::contiguous_view(out.data(), DType::Float32, {2, 3});
@@ -141,7 +142,7 @@ TEST(QuantKernels, BadInputThrows) {
   EXPECT_THROW(kael::quantized_linear(ov, xv, wv, nullptr, kael::QuantScheme::BF16), kael::Error);  // uint8
   const View x33 = kael::contiguous_view(x.data(), DType::Float32, {2, 33});
   EXPECT_THROW(kael::quantized_linear(ov, x33, wv, nullptr, kael::QuantScheme::Q8_0), kael::Error);
-  std::vector<float> d(3 * 64);
+  std::vector<float> d(size_t{3} * 64);
   EXPECT_NO_THROW(
       kael::dequantize(kael::contiguous_view(d.data(), DType::Float32, {3, 64}), wv, kael::QuantScheme::Q8_0));
   EXPECT_THROW(kael::dequantize(kael::contiguous_view(d.data(), DType::Float32, {2, 64}), wv, kael::QuantScheme::Q8_0),
