@@ -512,6 +512,7 @@ def main() -> None:
         result["aggregate_kael_over_llama_server"] = ratios
         return result
 
+    used = extra  # the flags the started kael-server got
     if args.url:
         result = run(args.url)
     elif args.data:
@@ -527,14 +528,14 @@ def main() -> None:
             config["build_s"] = round(time.perf_counter() - started, 1)
             if args.llama_server is not None:  # both servers on one GGUF file in --weights' format
                 data = write_gguf(built, Path(tmp) / "random-gpt2.gguf", args.weights)
-                serve_extra = batching  # the file already holds the weights in that format
+                used = batching  # the file already holds the weights in that format
             else:
-                data, serve_extra = built, extra
-            with started_server(data, args.device, serve_extra) as url:
+                data = built
+            with started_server(data, args.device, used) as url:
                 result = {"random_gpt2": config, **run(url)}
             result = side_by_side(data, result)
     if args.load and not args.url:
-        result["server_flags"] = extra
+        result["server_flags"] = used
     if not args.url:
         result["backend"] = backend_name()
     print(json.dumps(result, indent=2))
