@@ -112,8 +112,13 @@ std::string apply_disable(CpuFeatures& f) {
     if (!found) {
       std::string all;
       for (const char* n : names) all += (all.empty() ? "" : ", ") + std::string(n);
-      return "KAEL_CPU_DISABLE='" + list + "': unknown CPU feature '" + name +
-             "'; expected a comma-separated list of " + all;
+      std::string msg = "KAEL_CPU_DISABLE='";
+      msg += list;
+      msg += "': unknown CPU feature '";
+      msg += name;
+      msg += "'; expected a comma-separated list of ";
+      msg += all;
+      return msg;
     }
   }
   return {};

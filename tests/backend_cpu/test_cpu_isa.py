@@ -41,8 +41,9 @@ LONG_DOT_TOL = (1e-5, 1e-4)
 
 
 def native_env(**env: str) -> dict[str, str]:
-    """os.environ without the selection controls, plus env; the native backend serves cpu."""
-    base = {k: v for k, v in os.environ.items() if k not in ("KAEL_CPU_ISA", "KAEL_CPU_DISABLE", "KAEL_BACKEND_CPU")}
+    """os.environ without KAEL_CPU_ISA, plus env; the native backend serves cpu. KAEL_CPU_DISABLE
+    stays: the suite run with e.g. KAEL_CPU_DISABLE=avx512f tests this machine as an AVX2-only one."""
+    base = {k: v for k, v in os.environ.items() if k not in ("KAEL_CPU_ISA", "KAEL_BACKEND_CPU")}
     return {**base, **env}
 
 
@@ -291,6 +292,7 @@ def test_default_is_the_widest_runnable_table() -> None:
     info = child_info()
     assert info["runnable"] and info["runnable"][-1] == "baseline"
     assert info["isa"] == info["runnable"][0] and info["error"] is None and info["requested"] is None
+    assert info == C.isa_info() | {k: info[k] for k in ("isa", "error", "requested", "disabled")}  # as here
     assert info["tables"][-1] == "baseline" and set(info["runnable"]) <= set(info["tables"])
     order = [t for t in TABLES[::-1] if t in info["tables"]]
     assert info["tables"] == order  # widest first
@@ -300,6 +302,7 @@ def test_default_is_the_widest_runnable_table() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux's /proc/cpuinfo")
+@pytest.mark.skipif(bool(os.environ.get("KAEL_CPU_DISABLE")), reason="KAEL_CPU_DISABLE hides features on purpose")
 def test_features_agree_with_proc_cpuinfo() -> None:
     flags: set[str] = set()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -363,7 +366,8 @@ def test_a_table_the_cpu_lacks_is_a_backend_error() -> None:
     if "avx512" in info["tables"]:
         for code in ("kael.cpu.isa()", SOFTMAX):
             msg = refused(code, KAEL_CPU_ISA="avx512", KAEL_CPU_DISABLE="avx512bw")
-            assert "KAEL_CPU_ISA='avx512': this CPU cannot run the avx512 table (lacks avx512bw)" in msg, msg
+            assert "KAEL_CPU_ISA='avx512': this CPU cannot run the avx512 table (lacks " in msg, msg
+            assert "avx512bw" in msg.split("(lacks ")[1].split(")")[0], msg
             assert "the tables it runs: avx2, baseline" in msg, msg
     msg = refused("kael.cpu.isa()", KAEL_CPU_ISA="avx2", KAEL_CPU_DISABLE="fma,os_avx512")
     assert "cannot run the avx2 table (lacks fma)" in msg and "runs: baseline" in msg, msg
@@ -381,7 +385,8 @@ def test_python_m_kael_info_names_the_table() -> None:
         [sys.executable, "-m", "kael", "info"], env=native_env(), capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stderr
-    assert f"cpu vector table: {info['isa']}\n" in res.stdout
+    disabled = f" (KAEL_CPU_DISABLE={info['disabled']})" if info["disabled"] else ""
+    assert f"cpu vector table: {info['isa']}{disabled}\n" in res.stdout
     assert f"this CPU runs: {', '.join(info['runnable'])}" in res.stdout
     res = subprocess.run(
         [sys.executable, "-m", "kael", "info"],
@@ -391,4 +396,6 @@ def test_python_m_kael_info_names_the_table() -> None:
         timeout=300,
     )
     assert res.returncode == 0, res.stderr
-    assert "cpu vector table: none (KAEL_CPU_ISA=avx9): KAEL_CPU_ISA='avx9': unknown vector table" in res.stdout
+    forced = ", ".join(["KAEL_CPU_ISA=avx9", *([f"KAEL_CPU_DISABLE={info['disabled']}"] if info["disabled"] else [])])
+    assert f"cpu vector table: none ({forced}): " in res.stdout
+    assert "KAEL_CPU_ISA='avx9': unknown vector table" in res.stdout
