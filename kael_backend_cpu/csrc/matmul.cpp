@@ -260,7 +260,9 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa,
     return;
   }
   if (m <= kSmall && gemm_few_rows(m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, accumulate)) return;
-  if (n <= kSmall && m > n && gemm_few_rows(n, m, k, b, csb, rsb, a, csa, rsa, c, csc, rsc, accumulate)) return;
+  // Few columns: the transposed product, but only past kSmall rows, so up to kSmall rows a row is always summed
+  // by the row kernels as it would be alone (a short KV cache makes n < m in stacked GQA decode).
+  if (m > kSmall && n <= kSmall && gemm_few_rows(n, m, k, b, csb, rsb, a, csa, rsa, c, csc, rsc, accumulate)) return;
   gemm_packed(m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, accumulate);
 }
 
