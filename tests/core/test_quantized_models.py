@@ -173,10 +173,14 @@ def test_weights_argument_is_validated(checkpoints: dict[str, tuple[Path, Any]],
         from_pretrained(d, weights="q8_0", dtype=kael.bfloat16)
     assert from_pretrained(d, weights="f32").weights_scheme is None
     from_pretrained(d, weights="q8_0").save_pretrained(tmp_path / "q8")
-    with pytest.raises(kael.KaelError, match=r"already holds q8_0 weights; weights='q4_0' would requantize them, a second rounding"):
+    with pytest.raises(
+        kael.KaelError, match=r"already holds q8_0 weights; weights='q4_0' would requantize them, a second rounding"
+    ):
         from_pretrained(tmp_path / "q8", weights="q4_0")
     assert from_pretrained(tmp_path / "q8", weights="q8_0").weights_scheme == "q8_0"
-    with pytest.raises(kael.KaelError, match=r"already holds q8_0 weights; weights='f32' would requantize them, a second rounding"):
+    with pytest.raises(
+        kael.KaelError, match=r"already holds q8_0 weights; weights='f32' would requantize them, a second rounding"
+    ):
         from_pretrained(tmp_path / "q8", weights="f32")
     with pytest.raises(kael.DTypeError, match=r"weights='q8_0' computes in float32"):
         from_pretrained(tmp_path / "q8", dtype=kael.float16)
