@@ -229,7 +229,14 @@ class SseClient:
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         self.writer.write(head.encode() + body)
-        status = int((await reader.readline()).split()[1])
+        line = await reader.readline()
+        if not line:  # the server closed the kept-alive connection (llama-server does after a stream): reconnect once
+            await self.close()
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            self.reader, self.writer = reader, writer
+            writer.write(head.encode() + body)
+            line = await reader.readline()
+        status = int(line.split()[1])
         headers: dict[bytes, bytes] = {}
         while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
