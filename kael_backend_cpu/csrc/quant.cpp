@@ -8,7 +8,7 @@
 //   sums its products in one fixed order (32-value block sums added into one vector
 //   accumulator, its lanes, the bias last), so a row's result is bit-identical whatever M is.
 // * M > 16 (prefill): compute-bound. Panels of weight rows are dequantized into a float32
-//   scratch (about 1 MiB) and multiplied with the packed GEMM (gemm.h); threads split N into
+//   scratch (up to 16 MiB) and multiplied with the packed GEMM (gemm.h); threads split N into
 //   panels (or, with fewer panels than threads, the GEMM splits the rows). A row's result
 //   here may differ from the few-row path in the last bits (another summation order).
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
@@ -25,8 +25,10 @@
 namespace kael {
 namespace {
 
-constexpr int64_t kFewRows = 16;          // rows up to which the dot-product path runs
-constexpr int64_t kPanelBytes = 1 << 20;  // float32 scratch per panel of dequantized weight rows
+constexpr int64_t kFewRows = 16;  // rows up to which the dot-product path runs
+// float32 scratch per panel of dequantized weight rows: large, since every panel packs x again
+// (M x K) and dequantized weights cost one extra write and read, small next to the GEMM's work
+constexpr int64_t kPanelBytes = 16 << 20;
 
 int64_t block_bytes(QuantScheme s) {
   return s == QuantScheme::Q8_0 ? 34 : s == QuantScheme::Q4_0 ? 18 : 0;
@@ -105,7 +107,7 @@ void linear_panels(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* 
                    const float* bias, float* c, int64_t rsc) {
   const auto dequant = vec().dequant_row[static_cast<int>(s)];
   const int64_t width = parallel_width();
-  int64_t nb = std::clamp<int64_t>(kPanelBytes / (4 * k) / 16 * 16, 16, 512);
+  int64_t nb = std::clamp<int64_t>(kPanelBytes / (4 * k) / 16 * 16, 16, 4096);
   nb = std::max<int64_t>(16, std::min(nb, round_up((n + 2 * width - 1) / (2 * width), 16)));
   const int64_t panels = (n + nb - 1) / nb;
   const auto run_panel = [&](int64_t p, bool parallel_dequant) {
