@@ -43,9 +43,6 @@ with _harness.instrumented(__name__ == "__main__", ["kael"]):
     from kael import FormatError
     from kael.io import GGUFFile, GGUFValue, read_gguf, write_gguf
 
-    # internal: the NumPy dtype write_gguf takes for each GGML type has no public name
-    from kael.io._gguf_format import TENSOR_TYPES
-
 try:  # the reference reader, as an independent oracle when installed
     import gguf as _reference
 except ImportError:  # pragma: no cover
@@ -67,9 +64,14 @@ def _remove_scratch_files() -> None:
 Read = tuple[dict[str, tuple[str, Any]], list[tuple[str, str, tuple[int, ...], int, bytes]], int]
 
 
+#: The NumPy dtype read_gguf gives each GGML type's data (what write_gguf takes back), as seen.
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
 def _snapshot(f: GGUFFile) -> Read:
     tensors = []
     for t in f.tensors.values():
+        _DTYPES[t.type] = t.data.dtype
         raw = t.data.reshape(-1).view(np.uint8)
         if raw.size != t.nbytes:
             raise AssertionError(f"tensor {t.name!r}: {raw.size} bytes mapped, {t.nbytes} expected")
@@ -155,7 +157,7 @@ def _check_rewrite(read: Read) -> None:
     """write_gguf of what was read, read again, gives the same contents."""
     metadata, tensors, alignment = read
     typed = {k: GGUFValue(t, v) for k, (t, v) in metadata.items()}
-    arrays = [(n, t, s, np.frombuffer(raw, TENSOR_TYPES[t].dtype)) for n, t, s, _, raw in tensors]
+    arrays = [(n, t, s, np.frombuffer(raw, _DTYPES[t])) for n, t, s, _, raw in tensors]
     try:
         write_gguf(COPY, typed, arrays, alignment=alignment)
     except FormatError as e:
