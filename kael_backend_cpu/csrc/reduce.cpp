@@ -6,8 +6,10 @@
 // the partial results combined). When K's innermost dim is contiguous instead
 // (reducing over leading dims), rows of R are accumulated into a block of columns
 // at once. Anything else walks R with strided pointers per output element. float32
-// sums accumulate in float64; integers wrap; max/min propagate nan; arg ops return
-// the first extremum (the first nan, if any), like NumPy.
+// sums and products accumulate in float64 (a float32 running product can underflow
+// or overflow part way, depending on the order, where a float64 one does not);
+// integers wrap; max/min propagate nan; arg ops return the first extremum (the first
+// nan, if any), like NumPy.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -36,8 +38,9 @@ template <ReduceOp OP, class T>
 struct Policy {
   static constexpr bool logical = OP == ReduceOp::Any || OP == ReduceOp::All ||
                                   (std::is_same_v<T, bool> && (OP == ReduceOp::Sum || OP == ReduceOp::Prod));
-  using A = std::conditional_t<logical, bool,
-                               std::conditional_t<(OP == ReduceOp::Sum && std::is_same_v<T, float>), double, T>>;
+  using A = std::conditional_t<
+      logical, bool,
+      std::conditional_t<((OP == ReduceOp::Sum || OP == ReduceOp::Prod) && std::is_same_v<T, float>), double, T>>;
   static A init() {
     if constexpr (logical) {
       return OP == ReduceOp::All || OP == ReduceOp::Prod;

@@ -86,6 +86,18 @@ def test_large_float_sums_are_accurate(cpu: Any, shape: tuple, dims: tuple) -> N
     assert_close(logical(got), exact, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_float32_products_do_not_underflow_part_way(cpu: Any, ref: Any, layout: str) -> None:
+    # 0.01 ** 40 underflows float32 before the 40 factors of 100 bring it back, in any order that
+    # multiplies the small ones first; a float64 running product gets the exact 1.0 (a fuzz finding)
+    vals = np.tile(np.array([0.01] * 40 + [100.0] * 40, dtype=np.float32), (3, 1))
+    a = place(vals, dt.float32, layout)
+    exact = vals.astype(np.float64).prod(axis=1, keepdims=True).astype(np.float32)
+    for backend, out in ((cpu, cpu_empty(cpu, (3, 1), dt.float32)), (ref, host_empty((3, 1), dt.float32))):
+        backend.kernel("prod")(out, a, (1,))
+        assert_close(logical(out), exact, rtol=1e-5, atol=0.0, msg=f"{backend.name} {layout}")
+
+
 def test_nan_propagation(cpu: Any, ref: Any) -> None:
     vals = np.array([[1.0, np.nan, 3.0, 7.0], [2.0, 5.0, 5.0, -1.0]])
     a = place(vals, dt.float32, "contiguous")

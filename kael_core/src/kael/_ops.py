@@ -299,7 +299,14 @@ _defs += [
 _defs += [_op(n, "primitive", "out!, a, b", "elementwise; a, b, out same dtype", p) for n, p in BINARY.items()]
 _defs += [_op(n, "primitive", "out!, a, b", "elementwise; out bool; a, b same dtype", p) for n, p in COMPARE.items()]
 _defs += [
-    _op(n, "primitive", "out!, a, dims: tuple[int, ...]", "out has a's shape with dims set to 1") for n in REDUCE_OPS
+    _op(
+        n,
+        "primitive",
+        "out!, a, dims: tuple[int, ...]",
+        "out has a's shape with dims set to 1"
+        + ("; float32 and 16-bit products accumulate in float64" if n == "prod" else ""),
+    )
+    for n in REDUCE_OPS
 ]
 _defs += [
     _op("linear", "fused", "out!, x, weight, bias?", "out [.., O] = x [.., I] @ weight[O, I].T + bias[O]"),

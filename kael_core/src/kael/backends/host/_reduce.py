@@ -21,7 +21,12 @@ def sum_(out: Any, a: Any, dims: tuple[int, ...]) -> None:
 
 
 def prod(out: Any, a: Any, dims: tuple[int, ...]) -> None:
-    wr(out, np.prod(rd(a), axis=dims, keepdims=True, dtype=_acc(out)))
+    # float32 and half products run in float64 and are rounded to float32 once: a float32
+    # running product underflows or overflows part way depending on the order
+    if out.dtype.name in ("float32", "bfloat16", "float16"):
+        wr(out, np.prod(rd(a), axis=dims, keepdims=True, dtype=np.float64).astype(np.float32))
+    else:
+        wr(out, np.prod(rd(a), axis=dims, keepdims=True, dtype=_acc(out)))
 
 
 def amax(out: Any, a: Any, dims: tuple[int, ...]) -> None:
