@@ -28,13 +28,15 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// One thread's share: the BLIS loops over a sub-matrix of C.
-template <class T>
-void gemm_packed_serial(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb,
-                        int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate) {
+// One thread's share: the BLIS loops over a sub-matrix of C. pack_b(pc, kc, jc, nc, bp) packs
+// rows [pc, pc + kc) x cols [jc, jc + nc) of B into nr-column panels at bp (zero padded), as
+// GemmKernels::pack_b does; depth blocks are multiples of k_align (but the last).
+template <class T, class PackB>
+void gemm_packed_serial(int64_t m, int64_t n, int64_t k, int64_t k_align, const T* a, int64_t rsa, int64_t csa,
+                        const PackB& pack_b, T* c, int64_t rsc, int64_t csc, bool accumulate) {
   const GemmKernels<T>& g = kernels_for<T>();
   const int64_t kblocks = (k + g.kc - 1) / g.kc;
-  const int64_t kc_max = (k + kblocks - 1) / kblocks;  // balanced depth blocks
+  const int64_t kc_max = std::min(k, round_up((k + kblocks - 1) / kblocks, k_align));  // balanced depth blocks
   const int64_t mc_max = std::min(g.mc, round_up(m, g.mr));
   const int64_t nc_max = std::min(g.nc, round_up(n, g.nr));
   Buffer abuf(static_cast<size_t>(mc_max * kc_max) * sizeof(T));
@@ -45,7 +47,7 @@ void gemm_packed_serial(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa
     const int64_t nc = std::min(g.nc, n - jc);
     for (int64_t pc = 0; pc < k; pc += kc_max) {
       const int64_t kc = std::min(kc_max, k - pc);
-      g.pack_b(kc, nc, b + pc * rsb + jc * csb, rsb, csb, bp);
+      pack_b(pc, kc, jc, nc, bp);
       const bool acc = accumulate || pc > 0;
       for (int64_t ic = 0; ic < m; ic += g.mc) {
         const int64_t mc = std::min(g.mc, m - ic);
@@ -62,9 +64,10 @@ void gemm_packed_serial(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa
   }
 }
 
-template <class T>
-void gemm_packed(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb,
-                 int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate) {
+// The packed GEMM over the thread pool: the threads split the larger of m and n.
+template <class T, class PackB>
+void gemm_packed_with(int64_t m, int64_t n, int64_t k, int64_t k_align, const T* a, int64_t rsa, int64_t csa,
+                      const PackB& pack_b, T* c, int64_t rsc, int64_t csc, bool accumulate) {
   const GemmKernels<T>& g = kernels_for<T>();
   const bool split_n = n >= m;
   const int64_t unit = split_n ? g.nr : g.mr;
@@ -72,7 +75,7 @@ void gemm_packed(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64
   const int64_t work = m * n * k;
   const int64_t parts = work < (int64_t{1} << 18) ? 1 : std::min<int64_t>(parallel_width(), units);
   if (parts <= 1) {
-    gemm_packed_serial(m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, accumulate);
+    gemm_packed_serial(m, n, k, k_align, a, rsa, csa, pack_b, c, rsc, csc, accumulate);
     return;
   }
   parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
@@ -81,16 +84,30 @@ void gemm_packed(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64
       if (split_n) {
         const int64_t n0 = u0 * unit, n1 = std::min(n, u1 * unit);
         if (n1 > n0) {
-          gemm_packed_serial(m, n1 - n0, k, a, rsa, csa, b + n0 * csb, rsb, csb, c + n0 * csc, rsc, csc, accumulate);
+          const auto shifted = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, T* bp) {
+            pack_b(pc, kc, n0 + jc, nc, bp);
+          };
+          gemm_packed_serial(m, n1 - n0, k, k_align, a, rsa, csa, shifted, c + n0 * csc, rsc, csc, accumulate);
         }
       } else {
         const int64_t m0 = u0 * unit, m1 = std::min(m, u1 * unit);
         if (m1 > m0) {
-          gemm_packed_serial(m1 - m0, n, k, a + m0 * rsa, rsa, csa, b, rsb, csb, c + m0 * rsc, rsc, csc, accumulate);
+          gemm_packed_serial(m1 - m0, n, k, k_align, a + m0 * rsa, rsa, csa, pack_b, c + m0 * rsc, rsc, csc,
+                             accumulate);
         }
       }
     }
   });
+}
+
+template <class T>
+void gemm_packed(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb,
+                 int64_t csb, T* c, int64_t rsc, int64_t csc, bool accumulate) {
+  const GemmKernels<T>& g = kernels_for<T>();
+  const auto pack = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, T* bp) {
+    g.pack_b(kc, nc, b + pc * rsb + jc * csb, rsb, csb, bp);
+  };
+  gemm_packed_with(m, n, k, 1, a, rsa, csa, pack, c, rsc, csc, accumulate);
 }
 
 // Few rows: C's columns split across threads, B read in place.
@@ -268,6 +285,16 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa,
 
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                           float*, int64_t, int64_t, bool);
+
+void sgemm_packed_b(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, int64_t csa, int64_t k_align,
+                    const PackBFn& pack_b, float* c, int64_t rsc) {
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  gemm_packed_with(m, n, k, std::max<int64_t>(1, k_align), a, rsa, csa, pack_b, c, rsc, 1, false);
+}
+
+int sgemm_nr() {
+  return vec().sgemm.nr;
+}
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,
                            double*, int64_t, int64_t, bool);
 

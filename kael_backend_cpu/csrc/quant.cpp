@@ -7,10 +7,10 @@
 //   read from memory once for all M rows; threads split N into contiguous ranges. Each row
 //   sums its products in one fixed order (32-value block sums added into one vector
 //   accumulator, its lanes, the bias last), so a row's result is bit-identical whatever M is.
-// * M > 16 (prefill): compute-bound. Panels of weight rows are dequantized into a float32
-//   scratch (up to 16 MiB) and multiplied with the packed GEMM (gemm.h); threads split N into
-//   panels (or, with fewer panels than threads, the GEMM splits the rows). A row's result
-//   here may differ from the few-row path in the last bits (another summation order).
+// * M > 16 (prefill): compute-bound: the packed GEMM (gemm.h: sgemm_packed_b), whose B panels
+//   are dequantized straight from the weight rows as they are packed, so the work is a float32
+//   GEMM's plus one dequantization of each weight block per depth block and thread. A row's
+//   result here may differ from the few-row path in the last bits (another summation order).
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
 // from a float64 reference.
 #include <algorithm>
@@ -26,9 +26,6 @@ namespace kael {
 namespace {
 
 constexpr int64_t kFewRows = 16;  // rows up to which the dot-product path runs
-// float32 scratch per panel of dequantized weight rows: large, since every panel packs x again
-// (M x K) and dequantized weights cost one extra write and read, small next to the GEMM's work
-constexpr int64_t kPanelBytes = 16 << 20;
 
 int64_t block_bytes(QuantScheme s) {
   return s == QuantScheme::Q8_0 ? 34 : s == QuantScheme::Q4_0 ? 18 : 0;
@@ -90,10 +87,6 @@ bool rows_stride(const View& v, int64_t* rs) {
   return true;
 }
 
-int64_t round_up(int64_t x, int64_t m) {
-  return (x + m - 1) / m * m;
-}
-
 // c[i * rsc + j] (+)= bias[j] for the m x n block.
 void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
   for (int64_t i = 0; i < m; ++i) {
@@ -102,36 +95,30 @@ void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
   }
 }
 
-// The M > 16 path: panels of dequantized weight rows through the packed GEMM.
-void linear_panels(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+// The M > 16 path: the packed GEMM with B's panels dequantized straight from the weight rows
+// (nr rows at a time into a small scratch, then transposed into the panel), so x is packed as
+// often as for a float32 weight and the dequantized weights never leave the cache.
+void linear_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
                    const float* bias, float* c, int64_t rsc) {
   const auto dequant = vec().dequant_row[static_cast<int>(s)];
-  const int64_t width = parallel_width();
-  int64_t nb = std::clamp<int64_t>(kPanelBytes / (4 * k) / 16 * 16, 16, 4096);
-  nb = std::max<int64_t>(16, std::min(nb, round_up((n + 2 * width - 1) / (2 * width), 16)));
-  const int64_t panels = (n + nb - 1) / nb;
-  const auto run_panel = [&](int64_t p, bool parallel_dequant) {
-    const int64_t n0 = p * nb, cnt = std::min(nb, n - n0);
-    Buffer buf(static_cast<size_t>(cnt * k) * sizeof(float));
-    auto* panel = buf.get<float>();
-    const auto rows = [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) dequant(panel + r * k, w.data + (n0 + r) * w.row_stride, k);
-    };
-    if (parallel_dequant) {
-      parallel_for(0, cnt, std::max<int64_t>(1, 16384 / k), rows);
-    } else {
-      rows(0, cnt);
+  const auto pack_b = vec().sgemm.pack_b;
+  const int64_t nr = sgemm_nr();
+  const int64_t bytes_per_32 = is_block(s) ? block_bytes(s) : 64;  // bytes holding 32 values of a row
+  const PackBFn pack = [&](int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* bp) {
+    Buffer scratch(static_cast<size_t>(nr * kc) * sizeof(float));
+    float* rows = scratch.get<float>();
+    // block schemes: k0 is a multiple of 32 (k_align below); 16-bit schemes: 2 bytes a value
+    const int64_t offset = is_block(s) ? k0 / 32 * bytes_per_32 : k0 * 2;
+    for (int64_t p = 0; p < nc; p += nr) {
+      const int64_t cols = std::min(nr, nc - p);
+      for (int64_t r = 0; r < cols; ++r) dequant(rows + r * kc, w.data + (n0 + p + r) * w.row_stride + offset, kc);
+      pack_b(kc, cols, rows, 1, kc, bp + p * kc);  // B[kk, j] = rows[j * kc + kk]
     }
-    // B [k, cnt] is the panel read column-major: B[kk, j] = panel[j * k + kk]
-    gemm<float>(m, cnt, k, x, rsx, 1, panel, 1, k, c + n0, rsc, 1, false);
-    if (bias != nullptr) add_bias(c + n0, rsc, m, cnt, bias + n0);
   };
-  if (panels >= width) {
-    parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) run_panel(p, false);
-    });
-  } else {
-    for (int64_t p = 0; p < panels; ++p) run_panel(p, true);  // the GEMM splits the rows
+  sgemm_packed_b(m, n, k, x, rsx, 1, is_block(s) ? 32 : 1, pack, c, rsc);
+  if (bias != nullptr) {
+    parallel_for(0, m, std::max<int64_t>(1, 65536 / n),
+                 [&](int64_t r0, int64_t r1) { add_bias(c + r0 * rsc, rsc, r1 - r0, n, bias); });
   }
 }
 
@@ -233,7 +220,7 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
            rso, row.get<float>());
     });
   } else {
-    linear_panels(scheme, m, n, k, xp, rsx, w, bp, c, rso);
+    linear_packed(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   }
   if (ov != &out) copy(out, *ov);
 }
