@@ -215,7 +215,7 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
     const auto dots = vec().qdot_rows[static_cast<int>(scheme)];
     parallel_for(0, n, std::max<int64_t>(1, 32768 / (m * k)), [&](int64_t j0, int64_t j1) {
       Buffer row;  // a weight row expanded to float32, read by every group of four rows of x
-      if (m > 1) row = Buffer(static_cast<size_t>(3 * k) * sizeof(float));  // kQRows (vec_quant.h) rows
+      if (m > 1) row = Buffer(static_cast<size_t>(qdot_scratch_floats(k)) * sizeof(float));
       dots(m, j1 - j0, k, xp, rsx, w.data + j0 * w.row_stride, w.row_stride, bp == nullptr ? nullptr : bp + j0, c + j0,
            rso, row.get<float>());
     });

@@ -20,6 +20,12 @@
 
 namespace kael {
 
+// The scratch qdot_rows needs for m > 1 rows: three weight rows expanded to float32 and their
+// block scales (vec_quant.h: kQRows).
+constexpr int64_t qdot_scratch_floats(int64_t k) {
+  return 3 * (k + k / 32);
+}
+
 // Matrix-multiply building blocks for element type T (float or double).
 template <class T>
 struct GemmKernels {
@@ -75,7 +81,8 @@ struct VecTable {
                    int64_t n) = nullptr;
   // Weight formats (vec_quant.h), indexed by QuantScheme (kernels.h): out[0..k) = one weight row as float32
   void (*dequant_row[4])(float* out, const uint8_t* row, int64_t k) = {};
-  // c[i * rsc + j] = x row i . weight row j (+ bias[j]), i < m, j < n, weight rows rsw bytes apart; row: 3k floats
+  // c[i * rsc + j] = x row i . weight row j (+ bias[j]), i < m, j < n, weight rows rsw bytes apart; row: scratch of
+  // qdot_scratch_floats(k) floats (m > 1)
   void (*qdot_rows[4])(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const uint8_t* w, int64_t rsw,
                        const float* bias, float* c, int64_t rsc, float* row) = {};
 };

@@ -97,9 +97,16 @@ template <class T>
 inline T hsum(vec_t<T> v) {
 #if KAEL_VBYTES == 64
   typedef T half_t __attribute__((vector_size(32)));  // NOLINT(modernize-use-using)
+  // halves by shuffles, not memcpy: a memcpy from &v gives v a stack home, and an accumulator
+  // summed this way after a loop was then stored and reloaded on every iteration
   half_t lo, hi;
-  std::memcpy(&lo, &v, sizeof(lo));
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  if constexpr (sizeof(T) == 4) {
+    lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  } else {
+    lo = __builtin_shufflevector(v, v, 0, 1, 2, 3);
+    hi = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  }
   const half_t h = lo + hi;
   T s = 0;
   for (int i = 0; i < V<T>::L / 2; ++i) s += h[i];

@@ -17,6 +17,10 @@ typedef uint16_t vqu16 __attribute__((vector_size(KAEL_VBYTES / 2)));  // NOLINT
 typedef uint32_t vqu32 __attribute__((vector_size(KAEL_VBYTES)));      // NOLINT(modernize-use-using): L uint32
 // clang-format on
 
+// How far ahead the few-row dot products prefetch a weight row's bytes (measured on GPT-2 small
+// decode, 1 thread: 4 KiB makes Q8_0/Q4_0/bfloat16 about 20% faster than the hardware
+// prefetchers alone; 1-2 KiB helps less).
+constexpr int64_t kQPrefetch = 4096;
 constexpr int64_t kQBlock = 32;                     // values per block (and per step of the dot loops)
 constexpr int kQVecs = int{kQBlock / V<float>::L};  // float vectors per block
 
@@ -129,6 +133,49 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
   }
 }
 
+// Block b of a Q8_0 (F = 0) or Q4_0 (F = 1) row as its integers in float32 (q8_0: q; q4_0:
+// q - 8; exact) and its scale d, returned: value i = d * w[i]. The dot products scale a block's
+// sum once instead of every value (two multiplies fewer a block).
+template <int F>
+inline float load_block_q(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
+  constexpr int64_t L = V<float>::L;
+  static_assert(F == 0 || F == 1, "block formats only");
+  const uint8_t* blk = row + b * (F == 0 ? 34 : 18);
+  uint16_t dbits;
+  std::memcpy(&dbits, blk, 2);
+  if constexpr (F == 0) {
+    for (int v = 0; v < kQVecs; ++v) {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+      // one sign extension (maskz forms: no -Wmaybe-uninitialized from the unmasked ones)
+      const __m512i qi =
+          _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + v * L)));
+      w[v] = bitcast<vf>(_mm512_maskz_cvtepi32_ps(0xFFFF, qi));
+#elif KAEL_VBYTES == 32 && defined(__AVX2__)
+      w[v] = bitcast<vf>(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + v * L)))));
+#else
+      vqu8 q;
+      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
+      w[v] = __builtin_convertvector(__builtin_convertvector(q ^ 0x80, vi) - 128, vf);
+#endif
+    }
+  } else {
+    constexpr int H = kQVecs / 2;
+    for (int v = 0; v < H; ++v) {
+      vqu8 q;
+      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
+      w[v] = __builtin_convertvector(__builtin_convertvector(q & 15, vi) - 8, vf);
+      w[H + v] = __builtin_convertvector(__builtin_convertvector(q >> 4, vi) - 8, vf);
+    }
+  }
+  return half_to_float_s(dbits);
+}
+
+// Row `row` for the few-row dot products' scratch: a block format's integers in float32 into
+// out[0..k) and its k / 32 block scales into scales; a 16-bit row dequantized (scales unused).
+template <int F>
+void expand_row(float* out, float* scales, const uint8_t* row, int64_t k);
+
 // out[0..k) = weight row `row` as float32 (k % 32 == 0 for the block formats).
 template <int F>
 void dequant_row(float* out, const uint8_t* row, int64_t k) {
@@ -146,6 +193,23 @@ void dequant_row(float* out, const uint8_t* row, int64_t k) {
   }
 }
 
+template <int F>
+void expand_row(float* out, float* scales, const uint8_t* row, int64_t k) {
+  if constexpr (F < 2) {
+    constexpr int64_t L = V<float>::L;
+    for (int64_t b = 0; b < k / kQBlock; ++b) {
+      __builtin_prefetch(row + b * (F == 0 ? 34 : 18) + kQPrefetch, 0, 0);  // as in qdot_wrows
+      vf w[kQVecs];
+      scales[b] = load_block_q<F>(row, b, w);
+      for (int v = 0; v < kQVecs; ++v) store(out + b * kQBlock + v * L, w[v]);
+    }
+  } else {
+    (void)scales;
+    for (int64_t t = 0; t < 2 * k; t += 64) __builtin_prefetch(row + t + kQPrefetch, 0, 0);
+    dequant_row<F>(out, row, k);
+  }
+}
+
 // The 32 products of a block with x[0..32), summed pairwise into one vector.
 inline vf block_dot(const vf (&w)[kQVecs], const float* x) {
   constexpr int64_t L = V<float>::L;
@@ -157,51 +221,64 @@ inline vf block_dot(const vf (&w)[kQVecs], const float* x) {
   return p[0];
 }
 
-// c[i * rsc] = dot(a row i, weight row w) (+ *bias) for MB rows of a. Every row sums in the
-// same order whatever MB is (block sums into one vector accumulator, its lanes in order, the
-// tail of a 16-bit row, then the bias), so a row comes out the same in every group size.
-template <int F, int MB>
-inline void qdot_group(int64_t k, const float* a, int64_t rsa, const uint8_t* w, const float* bias, float* c,
-                       int64_t rsc) {
+// c[j * csc] = dot(a, weight row j) (+ bias[j]) for NB weight rows (rsw bytes apart) and one
+// row of a: NB streams from memory at once, NB independent accumulators. Each dot product sums
+// in one fixed order (32-value block sums, times the block's scale for Q8_0/Q4_0, added into one
+// vector accumulator, its lanes, the tail of a 16-bit row, then the bias), whatever NB is.
+template <int F, int NB>
+inline void qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw, const float* bias, float* c,
+                       int64_t csc) {
   constexpr int64_t L = V<float>::L;
-  vf acc[MB];
-  for (int i = 0; i < MB; ++i) acc[i] = vf{};
+  vf acc[NB];
+  for (int j = 0; j < NB; ++j) acc[j] = vf{};
   const int64_t nb = k / kQBlock;
+  constexpr int64_t kBlockBytes = F == 0 ? 34 : F == 1 ? 18 : F == 4 ? 128 : 64;
   for (int64_t b = 0; b < nb; ++b) {
-    vf wv[kQVecs];
-    load_block<F>(w, b, wv);
-    for (int i = 0; i < MB; ++i) acc[i] += block_dot(wv, a + i * rsa + b * kQBlock);
-  }
-  int64_t kv = nb * kQBlock;
-  if constexpr (F >= 2) {  // 16-bit and float32 rows: any k
-    for (; kv + L <= k; kv += L) {
-      const vf wt = load_values<F>(w, kv);
-      for (int i = 0; i < MB; ++i) acc[i] += wt * load(a + i * rsa + kv);
+    for (int j = 0; j < NB; ++j) {
+      // the rows stream from memory: ask for what comes kQPrefetch bytes on (a hint: past the row is
+      // harmless). float16 rows go faster without (and eight at a time, qdot_rows).
+      if constexpr (F != 3) __builtin_prefetch(w + j * rsw + b * kBlockBytes + kQPrefetch, 0, 0);
+      vf wv[kQVecs];
+      if constexpr (F < 2) {
+        const float d = load_block_q<F>(w + j * rsw, b, wv);
+        acc[j] += splat(d) * block_dot(wv, a + b * kQBlock);
+      } else {
+        load_block<F>(w + j * rsw, b, wv);
+        acc[j] += block_dot(wv, a + b * kQBlock);
+      }
     }
   }
-  for (int i = 0; i < MB; ++i) {
-    float s = hsum<float>(acc[i]);
+  int64_t kv = nb * kQBlock;
+  if constexpr (F >= 2) {
+    for (; kv + L <= k; kv += L) {
+      const vf xv = load(a + kv);
+      for (int j = 0; j < NB; ++j) acc[j] += load_values<F>(w + j * rsw, kv) * xv;
+    }
+  }
+  for (int j = 0; j < NB; ++j) {
+    float s = hsum<float>(acc[j]);
     if constexpr (F >= 2) {
       for (int64_t t = kv; t < k; ++t) {
 #if defined(__FMA__)
-        s = __builtin_fmaf(scalar_value<F>(w, t), a[i * rsa + t], s);  // explicit: contraction varied by caller
+        s = __builtin_fmaf(scalar_value<F>(w + j * rsw, t), a[t], s);
 #else
-        s += scalar_value<F>(w, t) * a[i * rsa + t];
+        s += scalar_value<F>(w + j * rsw, t) * a[t];
 #endif
       }
     }
-    if (bias != nullptr) s += *bias;
-    c[i * rsc] = s;
+    if (bias != nullptr) s += bias[j];
+    c[j * csc] = s;
   }
 }
 
-// MB rows of a against NB float32 weight rows (k floats apart, from qdot_rows' scratch): an
-// MB x NB tile, each x vector loaded once for the NB rows. Every dot product is the same
-// operations on the same values as qdot_group's (products w * x, the block's pairwise tree, the
+// MB rows of a against NB weight rows expanded into qdot_rows' scratch (k floats apart; for a
+// block format their integers, with k / 32 scales a row in `scales`, else null): an MB x NB tile,
+// each x vector loaded once for the NB rows. Every dot product is the same operations on the
+// same values as qdot_wrows' (products w * x, the block's pairwise tree, its scale, the
 // accumulator, the lanes, the tail, the bias), so the results are its bits.
 template <int MB, int NB>
-inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, const float* bias, float* c,
-                      int64_t rsc) {
+inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, const float* scales, const float* bias,
+                      float* c, int64_t rsc) {
   constexpr int64_t L = V<float>::L;
   vf acc[MB][NB];
   for (auto& r : acc) {
@@ -218,7 +295,11 @@ inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, co
         for (int s = kQVecs / 2; s >= 1; s /= 2) {
           for (int v = 0; v < s; ++v) p[v] = p[v] + p[v + s];
         }
-        acc[i][j] += p[0];
+        if (scales != nullptr) {  // a block format: w holds integers, scaled per block
+          acc[i][j] += splat(scales[j * nb + b]) * p[0];
+        } else {
+          acc[i][j] += p[0];
+        }
       }
     }
   }
@@ -246,52 +327,60 @@ inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, co
 
 // All m rows against NB float32 weight rows: tiles of four rows, then the rest.
 template <int NB>
-inline void qdot_tiles(int64_t m, int64_t k, const float* a, int64_t rsa, const float* w, const float* bias, float* c,
-                       int64_t rsc) {
+inline void qdot_tiles(int64_t m, int64_t k, const float* a, int64_t rsa, const float* w, const float* scales,
+                       const float* bias, float* c, int64_t rsc) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) qdot_tile<4, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+  for (; i + 4 <= m; i += 4) qdot_tile<4, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
   switch (m - i) {
     case 3:
-      qdot_tile<3, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+      qdot_tile<3, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
       break;
     case 2:
-      qdot_tile<2, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+      qdot_tile<2, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
       break;
     case 1:
-      qdot_tile<1, NB>(k, a + i * rsa, rsa, w, bias, c + i * rsc, rsc);
+      qdot_tile<1, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
       break;
     default:
       break;
   }
 }
 
-// Weight rows expanded at a time by qdot_rows for several rows of a (its scratch: kQRows * k floats).
+// Weight rows expanded at a time by qdot_rows for several rows of a (its scratch: kQRows * k
+// floats, then kQRows * k / 32 block scales).
 constexpr int64_t kQRows = 3;
 
 // Few rows: c[i * rsc + j] = dot(a row i, weight row j) (+ bias[j]), i < m, j < n; weight row j
 // at w + j * rsw bytes. One row of a: the weights are expanded in registers as they stream by.
-// More: each weight row is expanded once into `row` (kQRows * k floats of scratch, kQRows rows
-// at a time) and read from there (L1/L2) by tiles of four rows of a x kQRows weight rows. The
+// More: each weight row is expanded once into `row` (kQRows * (k + k / 32) floats of scratch,
+// kQRows rows at a time) and read from there (L1/L2) by tiles of four rows of a x kQRows weight rows. The
 // values and the operations on them are the same either way, so a row of c is the same bits
 // whatever m is.
 template <int F>
 void qdot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, const uint8_t* w, int64_t rsw,
                const float* bias, float* c, int64_t rsc, float* row) {
   if (m == 1) {
-    for (int64_t j = 0; j < n; ++j)
-      qdot_group<F, 1>(k, a, rsa, w + j * rsw, bias == nullptr ? nullptr : bias + j, c + j, rsc);
+    // weight rows at a time (measured on GPT-2 small decode, 1 thread: more streams than two slow
+    // the prefetched formats down; float16, unprefetched, gains from eight)
+    constexpr int64_t kW = F == 3 ? 8 : 2;
+    int64_t j = 0;
+    for (; j + kW <= n; j += kW)
+      qdot_wrows<F, kW>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
+    for (; j < n; ++j) qdot_wrows<F, 1>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
     return;
   }
   for (int64_t j = 0; j < n; j += kQRows) {
     const int64_t cnt = n - j < kQRows ? n - j : kQRows;
-    for (int64_t r = 0; r < cnt; ++r) dequant_row<F>(row + r * k, w + (j + r) * rsw, k);
+    float* scales = row + kQRows * k;  // kQRows * k / 32 of them (block formats)
+    for (int64_t r = 0; r < cnt; ++r) expand_row<F>(row + r * k, scales + r * (k / kQBlock), w + (j + r) * rsw, k);
+    const float* sj = F < 2 ? scales : nullptr;
     const float* bj = bias == nullptr ? nullptr : bias + j;
     if (cnt == 3) {
-      qdot_tiles<3>(m, k, a, rsa, row, bj, c + j, rsc);
+      qdot_tiles<3>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     } else if (cnt == 2) {
-      qdot_tiles<2>(m, k, a, rsa, row, bj, c + j, rsc);
+      qdot_tiles<2>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     } else {
-      qdot_tiles<1>(m, k, a, rsa, row, bj, c + j, rsc);
+      qdot_tiles<1>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     }
   }
 }

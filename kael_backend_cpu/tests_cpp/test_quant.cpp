@@ -100,7 +100,8 @@ TEST(VecQuant, RowDotsBoundedAndIndependentOfRowCount) {
         const auto w = random_rows(f, n, k, static_cast<uint32_t>(int64_t{7} * f + k));
         std::mt19937 g(static_cast<uint32_t>(k));
         std::normal_distribution<float> d(0.0f, 1.0f);
-        std::vector<float> x(static_cast<size_t>(m * k)), bias(n), scratch(static_cast<size_t>(3 * k));
+        std::vector<float> x(static_cast<size_t>(m * k)), bias(n),
+            scratch(static_cast<size_t>(kael::qdot_scratch_floats(k)));
         for (auto& v : x) v = d(g);
         for (auto& v : bias) v = d(g);
         std::vector<float> alone(static_cast<size_t>(m * n));
