@@ -97,6 +97,51 @@ inline float scalar_value(const uint8_t* row, int64_t t) {
   }
 }
 
+// The 32 int8 values of a Q8_0 block at qs, in element order: one sign extension per vector on
+// AVX2 / AVX-512 (the maskz form: no -Wmaybe-uninitialized from the unmasked one).
+inline void q8_values(const uint8_t* qs, vi (&out)[kQVecs]) {
+  constexpr int64_t L = V<float>::L;
+  for (int v = 0; v < kQVecs; ++v) {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+    out[v] =
+        bitcast<vi>(_mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + v * L))));
+#elif KAEL_VBYTES == 32 && defined(__AVX2__)
+    out[v] = bitcast<vi>(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + v * L))));
+#else
+    // int8 q = (q ^ 0x80) - 128 read unsigned: GCC vectorises the zero extension, and
+    // scalarises a sign extension of these vectors
+    vqu8 q;
+    std::memcpy(&q, qs + v * L, sizeof(q));
+    out[v] = __builtin_convertvector(q ^ 0x80, vi) - 128;
+#endif
+  }
+}
+
+// The 32 integers q - 8 of a Q4_0 block's 16 nibble bytes at qs, in element order (low nibbles
+// are values 0..15, high ones 16..31).
+inline void q4_values(const uint8_t* qs, vi (&out)[kQVecs]) {
+#if KAEL_VBYTES == 32 && defined(__AVX2__)
+  // 8-byte GCC vectors are scalarised here: the nibbles by 16-byte intrinsics instead
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(q, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+  out[0] = bitcast<vi>(_mm256_cvtepu8_epi32(lo)) - 8;
+  out[1] = bitcast<vi>(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))) - 8;
+  out[2] = bitcast<vi>(_mm256_cvtepu8_epi32(hi)) - 8;
+  out[3] = bitcast<vi>(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))) - 8;
+#else
+  constexpr int64_t L = V<float>::L;
+  constexpr int H = kQVecs / 2;
+  for (int v = 0; v < H; ++v) {
+    vqu8 q;
+    std::memcpy(&q, qs + v * L, sizeof(q));
+    out[v] = __builtin_convertvector(q & 15, vi) - 8;
+    out[H + v] = __builtin_convertvector(q >> 4, vi) - 8;
+  }
+#endif
+}
+
 // The 32 values of block b of a weight row, in kQVecs vectors (F = 4: a float32 row).
 template <int F>
 inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
@@ -106,28 +151,17 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
     const vf d = splat(half_to_float_s(dbits));
-    for (int v = 0; v < kQVecs; ++v) {
-      vqu8 q;
-      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
-      // int8 q = (q ^ 0x80) - 128 read unsigned: GCC vectorises the zero extension, and
-      // scalarises a sign extension of these vectors
-      const vi qi = __builtin_convertvector(q ^ 0x80, vi) - 128;
-      w[v] = __builtin_convertvector(qi, vf) * d;
-    }
+    vi q[kQVecs];
+    q8_values(blk + 2, q);
+    for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d;
   } else if constexpr (F == 1) {  // q4_0: the low nibbles are values 0..15, the high ones 16..31
     const uint8_t* blk = row + b * 18;
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
     const vf d = splat(half_to_float_s(dbits));
-    constexpr int H = kQVecs / 2;
-    for (int v = 0; v < H; ++v) {
-      vqu8 q;
-      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
-      const vi lo = __builtin_convertvector(q & 15, vi) - 8;
-      const vi hi = __builtin_convertvector(q >> 4, vi) - 8;
-      w[v] = __builtin_convertvector(lo, vf) * d;
-      w[H + v] = __builtin_convertvector(hi, vf) * d;
-    }
+    vi q[kQVecs];
+    q4_values(blk + 2, q);
+    for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d;
   } else {  // bfloat16, float16, float32
     for (int v = 0; v < kQVecs; ++v) w[v] = load_values<F>(row, b * kQBlock + v * L);
   }
@@ -138,35 +172,18 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
 // sum once instead of every value (two multiplies fewer a block).
 template <int F>
 inline float load_block_q(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
-  constexpr int64_t L = V<float>::L;
   static_assert(F == 0 || F == 1, "block formats only");
   const uint8_t* blk = row + b * (F == 0 ? 34 : 18);
   uint16_t dbits;
   std::memcpy(&dbits, blk, 2);
   if constexpr (F == 0) {
-    for (int v = 0; v < kQVecs; ++v) {
-#if KAEL_VBYTES == 64 && defined(__AVX512F__)
-      // one sign extension (maskz forms: no -Wmaybe-uninitialized from the unmasked ones)
-      const __m512i qi =
-          _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + v * L)));
-      w[v] = bitcast<vf>(_mm512_maskz_cvtepi32_ps(0xFFFF, qi));
-#elif KAEL_VBYTES == 32 && defined(__AVX2__)
-      w[v] = bitcast<vf>(
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + v * L)))));
-#else
-      vqu8 q;
-      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
-      w[v] = __builtin_convertvector(__builtin_convertvector(q ^ 0x80, vi) - 128, vf);
-#endif
-    }
+    vi q[kQVecs];
+    q8_values(blk + 2, q);
+    for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf);
   } else {
-    constexpr int H = kQVecs / 2;
-    for (int v = 0; v < H; ++v) {
-      vqu8 q;
-      std::memcpy(&q, blk + 2 + v * L, sizeof(q));
-      w[v] = __builtin_convertvector(__builtin_convertvector(q & 15, vi) - 8, vf);
-      w[H + v] = __builtin_convertvector(__builtin_convertvector(q >> 4, vi) - 8, vf);
-    }
+    vi q[kQVecs];
+    q4_values(blk + 2, q);
+    for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf);
   }
   return half_to_float_s(dbits);
 }
