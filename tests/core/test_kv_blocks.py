@@ -15,7 +15,7 @@ import hashlib
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kael import KaelError, ShapeError
@@ -435,7 +435,15 @@ def test_check_reports_a_broken_invariant(how: str, message: str) -> None:
 
 # --- random operation sequences against a simulated KV store ----------------------------------
 
-ALPHABET = st.lists(st.sampled_from([0, 1, 2]), min_size=1, max_size=12)
+# Prompts are a prefix of one of a few stems (which share prefixes of their own) plus a random
+# tail from a small alphabet, so block-aligned prefixes repeat often.
+STEMS = ([0, 1, 2, 0, 1, 2, 0, 1], [0, 1, 2, 0, 2, 2, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1])
+PROMPTS = st.builds(
+    lambda stem, k, tail: (stem[:k] + tail) or [0],
+    st.sampled_from(STEMS),
+    st.integers(0, 8),
+    st.lists(st.sampled_from([0, 1, 2]), max_size=4),
+)
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -445,7 +453,7 @@ class PoolMachine(RuleBasedStateMachine):
     exact_digest = True  # different contents never collide: every live full block is findable
     prefix_caching = True
 
-    @initialize(num_blocks=st.integers(3, 10), block_size=st.integers(1, 4))
+    @initialize(num_blocks=st.integers(3, 12), block_size=st.integers(1, 4))
     def start(self, num_blocks: int, block_size: int) -> None:
         self.pool = BlockPool(num_blocks, block_size, prefix_caching=self.prefix_caching, _digest=self.digest)
         self.bs = block_size
@@ -461,7 +469,14 @@ class PoolMachine(RuleBasedStateMachine):
     def others_hold(self, block: int, sid: int) -> bool:
         return any(block in t for s, t in self.tables.items() if s != sid)
 
-    @rule(prompt=ALPHABET)
+    @precondition(lambda self: bool(self.tokens))
+    @rule(data=st.data(), tail=st.lists(st.sampled_from([0, 1, 2]), max_size=3))
+    def allocate_like(self, data: st.DataObject, tail: list[int]) -> None:
+        """A prompt that starts like a live sequence (a twin of its blocks when it is all of them)."""
+        toks = self.tokens[data.draw(st.sampled_from(sorted(self.tokens)))]
+        self.allocate(toks[: data.draw(st.integers(1, len(toks)))] + tail)
+
+    @rule(prompt=PROMPTS)
     def allocate(self, prompt: list[int]) -> None:
         pool, bs, n = self.pool, self.bs, len(prompt)
         sid, self.next_id = self.next_id, self.next_id + 1
@@ -476,8 +491,11 @@ class PoolMachine(RuleBasedStateMachine):
         free_before = pool.free_blocks
         got = pool.allocate(sid, prompt)
         if got is None:
+            event("allocate: None")
             assert snapshot(pool) == before
             assert -(-n // bs) > free_before  # it would have fitted in the free and cached blocks
+            if self.prefix_caching and self.exact_digest:  # it would have fitted, reusing what live blocks hold
+                assert -(-n // bs) - common // bs > free_before
             return
         c, table = got.cached_tokens, list(got.block_table)
         assert c % bs == 0 and 0 <= c <= n - 1 and len(table) == -(-n // bs) == len(set(table))
@@ -494,6 +512,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.tokens[sid], self.tables[sid] = list(prompt), table
         self.hits += c
         assert pool.hit_tokens == self.hits
+        event(f"allocate: {'hit' if c else 'miss'}")
 
     @precondition(lambda self: bool(self.tokens))
     @rule(data=st.data(), token=st.sampled_from([0, 1, 2]))
@@ -507,6 +526,7 @@ class PoolMachine(RuleBasedStateMachine):
         before = snapshot(pool)
         got = pool.append(sid, token)
         if got is None:
+            event("append: None")
             assert snapshot(pool) == before
             assert (slot == 0 or shared) and pool.free_blocks == 0
             return
@@ -515,6 +535,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert got.copied_from is None and got.block not in table
             table.append(got.block)
         elif shared:
+            event("append: copy-on-write")
             assert got.copied_from == table[-1] and got.block not in table
             for s in range(slot):  # the caller's copy
                 self.write(got.block, s, self.kv[got.copied_from][s])
