@@ -33,7 +33,11 @@ registered, or the recomputed last block of a fully cached prompt) shares the ci
 stays out of the index, and takes over the registration if the registered twin is
 evicted while it is still in use. When the last block of a cid leaves, its registered
 children can never be reached again (lookups walk from the first block), so they are
-dropped from the cache with it: the index never holds unreachable entries.
+dropped from the cache with it (and counted as evictions) instead of lingering.
+
+Counters: ``queries_tokens`` and ``hit_tokens`` add up the prompt tokens of successful
+``allocate`` calls and their ``cached_tokens``; ``evictions`` counts cached blocks dropped
+to make room, or with an evicted parent; ``reset_prefix_cache`` counts as neither.
 
 NOTE [when blocks are registered]: as in vLLM, a block is registered when it becomes
 full, i.e. when ``allocate`` or ``append`` hands out its last position, before the caller
