@@ -293,7 +293,7 @@ inline void qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw,
 // each x vector loaded once for the NB rows. Every dot product is the same operations on the
 // same values as qdot_wrows' (products w * x, the block's pairwise tree, its scale, the
 // accumulator, the lanes, the tail, the bias), so the results are its bits.
-template <int MB, int NB>
+template <int MB, int NB, bool SCALED>
 inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, const float* scales, const float* bias,
                       float* c, int64_t rsc) {
   constexpr int64_t L = V<float>::L;
@@ -312,7 +312,7 @@ inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, co
         for (int s = kQVecs / 2; s >= 1; s /= 2) {
           for (int v = 0; v < s; ++v) p[v] = p[v] + p[v + s];
         }
-        if (scales != nullptr) {  // a block format: w holds integers, scaled per block
+        if constexpr (SCALED) {  // a block format: w holds integers, scaled per block
           acc[i][j] += splat(scales[j * nb + b]) * p[0];
         } else {
           acc[i][j] += p[0];
@@ -343,20 +343,20 @@ inline void qdot_tile(int64_t k, const float* a, int64_t rsa, const float* w, co
 }
 
 // All m rows against NB float32 weight rows: tiles of four rows, then the rest.
-template <int NB>
+template <int NB, bool SCALED>
 inline void qdot_tiles(int64_t m, int64_t k, const float* a, int64_t rsa, const float* w, const float* scales,
                        const float* bias, float* c, int64_t rsc) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) qdot_tile<4, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
+  for (; i + 4 <= m; i += 4) qdot_tile<4, NB, SCALED>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
   switch (m - i) {
     case 3:
-      qdot_tile<3, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
+      qdot_tile<3, NB, SCALED>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
       break;
     case 2:
-      qdot_tile<2, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
+      qdot_tile<2, NB, SCALED>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
       break;
     case 1:
-      qdot_tile<1, NB>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
+      qdot_tile<1, NB, SCALED>(k, a + i * rsa, rsa, w, scales, bias, c + i * rsc, rsc);
       break;
     default:
       break;
@@ -393,11 +393,11 @@ void qdot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, con
     const float* sj = F < 2 ? scales : nullptr;
     const float* bj = bias == nullptr ? nullptr : bias + j;
     if (cnt == 3) {
-      qdot_tiles<3>(m, k, a, rsa, row, sj, bj, c + j, rsc);
+      qdot_tiles<3, (F < 2)>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     } else if (cnt == 2) {
-      qdot_tiles<2>(m, k, a, rsa, row, sj, bj, c + j, rsc);
+      qdot_tiles<2, (F < 2)>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     } else {
-      qdot_tiles<1>(m, k, a, rsa, row, sj, bj, c + j, rsc);
+      qdot_tiles<1, (F < 2)>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     }
   }
 }
