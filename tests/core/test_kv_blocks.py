@@ -93,6 +93,18 @@ def test_twin_takes_over_when_the_registered_block_is_evicted() -> None:
     pool.check()
 
 
+def test_twin_takes_over_when_the_registered_block_is_freed() -> None:
+    # found by the state machine: the freed original must not hold a block the live twin already covers
+    pool = BlockPool(10, 1)
+    assert pool.allocate("a", [0]) == Allocation((0,), 0)
+    assert pool.allocate("b", [0]) == Allocation((1,), 0)  # the last token is always computed: a twin
+    pool.free("a")  # b's block takes over the registration; 0 goes back to the free list
+    assert (pool.free_blocks, pool.cached_blocks, pool.used_blocks) == (9, 0, 1)
+    got = pool.allocate("c", [0, 1, 2, 0, 1, 2, 0, 1, 0, 0])
+    assert got == Allocation((1, 0, 2, 3, 4, 5, 6, 7, 8, 9), 1)  # b's block shared, nine fresh ones
+    pool.check()
+
+
 def test_eviction_is_least_recently_used_and_tail_first() -> None:
     pool = BlockPool(6, 4)
     x, y, z = [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 8, 8, 8, 8], [7, 7, 7, 7, 6, 6, 6, 6]

@@ -30,9 +30,10 @@ equal token prefixes (a block takes an existing cid only after that exact check,
 cids are never reused), whatever the digest does. At most one block per cid is
 registered; an identical block computed again (a prompt prefilled before its twin was
 registered, or the recomputed last block of a fully cached prompt) shares the cid but
-stays out of the index, and takes over the registration if the registered twin is
-evicted while it is still in use. When the last block of a cid leaves, its registered
-children can never be reached again (lookups walk from the first block), so they are
+stays out of the index, and takes over the registration when the registered twin is
+freed or evicted while it is still in use (a freed twin then goes back to the free list,
+not to the cache: the content stays reachable through the block in use). When the last
+block of a cid leaves, its registered children can never be reached again (lookups walk from the first block), so they are
 dropped from the cache with it (and counted as evictions) instead of lingering.
 
 Counters: ``queries_tokens`` and ``hit_tokens`` add up the prompt tokens of successful
@@ -351,9 +352,9 @@ class BlockPool:
             self._ref[b] -= 1
             if self._ref[b]:
                 continue
-            if cache and self._registered(b):
+            if cache and self._registered(b) and not self._live_twin(b):
                 self._cached[b] = None  # the most recently used
-            else:
+            else:  # (a twin in use takes over the registration: keeping b too would cost a block for nothing)
                 self._forget(b)
                 heapq.heappush(self._free, b)
 
@@ -485,6 +486,10 @@ class BlockPool:
         self._key[b], self._cid[b], self._parent[b], self._btokens[b] = key, cid, seq.last_cid, own
         self._holders.setdefault(cid, set()).add(b)
         seq.last_key, seq.last_cid = key, cid
+
+    def _live_twin(self, b: int) -> bool:
+        """Whether another block with ``b``'s content is in use (every other holder of a cid is)."""
+        return any(h != b for h in self._holders.get(self._cid[b], ()))
 
     def _forget(self, b: int) -> None:
         """Clear the content of unreferenced block ``b`` (no longer cached), and what depended on it."""
