@@ -286,6 +286,9 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t rsa, int64_t csa,
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                           float*, int64_t, int64_t, bool);
 
+template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,
+                           double*, int64_t, int64_t, bool);
+
 void sgemm_packed_b(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, int64_t csa, int64_t k_align,
                     const PackBFn& pack_b, float* c, int64_t rsc) {
   if (m <= 0 || n <= 0 || k <= 0) return;
@@ -295,8 +298,6 @@ void sgemm_packed_b(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa
 int sgemm_nr() {
   return vec().sgemm.nr;
 }
-template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,
-                           double*, int64_t, int64_t, bool);
 
 void matmul(const View& out, const View& a, const View& b) {
   const int nd = out.ndim;

@@ -103,12 +103,11 @@ void linear_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* 
   const auto dequant = vec().dequant_row[static_cast<int>(s)];
   const auto pack_b = vec().sgemm.pack_b;
   const int64_t nr = sgemm_nr();
-  const int64_t bytes_per_32 = is_block(s) ? block_bytes(s) : 64;  // bytes holding 32 values of a row
   const PackBFn pack = [&](int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* bp) {
     Buffer scratch(static_cast<size_t>(nr * kc) * sizeof(float));
     float* rows = scratch.get<float>();
     // block schemes: k0 is a multiple of 32 (k_align below); 16-bit schemes: 2 bytes a value
-    const int64_t offset = is_block(s) ? k0 / 32 * bytes_per_32 : k0 * 2;
+    const int64_t offset = is_block(s) ? k0 / 32 * block_bytes(s) : k0 * 2;
     for (int64_t p = 0; p < nc; p += nr) {
       const int64_t cols = std::min(nr, nc - p);
       for (int64_t r = 0; r < cols; ++r) dequant(rows + r * kc, w.data + (n0 + p + r) * w.row_stride + offset, kc);

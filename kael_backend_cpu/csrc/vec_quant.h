@@ -21,7 +21,13 @@ typedef uint32_t vqu32 __attribute__((vector_size(KAEL_VBYTES)));      // NOLINT
 // decode, 1 thread: 4 KiB makes Q8_0/Q4_0/bfloat16 about 20% faster than the hardware
 // prefetchers alone; 1-2 KiB helps less).
 constexpr int64_t kQPrefetch = 4096;
-constexpr int64_t kQBlock = 32;                     // values per block (and per step of the dot loops)
+constexpr int64_t kQBlock = 32;  // values per block (and per step of the dot loops)
+// Bytes of a row holding one block of 32 values in format F (F = 4: float32, a dequantized row).
+template <int F>
+constexpr int64_t kQBlockBytes = F == 0   ? 34
+                                 : F == 1 ? 18
+                                 : F == 4 ? 128
+                                          : 64;
 constexpr int kQVecs = int{kQBlock / V<float>::L};  // float vectors per block
 
 // float16 bits -> float32, exact for every value (subnormals, inf, nan) without F16C: the
@@ -147,7 +153,7 @@ template <int F>
 inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
   constexpr int64_t L = V<float>::L;
   if constexpr (F == 0) {  // q8_0
-    const uint8_t* blk = row + b * 34;
+    const uint8_t* blk = row + b * kQBlockBytes<0>;
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
     const vf d = splat(half_to_float_s(dbits));
@@ -155,7 +161,7 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
     q8_values(blk + 2, q);
     for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d;
   } else if constexpr (F == 1) {  // q4_0: the low nibbles are values 0..15, the high ones 16..31
-    const uint8_t* blk = row + b * 18;
+    const uint8_t* blk = row + b * kQBlockBytes<1>;
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
     const vf d = splat(half_to_float_s(dbits));
@@ -173,7 +179,7 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
 template <int F>
 inline float load_block_q(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
   static_assert(F == 0 || F == 1, "block formats only");
-  const uint8_t* blk = row + b * (F == 0 ? 34 : 18);
+  const uint8_t* blk = row + b * kQBlockBytes<F>;
   uint16_t dbits;
   std::memcpy(&dbits, blk, 2);
   if constexpr (F == 0) {
@@ -215,7 +221,7 @@ void expand_row(float* out, float* scales, const uint8_t* row, int64_t k) {
   if constexpr (F < 2) {
     constexpr int64_t L = V<float>::L;
     for (int64_t b = 0; b < k / kQBlock; ++b) {
-      __builtin_prefetch(row + b * (F == 0 ? 34 : 18) + kQPrefetch, 0, 0);  // as in qdot_wrows
+      __builtin_prefetch(row + b * kQBlockBytes<F> + kQPrefetch, 0, 0);  // as in qdot_wrows
       vf w[kQVecs];
       scales[b] = load_block_q<F>(row, b, w);
       for (int v = 0; v < kQVecs; ++v) store(out + b * kQBlock + v * L, w[v]);
@@ -249,12 +255,11 @@ inline void qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw,
   vf acc[NB];
   for (int j = 0; j < NB; ++j) acc[j] = vf{};
   const int64_t nb = k / kQBlock;
-  constexpr int64_t kBlockBytes = F == 0 ? 34 : F == 1 ? 18 : F == 4 ? 128 : 64;
   for (int64_t b = 0; b < nb; ++b) {
     for (int j = 0; j < NB; ++j) {
       // the rows stream from memory: ask for what comes kQPrefetch bytes on (a hint: past the row is
       // harmless). float16 rows go faster without (and eight at a time, qdot_rows).
-      if constexpr (F != 3) __builtin_prefetch(w + j * rsw + b * kBlockBytes + kQPrefetch, 0, 0);
+      if constexpr (F != 3) __builtin_prefetch(w + j * rsw + b * kQBlockBytes<F> + kQPrefetch, 0, 0);
       vf wv[kQVecs];
       if constexpr (F < 2) {
         const float d = load_block_q<F>(w + j * rsw, b, wv);
