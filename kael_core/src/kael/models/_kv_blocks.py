@@ -1,0 +1,547 @@
+"""BlockPool: the bookkeeping of a paged KV cache with automatic prefix caching (no tensors).
+
+The pool owns ``num_blocks`` blocks of ``block_size`` token positions each. A sequence's
+keys and values live in the blocks of its *block table*: position ``p`` is slot
+``p % block_size`` of block ``block_table[p // block_size]``. Blocks are reference
+counted, so sequences share the blocks of a common prefix (a cached prompt prefix, or
+a ``fork``). This module only decides which block holds what; the caller owns the K/V
+tensors (one ``[num_blocks, block_size, ...]`` buffer per layer) and writes and copies
+them as the pool's answers tell it to.
+
+NOTE [block states]: every block is in exactly one state:
+
+* *free*: never used, or released with nothing worth keeping; handed out lowest id first;
+* *cached*: reference count 0 but registered in the prefix index (a full block whose K/V
+  is valid), kept for reuse in least-recently-used order and evicted (oldest first) only
+  when no free block is left;
+* *in use*: referenced by ``refcount(b) > 0`` live sequences' tables.
+
+``free_blocks`` counts free and cached blocks (both can be handed out now). ``check()``
+verifies every invariant below and is cheap enough to call after each operation in tests.
+
+NOTE [prefix keys]: a full block is identified by its chained key ``digest(namespace,
+parent's key, its token ids)`` (the first block's parent key is empty), so a key stands
+for the whole prefix up to the block's end in one model (``namespace``). A digest
+collision must never make two different contents share a block, so the index is only a
+fast path: each full block also carries a *content id* (cid) and the registered block
+stores ``(parent cid, token ids)``; a lookup that finds a key reuses the block only when
+both equal exactly what it is looking for. By induction on the depth, equal cids mean
+equal token prefixes (a block takes an existing cid only after that exact check, and
+cids are never reused), whatever the digest does. At most one block per cid is
+registered; an identical block computed again (a prompt prefilled before its twin was
+registered, or the recomputed last block of a fully cached prompt) shares the cid but
+stays out of the index, and takes over the registration when the registered twin is
+freed or evicted while it is still in use (a freed twin then goes back to the free list,
+not to the cache: the content stays reachable through the block in use). When the last
+block of a cid leaves, its registered children can never be reached again (lookups walk from the first block), so they are
+dropped from the cache with it (and counted as evictions) instead of lingering.
+
+Counters: ``queries_tokens`` and ``hit_tokens`` add up the prompt tokens of successful
+``allocate`` calls and their ``cached_tokens``; ``evictions`` counts cached blocks dropped
+to make room, or with an evicted parent; ``reset_prefix_cache`` counts as neither.
+
+NOTE [when blocks are registered]: as in vLLM, a block is registered when it becomes
+full, i.e. when ``allocate`` or ``append`` hands out its last position, before the caller
+has written its K/V. So the caller writes the K/V of every position that ``allocate``
+(positions ``cached_tokens`` onwards) or ``append`` handed out before the next
+``allocate``, which may reuse them; a sequence whose K/V is not written after all (a
+preemption before its prefill ran) is released with ``free(seq_id, cache=False)``.
+
+NOTE [copy-on-write]: only ``fork`` shares a block that is not full (the source's last
+one). Full blocks are never written again, so sharing them is safe. An ``append`` whose
+position falls in a shared, not-full last block first moves the appending sequence to a
+fresh private block; its ``AppendResult.copied_from`` names the shared block, and the
+caller copies slots ``[0, slot)`` of ``copied_from`` into ``block`` (every layer) before
+writing the new token's K/V at ``(block, slot)``. The other holders keep the original.
+
+Preemption is the caller's: ``allocate`` and ``append`` return None, changing nothing,
+when no block can be had; the caller then frees the newest sequence (``sequences()`` is
+in start order) and recomputes it later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from .._errors import KaelError, ShapeError
+
+__all__ = ["AppendResult", "Allocation", "BlockPool", "block_keys", "default_digest"]
+
+Digest = Callable[[bytes], bytes]
+
+
+def default_digest(data: bytes) -> bytes:
+    """The pool's key digest: 32-byte BLAKE2b."""
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def _field(data: bytes) -> bytes:
+    return str(len(data)).encode() + b":" + data
+
+
+def _encode(namespace: str, parent: bytes, tokens: Sequence[int]) -> bytes:
+    # Length-prefixed fields and comma-separated decimal ids: no two inputs encode alike.
+    body = b",".join(str(t).encode() for t in tokens)
+    return b"kael-kv-block\0" + _field(namespace.encode()) + _field(parent) + _field(body)
+
+
+def _count(method: str, name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ShapeError(f"BlockPool{method}: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _tokens(where: str, tokens: object) -> list[int]:
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+        raise ShapeError(f"{where}: tokens must be a sequence of token ids, got {type(tokens).__name__}")
+    out = list(tokens)
+    if not out:
+        raise ShapeError(f"{where}: tokens must hold at least one token id, got an empty sequence")
+    for i, t in enumerate(out):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ShapeError(f"{where}: token {i} must be a non-negative int, got {t!r}")
+    return out
+
+
+def block_keys(
+    tokens: Sequence[int], block_size: int = 16, namespace: str = "", digest: Digest = default_digest
+) -> list[bytes]:
+    """The chained keys of the full blocks of ``tokens`` (NOTE [prefix keys]), first block first."""
+    _count(".block_keys", "block_size", block_size, 1)
+    ids = _tokens("block_keys", tokens)
+    keys: list[bytes] = []
+    parent = b""
+    for i in range(len(ids) // block_size):
+        parent = digest(_encode(namespace, parent, ids[i * block_size : (i + 1) * block_size]))
+        keys.append(parent)
+    return keys
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A sequence's blocks, and how many leading tokens already have their K/V in them.
+
+    ``cached_tokens`` is a multiple of the block size, and at most ``len(tokens) - 1`` after
+    ``allocate`` (at least the last prompt token is computed, so the caller gets its logits):
+    the caller prefills positions ``cached_tokens`` onwards. After ``fork`` it is the whole
+    length (nothing to compute).
+    """
+
+    block_table: tuple[int, ...]
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where an appended position's K/V goes: slot ``slot`` of block ``block``.
+
+    ``copied_from`` is None, or the shared block whose slots ``[0, slot)`` the caller copies
+    into ``block`` before writing (NOTE [copy-on-write]).
+    """
+
+    block: int
+    slot: int
+    copied_from: int | None = None
+
+
+class _Seq:
+    __slots__ = ("last_cid", "last_key", "table", "tokens")
+
+    def __init__(self, tokens: list[int], table: list[int], last_key: bytes, last_cid: int) -> None:
+        self.tokens = tokens  # every token id of the sequence, prompt and appended
+        self.table = table  # block ids, len == ceil(len(tokens) / block_size)
+        self.last_key = last_key  # chained key of the last full block (b"" before the first)
+        self.last_cid = last_cid  # its content id (0: the empty prefix)
+
+
+class BlockPool:
+    """``num_blocks`` KV blocks of ``block_size`` positions, shared by sequences, with prefix caching.
+
+    >>> pool = BlockPool(64, 16, namespace="gpt2:abc123")
+    >>> a = pool.allocate("a", list(range(40)))      # blocks for 40 tokens, nothing cached yet
+    >>> b = pool.allocate("b", list(range(32)) + [7] * 8)
+    >>> b.cached_tokens, b.block_table[:2] == a.block_table[:2]
+    (32, True)
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        namespace: str = "",
+        prefix_caching: bool = True,
+        _digest: Digest = default_digest,
+    ) -> None:
+        self.num_blocks = _count("", "num_blocks", num_blocks, 1)
+        self.block_size = _count("", "block_size", block_size, 1)
+        if not isinstance(namespace, str):
+            raise ShapeError(f"BlockPool: namespace must be a str, got {namespace!r}")
+        if not isinstance(prefix_caching, bool):
+            raise ShapeError(f"BlockPool: prefix_caching must be a bool, got {prefix_caching!r}")
+        if not callable(_digest):
+            raise ShapeError(f"BlockPool: _digest must be a callable bytes -> bytes, got {_digest!r}")
+        self.namespace = namespace
+        self.prefix_caching = prefix_caching
+        self._digest = _digest
+        n = num_blocks
+        self._ref = [0] * n
+        self._key: list[bytes | None] = [None] * n  # chained key of a full block
+        self._cid = [0] * n  # content id of a full block (0: not full, or caching off)
+        self._parent = [0] * n  # content id of its parent (0: the empty prefix)
+        self._btokens: list[tuple[int, ...]] = [()] * n  # a full block's own token ids
+        self._free = list(range(n))  # a heap: lowest id first
+        self._cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
+        self._index: dict[bytes, int] = {}  # key -> the registered block
+        self._holders: dict[int, set[int]] = {}  # cid -> every block with that content
+        self._children: dict[int, set[int]] = {}  # cid -> registered blocks whose parent it is
+        self._next_cid = 1
+        self._seqs: dict[Hashable, _Seq] = {}
+        self.queries_tokens = 0
+        self.hit_tokens = 0
+        self.evictions = 0
+
+    @classmethod
+    def for_tokens(
+        cls, tokens: int, block_size: int = 16, *, namespace: str = "", prefix_caching: bool = True
+    ) -> BlockPool:
+        """A pool whose blocks hold ``tokens`` positions in all (rounded up to whole blocks)."""
+        _count(".for_tokens", "tokens", tokens, 1)
+        _count(".for_tokens", "block_size", block_size, 1)
+        return cls(-(-tokens // block_size), block_size, namespace=namespace, prefix_caching=prefix_caching)
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        """Blocks that can be handed out now: never used (or released) plus cached-but-unreferenced."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks referenced by at least one live sequence."""
+        return self.num_blocks - self.free_blocks
+
+    @property
+    def cached_blocks(self) -> int:
+        """Unreferenced full blocks kept for reuse."""
+        return len(self._cached)
+
+    def refcount(self, block: int) -> int:
+        """How many live sequences' tables hold ``block``."""
+        return self._ref[self._block("refcount", block)]
+
+    def key_of(self, block: int) -> bytes | None:
+        """The chained key of a full ``block`` (None if it is not full or prefix caching is off)."""
+        return self._key[self._block("key_of", block)]
+
+    def cached_order(self) -> tuple[int, ...]:
+        """The cached blocks, the next to be evicted first."""
+        return tuple(self._cached)
+
+    def __contains__(self, seq_id: object) -> bool:
+        try:
+            return seq_id in self._seqs
+        except TypeError:
+            return False
+
+    def sequences(self) -> tuple[Hashable, ...]:
+        """The live sequences' ids, oldest first (the last is the one to preempt)."""
+        return tuple(self._seqs)
+
+    def block_table(self, seq_id: Hashable) -> tuple[int, ...]:
+        return tuple(self._seq("block_table", seq_id).table)
+
+    def length(self, seq_id: Hashable) -> int:
+        """Tokens of the sequence (prompt and appended), each with a slot in its blocks."""
+        return len(self._seq("length", seq_id).tokens)
+
+    # -- sequences --------------------------------------------------------------------------------
+    def allocate(self, seq_id: Hashable, tokens: Sequence[int]) -> Allocation | None:
+        """Start ``seq_id`` with prompt ``tokens``: reuse its longest cached prefix, fresh blocks for the rest.
+
+        Returns None, changing nothing, when the prompt does not fit even after evicting every
+        cached block. The caller writes the K/V of positions ``cached_tokens`` onwards before
+        the next ``allocate`` (NOTE [when blocks are registered]).
+        """
+        self._new_id("allocate", seq_id)
+        ids = _tokens("BlockPool.allocate", tokens)
+        bs, n = self.block_size, len(ids)
+        hits: list[int] = []
+        key, cid = b"", 0
+        missed: bytes | None = None  # the key of the first block not found, computed once
+        if self.prefix_caching:
+            for i in range((n - 1) // bs):  # at least the last token is always computed
+                own = tuple(ids[i * bs : (i + 1) * bs])
+                k = self._chain(key, own)
+                b = self._index.get(k)
+                if b is None or self._parent[b] != cid or self._btokens[b] != own:
+                    missed = k  # a miss, or a digest collision with different contents
+                    break
+                hits.append(b)
+                key, cid = k, self._cid[b]
+        need = -(-n // bs) - len(hits)
+        revived = sum(1 for b in hits if self._ref[b] == 0)
+        if need > self.free_blocks - revived:
+            return None
+        for b in hits:
+            if self._ref[b] == 0:
+                del self._cached[b]
+            self._ref[b] += 1
+        table = hits + [self._take() for _ in range(need)]
+        seq = _Seq(ids, table, key, cid)
+        for i in range(len(hits), n // bs):
+            self._filled(seq, i, missed if i == len(hits) else None)
+        self._seqs[seq_id] = seq
+        self.queries_tokens += n
+        self.hit_tokens += len(hits) * bs
+        return Allocation(tuple(table), len(hits) * bs)
+
+    def append(self, seq_id: Hashable, token: int) -> AppendResult | None:
+        """Grow ``seq_id`` by ``token`` (whose K/V the caller is about to write); where it goes.
+
+        A new block is taken when the position starts one, and a private copy when it falls in
+        a block shared through ``fork`` (NOTE [copy-on-write]). Returns None, changing nothing,
+        when that needs a block and none can be had (the caller preempts).
+        """
+        seq = self._seq("append", seq_id)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ShapeError(f"BlockPool.append: token must be a non-negative int, got {token!r}")
+        p = len(seq.tokens)
+        slot = p % self.block_size
+        copied: int | None = None
+        if slot == 0:
+            if not self.free_blocks:
+                return None
+            block = self._take()
+            seq.table.append(block)
+        else:
+            block = seq.table[-1]
+            if self._ref[block] > 1:
+                if not self.free_blocks:
+                    return None
+                copied, block = block, self._take()
+                self._ref[copied] -= 1  # still >= 1: the other holders keep it
+                seq.table[-1] = block
+        seq.tokens.append(token)
+        if slot == self.block_size - 1:
+            self._filled(seq, p // self.block_size)
+        return AppendResult(block, slot, copied)
+
+    def fork(self, src_id: Hashable, dst_id: Hashable) -> Allocation:
+        """Start ``dst_id`` as a copy of ``src_id``, sharing every block (nothing to compute or copy now)."""
+        src = self._seq("fork", src_id)
+        self._new_id("fork", dst_id)
+        for b in src.table:
+            self._ref[b] += 1
+        self._seqs[dst_id] = _Seq(list(src.tokens), list(src.table), src.last_key, src.last_cid)
+        return Allocation(tuple(src.table), len(src.tokens))
+
+    def free(self, seq_id: Hashable, *, cache: bool = True) -> None:
+        """End ``seq_id``: drop its references; its blocks no longer referenced become cached or free.
+
+        Its blocks are released last first, so a chain's tail is evicted before its head.
+        ``cache=False`` keeps none of them (their K/V was never written, or is not to be trusted).
+        """
+        seq = self._seq("free", seq_id)
+        del self._seqs[seq_id]
+        for b in reversed(seq.table):
+            self._ref[b] -= 1
+            if self._ref[b]:
+                continue
+            if cache and self._registered(b) and not self._live_twin(b):
+                self._cached[b] = None  # the most recently used
+            else:  # (a twin in use takes over the registration: keeping b too would cost a block for nothing)
+                self._forget(b)
+                heapq.heappush(self._free, b)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (each becomes free); blocks in use are left as they are."""
+        evictions = self.evictions  # a reset is not an eviction, nor what it drops with it
+        while self._cached:
+            b, _ = self._cached.popitem(last=False)
+            self._forget(b)
+            heapq.heappush(self._free, b)
+        self.evictions = evictions
+
+    # -- invariants -------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise KaelError naming the first violated invariant of the pool (NOTE [block states])."""
+
+        def fail(what: str) -> None:
+            raise KaelError(f"BlockPool.check: {what}")
+
+        n, bs = self.num_blocks, self.block_size
+        free = set(self._free)
+        if len(free) != len(self._free):
+            fail(f"a block is twice in the free list {sorted(self._free)}")
+        counts = [0] * n
+        for sid, seq in self._seqs.items():
+            if len(seq.table) != -(-len(seq.tokens) // bs) or not seq.tokens:
+                fail(f"sequence {sid!r}: {len(seq.table)} blocks for {len(seq.tokens)} tokens")
+            if len(set(seq.table)) != len(seq.table):
+                fail(f"sequence {sid!r} holds a block twice: {seq.table}")
+            for b in seq.table:
+                if not 0 <= b < n:
+                    fail(f"sequence {sid!r} holds block {b}, out of range")
+                counts[b] += 1
+        for b in range(n):
+            states = [b in free, b in self._cached, self._ref[b] > 0]
+            if self._ref[b] < 0:
+                fail(f"block {b} has a negative reference count {self._ref[b]}")
+            if self._ref[b] != counts[b]:
+                fail(f"block {b} has reference count {self._ref[b]} but {counts[b]} tables hold it")
+            if sum(states) != 1:
+                fail(f"block {b} is not exactly one of free/cached/in use: {states}")
+            if b in self._cached and not self._registered(b):
+                fail(f"cached block {b} is not registered")
+            if b in free and (self._key[b] is not None or self._cid[b]):
+                fail(f"free block {b} still carries content (cid {self._cid[b]})")
+        holders: dict[int, set[int]] = {}
+        for b in range(n):
+            if self._cid[b]:
+                holders.setdefault(self._cid[b], set()).add(b)
+        if holders != {c: s for c, s in self._holders.items() if s}:
+            fail(f"the content holders {self._holders} disagree with the blocks' cids {holders}")
+        children: dict[int, set[int]] = {}
+        for key, b in self._index.items():
+            if not 0 <= b < n or self._key[b] != key:
+                fail(f"the index maps key {key.hex()} to block {b}, whose key is another")
+            if len(self._btokens[b]) != bs or not self._cid[b]:
+                fail(f"registered block {b} is not a full block with content")
+            if self._parent[b] and self._parent[b] not in holders:
+                fail(f"registered block {b}'s parent content {self._parent[b]} is held by no block")
+            children.setdefault(self._parent[b], set()).add(b)
+        if children != {c: s for c, s in self._children.items() if s}:
+            fail(f"the children map {self._children} disagrees with the index {children}")
+        cids = [self._cid[b] for b in self._index.values()]
+        if len(set(cids)) != len(cids):
+            fail("two registered blocks have the same content")
+        if self.prefix_caching:
+            self._check_contents()
+        elif self._index or self._cached or any(self._cid):
+            fail("prefix caching is off but blocks are registered")
+
+    def _check_contents(self) -> None:
+        # Every full block of a live sequence carries that sequence's own chained key and tokens,
+        # and every block shared by sequences holds the same tokens for each of them.
+        bs = self.block_size
+        seen: dict[int, tuple[int, tuple[int, ...]]] = {}
+        for sid, seq in self._seqs.items():
+            key, cid = b"", 0
+            for i, b in enumerate(seq.table):
+                own = tuple(seq.tokens[i * bs : (i + 1) * bs])
+                if b in seen and seen[b] != (i, own):
+                    raise KaelError(f"BlockPool.check: block {b} is shared by sequences with different tokens")
+                seen[b] = (i, own)
+                if len(own) < bs:
+                    if self._cid[b]:
+                        raise KaelError(f"BlockPool.check: sequence {sid!r}'s partial block {b} has content")
+                    continue
+                key = self._chain(key, own)
+                if self._key[b] != key or self._btokens[b] != own or self._parent[b] != cid or not self._cid[b]:
+                    raise KaelError(f"BlockPool.check: sequence {sid!r}'s block {b} (#{i}) carries another content")
+                cid = self._cid[b]
+            if (key, cid) != (seq.last_key, seq.last_cid):
+                raise KaelError(f"BlockPool.check: sequence {sid!r}'s chain state is stale")
+
+    # -- internals --------------------------------------------------------------------------------
+    def _chain(self, parent: bytes, own: Sequence[int]) -> bytes:
+        return self._digest(_encode(self.namespace, parent, own))
+
+    def _registered(self, b: int) -> bool:
+        key = self._key[b]
+        return key is not None and self._index.get(key) == b
+
+    def _take(self) -> int:
+        """A block with no content and reference count 1: a free one, else the LRU cached one."""
+        if self._free:
+            b = heapq.heappop(self._free)
+        else:
+            b, _ = self._cached.popitem(last=False)
+            self.evictions += 1
+            self._forget(b)
+        self._ref[b] = 1
+        return b
+
+    def _filled(self, seq: _Seq, i: int, key: bytes | None = None) -> None:
+        """Block ``i`` of ``seq`` has just become full: give it its key and content, register it if new."""
+        if not self.prefix_caching:
+            return
+        bs, b = self.block_size, seq.table[i]
+        own = tuple(seq.tokens[i * bs : (i + 1) * bs])
+        if key is None:
+            key = self._chain(seq.last_key, own)
+        other = self._index.get(key)
+        if other is not None and self._parent[other] == seq.last_cid and self._btokens[other] == own:
+            cid = self._cid[other]  # the same content is registered already: a twin
+        else:
+            cid, self._next_cid = self._next_cid, self._next_cid + 1
+            if other is None:  # else a collision with other contents: stays unregistered
+                self._index[key] = b
+                self._children.setdefault(seq.last_cid, set()).add(b)
+        self._key[b], self._cid[b], self._parent[b], self._btokens[b] = key, cid, seq.last_cid, own
+        self._holders.setdefault(cid, set()).add(b)
+        seq.last_key, seq.last_cid = key, cid
+
+    def _live_twin(self, b: int) -> bool:
+        """Whether another block with ``b``'s content is in use (every other holder of a cid is)."""
+        return any(h != b for h in self._holders.get(self._cid[b], ()))
+
+    def _forget(self, b: int) -> None:
+        """Clear the content of unreferenced block ``b`` (no longer cached), and what depended on it."""
+        stack = [b]
+        while stack:
+            b = stack.pop()
+            key, cid, parent = self._key[b], self._cid[b], self._parent[b]
+            if not cid:
+                continue
+            holders = self._holders[cid]
+            holders.discard(b)
+            if key is not None and self._index.get(key) == b:
+                del self._index[key]
+                self._children.get(parent, set()).discard(b)
+                if holders:  # a twin still in use takes over the registration
+                    twin = min(holders)
+                    self._index[key] = twin
+                    self._children.setdefault(parent, set()).add(twin)
+            if not holders:  # nobody holds this content: its registered children are unreachable
+                del self._holders[cid]
+                for child in sorted(self._children.pop(cid, ())):
+                    del self._cached[child]  # in-use children imply an in-use parent: these are cached
+                    self.evictions += 1
+                    stack.append(child)
+                    heapq.heappush(self._free, child)
+            self._key[b], self._cid[b], self._parent[b], self._btokens[b] = None, 0, 0, ()
+
+    def _block(self, method: str, block: object) -> int:
+        if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise ShapeError(f"BlockPool.{method}: block must be an int in [0, {self.num_blocks}), got {block!r}")
+        return block
+
+    def _seq(self, method: str, seq_id: Hashable) -> _Seq:
+        try:
+            seq = self._seqs.get(seq_id)
+        except TypeError:  # an unhashable id names no sequence
+            seq = None
+        if seq is None:
+            raise KaelError(f"BlockPool.{method}: no live sequence {seq_id!r}")
+        return seq
+
+    def _new_id(self, method: str, seq_id: Hashable) -> None:
+        try:
+            hash(seq_id)
+        except TypeError:
+            raise KaelError(f"BlockPool.{method}: a sequence id must be hashable, got {seq_id!r}") from None
+        if seq_id in self._seqs:
+            raise KaelError(f"BlockPool.{method}: sequence {seq_id!r} is live already; free it first")
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockPool(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"prefix_caching={self.prefix_caching}, used={self.used_blocks}, cached={self.cached_blocks}, "
+            f"sequences={len(self._seqs)})"
+        )
