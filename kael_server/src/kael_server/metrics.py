@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 try:
     import resource
@@ -85,6 +86,32 @@ class Metrics:
         )
         peak = Gauge("kael_peak_memory_bytes", "Peak resident memory of the server process.", registry=r)
         peak.set_function(peak_memory_bytes)
+        # The paged KV cache (--kv-cache-tokens) and its prefix cache (kael.models.PagedKVCache).
+        self.kv_blocks_total = Gauge("kael_kv_blocks_total", "Blocks of the paged KV cache.", registry=r)
+        self.kv_blocks_used = Gauge(
+            "kael_kv_blocks_used", "KV cache blocks held by sequences being decoded.", registry=r
+        )
+        self.kv_blocks_cached = Gauge(
+            "kael_kv_blocks_cached",
+            "KV cache blocks held by no sequence but kept for prefix reuse (evicted least recently used first).",
+            registry=r,
+        )
+        self.prefix_queries = Counter(
+            "kael_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache.", registry=r
+        )
+        self.prefix_hits = Counter(
+            "kael_prefix_cache_hits_tokens",
+            "Prompt tokens whose keys and values came from the prefix cache (not computed).",
+            registry=r,
+        )
+        self.kv_evictions = Counter("kael_kv_evictions", "Cached KV blocks evicted to make room.", registry=r)
+        self.preemptions = Counter(
+            "kael_preemptions",
+            "Sequences preempted when the KV cache ran out of blocks (freed, then recomputed later).",
+            registry=r,
+        )
+        self._kv_last = {"prefix_query_tokens": 0, "prefix_hit_tokens": 0, "evictions": 0}
+        self._kv_lock = threading.Lock()
 
     def request_finished(self, outcome: str, seconds: float) -> None:
         self.requests.labels(outcome).inc()
@@ -96,6 +123,26 @@ class Metrics:
             self.tokens_per_second.set(tokens / seconds)
         if ttft is not None:
             self.time_to_first_token.observe(ttft)
+
+    def kv_observe(self, stats: dict[str, int]) -> None:
+        """Sets the KV cache gauges and advances its counters from a ``BatchDecoder.kv_stats()``
+        snapshot (cumulative counts; empty without a paged cache)."""
+        if not stats:
+            return
+        with self._kv_lock:
+            self.kv_blocks_total.set(stats["blocks_total"])
+            self.kv_blocks_used.set(stats["blocks_used"])
+            self.kv_blocks_cached.set(stats["blocks_cached"])
+            last = self._kv_last
+            for key, counter in (
+                ("prefix_query_tokens", self.prefix_queries),
+                ("prefix_hit_tokens", self.prefix_hits),
+                ("evictions", self.kv_evictions),
+            ):
+                delta = stats[key] - last[key]
+                if delta > 0:
+                    counter.inc(delta)
+                last[key] = stats[key]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
