@@ -87,6 +87,7 @@ def test_the_model_continues_the_rendered_conversation(client: TestClient[Litest
         "prompt_tokens": len(rendered),
         "completion_tokens": 8,
         "total_tokens": len(rendered) + 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 

@@ -94,7 +94,12 @@ def test_n_greedy_choices_are_identical_and_numbered(client: TestClient[Litestar
     want = "".join(chr(t) for t in greedy_oracle(b"ab", 6))
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert [c["text"] for c in body["choices"]] == [want] * 3
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 18, "total_tokens": 20}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 18,
+        "total_tokens": 20,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_seeded_choices_use_seed_plus_index(client: TestClient[Litestar]) -> None:

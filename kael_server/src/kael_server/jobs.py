@@ -128,6 +128,8 @@ class JobStats:
 
     prompt_tokens: int = 0
     """Every prompt's tokens, each prompt counted once (whatever ``n``)."""
+    cached_tokens: int = 0
+    """Of those, the tokens whose keys and values came from the prefix cache (not computed)."""
     tokens: int = 0
     """Generated tokens, over every choice."""
     ttft: float | None = None

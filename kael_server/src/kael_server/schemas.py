@@ -433,10 +433,18 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     finish_reason: Literal["stop", "length"] | None = None
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    """What OpenAI reports of the prompt tokens: how many came from the prompt (prefix) cache."""
+
+    cached_tokens: int = 0
+
+
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+    """``cached_tokens``: prompt tokens whose keys and values the paged KV cache reused."""
 
 
 class Completion(msgspec.Struct, kw_only=True):

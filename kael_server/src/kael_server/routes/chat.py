@@ -35,7 +35,7 @@ from kael_server.errors import FieldError, InvalidRequest, ServerError
 from kael_server.generator import Generator
 from kael_server.jobs import ChatPrompt, ChoiceStats, Finished, JobStats, Prompt, TextPiece, TokenInfo
 from kael_server.openapi import JSON, documented, sse_events
-from kael_server.routes.openai import error_body, error_response, sampling_params
+from kael_server.routes.openai import _usage, error_body, error_response, sampling_params
 from kael_server.schemas import OpenAIErrorResponse, Usage
 from kael_server.state import ServerState
 
@@ -142,14 +142,6 @@ def _token_logprob(token: TokenInfo, top: int) -> ChatTokenLogprob:
 
 def _finish_reason(choice: ChoiceStats) -> FinishReason:
     return cast(FinishReason, choice.finish_reason)
-
-
-def _usage(stats: JobStats) -> Usage:
-    return Usage(
-        prompt_tokens=stats.prompt_tokens,
-        completion_tokens=stats.tokens,
-        total_tokens=stats.prompt_tokens + stats.tokens,
-    )
 
 
 @post(

@@ -27,6 +27,7 @@ from kael_server.schemas import (
     ModelList,
     OpenAIError,
     OpenAIErrorResponse,
+    PromptTokensDetails,
     SamplingRequest,
     Usage,
 )
@@ -161,10 +162,13 @@ def _finish_reason(choice: ChoiceStats) -> FinishReason:
 
 
 def _usage(stats: JobStats) -> Usage:
+    """OpenAI's usage object of a finished job (``prompt_tokens_details.cached_tokens``: the prompt
+    tokens the prefix cache served, as OpenAI reports its prompt caching)."""
     return Usage(
         prompt_tokens=stats.prompt_tokens,
         completion_tokens=stats.tokens,
         total_tokens=stats.prompt_tokens + stats.tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens),
     )
 
 
