@@ -181,6 +181,33 @@ class Tensor:
     def is_leaf(self) -> bool:
         return self.grad_fn is None
 
+    def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
+        """Run ``hook(self)`` each time a backward has accumulated this leaf's gradient into ``.grad``
+        (after any ``register_hook`` hooks; as PyTorch's method of this name). Returns a handle whose
+        ``remove()`` unregisters it. Data-parallel training starts its gradient reductions here."""
+        from ._errors import AutogradError
+        from .autograd._function import _accumulator
+
+        if not self.requires_grad or self.grad_fn is not None:
+            raise AutogradError(
+                "register_post_accumulate_grad_hook: only a leaf tensor that requires grad accumulates a "
+                f"gradient (this one has requires_grad={self.requires_grad}, grad_fn={self.grad_fn!r})"
+            )
+        if not callable(hook):
+            raise AutogradError(f"register_post_accumulate_grad_hook: expected a callable, got {hook!r}")
+        acc = _accumulator(self)
+        if acc._post_hooks is None:
+            acc._post_hooks = []
+        hooks: list[Any] = acc._post_hooks
+        hooks.append(hook)
+
+        class _Handle:
+            def remove(self) -> None:
+                if hook in hooks:
+                    hooks.remove(hook)
+
+        return _Handle()
+
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"

@@ -22,7 +22,19 @@ from .._errors import AutogradError, KaelError, ShapeError
 from ._function import AccumulateGrad, Node
 from ._grad_mode import STATE
 
-__all__ = ["run_backward", "backward", "grad"]
+__all__ = ["run_backward", "backward", "grad", "queue_callback"]
+
+# The backwards running now, innermost last (a hook may run a backward of its own).
+_RUNNING: list[_GraphTask] = []
+
+
+def queue_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` once the backward that is running now has run its last node (from a hook; like
+    PyTorch's ``Variable._execution_engine.queue_callback``). Callbacks run in the order queued, with
+    grad mode off; one may queue another."""
+    if not _RUNNING:
+        raise AutogradError("queue_callback: no backward is running; call it from a hook during backward")
+    _RUNNING[-1].callbacks.append(fn)
 
 
 def _plugin_hooks() -> Any:
@@ -80,7 +92,19 @@ def run_backward(
 class _GraphTask:
     """The state of one backward: gradient buffers per node, dependency counts, the ready queue."""
 
-    __slots__ = ("add", "buffers", "capture", "captured", "clone", "deps", "hook", "ready", "retain_graph", "shared")
+    __slots__ = (
+        "add",
+        "buffers",
+        "callbacks",
+        "capture",
+        "captured",
+        "clone",
+        "deps",
+        "hook",
+        "ready",
+        "retain_graph",
+        "shared",
+    )
 
     def __init__(self, retain_graph: bool) -> None:
         from .. import ops  # not at module level: ops imports autograd
@@ -103,6 +127,7 @@ class _GraphTask:
         self.capture: dict[tuple[Node, int], int] = {}
         self.captured: list[Any] = []
         self.hook: Any = None
+        self.callbacks: list[Callable[[], None]] = []  # queue_callback()'s, run after the last node
 
     def seed_roots(self, roots: tuple[Any, ...], grads: tuple[Any, ...]) -> list[Node]:
         """Put each root's gradient into its node's slot; return the roots' nodes."""
@@ -156,11 +181,16 @@ class _GraphTask:
             hook.kael_backward_begin(roots=roots)
         prev = STATE.enabled
         STATE.enabled = False
+        _RUNNING.append(self)
         try:
             ready = self.ready
             while ready:
                 self.run_node(ready.popleft())
+            callbacks = self.callbacks
+            while callbacks:
+                callbacks.pop(0)()
         finally:
+            _RUNNING.pop()
             STATE.enabled = prev
 
     def run_node(self, node: Node) -> None:

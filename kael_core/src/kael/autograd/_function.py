@@ -112,13 +112,15 @@ class Node:
 
 
 class AccumulateGrad(Node):
-    """The sink for a leaf tensor: adds the incoming gradient into ``tensor.grad``."""
+    """The sink for a leaf tensor: adds the incoming gradient into ``tensor.grad``, then runs the
+    tensor's post-accumulate-grad hooks (``Tensor.register_post_accumulate_grad_hook``) on it."""
 
-    __slots__ = ("variable",)
+    __slots__ = ("_post_hooks", "variable")
 
     def __init__(self, variable: Any) -> None:
         super().__init__()
         self.variable = variable
+        self._post_hooks: list[Callable[[Any], None]] | None = None
 
     def apply(self, grads: tuple[Any, ...], retain_graph: bool) -> tuple[Any, ...]:
         (g,) = grads
@@ -135,6 +137,9 @@ class AccumulateGrad(Node):
             from .. import ops
 
             t.grad = ops.add(t.grad, g)
+        if self._post_hooks:
+            for post in list(self._post_hooks):
+                post(t)
         return ()
 
 

@@ -7,6 +7,9 @@ at a time, by one gather per tensor, instead of sample by sample and stacked.
 Shuffling is deterministic: epoch `e` of a loader with seed `s` uses the permutation of
 `numpy.random.default_rng((s, e))`, so every epoch has a new order, and two loaders
 with the same seed give the same batches. Each `iter()` starts the next epoch.
+
+A `sampler` (anything iterable over indices with a `__len__`, such as `DistributedSampler`)
+gives the order instead: each `iter()` batches the indices it yields then.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class DataLoader:
     """Iterate over a dataset in batches of `batch_size` samples, as tuples of batched tensors.
 
     `shuffle` draws a new permutation each epoch from `seed` (a random seed when None);
-    `drop_last` drops a last batch smaller than `batch_size`.
+    `drop_last` drops a last batch smaller than `batch_size`; `sampler` (exclusive with `shuffle`)
+    yields the indices to batch, in order (for a `DistributedSampler`, call its `set_epoch`).
     """
 
     def __init__(
@@ -90,7 +94,12 @@ class DataLoader:
         shuffle: bool = False,
         drop_last: bool = False,
         seed: int | None = None,
+        sampler: Any = None,
     ) -> None:
+        if sampler is not None and shuffle:
+            raise ShapeError("DataLoader: sampler and shuffle=True are exclusive (the sampler decides the order)")
+        if sampler is not None and not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
+            raise ShapeError(f"DataLoader: sampler must be iterable over indices and have a len(), got {sampler!r}")
         if type(batch_size) is not int or batch_size < 1:
             raise ShapeError(f"DataLoader: batch_size must be a positive integer, got {batch_size!r}")
         if seed is not None and (type(seed) is not int or seed < 0):
@@ -99,15 +108,18 @@ class DataLoader:
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
+        self.sampler = sampler
         # Without a seed, draw one from the OS once: epochs still differ, and `seed` can be logged.
         self.seed: int = seed if seed is not None else int(np.random.SeedSequence().generate_state(2, np.uint64)[0])
         self.epoch = 0
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _order(self, epoch: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        if self.sampler is not None:
+            return np.fromiter(iter(self.sampler), dtype=np.int64, count=len(self.sampler))
         n = len(self.dataset)
         if self.shuffle:
             return np.random.default_rng((self.seed, epoch)).permutation(n).astype(np.int64)

@@ -1,8 +1,8 @@
-"""kael.nn: modules, layers, containers, and the functional, init and utils helpers."""
+"""kael.nn: modules, layers, containers, and the functional, init, parallel and utils helpers."""
 
 from __future__ import annotations
 
-from . import functional, init, utils
+from . import functional, init, parallel, utils
 from ._containers import ModuleDict, ModuleList, Sequential
 from ._layers import GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, ReLU, RMSNorm, SiLU
 from ._module import IncompatibleKeys, Module
@@ -27,5 +27,6 @@ __all__ = [
     "ModuleDict",
     "functional",
     "init",
+    "parallel",
     "utils",
 ]
