@@ -27,18 +27,31 @@ fast path: each full block also carries a *content id* (cid) and the registered 
 stores ``(parent cid, token ids)``; a lookup that finds a key reuses the block only when
 both equal exactly what it is looking for. By induction on the depth, equal cids mean
 equal token prefixes (a block takes an existing cid only after that exact check, and
-cids are never reused), whatever the digest does. At most one block per cid is
-registered; an identical block computed again (a prompt prefilled before its twin was
-registered, or the recomputed last block of a fully cached prompt) shares the cid but
-stays out of the index, and takes over the registration when the registered twin is
-freed or evicted while it is still in use (a freed twin then goes back to the free list,
-not to the cache: the content stays reachable through the block in use). When the last
-block of a cid leaves, its registered children can never be reached again (lookups walk from the first block), so they are
-dropped from the cache with it (and counted as evictions) instead of lingering.
+cids are never reused), whatever the digest does.
+
+NOTE [twins]: at most one block per cid is registered, and a registered content that a block
+in use holds is registered to a block in use, so a lookup never revives a cached block whose
+content a live block already holds (that would cost a block for nothing). An identical block
+computed again (a prompt prefilled while its twin was in use or cached, or the recomputed last
+block of a fully cached prompt) is a *twin*: it gets the registered block's cid when it fills;
+
+* if the registered twin is in use, the new block stays out of the index;
+* if the registered twin is only cached, the new block *adopts* the registration and the
+  cached twin goes back to the free list: its content stays reachable through the new block,
+  and its registered children keep their parent cid, which the new block now holds, so they
+  stay reachable too (adopting is not an eviction).
+
+When the registered block leaves while a twin is still in use (freed, or freed with
+``cache=False``), the twin takes over the registration and the registered block goes back to
+the free list, not to the cache. So a cached block's cid has no other holder (``check()``
+verifies it). When the last block of a cid leaves, its registered children can never be
+reached again (lookups walk from the first block), so they are dropped from the cache with
+it (and counted as evictions) instead of lingering.
 
 Counters: ``queries_tokens`` and ``hit_tokens`` add up the prompt tokens of successful
 ``allocate`` calls and their ``cached_tokens``; ``evictions`` counts cached blocks dropped
-to make room, or with an evicted parent; ``reset_prefix_cache`` counts as neither.
+to make room, or because no block holds their parent's content any more; adopting a twin and
+``reset_prefix_cache`` count as neither.
 
 NOTE [when blocks are registered]: as in vLLM, a block is registered when it becomes
 full, i.e. when ``allocate`` or ``append`` hands out its last position, before the caller
@@ -259,6 +272,36 @@ class BlockPool:
         """Tokens of the sequence (prompt and appended), each with a slot in its blocks."""
         return len(self._seq("length", seq_id).tokens)
 
+    def blocks_needed(self, seq_ids: Sequence[Hashable]) -> int:
+        """How many blocks appending one token to each of ``seq_ids`` would take from the pool.
+
+        A position that starts a new block takes one; a position in a shared, not-full last
+        block takes one for its copy (NOTE [copy-on-write]), except that when every holder of
+        that block appends, the last to do so is alone in it by then and writes in place (so
+        ``k`` of a block's ``r`` holders take ``min(k, r - 1)``). Whatever order the appends come
+        in, they all succeed exactly when ``blocks_needed(seq_ids) <= free_blocks`` (adopting a
+        twin as a block fills moves a cached block to the free list, which leaves
+        ``free_blocks`` as it is), and they take that many. Changes nothing.
+        """
+        if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Sequence):
+            raise ShapeError(
+                f"BlockPool.blocks_needed: seq_ids must be a sequence of sequence ids, got {type(seq_ids).__name__}"
+            )
+        seqs = [self._seq("blocks_needed", s) for s in seq_ids]
+        seen: set[Hashable] = set()
+        for s in seq_ids:
+            if s in seen:
+                raise KaelError(f"BlockPool.blocks_needed: sequence {s!r} is named twice in seq_ids")
+            seen.add(s)
+        bs, needed = self.block_size, 0
+        appenders: dict[int, int] = {}  # a shared, not-full last block -> how many of seq_ids hold it
+        for seq in seqs:
+            if len(seq.tokens) % bs == 0:
+                needed += 1
+            elif self._ref[seq.table[-1]] > 1:
+                appenders[seq.table[-1]] = appenders.get(seq.table[-1], 0) + 1
+        return needed + sum(min(k, self._ref[b] - 1) for b, k in appenders.items())
+
     # -- sequences --------------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, tokens: Sequence[int]) -> Allocation | None:
         """Start ``seq_id`` with prompt ``tokens``: reuse its longest cached prefix, fresh blocks for the rest.
@@ -398,6 +441,9 @@ class BlockPool:
                 fail(f"block {b} is not exactly one of free/cached/in use: {states}")
             if b in self._cached and not self._registered(b):
                 fail(f"cached block {b} is not registered")
+            if b in self._cached and self._holders.get(self._cid[b]) != {b}:
+                others = sorted(self._holders.get(self._cid[b], set()) - {b})
+                fail(f"cached block {b} has a twin in use (blocks {others} hold its content)")
             if b in free and (self._key[b] is not None or self._cid[b]):
                 fail(f"free block {b} still carries content (cid {self._cid[b]})")
         holders: dict[int, set[int]] = {}
@@ -468,7 +514,11 @@ class BlockPool:
         return b
 
     def _filled(self, seq: _Seq, i: int, key: bytes | None = None) -> None:
-        """Block ``i`` of ``seq`` has just become full: give it its key and content, register it if new."""
+        """Block ``i`` of ``seq`` has just become full: give it its key and content, register it if new.
+
+        A registered twin that is only cached hands its registration to this block and goes back
+        to the free list (NOTE [twins]).
+        """
         if not self.prefix_caching:
             return
         bs, b = self.block_size, seq.table[i]
@@ -476,8 +526,11 @@ class BlockPool:
         if key is None:
             key = self._chain(seq.last_key, own)
         other = self._index.get(key)
+        adopt: int | None = None
         if other is not None and self._parent[other] == seq.last_cid and self._btokens[other] == own:
             cid = self._cid[other]  # the same content is registered already: a twin
+            if not self._ref[other]:  # only cached: b takes its place (keeping both costs a block)
+                adopt = other
         else:
             cid, self._next_cid = self._next_cid, self._next_cid + 1
             if other is None:  # else a collision with other contents: stays unregistered
@@ -486,6 +539,12 @@ class BlockPool:
         self._key[b], self._cid[b], self._parent[b], self._btokens[b] = key, cid, seq.last_cid, own
         self._holders.setdefault(cid, set()).add(b)
         seq.last_key, seq.last_cid = key, cid
+        if adopt is not None:
+            # A cached block's cid has no other holder, so b is now its only other one: _forget
+            # hands the registration (and the children's parent, the cid) to b, evicting nothing.
+            del self._cached[adopt]
+            self._forget(adopt)
+            heapq.heappush(self._free, adopt)
 
     def _live_twin(self, b: int) -> bool:
         """Whether another block with ``b``'s content is in use (every other holder of a cid is)."""
