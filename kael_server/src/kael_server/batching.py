@@ -17,6 +17,17 @@ each sampled with its own generator. Slots count rows: a job waits until its row
     worker: [prefill the ready jobs, fork their choices] -> decode step(batch)
             -> sample (greedy rows: one call) -> JobOutput per row ...
 
+NOTE [kv memory]: with kael's paged KV cache (``BatchDecoder(paged=True)``, blocks of tokens
+shared by prefix) rows only bound the batch; memory is the pool's blocks. A prefill that finds
+too few free blocks (``KVCacheFull``, nothing changed) *parks* its sequence until others give
+blocks back, and before each decode step, while the step needs more blocks than are free, the
+newest sequence is *preempted*: its blocks go back (its full ones stay cached), and it is parked
+to be recomputed from its prompt and every token it produced so far, in one prefill whose
+logits are those the skipped decode step would have given; it then goes on exactly where it
+stopped (its sampler and generator untouched), so its output is the unpreempted one. Parked
+sequences come back first, oldest first, before new prompts start, and only while the pool
+keeps one spare block per decoding sequence (so a resumed one is not preempted again at once).
+
 NOTE [batch isolation]: everything that belongs to one job (its prompt check, prefill,
 sampling from its own rows of logits with its own generators, its on_token handling) runs
 in a try of its own, so its failure ends that job only. The calls that several jobs share
@@ -35,7 +46,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kael_server.errors import Busy, Cancelled, FieldError, InvalidRequest, QueueTimeout
 from kael_server.jobs import Failed, Finished, Job, Outcome
@@ -47,6 +58,11 @@ if TYPE_CHECKING:
     from kael_server.generator import Generator
 
 __all__ = ["BatchScheduler"]
+
+
+def _kv_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the paged KV cache lacks blocks (kael's ``KVCacheFull``; nothing changed)."""
+    return type(exc).__name__ == "KVCacheFull" and hasattr(exc, "needed")
 
 
 @dataclass(eq=False)
@@ -84,6 +100,10 @@ class _Seq:
     produced: int = 0
     text: str | None = None
     """Its whole text, once it ended."""
+    tokens: list[int] = field(default_factory=list)
+    """Every token it produced (a preempted sequence is recomputed from its prompt and these)."""
+    parked: str | None = None
+    """Waiting for KV blocks: "start" (its prompt's first prefill) or "resume" (it was preempted)."""
 
 
 class BatchScheduler(Scheduler):
@@ -123,6 +143,8 @@ class BatchScheduler(Scheduler):
         # The worker's own state (no lock): free engine rows and the sequences being decoded.
         self._free_rows = list(range(engine.rows - 1, -1, -1))
         self._decoding: list[_Seq] = []
+        self._parked: list[_Seq] = []  # waiting for KV blocks, oldest first (NOTE [kv memory])
+        self._paged = callable(getattr(engine, "blocks_needed", None))
 
     # ---- the Scheduler interface (any thread) ------------------------------------------
 
@@ -256,17 +278,20 @@ class BatchScheduler(Scheduler):
                             self._changed.notify_all()
                             break
                         ready = [e for e in self._slotted.values() if e.ids is not None and not e.started]
-                        if ready or self._decoding:
+                        if ready or self._decoding or self._parked:
                             break
                         self._changed.wait()
                     alive = self._worker_alive
                 self._emit_all(dropped)
                 if not alive:
                     return
+                if self._parked:
+                    self._unpark()
                 if ready:
                     self._start(ready)
                 if self._decoding:
                     self._step()
+                self._metrics.kv_observe(self._kv_stats())
         except BaseException as exc:  # a bug in the loop itself: no job may be left waiting
             self._fail_everything(exc)
 
@@ -316,24 +341,40 @@ class BatchScheduler(Scheduler):
         if not group:
             return
         firsts: list[tuple[_Seq, object]] = []
+        if self._parked:  # parked sequences go first (NOTE [kv memory])
+            for seq in group:
+                self._park(seq, "start")
+            return
         try:
             logits = self._engine.prefill_many([s.row for s in group], [s.choice.ids for s in group])  # type: ignore[misc]
             firsts = [(seq, logits[i]) for i, seq in enumerate(group)]
         except Exception as exc:
-            if len(group) == 1:
+            if len(group) == 1 and not _kv_full(exc):
                 self._fail(group[0].entry, Failed(exc))
                 return
-            for seq in group:  # which prompt failed? each alone, so the others go on
+            for seq in group:  # which prompt failed (or does not fit)? each alone, so the others go on
                 if seq.entry.closed:
+                    continue
+                if self._parked:  # an earlier one did not fit: the later ones wait behind it
+                    self._park(seq, "start")
                     continue
                 try:
                     firsts.append((seq, self._engine.prefill(seq.row, seq.choice.ids)))  # type: ignore[arg-type]
                 except Exception as alone:
-                    self._fail(seq.entry, Failed(alone))
+                    if _kv_full(alone):
+                        self._park(seq, "start")
+                    else:
+                        self._fail(seq.entry, Failed(alone))
+        self._begin(firsts)
+
+    def _begin(self, firsts: list[tuple[_Seq, object]]) -> None:
+        """After their prompts' prefill: the forks into the other choices' rows, and each choice's
+        first token from its prompt's logits."""
         for source, first in firsts:
             entry = source.entry
             if entry.closed:
                 continue
+            entry.job.stats.cached_tokens += self._cached_tokens(source)
             n = entry.job.params.n
             start = source.choice.index - source.choice.index % n
             siblings = entry.seqs[start : start + n]
@@ -360,6 +401,8 @@ class BatchScheduler(Scheduler):
             job = seq.entry.job
             if job.cancelled and not seq.entry.closed:
                 self._fail(seq.entry, Failed(Cancelled(job.cancel_reason or "client")))
+        if self._paged:
+            self._make_room()
         batch = list(self._decoding)
         if not batch:
             return
@@ -380,6 +423,90 @@ class BatchScheduler(Scheduler):
                 self._fail(seq.entry, Failed(exc))
                 continue
             self._take(seq, token)
+
+    # ---- KV memory: parking, preemption, resumption (NOTE [kv memory]) --------------------
+
+    def _park(self, seq: _Seq, why: str) -> None:
+        seq.parked = why
+        self._parked.append(seq)
+        self._parked.sort(key=lambda s: (s.entry.admitted, s.choice.index))
+
+    def _make_room(self) -> None:
+        """Preempts the newest decoding sequences until the next step's blocks are free."""
+        engine: Any = self._engine
+        while len(self._decoding) > 1 and engine.blocks_needed([s.row for s in self._decoding]) > engine.free_blocks:
+            victim = max(self._decoding, key=lambda s: (s.entry.admitted, s.choice.index))
+            self._decoding.remove(victim)
+            try:
+                engine.preempt(victim.row)
+            except Exception as exc:
+                self._fail(victim.entry, Failed(exc))
+                continue
+            self._metrics.preemptions.inc()
+            self._park(victim, "resume")
+
+    def _fits(self, seq: _Seq, tokens: int) -> bool:
+        """Whether ``tokens`` new positions for ``seq`` leave one spare block per decoding sequence
+        (always when nothing else decodes: the pool holds at least one whole context)."""
+        if not self._decoding:
+            return True
+        engine: Any = self._engine
+        size = int(getattr(engine, "block_size", 16))
+        return engine.free_blocks - -(-tokens // size) >= len(self._decoding)
+
+    def _unpark(self) -> None:
+        """Parked sequences come back, oldest first, while they fit."""
+        while self._parked:
+            seq = self._parked[0]
+            if seq.entry.closed:
+                self._parked.pop(0)
+                continue
+            if seq.entry.job.cancelled:
+                self._fail(seq.entry, Failed(Cancelled(seq.entry.job.cancel_reason or "client")))
+                continue
+            ids = seq.choice.ids if seq.parked == "start" else [*seq.choice.ids, *seq.tokens]
+            if not self._fits(seq, len(ids)):
+                return
+            self._parked.pop(0)
+            why, seq.parked = seq.parked, None
+            try:
+                logits = self._engine.prefill(seq.row, ids)  # type: ignore[arg-type]
+            except Exception as exc:
+                if _kv_full(exc):
+                    seq.parked = why
+                    self._parked.insert(0, seq)
+                    return
+                self._fail(seq.entry, Failed(exc))
+                continue
+            if why == "start":
+                self._begin([(seq, logits)])
+                continue
+            # Resumed: these logits are the skipped step's (after its last token); it goes on from there.
+            self._decoding.append(seq)
+            try:
+                token = self._sample(seq, logits)
+            except Exception as exc:
+                self._fail(seq.entry, Failed(exc))
+                continue
+            self._take(seq, token)
+
+    def _cached_tokens(self, seq: _Seq) -> int:
+        got = getattr(self._engine, "cached_tokens", None)
+        if not callable(got) or seq.row is None:
+            return 0
+        try:
+            return int(got(seq.row))
+        except Exception:
+            return 0
+
+    def _kv_stats(self) -> dict[str, int]:
+        got = getattr(self._engine, "kv_stats", None)
+        if not callable(got):
+            return {}
+        try:
+            return dict(got())
+        except Exception:
+            return {}
 
     def _greedy(self, batch: list[_Seq], logits: object) -> dict[int, int]:
         """The plain greedy rows' tokens (by position in the step) from one engine call; empty if
@@ -406,6 +533,7 @@ class BatchScheduler(Scheduler):
     def _take(self, seq: _Seq, token: int) -> None:
         """Hands a new token to the choice's output; ends the choice when it is done."""
         seq.produced += 1
+        seq.tokens.append(token)
         try:
             more = seq.choice.output.on_token(token)
         except Exception as exc:
@@ -420,6 +548,9 @@ class BatchScheduler(Scheduler):
         """The sequence leaves the batch: its row back to the engine."""
         if seq in self._decoding:
             self._decoding.remove(seq)
+        if seq in self._parked:
+            self._parked.remove(seq)
+            seq.parked = None
         if seq.row is not None:
             row, seq.row = seq.row, None
             self._engine.release(row)
@@ -460,6 +591,7 @@ class BatchScheduler(Scheduler):
             everyone = [*self._slotted.values(), *self._queue]
             finished = [(e, Failed(exc)) for e in everyone if self._remove(e)]
             self._decoding.clear()
+            self._parked.clear()
             self._free_rows = list(range(self._engine.rows - 1, -1, -1))
             self._worker_alive = False
             self._changed.notify_all()

@@ -76,8 +76,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=_at_least(1),
         default=1,
         metavar="N",
-        help="generations run at once; with N > 1 they share each decode step (continuous batching over a "
-        "KV cache of N rows, which holds N full contexts in memory)",
+        help="generations run at once: the largest batch; with N > 1 they share each decode step (continuous "
+        "batching over a paged KV cache, which holds --kv-cache-tokens positions)",
+    )
+    parser.add_argument(
+        "--kv-cache-tokens",
+        type=_at_least(1),
+        default=None,
+        metavar="T",
+        help="positions the paged KV cache holds in all, in blocks of 16 (default: N full contexts for "
+        "--slots N); many short sequences fit where N full contexts would not; when it runs out, the "
+        "newest sequence is preempted and recomputed later (same output); turns batching on with one slot",
+    )
+    parser.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="do not reuse the keys and values of a prompt's cached prefix (automatic prefix caching is on "
+        "by default with batching: blocks of the same tokens in the same model are shared)",
     )
     parser.add_argument(
         "--queue",
@@ -254,6 +269,8 @@ def _main(argv: Sequence[str] | None) -> int:
             protect_metrics=args.protect_metrics,
             request_timeout=args.request_timeout,
             weights=args.weights,
+            kv_cache_tokens=args.kv_cache_tokens,
+            prefix_cache=not args.no_prefix_cache,
         )
         sock = listening_socket(args.host, args.port)
     except (ServerConfigError, ImportError) as exc:
@@ -266,6 +283,8 @@ def _main(argv: Sequence[str] | None) -> int:
         device=args.device,
         weights=args.weights,
         slots=args.slots,
+        kv_cache_tokens=args.kv_cache_tokens,
+        prefix_cache=not args.no_prefix_cache,
         queue=args.queue,
         request_timeout=args.request_timeout,
         api_keys=len(keys),  # how many, never which

@@ -110,6 +110,8 @@ def load_app(
     protect_metrics: bool = False,
     request_timeout: float | None = None,
     weights: str | None = None,
+    kv_cache_tokens: int | None = None,
+    prefix_cache: bool = True,
 ) -> Litestar:
     """The app serving the checkpoint in ``data`` (any family ``kael.models.from_pretrained`` knows by
     config.json's ``model_type``; any size: shapes come from config.json).
@@ -127,12 +129,21 @@ def load_app(
     each decode step through a BatchScheduler over kael's ``BatchDecoder``; with one and no
     queue, the single-slot SlotPool runs ``model.generate`` as before.
 
+    The batch scheduler keeps keys and values in kael's paged KV cache: ``kv_cache_tokens``
+    positions in all (default: ``slots`` full contexts; at least one), in blocks of 16 shared by
+    prefix unless ``prefix_cache`` is False (``--kv-cache-tokens``, ``--no-prefix-cache``); a
+    ``kv_cache_tokens`` also turns batching on with one slot.
+
     ``weights`` (None: as stored; or one of WEIGHTS) loads the weights in that format
     (``kael.models.from_pretrained(weights=...)``, ``load_gguf(weights=...)``); ``/v1/models``
     reports the format the model holds.
     """
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise ServerConfigError(f"--slots must be an integer >= 1, got {slots!r}")
+    if kv_cache_tokens is not None and (
+        isinstance(kv_cache_tokens, bool) or not isinstance(kv_cache_tokens, int) or kv_cache_tokens < 1
+    ):
+        raise ServerConfigError(f"--kv-cache-tokens must be an integer >= 1, got {kv_cache_tokens!r}")
     if weights is not None and weights not in WEIGHTS:
         raise ServerConfigError(f"--weights must be one of {list(WEIGHTS)}, got {weights!r}")
     if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
@@ -156,14 +167,21 @@ def load_app(
             # the family config.json's model_type names, its weights in the requested format
             model = kael.models.from_pretrained(path, device=device, weights=weights)
             tokenizer = kael.tokenizer.load_tokenizer(path)  # tokenizer.json, else vocab.json + merges.txt
-        batched = slots > 1 or queue > 0
+        batched = slots > 1 or queue > 0 or kv_cache_tokens is not None
+        if kv_cache_tokens is not None and kv_cache_tokens < model.max_positions:
+            raise ServerConfigError(
+                f"--kv-cache-tokens {kv_cache_tokens} cannot hold one sequence of the model's context "
+                f"({model.max_positions} positions); give at least that many"
+            )
         return Generator(
             model,
             tokenizer,
             device=device,
             model_name=path.name,  # seeds become kael.Generators (the Generator's default make_rng)
             metrics=metrics,
-            make_scheduler=partial(_batch_scheduler, model, slots, queue, queue_timeout) if batched else None,
+            make_scheduler=partial(_batch_scheduler, model, slots, queue, queue_timeout, kv_cache_tokens, prefix_cache)
+            if batched
+            else None,
         )
 
     return create_app(
@@ -175,8 +193,17 @@ def load_app(
     )
 
 
-def _batch_scheduler(model: Any, slots: int, queue: int, queue_timeout: float, generator: Generator) -> BatchScheduler:
-    """Continuous batching over a KV cache of ``slots`` rows (kael's BatchDecoder)."""
+def _batch_scheduler(
+    model: Any,
+    slots: int,
+    queue: int,
+    queue_timeout: float,
+    kv_cache_tokens: int | None,
+    prefix_cache: bool,
+    generator: Generator,
+) -> BatchScheduler:
+    """Continuous batching of up to ``slots`` sequences over kael's paged KV cache (BatchDecoder)."""
     from kael.models import BatchDecoder
 
-    return BatchScheduler(generator, BatchDecoder(model, slots), queue=queue, queue_timeout=queue_timeout)
+    engine = BatchDecoder(model, slots, kv_cache_tokens=kv_cache_tokens, prefix_caching=prefix_cache)
+    return BatchScheduler(generator, engine, queue=queue, queue_timeout=queue_timeout)

@@ -13,6 +13,7 @@ from ._generate import Sampler, generate, sample_next
 from ._generation_config import GenerationConfig, read_generation_config
 from ._gguf import load_gguf, save_gguf
 from ._kv_cache import CacheStep, KVCache
+from ._paged_cache import KVCacheFull, PagedKVCache, PagedStep
 from ._protocol import CausalLM, DecodeStep, StepLike
 from ._registry import (
     ENTRY_POINT_GROUP,
@@ -70,6 +71,9 @@ __all__ = [
     "LlamaConfig",
     "KVCache",
     "CacheStep",
+    "PagedKVCache",
+    "PagedStep",
+    "KVCacheFull",
     "generate",
     "sample_next",
     "Sampler",

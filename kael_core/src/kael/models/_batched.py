@@ -47,12 +47,13 @@ from ..ops import Generator, argmax, cat, narrow, select, tensor, view
 from ..ops._inplace import copy_
 from ._generate import _prefill, _prompt_ids, sample_next
 from ._kv_cache import KVCache
+from ._paged_cache import DEFAULT_BLOCK_SIZE, KVCacheFull, PagedKVCache, model_identity
 from ._steps import decode_step
 
 if TYPE_CHECKING:
     from ._protocol import CausalLM
 
-__all__ = ["BatchDecoder"]
+__all__ = ["BatchDecoder", "KVCacheFull"]
 
 
 def _row_cache(cache: KVCache, row: int) -> KVCache:
@@ -84,21 +85,99 @@ class BatchDecoder:
     """
 
     def __init__(
-        self, model: CausalLM, rows: int, max_positions: int | None = None, *, direct: bool | None = None
+        self,
+        model: CausalLM,
+        rows: int,
+        max_positions: int | None = None,
+        *,
+        direct: bool | None = None,
+        paged: bool = True,
+        kv_cache_tokens: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
     ) -> None:
         """``direct``: None takes the family's fast decode step when the backend allows it, True insists
-        on it, False always runs the generic step over the model's modules."""
+        on it, False always runs the generic step over the model's modules.
+
+        ``paged`` (the default) keeps the keys and values in a ``PagedKVCache`` of blocks of
+        ``block_size`` positions holding ``kv_cache_tokens`` in all (default: ``rows`` times the
+        context, what one row per sequence would take), with automatic prefix caching unless
+        ``prefix_caching`` is False (NOTE [paged kv cache] in _paged_cache.py); ``paged=False``
+        gives every row its own contiguous ``KVCache`` row of the whole context.
+        """
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ShapeError(f"BatchDecoder: rows must be an int >= 1, got {rows!r}")
         self.model = model
         self.rows = rows
         self.vocab_size = model.vocab_size
-        self.cache = model.new_cache(rows, max_positions)
+        self.cache: KVCache | PagedKVCache
+        if paged:
+            n = model.max_positions if max_positions is None else max_positions
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= model.max_positions:
+                raise ShapeError(f"BatchDecoder: max_positions must be an int in 1..{model.max_positions}, got {n!r}")
+            if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+                raise ShapeError(f"BatchDecoder: block_size must be an int >= 1, got {block_size!r}")
+            tokens = rows * n if kv_cache_tokens is None else kv_cache_tokens
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < n:
+                raise ShapeError(
+                    f"BatchDecoder: kv_cache_tokens must be an int of at least one sequence's {n} positions, "
+                    f"got {kv_cache_tokens!r}"
+                )
+            shape = model.new_cache(1, 1)  # the protocol's way to learn the cache's layers, heads and head size
+            self.cache = PagedKVCache(
+                shape.layers,
+                rows,
+                shape.heads,
+                shape.head_dim,
+                n,
+                num_blocks=-(-tokens // block_size),
+                block_size=block_size,
+                prefix_caching=prefix_caching,
+                namespace=model_identity(model) if prefix_caching else "",
+                dtype=model.dtype,
+                device=model.device,
+            )
+        else:
+            self.cache = model.new_cache(rows, max_positions)
         self.active = [False] * rows
+        self.preemptions = 0
         try:
-            self._step = decode_step(model, self.cache, direct)
+            self._step = decode_step(model, self.cache, direct)  # type: ignore[arg-type]
         except KaelError as exc:
             raise KaelError(f"BatchDecoder: {exc}") from None
+
+    @property
+    def block_size(self) -> int:
+        """Positions per KV block (the whole context without paging)."""
+        cache = self.cache
+        return cache.block_size if isinstance(cache, PagedKVCache) else cache.max_positions
+
+    @property
+    def paged(self) -> bool:
+        """Whether the keys and values live in a ``PagedKVCache`` (blocks shared by prefix)."""
+        return isinstance(self.cache, PagedKVCache)
+
+    def cached_tokens(self, row: int) -> int:
+        """Leading prompt tokens of ``row``'s sequence whose keys and values came from the prefix
+        cache (or a fork) rather than being computed."""
+        self._check_row(row, "cached_tokens")
+        return self.cache.cached[row] if isinstance(self.cache, PagedKVCache) and self.active[row] else 0
+
+    def blocks_needed(self, rows: Sequence[int]) -> int:
+        """KV blocks the next ``decode(rows, ...)`` takes from the pool (0 without paging)."""
+        cache = self.cache
+        return cache.blocks_needed(list(rows)) if isinstance(cache, PagedKVCache) else 0
+
+    @property
+    def free_blocks(self) -> int:
+        """KV blocks that can be handed out now (free or cached); a large number without paging."""
+        cache = self.cache
+        return cache.pool.free_blocks if isinstance(cache, PagedKVCache) else 1 << 62
+
+    def kv_stats(self) -> dict[str, int]:
+        """Block and prefix-cache counters (``PagedKVCache.stats``), empty without paging."""
+        cache = self.cache
+        return cache.stats() if isinstance(cache, PagedKVCache) else {}
 
     @property
     def max_positions(self) -> int:
@@ -111,8 +190,14 @@ class BatchDecoder:
 
     # -- sequences join and leave -----------------------------------------------------------------
     def prefill(self, row: int, prompt: Any) -> Tensor:
-        """Start a sequence in free ``row``: run ``prompt`` (token ids) alone into it; logits [V] after it."""
+        """Start a sequence in free ``row``: run ``prompt`` (token ids) alone into it; logits [V] after it.
+
+        Paged: the prompt's longest cached prefix of whole blocks is reused, only the rest runs;
+        ``KVCacheFull`` (nothing changed) when the pool cannot hold it.
+        """
         (ids,) = self._check_prefill("prefill", [row], [prompt])
+        if isinstance(self.cache, PagedKVCache):
+            return view(self._paged_prefill([row], [ids]), self.vocab_size)
         one = _row_cache(self.cache, row)
         with no_grad():
             logits = _prefill(self.model, ids, one)
@@ -130,8 +215,11 @@ class BatchDecoder:
         """
         rows, prompts = _as_list("prefill_many", "rows", rows), _as_list("prefill_many", "prompts", prompts)
         idss = self._check_prefill("prefill_many", rows, prompts)
+        if isinstance(self.cache, PagedKVCache):
+            return self._paged_prefill(rows, idss)
         model = self.model
-        ones = [_row_cache(self.cache, r) for r in rows]
+        cache = self.cache
+        ones = [_row_cache(cache, r) for r in rows]
         with no_grad():
             steps = [one.begin(len(ids)) for one, ids in zip(ones, idss)]
             xs = [
@@ -144,7 +232,45 @@ class BatchDecoder:
             logits = model.run_head(lasts[0] if len(lasts) == 1 else cat(lasts, 0))
         for r, one, step in zip(rows, ones, steps):
             step.commit()
-            self.cache.lengths[r] = one.lengths[0]
+            cache.lengths[r] = one.lengths[0]
+            self.active[r] = True
+        return view(logits, len(rows), self.vocab_size)
+
+    def _paged_prefill(self, rows: list[int], idss: list[list[int]]) -> Tensor:
+        """Blocks for every prompt first (all or none: ``KVCacheFull``), then each prompt's uncached
+        tokens through the layers, prompt by prompt within each layer; logits [len(rows), V].
+
+        A later prompt may reuse blocks an earlier one of the same call is filling: within a layer
+        the earlier prompt runs first, so those keys and values are written before they are read.
+        """
+        cache, model = self.cache, self.model
+        assert isinstance(cache, PagedKVCache)
+        started: list[int] = []
+        try:
+            for r, ids in zip(rows, idss):
+                cache.start(r, ids)
+                started.append(r)
+        except BaseException:
+            for r in started:
+                cache.release(r, keep=False)
+            raise
+        try:
+            with no_grad():
+                steps = [cache.step([r], len(ids) - cache.lengths[r]) for r, ids in zip(rows, idss)]
+                xs = [
+                    model.embed(tensor([ids[len(ids) - st.tokens :]], dtype=dt.int64, device=model.device), st.starts)
+                    for ids, st in zip(idss, steps)
+                ]
+                for i in range(model.num_layers):
+                    xs = [model.run_layer(i, x, st) for x, st in zip(xs, steps)]
+                lasts = [narrow(x, 1, st.tokens - 1, 1) for x, st in zip(xs, steps)]
+                logits = model.run_head(lasts[0] if len(lasts) == 1 else cat(lasts, 0))
+        except BaseException:
+            for r in rows:  # their keys and values are not all written: keep none of their blocks
+                cache.release(r, keep=False)
+            raise
+        for r, st in zip(rows, steps):
+            st.commit()
             self.active[r] = True
         return view(logits, len(rows), self.vocab_size)
 
@@ -160,24 +286,40 @@ class BatchDecoder:
             raise KaelError(f"BatchDecoder.fork: row {src} holds no sequence; prefill it first")
         if self.active[dst]:
             raise KaelError(f"BatchDecoder.fork: row {dst} is in use; release it first")
-        n = self.cache.lengths[src]
+        cache = self.cache
+        if isinstance(cache, PagedKVCache):
+            cache.fork(src, dst)  # the blocks are shared; an append copies a shared last block first
+            self.active[dst] = True
+            return
+        n = cache.lengths[src]
         with no_grad():
-            for buf in self.cache.data:  # [B, 2, H, P, D]: the source's first n positions
+            for buf in cache.data:  # [B, 2, H, P, D]: the source's first n positions
                 copy_(narrow(select(buf, 0, dst), 2, 0, n), narrow(select(buf, 0, src), 2, 0, n))
-        self.cache.lengths[dst] = n
+        cache.lengths[dst] = n
         self.active[dst] = True
 
     def release(self, row: int) -> None:
         """Forget ``row``'s sequence (its memory is reused by the next prefill)."""
         self._check_row(row, "release")
         self.active[row] = False
-        self.cache.reset(row)
+        if isinstance(self.cache, PagedKVCache):
+            self.cache.release(row)
+        else:
+            self.cache.reset(row)
+
+    def preempt(self, row: int) -> None:
+        """Release ``row`` because the pool needs its blocks (counted in ``preemptions``); its full
+        blocks stay cached, so recomputing the sequence later may reuse them."""
+        self.release(row)
+        self.preemptions += 1
 
     # -- one step for many sequences ----------------------------------------------------------
     def decode(self, rows: Sequence[int], tokens: Sequence[int]) -> Tensor:
         """Append ``tokens[i]`` to the sequence in ``rows[i]``, all in one pass; logits [len(rows), V]."""
         rows, tokens = _as_list("decode", "rows", rows), _as_list("decode", "tokens", tokens)
         self._check_step(rows, tokens)
+        if isinstance(self.cache, PagedKVCache):
+            self.cache.grow(rows, tokens)  # KVCacheFull before anything changes: the caller preempts
         with no_grad():
             logits = self._step(rows, tokens)
         for r in rows:

@@ -25,6 +25,7 @@ from .._tensor import Tensor
 from ..autograd import no_grad
 from ..ops import attention, cat, narrow, select, tensor, zeros
 from ..ops._inplace import copy_
+from ..ops._views import make_view
 
 __all__ = ["KVCache", "CacheStep"]
 
@@ -91,6 +92,48 @@ class KVCache:
     def begin(self, tokens: int, valid: Sequence[int] | None = None) -> CacheStep:
         """Start a forward pass of ``tokens`` new positions per row (``valid[b]`` of them real)."""
         return CacheStep(self, tokens, valid)
+
+    def rows_step(self, rows: list[int]) -> Any:
+        """One new token for each of ``rows`` (the generic decode step's cache step, ``_steps.RowsStep``)."""
+        from ._steps import RowsStep
+
+        return RowsStep(self, rows)
+
+    # -- the direct decode steps' path (kernels, no frontend; PagedKVCache has the same three) ----
+    attention_op = "attention"
+
+    def decode_context(self, rows: list[int], pos: list[int]) -> tuple[list[int], list[int]]:
+        """What ``attend_rows`` needs for one decode step."""
+        return rows, pos
+
+    def attend_rows(
+        self,
+        k: dict[str, Any],
+        layer: int,
+        ctx: tuple[list[int], list[int]],
+        qs: list[Tensor],
+        kvs: list[Tensor],
+        atts: list[Tensor],
+        scale: float,
+    ) -> None:
+        """Write each row's new keys/values (``kvs[i]`` [1, 2, Hkv, 1, D]) at its position and attend
+        query ``qs[i]`` [1, H, 1, D] to exactly its own keys into ``atts[i]``, with the backend's kernels."""
+        rows, pos = ctx
+        copy, attention_k = k["copy"], k["attention"]
+        buf = self.data[layer]  # [B, 2, Hkv, P, D]
+        st = buf._strides
+        kst = (st[0], st[2], st[3], st[4])
+        h, d = self.heads, self.head_dim
+        for i, (r, s) in enumerate(zip(rows, pos)):
+            base = buf._offset + r * st[0]
+            copy(make_view(buf, (1, 2, h, 1, d), st, base + s * st[3]), kvs[i])
+            keys = make_view(buf, (1, h, s + 1, d), kst, base)
+            values = make_view(buf, (1, h, s + 1, d), kst, base + st[1])
+            attention_k(atts[i], qs[i], keys, values, scale, True, None)
+
+    def bump_versions(self) -> None:
+        for b in self.data:  # written in place, like an in-place op would
+            b._bump_version()
 
     def __repr__(self) -> str:
         return (

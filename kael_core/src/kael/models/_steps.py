@@ -71,7 +71,7 @@ class GenericStep:
 
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         cache, model = self.cache, self.model
-        step = RowsStep(cache, rows)
+        step = cache.rows_step(rows)
         if max(step.starts) >= cache.max_positions:
             raise ShapeError(
                 f"GenericStep: a row is past the cache's {cache.max_positions} positions (at {step.starts})"

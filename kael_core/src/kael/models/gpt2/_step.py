@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GPT2DecodeStep"]
 
-_FUSED = ("layer_norm", "linear", "gelu", "attention")
+_FUSED = ("layer_norm", "linear", "gelu")
 
 
 class _Layer(NamedTuple):
@@ -112,7 +112,7 @@ class GPT2DecodeStep:
     @classmethod
     def create(cls, model: GPT, cache: KVCache) -> GPT2DecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
-        kernels = step_kernels(model.device.type, _FUSED + weight_kernels(model))
+        kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
         return None if kernels is None else cls(model, cache, kernels)
 
     def views(self, n: int) -> tuple[Tensor, ...]:
@@ -145,13 +145,7 @@ class GPT2DecodeStep:
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
         cache, k = self.cache, self.k
-        layer_norm, copy, attention_k, add_k, gelu = (
-            k["layer_norm"],
-            k["copy"],
-            k["attention"],
-            k["add"],
-            k["gelu"],
-        )
+        layer_norm, add_k, gelu = k["layer_norm"], k["add"], k["gelu"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         n, c, h, d, eps = len(rows), self.c, self.h, self.d, self.eps
         pos = [cache.lengths[r] for r in rows]
@@ -173,21 +167,14 @@ class GPT2DecodeStep:
                 )
                 add_k(x_row, x_row, _table_row(self.wpe, s, c))
         # Per-row views of the step's queries, new keys/values and attention output.
+        ctx, scale = cache.decode_context(rows, pos), self.scale
         qs = [make_view(self.qkv, (1, h, 1, d), (s3, d, s3, 1), i * s3) for i in range(n)]
         kvs = [make_view(self.qkv, (1, 2, h, 1, d), (s3, c, d, s3, 1), i * s3 + c) for i in range(n)]
         atts = [make_view(self.att, (1, h, 1, d), (c, d, d, 1), i * c) for i in range(n)]
         for li, w in enumerate(self.layers):
             layer_norm(norm, mean, rstd, x, w.ln_1_w, w.ln_1_b, eps)
             linear(qkv, norm, w.attn)
-            buf = cache.data[li]  # [B, 2, H, P, D]
-            st = buf._strides
-            kst = (st[0], st[2], st[3], st[4])
-            for i, (r, s) in enumerate(zip(rows, pos)):
-                base = buf._offset + r * st[0]
-                copy(make_view(buf, (1, 2, h, 1, d), st, base + s * st[3]), kvs[i])
-                keys = make_view(buf, (1, h, s + 1, d), kst, base)
-                values = make_view(buf, (1, h, s + 1, d), kst, base + st[1])
-                attention_k(atts[i], qs[i], keys, values, self.scale, True, None)
+            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale)
             linear(proj, att_flat, w.attn_proj)
             add_k(x, x, proj)
             layer_norm(norm, mean, rstd, x, w.ln_2_w, w.ln_2_b, eps)
@@ -197,8 +184,7 @@ class GPT2DecodeStep:
             add_k(x, x, proj)
         layer_norm(norm, mean, rstd, x, self.ln_f_w, self.ln_f_b, eps)
         linear(logits, norm, self.head)
-        for b in cache.data:  # written in place, like an in-place op would
-            b._bump_version()
+        cache.bump_versions()
         self.logits._bump_version()
         return logits2
 

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LlamaDecodeStep"]
 
-_FUSED = ("rms_norm", "linear", "rope", "silu_mul", "attention")
+_FUSED = ("rms_norm", "linear", "rope", "silu_mul")
 
 
 class _Layer(NamedTuple):
@@ -182,7 +182,7 @@ class LlamaDecodeStep:
     @classmethod
     def create(cls, model: LlamaForCausalLM, cache: KVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
-        kernels = step_kernels(model.device.type, _FUSED + weight_kernels(model))
+        kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
         return None if kernels is None else cls(model, cache, kernels)
 
     def views(self, n: int) -> tuple[Tensor, ...]:
@@ -234,7 +234,7 @@ class LlamaDecodeStep:
         cache, k = self.cache, self.k
         rms_norm, rope, silu_mul = k["rms_norm"], k["rope"], k["silu_mul"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
-        copy, attention_k, add_k = k["copy"], k["attention"], k["add"]
+        copy, add_k = k["copy"], k["add"]
         n, c, h, kv, d, eps = len(rows), self.c, self.h, self.kvh, self.d, self.eps
         pos = [cache.lengths[r] for r in rows]
         if max(pos) >= cache.max_positions:
@@ -263,6 +263,7 @@ class LlamaDecodeStep:
         qs = [make_view(self.qrot, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
         atts = [make_view(self.att, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
         cos, sin, scale = self.cos, self.sin, self.scale
+        ctx = cache.decode_context(rows, pos)
         for li, w in enumerate(self.layers):
             rms_norm(norm, rstd, x, w.in_norm, eps)
             if w.qkv is not None:
@@ -276,15 +277,7 @@ class LlamaDecodeStep:
                 linear(vout, norm, w.v)
                 rope(qrot, q4, cos, sin, where)
                 rope(krot, k4, cos, sin, where)
-            buf = cache.data[li]  # [B, 2, Hkv, P, D]
-            st = buf._strides
-            kst = (st[0], st[2], st[3], st[4])
-            for i, (r, s) in enumerate(zip(rows, pos)):
-                base = buf._offset + r * st[0]
-                copy(make_view(buf, (1, 2, kv, 1, d), st, base + s * st[3]), kvs[i])
-                keys = make_view(buf, (1, kv, s + 1, d), kst, base)
-                values = make_view(buf, (1, kv, s + 1, d), kst, base + st[1])
-                attention_k(atts[i], qs[i], keys, values, scale, True, None)
+            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale)
             linear(proj, att_flat, w.o)
             add_k(x, x, proj)
             rms_norm(norm, rstd, x, w.post_norm, eps)
@@ -299,7 +292,6 @@ class LlamaDecodeStep:
             add_k(x, x, proj)
         rms_norm(norm, rstd, x, self.norm_w, eps)
         linear(logits, norm, self.head)
-        for b in cache.data:  # written in place, like an in-place op would
-            b._bump_version()
+        cache.bump_versions()
         self.logits._bump_version()
         return logits2

@@ -1,0 +1,395 @@
+"""PagedKVCache: every layer's keys and values in a pool of fixed-size blocks, shared by prefix.
+
+NOTE [paged kv cache]: layer ``l`` owns one buffer ``data[l]`` of shape ``[N, 2, Hkv, S, D]``
+(blocks, key/value, heads, slots, head dim): block ``n``'s keys are ``data[l][n, 0]`` and its
+values ``data[l][n, 1]``. A sequence (a *row*, ``0 <= row < batch``: the rows are the most
+sequences decoded at once) holds a *block table*: its position ``p`` lives in block
+``table[p // S]`` at slot ``p % S``. Which block holds what is the ``BlockPool``'s business
+(``_kv_blocks.py``: reference counts, copy-on-write after ``fork``, automatic prefix caching
+with chained block keys, LRU eviction); this class owns the tensors and does what the pool's
+answers say: it writes a step's new keys and values at their (block, slot), copies a shared
+block's slots when the pool gives a row a private copy, and attends each row to its own
+blocks with the ``paged_attention`` op, which reads them in place.
+
+Memory is sized in tokens (``num_blocks * block_size``), not rows times the context: short
+sequences take few blocks, so many more of them fit than rows of a full context would
+allow, and a prompt whose leading full blocks are cached (same token ids in the same model:
+``namespace``) starts with their keys and values and computes only the rest.
+
+The lifecycle of a row: ``start(row, ids)`` (the pool allocates the prompt's blocks and says
+how many leading tokens are cached) -> ``step([row], T)`` over the uncached tokens (the
+model's layers call ``attend``) -> ``commit``; then per decode step ``grow(rows, tokens)``
+(each row's next position) -> one step of one token per row; ``release(row)`` at the end.
+``KVCacheFull`` (before anything changes) when the pool cannot give the blocks: the caller
+preempts a sequence (releases it and recomputes it later) or waits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _dtype as dt
+from .. import ops
+from .._errors import DTypeError, KaelError, ShapeError
+from .._tensor import Tensor
+from ..autograd import no_grad
+from ..ops import cat, narrow, select, tensor, zeros
+from ..ops._inplace import copy_
+from ..ops._views import make_view
+from ._kv_blocks import BlockPool
+
+__all__ = ["KVCacheFull", "PagedKVCache", "PagedStep", "model_identity"]
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class KVCacheFull(KaelError):
+    """The paged KV cache has too few free blocks for what was asked; nothing was changed."""
+
+    def __init__(self, message: str, needed: int, free: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+
+
+def _count(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ShapeError(f"PagedKVCache: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def model_identity(model: Any) -> str:
+    """A short digest naming ``model``'s weights for prefix caching (NOTE [prefix keys] in _kv_blocks.py).
+
+    Blocks of different models never match: the digest covers the family, its config, the dtype
+    and weight format, and the first values of every parameter (cheap; two checkpoints differing
+    only deep inside a tensor would share it, but a pool belongs to one model in one process).
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(type(model).__name__.encode())
+    h.update(repr(getattr(model, "config", None)).encode())
+    h.update(repr(getattr(model, "weights_scheme", None)).encode())
+    with no_grad():
+        for name, p in model.named_parameters():
+            h.update(name.encode())
+            h.update(repr((str(p.dtype), tuple(p.shape))).encode())
+            flat = p._host().reshape(-1)[:16]
+            h.update(flat.tobytes())
+    return h.hexdigest()
+
+
+class PagedKVCache:
+    """Keys and values of ``layers`` layers in ``num_blocks`` blocks of ``block_size`` positions,
+    for up to ``batch`` sequences of up to ``max_positions`` tokens each.
+
+    >>> cache = PagedKVCache(2, 4, 2, 8, 64, num_blocks=16)   # doctest: +SKIP
+    >>> cache.start(0, [5, 6, 7])                             # doctest: +SKIP
+    0
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        batch: int,
+        heads: int,
+        head_dim: int,
+        max_positions: int,
+        *,
+        num_blocks: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
+        namespace: str = "",
+        dtype: Any = None,
+        device: Any = None,
+    ) -> None:
+        self.layers = _count("layers", layers, 1)
+        self.batch = _count("batch", batch, 1)
+        self.heads = _count("heads", heads, 1)
+        self.head_dim = _count("head_dim", head_dim, 1)
+        self.max_positions = _count("max_positions", max_positions, 1)
+        self.block_size = _count("block_size", block_size, 1)
+        per_row = -(-max_positions // block_size)
+        n = batch * per_row if num_blocks is None else _count("num_blocks", num_blocks, 1)
+        if n < per_row:
+            raise ShapeError(
+                f"PagedKVCache: {n} blocks of {block_size} positions ({n * block_size} tokens) cannot hold one "
+                f"sequence of {max_positions} positions; give at least {per_row} blocks"
+            )
+        d = dt.as_dtype(dtype) if dtype is not None else dt.float32
+        if not d.is_floating_point:
+            raise DTypeError(f"PagedKVCache: dtype must be floating point, got {d!r}")
+        self.num_blocks = n
+        self.table_width = per_row
+        # zeros, not empty: a slot never written is never read, but 0 * NaN would be NaN if it were.
+        self.data: list[Tensor] = [
+            zeros((n, 2, heads, block_size, head_dim), dtype=d, device=device) for _ in range(layers)
+        ]
+        self.pool = BlockPool(n, block_size, namespace=namespace, prefix_caching=prefix_caching)
+        self.lengths: list[int] = [0] * batch
+        self.tables: list[list[int]] = [[] for _ in range(batch)]
+        self.cached: list[int] = [0] * batch
+
+    @property
+    def dtype(self) -> dt.DType:
+        return self.data[0].dtype
+
+    @property
+    def device(self) -> Any:
+        return self.data[0].device
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.pool.prefix_caching
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Positions the pool holds in all (``num_blocks * block_size``)."""
+        return self.num_blocks * self.block_size
+
+    def active(self, row: int) -> bool:
+        """Whether ``row`` holds a sequence."""
+        return row in self.pool
+
+    # -- rows join, grow and leave ------------------------------------------------------------
+    def start(self, row: int, ids: Sequence[int]) -> int:
+        """Give free ``row`` the blocks of prompt ``ids``; how many leading tokens are cached already.
+
+        The caller then runs ``step([row], len(ids) - cached)`` over ``ids[cached:]`` (at least one
+        token) and commits it. ``KVCacheFull`` when the pool cannot hold the prompt.
+        """
+        self._row(row, "start")
+        if row in self.pool:
+            raise KaelError(f"PagedKVCache.start: row {row} holds a sequence; release it first")
+        if len(ids) > self.max_positions:
+            raise ShapeError(
+                f"PagedKVCache.start: a prompt of {len(ids)} tokens exceeds the cache's {self.max_positions} positions"
+            )
+        got = self.pool.allocate(row, ids)
+        if got is None:
+            need = -(-len(ids) // self.block_size)
+            raise KVCacheFull(
+                f"PagedKVCache.start: a prompt of {len(ids)} tokens needs up to {need} blocks of "
+                f"{self.block_size}; {self.pool.free_blocks} of {self.num_blocks} are free",
+                need,
+                self.pool.free_blocks,
+            )
+        self.tables[row] = list(got.block_table)
+        self.lengths[row] = got.cached_tokens
+        self.cached[row] = got.cached_tokens
+        return got.cached_tokens
+
+    def blocks_needed(self, rows: Sequence[int]) -> int:
+        """Blocks that ``grow(rows, ...)`` would take from the pool."""
+        return self.pool.blocks_needed(list(rows))
+
+    def grow(self, rows: Sequence[int], tokens: Sequence[int]) -> None:
+        """Give each row's next position (``tokens[i]`` is fed there) a slot; ``KVCacheFull``, changing
+        nothing, when that needs more blocks than are free."""
+        need = self.pool.blocks_needed(list(rows))
+        if need > self.pool.free_blocks:
+            raise KVCacheFull(
+                f"PagedKVCache.grow: {len(rows)} sequence(s) need {need} new block(s); "
+                f"{self.pool.free_blocks} of {self.num_blocks} are free",
+                need,
+                self.pool.free_blocks,
+            )
+        for r, t in zip(rows, tokens):
+            if self.pool.length(r) >= self.max_positions:
+                raise ShapeError(f"PagedKVCache.grow: row {r} is full ({self.max_positions} positions)")
+            got = self.pool.append(r, t)
+            if got is None:  # blocks_needed said it fits: a bookkeeping bug, not a full pool
+                raise KaelError(f"PagedKVCache.grow: the pool refused row {r}'s position after promising it")
+            table = self.tables[r]
+            if got.slot == 0:
+                table.append(got.block)
+            elif got.copied_from is not None:
+                table[-1] = got.block
+                self._copy_slots(got.copied_from, got.block, got.slot)
+
+    def fork(self, src: int, dst: int) -> None:
+        """Start free ``dst`` as a copy of ``src``'s sequence: it shares every block (copy-on-write)."""
+        self._row(src, "fork")
+        self._row(dst, "fork")
+        self.pool.fork(src, dst)
+        self.tables[dst] = list(self.tables[src])
+        self.lengths[dst] = self.lengths[src]
+        self.cached[dst] = self.lengths[src]
+
+    def release(self, row: int, *, keep: bool = True) -> None:
+        """End ``row``'s sequence; its full blocks stay cached for reuse unless ``keep`` is False
+        (their keys and values were not all written: a failed or interrupted prefill)."""
+        self._row(row, "release")
+        if row in self.pool:
+            self.pool.free(row, cache=keep)
+        self.tables[row] = []
+        self.lengths[row] = 0
+        self.cached[row] = 0
+
+    def reset(self, row: int | None = None) -> None:
+        """Release one row, or every row (KVCache's name for it)."""
+        for r in range(self.batch) if row is None else [row]:
+            self.release(r)
+
+    def stats(self) -> dict[str, int]:
+        """Block and prefix-cache counters (for metrics)."""
+        p = self.pool
+        return {
+            "blocks_total": p.num_blocks,
+            "blocks_used": p.used_blocks,
+            "blocks_cached": p.cached_blocks,
+            "prefix_query_tokens": p.queries_tokens,
+            "prefix_hit_tokens": p.hit_tokens,
+            "evictions": p.evictions,
+        }
+
+    # -- forward passes -------------------------------------------------------------------------
+    def step(self, rows: Sequence[int], tokens: int) -> PagedStep:
+        """A forward pass of ``tokens`` new positions for each of ``rows`` (their slots given already)."""
+        return PagedStep(self, list(rows), tokens)
+
+    def begin(self, tokens: int, valid: Sequence[int] | None = None) -> PagedStep:
+        """``KVCache.begin``'s counterpart over every row (each must hold a sequence with the slots)."""
+        if valid is not None and any(n != tokens for n in valid):
+            raise ShapeError("PagedKVCache.begin: right-padded rows are not supported; run each row's prompt alone")
+        return PagedStep(self, list(range(self.batch)), tokens)
+
+    def rows_step(self, rows: list[int]) -> PagedStep:
+        """One new token for each of ``rows`` (the generic decode step's cache step)."""
+        return PagedStep(self, rows, 1)
+
+    # -- the direct decode steps' path (kernels, no frontend) -----------------------------------
+    attention_op = "paged_attention"
+
+    def decode_context(self, rows: list[int], pos: list[int]) -> tuple[list[int], list[int], Tensor, Tensor]:
+        """What ``attend_rows`` needs for one decode step: the rows' tables and lengths as int64 tensors."""
+        width = self.table_width
+        flat: list[int] = []
+        for r in rows:
+            t = self.tables[r]
+            flat.extend(t)
+            flat.extend([0] * (width - len(t)))
+        tables = tensor(flat, dtype=dt.int64, device=self.device)
+        lengths = tensor([p + 1 for p in pos], dtype=dt.int64, device=self.device)
+        return rows, pos, tables, lengths
+
+    def attend_rows(
+        self,
+        k: dict[str, Any],
+        layer: int,
+        ctx: tuple[list[int], list[int], Tensor, Tensor],
+        qs: list[Tensor],
+        kvs: list[Tensor],
+        atts: list[Tensor],
+        scale: float,
+    ) -> None:
+        """Write each row's new keys/values (``kvs[i]`` [1, 2, Hkv, 1, D]) at its position and attend
+        query ``qs[i]`` [1, H, 1, D] to its blocks into ``atts[i]``, with the backend's kernels."""
+        rows, pos, tables, lengths = ctx
+        copy, attend = k["copy"], k["paged_attention"]
+        buf = self.data[layer]
+        st, s_, w = buf._strides, self.block_size, self.table_width
+        h, d = self.heads, self.head_dim
+        for i, (r, p) in enumerate(zip(rows, pos)):
+            block = self.tables[r][p // s_]
+            copy(make_view(buf, (1, 2, h, 1, d), st, buf._offset + block * st[0] + (p % s_) * st[3]), kvs[i])
+            attend(
+                atts[i],
+                qs[i],
+                buf,
+                make_view(tables, (1, w), (w, 1), tables._offset + i * w),
+                make_view(lengths, (1,), (1,), lengths._offset + i),
+                scale,
+            )
+
+    def bump_versions(self) -> None:
+        for b in self.data:  # written in place, like an in-place op would
+            b._bump_version()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _copy_slots(self, src: int, dst: int, slots: int) -> None:
+        with no_grad():
+            for buf in self.data:
+                copy_(narrow(select(buf, 0, dst), 2, 0, slots), narrow(select(buf, 0, src), 2, 0, slots))
+
+    def _row(self, row: Any, op: str) -> None:
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.batch:
+            raise ShapeError(f"PagedKVCache.{op}: row {row!r} is out of range for {self.batch} rows")
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedKVCache(layers={self.layers}, batch={self.batch}, heads={self.heads}, head_dim={self.head_dim}, "
+            f"max_positions={self.max_positions}, blocks={self.num_blocks}x{self.block_size}, "
+            f"used={self.pool.used_blocks}, cached={self.pool.cached_blocks})"
+        )
+
+
+class PagedStep:
+    """One forward pass over a PagedKVCache: ``tokens`` new positions for each of ``rows``.
+
+    The rows' slots for those positions were handed out already (``start``/``grow``); ``attend``
+    writes each layer's new keys and values there and attends every row to its own blocks.
+    """
+
+    __slots__ = ("_lengths", "_tables", "cache", "ends", "rows", "starts", "tokens")
+
+    def __init__(self, cache: PagedKVCache, rows: list[int], tokens: int) -> None:
+        self.cache, self.rows = cache, rows
+        self.tokens = _count("tokens", tokens, 1)
+        self.starts = [cache.lengths[r] for r in rows]
+        self.ends = [s + tokens for s in self.starts]
+        for r, e in zip(rows, self.ends):
+            if r not in cache.pool or e > cache.pool.length(r):
+                have = cache.pool.length(r) if r in cache.pool else 0
+                raise ShapeError(
+                    f"PagedKVCache: row {r} has slots for {have} positions, not the {e} this step reaches; "
+                    "start() or grow() it first"
+                )
+        w = cache.table_width
+        flat: list[int] = []
+        for r in rows:
+            t = cache.tables[r]
+            flat.extend(t)
+            flat.extend([0] * (w - len(t)))
+        self._tables = tensor(flat, dtype=dt.int64, device=cache.device)
+        self._lengths = tensor(self.ends, dtype=dt.int64, device=cache.device)
+
+    @property
+    def positions(self) -> list[list[int]]:
+        """Each row's positions of the new tokens."""
+        return [list(range(s, s + self.tokens)) for s in self.starts]
+
+    def attend(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
+        """q [n, H, T, D]; kv [n, 2, Hkv, T, D] (new keys and values, any strides): write them at the
+        rows' slots, attend each row to its blocks. Returns [n, H, T, D]."""
+        cache, t, s_ = self.cache, self.tokens, self.cache.block_size
+        buf = cache.data[layer]
+        with no_grad():
+            for i, (r, start) in enumerate(zip(self.rows, self.starts)):
+                src = select(kv, 0, i)  # [2, Hkv, T, D]
+                table, p = cache.tables[r], start
+                while p < start + t:
+                    slot = p % s_
+                    n = min(s_ - slot, start + t - p)
+                    dst = narrow(select(buf, 0, table[p // s_]), 2, slot, n)
+                    copy_(dst, narrow(src, 2, p - start, n))
+                    p += n
+        w = cache.table_width
+        if len(self.rows) == 1:
+            return ops.paged_attention(q, buf, make_view(self._tables, (1, w), (w, 1), 0), self._lengths)
+        outs = [
+            ops.paged_attention(
+                narrow(q, 0, i, 1),
+                buf,
+                make_view(self._tables, (1, w), (w, 1), i * w),
+                make_view(self._lengths, (1,), (1,), i),
+            )
+            for i in range(len(self.rows))
+        ]
+        return cat(outs, 0)
+
+    def commit(self) -> None:
+        """Advance each row's length by the step's tokens."""
+        for r, e in zip(self.rows, self.ends):
+            self.cache.lengths[r] = e
