@@ -366,6 +366,14 @@ def test_launch_arguments_match_the_cuda_signatures(monkeypatch, dtype):
     raw.rope_rows(
         np.ones((2, 3, 2, 4), dtype), tables, tables.copy(), np.zeros((2, 2), np.int64), np.ones((2, 3, 2, 4), dtype)
     )
+    raw.paged_attention_rows(
+        np.ones((2, 4, 2, 3), dtype),
+        np.ones((5, 2, 2, 4, 3), dtype),
+        np.zeros((2, 2), np.int64),
+        np.full(2, 3, np.int64),
+        np.ones((2, 4, 2, 3), dtype),
+        0.5,
+    )
     for name, rows, cols, dt, args in launched:
         assert dt == dtype and rows >= 1 and cols >= 1
         _check_row_args(name, dtype, args)

@@ -502,6 +502,8 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
     # float32-only weight-format ops: dequantize has no autograd (weights are data); quantized_linear's
     # gradient in x is checked by finite differences and NumPy in test_quant_ops.py
     not_differentiable |= {"dequantize", "quantized_linear"}
+    # inference only: attention over a paged KV cache has no autograd (tests/core/test_paged_attention.py)
+    not_differentiable |= {"paged_attention"}
     assert set(CATALOGUE_FUSED) == covered | not_differentiable
 
 

@@ -10,7 +10,8 @@ The Llama family's ops: ``rms_norm`` (a row kernel; 16-bit inputs get the normal
 rounded to their dtype before the weight, as Hugging Face does), ``rope`` (a row kernel
 over [B*H*T, D]) and ``silu_mul`` (a pointwise kernel; 16-bit inputs run silu, rounded to
 their dtype, then the product, as Hugging Face's ``act_fn(gate) * up``); grouped-query ``attention`` stacks
-the query heads of each kv head on its rows, so K/V are never repeated.
+the query heads of each kv head on its rows, so K/V are never repeated. ``paged_attention`` is one raw
+kernel over the block pool (keys and values read in place in their blocks).
 """
 
 from __future__ import annotations
@@ -210,10 +211,9 @@ def cross_entropy(losses: Any, logits: Any, target: Any, ignore_index: int, labe
     _finish(losses, dst, direct)
 
 
-def _attention_half(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
-    """float16: the reference's arithmetic (matmuls and softmax in float16), composed of xp ops."""
+def _attend_half(qv: Any, kv: Any, vv: Any, scale: float, causal: bool, lens: Any) -> Any:
+    """float16: the reference's arithmetic (matmuls and softmax in float16) over xp arrays, [B, H, Tq, Dv]."""
     xp = X.xp
-    qv, kv, vv = rd(q), rd(k), rd(v)
     b, h, tq, _ = qv.shape
     hkv, tk = kv.shape[1], kv.shape[-2]
     if hkv != h:  # grouped-query: q [B, Hkv, g, Tq, D] against k/v [B, Hkv, 1, Tk, D] (broadcast, no repeat)
@@ -224,14 +224,19 @@ def _attention_half(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool
     if causal:
         mask |= xp.arange(tk)[None, :] > (xp.arange(tq)[:, None] + (tk - tq))
     full = xp.broadcast_to(mask, s.shape)
-    if lengths is not None:
-        full = full | (xp.arange(tk)[None, :] >= rd(lengths)[:, None]).reshape((b,) + (1,) * (s.ndim - 2) + (tk,))
+    if lens is not None:
+        full = full | (xp.arange(tk)[None, :] >= lens[:, None]).reshape((b,) + (1,) * (s.ndim - 2) + (tk,))
     s = xp.where(full, -xp.inf, s)
     m = s.max(axis=-1, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)
     e = xp.exp(s - m)
     den = e.sum(axis=-1, keepdims=True)
-    wr(out, xp.matmul(e / xp.where(den == 0, 1, den), vv).reshape(out.shape))
+    return xp.matmul(e / xp.where(den == 0, 1, den), vv).reshape(b, h, tq, vv.shape[-1])
+
+
+def _attention_half(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
+    """float16: the reference's arithmetic (matmuls and softmax in float16), composed of xp ops."""
+    wr(out, _attend_half(rd(q), rd(k), rd(v), scale, causal, rd(lengths) if lengths is not None else None))
 
 
 def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
@@ -264,6 +269,37 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
         xp.matmul(scores, vv, out=dense_view(out, grouped + (out.shape[-1],)))
     else:
         wr(out, xp.matmul(scores, vv).reshape(out.shape))
+
+
+def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
+    """NOTE [paged attention] in kael/ops/_fused.py: one raw kernel reads every key and value in its block.
+
+    16-bit pools compute in float32 (a float32 copy of the pool per call); float16 instead runs the
+    reference's float16 arithmetic on each row's gathered keys, as ``attention`` does for float16.
+    """
+    xp = X.xp
+    if out.numel() == 0:
+        return
+    table = xp.ascontiguousarray(view(block_table), dtype=np.int64)
+    lens = xp.ascontiguousarray(view(lengths), dtype=np.int64)
+    if q.dtype is dt.float16:
+        qv, cv = rd(q), rd(cache)
+        d, hkv, s = qv.shape[-1], cv.shape[2], cv.shape[3]
+        rows = []
+        with errstate():
+            for r, n in enumerate(int(x) for x in lens.tolist()):
+                picked = cv[table[r, : -(-n // s)]]  # [nb, 2, Hkv, S, D]
+                k, v = (
+                    xp.ascontiguousarray(picked[:, i].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :n]) for i in (0, 1)
+                )
+                rows.append(_attend_half(qv[r : r + 1], k[None], v[None], scale, True, None))
+            wr(out, xp.concatenate(rows))
+        return
+    cd = compute_dtype(q, cache)
+    qv, cv = _arr(q, cd), _arr(cache, cd)
+    y, direct = _dst(out, cd, out.shape, q, cache, block_table, lengths)
+    raw.paged_attention_rows(qv, cv, table, lens, y, float(scale))
+    _finish(out, y, direct)
 
 
 def _round_to(t: Any, v: Any) -> Any:
@@ -395,5 +431,6 @@ _PLAIN: dict[str, Callable[..., None]] = {
     "silu_mul": silu_mul,
     "topk": topk,
     "adamw_step": adamw_step,
+    "paged_attention": paged_attention,
 }
 KERNELS: dict[str, Callable[..., None]] = {name: quiet(k) for name, k in _PLAIN.items()}

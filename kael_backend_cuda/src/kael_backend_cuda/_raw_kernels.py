@@ -10,7 +10,9 @@ The Llama family's kernels: ``rms_norm_rows`` (a row reduction like layer norm),
 ``rope_rows`` (one block per [b, h, t] row, a thread per rotated pair, the table rows
 picked by the token's position) and the pointwise ``silu_mul``. Grouped-query attention
 needs no kernel of its own: the glue stacks each kv head's query heads on its rows, so
-``attention_softmax`` runs unchanged on the [B, H, Tq, Tk] scores.
+``attention_softmax`` runs unchanged on the [B, H, Tq, Tk] scores. ``paged_attention_rows``
+is the whole of attention over a paged KV cache (one block per query row, reading each key
+and value in place in its block; NOTE [paged attention] in ``kael/ops/_fused.py``).
 
 Elementwise catalogue ops with a source here (erf, silu) launch through ``pointwise(op,
 *inputs, out)``; their NumPy twin is the op's own definition (``Pointwise.compute``).
@@ -41,6 +43,7 @@ __all__ = [
     "attention_softmax",
     "rms_norm_rows",
     "rope_rows",
+    "paged_attention_rows",
     "silu_mul",
     "gelu",
     "gelu_backward",
@@ -276,6 +279,55 @@ __global__ void rope_rows(const T* x, const T* cos_t, const T* sin_t, const long
         yr[j + half] = x2 * c + x1 * s;
     }
 }
+
+// Causal attention over a paged KV cache (NOTE [paged attention] in kael/ops/_fused.py), one block per
+// query row = (b*H + h)*Tq + i of out [B*H*Tq, D]. q [B, H, Tq, D], cache [NB, 2, Hkv, S, D] (block n's keys
+// at [n, 0], values at [n, 1]), table [B, M], lengths [B]: all C-contiguous. Position p of row b is slot p % S
+// of block table[b, p / S]; query i sees positions 0..lengths[b]-Tq+i (at least one: lengths[b] >= Tq, and
+// every block id in use is in range, both checked by the frontend). scratch [B*H*Tq, M*S] holds the row's
+// scores, then exp(score - max); each output element is sum_p (e_p / sum) * v_p, as the reference computes.
+template <typename T>
+__global__ void paged_attention_rows(const T* q, const T* cache, const long long* table, const long long* lengths,
+                                     T* out, T* scratch, int heads, int kv_heads, int tq, int d, int s, int m,
+                                     T scale) {
+    __shared__ T buf[32];
+    const long long row = blockIdx.x;
+    const long long b = row / ((long long)heads * tq);
+    const int h = (int)((row / tq) % heads);
+    const int i = (int)(row % tq);
+    const int j = h / (heads / kv_heads);  // the kv head of query head h (grouped-query attention)
+    const int n = (int)(lengths[b] - tq + i + 1);
+    const T* qr = q + row * d;
+    const long long* blocks = table + b * m;
+    T* sr = scratch + row * ((long long)m * s);
+    const long long head_stride = (long long)s * d;  // one kv head of one block
+    const long long block_stride = 2LL * kv_heads * head_stride;
+    T mx = kael_neg_inf<T>();
+    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        const T* kp = cache + blocks[p / s] * block_stride + j * head_stride + (long long)(p % s) * d;
+        T acc = T(0);
+        for (int c = 0; c < d; ++c) acc += qr[c] * kp[c];
+        const T z = acc * scale;
+        sr[p] = z;
+        mx = kael_max(mx, z);
+    }
+    mx = block_max(mx, buf);
+    T sum = T(0);
+    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        const T e = exp(sr[p] - mx);
+        sr[p] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, buf);  // its barriers also publish every thread's e to the block
+    const T* vbase = cache + (long long)(kv_heads + j) * head_stride;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        T acc = T(0);
+        for (int p = 0; p < n; ++p) {
+            acc += (sr[p] / sum) * vbase[blocks[p / s] * block_stride + (long long)(p % s) * d + c];
+        }
+        out[row * d + c] = acc;
+    }
+}
 """
 
 _ROW_KERNELS = (
@@ -286,6 +338,7 @@ _ROW_KERNELS = (
     "attention_softmax",
     "rms_norm_rows",
     "rope_rows",
+    "paged_attention_rows",
 )
 
 
@@ -557,6 +610,56 @@ def rope_rows(x: Any, cos: Any, sin: Any, positions: Any, y: Any) -> None:
         return
     _launch(
         "rope_rows", b * h * t, half, x.dtype, (x, cos, sin, positions, y, np.int32(h), np.int32(t), np.int32(half))
+    )
+
+
+def paged_attention_rows(q: Any, cache: Any, table: Any, lengths: Any, out: Any, scale: float) -> None:
+    """out [B, H, Tq, D] = causal attention of q [B, H, Tq, D] over the paged cache [NB, 2, Hkv, S, D].
+
+    table int64 [B, M], lengths int64 [B] (checked by the frontend); see the CUDA source. The twin
+    gathers each row's keys and values and runs the same arithmetic in q's dtype.
+    """
+    b, h, tq, d = q.shape
+    hkv, s = cache.shape[2], cache.shape[3]
+    m = table.shape[1]
+    if X.emulated:
+        one = q.dtype.type
+        g = h // hkv
+        with np.errstate(all="ignore"):
+            for r in range(b):
+                n = int(lengths[r])
+                nb = -(-n // s)
+                picked = cache[table[r, :nb]]  # [nb, 2, Hkv, S, D]
+                k, v = (picked[:, part].transpose(1, 0, 2, 3).reshape(hkv, nb * s, d)[:, :n] for part in (0, 1))
+                z = np.matmul(q[r].reshape(hkv, g * tq, d), k.transpose(0, 2, 1)) * one(scale)  # [Hkv, g*Tq, n]
+                keep = np.arange(n)[None, :] <= (np.arange(tq) + (n - tq))[:, None]  # [Tq, n]
+                keep = np.broadcast_to(keep[None, None], (hkv, g, tq, n)).reshape(hkv, g * tq, n)
+                z = np.where(keep, z, one(-np.inf))
+                e = np.where(keep, np.exp(z - np.max(z, axis=-1, keepdims=True)), one(0))
+                p = e / np.sum(e, axis=-1, keepdims=True)
+                out[r] = np.matmul(p, v).reshape(h, tq, d)
+        return
+    scratch = X.xp.empty((b * h * tq, m * s), q.dtype)
+    _launch(
+        "paged_attention_rows",
+        b * h * tq,
+        max(m * s, d),
+        q.dtype,
+        (
+            q,
+            cache,
+            table,
+            lengths,
+            out,
+            scratch,
+            np.int32(h),
+            np.int32(hkv),
+            np.int32(tq),
+            np.int32(d),
+            np.int32(s),
+            np.int32(m),
+            _scalar(q.dtype, scale),
+        ),
     )
 
 

@@ -384,6 +384,19 @@ _defs += [
         "weight_decay: float, step: int",
         "in place",
     ),
+    _op(
+        "paged_attention",
+        "fused",
+        "out!, q, cache, block_table, lengths, scale: float",
+        "causal attention over a paged KV cache (inference only): q/out [B,H,T,D]; cache [NB,2,Hkv,S,D] of q's "
+        "dtype, one layer's pool of NB blocks of S positions (cache[n, 0] block n's keys [Hkv,S,D], cache[n, 1] "
+        "its values); block_table int64 [B,M]: row b's position p (0 <= p < lengths[b]) is in block "
+        "block_table[b, p // S], slot p % S (entries from ceil(lengths[b]/S) on are ignored, may be anything); "
+        "lengths int64 [B] with T <= lengths[b] <= M*S counts the positions row b attends to, this step's T "
+        "included; query t of row b sits at position lengths[b]-T+t and attends keys 0..lengths[b]-T+t; H % Hkv "
+        "== 0, query head h reads kv head h // (H // Hkv); accumulated in float32 (float64 for float64). A row's "
+        "result depends neither on the other rows nor on which blocks hold its keys",
+    ),
 ]
 _defs += [
     _op(n, "fused", "out!, x", "elementwise; out.dtype == x.dtype (a float dtype)", p) for n, p in UNARY_FUSED.items()

@@ -45,6 +45,7 @@ from ._fused import (
     layer_norm,
     linear,
     log_softmax,
+    paged_attention,
     softmax,
     topk,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "embedding",
     "cross_entropy",
     "attention",
+    "paged_attention",
     "rms_norm",
     "rope",
     "silu_mul",

@@ -105,13 +105,12 @@ def cross_entropy(losses: Any, logits: Any, target: Any, ignore_index: int, labe
     wr(losses, np.where(keep, nll, 0.0))
 
 
-def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
-    qv, kv, vv = rd(q), rd(k), rd(v)
+def _attend(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, scale: float, causal: bool, lens: Any) -> np.ndarray:
+    """softmax(q k^T * scale, masked) v over arrays q [B,H,Tq,D], k/v [B,Hkv,Tk,D]: [B, H, Tq, Dv]."""
     b, h, tq, _ = qv.shape
     hkv, tk = kv.shape[1], kv.shape[-2]
     if tk == 0:  # no keys: every query attends to nothing (an empty sum), as the decomposition gives
-        wr(out, 0)
-        return
+        return np.zeros((b, h, tq, vv.shape[-1]), np.result_type(qv, vv))
     if hkv != h:  # grouped-query: q as [B, Hkv, g, Tq, D] against k/v [B, Hkv, 1, Tk, D] (broadcast, no repeat)
         qv = qv.reshape(b, hkv, h // hkv, tq, qv.shape[-1])
         kv, vv = kv[:, :, None], vv[:, :, None]
@@ -120,8 +119,7 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
     if causal:
         mask |= np.arange(tk)[None, :] > (np.arange(tq)[:, None] + (tk - tq))
     full = np.broadcast_to(mask, s.shape).copy()
-    if lengths is not None:
-        lens = rd(lengths)
+    if lens is not None:
         full |= (np.arange(tk)[None, :] >= lens[:, None]).reshape((b,) + (1,) * (s.ndim - 2) + (tk,))
     s = np.where(full, -np.inf, s)
     m = s.max(axis=-1, keepdims=True)
@@ -129,7 +127,33 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
     e = np.exp(s - m)
     den = e.sum(axis=-1, keepdims=True)
     p = e / np.where(den == 0, 1, den)
-    wr(out, np.matmul(p, vv).reshape(out.shape))
+    return np.matmul(p, vv).reshape(b, h, tq, vv.shape[-1])
+
+
+def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
+    if k.shape[-2] == 0:
+        wr(out, 0)
+        return
+    wr(out, _attend(rd(q), rd(k), rd(v), scale, causal, rd(lengths) if lengths is not None else None))
+
+
+def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
+    """NOTE [paged attention] in kael/ops/_fused.py: per row, gather its blocks, then causal attention.
+
+    Each row runs alone through the very arithmetic of ``attention`` on its gathered
+    contiguous keys, so a row's bits match ``attention(q[b:b+1], k, v, causal=True)`` and
+    depend neither on the other rows nor on the block ids.
+    """
+    qv, cv, table, lens = rd(q), rd(cache), rd(block_table), rd(lengths)
+    b, h, t, d = qv.shape
+    _, _, hkv, s, _ = cv.shape
+    res = np.empty((b, h, t, d), qv.dtype)
+    for r in range(b):
+        n = int(lens[r])
+        blocks = cv[table[r, : -(-n // s)]]  # [nb, 2, Hkv, S, D] (a copy)
+        k, v = (np.ascontiguousarray(blocks[:, i].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :n]) for i in (0, 1))
+        res[r] = _attend(qv[r : r + 1], k[None], v[None], scale, True, None)[0]
+    wr(out, res)
 
 
 def _stat(x: np.ndarray) -> Any:
@@ -230,4 +254,5 @@ KERNELS: dict[str, Callable[..., None]] = {
     "silu_mul": silu_mul,
     "topk": topk,
     "adamw_step": adamw_step,
+    "paged_attention": paged_attention,
 }
