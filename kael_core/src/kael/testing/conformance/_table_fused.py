@@ -223,6 +223,51 @@ def _attention(d: dt.DType) -> dict[str, Builder]:
     return s
 
 
+def _paged_attention(d: dt.DType) -> dict[str, Builder]:
+    """Rows of different lengths whose blocks sit at shuffled ids of a pool with spare blocks."""
+
+    def mk(
+        heads: int,
+        kv_heads: int,
+        tq: int,
+        s: int,
+        lengths: list[int],
+        lq: str = "contiguous",
+        lc: str = "contiguous",
+        lo: str = "contiguous",
+        dim: int = 4,
+    ) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            b = len(lengths)
+            need = [-(-n // s) for n in lengths]
+            nb = sum(need) + 2
+            ids = rng.permutation(nb)
+            table = np.full((b, max(need) + 1), -1, np.int64)  # entries past a row's blocks are never read
+            at = 0
+            for r, k in enumerate(need):
+                table[r, :k] = ids[at : at + k]
+                at += k
+            q = operand(rng, (b, heads, tq, dim), d, lq)
+            cache = operand(rng, (nb, 2, kv_heads, s, dim), d, lc)
+            lens = Operand(np.array(lengths, np.int64), dt.int64)
+            return Call([Out((b, heads, tq, dim), d, lo), q, cache, Operand(table, dt.int64), lens, 0.5])
+
+        return build
+
+    s = {
+        "decode": mk(4, 4, 1, 4, [5, 9, 1]),
+        "gqa_decode": mk(4, 2, 1, 16, [17, 3]),
+        "mqa_prefill": mk(4, 1, 3, 3, [3, 8], HEADS),
+        # positions-major pool ([NB, 2, S, Hkv, D] storage), a prefill of 4 after 6 cached positions
+        "gqa_prefill_after_cache": mk(4, 2, 4, 3, [10, 4], HEADS, "permute:0,1,3,2,4"),
+    }
+    if d in FULL:
+        s["block_size_1"] = mk(2, 2, 2, 1, [6, 2])
+        s["strided"] = mk(6, 3, 2, 4, [7, 4], "strided", "strided", "strided")
+        s["whole_blocks"] = mk(2, 2, 3, 16, [16, 3], "transposed", dim=8)
+    return s
+
+
 def _rms_norm(d: dt.DType) -> dict[str, Builder]:
     def mk(shape: tuple[int, ...], lay: str, weight: str | None, eps: float = 1e-6) -> Builder:
         def build(rng: np.random.Generator) -> Call:
@@ -353,6 +398,7 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "silu_mul": (_silu_mul, FLOATS),
     "topk": (_topk, FLOATS + (dt.int64,)),
     "adamw_step": (_adamw, FULL),
+    "paged_attention": (_paged_attention, FLOATS),
 }
 
 
