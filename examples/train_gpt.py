@@ -7,9 +7,16 @@ kael.BpeTokenizer and kael-server load it like any GPT-2 checkpoint.
 
     python examples/train_gpt.py --out kael-tiny --minutes 30
     python examples/train_gpt.py --out kael-tiny --resume      # continue
+    mpiexec -n 2 python examples/train_gpt.py --distributed --out kael-tiny   # data-parallel
 
 Checkpoints use GPT-2's layout (config.json + model.safetensors) plus the
 optimizer state (optimizer.safetensors, trainer.json) for --resume.
+
+With --distributed (under mpiexec; pip install mpi4py mpich), each rank trains
+on --batch-size windows per step, drawn by a DistributedSampler from the
+training stream cut into --context windows, and DistributedDataParallel
+averages the gradients; rank 0 alone logs, evaluates and writes checkpoints,
+and its clock decides the learning rate and when the --minutes budget ends.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import io
 import json
 import math
 import os
@@ -26,9 +34,12 @@ import time
 from typing import Any
 
 import kael
+import kael.distributed as dist
 import numpy as np
 from kael import nn, optim
+from kael.data import DataLoader, DistributedSampler
 from kael.models import GPT, save_pretrained
+from kael.nn.parallel import DistributedDataParallel
 
 EOT = 256
 
@@ -109,7 +120,43 @@ def batch(data: np.ndarray, batch_size: int, ctx: int, rng: np.random.Generator)
     return kael.from_numpy(x), kael.from_numpy(y)
 
 
-def loss_of(model: GPT, x: kael.Tensor, y: kael.Tensor) -> kael.Tensor:
+class Windows:
+    """The training stream as a dataset: window i is tokens [i*ctx, i*ctx + ctx + 1), as (x, y)."""
+
+    def __init__(self, data: np.ndarray, ctx: int) -> None:
+        self.data, self.ctx = data, ctx
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.ctx
+
+    def __getitem__(self, i: int) -> tuple[kael.Tensor, kael.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+    def __getitems__(self, indices: Any) -> tuple[kael.Tensor, kael.Tensor]:
+        starts = np.asarray(indices, dtype=np.int64) * self.ctx
+        rows = np.stack([self.data[s : s + self.ctx + 1] for s in starts])
+        return kael.from_numpy(np.ascontiguousarray(rows[:, :-1])), kael.from_numpy(np.ascontiguousarray(rows[:, 1:]))
+
+
+def sharded_batches(data: np.ndarray, batch_size: int, ctx: int, seed: int) -> Any:
+    """This rank's batches, epoch after epoch: a DistributedSampler over the stream's windows."""
+    windows = Windows(data, ctx)
+    sampler = DistributedSampler(windows, shuffle=True, seed=seed)
+    loader = DataLoader(windows, batch_size=batch_size, sampler=sampler, drop_last=True)
+    if len(loader) == 0:
+        raise SystemExit(
+            f"error: {len(windows)} training windows of --context {ctx} give rank {dist.rank()} no full batch of "
+            f"--batch-size {batch_size}; raise --corpus-mb or lower --batch-size"
+        )
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def loss_of(model: Any, x: kael.Tensor, y: kael.Tensor) -> kael.Tensor:
     logits = model(x)
     b, t, v = logits.shape
     return nn.functional.cross_entropy(logits.reshape(b * t, v), y.reshape(b * t))
@@ -161,15 +208,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument(
+        "--distributed", action="store_true", help="data-parallel over MPI: run under mpiexec -n N (rank 0 saves)"
+    )
     args = p.parse_args(argv)
 
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be at least 1, got {args.steps}")
+    if args.distributed:
+        dist.init()
+    lead = dist.rank() == 0  # logs, evaluates and saves
+    log = sys.stderr if lead else io.StringIO()  # the other ranks are quiet
     train, held = load_corpus(int(args.corpus_mb * 1e6))
-    print(f"corpus: {len(train):,} training bytes, {len(held):,} held-out bytes", file=sys.stderr)
+    print(f"corpus: {len(train):,} training bytes, {len(held):,} held-out bytes", file=log)
     problem = corpus_problem(train, held, args.context, args.corpus_mb)
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {problem}", file=log)
         return 2
     kael.manual_seed(args.seed)
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0, "history": []}
@@ -186,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             dimension=args.dimension,
         )
     model.train()
+    net: Any = DistributedDataParallel(model) if args.distributed else model  # the same weights on every rank
     params = list(model.parameters())
     decay = [q for q in params if q.ndim >= 2]
     no_decay = [q for q in params if q.ndim < 2]
@@ -202,11 +257,15 @@ def main(argv: list[str] | None = None) -> int:
             sd["state"][key]["step"] = state["step"]
         opt.load_state_dict(sd)
     n_params = sum(q.numel() for q in params)
-    print(f"model: {n_params:,} parameters", file=sys.stderr)
+    print(f"model: {n_params:,} parameters" + (f", {dist.world_size()} ranks" if args.distributed else ""), file=log)
     warmup = 200
     budget = args.minutes * 60
     rng = np.random.default_rng(args.seed + state["step"])
-    tokens_per_step = args.batch_size * args.context
+    tokens_per_step = args.batch_size * args.context * dist.world_size()
+    shards = (
+        sharded_batches(train, args.batch_size, args.context, args.seed + state["step"]) if args.distributed else None
+    )
+    clock = kael.zeros(1, dtype=kael.float64)
     start = time.perf_counter() - state["seconds"]
     from tqdm import tqdm
 
@@ -215,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(
         total=args.steps if by_steps else int(budget),
         unit="step" if by_steps else "s",
-        file=sys.stderr,
+        file=log,
+        disable=not lead,
         initial=state["step"] if by_steps else int(state["seconds"]),
         mininterval=2.0,
         bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}"
@@ -226,14 +286,17 @@ def main(argv: list[str] | None = None) -> int:
     last_step = args.steps if by_steps else math.inf
     while step < last_step:
         elapsed = time.perf_counter() - start
+        if args.distributed:  # rank 0's clock, so every rank takes the same lr and stops at the same step
+            clock.fill_(elapsed)
+            elapsed = float(dist.broadcast(clock, src=0).item())
         if elapsed >= budget:
             break
         frac = min(1.0, elapsed / budget)
         lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y = batch(train, args.batch_size, args.context, rng)
-        loss = loss_of(model, x, y)
+        x, y = next(shards) if shards is not None else batch(train, args.batch_size, args.context, rng)
+        loss = loss_of(net, x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(params, 1.0)
@@ -249,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             refresh=False,
         )
         bar.update(1 if by_steps else int(min(now, budget)) - bar.n)
-        if step % args.eval_every == 0:
+        if step % args.eval_every == 0 and lead:
             ev = evaluate(model, held, args.eval_batches, args.batch_size, args.context)
             state["history"].append({"step": step, "seconds": round(now, 1), "held_out_loss": round(ev, 4)})
             bar.write(f"step {step}: held-out loss {ev:.4f} ({ev / math.log(2):.3f} bits/byte)")
@@ -257,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
             save(model, opt, state, args.out)
     bar.close()
     now = time.perf_counter() - start
+    if not lead:
+        dist.barrier()  # until rank 0 has evaluated and saved
+        return 0
     ev = evaluate(model, held, args.eval_batches * 2, args.batch_size, args.context)
     state.update(
         step=step,
@@ -283,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     )
+    if args.distributed:
+        dist.barrier()
     return 0
 
 
