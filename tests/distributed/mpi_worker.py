@@ -8,7 +8,9 @@ Scenarios: ``train`` (DDP training steps, each rank's final parameters and per-s
 all-reduce counts saved to OUT_DIR/rank{r}.npz), ``collectives`` (all_reduce, broadcast,
 all_gather, barrier on several dtypes and strides, checked against NumPy here; OUT_DIR/ok{r}
 marks success), ``raise`` (rank 1 raises at step 2), ``exit`` (rank 1 calls sys.exit(3) at
-step 2), ``mismatch`` (rank 1's model has another shape; each rank writes the error it got).
+step 2), ``mismatch`` (rank 1's model has another shape; each rank writes the error it got),
+``unused`` (rank 0 uses one head of a TwoHeads model, rank 1 the other; the gradients after one
+backward are saved to OUT_DIR/grads{r}.npz).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from kael import nn, optim
 from kael.nn.parallel import DistributedDataParallel
 
-__all__ = ["batch", "make_model", "make_optimizer", "mlp_loss"]
+__all__ = ["TwoHeads", "batch", "make_model", "make_optimizer", "mlp_loss"]
 
 IN, HIDDEN, OUT = 5, 7, 3
 
@@ -161,6 +163,31 @@ def fail_at_step_2(how: str) -> None:
     print(f"rank {dist.rank()} finished", flush=True)
 
 
+class TwoHeads(nn.Module):
+    """A body and two heads, of which each forward uses one; a third layer no forward uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        kael.manual_seed(0)
+        self.body = nn.Linear(IN, HIDDEN).double()
+        self.a = nn.Linear(HIDDEN, OUT).double()
+        self.b = nn.Linear(HIDDEN, OUT).double()
+        self.never = nn.Linear(2, 2).double()
+
+    def forward(self, x: kael.Tensor, head: str) -> kael.Tensor:
+        return (self.a if head == "a" else self.b)(self.body(x).relu())
+
+
+def unused(out: str) -> None:
+    r = dist.rank()
+    model = TwoHeads()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
+    x, y = batch(0, 8)
+    mlp_loss(lambda v: ddp(v, head="ab"[r]), x[r * 4 : r * 4 + 4], y[r * 4 : r * 4 + 4]).backward()
+    grads = {name: p.grad.numpy() for name, p in model.named_parameters() if p.grad is not None}
+    np.savez(os.path.join(out, f"grads{r}.npz"), reduce_calls=np.array(ddp.reduce_calls), **grads)
+
+
 def mismatch(out: str) -> None:
     model = make_model(seed=0, hidden=HIDDEN + dist.rank())
     try:
@@ -183,6 +210,8 @@ def main() -> None:
         fail_at_step_2(scenario)
     elif scenario == "mismatch":
         mismatch(out)
+    elif scenario == "unused":
+        unused(out)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

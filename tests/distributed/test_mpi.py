@@ -152,3 +152,24 @@ def test_mismatched_parameter_shapes_are_reported_on_every_rank(tmp_path: Path) 
     )
     assert (tmp_path / "error0").read_text() == want
     assert (tmp_path / "error1").read_text() == want
+
+
+def test_parameters_a_rank_did_not_use_count_as_zero_gradients(worker: Any, tmp_path: Path) -> None:
+    proc = run_mpi("unused", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    # the oracle: each rank's local gradients (zero where its forward did not reach), averaged
+    local = []
+    x, y = worker.batch(0, 8)
+    for r, head in enumerate("ab"):
+        model = worker.TwoHeads()
+        worker.mlp_loss(lambda v, m=model, h=head: m(v, head=h), x[r * 4 : r * 4 + 4], y[r * 4 : r * 4 + 4]).backward()
+        local.append(
+            {n: p.grad.numpy() if p.grad is not None else np.zeros(p.shape) for n, p in model.named_parameters()}
+        )
+    for r in (0, 1):
+        got = np.load(tmp_path / f"grads{r}.npz")
+        assert sorted(k for k in got.files if k != "reduce_calls") == sorted(local[0])  # every .grad is set
+        for name in local[0]:
+            np.testing.assert_allclose(got[name], (local[0][name] + local[1][name]) / 2, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(got["never.weight"], np.zeros((2, 2)))
+        assert int(got["reduce_calls"]) > 1
