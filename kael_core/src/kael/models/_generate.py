@@ -1,10 +1,10 @@
 """Text generation: ``generate`` (prefill, KV-cached decode, sliding window) and ``sample_next``.
 
 ``generate`` drives any ``CausalLM`` (NOTE [model-family seam] in _protocol.py): the
-prompt runs through the model into a KV cache sized for the positions this call can
-reach, then each step feeds one token through the family's decode step over that
-one-row cache (``decode_step``: the family's fast step, or the generic one over its
-modules). Only the last position's logits are ever computed. Past the context, each
+prompt runs through the model into a one-sequence ``BatchDecoder`` (a paged KV cache with
+blocks for the positions this call can reach), then each step feeds one token through the
+family's decode step over it (``decode_step``: the family's fast step, or the generic one
+over its modules). Only the last position's logits are ever computed. Past the context, each
 step recomputes the last ``max_positions`` tokens without a cache, at positions
 0..P-1: the window the reference continuations were made with.
 """
@@ -22,7 +22,6 @@ from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
 from ..ops import Generator, argmax, div, rand, select, softmax, tensor, to, topk, view
-from ._steps import decode_step
 
 if TYPE_CHECKING:
     from ._kv_cache import KVCache
@@ -190,12 +189,14 @@ def _loop(
     generator: Generator | None,
     sampler: Sampler | None = None,
 ) -> list[int]:
+    from ._batched import BatchDecoder
+
     ctx = model.max_positions
     seq = list(ids)
-    # The cache only needs the positions this call can reach.
-    cache = model.new_cache(1, min(ctx, len(ids) + n)) if len(ids) < ctx else None
-    logits = _prefill(model, ids, cache) if cache is not None else _window(model, seq[-ctx:])
-    step = decode_step(model, cache) if cache is not None else None
+    # One sequence on the paged KV cache (no prefix caching: nothing outlives the call), with blocks
+    # for only the positions this call can reach.
+    engine = BatchDecoder(model, 1, min(ctx, len(ids) + n), prefix_caching=False) if len(ids) < ctx else None
+    logits = view(engine.prefill(0, ids), model.vocab_size) if engine is not None else _window(model, seq[-ctx:])
     out: list[int] = []
     for i in range(n):
         if sampler is None:
@@ -210,9 +211,8 @@ def _loop(
                 break
         if i == n - 1:
             break
-        if step is not None and cache is not None and len(seq) <= ctx:
-            logits = select(step([0], [token]), 0, 0)
-            cache.lengths[0] += 1
+        if engine is not None and len(seq) <= ctx:
+            logits = select(engine.decode([0], [token]), 0, 0)
         else:
             logits = _window(model, seq[-ctx:])
     return out
