@@ -76,10 +76,12 @@ _default_float = float32
 
 
 def get_default_dtype() -> DType:
+    """The dtype of new floating-point tensors made without one (float32 unless set_default_dtype changed it)."""
     return _default_float
 
 
 def set_default_dtype(d: DType) -> None:
+    """Make ``d`` (a floating-point kael dtype) the default of new floating-point tensors; a DTypeError otherwise."""
     global _default_float
     if not isinstance(d, DType) or not d.is_floating_point:
         raise DTypeError(f"set_default_dtype: expected a floating-point kael dtype, got {d!r}")

@@ -15,6 +15,11 @@ __all__ = ["Storage"]
 
 
 class Storage:
+    """The memory of one or more tensors: the backend's ``data``, its size in bytes, its device.
+
+    ``version`` counts in-place writes (autograd checks a saved tensor was not modified since).
+    """
+
     __slots__ = ("__weakref__", "data", "device", "nbytes", "version")
 
     def __init__(self, data: Any, nbytes: int, device: Device):
@@ -24,6 +29,7 @@ class Storage:
         self.version = 0
 
     def data_ptr(self) -> int:
+        """The memory's first byte's address (``__array_interface__`` or ``__cuda_array_interface__``)."""
         iface = getattr(self.data, "__array_interface__", None) or self.data.__cuda_array_interface__
         return int(iface["data"][0])
 

@@ -17,11 +17,15 @@ def set_anomaly_detection(enabled: bool) -> None:
 
 
 def is_anomaly_enabled() -> bool:
+    """Whether anomaly detection (a NaN gradient raises) is on."""
     return _hooks.anomaly
 
 
 @contextmanager
 def detect_anomaly() -> Iterator[None]:
+    """Anomaly detection within the block: the first backward node producing a NaN gradient raises a KaelError
+    naming it. The previous setting is restored on exit.
+    """
     prev = _hooks.anomaly
     set_anomaly_detection(True)
     try:

@@ -16,6 +16,7 @@ def _references(t: Tensor) -> int:
 
 
 def explain(t: Tensor) -> str:
+    """A description of ``t``: shape, strides, offset, dtype, device, contiguity, storage, autograd state."""
     if not isinstance(t, Tensor):
         from kael import DTypeError
 

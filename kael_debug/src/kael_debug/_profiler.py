@@ -26,6 +26,8 @@ _lock = threading.Lock()
 
 @dataclass
 class OpEvent:
+    """One dispatched op: its name, device, backend, operand shapes, start and duration (us), bytes written, thread."""
+
     name: str
     device: str
     backend: str
@@ -76,6 +78,7 @@ class Profile:
                 dispatch.set_kernel_wrapper(None)
 
     def summary(self) -> list[dict[str, Any]]:
+        """One row per (op, backend): calls, total microseconds and bytes written."""
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for e in self.events:
             r = rows.setdefault(
@@ -129,4 +132,5 @@ class Profile:
 
 
 def profile() -> Profile:
+    """A profiler: ``with profile() as p:`` records every dispatched op until the block ends."""
     return Profile()

@@ -49,6 +49,7 @@ class Backend:
         return True, ""
 
     def device_count(self) -> int:
+        """How many devices of ``device_type`` this backend serves (``cuda:0`` ... ``cuda:N-1``); 1 by default."""
         return 1
 
     # -- memory ---------------------------------------------------------------
@@ -68,13 +69,16 @@ class Backend:
         """Wait for all work queued on the device. CPU backends run synchronously."""
 
     def memory_stats(self) -> dict[str, int]:
+        """Counters of the backend's memory (allocated, cached, peak bytes, ...); ``{}`` when it keeps none."""
         return {}
 
     # -- ops --------------------------------------------------------------------
     def supported_ops(self) -> frozenset[str]:
+        """The names of the ops this backend has kernels for: every primitive, and the fused ops it implements."""
         return frozenset(self.kernels)
 
     def kernel(self, op: str) -> Callable[..., Any]:
+        """The kernel of ``op`` (a callable taking the catalogue signature's arguments); a BackendError if none."""
         try:
             return self.kernels[op]
         except KeyError:

@@ -56,15 +56,18 @@ class ModuleList(Module):
         self._renumber(mods)  # type: ignore[arg-type]
 
     def append(self, m: Module) -> ModuleList:
+        """Add ``m`` at the end, named by its index; returns self."""
         self.add_module(str(len(self)), m)
         return self
 
     def extend(self, modules: Iterable[Module]) -> ModuleList:
+        """Append each module of ``modules``; returns self."""
         for m in modules:
             self.append(m)
         return self
 
     def insert(self, index: int, m: Module) -> None:
+        """Insert ``m`` before position ``index`` and renumber the modules after it."""
         mods = list(self._modules.values())
         mods.insert(index, m)
         self._renumber(mods)  # type: ignore[arg-type]
@@ -77,6 +80,7 @@ class Sequential(ModuleList):
         super().__init__(modules)
 
     def forward(self, x: Any) -> Any:
+        """Run the modules in order, each on the previous one's output."""
         for m in self._modules.values():
             if m is not None:
                 x = m(x)
@@ -122,20 +126,25 @@ class ModuleDict(Module):
         del self._modules[key]
 
     def keys(self) -> Iterable[str]:
+        """The names of the modules, in insertion order."""
         return self._modules.keys()
 
     def values(self) -> Iterable[Module]:
+        """The modules, in insertion order."""
         return [m for m in self._modules.values() if m is not None]
 
     def items(self) -> Iterable[tuple[str, Module]]:
+        """(name, module) pairs, in insertion order."""
         return [(k, m) for k, m in self._modules.items() if m is not None]
 
     def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
+        """Add (or replace) each (name, module) of a mapping or of an iterable of pairs."""
         pairs = modules.items() if isinstance(modules, Mapping) else modules
         for k, m in pairs:
             self.add_module(k, m)
 
     def pop(self, key: str) -> Module:
+        """Remove the module named ``key`` and return it."""
         m = self[key]
         del self._modules[key]
         return m

@@ -49,12 +49,14 @@ class Linear(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Re-initialise as PyTorch does: weight and bias uniform in +-1/sqrt(in_features)."""
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # = U(-1/sqrt(in), 1/sqrt(in)), as in PyTorch
         if self.bias is not None:
             bound = 1 / math.sqrt(self.in_features) if self.in_features else 0.0
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x [.., in_features] -> x @ weight.T + bias, [.., out_features]."""
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -74,9 +76,11 @@ class Embedding(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Re-initialise the table from N(0, 1), as PyTorch does."""
         init.normal_(self.weight)
 
     def forward(self, ids: Tensor) -> Tensor:
+        """The rows of the table for integer ``ids`` of any shape: [*ids.shape, embedding_dim]."""
         return F.embedding(ids, self.weight)
 
     def extra_repr(self) -> str:
@@ -109,12 +113,14 @@ class LayerNorm(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Set weight to ones and bias to zeros (when the layer has them)."""
         if self.weight is not None:
             init.ones_(self.weight)
         if self.bias is not None:
             init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Normalize x over its last ``normalized_shape`` dims, then scale by weight and add bias."""
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -158,10 +164,12 @@ class RMSNorm(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Set weight to ones (when the layer has one)."""
         if self.weight is not None:
             init.ones_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x / sqrt(mean(x**2) + eps) over the last ``normalized_shape`` dims, times weight."""
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
@@ -179,6 +187,7 @@ class Dropout(Module):
         self.generator = generator
 
     def forward(self, x: Tensor) -> Tensor:
+        """In training mode, zero each element with probability p and scale the rest by 1/(1-p); else x."""
         return F.dropout(x, self.p, self.training, generator=self.generator)
 
     def extra_repr(self) -> str:
@@ -195,6 +204,7 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, x: Tensor) -> Tensor:
+        """GELU of x (exact, or the tanh approximation this layer was made with)."""
         return F.gelu(x, self.approximate)
 
     def extra_repr(self) -> str:
@@ -202,7 +212,10 @@ class GELU(Module):
 
 
 class ReLU(Module):
+    """ReLU(x) = max(x, 0), elementwise."""
+
     def forward(self, x: Tensor) -> Tensor:
+        """max(x, 0), elementwise."""
         return F.relu(x)
 
 
@@ -214,6 +227,7 @@ class SiLU(Module):
         self.inplace = bool(inplace)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x * sigmoid(x), elementwise (in place with inplace=True)."""
         return F.silu(x, self.inplace)
 
     def extra_repr(self) -> str:
@@ -221,7 +235,10 @@ class SiLU(Module):
 
 
 class Identity(Module):
+    """A module that returns its input unchanged (a placeholder layer)."""
+
     def forward(self, x: Tensor) -> Tensor:
+        """x itself."""
         return x
 
 
@@ -233,6 +250,7 @@ class Flatten(Module):
         self.start_dim, self.end_dim = start_dim, end_dim
 
     def forward(self, x: Tensor) -> Tensor:
+        """x with dims start_dim..end_dim flattened into one (a view when x's strides allow)."""
         return x.flatten(self.start_dim, self.end_dim)  # type: ignore[no-any-return]
 
     def extra_repr(self) -> str:

@@ -22,6 +22,8 @@ M = TypeVar("M", bound="Module")
 
 
 class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict`` did not match: keys it expected and did not get, keys it got and has no place for."""
+
     missing_keys: list[str]
     unexpected_keys: list[str]
 
@@ -49,6 +51,7 @@ class Module:
         object.__setattr__(self, "_modules", {})
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's computation; subclasses define it, and calling the module runs it."""
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -124,6 +127,7 @@ class Module:
             raise KaelError(f"{type(self).__name__}: attribute {name!r} already exists")
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Register ``param`` (a Parameter, or None for a declared-but-absent one) under ``name``."""
         self._check_name(name, "parameter")
         if param is not None and not isinstance(param, Parameter):
             raise DTypeError(
@@ -143,6 +147,7 @@ class Module:
             self._non_persistent.add(name)
 
     def add_module(self, name: str, module: Module | None) -> None:
+        """Register a sub-module (or None) under ``name``; its parameters then belong to this module."""
         self._check_name(name, "module")
         if module is not None and not isinstance(module, Module):
             raise DTypeError(f"add_module: {name!r} must be a Module or None, got {type(module).__name__}")
@@ -153,6 +158,7 @@ class Module:
 
     # -- traversal ------------------------------------------------------------------------
     def named_modules(self, memo: set[int] | None = None, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """(qualified name, module) for this module and every sub-module, depth first, each once."""
         memo = set() if memo is None else memo
         if id(self) in memo:
             return
@@ -163,10 +169,12 @@ class Module:
                 yield from m.named_modules(memo, f"{prefix}.{name}" if prefix else name)
 
     def modules(self) -> Iterator[Module]:
+        """This module and every sub-module, depth first, each once."""
         for _, m in self.named_modules():
             yield m
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
+        """(name, module) for each direct sub-module, each once."""
         seen: set[int] = set()
         for name, m in self._modules.items():
             if m is not None and id(m) not in seen:
@@ -174,6 +182,7 @@ class Module:
                 yield name, m
 
     def children(self) -> Iterator[Module]:
+        """Each direct sub-module, once."""
         for _, m in self.named_children():
             yield m
 
@@ -192,13 +201,16 @@ class Module:
         return self._named_members("_parameters", prefix, recurse)
 
     def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        """Every parameter of this module (and of its sub-modules with recurse=True), each once."""
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
     def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """(qualified name, tensor) for every buffer of this module (and of its sub-modules with recurse=True)."""
         return self._named_members("_buffers", prefix, recurse)
 
     def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        """Every buffer of this module (and of its sub-modules with recurse=True), each once."""
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
@@ -211,6 +223,7 @@ class Module:
 
     # -- modes and conversion -------------------------------------------------------------
     def train(self: M, mode: bool = True) -> M:
+        """Set training mode (``mode=True``) or evaluation mode on this module and every sub-module; returns self."""
         if not isinstance(mode, bool):
             raise DTypeError(f"train: mode must be a bool, got {mode!r}")
         for m in self.modules():
@@ -218,14 +231,17 @@ class Module:
         return self
 
     def eval(self: M) -> M:
+        """Evaluation mode (``train(False)``): dropout off; returns self."""
         return self.train(False)
 
     def requires_grad_(self: M, requires_grad: bool = True) -> M:
+        """Set ``requires_grad`` on every parameter; returns self."""
         for p in self.parameters():
             p.requires_grad_(requires_grad)
         return self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's gradient: to None (the default), or to zeros with set_to_none=False."""
         for p in self.parameters():
             if p.grad is None:
                 continue
@@ -272,16 +288,19 @@ class Module:
         return self
 
     def float(self: M) -> M:
+        """Cast every floating-point parameter and buffer to float32; returns self."""
         from .. import _dtype as dt
 
         return self.to(dtype=dt.float32)
 
     def double(self: M) -> M:
+        """Cast every floating-point parameter and buffer to float64; returns self."""
         from .. import _dtype as dt
 
         return self.to(dtype=dt.float64)
 
     def cpu(self: M) -> M:
+        """Move every parameter and buffer to device ``cpu``; returns self."""
         return self.to(device="cpu")
 
     # -- state dicts ----------------------------------------------------------------------

@@ -38,6 +38,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def relu(input: Tensor) -> Tensor:
+    """max(input, 0), elementwise."""
     return ops.relu(input)
 
 
@@ -54,10 +55,12 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
 
 
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``dim`` (a fused op, computed stably)."""
     return ops.softmax(input, dim)
 
 
 def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
+    """log(softmax(x)) along ``dim``, computed stably (a fused op)."""
     return ops.log_softmax(input, dim)
 
 
@@ -114,6 +117,7 @@ def nll_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction:
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """The squared difference of input and target: its mean (default), its sum, or each element (reduction='none')."""
     if reduction not in ("mean", "sum", "none"):
         raise DTypeError(f"mse_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     d = ops.sub(input, target)
@@ -124,6 +128,7 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 def layer_norm(
     input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
 ) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the last ``normalized_shape`` dims, times weight, plus bias (a fused op)."""
     return ops.layer_norm(input, normalized_shape, weight, bias, eps)
 
 

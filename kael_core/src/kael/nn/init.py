@@ -69,38 +69,45 @@ def _fans(t: Tensor, op: str) -> tuple[int, int]:
 
 
 def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Tensor:
+    """Fill t in place with values drawn uniformly from [a, b); returns t."""
     _check(t, "uniform_")
     u = ops.rand(t.shape, dtype=t.dtype, device=t.device, generator=generator)
     return _fill_from(t, ops.add(ops.mul(u, b - a), a))
 
 
 def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
+    """Fill t in place with values drawn from N(mean, std**2); returns t."""
     _check(t, "normal_")
     n = ops.randn(t.shape, dtype=t.dtype, device=t.device, generator=generator)
     return _fill_from(t, ops.add(ops.mul(n, std), mean))
 
 
 def constant_(t: Tensor, value: float) -> Tensor:
+    """Fill t in place with ``value``; returns t."""
     with no_grad():
         t.fill_(value)
     return t
 
 
 def zeros_(t: Tensor) -> Tensor:
+    """Fill t in place with zeros; returns t."""
     return constant_(t, 0.0)
 
 
 def ones_(t: Tensor) -> Tensor:
+    """Fill t in place with ones; returns t."""
     return constant_(t, 1.0)
 
 
 def xavier_uniform_(t: Tensor, gain: float = 1.0, generator: Any = None) -> Tensor:
+    """Glorot uniform: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)), in place; returns t."""
     fan_in, fan_out = _fans(t, "xavier_uniform_")
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out)) if fan_in + fan_out else 0.0
     return uniform_(t, -bound, bound, generator)
 
 
 def xavier_normal_(t: Tensor, gain: float = 1.0, generator: Any = None) -> Tensor:
+    """Glorot normal: N(0, std**2) with std = gain * sqrt(2 / (fan_in + fan_out)), in place; returns t."""
     fan_in, fan_out = _fans(t, "xavier_normal_")
     std = gain * math.sqrt(2.0 / (fan_in + fan_out)) if fan_in + fan_out else 0.0
     return normal_(t, 0.0, std, generator)
@@ -125,6 +132,7 @@ def kaiming_uniform_(
 def kaiming_normal_(
     t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", generator: Any = None
 ) -> Tensor:
+    """He normal: N(0, std**2) with std = gain(nonlinearity, a) / sqrt(fan), fan by ``mode``, in place; returns t."""
     return normal_(t, 0.0, _kaiming_std(t, a, mode, nonlinearity, "kaiming_normal_"), generator)
 
 

@@ -116,18 +116,22 @@ def _filled(shape: tuple[int, ...], value: Any, dtype: Any, device: Any, require
 
 
 def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros of the given size (ints, or one tuple); the default float dtype unless ``dtype``."""
     return _filled(_shape_args(size, "zeros"), 0, dtype or dt.get_default_dtype(), device, requires_grad)
 
 
 def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones of the given size (ints, or one tuple); the default float dtype unless ``dtype``."""
     return _filled(_shape_args(size, "ones"), 1, dtype or dt.get_default_dtype(), device, requires_grad)
 
 
 def empty_(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor of the given size (ints, or one tuple): its values are whatever the memory held."""
     return _filled(_shape_args(size, "empty"), None, dtype or dt.get_default_dtype(), device, requires_grad)
 
 
 def full(size: Any, fill_value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ``size`` filled with ``fill_value`` (a Python number, whose type picks the dtype unless given)."""
     if not isinstance(fill_value, (bool, int, float)):
         raise DTypeError(f"full: fill_value must be a Python number, got {type(fill_value).__name__}")
     return _filled(check_shape(size, "full"), fill_value, dtype, device, requires_grad)
@@ -138,24 +142,32 @@ def _like(t: Tensor, value: Any, dtype: Any, device: Any, requires_grad: bool = 
 
 
 def zeros_like(t: Tensor, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Zeros with t's shape, and t's dtype and device unless given."""
     return _like(t, 0, dtype, device, requires_grad)
 
 
 def ones_like(t: Tensor, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Ones with t's shape, and t's dtype and device unless given."""
     return _like(t, 1, dtype, device, requires_grad)
 
 
 def full_like(t: Tensor, fill_value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """``fill_value`` everywhere, with t's shape, and t's dtype and device unless given."""
     return _like(t, fill_value, dtype, device, requires_grad)
 
 
 def empty_like(t: Tensor, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor with t's shape, and t's dtype and device unless given."""
     return _like(t, None, dtype, device, requires_grad)
 
 
 def arange(
     start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
+    """start, start + step, ... up to but excluding end (``arange(n)`` is 0..n-1).
+
+    int64 for integer arguments, the default float dtype when any is a float, unless ``dtype``.
+    """
     if end is None:
         start, end = 0, start
     for v in (start, end, step):
@@ -175,6 +187,7 @@ def arange(
 
 
 def linspace(start: float, end: float, steps: int, dtype: Any = None, device: Any = None) -> Tensor:
+    """``steps`` evenly spaced values from start to end, both included."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ShapeError(f"linspace: steps must be a non-negative int, got {steps!r}")
     d = dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()
@@ -183,6 +196,7 @@ def linspace(start: float, end: float, steps: int, dtype: Any = None, device: An
 
 
 def eye(n: int, m: int | None = None, dtype: Any = None, device: Any = None) -> Tensor:
+    """The n x m identity matrix (m = n by default)."""
     m = n if m is None else m
     check_shape((n, m), "eye")
     return tensor(np.eye(n, m), dtype=dtype or dt.get_default_dtype(), device=device)
@@ -213,18 +227,21 @@ def _random(
 def rand(
     *size: Any, dtype: Any = None, device: Any = None, generator: Any = None, requires_grad: bool = False
 ) -> Tensor:
+    """Values drawn uniformly from [0, 1) (from ``generator``, or the default generator kael.manual_seed seeds)."""
     return _random("uniform", _shape_args(size, "rand"), 0.0, 1.0, dtype, device, generator, requires_grad)
 
 
 def randn(
     *size: Any, dtype: Any = None, device: Any = None, generator: Any = None, requires_grad: bool = False
 ) -> Tensor:
+    """Values drawn from the standard normal N(0, 1) (from ``generator``, or the default generator)."""
     return _random("normal", _shape_args(size, "randn"), 0.0, 1.0, dtype, device, generator, requires_grad)
 
 
 def randint(
     low: int, high: int | None = None, size: Any = (), dtype: Any = None, device: Any = None, generator: Any = None
 ) -> Tensor:
+    """Integers drawn uniformly from [low, high) (``randint(high, size)`` draws from [0, high)); int64 by default."""
     if high is None:
         low, high = 0, low
     if not isinstance(low, int) or not isinstance(high, int) or high <= low:
@@ -233,16 +250,19 @@ def randint(
 
 
 def randperm(n: int, dtype: Any = None, device: Any = None, generator: Any = None) -> Tensor:
+    """A random permutation of 0..n-1 (int64 by default)."""
     check_shape((n,), "randperm")
     host = _gen(generator).numpy_rng().permutation(n)
     return tensor(host, dtype=dtype or dt.int64, device=device)
 
 
 def rand_like(t: Tensor, dtype: Any = None, generator: Any = None) -> Tensor:
+    """``rand`` with t's shape and device, and t's dtype unless given."""
     return rand(t.shape, dtype=dtype or t.dtype, device=t.device, generator=generator)
 
 
 def randn_like(t: Tensor, dtype: Any = None, generator: Any = None) -> Tensor:
+    """``randn`` with t's shape and device, and t's dtype unless given."""
     return randn(t.shape, dtype=dtype or t.dtype, device=t.device, generator=generator)
 
 

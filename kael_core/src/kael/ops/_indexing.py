@@ -105,6 +105,7 @@ class Gather(Function):
 
 
 def gather(a: Tensor, dim: int, index: Tensor) -> Tensor:
+    """out[i][j][k] = a[index[i][j][k]][j][k] for dim 0 (likewise for other dims); index has a's ndim."""
     if not isinstance(a, Tensor) or not isinstance(index, Tensor):
         raise DTypeError(
             f"gather: expected a tensor and an integer index tensor, got {type(a).__name__} and {type(index).__name__}"
@@ -137,6 +138,7 @@ class IndexSelect(Function):
 
 
 def index_select(a: Tensor, dim: int, index: Tensor) -> Tensor:
+    """The entries of ``a`` at positions ``index`` (a 1-d integer tensor) along ``dim``, as a new tensor."""
     _need_tensor(a, "index_select")
     if a.ndim == 0:
         raise IndexError_("index_select: cannot index a 0-d tensor")
@@ -178,6 +180,7 @@ class Cat(Function):
 
 
 def cat(tensors: Any, dim: int = 0) -> Tensor:
+    """The tensors joined along an existing ``dim`` (their other dims must agree)."""
     ts = list(tensors)
     if not ts or not all(isinstance(t, Tensor) for t in ts):
         raise DTypeError("cat: expected a non-empty sequence of tensors")
@@ -188,6 +191,7 @@ def cat(tensors: Any, dim: int = 0) -> Tensor:
 
 
 def stack(tensors: Any, dim: int = 0) -> Tensor:
+    """The tensors (all of one shape) stacked along a new ``dim``."""
     from ._views import unsqueeze
 
     ts = list(tensors)
@@ -205,6 +209,7 @@ def stack(tensors: Any, dim: int = 0) -> Tensor:
 
 
 def split(a: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of ``a`` along ``dim``: pieces of one size (an int; the last may be smaller) or of the listed sizes."""
     _need_tensor(a, "split")
     from ._views import narrow
 
@@ -236,6 +241,7 @@ def split(a: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
 
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """``a`` split into ``chunks`` equal views along ``dim`` (the last may be smaller; fewer may come back)."""
     _need_tensor(a, "chunk")
     if isinstance(chunks, bool) or not isinstance(chunks, int):
         raise DTypeError(f"chunk: chunks must be an int, got {chunks!r}")
@@ -249,6 +255,7 @@ def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
 
 
 def nonzero(mask: Tensor) -> Tensor:
+    """The indices of the non-zero (True) elements of ``mask``: an int64 tensor [count, mask.ndim]."""
     _need_tensor(mask, "nonzero")
     m = mask if mask.dtype is dt.bool_ else cast(mask, dt.bool_)
     from ._reduce import reduce_op

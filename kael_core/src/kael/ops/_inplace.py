@@ -156,6 +156,7 @@ def fast_binary_(t: Tensor, op: str, other: Any) -> Tensor | None:
 
 
 def copy_(t: Tensor, src: Any) -> Tensor:
+    """Copy ``src`` (a tensor, broadcast and cast to t, or a number) into t's elements in place; returns t."""
     if isinstance(src, Tensor) and src.device is not t.device:
         src = to(src, device=t.device)
     if isinstance(src, Tensor):
@@ -166,6 +167,7 @@ def copy_(t: Tensor, src: Any) -> Tensor:
 
 
 def fill_(t: Tensor, value: Any) -> Tensor:
+    """Set every element of t to ``value`` (a number, or a one-element tensor) in place; returns t."""
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ShapeError(f"fill_: value tensor must have one element, got shape {list(value.shape)}")
@@ -259,10 +261,12 @@ class Clone(Function):
 
 
 def clone(a: Tensor) -> Tensor:
+    """A copy of ``a`` in new, contiguous memory (gradients flow back to ``a``)."""
     return Clone.apply(a)  # type: ignore[no-any-return]
 
 
 def contiguous(a: Tensor) -> Tensor:
+    """``a`` itself if contiguous, else a contiguous copy."""
     return a if a.is_contiguous() else clone(a)
 
 
@@ -281,6 +285,10 @@ class ToDevice(Function):
 
 
 def to(a: Tensor, *args: Any, device: Any = None, dtype: Any = None, copy: bool = False) -> Tensor:
+    """``a`` on another device and/or in another dtype (positional: a device, a dtype, or a tensor to match).
+
+    ``a`` itself when nothing changes, unless ``copy=True``.
+    """
     for x in args:
         if isinstance(x, dt.DType):
             dtype = x
@@ -301,4 +309,5 @@ def to(a: Tensor, *args: Any, device: Any = None, dtype: Any = None, copy: bool 
 
 
 def detach(a: Tensor) -> Tensor:
+    """A tensor over the same storage that autograd does not track (no grad_fn, requires_grad False)."""
     return a._alias()

@@ -87,4 +87,5 @@ class Matmul(Function):
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Matrix product with NumPy's rules: 1-d operands are vectors, more dims are batches (broadcast)."""
     return Matmul.apply(a, b)  # type: ignore[no-any-return]

@@ -163,6 +163,7 @@ def _install() -> None:
     T.zero_ = lambda a: _inplace.fill_(a, 0)
 
     def requires_grad_(a: Tensor, requires_grad: bool = True) -> Tensor:
+        """Set whether autograd records operations on this (floating-point) tensor; returns the tensor."""
         if requires_grad and not a.dtype.is_floating_point:
             raise DTypeError(f"requires_grad_: only floating-point tensors can require gradients, got {a.dtype!r}")
         if a.grad_fn is not None and not requires_grad:
@@ -175,6 +176,10 @@ def _install() -> None:
     T.requires_grad_ = requires_grad_
 
     def backward(a: Tensor, gradient: Any = None, retain_graph: bool = False) -> None:
+        """Compute the gradients of this tensor with respect to the graph's leaves, accumulated into their ``.grad``.
+
+        A non-scalar tensor needs ``gradient`` (of its shape); ``retain_graph`` keeps the graph for another backward.
+        """
         from ..autograd._engine import run_backward
 
         run_backward((a,), (gradient,), retain_graph)
@@ -182,6 +187,10 @@ def _install() -> None:
     T.backward = backward
 
     def register_hook(a: Tensor, fn: Any) -> Any:
+        """Call ``fn(grad)`` with this tensor's gradient during backward (a returned tensor replaces it).
+
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
         if not a.requires_grad:
             raise AutogradError("register_hook: cannot register a hook on a tensor that doesn't require grad")
         if a.grad_fn is None:
@@ -203,6 +212,7 @@ def _install() -> None:
     T.register_hook = register_hook
 
     def retain_grad(a: Tensor) -> None:
+        """Keep this non-leaf tensor's gradient in ``.grad`` after backward (leaves keep theirs anyway)."""
         if a.grad_fn is None:
             return
         node = a.grad_fn

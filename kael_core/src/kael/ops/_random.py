@@ -24,6 +24,7 @@ class Generator:
         self._rng = np.random.Generator(np.random.PCG64(self._seed))
 
     def manual_seed(self, seed: int) -> Generator:
+        """Reseed this generator with ``seed`` (an int); returns the generator."""
         if isinstance(seed, bool) or not isinstance(seed, int):
             from .._errors import DTypeError
 
@@ -33,21 +34,26 @@ class Generator:
         return self
 
     def initial_seed(self) -> int:
+        """The seed this generator was last seeded with."""
         return self._seed
 
     def seed(self) -> int:
+        """Reseed this generator from fresh OS entropy and return the seed chosen."""
         s = int(np.random.SeedSequence().entropy) & ((1 << 63) - 1)  # type: ignore[arg-type]
         self.manual_seed(s)
         return s
 
     def get_state(self) -> dict[str, Any]:
+        """The generator's state (its seed and bit generator state), for set_state."""
         return {"seed": self._seed, "state": self._rng.bit_generator.state}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a state that get_state returned."""
         self._seed = state["seed"]
         self._rng.bit_generator.state = state["state"]
 
     def numpy_rng(self) -> np.random.Generator:
+        """The NumPy Generator the host random kernels draw from."""
         return self._rng
 
 
@@ -55,8 +61,10 @@ default_generator = Generator()
 
 
 def manual_seed(seed: int) -> Generator:
+    """Seed kael's default generator (rand, randn, randint, dropout, init, ...); returns it."""
     return default_generator.manual_seed(seed)
 
 
 def seed() -> int:
+    """Seed kael's default generator from fresh OS entropy and return the seed chosen."""
     return default_generator.seed()

@@ -174,6 +174,7 @@ def logical_reduce(op: str, a: Tensor, dim: Any, keepdim: bool) -> Tensor:
 
 
 def mean(a: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+    """The mean over ``dim`` (an int, a tuple, or None for all elements) of a floating-point tensor."""
     _check(a, "mean")
     if dtype is None and not a.dtype.is_floating_point:
         raise DTypeError(f"mean: expected a floating-point tensor, got {a.dtype!r}; pass dtype= or cast first")
@@ -188,6 +189,7 @@ def mean(a: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None) -
 
 
 def var(a: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """The variance over ``dim``: sum((x - mean)**2) / (N - correction) (Bessel's correction by default)."""
     _check(a, "var")
     if not a.dtype.is_floating_point:
         raise DTypeError(f"var: expected a floating-point tensor, got {a.dtype!r}")
@@ -205,6 +207,7 @@ def var(a: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) 
 
 
 def std(a: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """The standard deviation over ``dim``: sqrt(var(a, dim, correction))."""
     from ._pointwise import Sqrt
 
     return Sqrt.apply(var(a, dim, correction, keepdim))  # type: ignore[no-any-return]

@@ -130,6 +130,7 @@ class View(Reshape):
 
 
 def reshape(a: Tensor, *shape: Any) -> Tensor:
+    """``a`` in another shape of as many elements (one dim may be -1): a view when the strides allow, else a copy."""
     _need_tensor(a, "reshape")
     s = _infer_shape(shape, a.numel(), "reshape")
     return Reshape.apply(a, s)  # type: ignore[no-any-return]
@@ -206,6 +207,7 @@ class Transpose(Permute):
 
 
 def permute(a: Tensor, *dims: Any) -> Tensor:
+    """A view of ``a`` with its dims reordered as ``dims``."""
     _need_tensor(a, "permute")
     if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
         dims = tuple(dims[0])
@@ -216,6 +218,7 @@ def permute(a: Tensor, *dims: Any) -> Tensor:
 
 
 def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
+    """A view of ``a`` with dims dim0 and dim1 swapped."""
     _need_tensor(a, "transpose")
     if a.ndim == 0:
         wrap_dims((dim0, dim1), 0, "transpose")
@@ -242,6 +245,7 @@ class Expand(Function):
 
 
 def expand(a: Tensor, *shape: Any) -> Tensor:
+    """A view of ``a`` broadcast to ``shape`` (size-1 dims repeat with stride 0; -1 keeps a dim)."""
     _need_tensor(a, "expand")
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
@@ -328,6 +332,7 @@ def _norm_slice(s: slice, n: int, op: str) -> tuple[int, int, int]:
 
 
 def slice_(a: Tensor, dim: int, start: int | None = None, stop: int | None = None, step: int = 1) -> Tensor:
+    """A view of ``a[start:stop:step]`` along ``dim``."""
     _need_tensor(a, "slice")
     d = a._wrap_dim(dim, "slice")
     if a.ndim == 0:
@@ -337,6 +342,7 @@ def slice_(a: Tensor, dim: int, start: int | None = None, stop: int | None = Non
 
 
 def narrow(a: Tensor, dim: int, start: int, length: int) -> Tensor:
+    """A view of ``length`` entries of ``a`` from ``start`` along ``dim``."""
     _need_tensor(a, "narrow")
     if a.ndim == 0:
         raise IndexError_("narrow: cannot narrow a 0-d tensor")
@@ -365,6 +371,7 @@ def _select_fn(dim: int, index: int) -> Callable[[Tensor], Tensor]:
 
 
 def select(a: Tensor, dim: int, index: int) -> Tensor:
+    """A view of ``a`` at ``index`` along ``dim``, with that dim removed."""
     _need_tensor(a, "select")
     if a.ndim == 0:
         raise IndexError_("select: cannot select from a 0-d tensor")
@@ -378,6 +385,7 @@ def select(a: Tensor, dim: int, index: int) -> Tensor:
 
 
 def squeeze(a: Tensor, dim: Any = None) -> Tensor:
+    """A view of ``a`` without its size-1 dims (all of them, or ``dim``'s)."""
     _need_tensor(a, "squeeze")
     if dim is None:
         dims = tuple(i for i, n in enumerate(a.shape) if n == 1)
@@ -388,6 +396,7 @@ def squeeze(a: Tensor, dim: Any = None) -> Tensor:
 
 
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
+    """A view of ``a`` with a new size-1 dim at position ``dim``."""
     _need_tensor(a, "unsqueeze")
     n = a.ndim + 1
     if isinstance(dim, bool) or not isinstance(dim, int) or not -n <= dim < n:
@@ -398,6 +407,7 @@ def unsqueeze(a: Tensor, dim: int) -> Tensor:
 
 
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """``a`` with dims start_dim..end_dim merged into one (a view when the strides allow)."""
     _need_tensor(a, "flatten")
     if a.ndim == 0:
         return reshape(a, 1)

@@ -52,6 +52,7 @@ class Optimizer:
             self.add_param_group(g)
 
     def add_param_group(self, group: dict[str, Any]) -> None:
+        """Add a group of parameters (a dict with ``params`` and optional per-group settings such as ``lr``)."""
         if not isinstance(group, dict) or "params" not in group:
             raise DTypeError(f"add_param_group: expected a dict with a 'params' entry, got {group!r}")
         params = group["params"]

@@ -18,6 +18,8 @@ __all__ = ["LRScheduler", "LambdaLR", "StepLR", "CosineWithWarmupLR", "cosine_wi
 
 
 class LRScheduler:
+    """The base of the learning-rate schedulers: each ``step()`` sets every param group's lr from ``get_lr()``."""
+
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         if not isinstance(optimizer, Optimizer):
             raise DTypeError(f"{type(self).__name__}: expected a kael.optim.Optimizer, got {type(optimizer).__name__}")
@@ -40,18 +42,22 @@ class LRScheduler:
         raise NotImplementedError
 
     def step(self) -> None:
+        """Advance the schedule one step and set each param group's learning rate."""
         self.last_epoch += 1
         self._last_lr = self.get_lr()
         for g, lr in zip(self.optimizer.param_groups, self._last_lr):
             g["lr"] = lr
 
     def get_last_lr(self) -> list[float]:
+        """The learning rates the last step set, one per param group."""
         return list(self._last_lr)
 
     def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state (everything but the optimizer and its functions), for load_state_dict."""
         return {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v) and k != "lr_lambdas"}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state that state_dict returned."""
         self.__dict__.update(state_dict)
 
 
