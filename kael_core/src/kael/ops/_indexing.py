@@ -105,7 +105,7 @@ class Gather(Function):
 
 
 def gather(a: Tensor, dim: int, index: Tensor) -> Tensor:
-    """out[i][j][k] = a[index[i][j][k]][j][k] for dim 0 (likewise for other dims); index has a's ndim."""
+    """``out[i][j][k] = a[index[i][j][k]][j][k]`` for dim 0 (likewise for other dims); index has a's ndim."""
     if not isinstance(a, Tensor) or not isinstance(index, Tensor):
         raise DTypeError(
             f"gather: expected a tensor and an integer index tensor, got {type(a).__name__} and {type(index).__name__}"
