@@ -85,8 +85,23 @@ def test_python_blocks_parse(page: Path) -> None:
             ast.parse(block.code, filename=f"{block.page}:{block.line}")
 
 
+#: Pages whose ```python blocks are sketches that cannot run yet, with what to do: the page's
+#: author marks those blocks ```py (or makes them run) and deletes the entry here. xfail is
+#: strict, so a page that starts to pass fails here until its entry goes.
+NOT_YET_RUNNABLE = {
+    "guides/distributed-training.md": "its blocks use build_model, dataset, ... that no block defines",
+}
+
+
+def _run_param(page: Path) -> object:
+    name = page.relative_to(DOCS).as_posix()
+    reason = NOT_YET_RUNNABLE.get(name)
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(page, id=name, marks=marks)
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("page", RUNNABLE, ids=[p.relative_to(DOCS).as_posix() for p in RUNNABLE])
+@pytest.mark.parametrize("page", [_run_param(p) for p in RUNNABLE])
 def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("kael_debug")
     pytest.importorskip("kael_server")
