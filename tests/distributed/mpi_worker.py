@@ -8,7 +8,7 @@ Scenarios: ``train`` (DDP training steps, each rank's final parameters and per-s
 all-reduce counts saved to OUT_DIR/rank{r}.npz), ``collectives`` (all_reduce, broadcast,
 all_gather, barrier on several dtypes and strides, checked against NumPy here; OUT_DIR/ok{r}
 marks success), ``raise`` (rank 1 raises at step 2), ``exit`` (rank 1 calls sys.exit(3) at
-step 2), ``mismatch`` (rank 1's model has another shape; each rank writes the error it got),
+step 2), ``hang`` (rank 1 sleeps at step 2 for longer than the test waits), ``mismatch`` (rank 1's model has another shape; each rank writes the error it got),
 ``unused`` (rank 0 uses one head of a TwoHeads model, rank 1 the other; the gradients after one
 backward are saved to OUT_DIR/grads{r}.npz).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import kael
@@ -155,6 +156,8 @@ def fail_at_step_2(how: str) -> None:
         if step == 2 and dist.rank() == 1:
             if how == "raise":
                 raise RuntimeError("rank 1 fails on purpose at step 2")
+            if how == "hang":
+                time.sleep(600)
             sys.exit(3)
         x, y = batch(step, 4)
         opt.zero_grad()
@@ -206,7 +209,7 @@ def main() -> None:
         train(out, opt_name, int(steps), int(per_rank), float(cap), int(accumulate), dtype)
     elif scenario == "collectives":
         collectives(out)
-    elif scenario in ("raise", "exit"):
+    elif scenario in ("raise", "exit", "hang"):
         fail_at_step_2(scenario)
     elif scenario == "mismatch":
         mismatch(out)
