@@ -1,5 +1,6 @@
-"""A griffe extension of the documentation site: kael's generated elementwise functions.
+"""griffe extensions of the documentation site: generated functions, and RST tables as Markdown.
 
+GeneratedOps: 
 ``kael.ops`` makes one function per elementwise catalogue op at import time
 (``kael.ops.POINTWISE``: ``add``, ``exp``, ``eq``, ...), so griffe's static analysis of the
 source cannot see them. This extension, named under ``extensions:`` in mkdocs.yml, imports
@@ -7,16 +8,23 @@ source cannot see them. This extension, named under ``extensions:`` in mkdocs.ym
 ``kael.ops`` module griffe built (and to ``kael``, which re-exports them), with its runtime
 signature and docstring, so the reference lists them as it lists every written function.
 Everything else stays static analysis.
+
+RstTables: kael's docstrings are read as plain text and by mkdocstrings as Markdown. Both
+read ``code`` alike, but an RST simple table (columns under ``=====  =====`` rules, a
+wrapped cell continued on lines whose first column is blank, as in ``kael.cpu``) is
+garbled as Markdown; this extension rewrites each such table of a docstring as a Markdown
+table when griffe creates the object, and leaves the source as it is.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import griffe
 
-__all__ = ["GeneratedOps"]
+__all__ = ["GeneratedOps", "RstTables", "rst_tables_to_markdown"]
 
 _KINDS = {
     inspect.Parameter.POSITIONAL_ONLY: griffe.ParameterKind.positional_only,
@@ -72,3 +80,46 @@ class GeneratedOps(griffe.Extension):
         exported = kael.__all__
         for module, names in ((pkg, exported), (ops, kael.ops.__all__)):
             module.exports = list(names)
+
+
+_RULE = re.compile(r"^(=+)(\s+)(=+)\s*$")
+
+
+def rst_tables_to_markdown(text: str) -> str:
+    """``text`` with every two-column RST simple table rewritten as a Markdown table.
+
+    The first column spans its rule's ``=``; a line whose first column is blank continues
+    the row above. The tables kael writes have no header row, so the Markdown one is empty.
+    """
+    lines = text.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        rule = _RULE.match(lines[i])
+        if not rule:
+            out.append(lines[i])
+            i += 1
+            continue
+        split = len(rule.group(1)) + len(rule.group(2))
+        rows: list[list[str]] = []
+        i += 1
+        while i < len(lines) and not _RULE.match(lines[i]):
+            first, second = lines[i][:split].strip(), lines[i][split:].strip()
+            if first or not rows:
+                rows.append([first, second])
+            else:
+                rows[-1][1] = f"{rows[-1][1]} {second}".strip()
+            i += 1
+        i += 1  # the closing rule
+        cells = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+        out += ["| | |", "|---|---|", *(f"| {a} | {b} |" for a, b in cells)]
+    return "\n".join(out)
+
+
+class RstTables(griffe.Extension):
+    """Rewrites RST simple tables in docstrings as Markdown tables (see the module docstring)."""
+
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        """When griffe creates an object: convert the tables of its docstring, if any."""
+        if obj.docstring is not None and "=  " in obj.docstring.value:
+            obj.docstring.value = rst_tables_to_markdown(obj.docstring.value)
