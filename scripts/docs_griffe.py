@@ -1,7 +1,6 @@
 """griffe extensions of the documentation site: generated functions, and RST tables as Markdown.
 
-GeneratedOps: 
-``kael.ops`` makes one function per elementwise catalogue op at import time
+GeneratedOps: ``kael.ops`` makes one function per elementwise catalogue op at import time
 (``kael.ops.POINTWISE``: ``add``, ``exp``, ``eq``, ...), so griffe's static analysis of the
 source cannot see them. This extension, named under ``extensions:`` in mkdocs.yml, imports
 ``kael.ops`` once the ``kael`` package is loaded and adds each generated function to the
