@@ -185,3 +185,28 @@ def test_parameters_a_rank_did_not_use_count_as_zero_gradients(worker: Any, tmp_
             np.testing.assert_allclose(got[name], (local[0][name] + local[1][name]) / 2, rtol=0, atol=1e-12)
         np.testing.assert_array_equal(got["never.weight"], np.zeros((2, 2)))
         assert int(got["reduce_calls"]) > 1
+
+
+def test_the_guides_script_trains_the_same_weights_on_both_ranks(tmp_path: Path) -> None:
+    guide = (HERE.parents[1] / "docs" / "guides" / "distributed-training.md").read_text(encoding="utf-8")
+    script = guide.split("```python\n", 1)[1].split("```", 1)[0]  # the page's whole training script
+    script += "\nnp.savez(f'rank{rank}.npz', *[p.detach().numpy() for p in model.parameters()], world=world)\n"
+    (tmp_path / "guide.py").write_text(script, encoding="utf-8")
+    assert MPIEXEC is not None
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, "guide.py"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=tmp_path,
+        env={**os.environ, "KAEL_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
+    assert int(ranks[0]["world"]) == 2
+    names = [k for k in ranks[0].files if k != "world"]
+    assert len(names) == 4
+    for k in names:
+        np.testing.assert_array_equal(ranks[0][k], ranks[1][k])
+    assert (tmp_path / "model.safetensors").is_file()
