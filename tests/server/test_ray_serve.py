@@ -12,6 +12,7 @@ the flag checks, and ReplicaApp's header, metrics labels and start-up gate.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -105,6 +106,33 @@ def test_flags_are_kael_servers_plus_rays() -> None:
     assert (config.slots, config.queue, config.threads, config.max_replicas, config.cpus) == (3, 5, 2, 4, 2.0)
     assert args.address == "auto" and args.port == 9
     assert deployment_options(config)["autoscaling_config"]["target_ongoing_requests"] == 3.0
+
+
+class _Recording(argparse.Namespace):
+    """A Namespace that remembers which flags were read."""
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        object.__setattr__(self, "read", set())
+
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("_") and name != "read":
+            object.__getattribute__(self, "read").add(name)
+        return object.__getattribute__(self, name)
+
+
+def test_every_kael_server_flag_reaches_the_replicas() -> None:
+    """A flag kael-server gains must reach the replicas too (or be named here as the proxy's)."""
+    from kael_server.cli import build_parser as server_parser
+
+    args = build_parser().parse_args([])
+    recording = _Recording(**vars(args))
+    config_from_args(recording, keys=ApiKeys())
+    handled_elsewhere = {"help", "version", "host", "port", "api_key", "api_key_file"}  # proxy; keys by main()
+    server_flags = {a.dest for a in server_parser()._actions} - handled_elsewhere
+    assert server_flags <= recording.read, sorted(server_flags - recording.read)
+    config = config_from_args(build_parser().parse_args(["--kv-cache-tokens", "64", "--no-prefix-cache"]), ApiKeys())
+    assert (config.kv_cache_tokens, config.prefix_cache) == (64, False)
 
 
 def test_main_refuses_a_bad_checkpoint_before_starting_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

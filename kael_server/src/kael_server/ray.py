@@ -76,6 +76,7 @@ __all__ = [
     "ReplicaLoadError",
     "build_parser",
     "build_replica_app",
+    "config_from_args",
     "deployment",
     "deployment_options",
     "labelled_metrics",
@@ -106,6 +107,8 @@ class RayServeConfig:
     device: str = "cpu"
     weights: str | None = None
     slots: int = 1
+    kv_cache_tokens: int | None = None
+    prefix_cache: bool = True
     queue: int = 0
     queue_timeout: float = 10.0
     request_timeout: float | None = None
@@ -309,6 +312,8 @@ def build_replica_app(config: RayServeConfig, replica: str) -> ReplicaApp:
         protect_metrics=config.protect_metrics,
         request_timeout=config.request_timeout,
         weights=config.weights,
+        kv_cache_tokens=config.kv_cache_tokens,
+        prefix_cache=config.prefix_cache,
     )
     return ReplicaApp(app, replica)
 
@@ -386,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ray.add_argument(
         "--num-cpus-cluster",
-        type=float,
+        type=int,
         default=None,
         metavar="C",
         help="CPUs of the local Ray instance (without --address; default: all)",
@@ -395,12 +400,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace, keys: ApiKeys) -> RayServeConfig:
-    """RayServeConfig from parsed flags (ServerConfigError for a bad value)."""
+    """RayServeConfig from parsed flags (ServerConfigError for a bad value); ``keys`` are the
+    configured API keys (``--api-key``, ``--api-key-file``, the environment), as digests."""
     return RayServeConfig(
         data=args.data,
         device=args.device,
         weights=args.weights,
         slots=args.slots,
+        kv_cache_tokens=args.kv_cache_tokens,
+        prefix_cache=not args.no_prefix_cache,
         queue=args.queue,
         queue_timeout=args.queue_timeout,
         request_timeout=args.request_timeout,
