@@ -88,9 +88,7 @@ def test_python_blocks_parse(page: Path) -> None:
 #: Pages whose ```python blocks are sketches that cannot run yet, with what to do: the page's
 #: author marks those blocks ```py (or makes them run) and deletes the entry here. xfail is
 #: strict, so a page that starts to pass fails here until its entry goes.
-NOT_YET_RUNNABLE = {
-    "guides/distributed-training.md": "its blocks use build_model, dataset, ... that no block defines",
-}
+NOT_YET_RUNNABLE: dict[str, str] = {}
 
 
 def _run_param(page: Path) -> object:
