@@ -72,6 +72,9 @@ def train(out: str, opt_name: str, steps: int, per_rank: int, cap_mb: float, acc
         return real(t, *args, **kwargs)
 
     dist.all_reduce = counting  # type: ignore[assignment]  # DDP calls it through the module
+    # overlap: how many buckets had started when backward reached the first layer's weight
+    started: list[int] = []
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: started.append(calls[-1]))
     before = ddp.reduce_calls
     for step in range(steps):
         calls.append(0)
@@ -93,6 +96,7 @@ def train(out: str, opt_name: str, steps: int, per_rank: int, cap_mb: float, acc
         os.path.join(out, f"rank{r}.npz"),
         calls=np.array(calls),
         reduced=np.array(reduced),
+        started=np.array(started),
         reduce_calls=np.array(ddp.reduce_calls - before),
         buckets=np.array(len(ddp.buckets)),
         bucket_names=np.array(json.dumps(ddp.buckets)),
