@@ -207,12 +207,22 @@ def _minimum(a: Any, b: Any) -> Tensor:
 
 
 def relu(a: Tensor) -> Tensor:
+    """Elementwise ``max(a, 0)``, in ``a``'s dtype; the gradient is 0 where ``a <= 0`` (as PyTorch's).
+
+    Raises ``DTypeError`` when ``a`` is not a tensor.
+    """
     if not isinstance(a, Tensor):
         raise DTypeError(f"relu: expected a tensor, got {type(a).__name__}")
     return Relu.apply(a)  # type: ignore[no-any-return]
 
 
 def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    """Elementwise ``minimum(maximum(a, min), max)``: ``a`` with its values limited to ``[min, max]``.
+
+    ``min`` and ``max`` are numbers or tensors broadcastable against ``a``; either may be None (no bound
+    on that side), not both (``DTypeError``). With ``min > max`` every element becomes ``max``, as in
+    PyTorch. The gradient flows to ``a`` where it is inside the bounds (and to tensor bounds where they bind).
+    """
     if min is None and max is None:
         raise DTypeError("clamp: at least one of min and max must be given")
     r = a
@@ -224,22 +234,48 @@ def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
 
 
 def where(cond: Tensor, a: Any, b: Any) -> Tensor:
+    """Elementwise select: ``a`` where ``cond`` is True, else ``b``.
+
+    ``cond`` must be a bool tensor (``DTypeError`` otherwise); ``a`` and ``b`` are tensors or Python numbers.
+    The three broadcast together, the result's dtype is ``a`` and ``b``'s promoted type, and the gradient
+    of each of ``a`` and ``b`` is the incoming gradient where it was selected, 0 elsewhere.
+    """
     return Where.apply(cond, a, b)  # type: ignore[no-any-return]
 
 
 def sum(a: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+    """The sum over ``dim`` (an int, a tuple of ints, or None for all elements).
+
+    ``keepdim=True`` keeps the reduced dims with size 1. Bool and integer tensors sum to int64 unless
+    ``dtype`` is given; floating-point tensors keep their dtype. The sum of no elements is 0.
+    """
     return Sum.apply(a, dim, keepdim, dtype)  # type: ignore[no-any-return]
 
 
 def prod(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """The product over ``dim`` (an int, a tuple of ints, or None for all elements).
+
+    ``keepdim=True`` keeps the reduced dims with size 1. Bool and integer tensors multiply in int64;
+    the product of no elements is 1. The gradient is exact where ``a`` holds zeros (no division by them).
+    """
     return Prod.apply(a, dim, keepdim)  # type: ignore[no-any-return]
 
 
 def amax(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """The largest value over ``dim`` (an int, a tuple of ints, or None for all elements), in ``a``'s dtype.
+
+    Unlike ``max`` it returns no indices, and its gradient is shared evenly between tied maxima.
+    Reducing over a dim of size 0 raises ``ShapeError``.
+    """
     return Amax.apply(a, "amax", dim, keepdim)  # type: ignore[no-any-return]
 
 
 def amin(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """The smallest value over ``dim`` (an int, a tuple of ints, or None for all elements), in ``a``'s dtype.
+
+    Unlike ``min`` it returns no indices, and its gradient is shared evenly between tied minima.
+    Reducing over a dim of size 0 raises ``ShapeError``.
+    """
     return Amin.apply(a, "amin", dim, keepdim)  # type: ignore[no-any-return]
 
 
@@ -253,6 +289,7 @@ def max(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
 
 
 def min(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    """min(a) -> the smallest value; min(a, dim) -> (values, indices); min(a, other) -> elementwise minimum."""
     if isinstance(dim, Tensor):
         return _minimum(a, dim)
     if dim is None:
@@ -261,18 +298,38 @@ def min(a: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
 
 
 def argmax(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """The int64 index of the largest value along ``dim`` (the first one on ties).
+
+    With ``dim=None`` it is the index into the flattened tensor (of shape ``(1,) * a.ndim`` with
+    ``keepdim=True``). Raises ``DTypeError`` for a ``dim`` that is not an int, ``ShapeError`` for an empty
+    tensor or dim. Not differentiable.
+    """
     return argreduce("argmax", a, dim, keepdim)
 
 
 def argmin(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """The int64 index of the smallest value along ``dim`` (the first one on ties).
+
+    With ``dim=None`` it is the index into the flattened tensor (of shape ``(1,) * a.ndim`` with
+    ``keepdim=True``). Raises ``DTypeError`` for a ``dim`` that is not an int, ``ShapeError`` for an empty
+    tensor or dim. Not differentiable.
+    """
     return argreduce("argmin", a, dim, keepdim)
 
 
 def any(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Whether any element over ``dim`` (an int, a tuple of ints, or None for all) is nonzero, as a bool tensor.
+
+    ``any`` of no elements is False.
+    """
     return logical_reduce("any", a, dim, keepdim)
 
 
 def all(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Whether every element over ``dim`` (an int, a tuple of ints, or None for all) is nonzero, as a bool tensor.
+
+    ``all`` of no elements is True.
+    """
     return logical_reduce("all", a, dim, keepdim)
 
 
