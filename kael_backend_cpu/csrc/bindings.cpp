@@ -623,6 +623,19 @@ void bind_fused(py::module_& m) {
           u.fix(o, vv, false);
           attention(o, qv, kv, vv, scale, causal, hl ? &lv : nullptr);
         });
+  m.def("paged_attention",
+        [](py::handle out, py::handle q, py::handle cache, py::handle block_table, py::handle lengths, double scale) {
+          const char* n = "paged_attention";
+          View o = parse(out, n, true), qv = parse(q, n), cv = parse(cache, n), tv = parse(block_table, n),
+               lv = parse(lengths, n);
+          py::gil_scoped_release nogil;
+          Unaliased u;
+          u.fix(o, qv, false);
+          u.fix(o, cv, false);
+          u.fix(o, tv, false);
+          u.fix(o, lv, false);
+          paged_attention(o, qv, cv, tv, lv, scale);
+        });
   m.def("adamw_step", [](py::handle param, py::handle grad, py::handle exp_avg, py::handle exp_avg_sq, double lr,
                          double beta1, double beta2, double eps, double weight_decay, int64_t step) {
     const char* n = "adamw_step";

@@ -123,6 +123,15 @@ void silu_mul(const View& out, const View& gate, const View& up);
 void attention(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
                const View* lengths);
 
+// -- paged_attention.cpp (NOTE [paged attention tasks]) -----------------------------------
+// Causal attention of q [B,H,T,D] over a paged KV cache [NB,2,Hkv,S,D] (block n's keys at [n,0],
+// values at [n,1]): position p of row b is slot p % S of block block_table[b, p / S] (integer
+// [B,M]), query t of row b sees positions 0 .. lengths[b]-T+t (lengths integer [B], T <=
+// lengths[b] <= M*S, every block id in use in [0, NB): checked, a kael::Error otherwise).
+// out [B,H,T,D]; H % Hkv == 0 as attention.
+void paged_attention(const View& out, const View& q, const View& cache, const View& block_table, const View& lengths,
+                     double scale);
+
 // -- quant.cpp: weight formats (NOTE [quantized linear paths]) ---------------------------
 // GGML's Q8_0 / Q4_0 blocks (uint8 [N, K/32*B]) and bfloat16 / float16 [N, K] weights; the
 // order indexes VecTable::dequant_row and qdot_rows.

@@ -6,10 +6,10 @@ frame in between, NOTE [thin glue] in csrc/bindings.cpp), with these exceptions:
 * the random kernels are ``kael.backends.host``'s: they draw from the
   ``kael.Generator``'s host bit generator, so a seed gives the same numbers on every
   CPU backend, and write through NumPy views;
-* float16 attention runs the NumPy host kernel (``kael.backends.host.kernel``), which
-  computes in float16 NumPy arithmetic (rounding after every multiply-add); the C++
-  kernel computes float16 in float32 and lands outside the conformance tolerance of
-  that rounding. bfloat16 and the other float dtypes stay native;
+* float16 attention and paged_attention run the NumPy host kernels
+  (``kael.backends.host.kernel``), which compute in float16 NumPy arithmetic (rounding
+  after every multiply-add); the C++ kernels compute float16 in float32 and land outside
+  the conformance tolerance of that rounding. bfloat16 and the other float dtypes stay native;
 * a fused op the installed extension does not bind (an older build) is left out: fused
   ops are optional, so the frontend runs its decomposition (``missing_fused()`` lists
   them). Every primitive must be bound.
@@ -31,6 +31,7 @@ NATIVE_OPS: tuple[str, ...] = tuple(
     op for op in catalogue.CATALOGUE if op not in host.RANDOM_KERNELS and (op in catalogue.PRIMITIVES or hasattr(C, op))
 )
 _host_attention = host.kernel("attention")
+_host_paged_attention = host.kernel("paged_attention")
 
 
 def missing_fused() -> list[str]:
@@ -45,9 +46,18 @@ def _attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, len
         C.attention(out, q, k, v, scale, causal, lengths)
 
 
+def _paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
+    if q.dtype is dtypes.float16:
+        _host_paged_attention(out, q, cache, block_table, lengths, scale)
+    else:
+        C.paged_attention(out, q, cache, block_table, lengths, scale)
+
+
 def kernel_table() -> dict[str, Callable[..., Any]]:
     table: dict[str, Callable[..., Any]] = {name: getattr(C, name) for name in NATIVE_OPS}
     table.update(host.RANDOM_KERNELS)
     if "attention" in table:
         table["attention"] = _attention
+    if "paged_attention" in table:
+        table["paged_attention"] = _paged_attention
     return table
