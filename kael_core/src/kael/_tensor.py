@@ -50,6 +50,16 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 class Tensor:
+    """An n-dimensional array on a device: a strided view over a ``Storage``, with autograd state.
+
+    Create tensors with ``kael.tensor``, ``kael.zeros``, ``kael.from_numpy`` and the other factory
+    functions (calling ``Tensor()`` raises ``TypeError``). ``shape`` is a tuple of ints, ``dtype`` a
+    ``kael.DType``, ``device`` a ``kael.Device``; ``requires_grad``, ``grad`` and ``grad_fn`` are the
+    autograd state (``grad_fn`` is None for a leaf). Views (``view``, ``permute``, ``T``, indexing, ...)
+    share the storage of the tensor they view; operators and most methods are the ``kael.*`` functions
+    of the same name, attached by ``kael.ops``.
+    """
+
     __slots__ = (
         "__weakref__",
         "_accumulator",
@@ -145,22 +155,33 @@ class Tensor:
     # -- metadata ------------------------------------------------------------------
     @property
     def ndim(self) -> int:
+        """The number of dims, ``len(self.shape)`` (0 for a scalar tensor)."""
         return len(self.shape)
 
     def dim(self) -> int:
+        """The number of dims, ``len(self.shape)``; the same as ``ndim``."""
         return len(self.shape)
 
     def size(self, dim: int | None = None) -> Any:
+        """The shape as a tuple of ints, or with ``dim`` the size of that dim (negative counts from the end).
+
+        A ``dim`` out of range raises ``kael.IndexError_``, one that is not an int ``DTypeError``.
+        """
         if dim is None:
             return self.shape
         return self.shape[self._wrap_dim(dim, "size")]
 
     def stride(self, dim: int | None = None) -> Any:
+        """The strides in elements (not bytes) as a tuple, or with ``dim`` the stride of that dim.
+
+        A ``dim`` out of range raises ``kael.IndexError_``, one that is not an int ``DTypeError``.
+        """
         if dim is None:
             return self._strides
         return self._strides[self._wrap_dim(dim, "stride")]
 
     def storage_offset(self) -> int:
+        """The index, in elements, of this tensor's first element in its storage (nonzero for many views)."""
         return self._offset
 
     def untyped_storage(self) -> Storage:
@@ -168,17 +189,21 @@ class Tensor:
         return self._storage
 
     def numel(self) -> int:
+        """The number of elements, the product of ``shape`` (1 for a 0-d tensor)."""
         return _numel(self.shape)
 
     def element_size(self) -> int:
+        """The size of one element in bytes (``dtype.itemsize``)."""
         return self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
+        """The bytes this tensor's elements take, ``numel() * element_size()`` (not its storage's size)."""
         return self.numel() * self.dtype.itemsize
 
     @property
     def is_leaf(self) -> bool:
+        """Whether no recorded operation produced this tensor (``grad_fn`` is None): a leaf of the autograd graph."""
         return self.grad_fn is None
 
     def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
@@ -210,12 +235,18 @@ class Tensor:
 
     @property
     def is_cuda(self) -> bool:
+        """Whether this tensor lives on a ``cuda`` device."""
         return self.device.type == "cuda"
 
     def is_floating_point(self) -> bool:
+        """Whether the dtype is a floating-point one (float16, bfloat16, float32, float64)."""
         return self.dtype.is_floating_point
 
     def is_contiguous(self) -> bool:
+        """Whether the elements lie in row-major order without gaps (the strides of size-1 dims do not count).
+
+        Views such as ``T``, ``permute`` or a step slice usually are not; ``contiguous()`` makes a copy that is.
+        """
         expected = 1
         for n, s in zip(reversed(self.shape), reversed(self._strides)):
             if n != 1 and s != expected:
@@ -224,6 +255,7 @@ class Tensor:
         return True
 
     def data_ptr(self) -> int:
+        """The memory address of this tensor's first element: its storage's, plus ``storage_offset()`` elements."""
         return self._storage.data_ptr() + self._offset * self.dtype.itemsize
 
     def _np_writable(self) -> bool:
@@ -300,11 +332,16 @@ class Tensor:
         return a.astype(dtype) if dtype is not None else a
 
     def item(self) -> bool | int | float:
+        """The value of a one-element tensor as a Python bool, int or float (copied to the host if needed).
+
+        Raises ``ShapeError`` when the tensor does not hold exactly one element.
+        """
         if self.numel() != 1:
             raise ShapeError(f"item(): expected a tensor with one element, got shape {list(self.shape)}")
         return self._host().reshape(()).item()  # type: ignore[no-any-return]
 
     def tolist(self) -> Any:
+        """The values as nested Python lists (a Python scalar for a 0-d tensor), copied to the host."""
         return self._host().tolist()
 
     def __len__(self) -> int:
