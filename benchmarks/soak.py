@@ -143,7 +143,10 @@ class Soak:
 # --------------------------------------------------------------------------------------------------
 # Request bodies and answers.
 # --------------------------------------------------------------------------------------------------
-def _body(soak: Soak, base: str, stream: bool, max_tokens: int, long: bool = False) -> dict[str, Any]:
+def _body(
+    soak: Soak, base: str, stream: bool, max_tokens: int, long: bool = False, n: int | None = None
+) -> dict[str, Any]:
+    """A valid request; `long`: with ignore_eos (OpenAI routes), so it runs all max_tokens."""
     rng = soak.rng
     prompt = rng.choice(PROMPTS)
     temperature = rng.choice((0.0, 0.8))
@@ -155,7 +158,7 @@ def _body(soak: Soak, base: str, stream: bool, max_tokens: int, long: bool = Fal
     if rng.random() < 0.5:
         common["seed"] = rng.randrange(1 << 30)
     if base == "completions":
-        return {"model": "kael", "prompt": prompt, "n": rng.choice((1, 1, 2)), **common}
+        return {"model": "kael", "prompt": prompt, "n": n or rng.choice((1, 1, 2)), **common}
     return {"model": "kael", "messages": [{"role": "user", "content": prompt}], **common}
 
 
@@ -262,12 +265,18 @@ async def _exchange(client: httpx.AsyncClient, s: Seen, base: str, req: dict[str
 
 
 async def stream(
-    soak: Soak, client: httpx.AsyncClient, base: str, max_tokens: int, cancel_after: int | None = None
+    soak: Soak,
+    client: httpx.AsyncClient,
+    base: str,
+    max_tokens: int,
+    cancel_after: int | None = None,
+    kind: str = "",
 ) -> Seen:
-    """A streamed request; with cancel_after, the client closes it after that many events."""
-    long = cancel_after is not None
-    req = _body(soak, base, True, max_tokens, long=long)
-    s = soak.new(base + ("_cancel" if long else "_stream"), ROUTE[base])
+    """A streamed request; with cancel_after, the client closes it after that many events; a `kind`
+    given (the slot check) makes it one choice running all max_tokens."""
+    long = cancel_after is not None or bool(kind)
+    req = _body(soak, base, True, max_tokens, long=long, n=1 if kind else None)
+    s = soak.new(kind or base + ("_cancel" if cancel_after is not None else "_stream"), ROUTE[base])
     try:
         async with client.stream("POST", s.route, json=req, headers={"X-Request-ID": s.rid}) as r:
             s.status = r.status_code
@@ -489,7 +498,8 @@ async def slot_check(soak: Soak, slots: int) -> dict[str, Any]:
     async with httpx.AsyncClient(
         base_url=soak.url, timeout=httpx.Timeout(120.0), limits=httpx.Limits(max_connections=slots)
     ) as client:
-        ss = await asyncio.gather(*(stream(soak, client, "generate", soak.context - 40) for _ in range(slots)))
+        long = soak.context - 40
+        ss = await asyncio.gather(*(stream(soak, client, "completions", long, kind="slot_check") for _ in range(slots)))
     firsts = [s.first_event for s in ss]
     ok = all(s.cls == "ok" for s in ss) and all(f is not None for f in firsts)
     together = ok and max(f for f in firsts if f is not None) < min(s.ended for s in ss)
