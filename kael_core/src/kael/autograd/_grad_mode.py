@@ -21,6 +21,7 @@ STATE = _State()
 
 
 def is_grad_enabled() -> bool:
+    """Whether ops on this thread record the autograd graph now (False inside ``no_grad`` and ``inference_mode``)."""
     return STATE.enabled
 
 
@@ -60,6 +61,12 @@ class enable_grad(_Mode):
 
 
 class set_grad_enabled(_Mode):
+    """Turn graph recording on or off on this thread: at once, or for a ``with`` block.
+
+    ``set_grad_enabled(False)`` takes effect when called (as a plain statement it stays in force);
+    used as ``with set_grad_enabled(mode):`` the previous setting comes back when the block exits.
+    """
+
     def __init__(self, mode: bool) -> None:
         self._value = bool(mode)
         self._prev = STATE.enabled
