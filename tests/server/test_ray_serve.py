@@ -13,10 +13,15 @@ the flag checks, and ReplicaApp's header, metrics labels and start-up gate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,6 +215,38 @@ def _broken_checkpoint(tmp_path: Path) -> Path:
 # ---- Ray: a local instance, 2 replicas through Serve's proxy ----------------------------------
 
 
+@pytest.mark.slow
+def test_the_command_serves_and_exits_0_on_sigterm(tmp_path: Path, single: TestClient[Any]) -> None:
+    """``python -m kael_server.ray`` on a local Ray instance of its own (before the module's
+    instance starts): it answers as one server does, and SIGTERM ends it with status 0."""
+    port = free_port()
+    command = [sys.executable, "-m", "kael_server.ray", "--port", str(port), "--threads", "1", "--num-cpus", "0.5",
+               "--num-cpus-cluster", "2", "--log-level", "warning"]  # fmt: skip
+    log = tmp_path / "log.txt"
+    body = {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}
+    with log.open("w") as out:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while True:  # a process: nothing to wait on but its port
+                assert process.poll() is None, log.read_text()[-4000:]
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200:
+                        break
+                assert time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.2)
+            answer = httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=120)
+            assert answer.status_code == 200 and answer.headers[REPLICA_HEADER]
+            assert answer.json()["text"] == single.post("/generate", json=body).json()["text"]
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=180) == 0, log.read_text()[-4000:]
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
 @pytest.fixture(scope="module")
 def serve_url() -> Iterator[str]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -276,9 +313,11 @@ def _text(path: str, body: dict[str, Any], status: int, payload: str) -> str:
 def test_two_replicas_answer_as_one_server(serve_url: str, single: TestClient[Any]) -> None:
     requests = _requests()
     expected = []
+    before = single_tokens(single)
     for path, body in requests:
         answer = single.post(path, json=body)
         expected.append(_text(path, body, answer.status_code, answer.text))
+    oracle_tokens = single_tokens(single) - before
     assert any(expected) and len(set(expected)) > 1
 
     got: list[tuple[str, str] | None] = [None] * len(requests)
@@ -320,7 +359,7 @@ def test_two_replicas_answer_as_one_server(serve_url: str, single: TestClient[An
                 break
     assert set(counts) == replicas
     assert sum(counts.values()) == len(requests) and all(c >= 1 for c in counts.values())
-    assert sum(tokens.values()) == single_tokens(single)
+    assert sum(tokens.values()) == oracle_tokens
 
 
 def single_tokens(client: TestClient[Any]) -> float:

@@ -461,24 +461,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report to Ray's servers unless asked for
     local = args.address is None
-    ray.init(address=args.address, num_cpus=args.num_cpus_cluster if local else None, include_dashboard=False)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        ray.init(address=args.address, num_cpus=args.num_cpus_cluster if local else None, include_dashboard=False)
+    except Exception as exc:  # no cluster at --address, a bad --num-cpus-cluster: Ray's own words
+        print(f"kael-server-ray: cannot start or join Ray: {exc}", file=sys.stderr)
+        return 2
+    # After ray.init, whose own SIGTERM handler would replace one installed before it (and end
+    # the process without a drain). A signal during the deployment stops the command once
+    # serve.run has returned.
+    with _until_signalled() as stop:
         try:
-            serve.run(deployment(config, args.name).bind(), name=args.name, route_prefix="/")
-        except Exception as exc:  # Serve reports a failed deployment as RuntimeError (and subclasses)
-            print(f"kael-server-ray: the deployment failed: {exc}", file=sys.stderr)
-            return 1
-        shown = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"kael-server-ray: serving on http://{shown}:{args.port}", file=sys.stderr, flush=True)
-        with _until_signalled() as stop:
-            stop.wait()
-        serve.delete(args.name)  # replicas drain (NOTE [Ray Serve replicas])
-        return 0
-    finally:
-        if local:
-            serve.shutdown()
-        ray.shutdown()
+            serve.start(http_options={"host": args.host, "port": args.port})
+            try:
+                serve.run(deployment(config, args.name).bind(), name=args.name, route_prefix="/")
+            except Exception as exc:  # Serve reports a failed deployment as RuntimeError (and subclasses)
+                print(f"kael-server-ray: the deployment failed: {exc}", file=sys.stderr)
+                return 1
+            shown = f"[{args.host}]" if ":" in args.host else args.host
+            print(f"kael-server-ray: serving on http://{shown}:{args.port}", file=sys.stderr, flush=True)
+            while not stop.wait(0.5):  # a bounded wait: the signal handler runs between waits
+                pass
+            serve.delete(args.name)  # replicas drain (NOTE [Ray Serve replicas])
+            return 0
+        finally:
+            if local:
+                serve.shutdown()
+            ray.shutdown()
 
 
 if __name__ == "__main__":
