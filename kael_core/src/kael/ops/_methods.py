@@ -29,6 +29,21 @@ def _pointwise_methods(inplace: bool, inputs: int) -> list[str]:
     return out
 
 
+#: The docstring of each generated in-place method (``Tensor.add_``, ``Tensor.exp_``, ...).
+_INPLACE_DOC = """In-place ``{call}``: the result is written into this tensor's memory, which is returned.
+
+The tensor keeps its shape and dtype. While grad mode is on, autograd records the op (on a view, the base's
+gradient sees the write too); a leaf tensor that requires grad raises ``AutogradError`` (use ``kael.no_grad()``
+or a clone). Read-only memory (a memory-mapped file) raises ``DTypeError``.
+"""
+
+_INPLACE_BINARY_DOC = """
+``other`` is a tensor broadcastable to this tensor's shape (else ``ShapeError``) or a Python number; with
+``alpha`` it is multiplied by ``alpha`` first. A result type of a wider category than this tensor's dtype
+(a float operand for an integer tensor) raises ``DTypeError``.
+"""
+
+
 def _install() -> None:
     from .. import ops as F
     from . import _inplace, _views
@@ -109,17 +124,75 @@ def _install() -> None:
     ):
         setattr(T, name, getattr(F, name))
     T.slice = F.slice_
-    T.T = property(
-        lambda a: _views.permute(a, tuple(reversed(range(a.ndim)))) if a.ndim != 2 else _views.transpose(a, 0, 1)
-    )
-    T.mT = property(lambda a: _views.transpose(a, -2, -1))
-    T.where = lambda a, cond, other: F.where(cond, a, other)
-    T.expand_as = lambda a, o: _views.expand(a, o.shape)
-    T.view_as = lambda a, o: _views.view(a, o.shape)
-    T.reshape_as = lambda a, o: _views.reshape(a, o.shape)
-    T.type_as = lambda a, o: _inplace.to(a, dtype=o.dtype)
-    T.cpu = lambda a: _inplace.to(a, device="cpu")
-    T.cuda = lambda a, index=0: _inplace.to(a, device=f"cuda:{index}")
+
+    def transposed(a: Tensor) -> Tensor:
+        """This tensor with its dims in reverse order, as a view (no copy): the transpose of a matrix.
+
+        A 0-d or 1-d tensor comes back as a view of itself; an n-d one is ``permute(n-1, ..., 0)``.
+        """
+        return _views.permute(a, tuple(reversed(range(a.ndim)))) if a.ndim != 2 else _views.transpose(a, 0, 1)
+
+    def matrix_transposed(a: Tensor) -> Tensor:
+        """The last two dims swapped, as a view: each matrix of a batch transposed (``transpose(-2, -1)``).
+
+        A tensor with fewer than 2 dims raises ``kael.IndexError_``.
+        """
+        return _views.transpose(a, -2, -1)
+
+    T.T = property(transposed)
+    T.mT = property(matrix_transposed)
+
+    def where(a: Tensor, cond: Tensor, other: Any) -> Tensor:
+        """This tensor where the bool tensor ``cond`` is True, else ``other``: ``kael.where(cond, self, other)``."""
+        return F.where(cond, a, other)
+
+    def expand_as(a: Tensor, other: Tensor) -> Tensor:
+        """``self.expand(other.shape)``: a broadcast view with ``other``'s shape (stride 0 along expanded dims)."""
+        return _views.expand(a, other.shape)
+
+    def view_as(a: Tensor, other: Tensor) -> Tensor:
+        """``self.view(other.shape)``: a view with ``other``'s shape; ``ShapeError`` when the strides allow no view."""
+        return _views.view(a, other.shape)
+
+    def reshape_as(a: Tensor, other: Tensor) -> Tensor:
+        """``self.reshape(other.shape)``: this tensor in ``other``'s shape, a view if the strides allow, else a copy."""
+        return _views.reshape(a, other.shape)
+
+    def type_as(a: Tensor, other: Tensor) -> Tensor:
+        """This tensor cast to ``other``'s dtype (itself when it has that dtype already); the device stays."""
+        return _inplace.to(a, dtype=other.dtype)
+
+    def cpu(a: Tensor) -> Tensor:
+        """This tensor on the CPU: itself when it is there already, else a copy (gradients flow back to it)."""
+        return _inplace.to(a, device="cpu")
+
+    def cuda(a: Tensor, index: int = 0) -> Tensor:
+        """This tensor on device ``cuda:index``: itself when it is there already, else a copy.
+
+        Raises ``DeviceError`` when no backend serves ``cuda`` (CuPy missing, no such device).
+        """
+        return _inplace.to(a, device=f"cuda:{index}")
+
+    T.where = where
+    T.expand_as = expand_as
+    T.view_as = view_as
+    T.reshape_as = reshape_as
+    T.type_as = type_as
+    T.cpu = cpu
+    T.cuda = cuda
+
+    def _cast(name: str, d: dt.DType) -> Any:
+        def cast(a: Tensor) -> Tensor:
+            return _inplace.to(a, dtype=d)
+
+        cast.__name__ = cast.__qualname__ = name
+        rule = "" if d.is_floating_point else " (nonzero becomes True)" if d is dt.bool_ else " (floats round toward 0)"
+        cast.__doc__ = (
+            f"This tensor cast to {d.name} (``self.to(kael.{d.name})``): itself when it has that dtype already, "
+            f"else a new tensor{rule}."
+        )
+        return cast
+
     for nm, d in (
         ("float", dt.float32),
         ("double", dt.float64),
@@ -130,19 +203,21 @@ def _install() -> None:
         ("bool", dt.bool_),
         ("byte", dt.uint8),
     ):
-        setattr(T, nm, (lambda d_: lambda a: _inplace.to(a, dtype=d_))(d))
+        setattr(T, nm, _cast(nm, d))
 
     def _inplace_bin(name: str) -> Any:
         fn = getattr(F, name)
 
-        def method(a: Tensor, b: Any, alpha: Any = None) -> Tensor:
+        def method(a: Tensor, other: Any, alpha: Any = None) -> Tensor:
             if alpha is not None:
-                b = F.mul(b, alpha)
-            r = fast_binary_(a, name, b)
+                other = F.mul(other, alpha)
+            r = fast_binary_(a, name, other)
             if r is not None:
                 return r
-            return inplace(a, name + "_", lambda: fn(_original(name, a, b), b))
+            return inplace(a, name + "_", lambda: fn(_original(name, a, other), other))
 
+        method.__name__ = method.__qualname__ = name + "_"
+        method.__doc__ = _INPLACE_DOC.format(call=f"kael.{name}(self, other)") + _INPLACE_BINARY_DOC
         return method
 
     for name in _pointwise_methods(True, 2):
@@ -154,13 +229,25 @@ def _install() -> None:
 
     def _inplace_un(name: str) -> Any:
         fn = getattr(F, name)
-        return lambda a, *args, **kw: inplace(a, name + "_", lambda: fn(_original(name, a), *args, **kw))
+
+        def method(a: Tensor, *args: Any, **kw: Any) -> Tensor:
+            return inplace(a, name + "_", lambda: fn(_original(name, a), *args, **kw))
+
+        call = {"clamp": "kael.clamp(self, min, max)"}.get(name, f"kael.{name}(self)")
+        method.__name__ = method.__qualname__ = name + "_"
+        method.__doc__ = _INPLACE_DOC.format(call=call)
+        return method
 
     for name in (*_pointwise_methods(True, 1), "relu", "clamp"):
         setattr(T, name + "_", _inplace_un(name))
     T.copy_ = _inplace.copy_
     T.fill_ = _inplace.fill_
-    T.zero_ = lambda a: _inplace.fill_(a, 0)
+
+    def zero_(a: Tensor) -> Tensor:
+        """Set every element of this tensor to 0 in place (``fill_(0)``); returns this tensor."""
+        return _inplace.fill_(a, 0)
+
+    T.zero_ = zero_
 
     def requires_grad_(a: Tensor, requires_grad: bool = True) -> Tensor:
         """Set whether autograd records operations on this (floating-point) tensor; returns the tensor."""
