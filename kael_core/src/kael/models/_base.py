@@ -36,6 +36,7 @@ class CausalLMBase(Module):
     # -- what a family supplies -----------------------------------------------------------------
     @property
     def num_layers(self) -> int:
+        """The number of transformer layers (``run_layer``'s ``i`` is in ``range(num_layers)``)."""
         raise NotImplementedError(f"{type(self).__name__} must define num_layers")
 
     @property
@@ -45,23 +46,40 @@ class CausalLMBase(Module):
 
     @property
     def head_dim(self) -> int:
+        """The size of one attention head's query, key and value vectors (the KV cache's last dim)."""
         raise NotImplementedError(f"{type(self).__name__} must define head_dim")
 
     @property
     def device(self) -> Any:
+        """The ``kael.Device`` of the parameters (by default the first one's; families may name a tensor)."""
         return next(iter(self.parameters())).device
 
     @property
     def dtype(self) -> dt.DType:
+        """The dtype the model computes in, its activations' and KV cache's (by default the first parameter's)."""
         return next(iter(self.parameters())).dtype
 
     def embed(self, ids: Tensor, starts: Sequence[int]) -> Tensor:
+        """The residual stream [B, T, C] for int token ids [B, T], row b's tokens at positions ``starts[b] + t``.
+
+        A family supplies it (NOTE [model-family seam] in _protocol.py); this base raises ``NotImplementedError``.
+        """
         raise NotImplementedError(f"{type(self).__name__} must define embed")
 
     def run_layer(self, i: int, x: Tensor, step: Any) -> Tensor:
+        """Layer ``i`` on the residual stream x [B, T, C], returning the new stream of the same shape.
+
+        Its attention stores this pass's keys and values in ``step`` (a ``CacheStep`` or another ``StepLike``)
+        and attends to the cache through it; ``step=None`` is causal attention over x's own T tokens.
+        A family supplies it; this base raises ``NotImplementedError``.
+        """
         raise NotImplementedError(f"{type(self).__name__} must define run_layer")
 
     def run_head(self, x: Tensor) -> Tensor:
+        """The final norm and LM head: logits [B, T, V] for the residual stream x [B, T, C].
+
+        A family supplies it; this base raises ``NotImplementedError``.
+        """
         raise NotImplementedError(f"{type(self).__name__} must define run_head")
 
     def decode_step(self, cache: KVCache) -> DecodeStep | None:

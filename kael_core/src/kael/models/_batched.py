@@ -181,6 +181,7 @@ class BatchDecoder:
 
     @property
     def max_positions(self) -> int:
+        """The most tokens (prompt and generated) one row can hold: its cache's ``max_positions``."""
         return self.cache.max_positions
 
     def length(self, row: int) -> int:

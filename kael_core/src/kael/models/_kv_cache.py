@@ -74,10 +74,12 @@ class KVCache:
 
     @property
     def dtype(self) -> dt.DType:
+        """The floating-point dtype of the cached keys and values (the model's compute dtype)."""
         return self.data[0].dtype
 
     @property
     def device(self) -> Any:
+        """The ``kael.Device`` the cache's buffers live on (the model's)."""
         return self.data[0].device
 
     def reset(self, row: int | None = None) -> None:
@@ -132,6 +134,11 @@ class KVCache:
             attention_k(atts[i], qs[i], keys, values, scale, True, None)
 
     def bump_versions(self) -> None:
+        """Bump the storage version counter of every layer's buffer (NOTE [version counter]).
+
+        For code that wrote the cache with backend kernels directly (the fast decode steps), as an in-place
+        op would have: autograd then refuses a backward through a tensor saved from before the write.
+        """
         for b in self.data:  # written in place, like an in-place op would
             b._bump_version()
 

@@ -133,14 +133,17 @@ class PagedKVCache:
 
     @property
     def dtype(self) -> dt.DType:
+        """The floating-point dtype of the cached keys and values (the model's compute dtype)."""
         return self.data[0].dtype
 
     @property
     def device(self) -> Any:
+        """The ``kael.Device`` the cache's buffers live on (the model's)."""
         return self.data[0].device
 
     @property
     def prefix_caching(self) -> bool:
+        """Whether a prompt's leading full blocks reuse the cached blocks of earlier sequences with the same ids."""
         return self.pool.prefix_caching
 
     @property
@@ -304,6 +307,11 @@ class PagedKVCache:
             )
 
     def bump_versions(self) -> None:
+        """Bump the storage version counter of every layer's buffer (NOTE [version counter]).
+
+        For code that wrote the cache with backend kernels directly (the fast decode steps), as an in-place
+        op would have: autograd then refuses a backward through a tensor saved from before the write.
+        """
         for b in self.data:  # written in place, like an in-place op would
             b._bump_version()
 

@@ -34,7 +34,9 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
+        """The size of one attention head, ``dimension // heads``."""
         return self.dimension // self.heads
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields as a dict of the constructor's keywords (``GPT(**config.as_dict())`` builds that shape)."""
         return asdict(self)

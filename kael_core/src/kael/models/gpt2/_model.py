@@ -198,6 +198,8 @@ class GPT(CausalLMBase):
 
     @classmethod
     def from_config(cls, config: GPTConfig, **kwargs: Any) -> GPT:
+        """A GPT of ``config``'s shape; ``kwargs`` are the constructor's keywords (``device``, ``dtype``, ``init``,
+        ``generator``)."""
         return cls(**config.as_dict(), **kwargs)
 
     @classmethod
@@ -230,6 +232,7 @@ class GPT(CausalLMBase):
 
     @property
     def device(self) -> Any:
+        """The ``kael.Device`` of the parameters (that of the token embedding ``wte``)."""
         return self.wte.weight.device
 
     @property
@@ -240,6 +243,7 @@ class GPT(CausalLMBase):
 
     @property
     def num_layers(self) -> int:
+        """The number of transformer blocks, ``config.layers`` (the length of ``h``)."""
         return self.config.layers
 
     @property
@@ -248,6 +252,7 @@ class GPT(CausalLMBase):
 
     @property
     def head_dim(self) -> int:
+        """The size of one attention head, ``config.dimension // config.heads``."""
         return self.config.head_dim
 
     def extra_repr(self) -> str:

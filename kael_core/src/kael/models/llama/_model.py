@@ -243,6 +243,7 @@ class LlamaForCausalLM(CausalLMBase):
 
     @property
     def device(self) -> Any:
+        """The ``kael.Device`` of the parameters (that of the token embedding ``model.embed_tokens``)."""
         return self.model.embed_tokens.weight.device
 
     @property
@@ -253,6 +254,7 @@ class LlamaForCausalLM(CausalLMBase):
 
     @property
     def num_layers(self) -> int:
+        """The number of decoder layers, ``config.num_hidden_layers``."""
         return self.config.num_hidden_layers
 
     @property
@@ -261,6 +263,7 @@ class LlamaForCausalLM(CausalLMBase):
 
     @property
     def head_dim(self) -> int:
+        """The size of one attention head: the config's ``head_dim``, else ``hidden_size // num_attention_heads``."""
         return self.config.dim
 
     @property
