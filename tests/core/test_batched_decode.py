@@ -86,15 +86,19 @@ def tiny() -> GPT:
     return GPT.from_pretrained(DATA)
 
 
+@pytest.mark.parametrize("paged", [True, False])
 @pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize("direct", [True, False])
-def test_greedy_batched_equals_alone_on_the_reference_checkpoint(tiny: GPT, direct: bool, together: bool) -> None:
+def test_greedy_batched_equals_alone_on_the_reference_checkpoint(
+    tiny: GPT, direct: bool, together: bool, paged: bool
+) -> None:
     cases = [c for c in REF["cases"] if len(c["ids"]) + 20 <= tiny.max_positions]
     prompts = [c["ids"] for c in cases] + [cases[0]["ids"][:1], cases[-1]["ids"] + cases[0]["ids"]]
     alone = [tiny.generate(p, 20) for p in prompts]
     for c, a in zip(cases, alone):
         assert a == c["greedy_20"]  # the oracle itself is right
-    engine = BatchDecoder(tiny, rows=3, direct=direct)
+    engine = BatchDecoder(tiny, rows=3, direct=direct, paged=paged)  # paged=False: contiguous KVCache rows
+    assert engine.paged is paged
     joins, rows = [0, 2, 2, 5, 9][: len(prompts)], [1, 0, 2, 1, 0][: len(prompts)]
     got = _run(engine, prompts, 20, joins=joins, rows=rows, together=together)
     assert got == alone
@@ -160,12 +164,13 @@ def test_prefill_many_gives_each_prompt_its_logits_alone() -> None:
     assert got.shape == (len(prompts), 97)
     assert [engine.length(r) for r in range(6)] == [11, 18, 0, 1, 6, 3]
     for i, prompt in enumerate(prompts):
-        with kael.no_grad():
-            want = _prefill(model, prompt, model.new_cache(1, len(prompt) + 1)).numpy()
-        np.testing.assert_array_equal(got[i], want)  # the same calls as alone: bit for bit
-        # the cache rows hold what a prefill alone writes: the next step agrees too
         alone = BatchDecoder(model, rows=1)
-        alone.prefill(0, prompt)
+        want = alone.prefill(0, prompt).numpy().copy()
+        np.testing.assert_array_equal(got[i], want)  # the same calls as alone: bit for bit
+        with kael.no_grad():  # and, up to rounding, what the contiguous KVCache's forward pass gives
+            contiguous = _prefill(model, prompt, model.new_cache(1, len(prompt) + 1)).numpy()
+        np.testing.assert_allclose(got[i], contiguous, rtol=0, atol=1e-5)
+        # the cache rows hold what a prefill alone writes: the next step agrees too
         np.testing.assert_array_equal(engine.decode([rows[i]], [9]).numpy(), alone.decode([0], [9]).numpy())
 
 
