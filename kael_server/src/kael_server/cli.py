@@ -238,6 +238,13 @@ class DrainingServer(uvicorn.Server):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``kael-server`` command: parse ``argv`` (``sys.argv[1:]`` when None), load the model and serve it
+    until SIGINT/SIGTERM, which first stops running generations.
+
+    Returns the exit status: 0 after a normal shutdown, 1 when the model failed to load, 2 for a configuration
+    error such as a port in use or a missing key file (the message goes to stderr; argparse itself exits with 2
+    on a malformed option), 130 when interrupted before the server started.
+    """
     try:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl+C before the server (and its own signal handling) started

@@ -114,10 +114,15 @@ class Metrics:
         self._kv_lock = threading.Lock()
 
     def request_finished(self, outcome: str, seconds: float) -> None:
+        """Counts one finished generation request under ``outcome`` (one of ``OUTCOMES``) in ``kael_requests``
+        and observes its wall time, arrival to last byte, in ``kael_request_seconds``."""
         self.requests.labels(outcome).inc()
         self.request_seconds.observe(seconds)
 
     def generation_finished(self, tokens: int, seconds: float, ttft: float | None) -> None:
+        """Records one finished generation: adds its ``tokens`` to ``kael_generated_tokens``, sets
+        ``kael_tokens_per_second`` to ``tokens / seconds`` (left as it was for no tokens or no time) and
+        observes the time to the first token, ``ttft`` (None when there was none), in its histogram."""
         self.generated_tokens.inc(tokens)
         if tokens and seconds > 0:
             self.tokens_per_second.set(tokens / seconds)
@@ -145,4 +150,5 @@ class Metrics:
                 last[key] = stats[key]
 
     def render(self) -> bytes:
+        """Every metric of this registry in Prometheus' text exposition format (served as ``content_type``)."""
         return generate_latest(self.registry)

@@ -19,6 +19,13 @@ __all__ = ["Scheduler", "SlotPool"]
 
 
 class Scheduler(ABC):
+    """What the routes ask of an admission policy: ``submit`` a job (admitted at once or refused with Busy,
+    never a wait in the request), the jobs ``running`` now, and ``wait_idle`` for a drain.
+
+    ``capacity`` is how many sequences it generates at once (``SlotPool``: one per slot;
+    ``kael_server.batching.BatchScheduler``: the rows of one batched decode step).
+    """
+
     capacity: int
 
     @abstractmethod
