@@ -198,9 +198,10 @@ class PagedKVCache:
                 need,
                 self.pool.free_blocks,
             )
-        for r, t in zip(rows, tokens):
+        for r in rows:  # every check before the first append: an error changes nothing
             if self.pool.length(r) >= self.max_positions:
                 raise ShapeError(f"PagedKVCache.grow: row {r} is full ({self.max_positions} positions)")
+        for r, t in zip(rows, tokens):
             got = self.pool.append(r, t)
             if got is None:  # blocks_needed said it fits: a bookkeeping bug, not a full pool
                 raise KaelError(f"PagedKVCache.grow: the pool refused row {r}'s position after promising it")
