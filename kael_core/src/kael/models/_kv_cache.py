@@ -117,6 +117,8 @@ class KVCache:
         kvs: list[Tensor],
         atts: list[Tensor],
         scale: float,
+        q_all: Tensor | None = None,
+        att_all: Tensor | None = None,
     ) -> None:
         """Write each row's new keys/values (``kvs[i]`` [1, 2, Hkv, 1, D]) at its position and attend
         query ``qs[i]`` [1, H, 1, D] to exactly its own keys into ``atts[i]``, with the backend's kernels."""

@@ -35,7 +35,7 @@ from .. import ops
 from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import cat, narrow, select, tensor, zeros
+from ..ops import cat, narrow, select, tensor, view, zeros
 from ..ops._inplace import copy_
 from ..ops._views import make_view
 from ._kv_blocks import BlockPool
@@ -274,7 +274,7 @@ class PagedKVCache:
             t = self.tables[r]
             flat.extend(t)
             flat.extend([0] * (width - len(t)))
-        tables = tensor(flat, dtype=dt.int64, device=self.device)
+        tables = view(tensor(flat, dtype=dt.int64, device=self.device), len(rows), width)
         lengths = tensor([p + 1 for p in pos], dtype=dt.int64, device=self.device)
         return rows, pos, tables, lengths
 
@@ -287,9 +287,15 @@ class PagedKVCache:
         kvs: list[Tensor],
         atts: list[Tensor],
         scale: float,
+        q_all: Tensor | None = None,
+        att_all: Tensor | None = None,
     ) -> None:
         """Write each row's new keys/values (``kvs[i]`` [1, 2, Hkv, 1, D]) at its position and attend
-        query ``qs[i]`` [1, H, 1, D] to its blocks into ``atts[i]``, with the backend's kernels."""
+        query ``qs[i]`` [1, H, 1, D] to its blocks into ``atts[i]``, with the backend's kernels.
+
+        With ``q_all``/``att_all`` (the same rows as one [n, H, 1, D] view each) one kernel call serves
+        every row: the kernel's result for a row does not depend on the others (the catalogue's rule).
+        """
         rows, pos, tables, lengths = ctx
         copy, attend = k["copy"], k["paged_attention"]
         buf = self.data[layer]
@@ -298,6 +304,10 @@ class PagedKVCache:
         for i, (r, p) in enumerate(zip(rows, pos)):
             block = self.tables[r][p // s_]
             copy(make_view(buf, (1, 2, h, 1, d), st, buf._offset + block * st[0] + (p % s_) * st[3]), kvs[i])
+        if q_all is not None and att_all is not None:
+            attend(att_all, q_all, buf, tables, lengths, scale)
+            return
+        for i in range(len(rows)):
             attend(
                 atts[i],
                 qs[i],

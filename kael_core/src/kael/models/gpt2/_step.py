@@ -171,10 +171,12 @@ class GPT2DecodeStep:
         qs = [make_view(self.qkv, (1, h, 1, d), (s3, d, s3, 1), i * s3) for i in range(n)]
         kvs = [make_view(self.qkv, (1, 2, h, 1, d), (s3, c, d, s3, 1), i * s3 + c) for i in range(n)]
         atts = [make_view(self.att, (1, h, 1, d), (c, d, d, 1), i * c) for i in range(n)]
+        q_all = make_view(self.qkv, (n, h, 1, d), (s3, d, s3, 1), 0)  # the same rows, as one view each
+        att_all = make_view(self.att, (n, h, 1, d), (c, d, d, 1), 0)
         for li, w in enumerate(self.layers):
             layer_norm(norm, mean, rstd, x, w.ln_1_w, w.ln_1_b, eps)
             linear(qkv, norm, w.attn)
-            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale)
+            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale, q_all, att_all)
             linear(proj, att_flat, w.attn_proj)
             add_k(x, x, proj)
             layer_norm(norm, mean, rstd, x, w.ln_2_w, w.ln_2_b, eps)

@@ -262,6 +262,8 @@ class LlamaDecodeStep:
         kvs = [make_view(self.kv, (1, 2, kv, 1, d), (kvw, kv * d, d, d, 1), i * kvw) for i in range(n)]
         qs = [make_view(self.qrot, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
         atts = [make_view(self.att, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
+        q_all = make_view(self.qrot, (n, h, 1, d), (h * d, d, d, 1), 0)  # the same rows, as one view each
+        att_all = make_view(self.att, (n, h, 1, d), (h * d, d, d, 1), 0)
         cos, sin, scale = self.cos, self.sin, self.scale
         ctx = cache.decode_context(rows, pos)
         for li, w in enumerate(self.layers):
@@ -277,7 +279,7 @@ class LlamaDecodeStep:
                 linear(vout, norm, w.v)
                 rope(qrot, q4, cos, sin, where)
                 rope(krot, k4, cos, sin, where)
-            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale)
+            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale, q_all, att_all)
             linear(proj, att_flat, w.o)
             add_k(x, x, proj)
             rms_norm(norm, rstd, x, w.post_norm, eps)
