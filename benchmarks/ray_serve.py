@@ -110,6 +110,8 @@ def kael_server(port: int, data: str | None, threads: int, batching: list[str]) 
 def ray_serve(port: int, cpus: int) -> Iterator[Any]:
     """A local Ray instance with Serve's proxy on ``port``; yields ``ray.serve``."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(name, "60")  # the proxy's 5 s readiness check fails on a busy machine
     import ray
     from ray import serve
 

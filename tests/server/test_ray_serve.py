@@ -39,6 +39,7 @@ from kael_server.errors import ServerConfigError  # noqa: E402
 from kael_server.loading import bundled_model_dir, load_app  # noqa: E402
 from kael_server.ray import (  # noqa: E402
     REPLICA_HEADER,
+    SLOW_MACHINE_ENV,
     RayServeConfig,
     ReplicaApp,
     ReplicaLoadError,
@@ -225,7 +226,7 @@ def test_the_command_serves_and_exits_0_on_sigterm(tmp_path: Path, single: TestC
     log = tmp_path / "log.txt"
     body = {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}
     with log.open("w") as out:
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **{k: "60" for k in SLOW_MACHINE_ENV}}
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + 300
@@ -250,6 +251,8 @@ def test_the_command_serves_and_exits_0_on_sigterm(tmp_path: Path, single: TestC
 @pytest.fixture(scope="module")
 def serve_url() -> Iterator[str]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for name in SLOW_MACHINE_ENV:  # the proxy's 5 s readiness check fails on a loaded 2-core machine
+        os.environ.setdefault(name, "60")
     import ray
     from ray import serve
 

@@ -70,6 +70,7 @@ __all__ = [
     "APP_NAME",
     "REPLICA_HEADER",
     "REPLICA_LABEL",
+    "SLOW_MACHINE_ENV",
     "KaelReplica",
     "RayServeConfig",
     "ReplicaApp",
@@ -82,6 +83,9 @@ __all__ = [
     "labelled_metrics",
     "main",
 ]
+
+#: Ray Serve's proxy start-up and health-check timeouts (seconds), raised to 60 unless already set.
+SLOW_MACHINE_ENV = ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S")
 
 APP_NAME = "kael"
 REPLICA_HEADER = "x-kael-replica"
@@ -460,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kael-server-ray: {exc}{hint}", file=sys.stderr)
         return 2
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report to Ray's servers unless asked for
+    # Serve's proxy gets 5 s to report ready by default: too little on a small, busy machine (the
+    # controller then kills it and serve.start fails). A local instance's actors inherit these.
+    for name in SLOW_MACHINE_ENV:
+        os.environ.setdefault(name, "60")
     local = args.address is None
     try:
         ray.init(address=args.address, num_cpus=args.num_cpus_cluster if local else None, include_dashboard=False)
