@@ -104,6 +104,10 @@ def check_threads(n: Any) -> None:
 
 
 class CpuBackend(kael.Backend):
+    """kael's C++ CPU backend (``cpu`` at priority 10, above the NumPy reference): kernels from the
+    native module, picked by instruction set at run time (``isa()``), a caching allocator, a thread
+    pool (``set_num_threads``)."""
+
     name = "cpu"
     device_type = "cpu"
     priority = 10
@@ -135,15 +139,19 @@ class CpuBackend(kael.Backend):
         return memory_stats()
 
     def reset_peak_memory_stats(self) -> None:
+        """Set peak_allocated_bytes to the bytes allocated now (the module's ``reset_peak_memory_stats``)."""
         reset_peak_memory_stats()
 
     def empty_cache(self) -> None:
+        """Give every cached (free) block back to the system (the module's ``empty_cache``)."""
         empty_cache()
 
     def set_num_threads(self, n: int) -> None:
+        """Threads the kernels use (1 <= n <= 1024; the module's ``set_num_threads``)."""
         set_num_threads(n)
 
     def get_num_threads(self) -> int:
+        """Threads the kernels use now."""
         return get_num_threads()
 
     def isa(self) -> str:

@@ -29,6 +29,9 @@ __all__ = ["CudaBackend"]
 
 
 class CudaBackend(Backend):
+    """kael's CUDA backend on CuPy (``cuda`` devices; under ``KAEL_CUDA_EMULATE=1`` NumPy stands in for
+    CuPy, each raw kernel with a NumPy twin, so it runs and is tested without a GPU)."""
+
     name = "cuda"
     device_type = "cuda"
     priority = 100
@@ -51,6 +54,7 @@ class CudaBackend(Backend):
 
     @property
     def emulated(self) -> bool:
+        """Whether this process runs the backend in host emulation (``KAEL_CUDA_EMULATE=1``)."""
         return state().emulated
 
     def index(self, device: Device | None) -> int:

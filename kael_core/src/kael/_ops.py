@@ -65,9 +65,12 @@ class Arg:
 
     @property
     def is_tensor(self) -> bool:
+        """Whether the argument is a tensor (or a list of them): every role but ``attr``."""
         return self.role != "attr"
 
     def render(self) -> str:
+        """The argument as the catalogue's signatures spell it: ``name: type`` for an attribute or a
+        typed input, ``name|None`` for an optional tensor, else the bare name."""
         if self.role == "attr":
             return f"{self.name}: {self.type}"
         if self.type:

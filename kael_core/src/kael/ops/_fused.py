@@ -336,6 +336,9 @@ def _dim_of(x: Tensor, dim: int, op: str) -> int:
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim`` (default the last), computed stably (the row's maximum
+    subtracted first) in x's floating dtype; a 0-d x gives 1. Differentiable; the backend's fused
+    ``softmax`` kernel when it has one, else its decomposition."""
     _float(x, "softmax")
     if x.ndim == 0:
         from ._creation import ones_like
@@ -345,6 +348,8 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """``x - logsumexp(x)`` along ``dim`` (default the last), computed stably in x's floating dtype;
+    a 0-d x gives 0. Differentiable; the fused ``log_softmax`` kernel when the backend has one."""
     _float(x, "log_softmax")
     if x.ndim == 0:
         from ._creation import zeros_like
@@ -390,6 +395,9 @@ class Gelu(Function):
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """The GELU activation elementwise: ``x * Phi(x)`` with the exact normal CDF (``approximate="none"``,
+    PyTorch's default) or its tanh approximation (``"tanh"``, GPT-2's ``gelu_new``). Any other
+    ``approximate`` is a DTypeError. Differentiable twice (its gradient is the fused ``gelu_backward``)."""
     _float(x, "gelu")
     if approximate not in ("none", "tanh"):
         raise DTypeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -444,6 +452,11 @@ class LayerNorm(Function):
 def layer_norm(
     x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
 ) -> Tensor:
+    """Normalises x over its last dimension (``normalized_shape``, an int or a one-element sequence
+    equal to ``x.shape[-1]``): ``(x - mean) / sqrt(var + eps) * weight + bias``, with the biased variance
+    and the statistics in float32 (float64 for float64 x), as ``torch.nn.functional.layer_norm``;
+    weight and bias ``[C]`` or None. Differentiable in x, weight and bias.
+    """
     _float(x, "layer_norm")
     if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, (int, tuple, list)):
         raise DTypeError(f"layer_norm: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
@@ -488,6 +501,9 @@ class Linear(Function):
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias``: x ``[.., in]``, weight ``[out, in]`` (PyTorch's layout), bias ``[out]``
+    or None; all one floating dtype on one device (DTypeError, ShapeError or DeviceError naming what
+    does not fit). Differentiable in all three; the backend's fused ``linear`` kernel when it has one."""
     _float(x, "linear")
     _float(weight, "linear (weight)")
     if bias is not None:
@@ -529,6 +545,9 @@ class Embedding(Function):
 
 
 def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    """The rows of ``weight`` [num_embeddings, dim] at integer ``ids`` (any shape): ``[*ids.shape, dim]``.
+    An id outside ``[0, num_embeddings)`` is an IndexError_ naming it. Differentiable in ``weight``
+    (the gradient of repeated ids adds up)."""
     if not isinstance(ids, Tensor) or ids.dtype.category != 1:
         raise DTypeError(f"embedding: ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids))!r}")
     if not isinstance(weight, Tensor):
@@ -584,6 +603,12 @@ class CrossEntropy(Function):
 def cross_entropy(
     logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean"
 ) -> Tensor:
+    """The cross-entropy loss of ``logits`` [N, C] against integer class ids ``target`` [N], as
+    ``torch.nn.functional.cross_entropy``: ``-log_softmax(logits)[n, target[n]]`` per row, mixed with
+    the mean over the classes by ``label_smoothing``; rows whose target is ``ignore_index`` count 0 and
+    are left out of the mean. ``reduction`` "mean" (over the rows not ignored), "sum" or "none" ([N]).
+    Differentiable in ``logits``.
+    """
     _float(logits, "cross_entropy")
     if reduction not in ("mean", "sum", "none"):
         raise DTypeError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
