@@ -127,7 +127,8 @@ def _attend(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, scale: float, causal
     e = np.exp(s - m)
     den = e.sum(axis=-1, keepdims=True)
     p = e / np.where(den == 0, 1, den)
-    return np.matmul(p, vv).reshape(b, h, tq, vv.shape[-1])
+    out: np.ndarray = np.matmul(p, vv).reshape(b, h, tq, vv.shape[-1])
+    return out
 
 
 def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
