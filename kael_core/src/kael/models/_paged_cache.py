@@ -35,7 +35,7 @@ from .. import ops
 from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import cat, narrow, select, tensor, view, zeros
+from ..ops import cat, narrow, reshape, select, tensor, view, zeros
 from ..ops._inplace import copy_
 from ..ops._views import make_view
 from ._kv_blocks import BlockPool
@@ -75,8 +75,8 @@ def model_identity(model: Any) -> str:
         for name, p in model.named_parameters():
             h.update(name.encode())
             h.update(repr((str(p.dtype), tuple(p.shape))).encode())
-            flat = p._host().reshape(-1)[:16]
-            h.update(flat.tobytes())
+            flat = reshape(p, (-1,))
+            h.update(narrow(flat, 0, 0, min(16, flat.shape[0]))._host().tobytes())  # 16 values, not a copy of all
     return h.hexdigest()
 
 
@@ -268,15 +268,19 @@ class PagedKVCache:
 
     def decode_context(self, rows: list[int], pos: list[int]) -> tuple[list[int], list[int], Tensor, Tensor]:
         """What ``attend_rows`` needs for one decode step: the rows' tables and lengths as int64 tensors."""
+        tables = self.table_tensor(rows)
+        lengths = tensor([p + 1 for p in pos], dtype=dt.int64, device=self.device)
+        return rows, pos, tables, lengths
+
+    def table_tensor(self, rows: Sequence[int]) -> Tensor:
+        """The rows' block tables as int64 [len(rows), table_width], padded with block 0 (never read)."""
         width = self.table_width
         flat: list[int] = []
         for r in rows:
             t = self.tables[r]
             flat.extend(t)
             flat.extend([0] * (width - len(t)))
-        tables = view(tensor(flat, dtype=dt.int64, device=self.device), len(rows), width)
-        lengths = tensor([p + 1 for p in pos], dtype=dt.int64, device=self.device)
-        return rows, pos, tables, lengths
+        return view(tensor(flat, dtype=dt.int64, device=self.device), len(rows), width)
 
     def attend_rows(
         self,
@@ -365,13 +369,7 @@ class PagedStep:
                     f"PagedKVCache: row {r} has slots for {have} positions, not the {e} this step reaches; "
                     "start() or grow() it first"
                 )
-        w = cache.table_width
-        flat: list[int] = []
-        for r in rows:
-            t = cache.tables[r]
-            flat.extend(t)
-            flat.extend([0] * (w - len(t)))
-        self._tables = tensor(flat, dtype=dt.int64, device=cache.device)
+        self._tables = cache.table_tensor(rows)
         self._lengths = tensor(self.ends, dtype=dt.int64, device=cache.device)
 
     @property
