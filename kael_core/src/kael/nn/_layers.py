@@ -1,4 +1,4 @@
-"""Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout and the activations (GELU, ReLU, SiLU), plus Identity and Flatten.
+"""Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, Identity and Flatten (activations: ``_activation``).
 
 Parameter shapes and initialisations follow PyTorch (``Linear.weight`` is
 ``[out_features, in_features]``), so checkpoints and results carry over.
@@ -18,7 +18,7 @@ from . import init
 from ._module import Module
 from ._parameter import Parameter
 
-__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU", "Identity", "Flatten"]
+__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Identity", "Flatten"]
 
 
 def _positive(op: str, **sizes: Any) -> None:
@@ -192,46 +192,6 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
-
-
-class GELU(Module):
-    """GELU(x) = x * Phi(x); approximate='tanh' is GPT-2's ``gelu_new``."""
-
-    def __init__(self, approximate: str = "none") -> None:
-        super().__init__()
-        if approximate not in ("none", "tanh"):
-            raise DTypeError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
-        self.approximate = approximate
-
-    def forward(self, x: Tensor) -> Tensor:
-        """GELU of x (exact, or the tanh approximation this layer was made with)."""
-        return F.gelu(x, self.approximate)
-
-    def extra_repr(self) -> str:
-        return f"approximate={self.approximate!r}"
-
-
-class ReLU(Module):
-    """ReLU(x) = max(x, 0), elementwise."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        """max(x, 0), elementwise."""
-        return F.relu(x)
-
-
-class SiLU(Module):
-    """SiLU(x) = x * sigmoid(x) (swish; the activation of Llama-family MLPs). inplace overwrites the input."""
-
-    def __init__(self, inplace: bool = False) -> None:
-        super().__init__()
-        self.inplace = bool(inplace)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x * sigmoid(x), elementwise (in place with inplace=True)."""
-        return F.silu(x, self.inplace)
-
-    def extra_repr(self) -> str:
-        return "inplace=True" if self.inplace else ""
 
 
 class Identity(Module):

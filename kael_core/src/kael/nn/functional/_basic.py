@@ -1,4 +1,4 @@
-"""kael.nn.functional: the stateless layer functions, with PyTorch's names and signatures.
+"""The basic layer functions of kael.nn.functional: linear, norms, dropout, embedding, attention.
 
 They are thin wrappers over ``kael.ops`` (fused ops where one exists, so a
 backend's kernel runs when it has one), adding PyTorch's argument conventions.
@@ -8,20 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import ops
-from .._errors import DTypeError, ShapeError
-from .._tensor import Tensor
+from ... import ops
+from ..._errors import DTypeError, ShapeError
+from ..._tensor import Tensor
 
 __all__ = [
     "linear",
-    "relu",
-    "gelu",
-    "silu",
-    "softmax",
-    "log_softmax",
-    "cross_entropy",
-    "nll_loss",
-    "mse_loss",
     "layer_norm",
     "rms_norm",
     "rope",
@@ -35,94 +27,6 @@ __all__ = [
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """input [.., in] @ weight[out, in].T + bias[out]."""
     return ops.linear(input, weight, bias)
-
-
-def relu(input: Tensor) -> Tensor:
-    """max(input, 0), elementwise."""
-    return ops.relu(input)
-
-
-def gelu(input: Tensor, approximate: str = "none") -> Tensor:
-    """Exact GELU (erf), or approximate='tanh' (GPT-2's gelu_new)."""
-    return ops.gelu(input, approximate)
-
-
-def silu(input: Tensor, inplace: bool = False) -> Tensor:
-    """SiLU (swish): input * sigmoid(input), a fused op (the backend's kernel, or its decomposition)."""
-    if inplace:
-        return input.silu_()  # type: ignore[no-any-return]
-    return ops.silu(input)  # type: ignore[no-any-return]
-
-
-def softmax(input: Tensor, dim: int = -1) -> Tensor:
-    """exp(x) / sum(exp(x)) along ``dim`` (a fused op, computed stably)."""
-    return ops.softmax(input, dim)
-
-
-def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
-    """log(softmax(x)) along ``dim``, computed stably (a fused op)."""
-    return ops.log_softmax(input, dim)
-
-
-def _classes_last(input: Tensor, target: Tensor, op: str) -> tuple[Tensor, Tensor]:
-    """PyTorch's layouts [C] / [N, C] / [N, C, d1, ...] -> logits [M, C] and target [M]."""
-    if not isinstance(input, Tensor) or not isinstance(target, Tensor):
-        raise DTypeError(f"{op}: expected tensors, got {type(input).__name__} and {type(target).__name__}")
-    if input.ndim == 1:
-        if target.ndim != 0:
-            raise ShapeError(f"{op}: unbatched input [C] needs a 0-d target, got {list(target.shape)}")
-        return ops.unsqueeze(input, 0), ops.reshape(target, (1,))
-    if input.ndim > 2:
-        if target.shape != (input.shape[0],) + input.shape[2:]:
-            raise ShapeError(
-                f"{op}: input {list(input.shape)} needs target {[input.shape[0], *input.shape[2:]]}, "
-                f"got {list(target.shape)}"
-            )
-        c = input.shape[1]
-        moved = ops.permute(input, (0, *range(2, input.ndim), 1))
-        return ops.reshape(moved, (-1, c)), ops.reshape(target, (-1,))
-    return input, target
-
-
-def cross_entropy(
-    input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0
-) -> Tensor:
-    """Softmax cross-entropy of logits [N, C] (or [C], or [N, C, d...]) against class ids.
-
-    Targets equal to ignore_index contribute nothing and are not counted by the mean;
-    label_smoothing mixes the one-hot target with the uniform distribution.
-    """
-    logits, tgt = _classes_last(input, target, "cross_entropy")
-    out = ops.cross_entropy(logits, tgt, ignore_index, label_smoothing, reduction)
-    if reduction == "none" and input.ndim != 2:
-        out = ops.reshape(out, target.shape)
-    return out
-
-
-def nll_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of log-probabilities [N, C] (e.g. from log_softmax) against class ids."""
-    logp, tgt = _classes_last(input, target, "nll_loss")
-    if reduction not in ("mean", "sum", "none"):
-        raise DTypeError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    keep = ops.ne(tgt, ignore_index)
-    safe = ops.where(keep, tgt, 0)
-    picked = ops.reshape(ops.gather(logp, 1, ops.unsqueeze(safe, 1)), (-1,))
-    losses = ops.where(keep, ops.neg(picked), 0.0)
-    if reduction == "none":
-        return losses if input.ndim == 2 else ops.reshape(losses, target.shape)
-    total = ops.sum(losses)
-    if reduction == "sum":
-        return total
-    return ops.div(total, ops.sum(keep).to(dtype=total.dtype))  # type: ignore[no-any-return]
-
-
-def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """The squared difference of input and target: its mean (default), its sum, or each element (reduction='none')."""
-    if reduction not in ("mean", "sum", "none"):
-        raise DTypeError(f"mse_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    d = ops.sub(input, target)
-    sq = ops.mul(d, d)
-    return sq if reduction == "none" else ops.sum(sq) if reduction == "sum" else ops.mean(sq)
 
 
 def layer_norm(
