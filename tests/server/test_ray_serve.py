@@ -12,7 +12,6 @@ the flag checks, and ReplicaApp's header, metrics labels and start-up gate.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -34,17 +33,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 pytest.importorskip("ray.serve", reason='Ray Serve is not installed (pip install "kael-server[ray]")')
 
-from kael_server.auth import ApiKeys  # noqa: E402
 from kael_server.errors import ServerConfigError  # noqa: E402
 from kael_server.loading import bundled_model_dir, load_app  # noqa: E402
 from kael_server.ray import (  # noqa: E402
     REPLICA_HEADER,
     SLOW_MACHINE_ENV,
+    RayCluster,
     RayServeConfig,
     ReplicaApp,
     ReplicaLoadError,
     build_parser,
-    config_from_args,
     deployment,
     deployment_options,
     labelled_metrics,
@@ -96,7 +94,9 @@ def test_deployment_options_follow_slots_threads_and_timeouts() -> None:
         ({"max_queued_requests": -2}, "--max-queued-requests must be an integer >= -1, got -2"),
         ({"num_cpus": 0}, "--num-cpus must be a positive number, got 0"),
         ({"target_ongoing_requests": float("nan")}, "--target-ongoing-requests must be a positive number, got nan"),
-        ({"graceful_shutdown_timeout_s": float("inf")}, "--graceful-shutdown-timeout-s must be a positive number"),
+        ({"graceful_shutdown_timeout_s": float("inf")}, "--graceful-shutdown-timeout must be a positive number"),
+        ({"max_constructor_retry_count": 0}, "--max-constructor-retry-count must be an integer >= 1, got 0"),
+        ({"slots": 2, "port": 0}, "--port must be a TCP port from 1 to 65535, got 0"),  # kael-server's, checked too
     ],
 )
 def test_bad_values_are_refused_with_the_flag_and_value(changes: dict[str, Any], words: str) -> None:
@@ -108,37 +108,32 @@ def test_flags_are_kael_servers_plus_rays() -> None:
     args = build_parser().parse_args(
         ["--slots", "3", "--queue", "5", "--threads", "2", "--max-replicas", "4", "--address", "auto", "--port", "9"]
     )
-    config = config_from_args(args, keys=ApiKeys())
+    config = RayServeConfig.from_args(args)
     assert (config.slots, config.queue, config.threads, config.max_replicas, config.cpus) == (3, 5, 2, 4, 2.0)
-    assert args.address == "auto" and args.port == 9
+    assert config.port == 9 and RayCluster.from_args(args) == RayCluster(address="auto")
     assert deployment_options(config)["autoscaling_config"]["target_ongoing_requests"] == 3.0
-
-
-class _Recording(argparse.Namespace):
-    """A Namespace that remembers which flags were read."""
-
-    def __init__(self, **values: Any) -> None:
-        super().__init__(**values)
-        object.__setattr__(self, "read", set())
-
-    def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("_") and name != "read":
-            object.__getattribute__(self, "read").add(name)
-        return object.__getattribute__(self, name)
-
-
-def test_every_kael_server_flag_reaches_the_replicas() -> None:
-    """A flag kael-server gains must reach the replicas too (or be named here as the proxy's)."""
-    from kael_server.cli import build_parser as server_parser
-
-    args = build_parser().parse_args([])
-    recording = _Recording(**vars(args))
-    config_from_args(recording, keys=ApiKeys())
-    handled_elsewhere = {"help", "version", "host", "port", "api_key", "api_key_file"}  # proxy; keys by main()
-    server_flags = {a.dest for a in server_parser()._actions} - handled_elsewhere
-    assert server_flags <= recording.read, sorted(server_flags - recording.read)
-    config = config_from_args(build_parser().parse_args(["--kv-cache-tokens", "64", "--no-prefix-cache"]), ApiKeys())
+    config = RayServeConfig.from_args(build_parser().parse_args(["--kv-cache-tokens", "64", "--no-prefix-cache"]))
     assert (config.kv_cache_tokens, config.prefix_cache) == (64, False)
+    with pytest.raises(ServerConfigError, match="^--num-replicas must be an integer >= 1, got 0$"):
+        RayServeConfig.from_args(build_parser().parse_args(["--num-replicas", "0"]))
+
+
+def test_the_replicas_get_every_kael_server_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_replica_app hands each replica's load_app the whole ServerConfig of the Ray config."""
+    import kael
+    import kael_server.loading
+    from kael_server.config import ServerConfig
+    from kael_server.ray import build_replica_app
+
+    given: list[object] = []
+    monkeypatch.setattr(kael_server.loading, "load_app", lambda config: given.append(config) or make_app())
+    monkeypatch.setattr(kael, "set_num_threads", lambda n: given.append(("threads", n)))
+    changed = {"data": "elsewhere", "device": "cuda", "weights": "q8_0", "slots": 3, "kv_cache_tokens": 4096,
+               "prefix_cache": False, "queue": 2, "queue_timeout": 1.5, "request_timeout": 60.0,
+               "protect_metrics": True, "log_format": "console", "log_level": "warning"}  # fmt: skip
+    build_replica_app(RayServeConfig(threads=2, **changed), "r")
+    assert given[0] == ("threads", 2)
+    assert given[1] == ServerConfig(**changed) and type(given[1]) is ServerConfig
 
 
 def test_main_refuses_a_bad_checkpoint_before_starting_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

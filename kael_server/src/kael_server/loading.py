@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
-from collections.abc import Callable, Sequence
-from functools import partial
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from litestar import Litestar
 
 from kael_server.app import create_app
-from kael_server.auth import ApiKeys
 from kael_server.batching import BatchScheduler
-from kael_server.deadline import check_request_timeout
+from kael_server.config import WEIGHTS, ServerConfig
 from kael_server.errors import ServerConfigError
 from kael_server.generator import Generator
 from kael_server.metrics import Metrics
@@ -24,6 +25,7 @@ __all__ = [
     "CHECKPOINT_FILES",
     "TOKENIZER_FILES",
     "WEIGHTS",
+    "ServerConfig",
     "ServerConfigError",
     "bundled_model_dir",
     "check_device",
@@ -43,8 +45,6 @@ BUNDLED_MODELS = ("kael-tiny", "kael-tiny-chat")
 """The models shipped inside the package: ``--data NAME`` serves one by name (when no directory
 of that name exists), ``kael-tiny`` without ``--data``; ``kael-tiny-chat`` has a chat template."""
 _TOKENIZER_WORDS = "tokenizer.json, or vocab.json and merges.txt"
-WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0")
-"""``--weights`` choices: ``kael.models.WEIGHTS`` (named here so the web stack imports without kael)."""
 
 
 def bundled_model_dir(name: str = BUNDLED_MODEL) -> Path:
@@ -99,22 +99,18 @@ def check_device(device: str) -> None:
 
 
 def load_app(
-    data: str | Path | None,
-    device: str = "cpu",
+    config: ServerConfig | str | os.PathLike[str] | None = None,
+    device: str | None = None,
     *,
     on_load_error: Callable[[BaseException], None] | None = None,
-    slots: int = 1,
-    queue: int = 0,
-    queue_timeout: float = 10.0,
-    api_keys: ApiKeys | Sequence[str] = (),
-    protect_metrics: bool = False,
-    request_timeout: float | None = None,
-    weights: str | None = None,
-    kv_cache_tokens: int | None = None,
-    prefix_cache: bool = True,
+    **settings: Any,
 ) -> Litestar:
-    """The app serving the checkpoint in ``data`` (any family ``kael.models.from_pretrained`` knows by
-    config.json's ``model_type``; any size: shapes come from config.json).
+    """The app serving ``config`` (a ServerConfig: what ``kael-server`` runs), or the checkpoint
+    ``config`` names with ``device`` and ``settings`` (ServerConfig's fields as keywords, such as
+    ``slots=4, kv_cache_tokens=512``; a bad one raises ServerConfigError naming its flag).
+
+    The checkpoint is any family ``kael.models.from_pretrained`` knows by config.json's
+    ``model_type`` (any size: shapes come from config.json), or a GGUF file.
 
     The directory and the device are checked at once; the weights load on a thread after
     start-up, while ``/health`` answers and ``/ready`` says 503. The tokenizer is
@@ -138,36 +134,21 @@ def load_app(
     (``kael.models.from_pretrained(weights=...)``, ``load_gguf(weights=...)``); ``/v1/models``
     reports the format the model holds.
     """
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise ServerConfigError(f"--slots must be an integer >= 1, got {slots!r}")
-    if kv_cache_tokens is not None and (
-        isinstance(kv_cache_tokens, bool) or not isinstance(kv_cache_tokens, int) or kv_cache_tokens < 1
-    ):
-        raise ServerConfigError(f"--kv-cache-tokens must be an integer >= 1, got {kv_cache_tokens!r}")
-    if weights is not None and weights not in WEIGHTS:
-        raise ServerConfigError(f"--weights must be one of {list(WEIGHTS)}, got {weights!r}")
-    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
-        raise ServerConfigError(f"--queue must be an integer >= 0, got {queue!r}")
-    if not 0 <= queue_timeout <= 3600:
-        raise ServerConfigError(f"--queue-timeout must be between 0 and 3600 seconds, got {queue_timeout!r}")
-    try:
-        check_request_timeout(request_timeout)
-    except ValueError as exc:
-        raise ServerConfigError(f"--request-timeout: {exc}") from None
-    path = checkpoint_dir(data)
-    check_device(device)
+    config = _config_of(config, device, settings)
+    path = checkpoint_dir(config.data)
+    check_device(config.device)
     import kael  # imported here so the web stack imports without loading kael's models
 
     def load(metrics: Metrics) -> Generator:
         if path.is_file():  # GGUF: the family general.architecture names, the tokenizer from its metadata
-            model, tokenizer = kael.models.load_gguf(path, device=device, weights=weights)
+            model, tokenizer = kael.models.load_gguf(path, device=config.device, weights=config.weights)
             if tokenizer is None:
                 raise ServerConfigError(f"--data {str(path)!r}: this GGUF file has no tokenizer")
         else:
             # the family config.json's model_type names, its weights in the requested format
-            model = kael.models.from_pretrained(path, device=device, weights=weights)
+            model = kael.models.from_pretrained(path, device=config.device, weights=config.weights)
             tokenizer = kael.tokenizer.load_tokenizer(path)  # tokenizer.json, else vocab.json + merges.txt
-        batched = slots > 1 or queue > 0 or kv_cache_tokens is not None
+        kv_cache_tokens = config.kv_cache_tokens
         if kv_cache_tokens is not None and kv_cache_tokens < model.max_positions:
             raise ServerConfigError(
                 f"--kv-cache-tokens {kv_cache_tokens} cannot hold one sequence of the model's context "
@@ -176,34 +157,51 @@ def load_app(
         return Generator(
             model,
             tokenizer,
-            device=device,
+            device=config.device,
             model_name=path.name,  # seeds become kael.Generators (the Generator's default make_rng)
             metrics=metrics,
-            make_scheduler=partial(_batch_scheduler, model, slots, queue, queue_timeout, kv_cache_tokens, prefix_cache)
-            if batched
-            else None,
+            make_scheduler=_SchedulerFactory(model, config) if config.batched else None,
         )
 
     return create_app(
         load,
         on_load_error=on_load_error,
-        api_keys=api_keys,
-        protect_metrics=protect_metrics,
-        request_timeout=request_timeout,
+        api_keys=config.api_keys,
+        protect_metrics=config.protect_metrics,
+        request_timeout=config.request_timeout,
     )
 
 
-def _batch_scheduler(
-    model: Any,
-    slots: int,
-    queue: int,
-    queue_timeout: float,
-    kv_cache_tokens: int | None,
-    prefix_cache: bool,
-    generator: Generator,
-) -> BatchScheduler:
-    """Continuous batching of up to ``slots`` sequences over kael's paged KV cache (BatchDecoder)."""
-    from kael.models import BatchDecoder
+def _config_of(
+    config: ServerConfig | str | os.PathLike[str] | None, device: str | None, settings: dict[str, Any]
+) -> ServerConfig:
+    """load_app's arguments as one ServerConfig (ServerConfigError names an unknown or bad setting)."""
+    if isinstance(config, ServerConfig):
+        if device is not None or settings:
+            given = ["device"] * (device is not None) + sorted(settings)
+            raise ServerConfigError(f"load_app: pass {given} in the ServerConfig, not beside it")
+        return config
+    names = {f.name for f in dataclasses.fields(ServerConfig)} - {"data", "device"}
+    unknown = sorted(set(settings) - names)
+    if unknown:
+        raise ServerConfigError(f"load_app: no setting named {unknown}; the settings are {sorted(names)}")
+    data = os.fspath(config) if isinstance(config, os.PathLike) else config
+    return ServerConfig(data=data, device="cpu" if device is None else device, **settings)
 
-    engine = BatchDecoder(model, slots, kv_cache_tokens=kv_cache_tokens, prefix_caching=prefix_cache)
-    return BatchScheduler(generator, engine, queue=queue, queue_timeout=queue_timeout)
+
+@dataclass(frozen=True)
+class _SchedulerFactory:
+    """Builds a Generator's BatchScheduler: continuous batching of up to ``config.slots`` sequences
+    over kael's paged KV cache (BatchDecoder)."""
+
+    model: Any
+    config: ServerConfig
+
+    def __call__(self, generator: Generator) -> BatchScheduler:
+        from kael.models import BatchDecoder
+
+        config = self.config
+        engine = BatchDecoder(
+            self.model, config.slots, kv_cache_tokens=config.kv_cache_tokens, prefix_caching=config.prefix_cache
+        )
+        return BatchScheduler(generator, engine, queue=config.queue, queue_timeout=config.queue_timeout)

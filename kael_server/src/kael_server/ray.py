@@ -44,15 +44,12 @@ NOTE [Ray Serve replicas]
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import math
 import os
 import signal
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Litestar
@@ -61,9 +58,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from kael_server import limits
-from kael_server.auth import ApiKeys, configured_keys
 from kael_server.errors import ServerConfigError
+from kael_server.ray_config import APP_NAME, RayCluster, RayServeConfig, build_parser, deployment_options
 from kael_server.state import ServerState
 
 __all__ = [
@@ -72,12 +68,12 @@ __all__ = [
     "REPLICA_LABEL",
     "SLOW_MACHINE_ENV",
     "KaelReplica",
+    "RayCluster",
     "RayServeConfig",
     "ReplicaApp",
     "ReplicaLoadError",
     "build_parser",
     "build_replica_app",
-    "config_from_args",
     "deployment",
     "deployment_options",
     "labelled_metrics",
@@ -87,115 +83,11 @@ __all__ = [
 #: Ray Serve's proxy start-up and health-check timeouts (seconds), raised to 60 unless already set.
 SLOW_MACHINE_ENV = ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S")
 
-APP_NAME = "kael"
 REPLICA_HEADER = "x-kael-replica"
 """Response header naming the Serve replica that answered."""
 REPLICA_LABEL = "replica"
 """Label added to every sample of ``/metrics`` under Ray Serve."""
 _LOAD_POLL_SECONDS = 0.05
-MAX_PORT = 65535
-
-
-@dataclass(frozen=True)
-class RayServeConfig:
-    """What each replica serves (``kael-server``'s flags) and how Serve runs the replicas.
-
-    ``num_replicas`` replicas, or, with ``max_replicas``, autoscaling from ``min_replicas`` to
-    ``max_replicas`` on ``target_ongoing_requests`` per replica (default: ``slots``).
-    ``num_cpus`` (default: ``threads``) is Ray's reservation per replica.
-    ``graceful_shutdown_timeout_s`` defaults to (``request_timeout`` or the drain time) plus
-    the drain time (NOTE [Ray Serve replicas]). ServerConfigError names a bad value.
-    """
-
-    data: str | None = None
-    device: str = "cpu"
-    weights: str | None = None
-    slots: int = 1
-    kv_cache_tokens: int | None = None
-    prefix_cache: bool = True
-    queue: int = 0
-    queue_timeout: float = 10.0
-    request_timeout: float | None = None
-    api_keys: ApiKeys | tuple[str, ...] = field(default=(), repr=False)
-    protect_metrics: bool = False
-    log_format: str = "console"
-    log_level: str = "info"
-    threads: int = 1
-    num_cpus: float | None = None
-    num_replicas: int = 1
-    min_replicas: int = 1
-    max_replicas: int | None = None
-    target_ongoing_requests: float | None = None
-    max_queued_requests: int = -1
-    graceful_shutdown_timeout_s: float | None = None
-    max_constructor_retry_count: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("slots", "threads", "num_replicas", "max_constructor_retry_count"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("queue", self.queue, 0)
-        _check_int("min_replicas", self.min_replicas, 0)
-        _check_int("max_queued_requests", self.max_queued_requests, -1)
-        if self.max_replicas is not None:
-            _check_int("max_replicas", self.max_replicas, max(1, self.min_replicas))
-        for name in ("num_cpus", "target_ongoing_requests", "graceful_shutdown_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and not (_is_number(value) and 0 < value < math.inf):
-                raise ServerConfigError(f"--{_flag(name)} must be a positive number, got {value!r}")
-
-    @property
-    def cpus(self) -> float:
-        """Ray CPUs reserved per replica."""
-        return float(self.threads) if self.num_cpus is None else float(self.num_cpus)
-
-    @property
-    def target(self) -> float:
-        """Ongoing requests per replica the autoscaler aims at."""
-        return float(self.slots) if self.target_ongoing_requests is None else float(self.target_ongoing_requests)
-
-    @property
-    def shutdown_timeout(self) -> float:
-        """Seconds Serve gives a stopping replica before it kills it."""
-        if self.graceful_shutdown_timeout_s is not None:
-            return float(self.graceful_shutdown_timeout_s)
-        longest = self.request_timeout if self.request_timeout is not None else limits.SHUTDOWN_DRAIN_SECONDS
-        return float(longest) + limits.SHUTDOWN_DRAIN_SECONDS
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ServerConfigError(f"--{_flag(name)} must be an integer >= {minimum}, got {value!r}")
-
-
-def deployment_options(config: RayServeConfig) -> dict[str, Any]:
-    """The ``serve.deployment`` options for ``config`` (NOTE [Ray Serve replicas])."""
-    options: dict[str, Any] = {
-        "ray_actor_options": {"num_cpus": config.cpus},
-        "max_ongoing_requests": config.slots + config.queue,
-        "max_queued_requests": config.max_queued_requests,
-        "graceful_shutdown_wait_loop_s": 0.5,
-        "graceful_shutdown_timeout_s": config.shutdown_timeout,
-        "max_constructor_retry_count": config.max_constructor_retry_count,
-    }
-    if config.max_queued_requests >= 0:
-        options["backpressure_config"] = {"status_code": 429, "retry_after_s": limits.RETRY_AFTER_SECONDS}
-    if config.max_replicas is None:
-        options["num_replicas"] = config.num_replicas
-    else:
-        options["autoscaling_config"] = {
-            "min_replicas": config.min_replicas,
-            "max_replicas": config.max_replicas,
-            "target_ongoing_requests": config.target,
-        }
-    return options
 
 
 class _Relabelled(Collector):
@@ -298,27 +190,16 @@ class ReplicaApp:
 
 def build_replica_app(config: RayServeConfig, replica: str) -> ReplicaApp:
     """One replica's app: ``kael.set_num_threads(config.threads)``, then ``load_app`` with the
-    configured flags (the model loads on its thread at start-up), wrapped in ReplicaApp."""
+    config's ServerConfig (every ``kael-server`` setting; the model loads on its thread at
+    start-up), wrapped in ReplicaApp."""
     import kael
 
     from kael_server.loading import load_app
     from kael_server.logs import configure_logging
 
-    configure_logging(config.log_format, config.log_level)  # type: ignore[arg-type]
+    configure_logging(config.log_format, config.log_level)
     kael.set_num_threads(config.threads)
-    app = load_app(
-        config.data,
-        config.device,
-        slots=config.slots,
-        queue=config.queue,
-        queue_timeout=config.queue_timeout,
-        api_keys=config.api_keys,
-        protect_metrics=config.protect_metrics,
-        request_timeout=config.request_timeout,
-        weights=config.weights,
-        kv_cache_tokens=config.kv_cache_tokens,
-        prefix_cache=config.prefix_cache,
-    )
+    app = load_app(config.server())
     return ReplicaApp(app, replica)
 
 
@@ -348,89 +229,6 @@ def deployment(config: RayServeConfig, name: str = APP_NAME) -> Any:
     return serve.deployment(ingress, name=name, **deployment_options(config))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """``kael-server``'s flags (``--port`` and ``--host`` are the Serve proxy's), plus Ray's."""
-    from kael_server.cli import build_parser as server_parser
-
-    parser = server_parser()
-    parser.prog = "python -m kael_server.ray"
-    parser.description = "Serve kael-server's application on Ray Serve: one or many replicas behind Serve's proxy."
-    parser.conflict_handler = "resolve"  # a flag of the same name in kael-server gives way to the one here
-    ray = parser.add_argument_group("Ray Serve")
-    ray.add_argument(
-        "--address",
-        default=None,
-        help="Ray cluster to join ('auto', or HOST:PORT of its GCS); default: start a local Ray instance",
-    )
-    ray.add_argument("--name", default=APP_NAME, help="Serve application (and deployment) name")
-    ray.add_argument("--num-replicas", type=int, default=1, metavar="N", help="replicas (without --max-replicas)")
-    ray.add_argument("--min-replicas", type=int, default=1, metavar="N", help="with --max-replicas: the fewest")
-    ray.add_argument(
-        "--max-replicas", type=int, default=None, metavar="N", help="autoscale up to N replicas on ongoing requests"
-    )
-    ray.add_argument(
-        "--target-ongoing-requests",
-        type=float,
-        default=None,
-        metavar="R",
-        help="autoscaling target of ongoing requests per replica (default: --slots)",
-    )
-    ray.add_argument("--threads", type=int, default=1, metavar="T", help="kael CPU threads per replica")
-    ray.add_argument(
-        "--num-cpus", type=float, default=None, metavar="C", help="Ray CPUs reserved per replica (default: --threads)"
-    )
-    ray.add_argument(
-        "--max-queued-requests",
-        type=int,
-        default=-1,
-        metavar="Q",
-        help="requests the proxy holds for busy replicas; beyond, 429 with Retry-After (-1: no limit)",
-    )
-    ray.add_argument(
-        "--graceful-shutdown-timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="seconds a stopping replica may take before Ray kills it (default: --request-timeout or 30, plus 30)",
-    )
-    ray.add_argument(
-        "--num-cpus-cluster",
-        type=int,
-        default=None,
-        metavar="C",
-        help="CPUs of the local Ray instance (without --address; default: all)",
-    )
-    return parser
-
-
-def config_from_args(args: argparse.Namespace, keys: ApiKeys) -> RayServeConfig:
-    """RayServeConfig from parsed flags (ServerConfigError for a bad value); ``keys`` are the
-    configured API keys (``--api-key``, ``--api-key-file``, the environment), as digests."""
-    return RayServeConfig(
-        data=args.data,
-        device=args.device,
-        weights=args.weights,
-        slots=args.slots,
-        kv_cache_tokens=args.kv_cache_tokens,
-        prefix_cache=not args.no_prefix_cache,
-        queue=args.queue,
-        queue_timeout=args.queue_timeout,
-        request_timeout=args.request_timeout,
-        api_keys=keys,
-        protect_metrics=args.protect_metrics,
-        log_format=args.log_format,
-        log_level=args.log_level,
-        threads=args.threads,
-        num_cpus=args.num_cpus,
-        num_replicas=args.num_replicas,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
-        target_ongoing_requests=args.target_ongoing_requests,
-        max_queued_requests=args.max_queued_requests,
-        graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
-    )
-
-
 @contextlib.contextmanager
 def _until_signalled() -> Iterator[threading.Event]:
     """An Event that SIGINT or SIGTERM sets, for as long as the block runs."""
@@ -452,11 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from kael_server.loading import checkpoint_dir
 
-        if not 1 <= args.port <= MAX_PORT:
-            raise ServerConfigError(f"--port must be a TCP port from 1 to {MAX_PORT}, got {args.port}")
-        config = config_from_args(args, configured_keys(args.api_key, args.api_key_file))
-        if args.address is None:  # the replicas run here: the checkpoint must be here
-            checkpoint_dir(args.data)
+        config = RayServeConfig.from_args(args)  # every flag checked (--port first), the API keys read
+        cluster = RayCluster.from_args(args)
+        if cluster.address is None:  # the replicas run here: the checkpoint must be here
+            checkpoint_dir(config.data)
         import ray
         from ray import serve
     except (ServerConfigError, ImportError) as exc:
@@ -468,9 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # controller then kills it and serve.start fails). A local instance's actors inherit these.
     for name in SLOW_MACHINE_ENV:
         os.environ.setdefault(name, "60")
-    local = args.address is None
+    local = cluster.address is None
     try:
-        ray.init(address=args.address, num_cpus=args.num_cpus_cluster if local else None, include_dashboard=False)
+        ray.init(address=cluster.address, num_cpus=cluster.num_cpus_cluster if local else None, include_dashboard=False)
     except Exception as exc:  # no cluster at --address, a bad --num-cpus-cluster: Ray's own words
         print(f"kael-server-ray: cannot start or join Ray: {exc}", file=sys.stderr)
         return 2
@@ -479,17 +276,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # serve.run has returned.
     with _until_signalled() as stop:
         try:
-            serve.start(http_options={"host": args.host, "port": args.port})
+            serve.start(http_options={"host": config.host, "port": config.port})
             try:
-                serve.run(deployment(config, args.name).bind(), name=args.name, route_prefix="/")
+                serve.run(deployment(config, cluster.name).bind(), name=cluster.name, route_prefix="/")
             except Exception as exc:  # Serve reports a failed deployment as RuntimeError (and subclasses)
                 print(f"kael-server-ray: the deployment failed: {exc}", file=sys.stderr)
                 return 1
-            shown = f"[{args.host}]" if ":" in args.host else args.host
-            print(f"kael-server-ray: serving on http://{shown}:{args.port}", file=sys.stderr, flush=True)
+            shown = f"[{config.host}]" if ":" in config.host else config.host
+            print(f"kael-server-ray: serving on http://{shown}:{config.port}", file=sys.stderr, flush=True)
             while not stop.wait(0.5):  # a bounded wait: the signal handler runs between waits
                 pass
-            serve.delete(args.name)  # replicas drain (NOTE [Ray Serve replicas])
+            serve.delete(cluster.name)  # replicas drain (NOTE [Ray Serve replicas])
             return 0
         finally:
             if local:
