@@ -45,7 +45,17 @@ def _fill_from(t: Tensor, values: Tensor) -> Tensor:
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     """The recommended gain for an activation (PyTorch's table)."""
-    if nonlinearity in ("linear", "conv1d", "conv2d", "conv3d", "sigmoid", "identity"):
+    if nonlinearity in (
+        "linear",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "sigmoid",
+        "identity",
+    ):
         return 1.0
     if nonlinearity == "tanh":
         return 5.0 / 3

@@ -1,4 +1,4 @@
-"""Gradient utilities: clip_grad_norm_ and clip_grad_value_."""
+"""Parameter utilities: clip_grad_norm_, clip_grad_value_, parameters_to_vector and vector_to_parameters."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .._errors import DTypeError, KaelError
 from .._tensor import Tensor
 from ..autograd._grad_mode import no_grad
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_"]
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
 
 
 def _grads(parameters: Any) -> list[Tensor]:
@@ -77,3 +77,39 @@ def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -
     with no_grad():
         for g in _grads(parameters):
             g.copy_(ops.clamp(g, -v, v))
+
+
+def _param_list(parameters: Any, op: str) -> list[Tensor]:
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise DTypeError(f"{op}: parameter {i} is a {type(p).__name__}, not a Tensor")
+    if params and any(p.device != params[0].device for p in params):
+        raise KaelError(f"{op}: parameters are on different devices; expected one device")
+    return params
+
+
+def parameters_to_vector(parameters: Tensor | Iterable[Tensor]) -> Tensor:
+    """The parameters flattened and concatenated into one 1-d tensor (differentiable, a copy)."""
+    params = _param_list(parameters, "parameters_to_vector")
+    if not params:
+        raise KaelError("parameters_to_vector: got no parameters")
+    return ops.cat([ops.reshape(p, (-1,)) for p in params], 0)
+
+
+def vector_to_parameters(vec: Tensor, parameters: Tensor | Iterable[Tensor]) -> None:
+    """Copy consecutive slices of the 1-d ``vec`` into the parameters, in order (in place, no autograd)."""
+    if not isinstance(vec, Tensor):
+        raise DTypeError(f"vector_to_parameters: vec must be a Tensor, got {type(vec).__name__}")
+    if vec.ndim != 1:
+        raise KaelError(f"vector_to_parameters: vec must be 1-d, got shape {list(vec.shape)}")
+    params = _param_list(parameters, "vector_to_parameters")
+    total = sum(p.numel() for p in params)
+    if total != vec.numel():
+        raise KaelError(f"vector_to_parameters: vec has {vec.numel()} elements, the parameters hold {total}")
+    offset = 0
+    with no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(ops.reshape(vec[offset : offset + n], p.shape))
+            offset += n

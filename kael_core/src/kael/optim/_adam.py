@@ -1,4 +1,4 @@
-"""Adam and AdamW, both through the fused ``adamw_step`` op (a backend kernel, or its decomposition).
+"""Adam and AdamW, through the fused ``adamw_step`` op (a backend kernel, or its decomposition); AMSGrad in place.
 
 Adam's weight decay is L2 regularisation (added to the gradient); AdamW's is
 decoupled (the parameter shrinks by lr * weight_decay), which is what adamw_step
@@ -7,6 +7,7 @@ does. Adam is therefore adamw_step on grad + weight_decay * p with no decoupled 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,9 +29,18 @@ class _AdamBase(Optimizer):
         eps: float,
         weight_decay: float,
         maximize: bool,
+        amsgrad: bool = False,
     ) -> None:
         super().__init__(
-            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "maximize": maximize}
+            params,
+            {
+                "lr": lr,
+                "betas": betas,
+                "eps": eps,
+                "weight_decay": weight_decay,
+                "amsgrad": bool(amsgrad),
+                "maximize": maximize,
+            },
         )
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -58,6 +68,9 @@ class _AdamBase(Optimizer):
             if state is None:
                 state = self.state[p] = {"step": 0, "exp_avg": ops.zeros_like(p), "exp_avg_sq": ops.zeros_like(p)}
             state["step"] += 1
+            if group["amsgrad"]:
+                self._amsgrad_step(p, g, state, lr, beta1, beta2, eps, wd)
+                continue
             ops.adamw_step(
                 p,
                 g,
@@ -70,6 +83,23 @@ class _AdamBase(Optimizer):
                 wd if self.decoupled else 0.0,
                 state["step"],
             )
+
+    def _amsgrad_step(
+        self, p: Any, g: Any, state: dict[str, Any], lr: float, beta1: float, beta2: float, eps: float, wd: float
+    ) -> None:
+        """One AMSGrad update (PyTorch's): the denominator uses the running maximum of exp_avg_sq."""
+        if self.decoupled and wd:
+            p.mul_(1.0 - lr * wd)
+        step = state["step"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m.mul_(beta1).add_(g, alpha=1.0 - beta1)
+        v.mul_(beta2).add_(g * g, alpha=1.0 - beta2)
+        vmax = state.get("max_exp_avg_sq")
+        if vmax is None:
+            vmax = state["max_exp_avg_sq"] = ops.zeros_like(p)
+        vmax.maximum_(v)
+        denom = (vmax.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
+        p.add_(m / denom, alpha=-lr / (1.0 - beta1**step))
 
 
 class Adam(_AdamBase):
@@ -84,9 +114,11 @@ class Adam(_AdamBase):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
         maximize: bool = False,
     ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, maximize)
+        super().__init__(params, lr, betas, eps, weight_decay, maximize, amsgrad)
 
 
 class AdamW(_AdamBase):
@@ -99,6 +131,8 @@ class AdamW(_AdamBase):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
         maximize: bool = False,
     ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, maximize)
+        super().__init__(params, lr, betas, eps, weight_decay, maximize, amsgrad)
