@@ -2,9 +2,13 @@
 
 A page line ``<!-- kael-cli: NAME -->`` is replaced, at build time, by the usage line and a
 table of every argument of the command NAME's parser (and of each of its sub-commands):
-``kael-server`` (``kael_server.cli.build_parser``) and ``python -m kael`` (the parser that
-``kael.__main__.main`` builds). A flag added to either parser appears in the next build,
-with nothing copied into the docs.
+``kael-server`` (``kael_server.cli.build_parser``), ``python -m kael_server.ray`` (its Ray Serve
+deployment) and ``python -m kael`` (the parser that ``kael.__main__.main`` builds). A flag added
+to any parser appears in the next build, with nothing copied into the docs.
+
+The server's parsers are derived from ``kael_server.config.ServerConfig`` (every flag declared
+once); their pages also get the table of the config's Python fields (``load_app`` keywords,
+``RayServeConfig`` fields), rendered from the same declaration.
 
 NOTE [capturing the kael parser]: ``kael.__main__`` builds its parser inside ``main`` and
 has no builder function. :func:`kael_parser` uses ``build_parser()`` when the module has
@@ -15,12 +19,23 @@ with the parser it was called on, so the real parser object is read and no comma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 from unittest import mock
 
-__all__ = ["COMMANDS", "cli_markdown", "kael_parser", "on_page_markdown", "server_parser"]
+__all__ = [
+    "COMMANDS",
+    "SETTINGS",
+    "cli_markdown",
+    "kael_parser",
+    "on_page_markdown",
+    "ray_parser",
+    "ray_settings",
+    "server_parser",
+    "server_settings",
+]
 
 MARKER = re.compile(r"<!--\s*kael-cli:\s*(?P<name>[\w.-]+(?: -m [\w.-]+)?)\s*-->")
 
@@ -59,10 +74,41 @@ def server_parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
+def ray_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m kael_server.ray`` (``kael-server-ray``)."""
+    from kael_server.ray_config import build_parser
+
+    return build_parser()
+
+
+def server_settings() -> str:
+    """The Python side of ``kael-server``'s flags: ServerConfig's fields."""
+    from kael_server.config import settings_markdown
+
+    intro = (
+        "In Python each flag is a field of `kael_server.config.ServerConfig`, which `load_app` takes "
+        '(or its fields as keywords: `load_app("kael-tiny", slots=2)`):'
+    )
+    return f"{intro}\n\n{settings_markdown()}\n"
+
+
+def ray_settings() -> str:
+    """The Python side of the Ray flags: RayServeConfig's own fields (it has ServerConfig's too)."""
+    from kael_server.config import ServerConfig, settings_markdown
+    from kael_server.ray_config import RayServeConfig
+
+    own = [f.name for f in dataclasses.fields(RayServeConfig) if f.name not in ServerConfig.__dataclass_fields__]
+    intro = "`kael_server.ray.RayServeConfig` is a `ServerConfig` (every `kael-server` field above) plus these fields:"
+    return f"{intro}\n\n{settings_markdown(RayServeConfig, own)}\n"
+
+
 COMMANDS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "kael-server": server_parser,
+    "python -m kael_server.ray": ray_parser,
     "python -m kael": kael_parser,
 }
+SETTINGS: dict[str, Callable[[], str]] = {"kael-server": server_settings, "python -m kael_server.ray": ray_settings}
+"""The commands whose flags are a settings dataclass: the table of its Python fields follows theirs."""
 
 
 def _cell(text: str) -> str:
@@ -133,6 +179,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         name = match.group("name")
         if name not in COMMANDS:
             raise ValueError(f"docs: unknown command {name!r} in a kael-cli marker, expected one of {list(COMMANDS)}")
-        return cli_markdown(COMMANDS[name](), title=name)
+        text = cli_markdown(COMMANDS[name](), title=name)
+        return f"{text}\n{SETTINGS[name]()}" if name in SETTINGS else text
 
     return MARKER.sub(render, markdown)

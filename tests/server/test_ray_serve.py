@@ -126,9 +126,14 @@ def test_the_replicas_get_every_kael_server_setting(monkeypatch: pytest.MonkeyPa
     from kael_server.ray import build_replica_app
 
     given: list[object] = []
-    monkeypatch.setattr(kael_server.loading, "load_app", lambda config: given.append(config) or make_app())
+
+    def load_app(config: ServerConfig) -> Any:
+        given.append(config)
+        return make_app()
+
+    monkeypatch.setattr(kael_server.loading, "load_app", load_app)
     monkeypatch.setattr(kael, "set_num_threads", lambda n: given.append(("threads", n)))
-    changed = {"data": "elsewhere", "device": "cuda", "weights": "q8_0", "slots": 3, "kv_cache_tokens": 4096,
+    changed: dict[str, Any] = {"data": "elsewhere", "device": "cuda", "weights": "q8_0", "slots": 3, "kv_cache_tokens": 4096,
                "prefix_cache": False, "queue": 2, "queue_timeout": 1.5, "request_timeout": 60.0,
                "protect_metrics": True, "log_format": "console", "log_level": "warning"}  # fmt: skip
     build_replica_app(RayServeConfig(threads=2, **changed), "r")

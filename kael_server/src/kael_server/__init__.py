@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from kael_server.app import create_app
     from kael_server.cli import main
+    from kael_server.config import ServerConfig
     from kael_server.generator import Generator
     from kael_server.loading import load_app
     from kael_server.metrics import Metrics
@@ -30,6 +31,7 @@ _WHERE = {
     "load_app": "kael_server.loading",
     "Metrics": "kael_server.metrics",
     "Scheduler": "kael_server.scheduler",
+    "ServerConfig": "kael_server.config",
     "SlotPool": "kael_server.scheduler",
 }
 
@@ -37,6 +39,7 @@ __all__ = [
     "Generator",
     "Metrics",
     "Scheduler",
+    "ServerConfig",
     "SlotPool",
     "__version__",
     "create_app",

@@ -33,7 +33,6 @@ from kael_server.settings import (
     add_arguments,
     build_from_args,
     check_settings,
-    flag_of,
     setting,
     settings_of,
 )
@@ -267,15 +266,15 @@ def add_server_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
 
 def _shown_default(f: dataclasses.Field[Any]) -> str:
     if f.default is not dataclasses.MISSING:
-        return "" if f.default is None else f"`{f.default!r}`"
+        return "" if f.default is None else f"`{f.default}`"
     return "none" if f.name == "api_keys" else ""
 
 
-def settings_markdown(cls: type[ServerConfig] = ServerConfig) -> str:
-    """A Markdown table of ``cls``'s settings: the Python field (a ``load_app`` keyword, a
-    ``ServerConfig`` / ``RayServeConfig`` field), the flag(s) it comes from and its default."""
+def settings_markdown(cls: type[ServerConfig] = ServerConfig, names: Iterable[str] | None = None) -> str:
+    """A Markdown table of ``cls``'s settings (only ``names``): the Python field (a ``load_app``
+    keyword, a ``ServerConfig`` / ``RayServeConfig`` field), the flag(s) it comes from and its default."""
     rows = ["| field | flags | default |", "|---|---|---|"]
-    for f, declared in settings_of(cls):
-        flags = ", ".join(f"`{flag.name}`" for flag in declared.flags) or f"(Python only; {flag_of(declared, f.name)})"
+    for f, declared in settings_of(cls, names):
+        flags = ", ".join(f"`{flag.name}`" for flag in declared.flags) or "(Python only)"
         rows.append(f"| `{f.name}` | {flags} | {_shown_default(f)} |")
     return "\n".join(rows)

@@ -23,6 +23,7 @@ __all__ = [
     "BUNDLED_MODEL",
     "BUNDLED_MODELS",
     "CHECKPOINT_FILES",
+    "CheckpointLoader",
     "TOKENIZER_FILES",
     "WEIGHTS",
     "ServerConfig",
@@ -136,10 +137,50 @@ def load_app(
     """
     config = _config_of(config, device, settings)
     path = checkpoint_dir(config.data)
-    check_device(config.device)
-    import kael  # imported here so the web stack imports without loading kael's models
+    check_device(config.device)  # imports kael: ImportError now if it is missing
 
-    def load(metrics: Metrics) -> Generator:
+    return create_app(
+        CheckpointLoader(path, config),
+        on_load_error=on_load_error,
+        api_keys=config.api_keys,
+        protect_metrics=config.protect_metrics,
+        request_timeout=config.request_timeout,
+    )
+
+
+def _config_of(
+    config: ServerConfig | str | os.PathLike[str] | None, device: str | None, settings: dict[str, Any]
+) -> ServerConfig:
+    """load_app's arguments as one ServerConfig (ServerConfigError names an unknown or bad setting)."""
+    if isinstance(config, ServerConfig):
+        if device is not None or settings:
+            given = ["device"] * (device is not None) + sorted(settings)
+            raise ServerConfigError(f"load_app: pass {given} in the ServerConfig, not beside it")
+        return config
+    names = {f.name for f in dataclasses.fields(ServerConfig)} - {"device"}
+    unknown = sorted(set(settings) - names)
+    if unknown:
+        raise ServerConfigError(f"load_app: no setting named {unknown}; the settings are {sorted(names)}")
+    if "data" in settings and config is not None:
+        raise ServerConfigError("load_app: the checkpoint given twice (as its first argument and as data=)")
+    data = os.fspath(config) if isinstance(config, os.PathLike) else config
+    return ServerConfig(**{"data": data, **settings, "device": "cpu" if device is None else device})
+
+
+@dataclass(frozen=True)
+class CheckpointLoader:
+    """The loader ``load_app`` gives create_app: run on a thread at start-up, it loads the model and
+    tokenizer of ``path`` (a checkpoint directory or a GGUF file) as ``config`` says and builds the
+    Generator (with a BatchScheduler when ``config.batched``)."""
+
+    path: Path
+    config: ServerConfig
+
+    def __call__(self, metrics: Metrics) -> Generator:
+        """The Generator, its model loaded (ServerConfigError for a model the config cannot serve)."""
+        import kael  # imported here so the web stack imports without loading kael's models
+
+        path, config = self.path, self.config
         if path.is_file():  # GGUF: the family general.architecture names, the tokenizer from its metadata
             model, tokenizer = kael.models.load_gguf(path, device=config.device, weights=config.weights)
             if tokenizer is None:
@@ -162,31 +203,6 @@ def load_app(
             metrics=metrics,
             make_scheduler=_SchedulerFactory(model, config) if config.batched else None,
         )
-
-    return create_app(
-        load,
-        on_load_error=on_load_error,
-        api_keys=config.api_keys,
-        protect_metrics=config.protect_metrics,
-        request_timeout=config.request_timeout,
-    )
-
-
-def _config_of(
-    config: ServerConfig | str | os.PathLike[str] | None, device: str | None, settings: dict[str, Any]
-) -> ServerConfig:
-    """load_app's arguments as one ServerConfig (ServerConfigError names an unknown or bad setting)."""
-    if isinstance(config, ServerConfig):
-        if device is not None or settings:
-            given = ["device"] * (device is not None) + sorted(settings)
-            raise ServerConfigError(f"load_app: pass {given} in the ServerConfig, not beside it")
-        return config
-    names = {f.name for f in dataclasses.fields(ServerConfig)} - {"data", "device"}
-    unknown = sorted(set(settings) - names)
-    if unknown:
-        raise ServerConfigError(f"load_app: no setting named {unknown}; the settings are {sorted(names)}")
-    data = os.fspath(config) if isinstance(config, os.PathLike) else config
-    return ServerConfig(data=data, device="cpu" if device is None else device, **settings)
 
 
 @dataclass(frozen=True)
