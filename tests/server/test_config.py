@@ -286,7 +286,7 @@ CASES = [
 @pytest.mark.parametrize(("cls", "name", "bad"), CASES)
 def test_a_bad_value_is_refused_naming_its_flag(cls: type[ServerConfig], name: str, bad: Any) -> None:
     (_, declared) = next(settings_of(cls, {name}))
-    flag = declared.flag or "--" + name.replace("_", "-")
+    flag = declared.flags[0].name if declared.flags else "--" + name.replace("_", "-")
     with pytest.raises(ServerConfigError) as refused:
         cls(**{name: bad})
     assert str(refused.value).startswith(flag), str(refused.value)

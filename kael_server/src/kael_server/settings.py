@@ -182,11 +182,6 @@ class Setting:
     optional: bool = False
     from_args: Callable[[argparse.Namespace], Any] | None = None
 
-    @property
-    def flag(self) -> str:
-        """The flag that errors name: the first one, or ``--field-name`` for a Python-only setting."""
-        return self.flags[0].name if self.flags else ""
-
 
 def setting(
     default: Any = dataclasses.MISSING,
@@ -222,8 +217,9 @@ def settings_of(cls: Any, names: Iterable[str] | None = None) -> Iterator[tuple[
 
 
 def flag_of(declared: Setting, name: str) -> str:
-    """The flag that names the setting ``name`` in errors."""
-    return declared.flag or "--" + name.replace("_", "-")
+    """The flag that names the setting ``name`` in errors: its first, or ``--name-like-this`` for a
+    setting made in Python only."""
+    return declared.flags[0].name if declared.flags else "--" + name.replace("_", "-")
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
