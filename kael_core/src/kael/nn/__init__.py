@@ -23,8 +23,10 @@ from ._activation import (
     Softsign,
     Tanh,
 )
+from ._attention import MultiheadAttention
 from ._containers import ModuleDict, ModuleList, Sequential
-from ._layers import Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, RMSNorm
+from ._conv import Conv1d, Conv2d, ConvTranspose2d
+from ._layers import Dropout, Dropout2d, Embedding, Flatten, Identity, LayerNorm, Linear, RMSNorm, Unflatten
 from ._loss import (
     BCELoss,
     BCEWithLogitsLoss,
@@ -38,7 +40,19 @@ from ._loss import (
     SmoothL1Loss,
 )
 from ._module import IncompatibleKeys, Module
+from ._norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d
 from ._parameter import Parameter
+from ._pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    MaxPool1d,
+    MaxPool2d,
+    PixelShuffle,
+    PixelUnshuffle,
+    Upsample,
+)
 
 __all__ = [
     "Module",
@@ -49,8 +63,28 @@ __all__ = [
     "LayerNorm",
     "RMSNorm",
     "Dropout",
+    "Dropout2d",
     "Identity",
     "Flatten",
+    "Unflatten",
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose2d",
+    "MaxPool1d",
+    "MaxPool2d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "Upsample",
+    "PixelShuffle",
+    "PixelUnshuffle",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "GroupNorm",
+    "MultiheadAttention",
     "ReLU",
     "ReLU6",
     "GELU",

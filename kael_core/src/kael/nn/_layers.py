@@ -1,4 +1,4 @@
-"""Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, Identity and Flatten (activations: ``_activation``).
+"""Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, Dropout2d, Identity, Flatten and Unflatten.
 
 Parameter shapes and initialisations follow PyTorch (``Linear.weight`` is
 ``[out_features, in_features]``), so checkpoints and results carry over.
@@ -18,7 +18,7 @@ from . import init
 from ._module import Module
 from ._parameter import Parameter
 
-__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Identity", "Flatten"]
+__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Dropout2d", "Identity", "Flatten", "Unflatten"]
 
 
 def _positive(op: str, **sizes: Any) -> None:
@@ -194,6 +194,23 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
+class Dropout2d(Module):
+    """Zero whole channels of [N, C, H, W] (or [C, H, W]) with probability p in training; identity in eval."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False, generator: Any = None) -> None:
+        super().__init__()
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+            raise DTypeError(f"Dropout2d: p must be a probability in [0, 1], got {p!r}")
+        self.p, self.inplace, self.generator = float(p), bool(inplace), generator
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x with channels dropped (training) or x (eval)."""
+        return F.dropout2d(x, self.p, self.training, self.inplace, generator=self.generator)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"
+
+
 class Identity(Module):
     """A module that returns its input unchanged (a placeholder layer)."""
 
@@ -215,3 +232,24 @@ class Flatten(Module):
 
     def extra_repr(self) -> str:
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Unflatten(Module):
+    """Expand dim ``dim`` into ``unflattened_size`` (the inverse of Flatten)."""
+
+    def __init__(self, dim: int, unflattened_size: Any) -> None:
+        super().__init__()
+        size = tuple(unflattened_size)
+        if not size or any(isinstance(v, bool) or not isinstance(v, int) for v in size):
+            raise ShapeError(
+                f"Unflatten: unflattened_size must be a non-empty sequence of ints, got {unflattened_size!r}"
+            )
+        self.dim, self.unflattened_size = dim, size
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x with dim replaced by unflattened_size (-1 allowed once)."""
+        d = x._wrap_dim(self.dim, "Unflatten")
+        return x.reshape(x.shape[:d] + self.unflattened_size + x.shape[d + 1 :])  # type: ignore[no-any-return]
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"

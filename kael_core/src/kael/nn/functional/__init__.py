@@ -2,8 +2,8 @@
 
 They are thin wrappers over ``kael.ops`` (fused ops where one exists, so a backend's
 kernel runs when it has one), adding PyTorch's argument conventions. One module per
-concept: ``_basic`` (linear, norms, dropout, embedding, attention), ``_activation``,
-``_loss``.
+concept: ``_basic`` (linear, layer/rms norm, dropout, embedding, attention), ``_activation``,
+``_loss``, ``_conv``, ``_pooling`` and ``_norm`` (batch, instance and group norm).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ._activation import (
 )
 from ._basic import (
     dropout,
+    dropout2d,
     embedding,
     layer_norm,
     linear,
@@ -38,6 +39,7 @@ from ._basic import (
     scaled_dot_product_attention,
     silu_mul,
 )
+from ._conv import conv1d, conv2d, conv_transpose2d, pad
 from ._loss import (
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
@@ -50,6 +52,18 @@ from ._loss import (
     nll_loss,
     smooth_l1_loss,
 )
+from ._norm import batch_norm, group_norm, instance_norm
+from ._pooling import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    interpolate,
+    max_pool1d,
+    max_pool2d,
+    pixel_shuffle,
+    pixel_unshuffle,
+)
 
 __all__ = [
     "linear",
@@ -58,6 +72,7 @@ __all__ = [
     "rope",
     "silu_mul",
     "dropout",
+    "dropout2d",
     "embedding",
     "scaled_dot_product_attention",
     "relu",
@@ -88,4 +103,20 @@ __all__ = [
     "binary_cross_entropy_with_logits",
     "kl_div",
     "cosine_embedding_loss",
+    "conv1d",
+    "conv2d",
+    "conv_transpose2d",
+    "pad",
+    "max_pool1d",
+    "max_pool2d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "interpolate",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+    "batch_norm",
+    "instance_norm",
+    "group_norm",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "rope",
     "silu_mul",
     "dropout",
+    "dropout2d",
     "embedding",
     "scaled_dot_product_attention",
 ]
@@ -99,6 +100,28 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator: Any
     u = ops.rand(input.shape, dtype=input.dtype, device=input.device, generator=generator)
     scale = ops.where(ops.ge(u, p), 1.0 / (1.0 - p), 0.0).to(dtype=input.dtype)
     return ops.mul(input, scale)  # type: ignore[no-any-return]
+
+
+def dropout2d(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, generator: Any = None
+) -> Tensor:
+    """Zero whole channels of input [N, C, H, W] (or [C, H, W]) with probability p, scaling the rest by 1/(1-p)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise DTypeError(f"dropout2d: p must be a probability in [0, 1], got {p!r}")
+    if not isinstance(input, Tensor) or input.ndim not in (3, 4):
+        raise ShapeError(
+            f"dropout2d: input must be 3-d [C, H, W] or 4-d [N, C, H, W], got {getattr(input, 'shape', input)!r}"
+        )
+    if not training or p == 0.0:
+        return input
+    mask_shape = input.shape[:-2] + (1, 1)
+    u = ops.rand(mask_shape, dtype=input.dtype, device=input.device, generator=generator)
+    scale = ops.where(ops.ge(u, p), 1.0 / (1.0 - p) if p < 1.0 else 0.0, 0.0).to(dtype=input.dtype)
+    out = ops.mul(input, scale)
+    if inplace:
+        input.copy_(out)
+        return input
+    return out  # type: ignore[no-any-return]
 
 
 def embedding(input: Tensor, weight: Tensor) -> Tensor:
