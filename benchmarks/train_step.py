@@ -1,4 +1,4 @@
-"""Milliseconds per training step of a 784-256-10 MLP: kael against PyTorch (when installed).
+"""Milliseconds per training step of a 784-256-10 MLP (or, with --model cnn, a LeNet-style CNN): kael against PyTorch.
 
 One step is zero_grad, forward (Linear, ReLU, Linear), cross-entropy, backward and
 an SGD update, on a batch of 64 random float32 inputs. Both frameworks start from
@@ -9,7 +9,12 @@ losses drift apart over the timed steps (a sanity check that both do the same wo
 nothing, in thread CPU time: the Python cost of kael's frontend, autograd and
 optimizer per step, which any backend's kernel time adds to.
 
-    python benchmarks/train_step.py [--steps 200] [--repeats 5] [--batch 64] [--threads N]
+    python benchmarks/train_step.py [--steps 200] [--repeats 5] [--batch 64] [--threads N] [--model mlp|cnn]
+
+``--model cnn`` times examples/train_mnist_cnn.py's model (two 5x5 convolutions with batch
+norm, ReLU and 2x2 max pooling, then 400-120-84-10; dropout 0 so both do the same work) on
+[batch, 1, 28, 28] inputs, with SGD with momentum; the torch model's initial weights are
+loaded into kael's. The frontend-only figure is reported for the MLP only.
 """
 
 from __future__ import annotations
@@ -119,6 +124,65 @@ def torch_step(d: dict[str, np.ndarray], lr: float) -> Callable[[], Any] | None:
     return step
 
 
+def _cnn_layers(m: Any) -> Any:
+    """LeNet-style CNN built from module namespace m (kael.nn or torch.nn), as in examples/train_mnist_cnn.py."""
+    return m.Sequential(
+        m.Conv2d(1, 6, 5, padding=2),
+        m.BatchNorm2d(6),
+        m.ReLU(),
+        m.MaxPool2d(2),
+        m.Conv2d(6, 16, 5),
+        m.BatchNorm2d(16),
+        m.ReLU(),
+        m.MaxPool2d(2),
+        m.Flatten(),
+        m.Linear(400, 120),
+        m.ReLU(),
+        m.Linear(120, 84),
+        m.ReLU(),
+        m.Linear(84, OUT),
+    )
+
+
+def cnn_steps(batch: int, lr: float) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
+    """(kael step, torch step or None): zero_grad, CNN forward, cross-entropy, backward, SGD(momentum) update."""
+    rng = np.random.default_rng(0)
+    x_np = rng.random((batch, 1, 28, 28), dtype=np.float32)
+    y_np = rng.integers(0, OUT, batch).astype(np.int64)
+    kmodel = _cnn_layers(nn)
+    tstep = None
+    torch: Any = None
+    try:
+        import torch
+    except ImportError:
+        pass
+    if torch is not None:
+        torch.manual_seed(0)
+        tmodel = _cnn_layers(torch.nn)
+        kmodel.load_state_dict({k: kael.from_numpy(v.numpy().copy()) for k, v in tmodel.state_dict().items()})
+        topt = torch.optim.SGD(tmodel.parameters(), lr=lr, momentum=0.9)
+        tx, ty = torch.from_numpy(x_np), torch.from_numpy(y_np)
+
+        def tstep() -> Any:
+            topt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(tmodel(tx), ty)
+            loss.backward()
+            topt.step()
+            return loss
+
+    kopt = kael.optim.SGD(kmodel.parameters(), lr=lr, momentum=0.9)
+    kx, ky = kael.from_numpy(x_np), kael.from_numpy(y_np)
+
+    def kstep() -> Any:
+        kopt.zero_grad()
+        loss = nn.functional.cross_entropy(kmodel(kx), ky)
+        loss.backward()
+        kopt.step()
+        return loss
+
+    return kstep, tstep
+
+
 def time_steps(
     step: Callable[[], Any],
     steps: int,
@@ -148,11 +212,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads for both (0: each one's default)")
+    ap.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="the MLP (default) or the LeNet-style CNN")
     args = ap.parse_args()
 
     d = make_data(args.batch)
     report: dict[str, Any] = {
-        "benchmark": "train_step_mlp_784_256_10",
+        "benchmark": "train_step_mlp_784_256_10" if args.model == "mlp" else "train_step_cnn_lenet_bn",
         "python": sys.version.split()[0],
         "batch": args.batch,
         "steps_per_run": args.steps,
@@ -164,10 +229,15 @@ def main() -> None:
             kael.set_num_threads(args.threads)
         except (AttributeError, ImportError):
             pass
-    kael_ms, kael_losses = time_steps(kael_step(d, args.lr), args.steps, args.repeats)
-    report["kael_ms_per_step"] = round(kael_ms, 4)
-    report["kael_frontend_ms_per_step"] = round(frontend_ms(d, args.lr, args.steps, args.repeats), 4)
-    step = torch_step(d, args.lr)
+    if args.model == "cnn":
+        kstep, step = cnn_steps(args.batch, args.lr)
+        kael_ms, kael_losses = time_steps(kstep, args.steps, args.repeats)
+        report["kael_ms_per_step"] = round(kael_ms, 4)
+    else:
+        kael_ms, kael_losses = time_steps(kael_step(d, args.lr), args.steps, args.repeats)
+        report["kael_ms_per_step"] = round(kael_ms, 4)
+        report["kael_frontend_ms_per_step"] = round(frontend_ms(d, args.lr, args.steps, args.repeats), 4)
+        step = torch_step(d, args.lr)
     if step is None:
         report["torch"] = "not installed"
     else:

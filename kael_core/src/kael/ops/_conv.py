@@ -2,13 +2,13 @@
 
 NOTE [convolution by gather and matmul]
 ---------------------------------------
-A convolution is an im2col gather plus one batched matmul: the input (padded) is
-gathered along each spatial dim with ``index_select`` at positions ``o*stride + k*dilation``
-(a copy of [N, C, o1, k1, o2, k2]), permuted to columns [N, g, C/g*k1*k2, o1*o2], and
+A convolution is an im2col gather plus one batched matmul: for each kernel offset the
+(padded) input is viewed with strides at positions ``o*stride + k*dilation``, and the
+views are stacked (one copy) into columns [N, C, k1*k2, o1, o2] = [N, g, C/g*k1*k2, o1*o2],
 multiplied by the weight [g, O/g, C/g*k1*k2]: the result is [N, O, o1, o2] with no
-output permute. Every step is a kael op with a gradient (``index_select``'s is an
-``index_add``), so autograd, every backend and float64 gradchecks work, and the matmul,
-where the time goes, runs in the backend's GEMM. A transposed convolution is the
+output permute. Every step is a kael op with a gradient (the stack's adds each slice
+back), so autograd, every backend and float64 gradchecks work, and the matmul runs in
+the backend's GEMM. A transposed convolution is the
 convolution of the stride-dilated input (zeros inserted by ``cat`` and ``reshape``) with
 the flipped, transposed weight. Padding modes other than zeros gather the padded input
 from index tables (reflect, replicate, circular), as ``torch.nn.functional.pad`` does.
@@ -16,6 +16,7 @@ from index tables (reflect, replicate, circular), as ``torch.nn.functional.pad``
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from .. import _dtype as dt
 from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 
-__all__ = ["conv1d", "conv2d", "conv_transpose2d", "pad", "unfold_dim", "ntuple", "index_tensor"]
+__all__ = ["conv1d", "conv2d", "conv_transpose2d", "pad", "windows", "ntuple", "index_tensor"]
 
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -52,11 +53,23 @@ def index_tensor(idx: np.ndarray, device: Any) -> Tensor:
     return _ops().tensor(np.ascontiguousarray(idx, dtype=np.int64), dtype=dt.int64, device=device)
 
 
-def unfold_dim(x: Tensor, dim: int, kernel: int, stride: int, dilation: int, out: int) -> Tensor:
-    """x with dim (length L) replaced by (out, kernel): element (i, j) is x[i*stride + j*dilation]."""
-    idx = (np.arange(out)[:, None] * stride + np.arange(kernel)[None, :] * dilation).reshape(-1)
-    g = _ops().index_select(x, dim, index_tensor(idx, x.device))
-    return _ops().reshape(g, x.shape[:dim] + (out, kernel) + x.shape[dim + 1 :])
+def windows(
+    x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], outs: list[int]
+) -> Tensor:
+    """x [N, C, *S] -> [N, C, K, *outs] (K = prod(kernel)): entry (n, c, j, o...) is x at o*stride + k_j*dilation.
+
+    One strided view per kernel offset, stacked: a single copy (its gradient adds each slice back).
+    """
+    ops = _ops()
+    nd = len(kernel)
+    views = []
+    for offs in itertools.product(*(range(k) for k in kernel)):
+        key: list[Any] = [slice(None), slice(None)]
+        for i in range(nd):
+            start = offs[i] * dilation[i]
+            key.append(slice(start, start + (outs[i] - 1) * stride[i] + 1, stride[i]))
+        views.append(x[tuple(key)])
+    return ops.stack(views, 2)
 
 
 def _pad_index(n: int, before: int, after: int, mode: str, op: str) -> np.ndarray:
@@ -180,13 +193,9 @@ def conv_nd(
         outs.append((x.shape[2 + i] - span) // s[i] + 1)
     if (b is not None and b.dtype is not x.dtype) or w.dtype is not x.dtype:
         raise DTypeError(f"{op}: input {x.dtype!r}, weight {w.dtype!r} and bias must share a dtype")
-    cols = x
-    for i in range(nd):  # [N, C, o1, k1, o2, k2, ...]
-        cols = unfold_dim(cols, 2 + 2 * i, k[i], s[i], d[i], outs[i])
-    order = (0, 1, *(3 + 2 * i for i in range(nd)), *(2 + 2 * i for i in range(nd)))
     kk = int(np.prod(k)) if nd else 1
     p = int(np.prod(outs))
-    cols = ops.reshape(ops.permute(cols, order), (n, groups, cg * kk, p))
+    cols = ops.reshape(windows(x, k, s, d, outs), (n, groups, cg * kk, p))  # [N, C, K, *outs]
     wm = ops.reshape(w, (groups, o // groups, cg * kk))
     out = ops.reshape(ops.matmul(wm, cols), (n, o, *outs))
     if b is not None:

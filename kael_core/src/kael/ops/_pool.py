@@ -1,9 +1,9 @@
 """Pooling (max, average, adaptive average) and resampling (nearest, bilinear), with kael's differentiable ops.
 
 As the convolutions (NOTE [convolution by gather and matmul] in ``_conv``), windows are
-gathered with ``index_select`` after padding. Max pooling picks each window's first
-maximum with ``argmax`` and ``gather``, so the gradient goes to one element, as in
-PyTorch (``amax`` would share it between ties, e.g. the zeros after a ReLU). Average
+gathered as stacked strided views after padding. Max pooling sums each window times a
+mask of its first maximum, so the gradient goes to one element, as in PyTorch (``amax``
+would share it between ties, e.g. the zeros after a ReLU). Average
 pooling divides window sums by a host-computed divisor table (PyTorch's rules for
 ``ceil_mode``, ``count_include_pad`` and ``divisor_override``). Adaptive average pooling
 and bilinear resampling are separable linear maps: ``A_h @ x @ A_w^T`` with small
@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import _dtype as dt
 from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
-from ._conv import _pad_dim, index_tensor, ntuple, unfold_dim
+from ..autograd._grad_mode import no_grad
+from ._conv import _pad_dim, index_tensor, ntuple, windows
 
 __all__ = ["max_pool_nd", "avg_pool_nd", "adaptive_avg_pool_nd", "interpolate"]
 
@@ -60,7 +62,7 @@ def _windows(
     ceil_mode: bool,
     fill: float,
 ) -> tuple[Tensor, list[int]]:
-    """x [N, C, *S] padded with fill and gathered into [N, C, o1, k1, o2, k2, ...]."""
+    """x [N, C, *S] padded with fill and gathered into [N, C, K, *outs] (K = prod(k))."""
     nd = len(k)
     outs = []
     for i in range(nd):
@@ -71,9 +73,7 @@ def _windows(
         need = (outs[i] - 1) * s[i] + d[i] * (k[i] - 1) + 1
         right = max(0, need - x.shape[2 + i] - p[i])
         x = _pad_dim(x, 2 + i, p[i], right, "constant", fill, op)
-    for i in range(nd):
-        x = unfold_dim(x, 2 + 2 * i, k[i], s[i], d[i], outs[i])
-    return x, outs
+    return windows(x, k, s, d, outs), outs
 
 
 def _args(op: str, nd: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> tuple[tuple[int, ...], ...]:
@@ -108,11 +108,12 @@ def max_pool_nd(
         raise DTypeError(f"{op}: input must be a floating-point tensor, got {x.dtype!r}")
     w, outs = _windows(op, x, k, s, p, d, ceil_mode, fill)
     n, c = x.shape[:2]
-    order = (0, 1, *(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i in range(nd)))
     kk = int(np.prod(k))
-    cols = ops.reshape(ops.permute(w, order), (n, c, *outs, kk))
-    arg = ops.argmax(cols, -1, keepdim=True)
-    out = ops.squeeze(ops.gather(cols, -1, arg), -1)
+    first = _first_max(w)  # [N, C, K, *outs], True at each window's first maximum
+    out = ops.sum(ops.where(first, w, 0.0), 2)  # the gradient goes to that element only
+    with no_grad():
+        m = ops.amax(w, 2)
+    out = ops.where(ops.ne(m, m), m, out)  # a NaN in a window gives NaN, as in PyTorch
     if unbatched:
         out = ops.squeeze(out, 0)
     if not return_indices:
@@ -125,9 +126,32 @@ def max_pool_nd(
     for i in range(nd):
         coord = grids[i][..., None] * s[i] - p[i] + kgrids[i].reshape(-1) * d[i]
         pos = pos * sizes[i] + coord
-    table = index_tensor(pos, x.device)
-    flat = ops.reshape(ops.gather(ops.expand(table, (n, c, *outs, kk)), -1, arg), (n, c, *outs))
+    table = index_tensor(np.moveaxis(pos, -1, 0), x.device)  # [K, *outs]
+    with no_grad():
+        arg = ops.argmax(w, 2, keepdim=True)
+        flat = ops.reshape(ops.gather(ops.expand(table, (n, c, kk, *outs)), 2, arg), (n, c, *outs))
     return out, (ops.squeeze(flat, 0) if unbatched else flat)
+
+
+def _first_max(w: Tensor) -> Tensor:
+    """A bool mask of w [N, C, K, ...]: True at the first maximum along dim 2 (no gradient).
+
+    Elementwise ops only (one comparison with the maximum, then K slices marking the first hit),
+    which is faster on CPU backends than an argmax and a gather/scatter over a middle dim.
+    """
+    ops = _ops()
+    with no_grad():
+        wd = w.detach()
+        hit = ops.eq(wd, ops.amax(wd, 2, keepdim=True))
+        k = w.shape[2]
+        if k == 1:
+            return ops.ones(w.shape, dtype=dt.bool_, device=w.device)
+        marks, taken = [], None
+        for j in range(k):
+            h = ops.select(hit, 2, j)
+            marks.append(h if taken is None else ops.logical_and(h, ops.logical_not(taken)))
+            taken = h if taken is None else ops.logical_or(taken, h)
+        return ops.stack(marks, 2)
 
 
 def _avg_divisors(n: int, k: int, s: int, p: int, o: int, count_include_pad: bool) -> np.ndarray:
@@ -161,7 +185,7 @@ def avg_pool_nd(
     ):
         raise ShapeError(f"{op}: divisor_override must be a positive int or None, got {divisor_override!r}")
     w, outs = _windows(op, x, k, s, p, d, ceil_mode, 0.0)
-    total = ops.sum(w, tuple(3 + 2 * i for i in range(nd)))
+    total = ops.sum(w, 2)
     if divisor_override is not None:
         out = ops.div(total, float(divisor_override))
     else:
