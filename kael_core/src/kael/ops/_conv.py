@@ -24,6 +24,8 @@ import numpy as np
 from .. import _dtype as dt
 from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
+from ..autograd._function import Function
+from ..autograd._grad_mode import no_grad
 
 __all__ = ["conv1d", "conv2d", "conv_transpose2d", "pad", "windows", "ntuple", "index_tensor"]
 
@@ -53,23 +55,47 @@ def index_tensor(idx: np.ndarray, device: Any) -> Tensor:
     return _ops().tensor(np.ascontiguousarray(idx, dtype=np.int64), dtype=dt.int64, device=device)
 
 
+def _window_keys(
+    kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], outs: list[int]
+) -> list[tuple[slice, ...]]:
+    keys = []
+    for offs in itertools.product(*(range(k) for k in kernel)):
+        key = [slice(None), slice(None)]
+        for i, o in enumerate(offs):
+            start = o * dilation[i]
+            key.append(slice(start, start + (outs[i] - 1) * stride[i] + 1, stride[i]))
+        keys.append(tuple(key))
+    return keys
+
+
+class _Windows(Function):
+    """x [N, C, *S] -> [N, C, K, *outs]: one strided view per kernel offset, stacked (one copy).
+
+    The backward adds each slice of the gradient back into its view of a zero tensor, in place
+    (K strided adds; no K full-size temporaries as the stack's and slices' own backwards would make).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, keys: list[tuple[slice, ...]]) -> Tensor:
+        ops = _ops()
+        ctx.keys, ctx.shape = keys, x.shape
+        return ops.stack([x[key] for key in keys], 2)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Any:
+        ops = _ops()
+        with no_grad():
+            dx = ops.zeros(*ctx.shape, dtype=g.dtype, device=g.device)
+            for j, key in enumerate(ctx.keys):
+                dx[key].add_(ops.select(g, 2, j))
+        return dx, None
+
+
 def windows(
     x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], outs: list[int]
 ) -> Tensor:
-    """x [N, C, *S] -> [N, C, K, *outs] (K = prod(kernel)): entry (n, c, j, o...) is x at o*stride + k_j*dilation.
-
-    One strided view per kernel offset, stacked: a single copy (its gradient adds each slice back).
-    """
-    ops = _ops()
-    nd = len(kernel)
-    views = []
-    for offs in itertools.product(*(range(k) for k in kernel)):
-        key: list[Any] = [slice(None), slice(None)]
-        for i in range(nd):
-            start = offs[i] * dilation[i]
-            key.append(slice(start, start + (outs[i] - 1) * stride[i] + 1, stride[i]))
-        views.append(x[tuple(key)])
-    return ops.stack(views, 2)
+    """x [N, C, *S] -> [N, C, K, *outs] (K = prod(kernel)): entry (n, c, j, o...) is x at o*stride + k_j*dilation."""
+    return _Windows.apply(x, _window_keys(kernel, stride, dilation, outs))  # type: ignore[no-any-return]
 
 
 def _pad_index(n: int, before: int, after: int, mode: str, op: str) -> np.ndarray:
