@@ -100,6 +100,8 @@ def test_adaptive_avg_pool2d(size: Any) -> None:
         {"size": (12, 17), "mode": "bilinear", "align_corners": True},
         {"scale_factor": 2.5, "mode": "bilinear"},
         {"scale_factor": 0.5, "mode": "bilinear", "align_corners": False},
+        {"scale_factor": 1.7, "mode": "bilinear", "recompute_scale_factor": True},
+        {"scale_factor": 1.7, "recompute_scale_factor": True},
     ],
 )
 def test_upsample(kw: dict[str, Any]) -> None:

@@ -156,15 +156,23 @@ class Upsample(Module):
     """Resample to ``size`` or by ``scale_factor``: mode 'nearest', 'linear' or 'bilinear' (see F.interpolate)."""
 
     def __init__(
-        self, size: Any = None, scale_factor: Any = None, mode: str = "nearest", align_corners: bool | None = None
+        self,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        align_corners: bool | None = None,
+        recompute_scale_factor: bool | None = None,
     ) -> None:
         super().__init__()
         self.size, self.mode, self.align_corners = size, mode, align_corners
+        self.recompute_scale_factor = recompute_scale_factor
         self.scale_factor = float(scale_factor) if isinstance(scale_factor, (int, float)) else scale_factor
 
     def forward(self, x: Tensor) -> Tensor:
         """Resampled x."""
-        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+        return F.interpolate(
+            x, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
+        )
 
     def extra_repr(self) -> str:
         what = f"scale_factor={self.scale_factor}" if self.scale_factor is not None else f"size={self.size}"

@@ -259,10 +259,11 @@ def interpolate(
     scale_factor: Any = None,
     mode: str = "nearest",
     align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
 ) -> Tensor:
     """Resample the spatial dims of input [N, C, *S] (1-d or 2-d) to ``size`` or by ``scale_factor``:
     mode 'nearest' (PyTorch's floor(dst * in/out)), 'linear' (1-d) or 'bilinear' (2-d), with
-    PyTorch's align_corners (None is False). Differentiable."""
+    PyTorch's align_corners (None is False) and recompute_scale_factor. Differentiable."""
     op = "interpolate"
     if not isinstance(input, Tensor) or not input.dtype.is_floating_point:
         raise DTypeError(f"{op}: input must be a floating-point tensor, got {getattr(input, 'dtype', type(input))!r}")
@@ -288,7 +289,10 @@ def interpolate(
         if len(sf) != nd or any(not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0 for v in sf):
             raise ShapeError(f"{op}: scale_factor must be a positive number or {nd} of them, got {scale_factor!r}")
         outs = [math.floor(n * f) for n, f in zip(spatial, sf)]
-        scales = [1.0 / f for f in sf]
+        if any(o < 1 for o in outs):
+            raise ShapeError(f"{op}: scale_factor {scale_factor!r} gives an empty output for input {list(input.shape)}")
+        # recompute_scale_factor=True: the scale from the rounded output size, as if size had been given
+        scales = [n / o for n, o in zip(spatial, outs)] if recompute_scale_factor else [1.0 / f for f in sf]
     ops = _ops()
     if mode == "nearest":
         x = input
