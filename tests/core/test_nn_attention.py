@@ -72,6 +72,37 @@ def test_cross_attention_kdim_vdim_unbatched_and_no_weights() -> None:
     np.testing.assert_allclose(kw.detach().numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize(("bias_kv", "zero_attn"), [(True, False), (False, True), (True, True)])
+def test_bias_kv_and_zero_attn(bias_kv: bool, zero_attn: bool) -> None:
+    torch.manual_seed(3)
+    t = torch.nn.MultiheadAttention(4, 2, add_bias_kv=bias_kv, add_zero_attn=zero_attn)
+    k = nn.MultiheadAttention(4, 2, add_bias_kv=bias_kv, add_zero_attn=zero_attn)
+    _sync(k, t)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    mask = np.triu(np.ones((3, 3), bool), 1)
+    pad = np.array([[False, False, True], [False, False, False]])
+    kx, tx = kael.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    ko, kw = k(kx, kx, kx, attn_mask=kael.tensor(mask), key_padding_mask=kael.tensor(pad))
+    to, tw = t(tx, tx, tx, attn_mask=torch.tensor(mask), key_padding_mask=torch.tensor(pad))
+    np.testing.assert_allclose(ko.detach().numpy(), to.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(kw.detach().numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-6)
+    ko.sum().backward()
+    to.sum().backward()
+    np.testing.assert_allclose(kx.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    if bias_kv:
+        np.testing.assert_allclose(k.bias_k.grad.numpy(), t.bias_k.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_is_causal_matches_an_explicit_mask() -> None:
+    m = nn.MultiheadAttention(4, 2, batch_first=True)
+    x = kael.tensor(np.random.default_rng(4).standard_normal((2, 3, 4)).astype(np.float32))
+    mask = kael.tensor(np.triu(np.ones((3, 3), bool), 1))
+    a, _ = m(x, x, x, is_causal=True)
+    b, _ = m(x, x, x, attn_mask=mask)
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy())
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(KaelError, match="divisible"):
         nn.MultiheadAttention(6, 4)

@@ -2,7 +2,8 @@
 
 Parameters: ``in_proj_weight`` [3E, E] and ``in_proj_bias`` [3E] (or ``q_proj_weight``,
 ``k_proj_weight``, ``v_proj_weight`` when kdim/vdim differ from embed_dim) and
-``out_proj`` (a Linear), initialised as PyTorch does, so a PyTorch checkpoint loads.
+``out_proj`` (a Linear), and ``bias_k``/``bias_v`` [1, 1, E] with add_bias_kv, initialised as
+PyTorch does, so a PyTorch checkpoint loads. add_zero_attn appends a zero key/value position.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from .. import _dtype as dt
 from .. import ops
-from .._errors import DTypeError, KaelError, ShapeError
+from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 from . import functional as F
 from . import init
@@ -52,8 +53,6 @@ class MultiheadAttention(Module):
                 raise ShapeError(f"MultiheadAttention: {name} must be a positive int, got {v!r}")
         if embed_dim % num_heads:
             raise ShapeError(f"MultiheadAttention: embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
-        if add_bias_kv or add_zero_attn:
-            raise KaelError("MultiheadAttention: add_bias_kv and add_zero_attn are not supported")
         d = dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.kdim = kdim if kdim is not None else embed_dim
@@ -74,6 +73,13 @@ class MultiheadAttention(Module):
             "in_proj_bias", Parameter(ops.empty(3 * embed_dim, dtype=d, device=device)) if bias else None
         )
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=d)
+        if add_bias_kv:
+            self.bias_k = Parameter(ops.empty(1, 1, embed_dim, dtype=d, device=device))
+            self.bias_v = Parameter(ops.empty(1, 1, embed_dim, dtype=d, device=device))
+        else:
+            self.register_parameter("bias_k", None)
+            self.register_parameter("bias_v", None)
+        self.add_zero_attn = bool(add_zero_attn)
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -86,6 +92,9 @@ class MultiheadAttention(Module):
         if self.in_proj_bias is not None:
             init.zeros_(self.in_proj_bias)
             init.zeros_(self.out_proj.bias)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+            init.xavier_normal_(self.bias_v)
 
     def _project(self, x: Tensor, i: int) -> Tensor:
         e = self.embed_dim
@@ -95,6 +104,13 @@ class MultiheadAttention(Module):
             w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[i]
         b = self.in_proj_bias[i * e : (i + 1) * e] if self.in_proj_bias is not None else None
         return F.linear(x, w, b)
+
+    @staticmethod
+    def _pad_keys(m: Tensor, extra: int) -> Tensor:
+        """An additive mask [..., S] extended by ``extra`` key positions that every query may attend."""
+        if not extra:
+            return m
+        return ops.cat([m, ops.zeros(*m.shape[:-1], extra, dtype=m.dtype, device=m.device)], -1)
 
     @staticmethod
     def _additive(mask: Tensor, dtype: dt.DType, name: str) -> Tensor:
@@ -134,18 +150,29 @@ class MultiheadAttention(Module):
                 f"{list(value.shape)} (batch first) do not fit embed_dim {self.embed_dim}"
             )
         h, hd = self.num_heads, self.head_dim
+        kp, vp = self._project(key, 1), self._project(value, 2)
+        extra = 0
+        if self.bias_k is not None:  # one more key/value position: the learnt biases
+            kp = ops.cat([kp, self.bias_k.expand(n, 1, e)], 1)
+            vp = ops.cat([vp, self.bias_v.expand(n, 1, e)], 1)
+            extra += 1
+        if self.add_zero_attn:  # and one of zeros
+            kp = ops.cat([kp, ops.zeros(n, 1, e, dtype=kp.dtype, device=kp.device)], 1)
+            vp = ops.cat([vp, ops.zeros(n, 1, e, dtype=vp.dtype, device=vp.device)], 1)
+            extra += 1
         q = self._project(query, 0).reshape(n, tq, h, hd).transpose(1, 2)
-        k = self._project(key, 1).reshape(n, s, h, hd).transpose(1, 2)
-        v = self._project(value, 2).reshape(n, s, h, hd).transpose(1, 2)
+        k = kp.reshape(n, s + extra, h, hd).transpose(1, 2)
+        v = vp.reshape(n, s + extra, h, hd).transpose(1, 2)
         scores = ops.mul(ops.matmul(q, k.transpose(-2, -1)), 1.0 / math.sqrt(hd))  # [N, H, L, S]
         if attn_mask is None and is_causal:
-            attn_mask = ops.gt(ops.arange(s).unsqueeze(0), ops.arange(tq).unsqueeze(1))
+            attn_mask = ops.gt(ops.arange(s).unsqueeze(0), ops.arange(tq).unsqueeze(1)).to(device=query.device)
         if attn_mask is not None:
             m = self._additive(attn_mask, scores.dtype, "attn_mask")
-            if m.shape == (tq, s):
+            m = self._pad_keys(m, extra)
+            if m.shape == (tq, s + extra):
                 scores = ops.add(scores, m)
-            elif m.shape == (n * h, tq, s):
-                scores = ops.add(scores, m.reshape(n, h, tq, s))
+            elif m.shape == (n * h, tq, s + extra):
+                scores = ops.add(scores, m.reshape(n, h, tq, s + extra))
             else:
                 raise ShapeError(
                     f"MultiheadAttention: attn_mask must be [{tq}, {s}] or [{n * h}, {tq}, {s}], got {list(m.shape)}"
@@ -155,8 +182,8 @@ class MultiheadAttention(Module):
                 raise ShapeError(
                     f"MultiheadAttention: key_padding_mask must be [{n}, {s}], got {list(key_padding_mask.shape)}"
                 )
-            m = self._additive(key_padding_mask, scores.dtype, "key_padding_mask")
-            scores = ops.add(scores, m.reshape(n, 1, 1, s))
+            m = self._pad_keys(self._additive(key_padding_mask, scores.dtype, "key_padding_mask"), extra)
+            scores = ops.add(scores, m.reshape(n, 1, 1, s + extra))
         weights = ops.softmax(scores, -1)
         attn = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
         out = ops.matmul(attn, v).transpose(1, 2).reshape(n, tq, e)
