@@ -1,4 +1,4 @@
-"""kael.models sampling (kael/models/_sampling.py) against straightforward NumPy/Python oracles.
+"""kael.models sampling (kael/models/_sampling.py, over kael.engine's sampler) against straightforward NumPy/Python oracles.
 
 Each oracle is written the plain way (a loop over tokens, a sorted list), independently of the
 vectorised code: OpenAI's penalty formula, vLLM's repetition penalty, top-k/top-p/min-p as vLLM
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kael.models import (
     GPT,
-    SamplingOptions,
+    SamplingParams,
     TokenLogprob,
     TokenSampler,
     apply_logit_bias,
@@ -195,7 +195,7 @@ def test_greedy_sampler_with_bias_and_penalties_equals_the_oracle_loop(data: Any
     bias = data.draw(st.dictionaries(st.integers(0, v - 1), st.floats(-5, 5), max_size=3))
     presence, frequency = data.draw(st.floats(-2, 2)), data.draw(st.floats(-2, 2))
     repetition = data.draw(st.sampled_from([1.0, 0.7, 1.5]))
-    options = SamplingOptions(
+    options = SamplingParams(
         temperature=0,
         logit_bias=bias,
         presence_penalty=presence,
@@ -233,7 +233,7 @@ def test_greedy_sampler_with_bias_and_penalties_equals_the_oracle_loop(data: Any
 def test_sampled_token_is_the_inverse_cdf_of_a_twin_generators_draw(
     x: np.ndarray, seed: int, t: float, top_k: int, top_p: float, min_p: float
 ) -> None:
-    options = SamplingOptions(temperature=t, top_k=top_k, top_p=top_p, min_p=min_p)
+    options = SamplingParams(temperature=t, top_k=top_k, top_p=top_p, min_p=min_p)
     sampler = TokenSampler(options, generator=kael.Generator().manual_seed(seed))
     twin = kael.Generator().manual_seed(seed)
     for _ in range(3):
@@ -251,7 +251,7 @@ def test_sampled_token_is_the_inverse_cdf_of_a_twin_generators_draw(
 
 def test_sampling_frequencies_follow_the_filtered_distribution() -> None:
     x = np.log(np.array([0.4, 0.3, 0.2, 0.06, 0.04]))
-    sampler = TokenSampler(SamplingOptions(temperature=1.0, top_p=0.85), generator=kael.Generator().manual_seed(3))
+    sampler = TokenSampler(SamplingParams(temperature=1.0, top_p=0.85), generator=kael.Generator().manual_seed(3))
     counts = Counter(sampler(x) for _ in range(4000))
     assert set(counts) == {0, 1, 2}  # 0.4 + 0.3 < 0.85: the third is needed, the rest dropped
     for token, p in ((0, 0.4 / 0.9), (1, 0.3 / 0.9), (2, 0.2 / 0.9)):
@@ -262,7 +262,7 @@ def test_the_same_seed_gives_the_same_tokens() -> None:
     x = np.linspace(-1, 1, 17)
 
     def run(seed: int) -> list[int]:
-        options = SamplingOptions(temperature=1.3, frequency_penalty=0.4, top_k=9)
+        options = SamplingParams(temperature=1.3, frequency_penalty=0.4, top_k=9)
         sampler = TokenSampler(options, generator=kael.Generator().manual_seed(seed))
         return [sampler(x) for _ in range(20)]
 
@@ -271,19 +271,19 @@ def test_the_same_seed_gives_the_same_tokens() -> None:
 
 def test_min_tokens_masks_the_stop_tokens_until_then() -> None:
     x = np.array([0.0, 0.0, 10.0])  # token 2 (the stop token) is by far the likeliest
-    sampler = TokenSampler(SamplingOptions(temperature=0, min_tokens=3, stop_tokens=(2,)))
+    sampler = TokenSampler(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(2,)))
     assert [sampler(x) for _ in range(5)] == [0, 0, 0, 2, 2]
     sampled = TokenSampler(
-        SamplingOptions(temperature=1.0, min_tokens=50, stop_tokens=(2,)), generator=kael.Generator().manual_seed(0)
+        SamplingParams(temperature=1.0, min_tokens=50, stop_token_ids=(2,)), generator=kael.Generator().manual_seed(0)
     )
     assert 2 not in [sampled(x) for _ in range(50)]
 
 
 def test_logit_bias_forces_or_bans_a_token() -> None:
     x = np.array([3.0, 1.0, 0.0, -1.0])
-    forced = TokenSampler(SamplingOptions(temperature=1.0, logit_bias={3: 100}), generator=kael.Generator())
+    forced = TokenSampler(SamplingParams(temperature=1.0, logit_bias={3: 100}), generator=kael.Generator())
     assert {forced(x) for _ in range(50)} == {3}
-    banned = TokenSampler(SamplingOptions(temperature=0, logit_bias={0: -100}))
+    banned = TokenSampler(SamplingParams(temperature=0, logit_bias={0: -100}))
     assert banned(x) == 1
 
 
@@ -291,9 +291,9 @@ def test_sampler_drives_generate() -> None:
     model = GPT(31, 24, 2, 2, 16, generator=kael.Generator().manual_seed(4))
     prompt = [1, 2, 3]
     greedy = model.generate(prompt, 10)
-    assert model.generate(prompt, 10, sampler=TokenSampler(SamplingOptions(temperature=0), prompt)) == greedy
+    assert model.generate(prompt, 10, sampler=TokenSampler(SamplingParams(temperature=0), prompt)) == greedy
     # a repetition penalty changes the greedy path exactly as the oracle loop says
-    options = SamplingOptions(temperature=0, repetition_penalty=1.8, frequency_penalty=0.3)
+    options = SamplingParams(temperature=0, repetition_penalty=1.8, frequency_penalty=0.3)
     got = model.generate(prompt, 10, sampler=TokenSampler(options, prompt))
     seq = list(prompt)
     for _ in range(10):
@@ -333,27 +333,27 @@ def test_prompt_logprobs_match_prefix_by_prefix_forward_passes() -> None:
         ({"logit_bias": {-1: 1.0}}, "logit_bias"),
         ({"logit_bias": {1: math.nan}}, "logit_bias"),
         ({"min_tokens": -1}, "min_tokens"),
-        ({"stop_tokens": (True,)}, "stop token"),
+        ({"stop_token_ids": (True,)}, "stop_token_ids"),
         ({"logprobs": -1}, "logprobs"),
     ],
 )
 def test_bad_options_name_the_field(options: dict[str, Any], field: str) -> None:
     with pytest.raises(kael.KaelError, match=field):
-        SamplingOptions(**options)
+        SamplingParams(**options)
 
 
 def test_ids_out_of_the_vocabulary_and_bad_arguments_are_clear_errors() -> None:
-    with pytest.raises(kael.ShapeError, match="logit_bias token id 9 is out of range for a vocabulary of 4"):
-        TokenSampler(SamplingOptions(logit_bias={9: 1.0}))(np.zeros(4))
+    with pytest.raises(kael.ShapeError, match="logit_bias: token id 9 is out of range for a vocabulary of 4"):
+        TokenSampler(SamplingParams(logit_bias={9: 1.0}))(np.zeros(4))
     with pytest.raises(kael.ShapeError, match="token id 7 is out of range"):
-        TokenSampler(SamplingOptions(repetition_penalty=1.2), prompt=[7])(np.zeros(4))
+        TokenSampler(SamplingParams(repetition_penalty=1.2), prompt=[7])(np.zeros(4))
     with pytest.raises(kael.ShapeError, match=r"one row \[V\]"):
-        TokenSampler(SamplingOptions(temperature=0))(np.zeros((2, 3)))
+        TokenSampler(SamplingParams(temperature=0))(np.zeros((2, 3)))
     with pytest.raises(kael.DTypeError, match="generator"):
-        TokenSampler(SamplingOptions(), generator=object())  # type: ignore[arg-type]
+        TokenSampler(SamplingParams(), generator=object())  # type: ignore[arg-type]
     with pytest.raises(kael.KaelError, match="no valid"):
-        TokenSampler(SamplingOptions(temperature=0))(np.array([np.nan, np.nan]))
-    sampler = TokenSampler(SamplingOptions(temperature=0))
+        TokenSampler(SamplingParams(temperature=0))(np.array([np.nan, np.nan]))
+    sampler = TokenSampler(SamplingParams(temperature=0))
     sampler(np.zeros(4))
     with pytest.raises(kael.ShapeError, match="a step of 5 logits after steps of 4"):
         sampler(np.zeros(5))
@@ -362,7 +362,7 @@ def test_ids_out_of_the_vocabulary_and_bad_arguments_are_clear_errors() -> None:
 def test_logits_a_tiny_repetition_penalty_makes_infinite_still_sample() -> None:
     # 2.0 / 1e-308 overflows to +inf: that token (the only seen one with a positive logit) is certain
     x = np.array([2.0, 1.0, -1.0, 0.5])
-    options = SamplingOptions(temperature=0.7, repetition_penalty=1e-308, top_p=0.9, min_p=0.1)
+    options = SamplingParams(temperature=0.7, repetition_penalty=1e-308, top_p=0.9, min_p=0.1)
     sampler = TokenSampler(options, prompt=[0, 2], generator=kael.Generator().manual_seed(1))
     assert {sampler(x) for _ in range(20)} == {0}
-    assert TokenSampler(SamplingOptions(temperature=0, repetition_penalty=1e-308), prompt=[1])(x) == 1
+    assert TokenSampler(SamplingParams(temperature=0, repetition_penalty=1e-308), prompt=[1])(x) == 1

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kael import KaelError
+from kael.engine import TokenSampler
 from kael.tokenizer import IncrementalDecoder, encode_chat
 
 from kael_server.errors import Cancelled, NotReady, PromptRejected
@@ -152,11 +153,10 @@ class Generator:
             echo = self._echo(job.prompts[p], ids, params) if params.echo else None
             for j in range(params.n):
                 index = p * params.n + j
-                if params.plain:
-                    sampler, rng = None, self.rng_for(params, j)
-                else:
-                    sampler = self._sampler(params, ids, j)
-                    rng = sampler.generator
+                own = self._sampler(params, ids, j)
+                # temperature and top_k say everything: the model samples itself (make_rng's generator)
+                sampler = None if own.simple else own
+                rng = self.rng_for(params, j) if own.simple else own.generator
                 output = JobOutput(
                     job, self.tokenizer, index, sampler=sampler, echo=echo, end_tokens=self.end_tokens(params)
                 )
@@ -175,24 +175,12 @@ class Generator:
         """``seed + choice``, or 63 bits of fresh entropy for an unseeded request."""
         return params.seed + choice if params.seed is not None else secrets.randbits(63)
 
-    def _sampler(self, params: SamplingParams, ids: list[int], choice: int) -> Any:
-        from kael.models import SamplingOptions, TokenSampler  # only requests past the plain path need it
-
-        options = SamplingOptions(
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            min_p=params.min_p,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            repetition_penalty=params.repetition_penalty,
-            logit_bias=dict(params.logit_bias),
-            min_tokens=params.min_tokens,
-            stop_tokens=tuple(sorted(self.end_tokens(params))) if params.min_tokens else (),
-            logprobs=params.logprobs,
-        )
+    def _sampler(self, params: SamplingParams, ids: list[int], choice: int) -> TokenSampler:
+        """The choice's kael sampler (its processors built from ``params``, its own seeded
+        generator); ``sampler.simple`` says whether ``model.generate`` samples it alone."""
         rng = _kael_rng(self.seed_for(params, choice)) if params.temperature else None
-        return TokenSampler(options, ids if params.repetition_penalty != 1 else (), rng)
+        prompt = ids if params.repetition_penalty != 1 else ()
+        return TokenSampler(params, prompt, rng, end_tokens=self.end_tokens(params))
 
     def _echo(self, prompt: Prompt, ids: list[int], params: SamplingParams) -> Echo:
         """The prompt as its choices' texts start: as given (text) or decoded (token ids)."""

@@ -5,7 +5,8 @@ worker thread writes ``stats`` and calls ``emit``; the loop only reads ``stats``
 final event (Finished or Failed) has arrived, and only the loop reads ``events`` and
 ``done``. ``emit`` crosses threads with ``loop.call_soon_threadsafe``, so the worker never
 blocks on a slow or absent reader. ``cancel`` may be called from any thread; the worker
-checks it before and after encoding and at every token.
+checks it before and after encoding and at every token. ``SamplingParams`` is kael's
+(``kael.engine.SamplingParams``), the only such struct, re-exported here.
 
 NOTE [choices]: a job generates ``len(prompts) * params.n`` sequences, its choices. Choice
 ``i`` continues prompt ``i // n`` (OpenAI's numbering of ``index``); its ``TextPiece``s carry
@@ -20,6 +21,8 @@ import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass, field
+
+from kael.engine import SamplingParams
 
 __all__ = [
     "ChoiceStats",
@@ -48,55 +51,6 @@ class ChatPrompt:
 
 Prompt = str | tuple[int, ...] | ChatPrompt
 """Text to encode, token ids as they are, or a rendered conversation."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How every choice of a job is generated (kael_server's view of OpenAI's and vLLM's fields).
-
-    The neutral values (top_p 1, min_p 0, no penalty, no bias, min_tokens 0, no logprobs) leave
-    sampling to ``Model.generate`` / ``BatchEngine.sample`` (``plain``): the fast path; anything
-    else goes through a ``kael.models.TokenSampler`` per choice.
-    """
-
-    max_tokens: int
-    temperature: float
-    top_k: int
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    top_p: float = 1.0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    """Record each generated token's log-probability and this many top alternatives."""
-    echo: bool = False
-    """Each choice's text starts with its prompt (with the prompt's logprobs when ``logprobs`` is set)."""
-    stop_token_ids: tuple[int, ...] = ()
-    """Token ids that end a choice besides the model's own end-of-text ids (a chat template's
-    end-of-turn tokens); like those, never part of the text."""
-    fit_context: bool = False
-    """``max_tokens`` is an upper bound: once the prompt is encoded it becomes at most what the
-    context leaves after the longest prompt (a chat request without max_tokens)."""
-
-    @property
-    def plain(self) -> bool:
-        """Whether temperature and top_k say everything: sampled as ``Model.generate`` does alone."""
-        return (
-            self.top_p == 1
-            and self.min_p == 0
-            and self.presence_penalty == 0
-            and self.frequency_penalty == 0
-            and self.repetition_penalty == 1
-            and not self.logit_bias
-            and self.min_tokens == 0
-            and self.logprobs is None
-        )
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,27 @@ from collections.abc import Iterator
 from typing import Any, TypeVar, cast
 
 import msgspec
+from kael.engine import SamplingParamError, SamplingParams
 from litestar import Request
 
 from kael_server.errors import BodyTooLarge, ClientGone, FieldError, InvalidRequest
 from kael_server.logs import get_logger
 
-__all__ = ["decode", "read_body"]
+__all__ = ["decode", "read_body", "sampling_params_of"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 _LOGGED_NAMES = 16
 _LOGGED_NAME_CHARS = 64
+
+
+def sampling_params_of(**fields: Any) -> SamplingParams:
+    """kael's SamplingParams from a decoded body's fields; a value the engine refuses is an
+    InvalidRequest naming that field (the rule it broke, never the value)."""
+    try:
+        return SamplingParams(**fields)
+    except SamplingParamError as exc:
+        rule = str(exc).split(" must be ", 1)[-1].rsplit(", got ", 1)[0]
+        raise InvalidRequest([FieldError(exc.field, f"expected {rule}")]) from None
 
 
 async def read_body(request: Request[Any, Any, Any], limit: int) -> bytes:

@@ -7,6 +7,7 @@ Face ``model_type`` through ``from_pretrained``'s registry (``_registry.py``).
 
 from __future__ import annotations
 
+from ..engine import SamplingParams
 from ._base import CausalLMBase
 from ._batched import BatchDecoder
 from ._generate import Sampler, generate, sample_next
@@ -27,7 +28,6 @@ from ._registry import (
     unregister_family,
 )
 from ._sampling import (
-    SamplingOptions,
     TokenLogprob,
     TokenSampler,
     apply_logit_bias,
@@ -77,7 +77,7 @@ __all__ = [
     "generate",
     "sample_next",
     "Sampler",
-    "SamplingOptions",
+    "SamplingParams",
     "TokenSampler",
     "TokenLogprob",
     "apply_logit_bias",

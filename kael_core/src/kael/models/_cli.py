@@ -168,7 +168,7 @@ def chat_cli(
     from ..tokenizer import encode_chat, load_tokenizer
     from ._generate import check_sampling
     from ._registry import from_pretrained
-    from ._sampling import SamplingOptions, TokenSampler
+    from ..engine import SamplingParams, TokenSampler
 
     inp = inp if inp is not None else sys.stdin
     out = out if out is not None else sys.stdout
@@ -223,7 +223,7 @@ def chat_cli(
                 continue
             sampler = None
             if args.top_p < 1 and args.temperature > 0:
-                sampler = TokenSampler(SamplingOptions(temperature=args.temperature, top_p=args.top_p), (), generator)
+                sampler = TokenSampler(SamplingParams(temperature=args.temperature, top_p=args.top_p), (), generator)
             new = stream_generation(
                 model,
                 tokenizer,

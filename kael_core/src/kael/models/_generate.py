@@ -11,7 +11,6 @@ step recomputes the last ``max_positions`` tokens without a cache, at positions
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +20,14 @@ from .. import _dtype as dt
 from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import Generator, argmax, div, rand, select, softmax, tensor, to, topk, view
+from ..engine import SamplingParams, check_temperature, pick
+from ..ops import Generator, argmax, select, tensor, view
 
 if TYPE_CHECKING:
     from ._kv_cache import KVCache
     from ._protocol import CausalLM
 
 __all__ = ["generate", "sample_next", "Sampler"]
-
-MIN_TEMPERATURE = 0.001
 
 Sampler = Callable[[Tensor, list[int]], int]
 """``sampler(logits [V], tokens so far) -> next token id``: ``generate``'s replaceable sampling step."""
@@ -41,20 +39,8 @@ def _sampled(token: Any, vocab_size: int) -> int:
     return int(token)
 
 
-def check_temperature(temperature: Any, op: str) -> None:
-    """A KaelError naming ``op`` unless temperature is 0 (greedy) or finite and >= MIN_TEMPERATURE."""
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float, np.integer, np.floating))
-        or math.isnan(temperature)
-        or not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf)
-    ):
-        raise KaelError(
-            f"{op}: temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature!r}"
-        )
-
-
 def check_sampling(temperature: Any, top_k: Any, generator: Any, op: str) -> None:
+    """A KaelError naming ``op`` for a bad temperature, top_k (an int >= 0) or generator."""
     check_temperature(temperature, op)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise KaelError(f"{op}: top_k must be an int >= 0 (0 disables it), got {top_k!r}")
@@ -62,26 +48,13 @@ def check_sampling(temperature: Any, top_k: Any, generator: Any, op: str) -> Non
         raise DTypeError(f"{op}: generator must be a kael.Generator or None, got {type(generator).__name__}")
 
 
-def draw(probs: np.ndarray, generator: Generator | None, op: str) -> int:
-    """One index drawn from the (unnormalised) probabilities ``probs`` [V] by the inverse CDF of a
-    single uniform number from ``generator`` (kael's default generator when None)."""
-    cdf = np.cumsum(probs)
-    if not np.isfinite(cdf[-1]) or cdf[-1] <= 0:
-        raise KaelError(f"{op}: the logits give no valid distribution (sum of probabilities {cdf[-1]!r})")
-    dev = generator.device if generator is not None else None
-    u = float(rand(1, dtype=dt.float64, device=dev, generator=generator).item())
-    # side="right" skips zero-probability tokens (flat stretches of the cdf); the clamp keeps a draw
-    # that rounds onto the end on the last token that can be drawn.
-    j = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-    return min(j, int(np.flatnonzero(probs)[-1]))
-
-
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int = 0, generator: Generator | None = None) -> Any:
     """The next token id from logits [V] (an int), or one per row of logits [B, V] (a list).
 
-    temperature 0 is greedy (argmax, the first on ties); otherwise softmax(logits / temperature),
-    restricted to the top_k largest when 0 < top_k < V, is sampled with ``generator``
-    (default: kael's default generator).
+    temperature 0 is greedy (argmax, the first on ties); otherwise the engine's sampler
+    (``kael.engine.pick``) draws from the float64 softmax(logits / temperature), top-k keeping
+    the logits at or above the k-th largest (NOTE [one top-k rule]), with one uniform number
+    from ``generator`` (default: kael's default generator).
     """
     check_sampling(temperature, top_k, generator, "sample_next")
     if (
@@ -101,14 +74,9 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int = 0, genera
 
 def _sample_row(logits: Tensor, temperature: float, top_k: int, generator: Generator | None) -> int:
     if temperature == 0:
-        return int(argmax(logits).item())
-    v = logits.shape[0]
-    ids: Tensor | None = None
-    if 0 < top_k < v:
-        logits, ids = topk(logits, top_k)
-    probs = softmax(div(to(logits, dtype=dt.float32), float(temperature)))._host().astype(np.float64)
-    j = draw(probs, generator, "sample_next")
-    return int(select(ids, 0, j).item()) if ids is not None else j
+        return int(argmax(logits).item())  # the device's argmax: the engine's greedy fast path
+    params = SamplingParams(temperature=temperature, top_k=top_k)
+    return pick(np.array(logits._host(), dtype=np.float64), params, generator, "sample_next")
 
 
 def _prompt_ids(prompt: Any, vocab_size: int) -> list[int]:

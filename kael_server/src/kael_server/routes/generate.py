@@ -10,7 +10,7 @@ from kael_server import sse
 from kael_server.driver import retry_headers, serve_generation
 from kael_server.errors import InvalidRequest, ServerError
 from kael_server.generator import Generator
-from kael_server.jobs import Finished, JobStats, Prompt, SamplingParams, TextPiece
+from kael_server.jobs import Finished, JobStats, Prompt, TextPiece
 from kael_server.openapi import JSON, documented, sse_events
 from kael_server.schemas import (
     ErrorResponse,
@@ -21,6 +21,7 @@ from kael_server.schemas import (
     TextEvent,
 )
 from kael_server.state import ServerState
+from kael_server.validation import sampling_params_of
 
 __all__ = ["GenerateReply", "error_response", "generate"]
 
@@ -31,7 +32,7 @@ class GenerateReply:
     def __init__(self, body: GenerateRequest, generator: Generator) -> None:
         self.prompts: tuple[Prompt, ...] = (body.prompt,)
         self.stream = body.stream
-        self.params = SamplingParams(
+        self.params = sampling_params_of(
             max_tokens=body.max_tokens,
             temperature=body.temperature,
             top_k=body.top_k,

@@ -32,6 +32,7 @@ from kael_server.schemas import (
     Usage,
 )
 from kael_server.state import ServerState
+from kael_server.validation import sampling_params_of
 
 __all__ = ["CompletionReply", "completions", "error_body", "error_response", "models", "sampling_params"]
 
@@ -67,7 +68,7 @@ def sampling_params(
     if errors:
         raise InvalidRequest(errors)
     top_k = _or(body.top_k, 0)
-    return SamplingParams(
+    return sampling_params_of(
         max_tokens=max_tokens,
         temperature=_or(body.temperature, 1.0),
         top_k=max(top_k, 0),  # -1 (vLLM) and 0 both mean all
