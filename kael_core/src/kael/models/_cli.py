@@ -164,11 +164,11 @@ def chat_cli(
     ``out``, then a newline. A turn that no longer fits the context is refused (on ``err``) and
     left out of the conversation. On a terminal a ``> `` prompt is shown before each line.
     """
+    from ..engine import SamplingParams, TokenSampler
     from ..ops import Generator
     from ..tokenizer import encode_chat, load_tokenizer
     from ._generate import check_sampling
     from ._registry import from_pretrained
-    from ..engine import SamplingParams, TokenSampler
 
     inp = inp if inp is not None else sys.stdin
     out = out if out is not None else sys.stdout
