@@ -1,13 +1,16 @@
 """Train a LeNet-style CNN (convolutions, batch norm, dropout) on MNIST with kael, and save it as safetensors.
 
     python examples/train_mnist_cnn.py --data DIR [--epochs 3] [--lr 0.05] [--out mnist_cnn.safetensors]
-    python examples/train_mnist_cnn.py --synthetic 2000 [--epochs 2]
+    python examples/train_mnist_cnn.py --synthetic 2000 [--epochs 2] [--compare-torch]
 
 DIR holds the four MNIST IDX files, as for ``examples/train_mnist.py`` (whose loaders,
 ``train_epoch`` and ``evaluate`` this script reuses). ``--synthetic N`` trains on N
 generated 28x28 digits-like images instead (ten noisy class templates, a test split of
 N/5), which needs no download and is what the test suite runs. SGD with momentum and a
 cosine schedule with warmup; a tqdm progress bar shows the running loss and accuracy.
+``--compare-torch`` trains the same network in PyTorch alongside (same initial weights,
+same batches in the same order, same optimizer and schedule) and reports both test
+accuracies and their difference in points.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 import kael
 import numpy as np
@@ -24,7 +28,7 @@ from kael.data import DataLoader, TensorDataset
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_mnist import evaluate, load_split, train_epoch
 
-__all__ = ["make_model", "synthetic_split", "main", "train_epoch", "evaluate"]
+__all__ = ["make_model", "make_torch_model", "synthetic_split", "main", "train_epoch", "evaluate"]
 
 
 def make_model(classes: int = 10, dropout: float = 0.25) -> nn.Module:
@@ -46,6 +50,53 @@ def make_model(classes: int = 10, dropout: float = 0.25) -> nn.Module:
         nn.ReLU(),
         nn.Linear(84, classes),
     )
+
+
+def make_torch_model(model: nn.Module, dropout: float = 0.25) -> Any:
+    """The same network in PyTorch, with ``model``'s current weights (torch imported here, on demand)."""
+    import torch
+
+    layers: list[Any] = []
+    for m in model.children():  # type: ignore[attr-defined]
+        name = type(m).__name__
+        if name == "Conv2d":
+            layers.append(torch.nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, padding=m.padding))
+        elif name == "BatchNorm2d":
+            layers.append(torch.nn.BatchNorm2d(m.num_features))
+        elif name == "MaxPool2d":
+            layers.append(torch.nn.MaxPool2d(m.kernel_size))
+        elif name == "Linear":
+            layers.append(torch.nn.Linear(m.in_features, m.out_features))
+        elif name == "Dropout":
+            layers.append(torch.nn.Dropout(dropout))
+        else:
+            layers.append(getattr(torch.nn, name)())
+    t = torch.nn.Sequential(*layers)
+    t.load_state_dict({k: torch.tensor(v.numpy()) for k, v in model.state_dict().items()})
+    return t
+
+
+def _torch_epoch(t: Any, batches: list[Any], optimizer: Any, scheduler: Any) -> None:
+    import torch
+
+    t.train()
+    for x, y in batches:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(t(torch.tensor(x.numpy())), torch.tensor(y.numpy())).backward()
+        optimizer.step()
+        scheduler.step()
+
+
+def _torch_accuracy(t: Any, loader: Any) -> float:
+    import torch
+
+    t.eval()
+    correct = seen = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += int((t(torch.tensor(x.numpy())).argmax(1) == torch.tensor(y.numpy())).sum())
+            seen += y.shape[0]
+    return correct / max(seen, 1)
 
 
 def synthetic_split(n: int, seed: int, classes: int = 10) -> tuple[kael.Tensor, kael.Tensor]:
@@ -83,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="mnist_cnn.safetensors", help="where to save the trained weights")
     ap.add_argument("--no-progress", action="store_true", help="print one line per epoch instead of a bar")
+    ap.add_argument("--compare-torch", action="store_true", help="train the same network in PyTorch alongside")
     args = ap.parse_args(argv)
     if args.synthetic is not None and args.synthetic < 10:
         ap.error(f"--synthetic needs at least 10 images, got {args.synthetic}")
@@ -105,13 +157,32 @@ def main(argv: list[str] | None = None) -> int:
         optimizer, warmup_steps=min(100, len(train)), total_steps=args.epochs * len(train)
     )
     print(model)
+    torch_run = None
+    if args.compare_torch:
+        import torch
+        from kael.optim.lr_scheduler import cosine_with_warmup
+
+        torch.manual_seed(args.seed)
+        tmodel = make_torch_model(model, args.dropout)
+        topt = torch.optim.SGD(tmodel.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+        warm, total = min(100, len(train)), args.epochs * len(train)
+        tsched = torch.optim.lr_scheduler.LambdaLR(topt, lambda s: cosine_with_warmup(s, warm, total))
+        torch_run = (tmodel, topt, tsched)
     test_acc = 0.0
     for epoch in range(1, args.epochs + 1):
+        batches = list(train)  # one shuffled order for both frameworks
         with tqdm(total=len(train), desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress) as bar:
-            loss, acc = train_epoch(model, train, optimizer, sched, progress=bar)
+            loss, acc = train_epoch(model, batches, optimizer, sched, progress=bar)
             test_loss, test_acc = evaluate(model, test)
             bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.4f}", test_acc=f"{test_acc:.4f}")
         print(f"epoch {epoch}: train loss {loss:.4f} acc {acc:.4f} | test loss {test_loss:.4f} acc {test_acc:.4f}")
+        if torch_run is not None:
+            _torch_epoch(torch_run[0], batches, torch_run[1], torch_run[2])
+            torch_acc = _torch_accuracy(torch_run[0], test)
+            print(
+                f"epoch {epoch}: torch test acc {torch_acc:.4f} | kael - torch = "
+                f"{100 * (test_acc - torch_acc):+.2f} points"
+            )
 
     from kael.io import save_safetensors
 

@@ -103,3 +103,15 @@ def test_synthetic_needs_ten_images(cnn: ModuleType, capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         cnn.main(["--synthetic", "3"])
     assert "--synthetic needs at least 10 images" in capsys.readouterr().err
+
+
+def test_compare_torch_reaches_the_same_accuracy(
+    cnn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    args = ["--synthetic", "500", "--epochs", "2", "--dropout", "0", "--compare-torch", "--no-progress"]
+    assert cnn.main([*args, "--out", str(tmp_path / "c.safetensors")]) == 0
+    text = capsys.readouterr().out
+    diffs = [float(v) for v in re.findall(r"kael - torch = ([+-]\d+\.\d+) points", text)]
+    assert len(diffs) == 2, text
+    assert abs(diffs[-1]) <= 0.5, text  # same weights, batches and schedule: the same accuracy
