@@ -12,7 +12,9 @@ from typing import Any
 from ... import ops
 from ..._errors import DTypeError, ShapeError
 from ..._tensor import Tensor
+from ...autograd._function import Function
 from ...autograd._grad_mode import no_grad
+from ...ops._conv import channel_sum
 
 __all__ = ["batch_norm", "instance_norm", "group_norm"]
 
@@ -43,6 +45,38 @@ def _normalize(x: Tensor, mean: Tensor, var: Tensor, eps: float, w: Tensor | Non
     return y
 
 
+class _BatchNormTrain(Function):
+    """(x - mean) * rstd * w + b with the batch's own statistics (mean, rstd given, computed from x), and
+    the backward through them in closed form: dx = rstd * (dy - mean(dy) - xhat * mean(dy * xhat)) for
+    dy = g * w, the means over everything but the channel dim."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor | None, b: Tensor | None, mean: Tensor, rstd: Tensor) -> Tensor:
+        shape = (x.shape[1],) + (1,) * (x.ndim - 2)
+        xhat = ops.mul(ops.sub(x, ops.reshape(mean, shape)), ops.reshape(rstd, shape))
+        y = ops.mul(xhat, ops.reshape(w, shape)) if w is not None else xhat
+        if b is not None:
+            y = ops.add(y, ops.reshape(b, shape))
+        ctx.save_for_backward(xhat, w, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Any:
+        xhat, w, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        shape = (xhat.shape[1],) + (1,) * (xhat.ndim - 2)
+        count = xhat.numel() // xhat.shape[1]
+        dw = channel_sum(ops.mul(g, xhat)) if w is not None and need[1] else None
+        db = channel_sum(g) if need[2] else None
+        dx = None
+        if need[0]:
+            dy = ops.mul(g, ops.reshape(w, shape)) if w is not None else g
+            m1 = ops.reshape(ops.div(channel_sum(dy), count), shape)
+            m2 = ops.reshape(ops.div(channel_sum(ops.mul(dy, xhat)), count), shape)
+            dx = ops.mul(ops.sub(ops.sub(dy, m1), ops.mul(xhat, m2)), ops.reshape(rstd, shape))
+        return dx, dw, db, None, None
+
+
 def _update(running: Tensor | None, value: Tensor, momentum: float) -> None:
     if running is not None:
         with no_grad():
@@ -68,20 +102,21 @@ def batch_norm(
     rv = _per_channel(running_var, c, x.ndim, op, "running_var")
     w = _per_channel(weight, c, x.ndim, op, "weight")
     b = _per_channel(bias, c, x.ndim, op, "bias")
-    dims = (0, *range(2, x.ndim))
     if training or rm is None or rv is None:
         count = x.numel() // c if c else 0
         if training and count <= 1:
             raise ShapeError(
                 f"{op}: expected more than 1 value per channel when training, got input of shape {list(x.shape)}"
             )
-        mean = ops.mean(x, dims, keepdim=True)
-        d = ops.sub(x, mean)
-        var = ops.mean(ops.mul(d, d), dims, keepdim=True)
+        with no_grad():
+            mean = ops.div(channel_sum(x), float(count))
+            d = ops.sub(x, ops.reshape(mean, (c,) + (1,) * (x.ndim - 2)))
+            var = ops.div(channel_sum(ops.mul(d, d)), float(count))
+            rstd = ops.rsqrt(ops.add(var, eps))
         if training:
-            _update(running_mean, ops.reshape(mean, (c,)), momentum)
-            _update(running_var, ops.reshape(ops.mul(var, count / max(count - 1, 1)), (c,)), momentum)
-        return _normalize(x, mean, var, eps, w, b)
+            _update(running_mean, mean, momentum)
+            _update(running_var, ops.mul(var, count / max(count - 1, 1)), momentum)
+        return _BatchNormTrain.apply(x, weight, bias, mean, rstd)  # type: ignore[no-any-return]
     return _normalize(x, rm.to(dtype=x.dtype), rv.to(dtype=x.dtype), eps, w, b)
 
 
