@@ -2,11 +2,11 @@
 
 NOTE [convolution by gather and matmul]
 ---------------------------------------
-A convolution is an im2col gather plus one batched matmul: for each kernel offset the
-(padded) input is viewed with strides at positions ``o*stride + k*dilation``, and the
-views are stacked (one copy) into columns [N, C, k1*k2, o1, o2] = [N, g, C/g*k1*k2, o1*o2],
-multiplied by the weight [g, O/g, C/g*k1*k2]: the result is [N, O, o1, o2] with no
-output permute. Every step is a kael op with a gradient (the stack's adds each slice
+A convolution is an im2col gather plus one matmul per group: for each kernel offset the
+(padded, batch and channel dims swapped) input is viewed with strides at positions
+``o*stride + k*dilation``, and the views are stacked (one copy) into columns
+[C, k1*k2, N, o1, o2] = [g, C/g*k1*k2, N*o1*o2], multiplied by the weight [g, O/g, C/g*k1*k2]:
+the result [O, N, o1, o2] is returned as the view [N, O, o1, o2]. Every step is a kael op with a gradient (the stack's adds each slice
 back), so autograd, every backend and float64 gradchecks work, and the matmul runs in
 the backend's GEMM. A transposed convolution is the
 convolution of the stride-dilated input (zeros inserted by ``cat`` and ``reshape``) with
@@ -86,10 +86,10 @@ class _Windows(Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, keys: list[tuple[slice, ...]]) -> Tensor:
+    def forward(ctx: Any, x: Tensor, keys: list[tuple[slice, ...]], dim: int) -> Tensor:
         ops = _ops()
-        ctx.keys, ctx.shape = keys, x.shape
-        return ops.stack([x[key] for key in keys], 2)  # type: ignore[no-any-return]
+        ctx.keys, ctx.shape, ctx.dim = keys, x.shape, dim
+        return ops.stack([x[key] for key in keys], dim)  # type: ignore[no-any-return]
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> Any:
@@ -97,15 +97,21 @@ class _Windows(Function):
         with no_grad():
             dx = ops.zeros(*ctx.shape, dtype=g.dtype, device=g.device)
             for j, key in enumerate(ctx.keys):
-                dx[key].add_(ops.select(g, 2, j))
-        return dx, None
+                dx[key].add_(ops.select(g, ctx.dim, j))
+        return dx, None, None
 
 
 def windows(
-    x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], outs: list[int]
+    x: Tensor,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    dilation: tuple[int, ...],
+    outs: list[int],
+    dim: int = 2,
 ) -> Tensor:
-    """x [N, C, *S] -> [N, C, K, *outs] (K = prod(kernel)): entry (n, c, j, o...) is x at o*stride + k_j*dilation."""
-    return _Windows.apply(x, _window_keys(kernel, stride, dilation, outs))  # type: ignore[no-any-return]
+    """x [A, B, *S] -> the K = prod(kernel) windows stacked at ``dim`` (2: [A, B, K, *outs]; 1: [A, K, B, *outs]);
+    window j at output position o is x at o*stride + k_j*dilation."""
+    return _Windows.apply(x, _window_keys(kernel, stride, dilation, outs), dim)  # type: ignore[no-any-return]
 
 
 def channel_sum(t: Tensor) -> Tensor:
@@ -258,9 +264,10 @@ def conv_nd(
         raise DTypeError(f"{op}: input {x.dtype!r}, weight {w.dtype!r} and bias must share a dtype")
     kk = int(np.prod(k)) if nd else 1
     p = int(np.prod(outs))
-    cols = ops.reshape(windows(x, k, s, d, outs), (n, groups, cg * kk, p))  # [N, C, K, *outs]
+    # columns [C, K, N, *outs] = [g, C/g*K, N*P]: one GEMM per group for the whole batch (and in backward)
+    cols = ops.reshape(windows(ops.transpose(x, 0, 1), k, s, d, outs, dim=1), (groups, cg * kk, n * p))
     wm = ops.reshape(w, (groups, o // groups, cg * kk))
-    out = ops.reshape(ops.matmul(wm, cols), (n, o, *outs))
+    out = ops.transpose(ops.reshape(ops.matmul(wm, cols), (o, n, *outs)), 0, 1)
     if b is not None:
         out = add_channel_bias(out, b)
     return ops.squeeze(out, 0) if unbatched else out
