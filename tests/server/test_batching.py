@@ -33,13 +33,14 @@ def batch_app(
     tokenizer: ByteTokenizer | None = None,
     max_positions: int = 128,
     prefill_tokens: int = 256,
+    slots: int | None = None,
 ) -> Litestar:
     generator = Generator(
         FakeModel(max_positions=max_positions),
         tokenizer or ByteTokenizer(),
         make_rng=random.Random,
         make_scheduler=lambda g: BatchScheduler(
-            g, engine, queue=queue, queue_timeout=queue_timeout, prefill_tokens=prefill_tokens
+            g, engine, queue=queue, queue_timeout=queue_timeout, prefill_tokens=prefill_tokens, slots=slots
         ),
     )
     return create_app(generator)
@@ -414,10 +415,10 @@ async def test_refused_prompts_and_tokenizer_failures_give_their_slot_back() -> 
     assert m[("kael_requests_total", (("status", "rejected"),))] == 2
 
 
-def test_slots_one_keeps_the_single_slot_pool_and_the_flags_parse() -> None:
-    assert isinstance(generator_of(make_app()).scheduler, SlotPool)
+def test_the_flags_parse_and_a_default_server_queues() -> None:
+    assert isinstance(generator_of(make_app()).scheduler, SlotPool)  # a Generator built without a loader
     args = build_parser().parse_args([])
-    assert (args.slots, args.queue, args.queue_timeout) == (1, 0, 10.0)
+    assert (args.slots, args.queue, args.queue_timeout) == (1, 64, 10.0)
     args = build_parser().parse_args(["--slots", "8", "--queue", "4", "--queue-timeout", "2.5"])
     assert (args.slots, args.queue, args.queue_timeout) == (8, 4, 2.5)
     for bad in (["--slots", "0"], ["--queue", "-1"], ["--queue-timeout", "nan"], ["--slots", "two"]):
@@ -456,7 +457,7 @@ async def test_a_job_wider_than_the_batch_is_refused_and_a_wide_one_waits_for_it
     app = batch_app(engine, queue=2, queue_timeout=30)
     wide = await post(app, {"prompt": "a", "n": 3}, "/v1/completions")
     assert wide.status == 400 and body(wide)["error"]["param"] == "n"
-    assert "--slots" in body(wide)["error"]["message"]
+    assert "at most 2 sequences" in body(wide)["error"]["message"]
     holder = Exchange(app, "/v1/completions", {"prompt": "h", "max_tokens": 3, "temperature": 0}).start()
     assert await asyncio.to_thread(gate.wait_arrivals, 1)
     pair = Exchange(app, "/v1/completions", {"prompt": "p", "max_tokens": 2, "temperature": 0, "n": 2}).start()
@@ -470,6 +471,33 @@ async def test_a_job_wider_than_the_batch_is_refused_and_a_wide_one_waits_for_it
     assert engine.prefills[-1][1] == list(b"p") and engine.forks[-1][1] != engine.forks[-1][0]
     m = samples(generator_of(app).metrics.render().decode())
     assert m[("kael_queue_wait_seconds_count", ())] == 2
+
+
+@pytest.mark.anyio
+async def test_a_job_wider_than_the_slots_runs_alone_on_the_spare_rows() -> None:
+    # one slot, four rows: n=3 is answered (as a one-slot server always did), and it waits while
+    # another job holds the slot, then the next job waits for it in turn
+    gate = Gate()
+    engine = FakeBatchEngine(4, gate=gate)
+    app = batch_app(engine, queue=4, queue_timeout=30, slots=1)
+    assert scheduler_of(app).capacity == 1 and scheduler_of(app).widest == 4
+    holder = Exchange(app, "/v1/completions", {"prompt": "h", "max_tokens": 3, "temperature": 0}).start()
+    assert await asyncio.to_thread(gate.wait_arrivals, 1)
+    wide = Exchange(app, "/v1/completions", {"prompt": "w", "max_tokens": 2, "temperature": 0, "n": 3}).start()
+    after = Exchange(app, "/v1/completions", {"prompt": "a", "max_tokens": 2, "temperature": 0}).start()
+    await asyncio.to_thread(poll_until, lambda: len(scheduler_of(app).running()) == 3)
+    with scheduler_of(app)._changed:
+        assert len(scheduler_of(app)._queue) == 2  # the wide job and the one after it wait
+    gate.open()
+    await holder.finish()
+    await wide.finish()
+    await after.finish()
+    assert holder.status == wide.status == after.status == 200
+    texts = [c["text"] for c in body(wide)["choices"]]
+    assert len(texts) == 3 and texts[0] == texts[1] == texts[2]  # greedy choices agree
+    assert [p[1] for p in engine.prefills] == [list(b"h"), list(b"w"), list(b"a")]  # one at a time, in order
+    with pytest.raises(ValueError, match="slots"):
+        BatchScheduler(generator_of(app), FakeBatchEngine(2), slots=3)
 
 
 @pytest.mark.anyio

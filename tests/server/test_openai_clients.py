@@ -113,6 +113,30 @@ def name_of(token: int) -> str:
     return chr(token) if token < 128 else f"bytes:\\x{token:02x}"
 
 
+# ---- a default kael-server (no flags): one batch scheduler, a queue, the prefix cache -----------
+
+
+def test_a_default_server_answers_four_concurrent_clients_and_reuses_a_prompts_prefix(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"{PROMPT}    # variant {i}\n" for i in range(4)]
+    with kael_server(tmp_path) as server:
+
+        def ask(prompt: str) -> Any:  # a client of its own, no retries: a 429 would fail the test
+            api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+            return api.completions.create(model="kael-tiny", prompt=prompt, max_tokens=20, temperature=0)
+
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(ask, prompts))
+        alone = [ask(p) for p in prompts]  # each again, alone: greedy is the same, batched or not
+        assert [c.choices[0].text for c in together] == [c.choices[0].text for c in alone]
+        assert all(c.usage is not None and c.usage.completion_tokens == 20 for c in together)
+        # the repeated prompts' full 16-token blocks came from the prefix cache
+        for prompt, c in zip(prompts, alone):
+            details = c.usage.prompt_tokens_details if c.usage is not None else None
+            assert details is not None and details.cached_tokens == (len(prompt.encode()) - 1) // 16 * 16 > 0
+
+
 # ---- the official openai client ----------------------------------------------------------------
 
 

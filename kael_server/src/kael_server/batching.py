@@ -11,6 +11,8 @@ A job of several choices (``n``, or a list of prompts: NOTE [choices] in jobs.py
 row per choice: each prompt is prefilled once into its first choice's row and forked
 (``BatchEngine.fork``) into the rows of its other choices, which then decode side by side,
 each sampled with its own generator. Slots count rows: a job waits until its rows are free.
+A job wider than the slots (``n`` choices on a one-slot server) runs when no other job holds
+a row, on the engine's spare rows (``engine.rows`` may exceed ``slots``), as alone.
 
     submit (loop) -> rows free? hold them : queue room? wait (at most queue_timeout) : 429
     encoder thread: tokenize + check the prompts (never on the loop, never on the worker)
@@ -107,7 +109,8 @@ class _Seq:
 
 
 class BatchScheduler(Scheduler):
-    """``engine.rows`` rows decoded together, plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s."""
+    """``slots`` sequences decoded together (default ``engine.rows``; a wider job alone, up to
+    ``engine.rows``), plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s."""
 
     def __init__(
         self,
@@ -117,6 +120,7 @@ class BatchScheduler(Scheduler):
         queue: int = 0,
         queue_timeout: float = 10.0,
         prefill_tokens: int = 256,
+        slots: int | None = None,
     ) -> None:
         if prefill_tokens < 1:
             raise ValueError(f"BatchScheduler prefill_tokens must be >= 1, got {prefill_tokens!r}")
@@ -126,7 +130,11 @@ class BatchScheduler(Scheduler):
             raise ValueError(f"BatchScheduler queue must be >= 0, got {queue!r}")
         if not queue_timeout >= 0:
             raise ValueError(f"BatchScheduler queue_timeout must be >= 0 seconds, got {queue_timeout!r}")
-        self.capacity = engine.rows
+        if slots is not None and not 1 <= slots <= engine.rows:
+            raise ValueError(f"BatchScheduler slots must be in 1..{engine.rows} (the engine's rows), got {slots!r}")
+        self.capacity = slots if slots is not None else engine.rows
+        self.widest = engine.rows
+        """The most sequences one job may have: a job wider than ``capacity`` runs alone."""
         self.queue_limit = queue
         self.queue_timeout = queue_timeout
         self.prefill_tokens = prefill_tokens
@@ -149,20 +157,20 @@ class BatchScheduler(Scheduler):
     # ---- the Scheduler interface (any thread) ------------------------------------------
 
     def submit(self, job: Job) -> None:
-        if job.width > self.capacity:
+        if job.width > self.widest:
             raise InvalidRequest(
                 [
                     FieldError(
                         "n",
-                        f"expected n times the number of prompts to be at most {self.capacity}: "
-                        f"this server decodes {self.capacity} sequences at once (--slots)",
+                        f"expected n times the number of prompts to be at most {self.widest}: "
+                        f"this server decodes at most {self.widest} sequences of one request",
                     )
                 ]
             )
         entry = _Entry(job, time.perf_counter(), job.width)
         with self._changed:
             dropped = self._drop_cancelled_queued()
-            if self._used + entry.width <= self.capacity and not self._queue:
+            if self._room(entry.width) and not self._queue:
                 self._slot(entry)
                 self._metrics.queue_wait.observe(0)
             elif len(self._queue) < self.queue_limit:
@@ -205,6 +213,10 @@ class BatchScheduler(Scheduler):
 
     # ---- bookkeeping (callers hold the lock) -------------------------------------------
 
+    def _room(self, width: int) -> bool:
+        """Whether a job of ``width`` rows may start now: it fits the slots, or it runs alone."""
+        return self._used + width <= self.capacity or self._used == 0
+
     def _slot(self, entry: _Entry) -> None:
         self._slotted[entry.job] = entry
         self._used += entry.width
@@ -220,7 +232,7 @@ class BatchScheduler(Scheduler):
         elif entry in self._queue:
             self._queue.remove(entry)
             self._metrics.queue_wait.observe(time.perf_counter() - entry.admitted)
-        while self._queue and self._used + self._queue[0].width <= self.capacity:
+        while self._queue and self._room(self._queue[0].width):
             nxt = self._queue.popleft()
             self._slot(nxt)
             self._metrics.queue_wait.observe(time.perf_counter() - nxt.admitted)

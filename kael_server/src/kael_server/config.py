@@ -153,7 +153,7 @@ class ServerConfig:
             "--kv-cache-tokens",
             "positions the paged KV cache holds in all, in blocks of 16 (default: N full contexts for "
             "--slots N); many short sequences fit where N full contexts would not; when it runs out, the "
-            "newest sequence is preempted and recomputed later (same output); turns batching on with one slot",
+            "newest sequence is preempted and recomputed later (same output)",
             metavar="T",
         ),
         rule=Integer(1),
@@ -172,10 +172,11 @@ class ServerConfig:
         from_args=lambda args: not args.no_prefix_cache,
     )
     queue: int = setting(
-        0,
+        64,
         Flag(
             "--queue",
-            "requests that may wait for a busy slot; beyond it, or past --queue-timeout, 429 with Retry-After",
+            "requests that may wait for a busy slot (llama-server and vLLM queue too); beyond it, or past "
+            "--queue-timeout, 429 with Retry-After",
             metavar="Q",
         ),
         rule=Integer(0),
@@ -252,11 +253,6 @@ class ServerConfig:
         """Only ``kael-server``'s settings (a subclass's config, such as Ray's, without its own)."""
         names = [f.name for f, _ in settings_of(ServerConfig)]
         return ServerConfig(**{name: getattr(self, name) for name in names})
-
-    @property
-    def batched(self) -> bool:
-        """Whether the app runs continuous batching (more than one slot, a queue or a KV cache size)."""
-        return self.slots > 1 or self.queue > 0 or self.kv_cache_tokens is not None
 
 
 def add_server_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

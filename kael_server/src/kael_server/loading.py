@@ -12,6 +12,7 @@ from typing import Any
 
 from litestar import Litestar
 
+from kael_server import limits
 from kael_server.app import create_app
 from kael_server.batching import BatchScheduler
 from kael_server.config import WEIGHTS, ServerConfig
@@ -122,14 +123,12 @@ def load_app(
     ImportError (kael missing) before anything is served. ``api_keys``, ``protect_metrics``
     and ``request_timeout`` are create_app's.
 
-    ``slots`` generations run at once: with more than one (or with a ``queue``), they share
-    each decode step through a BatchScheduler over kael's ``BatchDecoder``; with one and no
-    queue, the single-slot SlotPool runs ``model.generate`` as before.
+    ``slots`` generations run at once, sharing each decode step through a BatchScheduler over
+    kael's ``BatchDecoder`` (one slot is a batch of one); up to ``queue`` more wait for a row.
 
     The batch scheduler keeps keys and values in kael's paged KV cache: ``kv_cache_tokens``
     positions in all (default: ``slots`` full contexts; at least one), in blocks of 16 shared by
-    prefix unless ``prefix_cache`` is False (``--kv-cache-tokens``, ``--no-prefix-cache``); a
-    ``kv_cache_tokens`` also turns batching on with one slot.
+    prefix unless ``prefix_cache`` is False (``--kv-cache-tokens``, ``--no-prefix-cache``).
 
     ``weights`` (None: as stored; or one of WEIGHTS) loads the weights in that format
     (``kael.models.from_pretrained(weights=...)``, ``load_gguf(weights=...)``); ``/v1/models``
@@ -171,7 +170,7 @@ def _config_of(
 class CheckpointLoader:
     """The loader ``load_app`` gives create_app: run on a thread at start-up, it loads the model and
     tokenizer of ``path`` (a checkpoint directory or a GGUF file) as ``config`` says and builds the
-    Generator (with a BatchScheduler when ``config.batched``)."""
+    Generator with its BatchScheduler."""
 
     path: Path
     config: ServerConfig
@@ -201,7 +200,7 @@ class CheckpointLoader:
             device=config.device,
             model_name=path.name,  # seeds become kael.Generators (the Generator's default make_rng)
             metrics=metrics,
-            make_scheduler=_SchedulerFactory(model, config) if config.batched else None,
+            make_scheduler=_SchedulerFactory(model, config),
         )
 
 
@@ -217,7 +216,10 @@ class _SchedulerFactory:
         from kael.models import BatchDecoder
 
         config = self.config
-        engine = BatchDecoder(
-            self.model, config.slots, kv_cache_tokens=config.kv_cache_tokens, prefix_caching=config.prefix_cache
+        # rows for the widest request (n choices of every prompt), which runs alone when wider than the slots
+        rows = max(config.slots, limits.MAX_PROMPTS * limits.MAX_CHOICES)
+        tokens = config.kv_cache_tokens or config.slots * int(self.model.max_positions)  # memory follows the slots
+        engine = BatchDecoder(self.model, rows, kv_cache_tokens=tokens, prefix_caching=config.prefix_cache)
+        return BatchScheduler(
+            generator, engine, queue=config.queue, queue_timeout=config.queue_timeout, slots=config.slots
         )
-        return BatchScheduler(generator, engine, queue=config.queue, queue_timeout=config.queue_timeout)
