@@ -115,10 +115,10 @@ class MultiheadAttention(Module):
     @staticmethod
     def _additive(mask: Tensor, dtype: dt.DType, name: str) -> Tensor:
         if mask.dtype is dt.bool_:
-            return ops.where(mask, -math.inf, 0.0).to(dtype=dtype)
+            return ops.where(mask, -math.inf, 0.0).to(dtype=dtype)  # type: ignore[no-any-return]
         if not mask.dtype.is_floating_point:
             raise DTypeError(f"MultiheadAttention: {name} must be bool or floating, got {mask.dtype!r}")
-        return mask.to(dtype=dtype)
+        return mask.to(dtype=dtype)  # type: ignore[no-any-return]
 
     def forward(
         self,

@@ -169,7 +169,7 @@ class _InstanceNorm(_NormBase):
             0.1 if self.momentum is None else float(self.momentum),
             self.eps,
         )
-        return out.squeeze(0) if unbatched else out  # type: ignore[no-any-return]
+        return out.squeeze(0) if unbatched else out
 
 
 class InstanceNorm1d(_InstanceNorm):

@@ -62,7 +62,7 @@ def ntuple(op: str, name: str, v: Any, n: int, minimum: int = 0) -> tuple[int, .
 
 def index_tensor(idx: np.ndarray, device: Any) -> Tensor:
     """An int64 kael tensor of the host index table idx on device."""
-    return _ops().tensor(np.ascontiguousarray(idx, dtype=np.int64), dtype=dt.int64, device=device)
+    return _ops().tensor(np.ascontiguousarray(idx, dtype=np.int64), dtype=dt.int64, device=device)  # type: ignore[no-any-return]
 
 
 def _window_keys(
@@ -172,8 +172,8 @@ def _pad_dim(x: Tensor, dim: int, before: int, after: int, mode: str, value: flo
             elif n:
                 shape = x.shape[:dim] + (n,) + x.shape[dim + 1 :]
                 parts.append(ops.full(shape, value, dtype=x.dtype, device=x.device))
-        return ops.cat(parts, dim)
-    return ops.index_select(x, dim, index_tensor(_pad_index(x.shape[dim], before, after, mode, op), x.device))
+        return ops.cat(parts, dim)  # type: ignore[no-any-return]
+    return ops.index_select(x, dim, index_tensor(_pad_index(x.shape[dim], before, after, mode, op), x.device))  # type: ignore[no-any-return]
 
 
 def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = None) -> Tensor:
@@ -270,7 +270,7 @@ def conv_nd(
     out = ops.transpose(ops.reshape(ops.matmul(wm, cols), (o, n, *outs)), 0, 1)
     if b is not None:
         out = add_channel_bias(out, b)
-    return ops.squeeze(out, 0) if unbatched else out
+    return ops.squeeze(out, 0) if unbatched else out  # type: ignore[no-any-return]
 
 
 def conv1d(
@@ -309,7 +309,7 @@ def _dilate(x: Tensor, dim: int, s: int) -> Tensor:
     u = ops.unsqueeze(x, dim + 1)
     z = ops.zeros(*(u.shape[: dim + 1] + (s - 1,) + u.shape[dim + 2 :]), dtype=x.dtype, device=x.device)
     y = ops.reshape(ops.cat([u, z], dim + 1), x.shape[:dim] + (n * s,) + x.shape[dim + 1 :])
-    return ops.narrow(y, dim, 0, (n - 1) * s + 1)
+    return ops.narrow(y, dim, 0, (n - 1) * s + 1)  # type: ignore[no-any-return]
 
 
 def conv_transpose2d(

@@ -145,13 +145,13 @@ def _first_max(w: Tensor) -> Tensor:
         hit = ops.eq(wd, ops.amax(wd, 2, keepdim=True))
         k = w.shape[2]
         if k == 1:
-            return ops.ones(w.shape, dtype=dt.bool_, device=w.device)
+            return ops.ones(w.shape, dtype=dt.bool_, device=w.device)  # type: ignore[no-any-return]
         marks, taken = [], None
         for j in range(k):
             h = ops.select(hit, 2, j)
             marks.append(h if taken is None else ops.logical_and(h, ops.logical_not(taken)))
             taken = h if taken is None else ops.logical_or(taken, h)
-        return ops.stack(marks, 2)
+        return ops.stack(marks, 2)  # type: ignore[no-any-return]
 
 
 def _avg_divisors(n: int, k: int, s: int, p: int, o: int, count_include_pad: bool) -> np.ndarray:
@@ -193,7 +193,7 @@ def avg_pool_nd(
         for i in range(nd):
             div = np.multiply.outer(div, _avg_divisors(x.shape[2 + i], k[i], s[i], p[i], outs[i], count_include_pad))
         out = ops.div(total, ops.tensor(div.astype(np.float64), dtype=x.dtype, device=x.device))
-    return ops.squeeze(out, 0) if unbatched else out
+    return ops.squeeze(out, 0) if unbatched else out  # type: ignore[no-any-return]
 
 
 def _adaptive_matrix(n: int, o: int) -> np.ndarray:

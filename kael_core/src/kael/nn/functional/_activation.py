@@ -54,7 +54,7 @@ def _floating(x: Any, op: str) -> Tensor:
     x = _tensor(x, op)
     if not x.dtype.is_floating_point:
         x = x.to(dtype=dt.get_default_dtype())
-    return x
+    return x  # type: ignore[no-any-return]
 
 
 def _out(input: Tensor, result: Tensor, inplace: bool) -> Tensor:
@@ -89,12 +89,12 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
 
 def tanh(input: Tensor) -> Tensor:
     """The hyperbolic tangent, elementwise."""
-    return ops.tanh(_tensor(input, "tanh"))
+    return ops.tanh(_tensor(input, "tanh"))  # type: ignore[no-any-return]
 
 
 def sigmoid(input: Tensor) -> Tensor:
     """1 / (1 + exp(-input)), elementwise."""
-    return ops.sigmoid(_tensor(input, "sigmoid"))
+    return ops.sigmoid(_tensor(input, "sigmoid"))  # type: ignore[no-any-return]
 
 
 def _softmax_input(input: Any, dim: Any, dtype: Any, op: str) -> tuple[Tensor, int]:
@@ -185,13 +185,13 @@ def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
 def softsign(input: Tensor) -> Tensor:
     """input / (1 + |input|)."""
     x = _floating(input, "softsign")
-    return ops.div(x, ops.add(ops.abs(x), 1.0))
+    return ops.div(x, ops.add(ops.abs(x), 1.0))  # type: ignore[no-any-return]
 
 
 def logsigmoid(input: Tensor) -> Tensor:
     """log(sigmoid(input)), computed stably: min(input, 0) - log1p(exp(-|input|))."""
     x = _floating(input, "logsigmoid")
-    return ops.sub(ops.minimum(x, 0.0), ops.log1p(ops.exp(ops.neg(ops.abs(x)))))
+    return ops.sub(ops.minimum(x, 0.0), ops.log1p(ops.exp(ops.neg(ops.abs(x)))))  # type: ignore[no-any-return]
 
 
 def prelu(input: Tensor, weight: Tensor) -> Tensor:

@@ -179,8 +179,8 @@ def cross_entropy(
     if reduction == "sum":
         return total
     if not kept.any():
-        return ops.div(total, 0.0)
-    return ops.div(total, ops.sum(w))
+        return ops.div(total, 0.0)  # type: ignore[no-any-return]
+    return ops.div(total, ops.sum(w))  # type: ignore[no-any-return]
 
 
 def _cross_entropy_probs(input: Tensor, target: Tensor, weight: Tensor | None, reduction: str, eps: float) -> Tensor:
@@ -200,11 +200,11 @@ def _cross_entropy_probs(input: Tensor, target: Tensor, weight: Tensor | None, r
         prod = ops.mul(prod, ops.reshape(weight, wshape))
     losses = ops.neg(ops.sum(prod, cdim))
     if reduction == "none":
-        return losses
+        return losses  # type: ignore[no-any-return]
     total = ops.sum(losses)
     if reduction == "sum":
         return total
-    return ops.div(total, float(input.numel() // c) if input.numel() else 0.0)
+    return ops.div(total, float(input.numel() // c) if input.numel() else 0.0)  # type: ignore[no-any-return]
 
 
 def _pair(op: str, input: Any, target: Any) -> tuple[Tensor, Tensor]:

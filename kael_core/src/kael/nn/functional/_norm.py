@@ -42,7 +42,7 @@ def _normalize(x: Tensor, mean: Tensor, var: Tensor, eps: float, w: Tensor | Non
         y = ops.mul(y, w)
     if b is not None:
         y = ops.add(y, b)
-    return y
+    return y  # type: ignore[no-any-return]
 
 
 class _BatchNormTrain(Function):
@@ -58,7 +58,7 @@ class _BatchNormTrain(Function):
         if b is not None:
             y = ops.add(y, ops.reshape(b, shape))
         ctx.save_for_backward(xhat, w, rstd)
-        return y
+        return y  # type: ignore[no-any-return]
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> Any:
