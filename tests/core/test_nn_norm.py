@@ -152,3 +152,23 @@ def test_bad_arguments_raise_kael_errors() -> None:
         nn.BatchNorm2d(3)(kael.ones(2, 3))
     with pytest.raises(KaelError, match="weight must have shape"):
         F.batch_norm(kael.ones(2, 3), None, None, kael.ones(2), training=True)
+
+
+@pytest.mark.parametrize("cls", ["BatchNorm2d", "InstanceNorm2d"])
+def test_bias_false_keys_values_and_repr(cls: str) -> None:
+    k = getattr(nn, cls)(3, affine=True, bias=False)
+    t = getattr(torch.nn, cls)(3, affine=True, bias=False)
+    t.weight.data.uniform_(0.5, 1.5)
+    _sync(k, t)
+    assert list(k.state_dict()) == list(t.state_dict()) and k.bias is None
+    assert repr(k) == repr(t)
+    _step(k, t, np.random.default_rng(5).standard_normal((2, 3, 4, 4)).astype(np.float32))
+
+
+def test_reprs_match_torch() -> None:
+    for name, args in [("BatchNorm1d", (4,)), ("BatchNorm2d", (4,)), ("InstanceNorm2d", (3,)), ("GroupNorm", (2, 4))]:
+        assert repr(getattr(nn, name)(*args)) == repr(getattr(torch.nn, name)(*args))
+    assert repr(nn.GroupNorm(2, 4, bias=False)) == repr(torch.nn.GroupNorm(2, 4, bias=False))
+    assert repr(nn.BatchNorm2d(3, momentum=None)) == repr(torch.nn.BatchNorm2d(3, momentum=None))
+    assert repr(nn.Dropout2d(0.3)) == repr(torch.nn.Dropout2d(0.3))
+    assert repr(nn.Unflatten(1, (2, 3))) == repr(torch.nn.Unflatten(1, (2, 3)))

@@ -183,3 +183,18 @@ def test_bad_arguments_raise_kael_errors() -> None:
         F.interpolate(x, scale_factor=2, mode="bicubic")
     with pytest.raises(KaelError, match="upscale_factor"):
         F.pixel_shuffle(kael.ones(1, 3, 2, 2), 2)
+
+
+def test_reprs_match_torch() -> None:
+    for name, args in [
+        ("MaxPool2d", (2,)),
+        ("MaxPool1d", (3, 2, 1)),
+        ("AvgPool2d", (3,)),
+        ("AvgPool1d", (2,)),
+        ("AdaptiveAvgPool2d", ((2, 3),)),
+        ("PixelShuffle", (2,)),
+        ("PixelUnshuffle", (2,)),
+    ]:
+        assert repr(getattr(nn, name)(*args)) == repr(getattr(torch.nn, name)(*args))
+    assert repr(nn.Upsample(scale_factor=2)) == repr(torch.nn.Upsample(scale_factor=2))
+    assert repr(nn.Upsample(size=(3, 4), mode="bilinear")) == repr(torch.nn.Upsample(size=(3, 4), mode="bilinear"))

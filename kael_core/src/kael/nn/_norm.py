@@ -41,6 +41,7 @@ class _NormBase(Module):
         track_running_stats: bool,
         device: Any,
         dtype: Any,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         op = type(self).__name__
@@ -52,7 +53,9 @@ class _NormBase(Module):
         self.num_features, self.eps, self.momentum = num_features, float(eps), momentum
         self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
         self.register_parameter("weight", Parameter(empty(num_features, dtype=d, device=device)) if affine else None)
-        self.register_parameter("bias", Parameter(empty(num_features, dtype=d, device=device)) if affine else None)
+        self.register_parameter(
+            "bias", Parameter(empty(num_features, dtype=d, device=device)) if affine and bias else None
+        )
         if track_running_stats:
             self.register_buffer("running_mean", zeros(num_features, dtype=d, device=device))
             self.register_buffer("running_var", ones(num_features, dtype=d, device=device))
@@ -73,8 +76,9 @@ class _NormBase(Module):
     def reset_parameters(self) -> None:
         """Reset the running statistics, weight to ones and bias to zeros."""
         self.reset_running_stats()
-        if self.affine:
+        if self.weight is not None:
             init.ones_(self.weight)
+        if self.bias is not None:
             init.zeros_(self.bias)
 
     def _check_input(self, x: Any) -> None:
@@ -87,7 +91,7 @@ class _NormBase(Module):
     def extra_repr(self) -> str:
         return (
             f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-            f"track_running_stats={self.track_running_stats}"
+            f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}"
         )
 
 
@@ -101,8 +105,10 @@ class _BatchNorm(_NormBase):
         track_running_stats: bool = True,
         device: Any = None,
         dtype: Any = None,
+        *,
+        bias: bool = True,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalised x: batch statistics in training (updating the running ones), running ones in eval."""
@@ -148,8 +154,10 @@ class _InstanceNorm(_NormBase):
         track_running_stats: bool = False,
         device: Any = None,
         dtype: Any = None,
+        *,
+        bias: bool = True,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """x normalised per sample and channel over its spatial dims (running statistics in eval when tracked)."""
@@ -195,6 +203,8 @@ class GroupNorm(Module):
         affine: bool = True,
         device: Any = None,
         dtype: Any = None,
+        *,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         for name, v in (("num_groups", num_groups), ("num_channels", num_channels)):
@@ -205,13 +215,16 @@ class GroupNorm(Module):
         d = _dtype("GroupNorm", dtype)
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, float(eps), bool(affine)
         self.register_parameter("weight", Parameter(empty(num_channels, dtype=d, device=device)) if affine else None)
-        self.register_parameter("bias", Parameter(empty(num_channels, dtype=d, device=device)) if affine else None)
+        self.register_parameter(
+            "bias", Parameter(empty(num_channels, dtype=d, device=device)) if affine and bias else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Weight to ones and bias to zeros."""
-        if self.affine:
+        if self.weight is not None:
             init.ones_(self.weight)
+        if self.bias is not None:
             init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -219,4 +232,7 @@ class GroupNorm(Module):
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+        return (
+            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+            f"bias={self.bias is not None}"
+        )

@@ -24,6 +24,10 @@ __all__ = [
 ]
 
 
+def _one(v: Any) -> Any:
+    return (v,) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
 class _MaxPoolNd(Module):
     def __init__(
         self,
@@ -78,8 +82,9 @@ class AvgPool1d(Module):
         count_include_pad: bool = True,
     ) -> None:
         super().__init__()
-        self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
-        self.padding, self.ceil_mode, self.count_include_pad = padding, bool(ceil_mode), bool(count_include_pad)
+        self.kernel_size = _one(kernel_size)  # 1-tuples, as PyTorch's AvgPool1d keeps them
+        self.stride = _one(stride if stride is not None else kernel_size)
+        self.padding, self.ceil_mode, self.count_include_pad = _one(padding), bool(ceil_mode), bool(count_include_pad)
 
     def forward(self, x: Tensor) -> Tensor:
         """Pooled x."""
