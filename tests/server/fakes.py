@@ -302,6 +302,23 @@ class FakeBatchEngine:
         self.contexts.pop(row, None)
         self.released.append(row)
 
+    # KV memory: a contiguous cache of one context per row, never full (BatchEngine's paged members)
+    paged = False
+    block_size = 1 << 20
+    free_blocks = 1 << 62
+
+    def blocks_needed(self, rows: Sequence[int]) -> int:
+        return 0
+
+    def preempt(self, row: int) -> None:
+        self.release(row)
+
+    def cached_tokens(self, row: int) -> int:
+        return 0
+
+    def kv_stats(self) -> dict[str, int]:
+        return {}
+
 
 class PoisonTokenizer(ByteTokenizer):
     """A ByteTokenizer whose ``decode`` raises (with SECRET) on one token id."""

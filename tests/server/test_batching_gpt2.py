@@ -13,6 +13,7 @@ import json
 import shutil
 import signal
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -139,6 +140,31 @@ class Probe:
 
     def release(self, row: int) -> None:
         self.engine.release(row)
+
+    # KV memory: the BatchDecoder's own
+    @property
+    def paged(self) -> bool:
+        return bool(self.engine.paged)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.engine.block_size)
+
+    @property
+    def free_blocks(self) -> int:
+        return int(self.engine.free_blocks)
+
+    def blocks_needed(self, rows: Sequence[int]) -> int:
+        return int(self.engine.blocks_needed(rows))
+
+    def preempt(self, row: int) -> None:
+        self.engine.preempt(row)
+
+    def cached_tokens(self, row: int) -> int:
+        return int(self.engine.cached_tokens(row))
+
+    def kv_stats(self) -> dict[str, int]:
+        return dict(self.engine.kv_stats())
 
 
 def apps(model: Any, tokenizer: Any, probe: Probe | None = None) -> Litestar:

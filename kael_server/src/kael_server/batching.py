@@ -50,6 +50,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kael.models import KVCacheFull
+
 from kael_server.errors import Busy, Cancelled, FieldError, InvalidRequest, QueueTimeout
 from kael_server.jobs import Failed, Finished, Job, Outcome
 from kael_server.output import Choice
@@ -64,7 +66,13 @@ __all__ = ["BatchScheduler"]
 
 def _kv_full(exc: BaseException) -> bool:
     """Whether ``exc`` says the paged KV cache lacks blocks (kael's ``KVCacheFull``; nothing changed)."""
-    return type(exc).__name__ == "KVCacheFull" and hasattr(exc, "needed")
+    return isinstance(exc, KVCacheFull)
+
+
+def _row(seq: _Seq) -> int:
+    """The engine row of a started sequence."""
+    assert seq.row is not None, "a sequence reaches the engine only once it holds a row"
+    return seq.row
 
 
 @dataclass(eq=False)
@@ -152,7 +160,7 @@ class BatchScheduler(Scheduler):
         self._free_rows = list(range(engine.rows - 1, -1, -1))
         self._decoding: list[_Seq] = []
         self._parked: list[_Seq] = []  # waiting for KV blocks, oldest first (NOTE [kv memory])
-        self._paged = callable(getattr(engine, "blocks_needed", None))
+        self._paged = engine.paged
 
     # ---- the Scheduler interface (any thread) ------------------------------------------
 
@@ -358,7 +366,7 @@ class BatchScheduler(Scheduler):
                 self._park(seq, "start")
             return
         try:
-            logits = self._engine.prefill_many([s.row for s in group], [s.choice.ids for s in group])  # type: ignore[misc]
+            logits = self._engine.prefill_many([_row(s) for s in group], [s.choice.ids for s in group])
             firsts = [(seq, logits[i]) for i, seq in enumerate(group)]
         except Exception as exc:
             if len(group) == 1 and not _kv_full(exc):
@@ -371,7 +379,7 @@ class BatchScheduler(Scheduler):
                     self._park(seq, "start")
                     continue
                 try:
-                    firsts.append((seq, self._engine.prefill(seq.row, seq.choice.ids)))  # type: ignore[arg-type]
+                    firsts.append((seq, self._engine.prefill(_row(seq), seq.choice.ids)))
                 except Exception as alone:
                     if _kv_full(alone):
                         self._park(seq, "start")
@@ -392,7 +400,7 @@ class BatchScheduler(Scheduler):
             siblings = entry.seqs[start : start + n]
             try:
                 for seq in siblings[1:]:
-                    self._engine.fork(source.row, seq.row)  # type: ignore[arg-type]
+                    self._engine.fork(_row(source), _row(seq))
             except Exception as exc:
                 self._fail(entry, Failed(exc))
                 continue
@@ -420,7 +428,7 @@ class BatchScheduler(Scheduler):
             return
         self._metrics.batch_size.observe(len(batch))
         try:
-            logits = self._engine.decode([s.row for s in batch], [s.last for s in batch])  # type: ignore[misc]
+            logits = self._engine.decode([_row(s) for s in batch], [s.last for s in batch])
         except Exception as exc:  # the pass all rows share: every job in it fails
             for seq in batch:
                 self._fail(seq.entry, Failed(exc))
@@ -445,12 +453,12 @@ class BatchScheduler(Scheduler):
 
     def _make_room(self) -> None:
         """Preempts the newest decoding sequences until the next step's blocks are free."""
-        engine: Any = self._engine
-        while len(self._decoding) > 1 and engine.blocks_needed([s.row for s in self._decoding]) > engine.free_blocks:
+        engine = self._engine
+        while len(self._decoding) > 1 and engine.blocks_needed([_row(s) for s in self._decoding]) > engine.free_blocks:
             victim = max(self._decoding, key=lambda s: (s.entry.admitted, s.choice.index))
             self._decoding.remove(victim)
             try:
-                engine.preempt(victim.row)
+                engine.preempt(_row(victim))
             except Exception as exc:
                 self._fail(victim.entry, Failed(exc))
                 continue
@@ -462,8 +470,8 @@ class BatchScheduler(Scheduler):
         (always when nothing else decodes: the pool holds at least one whole context)."""
         if not self._decoding:
             return True
-        engine: Any = self._engine
-        size = int(getattr(engine, "block_size", 16))
+        engine = self._engine
+        size = engine.block_size
         return engine.free_blocks - -(-tokens // size) >= len(self._decoding)
 
     def _unpark(self) -> None:
@@ -482,7 +490,7 @@ class BatchScheduler(Scheduler):
             self._parked.pop(0)
             why, seq.parked = seq.parked, None
             try:
-                logits = self._engine.prefill(seq.row, ids)  # type: ignore[arg-type]
+                logits = self._engine.prefill(_row(seq), ids)
             except Exception as exc:
                 if _kv_full(exc):
                     seq.parked = why
@@ -503,20 +511,16 @@ class BatchScheduler(Scheduler):
             self._take(seq, token)
 
     def _cached_tokens(self, seq: _Seq) -> int:
-        got = getattr(self._engine, "cached_tokens", None)
-        if not callable(got) or seq.row is None:
-            return 0
+        """The prompt tokens of ``seq``'s row that came from the prefix cache (a statistic: a
+        failure to count it ends nothing)."""
         try:
-            return int(got(seq.row))
+            return int(self._engine.cached_tokens(_row(seq)))
         except Exception:
             return 0
 
     def _kv_stats(self) -> dict[str, int]:
-        got = getattr(self._engine, "kv_stats", None)
-        if not callable(got):
-            return {}
         try:
-            return dict(got())
+            return dict(self._engine.kv_stats())
         except Exception:
             return {}
 
@@ -535,7 +539,7 @@ class BatchScheduler(Scheduler):
         except Exception:
             return {}
 
-    def _sample(self, seq: _Seq, logits: object) -> int:
+    def _sample(self, seq: _Seq, logits: Any) -> int:
         if seq.choice.sampler is not None:  # penalties, bias, top-p, min-p, logprobs: kael's TokenSampler
             return int(seq.choice.sampler(logits))
         params = seq.entry.job.params

@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from kael.engine import TokenSampler
 from kael.tokenizer import IncrementalDecoder
 
 from kael_server.errors import Cancelled
@@ -55,7 +56,7 @@ class JobOutput:
     """Decodes one choice's tokens to whole UTF-8 characters, cuts at stop strings and emits the
     text pieces (with the logprobs of the tokens they complete).
 
-    ``sampler`` (a ``kael.models.TokenSampler`` or None) is the one that picks this choice's
+    ``sampler`` (a ``kael.engine.TokenSampler`` or None) is the one that picks this choice's
     tokens; with ``params.logprobs`` its ``last`` record of each step becomes a ``TokenInfo``.
     Stop strings count from token ``min_tokens`` on (vLLM's rule), so none ends the text sooner.
     ``end_tokens`` (default: the tokenizer's ``eot_token``) end the text with finish reason
@@ -68,7 +69,7 @@ class JobOutput:
         tokenizer: Tokenizer,
         index: int = 0,
         *,
-        sampler: Any = None,
+        sampler: TokenSampler | None = None,
         echo: Echo | None = None,
         end_tokens: Collection[int] | None = None,
     ) -> None:
@@ -139,7 +140,7 @@ class JobOutput:
         return "".join(self.pieces)
 
     def _note(self, token: int) -> None:
-        last = getattr(self.sampler, "last", None)
+        last = self.sampler.last if self.sampler is not None else None
         if last is None or last.token != token:  # a sampler that did not pick this token
             raise RuntimeError(f"no logprob recorded for token {token} of choice {self.index}")
         info = token_info(self.tokenizer, token, last, self.chars)
@@ -164,7 +165,8 @@ class Choice:
     index: int
     ids: list[int]
     output: JobOutput
-    sampler: Any = None
-    """A ``kael.models.TokenSampler``, or None for the plain path (``SamplingParams.plain``)."""
+    sampler: TokenSampler | None = None
+    """Its ``kael.engine.TokenSampler``, or None when ``model.generate`` / ``BatchEngine.sample``
+    draws it alone (``TokenSampler.simple``)."""
     rng: object | None = None
     """Its random generator (None: greedy, or the model's default)."""

@@ -6,7 +6,7 @@ members listed here are ever touched, so any object with them can be served.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["BatchEngine", "Model", "OnToken", "RngFactory", "Sampler", "Tokenizer"]
@@ -72,10 +72,34 @@ class BatchEngine(Protocol):
     ``greedy`` picks every row's greedy token (``sample`` at temperature 0) from a step's
     logits in one call; ``fork(src, dst)`` starts free row ``dst`` as a copy of row ``src``'s
     sequence (the ``n`` choices of a prompt share its prefill). A row's logits convert to a
-    NumPy row with ``numpy.asarray`` (for a ``kael.models.TokenSampler``).
+    NumPy row with ``numpy.asarray`` (for a ``kael.engine.TokenSampler``).
+
+    KV memory (NOTE [kv memory] in batching.py): ``paged`` says whether rows share a block
+    pool; ``blocks_needed(rows)`` is what the next ``decode`` of those rows takes from it and
+    ``free_blocks`` what it can hand out (``block_size`` positions each); a prefill or decode
+    that does not fit raises kael's ``KVCacheFull`` with nothing changed, and ``preempt(row)``
+    gives a row's blocks back (its full blocks stay cached). ``cached_tokens(row)`` counts the
+    prompt tokens of a row that came from the prefix cache; ``kv_stats()`` the pool's counters.
     """
 
     rows: int
+
+    @property
+    def paged(self) -> bool: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def free_blocks(self) -> int: ...
+
+    def blocks_needed(self, rows: Sequence[int]) -> int: ...
+
+    def preempt(self, row: int) -> None: ...
+
+    def cached_tokens(self, row: int) -> int: ...
+
+    def kv_stats(self) -> dict[str, int]: ...
 
     def prefill(self, row: int, prompt: list[int]) -> Any: ...
 
