@@ -182,3 +182,12 @@ def test_bad_arguments_raise_kael_errors() -> None:
         F.tanh([1.0])  # type: ignore[arg-type]
     with pytest.raises(KaelError, match="floating-point"):
         F.softmax(kael.ones(3, dtype=kael.int64), 0)
+
+
+def test_functional_signatures_match_torch() -> None:
+    import inspect
+
+    for name in ["softmax", "log_softmax", "leaky_relu", "elu", "hardtanh", "relu6", "mish", "hardswish", "silu"]:
+        ours = list(inspect.signature(getattr(F, name)).parameters)
+        theirs = list(inspect.signature(getattr(torch.nn.functional, name)).parameters)
+        assert ours == theirs, name

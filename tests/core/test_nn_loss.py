@@ -93,11 +93,19 @@ def test_nll_loss(reduction: str, weighted: bool) -> None:
 
 def _elementwise_losses() -> list[tuple[str, Any, Any]]:
     return [
-        ("mse", lambda r: nn.MSELoss(r), lambda r: torch.nn.MSELoss(reduction=r)),
-        ("l1", lambda r: nn.L1Loss(r), lambda r: torch.nn.L1Loss(reduction=r)),
-        ("smoothl1", lambda r: nn.SmoothL1Loss(r), lambda r: torch.nn.SmoothL1Loss(reduction=r)),
-        ("smoothl1-b", lambda r: nn.SmoothL1Loss(r, 0.3), lambda r: torch.nn.SmoothL1Loss(reduction=r, beta=0.3)),
-        ("smoothl1-0", lambda r: nn.SmoothL1Loss(r, 0.0), lambda r: torch.nn.SmoothL1Loss(reduction=r, beta=0.0)),
+        ("mse", lambda r: nn.MSELoss(reduction=r), lambda r: torch.nn.MSELoss(reduction=r)),
+        ("l1", lambda r: nn.L1Loss(reduction=r), lambda r: torch.nn.L1Loss(reduction=r)),
+        ("smoothl1", lambda r: nn.SmoothL1Loss(reduction=r), lambda r: torch.nn.SmoothL1Loss(reduction=r)),
+        (
+            "smoothl1-b",
+            lambda r: nn.SmoothL1Loss(reduction=r, beta=0.3),
+            lambda r: torch.nn.SmoothL1Loss(reduction=r, beta=0.3),
+        ),
+        (
+            "smoothl1-0",
+            lambda r: nn.SmoothL1Loss(reduction=r, beta=0.0),
+            lambda r: torch.nn.SmoothL1Loss(reduction=r, beta=0.0),
+        ),
         ("huber", lambda r: nn.HuberLoss(r), lambda r: torch.nn.HuberLoss(reduction=r)),
         ("huber-d", lambda r: nn.HuberLoss(r, 2.5), lambda r: torch.nn.HuberLoss(reduction=r, delta=2.5)),
     ]
@@ -143,10 +151,15 @@ def test_bce(reduction: str, weighted: bool) -> None:
     w = rng.uniform(0.5, 2.0, (3,)).astype(np.float32)
     (kp, ky), (tp, ty) = _both(p, y, grad=())  # values only: torch's target gradient is +-inf at 0 and 1
     kw, tw = (kael.tensor(w), torch.tensor(w)) if weighted else (None, None)
-    _compare(nn.BCELoss(kw, reduction)(kp, ky), torch.nn.BCELoss(tw, reduction=reduction)(tp, ty), [ky], [ty])
+    _compare(nn.BCELoss(kw, reduction=reduction)(kp, ky), torch.nn.BCELoss(tw, reduction=reduction)(tp, ty), [ky], [ty])
     p[0, :2] = 0.3
     (kp, ky), (tp, ty) = _both(p, y, grad=(0, 1))
-    _compare(nn.BCELoss(kw, reduction)(kp, ky), torch.nn.BCELoss(tw, reduction=reduction)(tp, ty), [kp, ky], [tp, ty])
+    _compare(
+        nn.BCELoss(kw, reduction=reduction)(kp, ky),
+        torch.nn.BCELoss(tw, reduction=reduction)(tp, ty),
+        [kp, ky],
+        [tp, ty],
+    )
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -162,7 +175,7 @@ def test_bce_with_logits(reduction: str, pos_weighted: bool, weighted: bool) -> 
     (kx, ky), (tx, ty) = _both(x, y, grad=(0, 1))
     kpw, tpw = (kael.tensor(pw), torch.tensor(pw)) if pos_weighted else (None, None)
     kw, tw = (kael.tensor(w), torch.tensor(w)) if weighted else (None, None)
-    k = nn.BCEWithLogitsLoss(kw, reduction, pos_weight=kpw)(kx, ky)
+    k = nn.BCEWithLogitsLoss(kw, reduction=reduction, pos_weight=kpw)(kx, ky)
     t = torch.nn.BCEWithLogitsLoss(tw, reduction=reduction, pos_weight=tpw)(tx, ty)
     assert np.isfinite(k.detach().numpy()).all()
     _compare(k, t, [kx, ky], [tx, ty])
@@ -179,7 +192,7 @@ def test_kl_div(reduction: str, log_target: bool) -> None:
     t = np.log(p + 1e-3).astype(np.float32) if log_target else p
     # torch's target gradient is nan where target == 0 (kael's is 0 there): target grads only for log targets
     (kx, kt), (tx, tt) = _both(x, t, grad=(0, 1) if log_target else (0,))
-    k = nn.KLDivLoss(reduction, log_target)(kx, kt)
+    k = nn.KLDivLoss(reduction=reduction, log_target=log_target)(kx, kt)
     tr = torch.nn.KLDivLoss(reduction=reduction, log_target=log_target)(tx, tt)
     _compare(k, tr, [kx, kt], [tx, tt])
 
@@ -192,7 +205,7 @@ def test_cosine_embedding_loss(reduction: str, margin: float) -> None:
     b = rng.standard_normal((6, 4)).astype(np.float32)
     y = np.array([1, -1, 1, -1, -1, 1], np.float32)
     (ka, kb, ky), (ta, tb, ty) = _both(a, b, y, grad=(0, 1))
-    k = nn.CosineEmbeddingLoss(margin, reduction)(ka, kb, ky)
+    k = nn.CosineEmbeddingLoss(margin, reduction=reduction)(ka, kb, ky)
     t = torch.nn.CosineEmbeddingLoss(margin, reduction=reduction)(ta, tb, ty)
     _compare(k, t, [ka, kb], [ta, tb])
     k1 = F.cosine_embedding_loss(kael.tensor(a[0]), kael.tensor(b[0]), kael.tensor(-1.0), margin)
@@ -240,7 +253,7 @@ def test_bad_arguments_raise_kael_errors() -> None:
     with pytest.raises(KaelError, match="weight must have shape \\[4\\]"):
         F.nll_loss(z, kael.tensor([0, 1, 1]), weight=kael.ones(3))
     with pytest.raises(KaelError, match="reduction"):
-        nn.MSELoss("avg")
+        nn.MSELoss(reduction="avg")
     with pytest.raises(KaelError, match="reduction"):
         F.kl_div(z, z, reduction="batch")
     with pytest.raises(KaelError, match="probabilities in \\[0, 1\\]"):
@@ -262,3 +275,69 @@ def test_buffers_in_state_dict() -> None:
     assert sorted(nn.CrossEntropyLoss(kael.ones(2)).state_dict()) == sorted(
         torch.nn.CrossEntropyLoss(torch.ones(2)).state_dict()
     )
+
+
+def test_signatures_match_torch_positionally() -> None:
+    import inspect
+
+    for name in [
+        "cross_entropy",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "kl_div",
+        "cosine_embedding_loss",
+    ]:
+        ours = list(inspect.signature(getattr(F, name)).parameters)
+        theirs = list(inspect.signature(getattr(TF, name)).parameters)
+        assert ours == theirs, name
+    for name in [
+        "CrossEntropyLoss",
+        "NLLLoss",
+        "MSELoss",
+        "L1Loss",
+        "SmoothL1Loss",
+        "HuberLoss",
+        "BCELoss",
+        "BCEWithLogitsLoss",
+        "KLDivLoss",
+        "CosineEmbeddingLoss",
+    ]:
+        ours = list(inspect.signature(getattr(nn, name).__init__).parameters)
+        theirs = list(inspect.signature(getattr(torch.nn, name).__init__).parameters)
+        assert ours == theirs, name
+
+
+@pytest.mark.parametrize(("size_average", "reduce"), [(False, None), (None, False), (True, True), (False, True)])
+def test_deprecated_size_average_and_reduce(size_average: Any, reduce: Any) -> None:
+    rng = _rng(11)
+    x, y = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    with pytest.warns(UserWarning, match="deprecated"):
+        k = nn.MSELoss(size_average, reduce)(kael.tensor(x), kael.tensor(y))
+    with pytest.warns(UserWarning):
+        t = torch.nn.MSELoss(size_average, reduce)(torch.tensor(x), torch.tensor(y))
+    np.testing.assert_allclose(k.numpy(), t.numpy(), rtol=1e-6)
+    ids = np.array([1, 0, 3])
+    with pytest.warns(UserWarning, match="deprecated"):
+        k = F.cross_entropy(kael.tensor(x), kael.tensor(ids), None, size_average, -100, reduce)
+    with pytest.warns(UserWarning):
+        t = TF.cross_entropy(torch.tensor(x), torch.tensor(ids), None, size_average, -100, reduce)
+    np.testing.assert_allclose(k.numpy(), t.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "huber_loss"])
+def test_elementwise_weight(name: str, reduction: str) -> None:
+    rng = _rng(12)
+    x, y = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    w = rng.uniform(0.1, 2.0, (3, 4)).astype(np.float32)
+    (kx, ky), (tx, ty) = _both(x, y, grad=(0, 1))
+    k = getattr(F, name)(kx, ky, reduction=reduction, weight=kael.tensor(w))
+    t = getattr(TF, name)(tx, ty, reduction=reduction, weight=torch.tensor(w))
+    _compare(k, t, [kx, ky], [tx, ty])
+    with pytest.raises(KaelError, match="weight must have the input's shape"):
+        getattr(F, name)(kx, ky, weight=kael.ones(4))

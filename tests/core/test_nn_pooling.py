@@ -181,6 +181,8 @@ def test_bad_arguments_raise_kael_errors() -> None:
         F.interpolate(x)
     with pytest.raises(KaelError, match="mode"):
         F.interpolate(x, scale_factor=2, mode="bicubic")
+    with pytest.raises(KaelError, match="antialias"):
+        F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)
     with pytest.raises(KaelError, match="upscale_factor"):
         F.pixel_shuffle(kael.ones(1, 3, 2, 2), 2)
 

@@ -260,6 +260,7 @@ def interpolate(
     mode: str = "nearest",
     align_corners: bool | None = None,
     recompute_scale_factor: bool | None = None,
+    antialias: bool = False,
 ) -> Tensor:
     """Resample the spatial dims of input [N, C, *S] (1-d or 2-d) to ``size`` or by ``scale_factor``:
     mode 'nearest' (PyTorch's floor(dst * in/out)), 'linear' (1-d) or 'bilinear' (2-d), with
@@ -274,6 +275,8 @@ def interpolate(
         raise DTypeError(f"{op}: mode must be 'nearest', 'linear' or 'bilinear', got {mode!r}")
     if (mode == "linear" and nd != 1) or (mode == "bilinear" and nd != 2):
         raise ShapeError(f"{op}: mode {mode!r} needs a {3 if mode == 'linear' else 4}-d input, got {list(input.shape)}")
+    if antialias:
+        raise DTypeError(f"{op}: antialias=True is not supported (anti-aliased downsampling); use antialias=False")
     if mode == "nearest" and align_corners is not None:
         raise DTypeError(f"{op}: align_corners only applies to linear modes, got mode 'nearest'")
     if (size is None) == (scale_factor is None):

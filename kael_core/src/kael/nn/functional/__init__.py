@@ -3,7 +3,7 @@
 They are thin wrappers over ``kael.ops`` (fused ops where one exists, so a backend's
 kernel runs when it has one), adding PyTorch's argument conventions. One module per
 concept: ``_basic`` (linear, layer/rms norm, dropout, embedding, attention), ``_activation``,
-``_loss``, ``_conv``, ``_pooling`` and ``_norm`` (batch, instance and group norm).
+``_loss``, ``_classification``, ``_conv``, ``_pooling`` and ``_norm`` (batch, instance and group norm).
 """
 
 from __future__ import annotations
@@ -39,17 +39,16 @@ from ._basic import (
     scaled_dot_product_attention,
     silu_mul,
 )
+from ._classification import cross_entropy, nll_loss
 from ._conv import conv1d, conv2d, conv_transpose2d, pad
 from ._loss import (
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
     cosine_embedding_loss,
-    cross_entropy,
     huber_loss,
     kl_div,
     l1_loss,
     mse_loss,
-    nll_loss,
     smooth_l1_loss,
 )
 from ._norm import batch_norm, group_norm, instance_norm

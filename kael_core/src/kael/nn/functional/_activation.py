@@ -110,16 +110,17 @@ def _softmax_input(input: Any, dim: Any, dtype: Any, op: str) -> tuple[Tensor, i
     return x, dim
 
 
-def softmax(input: Tensor, dim: int | None = -1, dtype: Any = None) -> Tensor:
+def softmax(input: Tensor, dim: int | None = -1, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``dim`` (a fused op, computed stably); ``dtype`` casts the input first.
 
-    dim=None picks PyTorch's legacy implicit dim (0 for 0-, 1- and 3-d inputs, else 1).
+    dim=None picks PyTorch's legacy implicit dim (0 for 0-, 1- and 3-d inputs, else 1); _stacklevel is
+    PyTorch's (for its warning) and unused.
     """
     x, d = _softmax_input(input, dim, dtype, "softmax")
     return ops.softmax(x, d)
 
 
-def log_softmax(input: Tensor, dim: int | None = -1, dtype: Any = None) -> Tensor:
+def log_softmax(input: Tensor, dim: int | None = -1, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """log(softmax(x)) along ``dim``, computed stably (a fused op); ``dtype`` casts the input first."""
     x, d = _softmax_input(input, dim, dtype, "log_softmax")
     return ops.log_softmax(x, d)
