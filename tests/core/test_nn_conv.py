@@ -208,3 +208,39 @@ def test_bad_arguments_raise_kael_errors() -> None:
         F.pad(x, (5, 5), mode="reflect")
     with pytest.raises(KaelError, match="output_padding"):
         F.conv_transpose2d(x, kael.ones(4, 2, 3, 3), stride=2, output_padding=2)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    hw=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    k=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    stride=st.integers(1, 3),
+    padding=st.integers(0, 2),
+    extra=st.integers(0, 2),
+    dilation=st.integers(1, 2),
+    groups=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_conv_transpose2d_random(
+    hw: tuple[int, int],
+    k: tuple[int, int],
+    stride: int,
+    padding: int,
+    extra: int,
+    dilation: int,
+    groups: int,
+    seed: int,
+) -> None:
+    output_padding = min(extra, max(stride, dilation) - 1)
+    out = [(n - 1) * stride - 2 * padding + dilation * (kk - 1) + output_padding + 1 for n, kk in zip(hw, k)]
+    if min(out) < 1:
+        return
+    x = np.random.default_rng(seed).standard_normal((2, 4) + hw).astype(np.float32)
+    kw = {
+        "stride": stride,
+        "padding": padding,
+        "output_padding": output_padding,
+        "dilation": dilation,
+        "groups": groups,
+    }
+    _compare(nn.ConvTranspose2d(4, 2, k, **kw), torch.nn.ConvTranspose2d(4, 2, k, **kw), x)
