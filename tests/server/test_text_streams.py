@@ -7,10 +7,10 @@ import asyncio
 
 from hypothesis import given
 from hypothesis import strategies as st
+from kael.engine import StopMatcher
 from kael.tokenizer import IncrementalDecoder
 from kael_server.jobs import Job, SamplingParams
 from kael_server.output import JobOutput
-from kael_server.stops import StopMatcher
 
 from .fakes import ByteTokenizer
 
@@ -29,7 +29,7 @@ def byte_decoder() -> IncrementalDecoder:
 def test_job_output_emits_whole_characters() -> None:
     loop = asyncio.new_event_loop()  # never run: the job's events are not read here
     try:
-        job = Job("p", SamplingParams(max_tokens=10, temperature=0, top_k=0), 0.0, loop)
+        job = Job(("p",), SamplingParams(max_tokens=10, temperature=0, top_k=0), 0.0, loop)
         output = JobOutput(job, ByteTokenizer())
         assert all(output.on_token(b) for b in "ñ€!".encode())
         assert output.text() == "ñ€!"

@@ -555,7 +555,7 @@ class BatchScheduler(Scheduler):
         except Exception as exc:
             self._fail(seq.entry, Failed(exc))
             return
-        if not more or seq.produced >= seq.entry.job.params.max_tokens:
+        if not more or seq.choice.output.stop.at_length:  # kael's stop function decides
             self._end(seq)
         else:
             seq.last = token

@@ -125,10 +125,6 @@ class Generator:
             self._check_prompt(ids, job.params.max_tokens)
         return prompts
 
-    def end_tokens(self, params: SamplingParams) -> frozenset[int]:
-        """The ids that end a choice of a job with ``params``: never part of its text."""
-        return frozenset(self.stop_tokens) | frozenset(params.stop_token_ids)
-
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
@@ -157,9 +153,7 @@ class Generator:
                 # temperature and top_k say everything: the model samples itself (make_rng's generator)
                 sampler = None if own.simple else own
                 rng = self.rng_for(params, j) if own.simple else own.generator
-                output = JobOutput(
-                    job, self.tokenizer, index, sampler=sampler, echo=echo, end_tokens=self.end_tokens(params)
-                )
+                output = JobOutput(job, self.tokenizer, index, sampler=sampler, echo=echo, end_tokens=self.stop_tokens)
                 out.append(Choice(index, ids, output, sampler, rng))
         return out
 
@@ -180,7 +174,7 @@ class Generator:
         generator); ``sampler.simple`` says whether ``model.generate`` samples it alone."""
         rng = _kael_rng(self.seed_for(params, choice)) if params.temperature else None
         prompt = ids if params.repetition_penalty != 1 else ()
-        return TokenSampler(params, prompt, rng, end_tokens=self.end_tokens(params))
+        return TokenSampler(params, prompt, rng, end_tokens=self.stop_tokens)
 
     def _echo(self, prompt: Prompt, ids: list[int], params: SamplingParams) -> Echo:
         """The prompt as its choices' texts start: as given (text) or decoded (token ids)."""

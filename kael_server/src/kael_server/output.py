@@ -12,13 +12,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from kael.engine import TokenSampler
+from kael.engine import SequenceStop, TokenSampler
 from kael.tokenizer import IncrementalDecoder
 
 from kael_server.errors import Cancelled
 from kael_server.jobs import ChoiceStats, Job, TextPiece, TokenInfo
 from kael_server.protocols import Tokenizer
-from kael_server.stops import StopMatcher
 
 __all__ = ["Choice", "Echo", "JobOutput", "token_info", "token_text"]
 
@@ -58,9 +57,11 @@ class JobOutput:
 
     ``sampler`` (a ``kael.engine.TokenSampler`` or None) is the one that picks this choice's
     tokens; with ``params.logprobs`` its ``last`` record of each step becomes a ``TokenInfo``.
-    Stop strings count from token ``min_tokens`` on (vLLM's rule), so none ends the text sooner.
-    ``end_tokens`` (default: the tokenizer's ``eot_token``) end the text with finish reason
-    "stop", unless ``ignore_eos``; they are never part of it.
+    When it ends is kael's one stop function (``kael.engine.SequenceStop``): ``end_tokens``
+    (default: the tokenizer's ``eot_token``) are the model's end-of-text ids, which with the
+    request's ``stop_token_ids`` end the text with finish reason "stop" (the model's own not
+    with ``ignore_eos``) and are never part of it; stop strings count from token
+    ``min_tokens`` on (vLLM's rule); ``max_tokens`` ends it with "length".
     """
 
     def __init__(
@@ -76,11 +77,9 @@ class JobOutput:
         self.job = job
         self.index = index
         self.tokenizer = tokenizer
-        self.end_tokens = frozenset(end_tokens) if end_tokens is not None else frozenset((tokenizer.eot_token,))
-        self.ignore_eos = job.params.ignore_eos
-        self.min_tokens = job.params.min_tokens
+        eos = frozenset(end_tokens) if end_tokens is not None else frozenset((tokenizer.eot_token,))
+        self.stop = SequenceStop(job.params, eos)  # kael's one stop function
         self.decoder = IncrementalDecoder(tokenizer)  # whole UTF-8 characters only
-        self.stopper = StopMatcher(job.params.stop)
         self.sampler = sampler if job.params.logprobs is not None else None
         while len(job.stats.choices) <= index:
             job.stats.choices.append(ChoiceStats())
@@ -105,9 +104,8 @@ class JobOutput:
         if job.cancelled:
             self.interrupted = True
             return False
-        end_of_text = token in self.end_tokens
-        if end_of_text and not self.ignore_eos:
-            choice.finish_reason = "stop"
+        if not self.stop.token(token):  # an end token: never part of the text
+            choice.finish_reason = self.stop.finish_reason
             return False
         stats = job.stats
         stats.tokens += 1
@@ -116,14 +114,11 @@ class JobOutput:
             stats.ttft = time.perf_counter() - job.arrived
         if self.sampler is not None:
             self._note(token)
-        text = "" if end_of_text else self.decoder.add(token)  # as vLLM skips special tokens
+        text = "" if self.stop.silent(token) else self.decoder.add(token)  # as vLLM skips special tokens
         self.chars += len(text)
-        if choice.tokens < self.min_tokens:
-            self._send(text)
-            return True
-        self._send(self.stopper.feed(text))
-        if self.stopper.stopped:
-            choice.finish_reason = "stop"
+        self._send(self.stop.text(text))
+        if self.stop.stopped:
+            choice.finish_reason = self.stop.finish_reason
             return False
         return True
 
@@ -131,9 +126,7 @@ class JobOutput:
         """The whole text once generation has ended; raises Cancelled if it was interrupted."""
         if self.interrupted:
             raise Cancelled(self.job.cancel_reason or "client")
-        if not self.stopper.stopped:
-            self._send(self.stopper.feed(self.decoder.flush()))
-            self._send(self.stopper.flush())
+        self._send(self.stop.flush(self.decoder.flush()))
         if self.pending:  # logprobs of tokens whose text was held back, then cut or empty
             self.job.emit(TextPiece("", self.index, tuple(self.pending)))
             self.pending.clear()
