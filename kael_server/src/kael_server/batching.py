@@ -11,24 +11,14 @@ A job of several choices (``n``, or a list of prompts: NOTE [choices] in jobs.py
 row per choice: each prompt is prefilled once into its first choice's row and forked
 (``BatchEngine.fork``) into the rows of its other choices, which then decode side by side,
 each sampled with its own generator. Slots count rows: a job waits until its rows are free.
-A job wider than the slots (``n`` choices on a one-slot server) runs when no other job holds
-a row, on the engine's spare rows (``engine.rows`` may exceed ``slots``), as alone.
+A job wider than the slots (n > --slots) runs alone, on the engine's spare rows (>= slots).
 
     submit (loop) -> rows free? hold them : queue room? wait (at most queue_timeout) : 429
     encoder thread: tokenize + check the prompts (never on the loop, never on the worker)
     worker: [prefill the ready jobs, fork their choices] -> decode step(batch)
             -> sample (greedy rows: one call) -> JobOutput per row ...
 
-NOTE [kv memory]: with kael's paged KV cache (``BatchDecoder(paged=True)``, blocks of tokens
-shared by prefix) rows only bound the batch; memory is the pool's blocks. A prefill that finds
-too few free blocks (``KVCacheFull``, nothing changed) *parks* its sequence until others give
-blocks back, and before each decode step, while the step needs more blocks than are free, the
-newest sequence is *preempted*: its blocks go back (its full ones stay cached), and it is parked
-to be recomputed from its prompt and every token it produced so far, in one prefill whose
-logits are those the skipped decode step would have given; it then goes on exactly where it
-stopped (its sampler and generator untouched), so its output is the unpreempted one. Parked
-sequences come back first, oldest first, before new prompts start, and only while the pool
-keeps one spare block per decoding sequence (so a resumed one is not preempted again at once).
+NOTE [kv memory] (batch_state.py): parking, preemption and resumption of sequences.
 
 NOTE [batch isolation]: everything that belongs to one job (its prompt check, prefill,
 sampling from its own rows of logits with its own generators, its on_token handling) runs
@@ -47,14 +37,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from kael.models import KVCacheFull
-
+from kael_server.batch_state import Entry, KvMemory, Seq, StepSampling, kv_full, row_of
 from kael_server.errors import Busy, Cancelled, FieldError, InvalidRequest, QueueTimeout
 from kael_server.jobs import Failed, Finished, Job, Outcome
-from kael_server.output import Choice
 from kael_server.protocols import BatchEngine
 from kael_server.scheduler import Scheduler
 
@@ -64,59 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["BatchScheduler"]
 
 
-def _kv_full(exc: BaseException) -> bool:
-    """Whether ``exc`` says the paged KV cache lacks blocks (kael's ``KVCacheFull``; nothing changed)."""
-    return isinstance(exc, KVCacheFull)
-
-
-def _row(seq: _Seq) -> int:
-    """The engine row of a started sequence."""
-    assert seq.row is not None, "a sequence reaches the engine only once it holds a row"
-    return seq.row
-
-
-@dataclass(eq=False)
-class _Entry:
-    """A job as the batch scheduler tracks it."""
-
-    job: Job
-    admitted: float
-    """``time.perf_counter()`` at submit."""
-    width: int
-    """Rows it takes: one per choice."""
-    ids: list[list[int]] | None = None
-    """The checked prompts, once the encoder thread is done."""
-    seqs: list[_Seq] = field(default_factory=list)
-    """Its choices, from the start on (by index)."""
-    started: float = 0.0
-    accepted: bool = False
-    """Its prompts were accepted (counted): it is a generation, whatever happens next."""
-    closed: bool = False
-    """Its outcome was decided (on the worker)."""
-    done: bool = False
-    """Its final event was sent (under the lock, so it is sent once)."""
-
-
-@dataclass(eq=False)
-class _Seq:
-    """One choice of a job in the batch."""
-
-    entry: _Entry
-    choice: Choice
-    row: int | None = None
-    """The engine row, from prefill to the end."""
-    last: int = 0
-    """The token fed at the next decode step."""
-    produced: int = 0
-    text: str | None = None
-    """Its whole text, once it ended."""
-    tokens: list[int] = field(default_factory=list)
-    """Every token it produced (a preempted sequence is recomputed from its prompt and these)."""
-    parked: str | None = None
-    """Waiting for KV blocks: "start" (its prompt's first prefill) or "resume" (it was preempted)."""
-
-
-class BatchScheduler(Scheduler):
+class BatchScheduler(KvMemory, StepSampling, Scheduler):
     """``slots`` sequences decoded together (default ``engine.rows``; a wider job alone, up to
     ``engine.rows``), plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s."""
 
@@ -152,14 +87,14 @@ class BatchScheduler(Scheduler):
         self._engine = engine
         self._metrics = generator.metrics
         self._changed = threading.Condition()
-        self._slotted: dict[Job, _Entry] = {}  # holding rows: encoding, waiting for prefill, or decoding
+        self._slotted: dict[Job, Entry] = {}  # holding rows: encoding, waiting for prefill, or decoding
         self._used = 0  # rows the slotted jobs hold
-        self._queue: deque[_Entry] = deque()
+        self._queue: deque[Entry] = deque()
         self._worker_alive = False
         # The worker's own state (no lock): free engine rows and the sequences being decoded.
         self._free_rows = list(range(engine.rows - 1, -1, -1))
-        self._decoding: list[_Seq] = []
-        self._parked: list[_Seq] = []  # waiting for KV blocks, oldest first (NOTE [kv memory])
+        self._decoding: list[Seq] = []
+        self._parked: list[Seq] = []  # waiting for KV blocks, oldest first (NOTE [kv memory])
         self._paged = engine.paged
 
     # ---- the Scheduler interface (any thread) ------------------------------------------
@@ -175,7 +110,7 @@ class BatchScheduler(Scheduler):
                     )
                 ]
             )
-        entry = _Entry(job, time.perf_counter(), job.width)
+        entry = Entry(job, time.perf_counter(), job.width)
         with self._changed:
             dropped = self._drop_cancelled_queued()
             if self._room(entry.width) and not self._queue:
@@ -225,11 +160,11 @@ class BatchScheduler(Scheduler):
         """Whether a job of ``width`` rows may start now: it fits the slots, or it runs alone."""
         return self._used + width <= self.capacity or self._used == 0
 
-    def _slot(self, entry: _Entry) -> None:
+    def _slot(self, entry: Entry) -> None:
         self._slotted[entry.job] = entry
         self._used += entry.width
 
-    def _remove(self, entry: _Entry) -> bool:
+    def _remove(self, entry: Entry) -> bool:
         """Takes ``entry`` out of its slot or the queue, moving queued jobs into free rows.
         True if the caller must send its final event (it was not finished already)."""
         if entry.done:
@@ -248,17 +183,17 @@ class BatchScheduler(Scheduler):
         self._changed.notify_all()
         return True
 
-    def _drop_cancelled_queued(self) -> list[tuple[_Entry, Outcome]]:
+    def _drop_cancelled_queued(self) -> list[tuple[Entry, Outcome]]:
         """Queued jobs whose client left (or that shutdown cancelled) give their place back."""
         gone = [e for e in self._queue if e.job.cancelled]
         return [(e, Failed(Cancelled(e.job.cancel_reason or "client"))) for e in gone if self._remove(e)]
 
     @staticmethod
-    def _emit_all(finished: Sequence[tuple[_Entry, Outcome]]) -> None:
+    def _emit_all(finished: Sequence[tuple[Entry, Outcome]]) -> None:
         for entry, outcome in finished:
             entry.job.emit(outcome)
 
-    def _finish(self, entry: _Entry, outcome: Outcome) -> None:
+    def _finish(self, entry: Entry, outcome: Outcome) -> None:
         with self._changed:
             send = self._remove(entry)
         if send:
@@ -266,7 +201,7 @@ class BatchScheduler(Scheduler):
 
     # ---- the event loop: a queued job's deadline ---------------------------------------
 
-    def _expire(self, entry: _Entry) -> None:
+    def _expire(self, entry: Entry) -> None:
         with self._changed:
             if entry not in self._queue:
                 return  # it got a slot, or finished
@@ -275,7 +210,7 @@ class BatchScheduler(Scheduler):
 
     # ---- encoder threads: one per job, so a long prompt holds up nobody ----------------
 
-    def _encode(self, entry: _Entry) -> None:
+    def _encode(self, entry: Entry) -> None:
         try:
             ids = self._generator.prepare(entry.job)
         except BaseException as exc:
@@ -315,7 +250,7 @@ class BatchScheduler(Scheduler):
         except BaseException as exc:  # a bug in the loop itself: no job may be left waiting
             self._fail_everything(exc)
 
-    def _start(self, entries: list[_Entry]) -> None:
+    def _start(self, entries: list[Entry]) -> None:
         """Starts the ready jobs: their choices get rows, and each prompt is prefilled into its
         first choice's row, in engine calls of up to ``prefill_tokens`` prompt tokens (each
         prompt as alone, NOTE [batched prefill] in kael's BatchDecoder). If a call fails, each
@@ -331,7 +266,7 @@ class BatchScheduler(Scheduler):
             generator.accept(job, entry.ids)
             entry.accepted = True
             try:
-                entry.seqs = [_Seq(entry, choice) for choice in generator.choices(job, entry.ids)]
+                entry.seqs = [Seq(entry, choice) for choice in generator.choices(job, entry.ids)]
             except Exception as exc:
                 self._close(entry, Failed(exc))
                 continue
@@ -342,7 +277,7 @@ class BatchScheduler(Scheduler):
             for seq in entry.seqs:
                 seq.row = self._free_rows.pop()
             firsts.extend(entry.seqs[:: job.params.n])  # each prompt's first choice
-        group: list[_Seq] = []
+        group: list[Seq] = []
         tokens = 0
         for seq in firsts:
             n = len(seq.choice.ids)
@@ -354,22 +289,22 @@ class BatchScheduler(Scheduler):
         if group:
             self._prefill(group)
 
-    def _prefill(self, group: list[_Seq]) -> None:
+    def _prefill(self, group: list[Seq]) -> None:
         """One shared prefill of the prompts of ``group`` (first choices); then the forks into
         their other choices' rows, and each choice's first token from the prompt's logits."""
         group = [seq for seq in group if not seq.entry.closed]  # another prompt of its job failed
         if not group:
             return
-        firsts: list[tuple[_Seq, object]] = []
+        firsts: list[tuple[Seq, object]] = []
         if self._parked:  # parked sequences go first (NOTE [kv memory])
             for seq in group:
                 self._park(seq, "start")
             return
         try:
-            logits = self._engine.prefill_many([_row(s) for s in group], [s.choice.ids for s in group])
+            logits = self._engine.prefill_many([row_of(s) for s in group], [s.choice.ids for s in group])
             firsts = [(seq, logits[i]) for i, seq in enumerate(group)]
         except Exception as exc:
-            if len(group) == 1 and not _kv_full(exc):
+            if len(group) == 1 and not kv_full(exc):
                 self._fail(group[0].entry, Failed(exc))
                 return
             for seq in group:  # which prompt failed (or does not fit)? each alone, so the others go on
@@ -379,15 +314,15 @@ class BatchScheduler(Scheduler):
                     self._park(seq, "start")
                     continue
                 try:
-                    firsts.append((seq, self._engine.prefill(_row(seq), seq.choice.ids)))
+                    firsts.append((seq, self._engine.prefill(row_of(seq), seq.choice.ids)))
                 except Exception as alone:
-                    if _kv_full(alone):
+                    if kv_full(alone):
                         self._park(seq, "start")
                     else:
                         self._fail(seq.entry, Failed(alone))
         self._begin(firsts)
 
-    def _begin(self, firsts: list[tuple[_Seq, object]]) -> None:
+    def _begin(self, firsts: list[tuple[Seq, object]]) -> None:
         """After their prompts' prefill: the forks into the other choices' rows, and each choice's
         first token from its prompt's logits."""
         for source, first in firsts:
@@ -400,7 +335,7 @@ class BatchScheduler(Scheduler):
             siblings = entry.seqs[start : start + n]
             try:
                 for seq in siblings[1:]:
-                    self._engine.fork(_row(source), _row(seq))
+                    self._engine.fork(row_of(source), row_of(seq))
             except Exception as exc:
                 self._fail(entry, Failed(exc))
                 continue
@@ -428,7 +363,7 @@ class BatchScheduler(Scheduler):
             return
         self._metrics.batch_size.observe(len(batch))
         try:
-            logits = self._engine.decode([_row(s) for s in batch], [s.last for s in batch])
+            logits = self._engine.decode([row_of(s) for s in batch], [s.last for s in batch])
         except Exception as exc:  # the pass all rows share: every job in it fails
             for seq in batch:
                 self._fail(seq.entry, Failed(exc))
@@ -444,109 +379,7 @@ class BatchScheduler(Scheduler):
                 continue
             self._take(seq, token)
 
-    # ---- KV memory: parking, preemption, resumption (NOTE [kv memory]) --------------------
-
-    def _park(self, seq: _Seq, why: str) -> None:
-        seq.parked = why
-        self._parked.append(seq)
-        self._parked.sort(key=lambda s: (s.entry.admitted, s.choice.index))
-
-    def _make_room(self) -> None:
-        """Preempts the newest decoding sequences until the next step's blocks are free."""
-        engine = self._engine
-        while len(self._decoding) > 1 and engine.blocks_needed([_row(s) for s in self._decoding]) > engine.free_blocks:
-            victim = max(self._decoding, key=lambda s: (s.entry.admitted, s.choice.index))
-            self._decoding.remove(victim)
-            try:
-                engine.preempt(_row(victim))
-            except Exception as exc:
-                self._fail(victim.entry, Failed(exc))
-                continue
-            self._metrics.preemptions.inc()
-            self._park(victim, "resume")
-
-    def _fits(self, seq: _Seq, tokens: int) -> bool:
-        """Whether ``tokens`` new positions for ``seq`` leave one spare block per decoding sequence
-        (always when nothing else decodes: the pool holds at least one whole context)."""
-        if not self._decoding:
-            return True
-        engine = self._engine
-        size = engine.block_size
-        return engine.free_blocks - -(-tokens // size) >= len(self._decoding)
-
-    def _unpark(self) -> None:
-        """Parked sequences come back, oldest first, while they fit."""
-        while self._parked:
-            seq = self._parked[0]
-            if seq.entry.closed:
-                self._parked.pop(0)
-                continue
-            if seq.entry.job.cancelled:
-                self._fail(seq.entry, Failed(Cancelled(seq.entry.job.cancel_reason or "client")))
-                continue
-            ids = seq.choice.ids if seq.parked == "start" else [*seq.choice.ids, *seq.tokens]
-            if not self._fits(seq, len(ids)):
-                return
-            self._parked.pop(0)
-            why, seq.parked = seq.parked, None
-            try:
-                logits = self._engine.prefill(_row(seq), ids)
-            except Exception as exc:
-                if _kv_full(exc):
-                    seq.parked = why
-                    self._parked.insert(0, seq)
-                    return
-                self._fail(seq.entry, Failed(exc))
-                continue
-            if why == "start":
-                self._begin([(seq, logits)])
-                continue
-            # Resumed: these logits are the skipped step's (after its last token); it goes on from there.
-            self._decoding.append(seq)
-            try:
-                token = self._sample(seq, logits)
-            except Exception as exc:
-                self._fail(seq.entry, Failed(exc))
-                continue
-            self._take(seq, token)
-
-    def _cached_tokens(self, seq: _Seq) -> int:
-        """The prompt tokens of ``seq``'s row that came from the prefix cache (a statistic: a
-        failure to count it ends nothing)."""
-        try:
-            return int(self._engine.cached_tokens(_row(seq)))
-        except Exception:
-            return 0
-
-    def _kv_stats(self) -> dict[str, int]:
-        try:
-            return dict(self._engine.kv_stats())
-        except Exception:
-            return {}
-
-    def _greedy(self, batch: list[_Seq], logits: object) -> dict[int, int]:
-        """The plain greedy rows' tokens (by position in the step) from one engine call; empty if
-        fewer than two rows are greedy, or if that call fails (each row then samples alone,
-        so a failure ends only its own job)."""
-        rows = [
-            i for i, seq in enumerate(batch) if seq.choice.sampler is None and seq.entry.job.params.temperature == 0
-        ]
-        if len(rows) < 2:
-            return {}
-        try:
-            picked = self._engine.greedy(logits)
-            return {i: int(picked[i]) for i in rows}
-        except Exception:
-            return {}
-
-    def _sample(self, seq: _Seq, logits: Any) -> int:
-        if seq.choice.sampler is not None:  # penalties, bias, top-p, min-p, logprobs: kael's TokenSampler
-            return int(seq.choice.sampler(logits))
-        params = seq.entry.job.params
-        top_k = min(params.top_k, self._generator.vocab_size)
-        return int(self._engine.sample(logits, params.temperature, top_k, seq.choice.rng))
-
-    def _take(self, seq: _Seq, token: int) -> None:
+    def _take(self, seq: Seq, token: int) -> None:
         """Hands a new token to the choice's output; ends the choice when it is done."""
         seq.produced += 1
         seq.tokens.append(token)
@@ -560,7 +393,7 @@ class BatchScheduler(Scheduler):
         else:
             seq.last = token
 
-    def _free(self, seq: _Seq) -> None:
+    def _free(self, seq: Seq) -> None:
         """The sequence leaves the batch: its row back to the engine."""
         if seq in self._decoding:
             self._decoding.remove(seq)
@@ -572,7 +405,7 @@ class BatchScheduler(Scheduler):
             self._engine.release(row)
             self._free_rows.append(row)
 
-    def _end(self, seq: _Seq) -> None:
+    def _end(self, seq: Seq) -> None:
         """A choice is done: its row goes back; its job ends with its last choice."""
         self._free(seq)
         try:
@@ -584,13 +417,13 @@ class BatchScheduler(Scheduler):
         if all(s.text is not None for s in entry.seqs):
             self._close(entry, None)
 
-    def _fail(self, entry: _Entry, failure: Failed) -> None:
+    def _fail(self, entry: Entry, failure: Failed) -> None:
         """The whole job ends with ``failure``: every one of its rows goes back."""
         for seq in entry.seqs:
             self._free(seq)
         self._close(entry, failure)
 
-    def _close(self, entry: _Entry, failure: Failed | None) -> None:
+    def _close(self, entry: Entry, failure: Failed | None) -> None:
         """A job leaves the batch: its stats, then its final event (once)."""
         if entry.closed:
             return
