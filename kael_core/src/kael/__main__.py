@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument(
         "--model",
         required=True,
-        help="checkpoint directory: config.json, model.safetensors, and tokenizer.json or vocab.json + merges.txt",
+        help="checkpoint directory (config.json, model.safetensors, and tokenizer.json or vocab.json + merges.txt), "
+        "or a bundled model's name (kael-tiny, kael-tiny-chat with kael-server installed)",
     )
     g.add_argument(
         "--max-tokens",
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument(
         "--model",
         required=True,
-        help="checkpoint directory with a chat template (tokenizer_config.json's chat_template or chat_template.jinja)",
+        help="checkpoint directory with a chat template (tokenizer_config.json's chat_template or chat_template.jinja), "
+        "or a bundled model's name (kael-tiny-chat with kael-server installed)",
     )
     c.add_argument("--system", default=None, help="a system message that starts the conversation")
     c.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply (default 256)")

@@ -43,6 +43,12 @@ class KaelSpecs:
         """Return the ``kael.models.ModelFamily`` instances this plugin provides (entry-point group ``kael.models``)."""
         return []
 
+    @hookspec
+    def kael_bundled_models(self) -> dict[str, Any]:
+        """Return {name: checkpoint directory} for the models this plugin ships (kael-server: ``kael-tiny``,
+        ``kael-tiny-chat``), which ``python -m kael generate/chat --model NAME`` accept by name."""
+        return {}
+
     @hookspec(firstresult=True)
     def kael_namespace(self, name: str) -> Any:
         """Return the object that serves ``kael.<name>`` (kael-debug: the ``kael_debug`` module for ``kael.debug``), or None.

@@ -7,7 +7,8 @@ tokens, so the tokens go through the tokenizer's incremental UTF-8 decoder: a ch
 written once its last byte has arrived, never half of it (bytes that can never form a
 character are written as U+FFFD). Text ends at the tokenizer's end of text and at every eos
 id of the checkpoint's ``generation_config.json``; a chat reply also at the template's
-end-of-turn tokens.
+end-of-turn tokens. ``--model`` is a checkpoint directory or the name of a model a plugin
+bundles (kael-server ships ``kael-tiny`` and ``kael-tiny-chat``), as ``kael-server --data`` accepts.
 """
 
 from __future__ import annotations
@@ -15,11 +16,32 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from .._errors import KaelError
 
-__all__ = ["chat_cli", "fit_prompt", "generate_cli", "stop_ids", "stream_generation"]
+__all__ = ["bundled_models", "chat_cli", "fit_prompt", "generate_cli", "resolve_model", "stop_ids", "stream_generation"]
+
+
+def bundled_models() -> dict[str, Path]:
+    """The models plugins ship, by name (hook ``kael_bundled_models``; kael-server's ``kael-tiny``, ``kael-tiny-chat``)."""
+    from .._plugins import manager
+
+    manager.ensure_loaded("kael.plugins")
+    found: dict[str, Path] = {}
+    for models in manager.pm.hook.kael_bundled_models():
+        found.update({str(name): Path(path) for name, path in models.items()})
+    return found
+
+
+def resolve_model(model: str) -> str:
+    """``model`` itself when it names an existing path, else the directory of the bundled model of
+    that name, else ``model`` unchanged (loading it then reports what is missing)."""
+    if Path(model).exists():
+        return model
+    path = bundled_models().get(model)
+    return str(path) if path is not None else model
 
 
 def _write(out: TextIO, text: str) -> None:
@@ -122,6 +144,7 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         if args.max_tokens < 0:
             raise KaelError(f"--max-tokens must be >= 0, got {args.max_tokens}")
         check_sampling(args.temperature, args.top_k, None, "generate")
+        args.model = resolve_model(args.model)
         model = from_pretrained(args.model, device=args.device, mmap=True, weights=getattr(args, "weights", None))
         tokenizer = load_tokenizer(args.model)  # tokenizer.json, else vocab.json + merges.txt
         ids = tokenizer.encode(args.prompt)
@@ -179,6 +202,7 @@ def chat_cli(
         check_sampling(args.temperature, 0, None, "chat")
         if not 0 < args.top_p <= 1:
             raise KaelError(f"--top-p must be in (0, 1], got {args.top_p}")
+        args.model = resolve_model(args.model)
         tokenizer = load_tokenizer(args.model)
         template = tokenizer.chat_template
         if template is None:
