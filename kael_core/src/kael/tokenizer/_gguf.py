@@ -9,12 +9,14 @@ token strings by id, ``tokenizer.ggml.token_type`` their kinds (1 normal, 2 unkn
 llama.cpp maps to its split regexes), the bos/eos/unknown/padding ids, whether a BOS
 (EOS) is added, and ``tokenizer.chat_template``.
 
-Byte-level BPE (``tokenizer.ggml.model == "gpt2"``) is supported for the pre-tokenizers
-``PRE_TOKENIZERS`` names: the metadata becomes a ``tokenizer.json`` (BPE model, the
-pre-tokenizer's split regex then byte-level mapping, control tokens as special added
+Byte-level BPE (``tokenizer.ggml.model == "gpt2"``) is supported for every pre-tokenizer
+name in ``_gguf_pre.PRE_NAMES`` (llama.cpp's table): the metadata becomes a ``tokenizer.json``
+(BPE model with the type's ``ignore_merges``, one ``Split`` per split regex of the type then
+the byte-level mapping, control tokens as special added
 tokens, user-defined ones as plain added tokens, a template post-processor when BOS/EOS
 is added) run by the ``tokenizers`` library through ``HFTokenizer``, so it encodes as
-llama.cpp and transformers do. SentencePiece vocabularies (``"llama"``) and the others
+llama.cpp and transformers do (BOS added by default where llama.cpp adds it, e.g. Llama 3; the metadata's
+``add_bos_token`` decides when present). SentencePiece vocabularies (``"llama"``) and the others
 are a ``FormatError`` naming the model. Every malformed field is a ``FormatError`` naming
 the source and the key.
 """
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kael._errors import FormatError
+from kael.tokenizer._gguf_pre import PreType, pre_type
 from kael.tokenizer._hf import HFTokenizer
 from kael.tokenizer._tokenizer import BpeTokenizer
 
@@ -53,8 +56,9 @@ _LLAMA3_SPLIT = (
 )
 
 PRE_TOKENIZERS: dict[str, str] = {"gpt-2": _GPT2_SPLIT, "qwen2": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
-"""llama.cpp's ``tokenizer.ggml.pre`` names kael runs, with their split regex (GPT-2's is the
-one ``tokenizers``' ``ByteLevel(use_regex=True)`` applies itself)."""
+"""The ``tokenizer.ggml.pre`` names ``tokenizer_to_gguf`` writes, with the split regex a
+``tokenizer.json`` carries for them (GPT-2's is the one ``tokenizers``' ``ByteLevel(use_regex=True)``
+applies itself). Reading knows every name of ``_gguf_pre.PRE_NAMES``."""
 
 _KEY = "tokenizer.ggml."
 
@@ -63,16 +67,9 @@ def _byte_level(use_regex: bool) -> dict[str, Any]:
     return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": use_regex}
 
 
-def _pre_tokenizer(pre: str) -> dict[str, Any]:
-    if pre == "gpt-2":
-        return _byte_level(True)
-    split = {
-        "type": "Split",
-        "pattern": {"Regex": PRE_TOKENIZERS[pre]},
-        "behavior": "Isolated",
-        "invert": False,
-    }
-    return {"type": "Sequence", "pretokenizers": [split, _byte_level(False)]}
+def _pre_tokenizer(kind: PreType) -> dict[str, Any]:
+    splits = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in kind.regexes]
+    return {"type": "Sequence", "pretokenizers": [*splits, _byte_level(False)]}
 
 
 def _get(metadata: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str, default: Any = None) -> Any:
@@ -116,13 +113,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
             f"{source}: tokenizer.ggml.model {model!r}: a {what} vocabulary is not supported "
             "(kael reads byte-level BPE, 'gpt2')"
         )
-    pre = _get(metadata, _KEY + "pre", str, source, "gpt-2")
-    if pre == "default":
-        pre = "gpt-2"
-    if pre not in PRE_TOKENIZERS:
-        raise FormatError(
-            f"{source}: tokenizer.ggml.pre {pre!r} is not supported (expected one of {sorted(PRE_TOKENIZERS)})"
-        )
+    pre = _get(metadata, _KEY + "pre", str, source, "default")  # llama.cpp: no name is its default
+    kind = pre_type(pre, source)
     tokens = _get(metadata, _KEY + "tokens", list, source)
     if tokens is None or not tokens:
         raise FormatError(f"{source}: metadata 'tokenizer.ggml.tokens' is missing or empty")
@@ -170,7 +162,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
     eos = _token_id(metadata, "eos", n, source)
     unk = _token_id(metadata, "unknown", n, source)
     pad = _token_id(metadata, "padding", n, source)
-    add_bos = _get(metadata, _KEY + "add_bos_token", bool, source, False)
+    add_bos = _get(metadata, _KEY + "add_bos_token", bool, source, kind.add_bos)
     add_eos = _get(metadata, _KEY + "add_eos_token", bool, source, False)
     for flag, tid, name in ((add_bos, bos, "bos"), (add_eos, eos, "eos")):
         if flag and tid is None:
@@ -193,7 +185,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": _pre_tokenizer(pre),
+        "pre_tokenizer": _pre_tokenizer(kind),
         "post_processor": {"type": "Sequence", "processors": processors},
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {
@@ -204,7 +196,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
             "end_of_word_suffix": None,
             "fuse_unk": False,
             "byte_fallback": False,
-            "ignore_merges": pre == "llama-bpe",
+            "ignore_merges": kind.ignore_merges,
             "vocab": vocab,
             "merges": merges,
         },
