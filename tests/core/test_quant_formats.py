@@ -214,3 +214,12 @@ NOT_AN_ARRAY: Any = [[0.0] * 32]
 def test_bad_input_names_the_function_and_value(call: object, err: type, match: str) -> None:
     with pytest.raises(err, match=match):
         call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("scheme", ["q4_1", "q6_k", "Q4_0", ""])
+def test_host_decode_refuses_a_scheme_it_has_no_layout_for(scheme: str) -> None:
+    """No fall-through to Q4_0: a scheme without a layout here is a DTypeError naming it."""
+    from kael.backends.host._quant import decode
+
+    with pytest.raises(kael.DTypeError, match=f"unknown weight scheme '{scheme}'"):
+        decode(np.zeros((1, 18), np.uint8), scheme, 32)

@@ -148,7 +148,11 @@ def quantize_array(a: np.ndarray, scheme: str) -> np.ndarray:
         )
     if not np.isfinite(x).all():
         raise FormatError(f"quantize_array: {scheme} needs finite values; the array holds infinities or NaN")
-    return _q8_0(x) if scheme == "q8_0" else _q4_0(x)
+    if scheme == "q8_0":
+        return _q8_0(x)
+    if scheme == "q4_0":
+        return _q4_0(x)
+    raise DTypeError(f"quantize_array: no quantizer for weight scheme {scheme!r}")  # never a fallback
 
 
 def _check_data(op: str, data: Any, scheme: str, k: Any) -> None:

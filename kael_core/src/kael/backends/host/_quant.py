@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._errors import DTypeError
 from ._io import bf16_bits_to_f32, rd, wr
 
 __all__ = ["KERNELS", "decode", "SCHEMES", "BLOCK_SIZE", "BLOCK_BYTES"]
@@ -39,13 +40,15 @@ def decode(data: np.ndarray, scheme: str, k: int) -> np.ndarray:
         if data.dtype == np.uint16:
             return bf16_bits_to_f32(data)
         return np.asarray(data, dtype=np.float32)
+    if scheme not in BLOCK_BYTES:  # never a fallback to some other layout
+        raise DTypeError(f"decode: unknown weight scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
     n = data.shape[0]
     nb = k // BLOCK_SIZE
     blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(n, nb, BLOCK_BYTES[scheme])
     d = blocks[..., :2].copy().view("<f2").astype(np.float32)  # [N, nb, 1]: the block scales
     if scheme == "q8_0":
         q = blocks[..., 2:].view(np.int8).astype(np.float32)  # [N, nb, 32]
-    else:
+    else:  # q4_0
         packed = blocks[..., 2:]  # [N, nb, 16]: value i in the low nibble, value i + 16 in the high one
         q = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.float32) - 8.0
     return (d * q).reshape(n, k)
