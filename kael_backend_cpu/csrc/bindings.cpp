@@ -452,15 +452,17 @@ bool tanh_form(const std::string& approximate) {
 
 // The scheme attribute of dequantize / quantized_linear (a str) as a QuantScheme.
 QuantScheme quant_scheme(py::handle h, const char* op) {
-  const QuantScheme all[] = {QuantScheme::Q8_0, QuantScheme::Q4_0, QuantScheme::BF16, QuantScheme::F16};
+  // the names of quant_formats.h, without the last ", "
+  const std::string names(kQuantSchemeNames, sizeof(kQuantSchemeNames) - 3);
   if (PyUnicode_Check(h.ptr())) {
     const std::string s = py::cast<std::string>(h);
-    for (QuantScheme q : all) {
+    for (int i = 0; i < kQuantSchemes; ++i) {
+      const auto q = static_cast<QuantScheme>(i);
       if (s == quant_scheme_name(q)) return q;
     }
-    raise(ErrorKind::Kael, detail::cat(op, ": scheme must be 'q8_0', 'q4_0', 'bf16' or 'f16', got '", s, "'"));
+    raise(ErrorKind::Kael, detail::cat(op, ": scheme must be one of ", names, ", got '", s, "'"));
   }
-  raise(ErrorKind::Kael, detail::cat(op, ": scheme must be a str ('q8_0', 'q4_0', 'bf16' or 'f16'), got ",
+  raise(ErrorKind::Kael, detail::cat(op, ": scheme must be a str (one of ", names, "), got ",
                                      py::str(py::type::of(h).attr("__name__")).cast<std::string>()));
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "quant_formats.h"
 #include "view.h"
 
 namespace kael {
@@ -133,10 +134,9 @@ void paged_attention(const View& out, const View& q, const View& cache, const Vi
                      double scale);
 
 // -- quant.cpp: weight formats (NOTE [quantized linear paths]) ---------------------------
-// GGML's Q8_0 / Q4_0 blocks (uint8 [N, K/32*B]) and bfloat16 / float16 [N, K] weights; the
-// order indexes VecTable::dequant_row and qdot_rows.
-enum class QuantScheme { Q8_0, Q4_0, BF16, F16 };
-const char* quant_scheme_name(QuantScheme s);  // "q8_0", "q4_0", "bf16", "f16"
+// The formats of quant_formats.h (GGML blocks as uint8 [N, K/QK*B]; bfloat16 / float16 [N, K]);
+// QuantScheme's order indexes VecTable::dequant_row and qdot_rows.
+const char* quant_scheme_name(QuantScheme s);  // "q8_0", "q4_0", "bf16", ...
 // out float32 [N, K] = the values of weight
 void dequantize(const View& out, const View& weight, QuantScheme scheme);
 // out [.., N] = x [.., K] @ dequantize(weight).T (+ bias [N]); float32, accumulated in float32

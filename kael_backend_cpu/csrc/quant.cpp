@@ -1,5 +1,6 @@
-// dequantize and quantized_linear: float32 from weights stored in GGML's Q8_0 / Q4_0 blocks or
-// as bfloat16 / float16 (the formats of NOTE [weight formats] in kael/quant/_formats.py).
+// dequantize and quantized_linear: float32 from weights stored in GGML's blocks (quant_formats.h:
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) or as bfloat16 / float16 (the formats of NOTE [weight formats] in
+// kael/quant/_formats.py).
 //
 // NOTE [quantized linear paths]: out [M, N] = x [M, K] @ dequantize(weight [N, ..]).T + bias.
 // * M <= 16 (decode, batched decode, short prompts): dot products of the M rows with each
@@ -28,11 +29,11 @@ namespace {
 constexpr int64_t kFewRows = 16;  // rows up to which the dot-product path runs
 
 int64_t block_bytes(QuantScheme s) {
-  return s == QuantScheme::Q8_0 ? 34 : s == QuantScheme::Q4_0 ? 18 : 0;
+  return quant_block_bytes(s);
 }
 
 bool is_block(QuantScheme s) {
-  return s == QuantScheme::Q8_0 || s == QuantScheme::Q4_0;
+  return quant_is_block(s);
 }
 
 // A weight's rows, each contiguous in bytes (copied when the view's last stride is not 1).
@@ -50,10 +51,11 @@ WeightRows weight_rows(const char* op, const View& w, QuantScheme s, int64_t n, 
   if (is_block(s)) {
     KAEL_CHECK(w.dtype == DType::UInt8, DType, op, ": a ", name, " weight must be uint8 blocks, got ",
                dtype_name(w.dtype));
-    KAEL_CHECK(k % 32 == 0, Shape, op, ": K = ", k, " is not a multiple of the ", name, " block size 32");
-    cols = k / 32 * block_bytes(s);
+    const int64_t qk = quant_block_values(s);
+    KAEL_CHECK(k % qk == 0, Shape, op, ": K = ", k, " is not a multiple of the ", name, " block size ", qk);
+    cols = k / qk * block_bytes(s);
     KAEL_CHECK(w.shape[0] == n && w.shape[1] == cols, Shape, op, ": a ", name, " weight for [N, K] = [", n, ", ", k,
-               "] must be uint8 [", n, ", ", cols, "] (K/32 blocks of ", block_bytes(s), " bytes a row), got [",
+               "] must be uint8 [", n, ", ", cols, "] (K/", qk, " blocks of ", block_bytes(s), " bytes a row), got [",
                w.shape[0], ", ", w.shape[1], "]");
   } else {
     const DType want = s == QuantScheme::BF16 ? DType::BFloat16 : DType::Float16;
@@ -106,15 +108,15 @@ void linear_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* 
   const PackBFn pack = [&](int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* bp) {
     Buffer scratch(static_cast<size_t>(nr * kc) * sizeof(float));
     float* rows = scratch.get<float>();
-    // block schemes: k0 is a multiple of 32 (k_align below); 16-bit schemes: 2 bytes a value
-    const int64_t offset = is_block(s) ? k0 / 32 * block_bytes(s) : k0 * 2;
+    // block schemes: k0 is a multiple of the block (k_align below); 16-bit schemes: 2 bytes a value
+    const int64_t offset = k0 / quant_block_values(s) * block_bytes(s);
     for (int64_t p = 0; p < nc; p += nr) {
       const int64_t cols = std::min(nr, nc - p);
       for (int64_t r = 0; r < cols; ++r) dequant(rows + r * kc, w.data + (n0 + p + r) * w.row_stride + offset, kc);
       pack_b(kc, cols, rows, 1, kc, bp + p * kc);  // B[kk, j] = rows[j * kc + kk]
     }
   };
-  sgemm_packed_b(m, n, k, x, rsx, 1, is_block(s) ? 32 : 1, pack, c, rsc);
+  sgemm_packed_b(m, n, k, x, rsx, 1, quant_block_values(s), pack, c, rsc);
   if (bias != nullptr) {
     parallel_for(0, m, std::max<int64_t>(1, 65536 / n),
                  [&](int64_t r0, int64_t r1) { add_bias(c + r0 * rsc, rsc, r1 - r0, n, bias); });
@@ -124,16 +126,11 @@ void linear_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* 
 }  // namespace
 
 const char* quant_scheme_name(QuantScheme s) {
-  switch (s) {
-    case QuantScheme::Q8_0:
-      return "q8_0";
-    case QuantScheme::Q4_0:
-      return "q4_0";
-    case QuantScheme::BF16:
-      return "bf16";
-    case QuantScheme::F16:
-      return "f16";
-  }
+#define KAEL_QF_NAME_CASE(e, name, qk, bytes) \
+  case QuantScheme::e:                        \
+    return name;
+  switch (s) { KAEL_QUANT_FORMATS(KAEL_QF_NAME_CASE) }
+#undef KAEL_QF_NAME_CASE
   return "?";
 }
 

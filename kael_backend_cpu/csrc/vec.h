@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "quant_formats.h"
+
 namespace kael {
 
 // The scratch qdot_rows needs for m > 1 rows: three weight rows expanded to float32 and their
@@ -80,11 +82,11 @@ struct VecTable {
   void (*rope_f32)(float* o1, float* o2, const float* x1, const float* x2, const float* c, const float* s,
                    int64_t n) = nullptr;
   // Weight formats (vec_quant.h), indexed by QuantScheme (kernels.h): out[0..k) = one weight row as float32
-  void (*dequant_row[4])(float* out, const uint8_t* row, int64_t k) = {};
+  void (*dequant_row[kQuantSchemes])(float* out, const uint8_t* row, int64_t k) = {};
   // c[i * rsc + j] = x row i . weight row j (+ bias[j]), i < m, j < n, weight rows rsw bytes apart; row: scratch of
   // qdot_scratch_floats(k) floats (m > 1)
-  void (*qdot_rows[4])(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const uint8_t* w, int64_t rsw,
-                       const float* bias, float* c, int64_t rsc, float* row) = {};
+  void (*qdot_rows[kQuantSchemes])(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const uint8_t* w,
+                                   int64_t rsw, const float* bias, float* c, int64_t rsc, float* row) = {};
 };
 
 // The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws

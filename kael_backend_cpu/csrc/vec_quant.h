@@ -3,8 +3,12 @@
 // rows, the weights expanded in registers. Formats, indexed by kael::QuantScheme (kernels.h):
 // 0 q8_0 (34-byte blocks: float16 d, 32 int8 q; value d*q), 1 q4_0 (18-byte blocks: float16 d,
 // 16 bytes; value i < 16 = d*((q[i] & 15) - 8), i + 16 = d*((q[i] >> 4) - 8)), 2 bfloat16,
-// 3 float16. A block value d*q is exact in float32 (11 + 8 significant bits), so a dequantized
-// weight equals the reference's bit for bit.
+// 3 float16, 4 q4_1 (20-byte blocks: float16 d, float16 m, 16 nibble bytes as q4_0's; value
+// d*q + m), 5 q5_0 (22-byte blocks: float16 d, 4 bytes qh (uint32 little-endian: bit i the fifth
+// bit of value i), 16 nibble bytes as q4_0's; value d*(q - 16)), 6 q5_1 (24-byte blocks: d, m,
+// qh, nibbles; value d*q + m). A block value d*q is exact in float32 (11 + 8 significant bits), so a dequantized
+// weight equals the reference's bit for bit (d*q + m: one rounding of an exact product, the
+// same with or without a fused multiply-add).
 // Pasted inside the per-ISA namespace by vec_table.h (NOTE [runtime dispatch] in vec.h):
 // no includes but its vec_*.h siblings.
 #pragma once
@@ -22,12 +26,18 @@ typedef uint32_t vqu32 __attribute__((vector_size(KAEL_VBYTES)));      // NOLINT
 // prefetchers alone; 1-2 KiB helps less).
 constexpr int64_t kQPrefetch = 4096;
 constexpr int64_t kQBlock = 32;  // values per block (and per step of the dot loops)
-// Bytes of a row holding one block of 32 values in format F (F = 4: float32, a dequantized row).
+// Bytes of a row holding one block of 32 values in format F (F = kQF32: float32, a dequantized row).
+constexpr int kQF32 = 100;  // F of a float32 row (a row dequantized already)
 template <int F>
-constexpr int64_t kQBlockBytes = F == 0   ? 34
-                                 : F == 1 ? 18
-                                 : F == 4 ? 128
-                                          : 64;
+constexpr int64_t kQBlockBytes = F == kQF32         ? 128
+                                 : F == 2 || F == 3 ? 64
+                                                    : ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
+// F is bfloat16 / float16 (values, no blocks; a row may end in a partial block).
+template <int F>
+constexpr bool kQ16 = F == 2 || F == 3;
+// F's blocks are d * integer (q8_0, q4_0): the dot products scale a block's sum once.
+template <int F>
+constexpr bool kQScaled = F == 0 || F == 1;
 constexpr int kQVecs = int{kQBlock / V<float>::L};  // float vectors per block
 
 // float16 bits -> float32, exact for every value (subnormals, inf, nan) without F16C: the
@@ -85,10 +95,10 @@ inline float scalar_16bit(const uint8_t* p) {
   return F == 2 ? bitcast<float>(static_cast<uint32_t>(h) << 16) : half_to_float_s(h);
 }
 
-// L values of a row of 16-bit floats (F = 2, 3) or of float32 (F = 4, a row dequantized already) from value t.
+// L values of a row of 16-bit floats (F = 2, 3) or of float32 (F = kQF32, a row dequantized already) from value t.
 template <int F>
 inline vf load_values(const uint8_t* row, int64_t t) {
-  if constexpr (F == 4) {
+  if constexpr (F == kQF32) {
     return load(reinterpret_cast<const float*>(row) + t);
   } else {
     return load_16bit<F>(row + t * 2);
@@ -96,7 +106,7 @@ inline vf load_values(const uint8_t* row, int64_t t) {
 }
 template <int F>
 inline float scalar_value(const uint8_t* row, int64_t t) {
-  if constexpr (F == 4) {
+  if constexpr (F == kQF32) {
     return reinterpret_cast<const float*>(row)[t];
   } else {
     return scalar_16bit<F>(row + t * 2);
@@ -148,7 +158,28 @@ inline void q4_values(const uint8_t* qs, vi (&out)[kQVecs]) {
 #endif
 }
 
-// The 32 values of block b of a weight row, in kQVecs vectors (F = 4: a float32 row).
+// The 32 integers of a q4_1 / q5_0 / q5_1 block (F = 4, 5, 6) at blk, in element order: nibble
+// j of the 16 bytes at qs is value j (low) and j + 16 (high); the 5-bit formats add bit j of
+// qh as the fifth bit of value j (bit 4 of the result). q5_0's are q - 16.
+template <int F>
+inline void q451_values(const uint8_t* blk, vi (&out)[kQVecs]) {
+  constexpr int64_t L = V<float>::L;
+  const uint8_t* qs = blk + (F == 4 ? 4 : F == 5 ? 6 : 8);
+  uint32_t qh = 0;
+  if constexpr (F != 4) std::memcpy(&qh, blk + (F == 5 ? 2 : 4), 4);
+  int32_t q[kQBlock];
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<int32_t>((qs[j] & 15u) | (((qh >> j) & 1u) << 4));
+    q[j + 16] = static_cast<int32_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+    if constexpr (F == 5) {
+      q[j] -= 16;
+      q[j + 16] -= 16;
+    }
+  }
+  for (int v = 0; v < kQVecs; ++v) std::memcpy(&out[v], q + v * L, sizeof(vi));
+}
+
+// The 32 values of block b of a weight row, in kQVecs vectors (F = kQF32: a float32 row).
 template <int F>
 inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
   constexpr int64_t L = V<float>::L;
@@ -168,7 +199,23 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
     vi q[kQVecs];
     q4_values(blk + 2, q);
     for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d;
+  } else if constexpr (F >= 4 && F <= 6) {  // q4_1, q5_0, q5_1: d*q (+ m)
+    const uint8_t* blk = row + b * kQBlockBytes<F>;
+    uint16_t dbits;
+    std::memcpy(&dbits, blk, 2);
+    const vf d = splat(half_to_float_s(dbits));
+    vi q[kQVecs];
+    q451_values<F>(blk, q);
+    if constexpr (F == 5) {
+      for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d;
+    } else {
+      uint16_t mbits;
+      std::memcpy(&mbits, blk + 2, 2);
+      const vf mv = splat(half_to_float_s(mbits));
+      for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d + mv;
+    }
   } else {  // bfloat16, float16, float32
+    static_assert(kQ16<F> || F == kQF32, "a format without a block loader");
     for (int v = 0; v < kQVecs; ++v) w[v] = load_values<F>(row, b * kQBlock + v * L);
   }
 }
@@ -178,7 +225,7 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
 // sum once instead of every value (two multiplies fewer a block).
 template <int F>
 inline float load_block_q(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
-  static_assert(F == 0 || F == 1, "block formats only");
+  static_assert(kQScaled<F>, "q8_0 / q4_0 only");
   const uint8_t* blk = row + b * kQBlockBytes<F>;
   uint16_t dbits;
   std::memcpy(&dbits, blk, 2);
@@ -209,7 +256,7 @@ void dequant_row(float* out, const uint8_t* row, int64_t k) {
     load_block<F>(row, b, w);
     for (int v = 0; v < kQVecs; ++v) store(out + b * kQBlock + v * L, w[v]);
   }
-  if constexpr (F >= 2) {
+  if constexpr (kQ16<F>) {
     int64_t t = nb * kQBlock;
     for (; t + L <= k; t += L) store(out + t, load_16bit<F>(row + t * 2));
     for (; t < k; ++t) out[t] = scalar_16bit<F>(row + t * 2);
@@ -218,7 +265,7 @@ void dequant_row(float* out, const uint8_t* row, int64_t k) {
 
 template <int F>
 void expand_row(float* out, float* scales, const uint8_t* row, int64_t k) {
-  if constexpr (F < 2) {
+  if constexpr (kQScaled<F>) {
     constexpr int64_t L = V<float>::L;
     for (int64_t b = 0; b < k / kQBlock; ++b) {
       __builtin_prefetch(row + b * kQBlockBytes<F> + kQPrefetch, 0, 0);  // as in qdot_wrows
@@ -261,7 +308,7 @@ inline void qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw,
       // harmless). float16 rows go faster without (and eight at a time, qdot_rows).
       if constexpr (F != 3) __builtin_prefetch(w + j * rsw + b * kQBlockBytes<F> + kQPrefetch, 0, 0);
       vf wv[kQVecs];
-      if constexpr (F < 2) {
+      if constexpr (kQScaled<F>) {
         const float d = load_block_q<F>(w + j * rsw, b, wv);
         acc[j] += splat(d) * block_dot(wv, a + b * kQBlock);
       } else {
@@ -271,7 +318,7 @@ inline void qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw,
     }
   }
   int64_t kv = nb * kQBlock;
-  if constexpr (F >= 2) {
+  if constexpr (kQ16<F>) {
     for (; kv + L <= k; kv += L) {
       const vf xv = load(a + kv);
       for (int j = 0; j < NB; ++j) acc[j] += load_values<F>(w + j * rsw, kv) * xv;
@@ -279,7 +326,7 @@ inline void qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw,
   }
   for (int j = 0; j < NB; ++j) {
     float s = hsum<float>(acc[j]);
-    if constexpr (F >= 2) {
+    if constexpr (kQ16<F>) {
       for (int64_t t = kv; t < k; ++t) {
 #if defined(__FMA__)
         s = __builtin_fmaf(scalar_value<F>(w + j * rsw, t), a[t], s);
@@ -395,14 +442,14 @@ void qdot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, con
     const int64_t cnt = n - j < kQRows ? n - j : kQRows;
     float* scales = row + kQRows * k;  // kQRows * k / 32 of them (block formats)
     for (int64_t r = 0; r < cnt; ++r) expand_row<F>(row + r * k, scales + r * (k / kQBlock), w + (j + r) * rsw, k);
-    const float* sj = F < 2 ? scales : nullptr;
+    const float* sj = kQScaled<F> ? scales : nullptr;
     const float* bj = bias == nullptr ? nullptr : bias + j;
     if (cnt == 3) {
-      qdot_tiles<3, (F < 2)>(m, k, a, rsa, row, sj, bj, c + j, rsc);
+      qdot_tiles<3, kQScaled<F>>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     } else if (cnt == 2) {
-      qdot_tiles<2, (F < 2)>(m, k, a, rsa, row, sj, bj, c + j, rsc);
+      qdot_tiles<2, kQScaled<F>>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     } else {
-      qdot_tiles<1, (F < 2)>(m, k, a, rsa, row, sj, bj, c + j, rsc);
+      qdot_tiles<1, kQScaled<F>>(m, k, a, rsa, row, sj, bj, c + j, rsc);
     }
   }
 }

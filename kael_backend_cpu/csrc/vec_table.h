@@ -71,13 +71,10 @@ VecTable make_table(const char* name) {
   t.scale_mul_f32 = scale_mul_f32;
   t.silu_mul_f32 = silu_mul_f32;
   t.rope_f32 = rope_f32;
-  t.dequant_row[0] = dequant_row<0>;
-  t.dequant_row[1] = dequant_row<1>;
-  t.dequant_row[2] = dequant_row<2>;
-  t.dequant_row[3] = dequant_row<3>;
-  t.qdot_rows[0] = qdot_rows<0>;
-  t.qdot_rows[1] = qdot_rows<1>;
-  t.qdot_rows[2] = qdot_rows<2>;
-  t.qdot_rows[3] = qdot_rows<3>;
+#define KAEL_QF_KERNELS(e, name, qk, bytes)                                                                        \
+  t.dequant_row[static_cast<int>(::kael::QuantScheme::e)] = dequant_row<static_cast<int>(::kael::QuantScheme::e)>; \
+  t.qdot_rows[static_cast<int>(::kael::QuantScheme::e)] = qdot_rows<static_cast<int>(::kael::QuantScheme::e)>;
+  KAEL_QUANT_FORMATS(KAEL_QF_KERNELS)
+#undef KAEL_QF_KERNELS
   return t;
 }

@@ -1,5 +1,5 @@
 """The CPU backend's weight-format kernels (csrc/quant.cpp, csrc/vec_quant.h): dequantize and
-quantized_linear for GGML's Q8_0 / Q4_0 blocks and bfloat16 / float16 weights.
+quantized_linear for GGML's Q8_0 / Q4_0 blocks (Q4_1 / Q5_0 / Q5_1: test_quant_types.py) and bfloat16 / float16 weights.
 
 Oracles: the blocks come from the gguf package's quantizer (``gguf.quants.quantize``) and
 are decoded by a NumPy dequantizer written here from the block layout (checked against
@@ -344,8 +344,8 @@ def test_errors(cpu: Any) -> None:
         ql(out, x, q8, f32_tensor(np.ones(4)), "q8_0")
     with pytest.raises(kael.ShapeError, match=r"leading dims"):
         ql(cpu_empty(cpu, (5, 3), dt.float32), x, q8, None, "q8_0")
-    with pytest.raises(kael.KaelError, match=r"scheme must be 'q8_0'.*got 'q5_1'"):
-        ql(out, x, q8, None, "q5_1")
+    with pytest.raises(kael.KaelError, match=r"scheme must be one of 'q8_0', 'q4_0', .*got 'q9_9'"):
+        ql(out, x, q8, None, "q9_9")
     with pytest.raises(kael.KaelError, match=r"scheme must be a str.*int"):
         dq(cpu_empty(cpu, (3, 64), dt.float32), q8, 8)
     with pytest.raises(kael.ShapeError, match=r"dequantize: out must be float32 \[N, K\]"):

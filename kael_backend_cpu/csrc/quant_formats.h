@@ -1,0 +1,61 @@
+// The weight formats of the dequantize / quantized_linear ops, declared once (GGML's
+// type_traits habit): X(enum name, scheme string, values per block, bytes per block). The list
+// yields the QuantScheme enum (kernels.h), the names and sizes (quant.cpp), the bindings'
+// parser and its error message (bindings.cpp) and the kernel tables (vec_table.h: the enum's
+// value is the kernel's template argument F in vec_quant.h). Block formats are GGML's blocks
+// in GGUF order, stored as uint8 [N, K / values * bytes]; the 16-bit ones (values 1) are
+// bfloat16 / float16 [N, K] tensors. Adding a format: a row here, its block in vec_quant.h
+// (load_block), its tests.
+#pragma once
+
+#include <cstdint>
+
+// clang-format off
+#define KAEL_QUANT_FORMATS(X) \
+  X(Q8_0, "q8_0", 32, 34)     \
+  X(Q4_0, "q4_0", 32, 18)     \
+  X(BF16, "bf16", 1, 2)       \
+  X(F16, "f16", 1, 2)         \
+  X(Q4_1, "q4_1", 32, 20)     \
+  X(Q5_0, "q5_0", 32, 22)     \
+  X(Q5_1, "q5_1", 32, 24)
+// clang-format on
+
+namespace kael {
+
+#define KAEL_QF_ENUM(e, name, qk, bytes) e,
+enum class QuantScheme { KAEL_QUANT_FORMATS(KAEL_QF_ENUM) };
+#undef KAEL_QF_ENUM
+
+#define KAEL_QF_COUNT(e, name, qk, bytes) +1
+constexpr int kQuantSchemes = 0 KAEL_QUANT_FORMATS(KAEL_QF_COUNT);
+#undef KAEL_QF_COUNT
+
+// The names, "q8_0", "q4_0", "bf16", ..., in the list's order, joined by ", " (for messages).
+#define KAEL_QF_NAME(e, name, qk, bytes) "'" name "', "
+constexpr const char kQuantSchemeNames[] = KAEL_QUANT_FORMATS(KAEL_QF_NAME);
+#undef KAEL_QF_NAME
+
+// Values per block (1 for the 16-bit formats) and bytes per block.
+constexpr int64_t quant_block_values(QuantScheme s) {
+#define KAEL_QF_CASE(e, name, qk, bytes) \
+  case QuantScheme::e:                   \
+    return qk;
+  switch (s) { KAEL_QUANT_FORMATS(KAEL_QF_CASE) }
+#undef KAEL_QF_CASE
+  return 0;
+}
+constexpr int64_t quant_block_bytes(QuantScheme s) {
+#define KAEL_QF_CASE(e, name, qk, bytes) \
+  case QuantScheme::e:                   \
+    return bytes;
+  switch (s) { KAEL_QUANT_FORMATS(KAEL_QF_CASE) }
+#undef KAEL_QF_CASE
+  return 0;
+}
+// A format of GGML blocks (uint8 storage), not bfloat16 / float16.
+constexpr bool quant_is_block(QuantScheme s) {
+  return quant_block_values(s) > 1;
+}
+
+}  // namespace kael
