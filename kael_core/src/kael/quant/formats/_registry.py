@@ -24,10 +24,13 @@ import numpy as np
 
 from ..._errors import DTypeError, FormatError, ShapeError
 
-__all__ = ["WeightFormat", "Dequantizer", "half", "u16", "check_blocks"]
+__all__ = ["WeightFormat", "Dequantizer", "Quantizer", "half", "u16", "check_blocks"]
 
 Dequantizer = Callable[[np.ndarray], np.ndarray]
 """Decodes uint8 blocks [nb, block_bytes] into float32 values [nb, block_values]."""
+
+Quantizer = Callable[[np.ndarray], np.ndarray]
+"""Encodes finite float32 values [nb, block_values] into uint8 blocks [nb, block_bytes] (ggml's reference rounding)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class WeightFormat:
         storage: NumPy dtype name of the kael storage array.
         dequantize_blocks: uint8 [nb, block_bytes] -> float32 [nb, block_values].
         head: the format llama.cpp stores the output head in for files of this type.
+        quantize_blocks: the reference quantizer of a run of blocks, None where kael has none yet.
     """
 
     name: str
@@ -53,6 +57,7 @@ class WeightFormat:
     storage: str
     dequantize_blocks: Dequantizer
     head: str
+    quantize_blocks: Quantizer | None = None
 
     @property
     def blocked(self) -> bool:
@@ -82,6 +87,20 @@ class WeightFormat:
         blocks = np.ascontiguousarray(data).reshape(n * (k // self.block_values), self.block_bytes)
         with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN scales decode as GGML's do
             return self.dequantize_blocks(blocks).reshape(n, k)
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """Uint8 rows [N, row_bytes(K)] of float32 values `x` [N, K] (finite), as ggml's reference quantizer."""
+        if self.quantize_blocks is None or not self.blocked:
+            raise DTypeError(f"{self.name}: kael has no reference block quantizer for this format")
+        if not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype.kind != "f":
+            got = f"{x.dtype} {list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise DTypeError(f"{self.name}: quantize expects a 2-D float array [N, K], got {got}")
+        n, k = x.shape
+        width = self.row_bytes(k)
+        v = np.ascontiguousarray(x, dtype=np.float32)
+        if not np.isfinite(v).all():
+            raise FormatError(f"{self.name}: quantize needs finite values; the array holds infinities or NaN")
+        return self.quantize_blocks(v.reshape(-1, self.block_values)).reshape(n, width)
 
 
 def check_blocks(blocks: np.ndarray, block_bytes: int) -> None:
