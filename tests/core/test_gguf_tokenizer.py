@@ -188,7 +188,11 @@ def test_a_tiny_vocabulary_reads() -> None:
     ("overrides", "match"),
     [
         ({"tokenizer.ggml.model": None}, "no tokenizer in this file"),
-        ({"tokenizer.ggml.model": "llama"}, r"'llama'.*SentencePiece.*not supported"),
+        ({"tokenizer.ggml.model": "t5"}, r"'t5' vocabulary is not supported"),
+        (
+            {"tokenizer.ggml.model": "llama", "tokenizer.ggml.scores": [1.0]},
+            "'tokenizer.ggml.scores' must be 4 numbers",
+        ),
         ({"tokenizer.ggml.model": "bert"}, "'bert'"),
         ({"tokenizer.ggml.pre": "no-such-pre"}, r"tokenizer.ggml.pre 'no-such-pre' is not .* \(known: .*smollm"),
         ({"tokenizer.ggml.merges": ["a c"]}, r"merges\[0\] 'a c' names a token not in"),

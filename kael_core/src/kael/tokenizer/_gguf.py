@@ -16,8 +16,9 @@ the byte-level mapping, control tokens as special added
 tokens, user-defined ones as plain added tokens, a template post-processor when BOS/EOS
 is added) run by the ``tokenizers`` library through ``HFTokenizer``, so it encodes as
 llama.cpp and transformers do (BOS added by default where llama.cpp adds it, e.g. Llama 3; the metadata's
-``add_bos_token`` decides when present). SentencePiece vocabularies (``"llama"``) and the others
-are a ``FormatError`` naming the model. Every malformed field is a ``FormatError`` naming
+``add_bos_token`` decides when present). SentencePiece vocabularies (``"llama"``: scores, byte
+fallback, ``add_space_prefix``, BOS added unless the metadata says otherwise) are built by
+``_gguf_spm.spm_parts``; other models are a ``FormatError`` naming the model. Every malformed field is a ``FormatError`` naming
 the source and the key.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 
 from kael._errors import FormatError
 from kael.tokenizer._gguf_pre import PreType, pre_type
+from kael.tokenizer._gguf_spm import spm_parts
 from kael.tokenizer._hf import HFTokenizer
 from kael.tokenizer._tokenizer import BpeTokenizer
 
@@ -72,6 +74,39 @@ def _pre_tokenizer(kind: PreType) -> dict[str, Any]:
     return {"type": "Sequence", "pretokenizers": [*splits, _byte_level(False)]}
 
 
+def _bpe_parts(
+    kind: PreType, tokens: list[str], vocab: dict[str, int], merges: list[list[str]], unk: int | None
+) -> dict[str, Any]:
+    """The normalizer, pre-tokenizer, decoder and model of a byte-level BPE ``tokenizer.json``."""
+    return {
+        "normalizer": None,
+        "pre_tokenizer": _pre_tokenizer(kind),
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": tokens[unk] if unk is not None else None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": kind.ignore_merges,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
+def _scores(metadata: Mapping[str, Any], n: int, source: str) -> list[float]:
+    """``tokenizer.ggml.scores`` (one number per token; all 0 when absent, as llama.cpp)."""
+    scores = _get(metadata, _KEY + "scores", list, source)
+    if scores is None:
+        return [0.0] * n
+    if len(scores) != n or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores):
+        raise FormatError(f"{source}: metadata 'tokenizer.ggml.scores' must be {n} numbers (one per token)")
+    return [float(v) for v in scores]
+
+
 def _get(metadata: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str, default: Any = None) -> Any:
     v = metadata.get(key, default)
     if v is default:
@@ -101,20 +136,21 @@ def _token_id(metadata: Mapping[str, Any], name: str, n: int, source: str) -> in
 def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") -> HFTokenizer:
     """The tokenizer a GGUF file's ``tokenizer.*`` metadata describes, as an ``HFTokenizer``.
 
-    ``source`` names the file in errors. A vocabulary other than byte-level BPE, a
-    pre-tokenizer kael does not know, or a malformed key is a ``FormatError``.
+    ``source`` names the file in errors. A vocabulary other than byte-level BPE (``gpt2``)
+    or SentencePiece (``llama``), a pre-tokenizer kael does not know, or a malformed key is
+    a ``FormatError``.
     """
     model = metadata.get(_KEY + "model")
     if model is None:
         raise FormatError(f"{source}: no tokenizer in this file (no metadata key 'tokenizer.ggml.model')")
-    if model != "gpt2":
-        what = "SentencePiece (llama)" if model == "llama" else repr(model)
+    if model not in ("gpt2", "llama"):
         raise FormatError(
-            f"{source}: tokenizer.ggml.model {model!r}: a {what} vocabulary is not supported "
-            "(kael reads byte-level BPE, 'gpt2')"
+            f"{source}: tokenizer.ggml.model {model!r}: a {model!r} vocabulary is not supported "
+            "(kael reads byte-level BPE, 'gpt2', and SentencePiece, 'llama')"
         )
-    pre = _get(metadata, _KEY + "pre", str, source, "default")  # llama.cpp: no name is its default
-    kind = pre_type(pre, source)
+    spm = model == "llama"
+    # llama.cpp: a BPE file without a pre name runs its 'default' type; SentencePiece has none
+    kind = None if spm else pre_type(_get(metadata, _KEY + "pre", str, source, "default"), source)
     tokens = _get(metadata, _KEY + "tokens", list, source)
     if tokens is None or not tokens:
         raise FormatError(f"{source}: metadata 'tokenizer.ggml.tokens' is missing or empty")
@@ -128,7 +164,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
         raise FormatError(
             f"{source}: metadata 'tokenizer.ggml.token_type' must be {n} integers (one per token), got {len(types)}"
         )
-    merges_raw = _get(metadata, _KEY + "merges", list, source, [])
+    merges_raw = [] if spm else _get(metadata, _KEY + "merges", list, source, [])
     merges: list[list[str]] = []
     for rank, m in enumerate(merges_raw):
         parts = m.split(" ") if isinstance(m, str) else []
@@ -156,18 +192,18 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
             "special": t == TOKEN_CONTROL,
         }
         for i, t in enumerate(types)
-        if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED) or (spm and t == TOKEN_UNKNOWN)
     ]
-    bos = _token_id(metadata, "bos", n, source)
-    eos = _token_id(metadata, "eos", n, source)
-    unk = _token_id(metadata, "unknown", n, source)
+    bos, eos, unk = (_token_id(metadata, k, n, source) for k in ("bos", "eos", "unknown"))
+    if spm:  # llama.cpp's SentencePiece defaults: <unk> 0, <s> 1, </s> 2
+        unk, bos, eos = (d if v is None and d < n else v for v, d in ((unk, 0), (bos, 1), (eos, 2)))
     pad = _token_id(metadata, "padding", n, source)
-    add_bos = _get(metadata, _KEY + "add_bos_token", bool, source, kind.add_bos)
+    add_bos = _get(metadata, _KEY + "add_bos_token", bool, source, True if kind is None else kind.add_bos)
     add_eos = _get(metadata, _KEY + "add_eos_token", bool, source, False)
     for flag, tid, name in ((add_bos, bos, "bos"), (add_eos, eos, "eos")):
         if flag and tid is None:
             raise FormatError(f"{source}: tokenizer.ggml.add_{name}_token is true but there is no {name}_token_id")
-    processors: list[dict[str, Any]] = [_byte_level(True)]
+    processors: list[dict[str, Any]] = [] if spm else [_byte_level(True)]
     if add_bos or add_eos:
         specials: dict[str, Any] = {}
         for flag, tid in ((add_bos, bos), (add_eos, eos)):
@@ -179,28 +215,18 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
         single = [*front, {"Sequence": {"id": "A", "type_id": 0}}, *back]
         pair = [*single, *front, {"Sequence": {"id": "B", "type_id": 1}}, *back]
         processors.append({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials})
-    spec = {
+    spec: dict[str, Any] = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": _pre_tokenizer(kind),
-        "post_processor": {"type": "Sequence", "processors": processors},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": tokens[unk] if unk is not None else None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": kind.ignore_merges,
-            "vocab": vocab,
-            "merges": merges,
-        },
+        "post_processor": {"type": "Sequence", "processors": processors} if processors else None,
     }
+    if kind is None:
+        space = _get(metadata, _KEY + "add_space_prefix", bool, source, True)
+        spec.update(spm_parts(tokens, _scores(metadata, n, source), vocab, unk, space))
+    else:
+        spec.update(_bpe_parts(kind, tokens, vocab, merges, unk))
     config: dict[str, Any] = {}
     for name, tid in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)):
         if tid is not None:
