@@ -206,3 +206,23 @@ def test_compile_cache_gives_independent_matchers(tok: BpeTokenizer) -> None:
     assert b.n_accepted == 0
     assert tok.encode("a")[0] in b.allowed()
     assert tok.encode("a")[0] not in a.allowed()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_generate_of_a_random_gpt_under_a_schema_validates(tok: BpeTokenizer, seed: int) -> None:
+    import kael
+    from kael.constraints import constrained_sampler, stop_at_end
+    from kael.models import GPT
+
+    model = GPT(tok.vocab_size, 256, 1, 2, 16, generator=kael.Generator().manual_seed(seed))
+    eos = tok.eot_token
+    m = ConstraintMatcher(json_schema(SCHEMA), tok, eos)
+    prompt = tok.encode("JSON:")
+    out = model.generate(prompt, 200, sampler=constrained_sampler(m, eos), on_token=stop_at_end(eos))
+    assert out[-1] == eos, tok.decode(out)
+    jsonschema.validate(json.loads(tok.decode(out[:-1])), SCHEMA)
+    # the same tokens, greedy on the masked logits: the sampler took the allowed argmax each step
+    check = ConstraintMatcher(json_schema(SCHEMA), tok, eos)
+    for t in out[:-1]:
+        check.accept(t)
+    assert check.is_accepting

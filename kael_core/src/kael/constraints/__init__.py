@@ -4,7 +4,8 @@
 ``ConstraintMatcher(constraint, tokenizer, eos)`` compiles it against a kael tokenizer (cached
 by grammar text and tokenizer) and is a ``kael.engine.LogitsProcessor``: ``apply`` masks a
 row's logits to -inf outside the grammar, ``accept`` / ``fork`` / ``rollback`` keep it in step;
-``fill_bitmasks`` computes many rows' masks at once. Errors are ``ConstraintError`` naming the
+``fill_bitmasks`` computes many rows' masks at once; ``constrained_sampler`` runs one under
+``model.generate(sampler=...)``. Errors are ``ConstraintError`` naming the
 request field. Needs the ``constraints`` extra (``pip install kael-core[constraints]``).
 
 The library was chosen by measurement (``benchmarks/structured.py``; GPT-2's 50257 tokens,
@@ -33,6 +34,7 @@ need.
 from __future__ import annotations
 
 from ._matcher import ConstraintMatcher, allowed_ids, fill_bitmasks, mask_logits, new_bitmask
+from ._sampler import constrained_sampler, stop_at_end
 from ._spec import Constraint, ConstraintError, Limits, choice, grammar, json_object, json_schema, regex
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "Limits",
     "allowed_ids",
     "choice",
+    "constrained_sampler",
     "fill_bitmasks",
     "grammar",
     "json_object",
@@ -49,4 +52,5 @@ __all__ = [
     "mask_logits",
     "new_bitmask",
     "regex",
+    "stop_at_end",
 ]

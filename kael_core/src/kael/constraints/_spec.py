@@ -61,8 +61,13 @@ def _depth(value: Any, level: int = 0) -> int:
     return level
 
 
-def _spec(body: Any) -> str:
-    return json.dumps({"grammars": [{"json_schema": body}]}, ensure_ascii=False)
+def _spec(field: str, body: Any, flexible_whitespace: bool) -> str:
+    from llguidance import LLMatcher
+
+    try:
+        return LLMatcher.grammar_from_json_schema(dict(body), defaults={"whitespace_flexible": flexible_whitespace})
+    except Exception as e:  # the library's own error types are not part of its API
+        raise ConstraintError(f"{field}: invalid json schema ({e})") from None
 
 
 def json_schema(
@@ -70,8 +75,11 @@ def json_schema(
     *,
     field: str = "response_format.json_schema.schema",
     limits: Limits = DEFAULT_LIMITS,
+    flexible_whitespace: bool = False,
 ) -> Constraint:
-    """Output is JSON valid against ``schema`` (a dict or its JSON text)."""
+    """Output is JSON valid against ``schema`` (a dict or its JSON text). Separators are
+    ``", "`` and ``": "`` with no other whitespace unless ``flexible_whitespace`` (a model can
+    otherwise spend its tokens on whitespace; vLLM's ``disable-any-whitespace`` choice)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -89,12 +97,12 @@ def json_schema(
     depth = _depth(schema)
     if depth > limits.nesting_depth:
         raise ConstraintError(f"{field}: schema nests {depth} levels deep, at most {limits.nesting_depth} allowed")
-    return Constraint("json_schema", field, _spec(schema))
+    return Constraint("json_schema", field, _spec(field, schema, flexible_whitespace))
 
 
-def json_object(*, field: str = "response_format") -> Constraint:
+def json_object(*, field: str = "response_format", flexible_whitespace: bool = False) -> Constraint:
     """Output is any JSON object (OpenAI's ``{"type": "json_object"}``)."""
-    return Constraint("json_object", field, _spec({"type": "object"}))
+    return Constraint("json_object", field, _spec(field, {"type": "object"}, flexible_whitespace))
 
 
 def regex(pattern: str, *, field: str = "regex", limits: Limits = DEFAULT_LIMITS) -> Constraint:

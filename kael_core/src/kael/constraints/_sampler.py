@@ -1,0 +1,35 @@
+"""``constrained_sampler``: a constraint for ``model.generate(..., sampler=...)`` (kael's
+single-sequence loop), until the engine's ``generate(constraint=...)`` wiring lands: each step
+masks the logits with the matcher, picks the greedy (highest-logit) allowed token and advances
+the matcher; ``on_token=stop_at_end(eos)`` ends the loop at the end token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._matcher import ConstraintMatcher
+
+__all__ = ["constrained_sampler", "stop_at_end"]
+
+
+def constrained_sampler(matcher: ConstraintMatcher, eos: int) -> Callable[[Any, Sequence[int]], int]:
+    """A ``sampler(logits, tokens) -> id`` taking the greedy token the constraint allows
+    (``eos`` once the output is complete and ``eos`` scores highest, or the grammar is done)."""
+
+    def sample(logits: Any, tokens: Sequence[int]) -> int:
+        row = np.array(logits.numpy() if hasattr(logits, "numpy") else logits, dtype=np.float64).reshape(-1)
+        matcher.apply(row, tokens)
+        token = int(np.argmax(row))
+        if token != eos:
+            matcher.accept(token)
+        return token
+
+    return sample
+
+
+def stop_at_end(eos: int) -> Callable[[int], bool]:
+    """An ``on_token`` that stops generation after ``eos``."""
+    return lambda token: token != eos
