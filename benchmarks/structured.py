@@ -56,7 +56,7 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _walk(first_allowed: Callable[[], int | None], accept: Callable[[int], None], steps: int) -> tuple[int, float]:
+def _walk(first_allowed: Callable[[], int | None], accept: Callable[[int], object], steps: int) -> tuple[int, float]:
     n, t = 0, 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
