@@ -97,7 +97,7 @@ def test_greedy_batched_equals_alone_on_the_reference_checkpoint(
     alone = [tiny.generate(p, 20) for p in prompts]
     for c, a in zip(cases, alone):
         assert a == c["greedy_20"]  # the oracle itself is right
-    engine = BatchDecoder(tiny, rows=3, direct=direct, paged=paged)  # paged=False: contiguous KVCache rows
+    engine = BatchDecoder(tiny, rows=3, direct=direct, paged=paged)  # paged=False: one block per row
     assert engine.paged is paged
     joins, rows = [0, 2, 2, 5, 9][: len(prompts)], [1, 0, 2, 1, 0][: len(prompts)]
     got = _run(engine, prompts, 20, joins=joins, rows=rows, together=together)
@@ -255,18 +255,22 @@ def test_rows_are_checked() -> None:
         BatchDecoder(model, rows=0)
 
 
-def test_a_row_view_has_everything_a_kv_cache_has() -> None:
-    from kael.models._batched import _row_cache
-
+def test_unpaged_is_one_block_of_the_whole_context_per_row() -> None:
     model = _random_model(0, ctx=8)
-    cache = model.new_cache(3)
-    one = _row_cache(cache, 2)
-    fresh = model.new_cache(1)
-    assert set(vars(one)) == set(vars(fresh))  # a field added to KVCache must be added to the view too
-    assert (one.batch, one.lengths, one.max_positions) == (1, [0], cache.max_positions)
-    one.data[0].numpy()[...] = 7.0  # the view writes into row 2 of the shared cache, and nowhere else
-    data = cache.data[0].numpy()
-    assert (data[2] == 7.0).all() and (data[:2] == 0).all()
+    engine = BatchDecoder(model, rows=3, paged=False, block_size=2)  # block_size is ignored without paging
+    cache = engine.cache
+    assert (engine.block_size, cache.block_size, cache.pool.num_blocks) == (8, 8, 3)
+    prompt = [3, 1, 4, 1, 5]
+    engine.prefill(2, prompt)
+    engine.prefill(0, prompt)  # the same prompt: nothing is shared by prefix without paging
+    assert engine.cached_tokens(0) == 0 and len(cache.tables[0]) == len(cache.tables[2]) == 1
+    assert cache.tables[0] != cache.tables[2] and engine.free_blocks == 1
+    alone = BatchDecoder(model, rows=1)
+    want = alone.prefill(0, prompt).numpy().copy()
+    got = engine.decode([0, 2], [7, 7]).numpy()
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(alone.decode([0], [7]).numpy()[0], got[0])
+    assert want.shape == (97,)
 
 
 def test_fork_continues_the_prompt_exactly_as_its_own_prefill() -> None:

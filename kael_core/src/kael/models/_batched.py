@@ -1,7 +1,7 @@
 """``BatchDecoder``: continuous batching for any ``CausalLM``, one KV-cache row per sequence.
 
-A server that decodes several sequences at once keeps them in one ``KVCache`` of
-``rows`` rows. A sequence is prefilled alone into a free row (``prefill``), then each
+A server that decodes several sequences at once keeps them in one ``PagedKVCache`` with
+``rows`` rows (``paged=False``: one block of the whole context per row). A sequence is prefilled alone into a free row (``prefill``), then each
 ``decode`` feeds one new token for every sequence in a chosen set of rows through the
 model in one pass, so the weights are read once per step for all of them. Sequences
 join and leave between steps; the others are not disturbed.
@@ -10,8 +10,8 @@ NOTE [batched = alone]: every row must get the logits it would get from
 ``model.generate`` alone, so greedy decoding is token-for-token identical and a seeded
 sample does not depend on what else runs. Hence:
 
-* the prefill is ``generate``'s own (``_generate._prefill``) over a batch-1 view of the
-  row, so the first token's logits are computed exactly as alone;
+* a prompt runs alone through ``model.run_layer`` over its row's blocks, so the first
+  token's logits are computed exactly as alone;
 * a decode step is the family's (``model.decode_step``: GPT-2's calls the kernels
   directly) or the generic one over its modules (``_steps.GenericStep``), the same step
   ``generate`` runs with one row;
@@ -43,10 +43,8 @@ from .. import _dtype as dt
 from .._errors import KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import Generator, argmax, cat, narrow, select, tensor, view
-from ..ops._inplace import copy_
-from ._generate import _prefill, _prompt_ids, sample_next
-from ._kv_cache import KVCache
+from ..ops import Generator, argmax, cat, narrow, tensor, view
+from ._generate import _prompt_ids, sample_next
 from ._paged_cache import DEFAULT_BLOCK_SIZE, KVCacheFull, PagedKVCache, model_identity
 from ._steps import decode_step
 
@@ -54,18 +52,6 @@ if TYPE_CHECKING:
     from ._protocol import CausalLM
 
 __all__ = ["BatchDecoder", "KVCacheFull"]
-
-
-def _row_cache(cache: KVCache, row: int) -> KVCache:
-    """Row ``row`` of ``cache`` as a batch-1 KVCache sharing its memory (lengths kept apart)."""
-    one = KVCache.__new__(KVCache)
-    one.layers, one.batch, one.heads = cache.layers, 1, cache.heads
-    one.head_dim, one.max_positions = cache.head_dim, cache.max_positions
-    one.data = [narrow(d, 0, row, 1) for d in cache.data]
-    one.keys = [select(d, 1, 0) for d in one.data]
-    one.values = [select(d, 1, 1) for d in one.data]
-    one.lengths = [0]
-    return one
 
 
 class BatchDecoder:
@@ -103,18 +89,18 @@ class BatchDecoder:
         ``block_size`` positions holding ``kv_cache_tokens`` in all (default: ``rows`` times the
         context, what one row per sequence would take), with automatic prefix caching unless
         ``prefix_caching`` is False (NOTE [paged kv cache] in _paged_cache.py); ``paged=False``
-        gives every row its own contiguous ``KVCache`` row of the whole context.
+        gives every row one block of the whole context (``block_size`` and ``kv_cache_tokens`` are
+        then ignored, and nothing is shared by prefix) in the same ``PagedKVCache``.
         """
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ShapeError(f"BatchDecoder: rows must be an int >= 1, got {rows!r}")
         self.model = model
         self.rows = rows
         self.vocab_size = model.vocab_size
-        self.cache: KVCache | PagedKVCache
+        n = model.max_positions if max_positions is None else max_positions
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= model.max_positions:
+            raise ShapeError(f"BatchDecoder: max_positions must be an int in 1..{model.max_positions}, got {n!r}")
         if paged:
-            n = model.max_positions if max_positions is None else max_positions
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= model.max_positions:
-                raise ShapeError(f"BatchDecoder: max_positions must be an int in 1..{model.max_positions}, got {n!r}")
             if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
                 raise ShapeError(f"BatchDecoder: block_size must be an int >= 1, got {block_size!r}")
             tokens = rows * n if kv_cache_tokens is None else kv_cache_tokens
@@ -123,22 +109,23 @@ class BatchDecoder:
                     f"BatchDecoder: kv_cache_tokens must be an int of at least one sequence's {n} positions, "
                     f"got {kv_cache_tokens!r}"
                 )
-            shape = model.new_cache(1, 1)  # the protocol's way to learn the cache's layers, heads and head size
-            self.cache = PagedKVCache(
-                shape.layers,
-                rows,
-                shape.heads,
-                shape.head_dim,
-                n,
-                num_blocks=-(-tokens // block_size),
-                block_size=block_size,
-                prefix_caching=prefix_caching,
-                namespace=model_identity(model) if prefix_caching else "",
-                dtype=model.dtype,
-                device=model.device,
-            )
-        else:
-            self.cache = model.new_cache(rows, max_positions)
+        else:  # one block per row, the row's whole context: a contiguous cache as a block table
+            block_size, tokens, prefix_caching = n, rows * n, False
+        self._paged = bool(paged)
+        shape = model.new_cache(1, 1)  # the protocol's way to learn the cache's layers, heads and head size
+        self.cache = PagedKVCache(
+            shape.layers,
+            rows,
+            shape.heads,
+            shape.head_dim,
+            n,
+            num_blocks=-(-tokens // block_size),
+            block_size=block_size,
+            prefix_caching=prefix_caching,
+            namespace=model_identity(model) if prefix_caching else "",
+            dtype=model.dtype,
+            device=model.device,
+        )
         self.active = [False] * rows
         self.preemptions = 0
         try:
@@ -149,35 +136,31 @@ class BatchDecoder:
     @property
     def block_size(self) -> int:
         """Positions per KV block (the whole context without paging)."""
-        cache = self.cache
-        return cache.block_size if isinstance(cache, PagedKVCache) else cache.max_positions
+        return self.cache.block_size
 
     @property
     def paged(self) -> bool:
-        """Whether the keys and values live in a ``PagedKVCache`` (blocks shared by prefix)."""
-        return isinstance(self.cache, PagedKVCache)
+        """Whether the keys and values are paged in blocks shared by prefix (False: one block per row)."""
+        return self._paged
 
     def cached_tokens(self, row: int) -> int:
         """Leading prompt tokens of ``row``'s sequence whose keys and values came from the prefix
         cache (or a fork) rather than being computed."""
         self._check_row(row, "cached_tokens")
-        return self.cache.cached[row] if isinstance(self.cache, PagedKVCache) and self.active[row] else 0
+        return self.cache.cached[row] if self.active[row] else 0
 
     def blocks_needed(self, rows: Sequence[int]) -> int:
         """KV blocks the next ``decode(rows, ...)`` takes from the pool (0 without paging)."""
-        cache = self.cache
-        return cache.blocks_needed(list(rows)) if isinstance(cache, PagedKVCache) else 0
+        return self.cache.blocks_needed(list(rows))
 
     @property
     def free_blocks(self) -> int:
-        """KV blocks that can be handed out now (free or cached); a large number without paging."""
-        cache = self.cache
-        return cache.pool.free_blocks if isinstance(cache, PagedKVCache) else 1 << 62
+        """KV blocks that can be handed out now (free or cached); without paging, the free rows."""
+        return self.cache.pool.free_blocks
 
     def kv_stats(self) -> dict[str, int]:
-        """Block and prefix-cache counters (``PagedKVCache.stats``), empty without paging."""
-        cache = self.cache
-        return cache.stats() if isinstance(cache, PagedKVCache) else {}
+        """Block and prefix-cache counters (``PagedKVCache.stats``)."""
+        return self.cache.stats()
 
     @property
     def max_positions(self) -> int:
@@ -197,14 +180,7 @@ class BatchDecoder:
         ``KVCacheFull`` (nothing changed) when the pool cannot hold it.
         """
         (ids,) = self._check_prefill("prefill", [row], [prompt])
-        if isinstance(self.cache, PagedKVCache):
-            return view(self._paged_prefill([row], [ids]), self.vocab_size)
-        one = _row_cache(self.cache, row)
-        with no_grad():
-            logits = _prefill(self.model, ids, one)
-        self.cache.lengths[row] = one.lengths[0]
-        self.active[row] = True
-        return logits
+        return view(self._paged_prefill([row], [ids]), self.vocab_size)
 
     def prefill_many(self, rows: Sequence[int], prompts: Sequence[Any]) -> Tensor:
         """Start several sequences at once, ``prompts[i]`` into free ``rows[i]``; logits [len(rows), V].
@@ -216,26 +192,7 @@ class BatchDecoder:
         """
         rows, prompts = _as_list("prefill_many", "rows", rows), _as_list("prefill_many", "prompts", prompts)
         idss = self._check_prefill("prefill_many", rows, prompts)
-        if isinstance(self.cache, PagedKVCache):
-            return self._paged_prefill(rows, idss)
-        model = self.model
-        cache = self.cache
-        ones = [_row_cache(cache, r) for r in rows]
-        with no_grad():
-            steps = [one.begin(len(ids)) for one, ids in zip(ones, idss)]
-            xs = [
-                model.embed(tensor([ids], dtype=dt.int64, device=model.device), step.starts)
-                for ids, step in zip(idss, steps)
-            ]
-            for i in range(model.num_layers):
-                xs = [model.run_layer(i, x, step) for x, step in zip(xs, steps)]
-            lasts = [narrow(x, 1, len(ids) - 1, 1) for x, ids in zip(xs, idss)]
-            logits = model.run_head(lasts[0] if len(lasts) == 1 else cat(lasts, 0))
-        for r, one, step in zip(rows, ones, steps):
-            step.commit()
-            cache.lengths[r] = one.lengths[0]
-            self.active[r] = True
-        return view(logits, len(rows), self.vocab_size)
+        return self._paged_prefill(rows, idss)
 
     def _paged_prefill(self, rows: list[int], idss: list[list[int]]) -> Tensor:
         """Blocks for every prompt first (all or none: ``KVCacheFull``), then each prompt's uncached
@@ -245,7 +202,6 @@ class BatchDecoder:
         the earlier prompt runs first, so those keys and values are written before they are read.
         """
         cache, model = self.cache, self.model
-        assert isinstance(cache, PagedKVCache)
         started: list[int] = []
         try:
             for r, ids in zip(rows, idss):
@@ -287,26 +243,14 @@ class BatchDecoder:
             raise KaelError(f"BatchDecoder.fork: row {src} holds no sequence; prefill it first")
         if self.active[dst]:
             raise KaelError(f"BatchDecoder.fork: row {dst} is in use; release it first")
-        cache = self.cache
-        if isinstance(cache, PagedKVCache):
-            cache.fork(src, dst)  # the blocks are shared; an append copies a shared last block first
-            self.active[dst] = True
-            return
-        n = cache.lengths[src]
-        with no_grad():
-            for buf in cache.data:  # [B, 2, H, P, D]: the source's first n positions
-                copy_(narrow(select(buf, 0, dst), 2, 0, n), narrow(select(buf, 0, src), 2, 0, n))
-        cache.lengths[dst] = n
+        self.cache.fork(src, dst)  # the blocks are shared; an append copies a shared last block first
         self.active[dst] = True
 
     def release(self, row: int) -> None:
         """Forget ``row``'s sequence (its memory is reused by the next prefill)."""
         self._check_row(row, "release")
         self.active[row] = False
-        if isinstance(self.cache, PagedKVCache):
-            self.cache.release(row)
-        else:
-            self.cache.reset(row)
+        self.cache.release(row)
 
     def preempt(self, row: int) -> None:
         """Release ``row`` because the pool needs its blocks (counted in ``preemptions``); its full
@@ -319,8 +263,7 @@ class BatchDecoder:
         """Append ``tokens[i]`` to the sequence in ``rows[i]``, all in one pass; logits [len(rows), V]."""
         rows, tokens = _as_list("decode", "rows", rows), _as_list("decode", "tokens", tokens)
         self._check_step(rows, tokens)
-        if isinstance(self.cache, PagedKVCache):
-            self.cache.grow(rows, tokens)  # KVCacheFull before anything changes: the caller preempts
+        self.cache.grow(rows, tokens)  # KVCacheFull before anything changes: the caller preempts
         with no_grad():
             logits = self._step(rows, tokens)
         for r in rows:
