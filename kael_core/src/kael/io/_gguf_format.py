@@ -133,46 +133,45 @@ class TensorType:
         return self.block_size > 1
 
 
+def _registry_types() -> tuple[TensorType, ...]:
+    """The block-quantized types, from the weight-format registry (kael.quant.formats): read as raw uint8 blocks."""
+    from ..quant.formats import BLOCK_FORMATS, FORMATS
+
+    return tuple(
+        TensorType(n.upper(), FORMATS[n].ggml_type, FORMATS[n].block_values, FORMATS[n].block_bytes, np.dtype("u1"))
+        for n in BLOCK_FORMATS
+    )
+
+
 TENSOR_TYPES: dict[str, TensorType] = {
     t.name: t
     for t in (
         TensorType("F32", 0, 1, 4, np.dtype("<f4")),
         TensorType("F16", 1, 1, 2, np.dtype("<f2")),
-        TensorType("Q4_0", 2, 32, 18, np.dtype("u1")),
-        TensorType("Q8_0", 8, 32, 34, np.dtype("u1")),
+        TensorType("BF16", 30, 1, 2, np.dtype("<u2")),
+        *_registry_types(),
+        TensorType("F64", 28, 1, 8, np.dtype("<f8")),
         TensorType("I8", 24, 1, 1, np.dtype("i1")),
         TensorType("I16", 25, 1, 2, np.dtype("<i2")),
         TensorType("I32", 26, 1, 4, np.dtype("<i4")),
         TensorType("I64", 27, 1, 8, np.dtype("<i8")),
-        TensorType("F64", 28, 1, 8, np.dtype("<f8")),
-        TensorType("BF16", 30, 1, 2, np.dtype("<u2")),
     )
 }
 TENSOR_TYPES_BY_ID: dict[int, TensorType] = {t.id: t for t in TENSOR_TYPES.values()}
-TENSOR_TYPE_NAMES: tuple[str, ...] = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "F64", "I8", "I16", "I32", "I64")
+TENSOR_TYPE_NAMES: tuple[str, ...] = tuple(TENSOR_TYPES)
 
 # GGML types kael does not read, so that an error names the type instead of a number.
 OTHER_GGML_TYPES: dict[int, str] = {
-    3: "Q4_1",
     4: "Q4_2 (removed from GGML)",
     5: "Q4_3 (removed from GGML)",
-    6: "Q5_0",
-    7: "Q5_1",
     9: "Q8_1",
-    10: "Q2_K",
-    11: "Q3_K",
-    12: "Q4_K",
-    13: "Q5_K",
-    14: "Q6_K",
     15: "Q8_K",
     16: "IQ2_XXS",
     17: "IQ2_XS",
     18: "IQ3_XXS",
     19: "IQ1_S",
-    20: "IQ4_NL",
     21: "IQ3_S",
     22: "IQ2_S",
-    23: "IQ4_XS",
     29: "IQ1_M",
     31: "Q4_0_4_4 (removed from GGML)",
     32: "Q4_0_4_8 (removed from GGML)",

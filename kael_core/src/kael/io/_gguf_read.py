@@ -36,6 +36,7 @@ from ._gguf_format import (
     MAX_NAME_BYTES,
     OTHER_GGML_TYPES,
     SCALAR_DTYPES,
+    TENSOR_TYPE_NAMES,
     TENSOR_TYPES_BY_ID,
     VALUE_TYPES,
     VERSIONS,
@@ -65,7 +66,8 @@ class GGUFTensor:
     """One tensor of a GGUF file.
 
     `shape` is NumPy's row-major order (GGUF's ne reversed); `data` is a read-only view
-    of the file: uint8 [..., K/32*B] for Q8_0/Q4_0 (B bytes per block of 32), uint16
+    of the file: uint8 [..., K/QK*B] for the block types of kael.quant.formats (QK values
+    in B bytes per block: 32 for the legacy types and IQ4_NL, 256 for K-quants and IQ4_XS), uint16
     bit patterns of `shape` for BF16, and an array of `shape` of the element type
     otherwise. `offset` is the absolute file offset of its first byte.
     """
@@ -302,7 +304,7 @@ def _tensor(p: _Parser, info: _Info, data_start: int, alignment: int) -> GGUFTen
     if t is None:
         known = OTHER_GGML_TYPES.get(info.type_id)
         detail = f"GGML type {info.type_id} ({known})" if known else f"{info.type_id} is not a GGML type id"
-        p.fail(f"{what} type", f"{detail}; kael reads F32, F16, BF16, Q8_0, Q4_0, F64, I8, I16, I32 and I64")
+        p.fail(f"{what} type", f"{detail}; kael reads {', '.join(TENSOR_TYPE_NAMES)}")
     numel = 1
     for d in info.ne:
         numel *= d
