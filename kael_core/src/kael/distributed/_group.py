@@ -7,8 +7,10 @@
 NOTE [distributed faults]: MPI collectives block until every rank has joined, so one rank
 that stops early would leave the others waiting forever. Two mechanisms bound that wait:
 
-* ``sys.excepthook``: an exception that no one catches prints its traceback as usual and then
-  calls ``MPI.COMM_WORLD.Abort(1)``, which makes ``mpiexec`` kill every rank at once. Without
+* ``sys.excepthook``: an exception that no one catches prints its traceback as usual, flushes
+  it, and leaves with ``os._exit(1)`` without ``MPI_Finalize``, which makes ``mpiexec`` end every
+  rank. (Not ``MPI_Abort``: that kills the job's stdio forwarding with it, and the traceback
+  could reach the terminal cut off; an exiting process's pipes are read to the end.) Without
   it the failed rank would sit in ``MPI_Finalize`` (mpi4py finalizes at exit) while the others
   sit in their collective: a hang, found by trying it with MPICH. A rank that dies outright
   (a signal, ``os._exit``) is cleaned up by ``mpiexec`` itself.
@@ -117,9 +119,14 @@ def _install_excepthook() -> None:
         try:
             previous(kind, value, tb)
             sys.stderr.write(f"kael.distributed: rank {GROUP.rank} failed; aborting all {GROUP.size} ranks\n")
+            sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            abort(1)
+            # not MPI_Abort: it has mpiexec kill every process at once, the forwarding of this rank's
+            # stdio included, so the traceback just written could arrive cut off. Exiting without
+            # MPI_Finalize closes our pipes (mpiexec reads them to the end) and mpiexec then ends the
+            # other ranks as it does for any process that exits before finalizing.
+            os._exit(1)
 
     sys.excepthook = hook
 
