@@ -1,5 +1,5 @@
 // dequantize and quantized_linear: float32 from weights stored in GGML's blocks (quant_formats.h:
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) or as bfloat16 / float16 (the formats of NOTE [weight formats] in
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) or as bfloat16 / float16 (the formats of NOTE [weight formats] in
 // kael/quant/_formats.py).
 //
 // NOTE [quantized linear paths]: out [M, N] = x [M, K] @ dequantize(weight [N, ..]).T + bias.

@@ -6,7 +6,8 @@
 // 3 float16, 4 q4_1 (20-byte blocks: float16 d, float16 m, 16 nibble bytes as q4_0's; value
 // d*q + m), 5 q5_0 (22-byte blocks: float16 d, 4 bytes qh (uint32 little-endian: bit i the fifth
 // bit of value i), 16 nibble bytes as q4_0's; value d*(q - 16)), 6 q5_1 (24-byte blocks: d, m,
-// qh, nibbles; value d*q + m). A block value d*q is exact in float32 (11 + 8 significant bits), so a dequantized
+// qh, nibbles; value d*q + m), 7 iq4_nl (18-byte blocks: float16 d, 16 nibble bytes as q4_0's;
+// value d*kIq4nlValues[q]). A block value d*q is exact in float32 (11 + 8 significant bits), so a dequantized
 // weight equals the reference's bit for bit (d*q + m: one rounding of an exact product, the
 // same with or without a fused multiply-add).
 // Pasted inside the per-ISA namespace by vec_table.h (NOTE [runtime dispatch] in vec.h):
@@ -38,6 +39,12 @@ constexpr bool kQ16 = F == 2 || F == 3;
 // F's blocks are d * integer (q8_0, q4_0): the dot products scale a block's sum once.
 template <int F>
 constexpr bool kQScaled = F == 0 || F == 1;
+// The F numbers this file's formats use are QuantScheme's (quant_formats.h).
+static_assert(static_cast<int>(::kael::QuantScheme::Q4_0) == 1 && static_cast<int>(::kael::QuantScheme::F16) == 3 &&
+                  static_cast<int>(::kael::QuantScheme::Q4_1) == 4 &&
+                  static_cast<int>(::kael::QuantScheme::Q5_1) == 6 &&
+                  static_cast<int>(::kael::QuantScheme::IQ4_NL) == 7,
+              "vec_quant.h's format numbers");
 constexpr int kQVecs = int{kQBlock / V<float>::L};  // float vectors per block
 
 // float16 bits -> float32, exact for every value (subnormals, inf, nan) without F16C: the
@@ -158,15 +165,19 @@ inline void q4_values(const uint8_t* qs, vi (&out)[kQVecs]) {
 #endif
 }
 
-// The 32 integers of a q4_1 / q5_0 / q5_1 block (F = 4, 5, 6) at blk, in element order: nibble
-// j of the 16 bytes at qs is value j (low) and j + 16 (high); the 5-bit formats add bit j of
-// qh as the fifth bit of value j (bit 4 of the result). q5_0's are q - 16.
+// IQ4_NL's 16 non-linear levels (GGML's kvalues_iq4nl), indexed by a nibble.
+constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// The 32 integers of a q4_1 / q5_0 / q5_1 / iq4_nl block (F = 4, 5, 6, 7) at blk, in element
+// order: nibble j of the 16 bytes at qs is value j (low) and j + 16 (high); the 5-bit formats add
+// bit j of qh as the fifth bit of value j (bit 4 of the result). q5_0's are q - 16; iq4_nl's
+// are its levels kIq4nlValues[q].
 template <int F>
 inline void q451_values(const uint8_t* blk, vi (&out)[kQVecs]) {
   constexpr int64_t L = V<float>::L;
-  const uint8_t* qs = blk + (F == 4 ? 4 : F == 5 ? 6 : 8);
+  const uint8_t* qs = blk + (F == 4 ? 4 : F == 5 ? 6 : F == 6 ? 8 : 2);
   uint32_t qh = 0;
-  if constexpr (F != 4) std::memcpy(&qh, blk + (F == 5 ? 2 : 4), 4);
+  if constexpr (F == 5 || F == 6) std::memcpy(&qh, blk + (F == 5 ? 2 : 4), 4);
   int32_t q[kQBlock];
   for (int j = 0; j < 16; ++j) {
     q[j] = static_cast<int32_t>((qs[j] & 15u) | (((qh >> j) & 1u) << 4));
@@ -174,6 +185,9 @@ inline void q451_values(const uint8_t* blk, vi (&out)[kQVecs]) {
     if constexpr (F == 5) {
       q[j] -= 16;
       q[j + 16] -= 16;
+    } else if constexpr (F == 7) {
+      q[j] = kIq4nlValues[q[j]];
+      q[j + 16] = kIq4nlValues[q[j + 16]];
     }
   }
   for (int v = 0; v < kQVecs; ++v) std::memcpy(&out[v], q + v * L, sizeof(vi));
@@ -199,14 +213,14 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
     vi q[kQVecs];
     q4_values(blk + 2, q);
     for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d;
-  } else if constexpr (F >= 4 && F <= 6) {  // q4_1, q5_0, q5_1: d*q (+ m)
+  } else if constexpr (F >= 4 && F <= 7) {  // q4_1, q5_0, q5_1, iq4_nl: d*q (+ m)
     const uint8_t* blk = row + b * kQBlockBytes<F>;
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
     const vf d = splat(half_to_float_s(dbits));
     vi q[kQVecs];
     q451_values<F>(blk, q);
-    if constexpr (F == 5) {
+    if constexpr (F == 5 || F == 7) {
       for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d;
     } else {
       uint16_t mbits;

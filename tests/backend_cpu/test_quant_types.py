@@ -1,4 +1,4 @@
-"""The CPU backend's kernels for GGML's Q4_1, Q5_0 and Q5_1 blocks (csrc/quant_formats.h,
+"""The CPU backend's kernels for GGML's Q4_1, Q5_0, Q5_1 and IQ4_NL blocks (csrc/quant_formats.h,
 csrc/vec_quant.h): dequantize and quantized_linear, called through the extension's kernels.
 
 Oracles: ``gguf.quants.dequantize`` (bit for bit, on gguf-quantized weights and on random block
@@ -32,22 +32,29 @@ from kael_backend_cpu._native import C  # noqa: E402
 __all__: list[str] = []
 
 Q = gguf.GGMLQuantizationType
-GGML_TYPE = {"q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1}
-BLOCK_BYTES = {"q4_1": 20, "q5_0": 22, "q5_1": 24}
+GGML_TYPE = {"q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "iq4_nl": Q.IQ4_NL}
+BLOCK_BYTES = {"q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18}
+NO_QUANTIZER = {"iq4_nl"}  # gguf has no reference quantizer: random blocks with moderate scales
 SCHEMES = tuple(GGML_TYPE)
 U = 2.0**-24  # float32 unit roundoff
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def quantize(w: np.ndarray, scheme: str) -> np.ndarray:
-    """float32 [N, K] as uint8 blocks by gguf's reference quantizer."""
+    """float32 [N, K] as uint8 blocks by gguf's reference quantizer (random blocks where gguf has none)."""
+    if scheme in NO_QUANTIZER:
+        rng = np.random.default_rng(int(np.abs(w).sum() * 1000) % 2**32)
+        data = rng.integers(0, 256, size=(w.shape[0], w.shape[1] // 32, BLOCK_BYTES[scheme]), dtype=np.uint8)
+        d = (rng.uniform(0.5, 2.0, (w.shape[0], w.shape[1] // 32, 1)) / 64).astype(np.float16)
+        data[:, :, :2] = d.view(np.uint8)
+        return data.reshape(w.shape[0], -1)
     return np.asarray(gguf.quants.quantize(w.astype(np.float32), GGML_TYPE[scheme]))
 
 
 def random_blocks(rng: np.random.Generator, n: int, k: int, scheme: str) -> np.ndarray:
     """Random block bytes whose float16 scales are finite (every other bit pattern is random)."""
     data = rng.integers(0, 256, size=(n, k // 32, BLOCK_BYTES[scheme]), dtype=np.uint8)
-    halves = 2 if scheme != "q5_0" else 1
+    halves = 2 if scheme in ("q4_1", "q5_1") else 1
     scales = (rng.standard_normal((n, k // 32, halves)) * 2.0 ** rng.integers(-20, 8, (n, k // 32, 1))).astype(
         np.float16
     )
@@ -158,7 +165,7 @@ def test_errors(cpu: Any) -> None:
     out = cpu_empty(cpu, (2, 64), dt.float32)
     with pytest.raises(kael.ShapeError, match=r"q5_1 weight for \[N, K\] = \[2, 64\] must be uint8 \[2, 48\]"):
         cpu.kernel("dequantize")(out, from_numpy_bits(data[:, :-1], dt.uint8), "q5_1")
-    with pytest.raises(kael.KaelError, match=r"scheme must be one of 'q8_0', 'q4_0', .*'q5_1', got 'q9_9'"):
+    with pytest.raises(kael.KaelError, match=r"scheme must be one of 'q8_0', 'q4_0', .*'q5_1', 'iq4_nl', got 'q9_9'"):
         cpu.kernel("dequantize")(out, from_numpy_bits(data, dt.uint8), "q9_9")
 
 
