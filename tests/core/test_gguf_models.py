@@ -362,7 +362,7 @@ def test_malformed_files_are_format_errors(chat_dir: Path, gpt2_dir: Path, tmp_p
         ({"meta": {"llama.rope.dimension_count": kael.io.GGUFValue("uint32", 16)}}, "partial rotary"),
         ({"meta": {"llama.rope.scaling.type": "yarn"}}, "'yarn'"),
         ({"add": [("rope_freqs.weight", "F32", (16,), np.ones(16, np.float32))]}, "rope_freqs"),
-        ({"meta": {"tokenizer.ggml.model": "llama"}}, "SentencePiece"),
+        ({"meta": {"tokenizer.ggml.model": "t5"}}, "'t5' vocabulary is not supported"),
     ]
     for i, (change, match) in enumerate(cases):
         bad = _rewrite(good, tmp_path / f"bad{i}.gguf", **change)

@@ -230,3 +230,23 @@ def test_ids_equal_llama_tokenize(name: str, files: dict[str, Path], tmp_path: P
         pytest.skip(f"llama-tokenize cannot load a vocabulary-only file: {run.stderr[-300:]}")
     ids = [int(x) for x in run.stdout.strip().splitlines()[-1].strip("[]").split(",") if x.strip()]
     assert tok.encode(text) == ids
+
+
+@pytest.mark.parametrize("kind", sorted(PRE_TYPES))
+def test_a_read_vocabulary_writes_back_under_its_type(
+    kind: str, oracles: dict[str, Tokenizer], files: dict[str, Path]
+) -> None:
+    """tokenizer_to_gguf names a type with the same splits and ignore_merges (types that differ only in
+    clean_spaces look alike in a tokenizer.json) and the result reads back encoding alike."""
+    from kael.tokenizer import tokenizer_to_gguf
+    from kael.tokenizer._gguf_pre import PRE_WRITTEN_NAME
+
+    tok = _read(files[_NAMES_BY_TYPE[kind][-1]])
+    meta = tokenizer_to_gguf(tok)
+    written = PRE_NAMES[meta["tokenizer.ggml.pre"]]
+    assert (written.regexes, written.ignore_merges) == (PRE_TYPES[kind].regexes, PRE_TYPES[kind].ignore_merges)
+    if kind in ("gpt2", "llama3", "qwen2", "starcoder-raw"):
+        assert meta["tokenizer.ggml.pre"] == PRE_WRITTEN_NAME[kind]
+    again = tokenizer_from_gguf(meta, "again.gguf")
+    for text in TEXTS:
+        assert again.encode(text) == oracles[kind].encode(text, add_special_tokens=False).ids

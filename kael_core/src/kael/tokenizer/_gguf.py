@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kael._errors import FormatError
-from kael.tokenizer._gguf_pre import PreType, pre_type
+from kael.tokenizer._gguf_pre import PRE_TYPES, PRE_WRITTEN_NAME, PreType, pre_type
 from kael.tokenizer._gguf_spm import spm_parts
 from kael.tokenizer._hf import HFTokenizer
 from kael.tokenizer._tokenizer import BpeTokenizer
@@ -241,7 +241,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
     )
 
 
-def _pre_name(pre_tokenizer: Any, normalizer: Any) -> str | None:
+def _pre_name(pre_tokenizer: Any, normalizer: Any, ignore_merges: bool = False) -> str | None:
     """The llama.cpp pre-tokenizer name of a ``tokenizer.json``'s normalizer and pre-tokenizer, or None."""
     if normalizer not in (None, {"type": "NFC"}):
         return None
@@ -252,14 +252,23 @@ def _pre_name(pre_tokenizer: Any, normalizer: Any) -> str | None:
     if not isinstance(pre_tokenizer, dict) or pre_tokenizer.get("type") != "Sequence":
         return None
     parts = pre_tokenizer.get("pretokenizers")
-    if not isinstance(parts, list) or len(parts) != 2:
+    if not isinstance(parts, list) or len(parts) < 2:
         return None
-    split, level = parts
+    *splits, level = parts
     if not (isinstance(level, dict) and level.get("type") == "ByteLevel" and not level.get("use_regex", True)):
         return None
-    if not (isinstance(split, dict) and split.get("type") == "Split" and split.get("behavior") == "Isolated"):
+    patterns: list[Any] = []
+    for split in splits:
+        if not (isinstance(split, dict) and split.get("type") == "Split" and split.get("behavior") == "Isolated"):
+            return None
+        patterns.append(split.get("pattern", {}).get("Regex") if isinstance(split.get("pattern"), dict) else None)
+    if normalizer is None:  # the splits of a llama.cpp type, as tokenizer_from_gguf builds them
+        for kind, spec in PRE_TYPES.items():
+            if spec.regexes == tuple(patterns) and spec.ignore_merges == ignore_merges:
+                return PRE_WRITTEN_NAME[kind]
+    if len(patterns) != 1:
         return None
-    pattern = split.get("pattern", {}).get("Regex") if isinstance(split.get("pattern"), dict) else None
+    pattern = patterns[0]
     known = {
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": (
             "qwen2"
@@ -316,7 +325,7 @@ def tokenizer_to_gguf(tokenizer: BpeTokenizer | HFTokenizer) -> dict[str, Any]:
             f"tokenizer_to_gguf: {tokenizer._source}: only byte-level BPE tokenizers can be written to GGUF, "
             f"this one has a {model.get('type')!r} model"
         )
-    pre = _pre_name(spec.get("pre_tokenizer"), spec.get("normalizer"))
+    pre = _pre_name(spec.get("pre_tokenizer"), spec.get("normalizer"), bool(model.get("ignore_merges")))
     if pre is None:
         raise FormatError(
             f"tokenizer_to_gguf: {tokenizer._source}: its normalizer {json.dumps(spec.get('normalizer'))[:80]} and "

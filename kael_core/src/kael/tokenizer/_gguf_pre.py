@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from kael._errors import FormatError
 
-__all__ = ["PreType", "PRE_TYPES", "PRE_NAMES", "pre_type"]
+__all__ = ["PreType", "PRE_TYPES", "PRE_NAMES", "PRE_WRITTEN_NAME", "pre_type"]
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,8 @@ PRE_TYPES: dict[str, PreType] = {
     "deepseek3-llm": _T_DEEPSEEK3,
     "deepseek-coder": _T_DEEPSEEK_CODER,
     "falcon": _T_FALCON,
+    "starcoder-raw": _T_STARCODER_RAW,  # before starcoder: a SmolLM vocabulary writes back as "smollm"
     "starcoder": _T_STARCODER,
-    "starcoder-raw": _T_STARCODER_RAW,
     "gpt2": _T_GPT2,
     "gpt2-raw": _T_GPT2_RAW,
     "qwen2": _T_QWEN2,
@@ -164,14 +164,14 @@ suffix where names of one type differ only in ``clean_spaces``)."""
 
 _NAMES_BY_TYPE: dict[str, tuple[str, ...]] = {
     "default": ("default",),
-    "llama3": ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
+    "llama3": ("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
     "dbrx": ("dbrx", "smaug-bpe"),
     "deepseek-llm": ("deepseek-llm",),
     "deepseek3-llm": ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"),
     "deepseek-coder": ("deepseek-coder",),
     "falcon": ("falcon",),
     "starcoder": ("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"),
-    "starcoder-raw": ("command-r", "smollm"),
+    "starcoder-raw": ("smollm", "command-r"),
     "gpt2": (
         "gpt-2",
         "phi-2",
@@ -207,6 +207,9 @@ _NAMES_BY_TYPE: dict[str, tuple[str, ...]] = {
 
 PRE_NAMES: dict[str, PreType] = {name: PRE_TYPES[t] for t, names in _NAMES_BY_TYPE.items() for name in names}
 """Every ``tokenizer.ggml.pre`` name kael reads, to its pre-tokenizer type."""
+
+PRE_WRITTEN_NAME: dict[str, str] = {kind: names[0] for kind, names in _NAMES_BY_TYPE.items()}
+"""The name ``tokenizer_to_gguf`` writes for a type (``convert_hf_to_gguf.py``'s, e.g. ``llama-bpe``)."""
 
 
 def pre_type(name: str, source: str) -> PreType:
