@@ -41,6 +41,7 @@ MODULES = (
     "kael.optim.lr_scheduler",
     "kael.io",
     "kael.models",
+    "kael.engine",
     "kael.backends",
     "kael.backends.catalogue",
     "kael.backends.dtypes",
