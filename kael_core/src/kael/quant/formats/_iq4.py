@@ -27,7 +27,8 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 def _iq4_nl(blocks: np.ndarray) -> np.ndarray:
     check_blocks(blocks, 18)
-    return half(blocks, 0) * KVALUES[_nibbles(blocks[:, 2:])].astype(np.float32)
+    out: np.ndarray = half(blocks, 0) * KVALUES[_nibbles(blocks[:, 2:])].astype(np.float32)
+    return out
 
 
 def _iq4_xs(blocks: np.ndarray) -> np.ndarray:
@@ -38,7 +39,8 @@ def _iq4_xs(blocks: np.ndarray) -> np.ndarray:
     dl = half(blocks, 0) * (ls - 32).astype(np.float32)  # [nb, 8]
     q = _nibbles(blocks[:, 8:].reshape(-1, 8, 16))  # [nb, 8, 32]
     vals = dl[:, :, None] * KVALUES[q].astype(np.float32)
-    return vals.reshape(-1, 256)
+    out: np.ndarray = vals.reshape(-1, 256)
+    return out
 
 
 IQ4_NL = WeightFormat("iq4_nl", 20, "iq4", 32, 18, "uint8", _iq4_nl, "q6_k")

@@ -45,7 +45,8 @@ _SC6 = _HALF * 8 + _L // 16 + 2 * _J
 
 
 def _bits(b: np.ndarray, idx: np.ndarray, shift: np.ndarray, mask: int) -> np.ndarray:
-    return ((b[:, idx].astype(np.int32) >> shift) & mask).astype(np.int32)
+    out: np.ndarray = ((b[:, idx].astype(np.int32) >> shift) & mask).astype(np.int32)
+    return out
 
 
 def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +74,8 @@ def _q2_k(blocks: np.ndarray) -> np.ndarray:
     dl = (d * (sc & 15).astype(np.float32))[:, _SC16]
     ml = (dmin * (sc >> 4).astype(np.float32))[:, _SC16]
     q = _bits(blocks[:, 16:80], _QS2, _SHIFT2, 3).astype(np.float32)
-    return dl * q - ml
+    out: np.ndarray = dl * q - ml
+    return out
 
 
 def _q3_k(blocks: np.ndarray) -> np.ndarray:
@@ -81,14 +83,16 @@ def _q3_k(blocks: np.ndarray) -> np.ndarray:
     hm = _bits(blocks[:, :32], _L, _HBIT3, 1)
     q = _bits(blocks[:, 32:96], _QS2, _SHIFT2, 3) - 4 * (1 - hm)
     dl = half(blocks, 108) * (_scales_q3(blocks[:, 96:108]) - 32).astype(np.float32)
-    return dl[:, _SC16] * q.astype(np.float32)
+    out: np.ndarray = dl[:, _SC16] * q.astype(np.float32)
+    return out
 
 
 def _k4_common(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
     sc, m = _scale_min_k4(blocks[:, 4:16])
     d = (half(blocks, 0) * sc.astype(np.float32))[:, _V // 32]
     dm = (half(blocks, 2) * m.astype(np.float32))[:, _V // 32]
-    return d * q.astype(np.float32) - dm
+    out: np.ndarray = d * q.astype(np.float32) - dm
+    return out
 
 
 def _q4_k(blocks: np.ndarray) -> np.ndarray:
@@ -108,7 +112,8 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     high = _bits(blocks[:, 128:192], _QH6, _SHIFT2, 3)
     sc = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
     d = (half(blocks, 208) * sc)[:, _SC6]
-    return d * ((low | (high << 4)) - 32).astype(np.float32)
+    out: np.ndarray = d * ((low | (high << 4)) - 32).astype(np.float32)
+    return out
 
 
 Q2_K = WeightFormat("q2_k", 10, "k-quant", 256, 84, "uint8", _q2_k, "q6_k")

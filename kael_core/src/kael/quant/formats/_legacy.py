@@ -44,19 +44,22 @@ def _q4_0(blocks: np.ndarray) -> np.ndarray:
 
 def _q4_1(blocks: np.ndarray) -> np.ndarray:
     check_blocks(blocks, 20)
-    return half(blocks, 0) * _nibbles(blocks[:, 4:]).astype(np.float32) + half(blocks, 2)
+    out: np.ndarray = half(blocks, 0) * _nibbles(blocks[:, 4:]).astype(np.float32) + half(blocks, 2)
+    return out
 
 
 def _q5_0(blocks: np.ndarray) -> np.ndarray:
     check_blocks(blocks, 22)
     q = _nibbles(blocks[:, 6:]) | _fifth_bits(blocks, 2)
-    return half(blocks, 0) * (q - 16).astype(np.float32)
+    out: np.ndarray = half(blocks, 0) * (q - 16).astype(np.float32)
+    return out
 
 
 def _q5_1(blocks: np.ndarray) -> np.ndarray:
     check_blocks(blocks, 24)
     q = _nibbles(blocks[:, 8:]) | _fifth_bits(blocks, 4)
-    return half(blocks, 0) * q.astype(np.float32) + half(blocks, 2)
+    out: np.ndarray = half(blocks, 0) * q.astype(np.float32) + half(blocks, 2)
+    return out
 
 
 def _q8_0(blocks: np.ndarray) -> np.ndarray:
