@@ -37,22 +37,19 @@ constexpr int kQuantSchemes = 0 KAEL_QUANT_FORMATS(KAEL_QF_COUNT);
 constexpr const char kQuantSchemeNames[] = KAEL_QUANT_FORMATS(KAEL_QF_NAME);
 #undef KAEL_QF_NAME
 
-// Values per block (1 for the 16-bit formats) and bytes per block.
+// Values per block (1 for the 16-bit formats) and bytes per block, as tables indexed by the
+// enum's value (a switch over the list would have identical branches: bugprone-branch-clone).
+#define KAEL_QF_VALUES(e, name, qk, bytes) qk,
+constexpr int64_t kQuantBlockValues[kQuantSchemes] = {KAEL_QUANT_FORMATS(KAEL_QF_VALUES)};
+#undef KAEL_QF_VALUES
+#define KAEL_QF_BYTES(e, name, qk, bytes) bytes,
+constexpr int64_t kQuantBlockBytes[kQuantSchemes] = {KAEL_QUANT_FORMATS(KAEL_QF_BYTES)};
+#undef KAEL_QF_BYTES
 constexpr int64_t quant_block_values(QuantScheme s) {
-#define KAEL_QF_CASE(e, name, qk, bytes) \
-  case QuantScheme::e:                   \
-    return qk;
-  switch (s) { KAEL_QUANT_FORMATS(KAEL_QF_CASE) }
-#undef KAEL_QF_CASE
-  return 0;
+  return kQuantBlockValues[static_cast<int>(s)];
 }
 constexpr int64_t quant_block_bytes(QuantScheme s) {
-#define KAEL_QF_CASE(e, name, qk, bytes) \
-  case QuantScheme::e:                   \
-    return bytes;
-  switch (s) { KAEL_QUANT_FORMATS(KAEL_QF_CASE) }
-#undef KAEL_QF_CASE
-  return 0;
+  return kQuantBlockBytes[static_cast<int>(s)];
 }
 // A format of GGML blocks (uint8 storage), not bfloat16 / float16.
 constexpr bool quant_is_block(QuantScheme s) {
