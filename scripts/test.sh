@@ -25,5 +25,24 @@ echo "==> pip install -r requirements-dev.txt"
 python -m pip install -q -r requirements-dev.txt
 python -m pip install -q --no-deps -e ./kael_backend_cuda
 
-echo "==> pytest"
-python -m pytest "$@"
+# Two passes: everything not marked serial under pytest-xdist (KAEL_TEST_WORKERS workers, default
+# one per CPU), then the serial tests alone (tests/conftest.py says which and why). With --cov the
+# second pass appends to the first's coverage data. Exit 5 (no test selected, e.g. by -k) from one
+# pass is fine when the other ran tests.
+serial_args=("$@")
+for arg in "$@"; do
+    if [[ $arg == --cov* ]]; then
+        serial_args+=(--cov-append)
+        break
+    fi
+done
+echo "==> pytest, parallel pass (-n ${KAEL_TEST_WORKERS:-auto})"
+parallel=0
+python -m pytest -n "${KAEL_TEST_WORKERS:-auto}" -m "not serial" --durations=30 "$@" || parallel=$?
+echo "==> pytest, serial pass"
+serial=0
+python -m pytest -p no:xdist -m serial --durations=10 "${serial_args[@]}" || serial=$?
+if ((parallel == 5 && serial == 5)); then exit 5; fi
+for rc in "$parallel" "$serial"; do
+    if ((rc != 0 && rc != 5)); then exit "$rc"; fi
+done
