@@ -496,3 +496,13 @@ def test_encode_chat_reads_specials_in_gpt2_text() -> None:
 
     tok = BpeTokenizer.from_directory(GPT2_DATA)
     assert encode_chat(tok, "hi<|endoftext|>") == [5303, 50256]
+
+
+def test_a_token_id_far_beyond_the_vocabulary_is_refused_before_its_tables(dirs: dict[str, Path]) -> None:
+    # the fuzzer's out-of-memory input (fuzz/regressions/fuzz_hf_tokenizer/token_id_of_a_billion_oom.bin):
+    # one id of about 10**9 sized the id tables by it
+    raw = json.loads((dirs["llama2"] / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = raw["model"]["vocab"]
+    vocab[next(t for t in vocab if t not in ("<unk>", "<s>", "</s>"))] = 10**9
+    with pytest.raises(FormatError, match=r"token id 1000000000 is far beyond the vocabulary's \d+ tokens"):
+        HFTokenizer.from_bytes(json.dumps(raw).encode())

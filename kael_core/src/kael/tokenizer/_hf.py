@@ -55,6 +55,10 @@ Piece = str | bytes
 Step = Callable[[Piece], Piece]
 
 
+#: How far the largest token id may exceed twice the number of tokens (gaps are rare and small).
+_SPARE_IDS = 1 << 16
+
+
 class HFTokenizer:
     """A ``tokenizer.json`` tokenizer, through the Hugging Face ``tokenizers`` library.
 
@@ -73,6 +77,13 @@ class HFTokenizer:
         self._register_tokens(config)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self._vocab_size = max(vocab.values(), default=-1) + 1
+        if self._vocab_size > 2 * len(vocab) + _SPARE_IDS:
+            # Ids are dense in every real vocabulary; a stray huge id would size the id tables
+            # below by it (a gigabyte for an id of 10**9).
+            raise FormatError(
+                f"{source}: token id {self._vocab_size - 1} is far beyond the vocabulary's {len(vocab)} "
+                f"tokens; expected ids below {2 * len(vocab) + _SPARE_IDS}"
+            )
         self._gaps = frozenset(range(self._vocab_size)).difference(vocab.values())  # ids with no token (rare)
         added = tokenizer.get_added_tokens_decoder()
         self._added: dict[int, str] = {i: t.content for i, t in added.items()}
