@@ -14,7 +14,7 @@ from ... import _dtype as dt
 from ... import ops
 from ..._errors import DTypeError, IndexError_, ShapeError
 from ..._tensor import Tensor
-from ._loss import _check_reduction, _float_input, _legacy, _tensors
+from ._loss import _float_input, _reduction, _tensors
 
 __all__ = ["cross_entropy", "nll_loss"]
 
@@ -86,8 +86,7 @@ def nll_loss(
 
     Each loss is -weight[t] * input[n, t]; "mean" divides by the summed weights of the targets not ignored.
     """
-    reduction = _legacy("nll_loss", size_average, reduce, reduction)
-    _check_reduction("nll_loss", reduction)
+    reduction = _reduction("nll_loss", size_average, reduce, reduction)
     logp, tgt = _classes_last(input, target, "nll_loss")
     _float_input("nll_loss", logp)
     _check_weight("nll_loss", weight, logp.shape[1])
@@ -116,8 +115,7 @@ def cross_entropy(
     input's shape is a distribution over the classes (the mean then divides by the batch size).
     label_smoothing mixes the target with the uniform distribution, as PyTorch does.
     """
-    reduction = _legacy("cross_entropy", size_average, reduce, reduction)
-    _check_reduction("cross_entropy", reduction)
+    reduction = _reduction("cross_entropy", size_average, reduce, reduction)
     _tensors("cross_entropy", input=input, target=target)
     _float_input("cross_entropy", input)
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):

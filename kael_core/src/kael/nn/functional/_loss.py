@@ -34,7 +34,7 @@ def _check_reduction(op: str, reduction: Any, extra: tuple[str, ...] = ()) -> No
         raise DTypeError(f"{op}: reduction must be one of {', '.join(map(repr, allowed))}, got {reduction!r}")
 
 
-def _legacy(op: str, size_average: Any, reduce: Any, reduction: str) -> str:
+def _legacy(op: str, size_average: Any, reduce: Any, reduction: str, stacklevel: int = 3) -> str:
     """PyTorch's deprecated size_average/reduce pair as a reduction (reduction itself when both are None)."""
     if size_average is None and reduce is None:
         return reduction
@@ -42,9 +42,26 @@ def _legacy(op: str, size_average: Any, reduce: Any, reduction: str) -> str:
     rd = True if reduce is None else bool(reduce)
     legacy = "none" if not rd else ("mean" if sa else "sum")
     warnings.warn(
-        f"{op}: size_average and reduce are deprecated, use reduction={legacy!r} instead", UserWarning, stacklevel=3
+        f"{op}: size_average and reduce are deprecated, use reduction={legacy!r} instead",
+        UserWarning,
+        stacklevel=stacklevel,
     )
     return legacy
+
+
+def _reduction(op: str, size_average: Any, reduce: Any, reduction: str, extra: tuple[str, ...] = ()) -> str:
+    """A loss function's reduction: the legacy size_average/reduce pair resolved, then checked."""
+    reduction = _legacy(op, size_average, reduce, reduction, stacklevel=4)  # the warning names the user's call
+    _check_reduction(op, reduction, extra)
+    return reduction
+
+
+def _same_shape_floats(op: str, input: Any, target: Any) -> None:
+    """input and target are tensors of one shape, input a floating-point one (the binary losses)."""
+    _tensors(op, input=input, target=target)
+    _float_input(op, input)
+    if target.shape != input.shape:
+        raise ShapeError(f"{op}: target shape {list(target.shape)} must equal input shape {list(input.shape)}")
 
 
 def _reduce(losses: Tensor, reduction: str) -> Tensor:
@@ -96,8 +113,7 @@ def mse_loss(
 ) -> Tensor:
     """(input - target)**2, reduced: its mean (default), its sum, or each element (reduction='none');
     with ``weight`` (input's shape) each term is weighted and the mean divides by the weights' sum."""
-    reduction = _legacy("mse_loss", size_average, reduce, reduction)
-    _check_reduction("mse_loss", reduction)
+    reduction = _reduction("mse_loss", size_average, reduce, reduction)
     x, y = _pair("mse_loss", input, target)
     d = ops.sub(x, y)
     return _weighted_reduce("mse_loss", ops.mul(d, d), weight, reduction)
@@ -112,8 +128,7 @@ def l1_loss(
     weight: Tensor | None = None,
 ) -> Tensor:
     """|input - target|, reduced (weighted as mse_loss with ``weight``)."""
-    reduction = _legacy("l1_loss", size_average, reduce, reduction)
-    _check_reduction("l1_loss", reduction)
+    reduction = _reduction("l1_loss", size_average, reduce, reduction)
     x, y = _pair("l1_loss", input, target)
     return _weighted_reduce("l1_loss", ops.abs(ops.sub(x, y)), weight, reduction)
 
@@ -133,8 +148,7 @@ def smooth_l1_loss(
     beta: float = 1.0,
 ) -> Tensor:
     """0.5 * d**2 / beta where |d| < beta, else |d| - 0.5 * beta (d = input - target); beta=0 is l1_loss."""
-    reduction = _legacy("smooth_l1_loss", size_average, reduce, reduction)
-    _check_reduction("smooth_l1_loss", reduction)
+    reduction = _reduction("smooth_l1_loss", size_average, reduce, reduction)
     b = _nonneg("smooth_l1_loss", "beta", beta)
     x, y = _pair("smooth_l1_loss", input, target)
     if b == 0.0:
@@ -169,14 +183,8 @@ def binary_cross_entropy(
 
     input holds probabilities (values in [0, 1], checked) and target has its shape.
     """
-    reduction = _legacy("binary_cross_entropy", size_average, reduce, reduction)
-    _check_reduction("binary_cross_entropy", reduction)
-    _tensors("binary_cross_entropy", input=input, target=target)
-    _float_input("binary_cross_entropy", input)
-    if target.shape != input.shape:
-        raise ShapeError(
-            f"binary_cross_entropy: target shape {list(target.shape)} must equal input shape {list(input.shape)}"
-        )
+    reduction = _reduction("binary_cross_entropy", size_average, reduce, reduction)
+    _same_shape_floats("binary_cross_entropy", input, target)
     if input.numel():
         lo, hi = float(ops.amin(input).item()), float(ops.amax(input).item())
         if not (lo >= 0.0 and hi <= 1.0):
@@ -205,15 +213,8 @@ def binary_cross_entropy_with_logits(
     (1 - t) * x + (1 + (pos_weight - 1) * t) * (log1p(exp(-|x|)) + max(-x, 0)), times weight;
     pos_weight (broadcast along the last dim, one per class) weighs the positive term.
     """
-    reduction = _legacy("binary_cross_entropy_with_logits", size_average, reduce, reduction)
-    _check_reduction("binary_cross_entropy_with_logits", reduction)
-    _tensors("binary_cross_entropy_with_logits", input=input, target=target)
-    _float_input("binary_cross_entropy_with_logits", input)
-    if target.shape != input.shape:
-        raise ShapeError(
-            f"binary_cross_entropy_with_logits: target shape {list(target.shape)} must equal input shape "
-            f"{list(input.shape)}"
-        )
+    reduction = _reduction("binary_cross_entropy_with_logits", size_average, reduce, reduction)
+    _same_shape_floats("binary_cross_entropy_with_logits", input, target)
     x, t = input, target
     softplus_neg = ops.add(ops.log1p(ops.exp(ops.neg(ops.abs(x)))), ops.maximum(ops.neg(x), 0.0))
     if pos_weight is not None:
@@ -241,8 +242,7 @@ def kl_div(
     target == 0 are 0. reduction "batchmean" divides the sum by the batch size (input.shape[0]), the
     mathematically correct KL; "mean" (PyTorch's default) averages over every element.
     """
-    reduction = _legacy("kl_div", size_average, reduce, reduction)
-    _check_reduction("kl_div", reduction, ("batchmean",))
+    reduction = _reduction("kl_div", size_average, reduce, reduction, ("batchmean",))
     _tensors("kl_div", input=input, target=target)
     if log_target:
         losses = ops.mul(ops.exp(target), ops.sub(target, input))
@@ -271,8 +271,7 @@ def cosine_embedding_loss(
     input1, input2 [N, D] (or [D] with a 0-d target); cos over the last dim, with PyTorch's 1e-12
     added to each squared norm.
     """
-    reduction = _legacy("cosine_embedding_loss", size_average, reduce, reduction)
-    _check_reduction("cosine_embedding_loss", reduction)
+    reduction = _reduction("cosine_embedding_loss", size_average, reduce, reduction)
     _tensors("cosine_embedding_loss", input1=input1, input2=input2, target=target)
     if input1.shape != input2.shape or input1.ndim not in (1, 2):
         raise ShapeError(
