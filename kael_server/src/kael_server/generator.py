@@ -171,10 +171,12 @@ class Generator:
 
     def _sampler(self, params: SamplingParams, ids: list[int], choice: int) -> TokenSampler:
         """The choice's kael sampler (its processors built from ``params``, its own seeded
-        generator); ``sampler.simple`` says whether ``model.generate`` samples it alone."""
+        generator); ``sampler.simple`` says whether ``model.generate`` samples it alone. With
+        ``params.constraint`` it masks every step to the grammar (compiled over this tokenizer,
+        cached by its text), so a constrained choice is never simple."""
         rng = _kael_rng(self.seed_for(params, choice)) if params.temperature else None
         prompt = ids if params.repetition_penalty != 1 else ()
-        return TokenSampler(params, prompt, rng, end_tokens=self.stop_tokens)
+        return TokenSampler(params, prompt, rng, end_tokens=self.stop_tokens, tokenizer=self.tokenizer)
 
     def _echo(self, prompt: Prompt, ids: list[int], params: SamplingParams) -> Echo:
         """The prompt as its choices' texts start: as given (text) or decoded (token ids)."""

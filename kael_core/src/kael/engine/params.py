@@ -72,6 +72,13 @@ class SamplingParams:
     it is an upper bound lowered to what the context leaves after the prompt). ``logprobs``:
     record each token's log-probability and this many top alternatives (None: nothing);
     ``echo``: the text starts with the prompt.
+
+    ``constraint`` (a ``kael.constraints.Constraint``: JSON schema, regex, choice, grammar) is
+    what every sequence's output must match: the sampler masks each step's logits to the tokens
+    the grammar allows and, once it allows only the end, the end token ends the sequence
+    ("stop"); ``max_tokens`` first ends it cut ("length"). Constraints never fail open: a
+    grammar state allowing no token is an error, never an unmasked step. ``min_tokens`` is
+    refused with a constraint (it would mask the only token a complete match allows).
     """
 
     max_tokens: int = 16
@@ -93,6 +100,8 @@ class SamplingParams:
     logprobs: int | None = None
     echo: bool = False
     fit_context: bool = False
+    constraint: Any = None
+    """None, or a ``kael.constraints.Constraint`` (frozen, hashable)."""
 
     def __post_init__(self) -> None:
         op = "SamplingParams"
@@ -130,6 +139,17 @@ class SamplingParams:
             raise bad("seed", "None or an int")
         if self.logprobs is not None and (not _int(self.logprobs) or self.logprobs < 0):
             raise bad("logprobs", "None or an int >= 0")
+        if self.constraint is not None:
+            from ..constraints._spec import Constraint  # kael.constraints needs the optional llguidance
+
+            if not isinstance(self.constraint, Constraint):
+                raise bad("constraint", "None or a kael.constraints.Constraint (json_schema, regex, choice, grammar)")
+            if self.min_tokens:
+                raise SamplingParamError(
+                    "min_tokens",
+                    f"{op}: min_tokens ({self.min_tokens}) cannot be combined with a constraint "
+                    f"({self.constraint.field}): it would mask the end token a complete match needs",
+                )
 
     @property
     def greedy(self) -> bool:

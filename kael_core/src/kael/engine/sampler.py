@@ -7,7 +7,8 @@ formulas:
    anything the request changes (vLLM's default, "raw logprobs");
 2. the logits processors run in turn (NOTE [logits processors]): kael's own first, built from
    ``SamplingParams`` (``logit_bias``; the repetition, frequency and presence penalties;
-   ``min_tokens``, masking the end tokens), then the request's own (a grammar mask, a ban);
+   ``min_tokens``, masking the end tokens), then the constraint's grammar mask
+   (``params.constraint``: a ``kael.constraints.ConstraintMatcher``), then the request's own;
 3. temperature 0 is greedy: the argmax of these logits (the first on ties). Otherwise the
    logits are divided by the temperature, top-k, top-p and min-p drop tokens (NOTE [one top-k
    rule] in distributions.py), and one uniform number from the sequence's generator picks a
@@ -70,6 +71,10 @@ class TokenSampler:
     ``params.logprobs`` is not None. ``fork`` copies it for another sequence of the same prompt
     (n > 1); ``rollback`` forgets rejected tokens.
 
+    With ``params.constraint`` the sampler builds its ``ConstraintMatcher`` (``matcher``) over
+    ``tokenizer`` (required then), ending at ``end_tokens`` and ``params.stop_token_ids``: a
+    constrained sampler is never ``simple`` nor ``plain`` (its mask is a processor).
+
     >>> sampler = TokenSampler(SamplingParams(temperature=0.7, top_p=0.9), prompt=ids, generator=g)  # doctest: +SKIP
     >>> model.generate(ids, 20, sampler=sampler)  # doctest: +SKIP
     """
@@ -82,6 +87,7 @@ class TokenSampler:
         *,
         end_tokens: Collection[int] = (),
         processors: Sequence[LogitsProcessor] = (),
+        tokenizer: Any = None,
     ) -> None:
         if not isinstance(params, SamplingParams):
             raise DTypeError(f"TokenSampler: params must be SamplingParams, got {type(params).__name__}")
@@ -99,7 +105,11 @@ class TokenSampler:
         self.output: list[int] = []
         """The tokens accepted so far."""
         self.last: TokenLogprob | None = None
-        self.processors: list[LogitsProcessor] = [*_own_processors(params, prompt, end_tokens), *processors]
+        own = _own_processors(params, prompt, end_tokens)
+        self.matcher: Any = _matcher(params, end_tokens, tokenizer)
+        """The ``kael.constraints.ConstraintMatcher`` of ``params.constraint`` (None without one)."""
+        mask = [self.matcher] if self.matcher is not None else []
+        self.processors: list[LogitsProcessor] = [*own, *mask, *processors]
         self._v = 0  # the vocabulary size, from the first step
 
     @property
@@ -158,6 +168,9 @@ class TokenSampler:
         twin.params, twin.generator, twin.last = self.params, generator, self.last
         twin.output, twin._v = list(self.output), self._v
         twin.processors = [p.fork() for p in self.processors]
+        twin.matcher = None
+        if self.matcher is not None:  # the twin's matcher is its fork, where the original's sits
+            twin.matcher = twin.processors[self.processors.index(self.matcher)]
         return twin
 
     def rollback(self, n_tokens: int) -> None:
@@ -185,6 +198,26 @@ def _own_processors(
     if params.min_tokens and ends:
         out.append(MinTokens(params.min_tokens, ends))
     return out
+
+
+def _matcher(params: SamplingParams, end_tokens: Collection[int], tokenizer: Any) -> Any:
+    """The constraint's matcher, ending at the end tokens and ``stop_token_ids`` (None without one)."""
+    if params.constraint is None:
+        return None
+    if tokenizer is None:
+        raise KaelError(
+            f"TokenSampler: a constraint ({params.constraint.field}) needs the tokenizer its grammar is "
+            "compiled against: pass tokenizer="
+        )
+    ends = sorted({_token(t) for t in end_tokens} | set(params.stop_token_ids))
+    if not ends:
+        raise KaelError(
+            f"TokenSampler: a constraint ({params.constraint.field}) needs an end token to finish on; "
+            "pass end_tokens= or params.stop_token_ids"
+        )
+    from ..constraints import ConstraintMatcher  # needs the optional llguidance
+
+    return ConstraintMatcher(params.constraint, tokenizer, ends)
 
 
 def _token(value: Any) -> int:

@@ -145,11 +145,24 @@ class CausalLMBase(Module):
         generator: Any = None,
         *,
         sampler: Any = None,
+        constraint: Any = None,
+        tokenizer: Any = None,
     ) -> list[int]:
         """New tokens continuing ``prompt`` (see ``kael.models.generate``)."""
         from ._generate import generate
 
-        return generate(self, prompt, max_new_tokens, temperature, top_k, on_token, generator, sampler=sampler)
+        return generate(
+            self,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            on_token,
+            generator,
+            sampler=sampler,
+            constraint=constraint,
+            tokenizer=tokenizer,
+        )
 
     def _check_forward(
         self, ids: Any, cache: KVCache | None, lengths: Sequence[int] | None, last_only: bool

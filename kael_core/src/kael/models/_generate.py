@@ -115,6 +115,8 @@ def generate(
     generator: Generator | None = None,
     *,
     sampler: Sampler | None = None,
+    constraint: Any = None,
+    tokenizer: Any = None,
 ) -> list[int]:
     """Up to ``max_new_tokens`` new token ids continuing ``prompt`` (a list of ids or a 1-d tensor).
 
@@ -126,6 +128,14 @@ def generate(
     step's logits [V] (a view valid until the next step) and every token so far (prompt
     and generated, a list it must not keep) and returns the next token id; temperature,
     top_k and generator are then unused.
+
+    ``constraint`` (``kael.constraints.json_schema(...)``, ``regex``, ``choice``, ``grammar``)
+    makes the new tokens match it: each step samples (with ``temperature``, ``top_k`` and
+    ``generator``) among the tokens its grammar allows, compiled against ``tokenizer``
+    (required with it); generation ends after the end token (the tokenizer's end of text, the
+    eos ids of ``model.generation_config``), which the grammar allows once the output is a
+    complete match and alone once nothing can follow, and which is the last id returned.
+    Reaching ``max_new_tokens`` first leaves the output cut. Not with ``sampler``.
     """
     ids = _prompt_ids(prompt, model.vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -135,6 +145,14 @@ def generate(
         raise DTypeError(f"generate: on_token must be callable or None, got {type(on_token).__name__}")
     if sampler is not None and not callable(sampler):
         raise DTypeError(f"generate: sampler must be callable or None, got {type(sampler).__name__}")
+    if constraint is not None:
+        if sampler is not None:
+            raise KaelError(
+                "generate: give a constraint or a sampler, not both (a TokenSampler takes one in its params)"
+            )
+        sampler, on_token = _constrained(model, constraint, tokenizer, temperature, top_k, generator, on_token)
+    elif tokenizer is not None:
+        raise KaelError("generate: tokenizer is for a constraint's grammar; no constraint was given")
     if max_new_tokens == 0:
         return []
     was_training = model.training
@@ -145,6 +163,39 @@ def generate(
     finally:
         if was_training:
             model.train()
+
+
+def _constrained(
+    model: CausalLM,
+    constraint: Any,
+    tokenizer: Any,
+    temperature: float,
+    top_k: int,
+    generator: Generator | None,
+    on_token: Callable[[int], Any] | None,
+) -> tuple[Sampler, Callable[[int], Any]]:
+    """A TokenSampler under ``constraint`` and an ``on_token`` that also stops after the end
+    token the grammar finished on."""
+    from ..engine import TokenSampler
+
+    if tokenizer is None:
+        raise KaelError("generate: a constraint needs tokenizer= (its grammar is compiled against the vocabulary)")
+    ends: list[int] = []
+    try:
+        ends.append(int(tokenizer.eot_token))
+    except (KaelError, AttributeError):  # a tokenizer with no end of text: the model's eos ids alone
+        pass
+    config = getattr(model, "generation_config", None)
+    ends += [int(t) for t in getattr(config, "eos_token_ids", None) or () if int(t) not in ends]
+    params = SamplingParams(temperature=temperature, top_k=top_k, constraint=constraint)
+    sampler = TokenSampler(params, generator=generator, end_tokens=ends, tokenizer=tokenizer)
+    end_set = frozenset(ends)
+
+    def on_constrained_token(token: int) -> Any:
+        keep = on_token(token) if on_token is not None else None
+        return False if token in end_set else keep
+
+    return sampler, on_constrained_token
 
 
 def _loop(

@@ -136,6 +136,8 @@ class CausalLM(Protocol):
         generator: Any = None,
         *,
         sampler: Any = None,
+        constraint: Any = None,
+        tokenizer: Any = None,
     ) -> list[int]:
         """New token ids continuing ``prompt`` (``kael.models.generate``)."""
         ...
