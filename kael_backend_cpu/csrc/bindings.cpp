@@ -683,6 +683,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("get_num_threads", &get_num_threads);
   m.def("isa", [] { return std::string(vec().name); });
+  m.def("quant_schemes", [] {  // the weight formats dequantize / quantized_linear take (quant_formats.h)
+    py::tuple t(kQuantSchemes);
+    for (int i = 0; i < kQuantSchemes; ++i) t[static_cast<size_t>(i)] = quant_scheme_name(static_cast<QuantScheme>(i));
+    return t;
+  });
   m.def("isa_info", [] {  // what vec_select.cpp sees and can pick (NOTE [runtime dispatch] in vec.h)
     py::dict features, requires;
     for (const auto& [name, on] : cpu_feature_list()) features[py::str(name)] = on;

@@ -34,6 +34,7 @@ __all__ = [
     "empty_cache",
     "isa",
     "isa_info",
+    "quant_schemes",
     "check_threads",
 ]
 
@@ -96,6 +97,16 @@ def isa_info() -> dict[str, Any]:
     except KaelError as exc:
         info["isa"], info["error"] = None, str(exc)
     return info
+
+
+def quant_schemes() -> tuple[str, ...]:
+    """The weight formats the C++ ``dequantize`` / ``quantized_linear`` kernels take, by name.
+
+    One entry per row of the extension's format list (``csrc/quant_formats.h``), in its order:
+    ``"q8_0"``, ``"q4_0"``, ``"bf16"``, ``"f16"``, ``"q4_1"``, ... A scheme not named here is refused
+    by those kernels with a ``kael.KaelError`` listing these names.
+    """
+    return tuple(str(s) for s in C.quant_schemes())
 
 
 def check_threads(n: Any) -> None:
