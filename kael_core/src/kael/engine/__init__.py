@@ -6,21 +6,44 @@
 - ``TokenSampler`` and ``sample_rows`` (sampler.py): the one batched sampler, with the one
   top-k rule (NOTE [one top-k rule] in distributions.py);
 - ``SequenceStop`` (stop.py): the one stop function (end tokens, ``ignore_eos``, ``min_tokens``,
-  stop strings, ``max_tokens``).
+  stop strings, ``max_tokens``);
+- ``Request`` (request.py): a sequence's ids, how many are computed, its params and status;
+- ``Scheduler`` (scheduler.py): each step's plan of "n new tokens per row" under a token budget
+  (chunked prefill, preemption of the newest request, resumption as a prefill);
+- ``KVManager`` (kv_manager.py): rows and blocks of a ``BatchDecoder``'s paged cache;
+- ``ModelRunner`` (runner.py): one forward pass per plan;
+- ``EngineCore`` (core.py): the step that ties them (schedule, run, sample, stop).
 
 See DESIGN.md, "The engine".
 """
 
 from __future__ import annotations
 
+from .core import EngineCore, StepEvent
 from .distributions import draw, filter_row, log_softmax, softmax, top_logprobs
+from .kv_manager import KVManager
 from .logits_processors import LogitBias, LogitsProcessor, MinTokens, Penalties
 from .params import MIN_TEMPERATURE, SamplingParamError, SamplingParams, check_temperature
+from .request import Request, RequestError, RequestStatus, check_fits
+from .runner import ModelRunner, StepLogits
 from .sampler import TokenLogprob, TokenSampler, pick, sample_rows
+from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
 from .stop import FinishReason, SequenceStop, StopMatcher
 
 __all__ = [
     "MIN_TEMPERATURE",
+    "EngineCore",
+    "KVManager",
+    "ModelRunner",
+    "Request",
+    "RequestError",
+    "RequestStatus",
+    "ScheduledRow",
+    "Scheduler",
+    "SchedulerOutput",
+    "StepEvent",
+    "StepLogits",
+    "check_fits",
     "FinishReason",
     "SequenceStop",
     "StopMatcher",

@@ -260,10 +260,16 @@ class BatchDecoder:
 
     # -- one step for many sequences ----------------------------------------------------------
     def decode(self, rows: Sequence[int], tokens: Sequence[int]) -> Tensor:
-        """Append ``tokens[i]`` to the sequence in ``rows[i]``, all in one pass; logits [len(rows), V]."""
+        """Append ``tokens[i]`` to the sequence in ``rows[i]``, all in one pass; logits [len(rows), V].
+
+        A row whose next slot was granted already (``cache.grow`` by a KV manager, with this token)
+        is not grown again."""
         rows, tokens = _as_list("decode", "rows", rows), _as_list("decode", "tokens", tokens)
         self._check_step(rows, tokens)
-        self.cache.grow(rows, tokens)  # KVCacheFull before anything changes: the caller preempts
+        pool, lengths = self.cache.pool, self.cache.lengths
+        todo = [i for i, r in enumerate(rows) if pool.length(r) <= lengths[r]]  # a KV manager may have granted it
+        if todo:  # KVCacheFull before anything changes: the caller preempts
+            self.cache.grow([rows[i] for i in todo], [tokens[i] for i in todo])
         with no_grad():
             logits = self._step(rows, tokens)
         for r in rows:

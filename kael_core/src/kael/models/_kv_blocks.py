@@ -313,19 +313,7 @@ class BlockPool:
         self._new_id("allocate", seq_id)
         ids = _tokens("BlockPool.allocate", tokens)
         bs, n = self.block_size, len(ids)
-        hits: list[int] = []
-        key, cid = b"", 0
-        missed: bytes | None = None  # the key of the first block not found, computed once
-        if self.prefix_caching:
-            for i in range((n - 1) // bs):  # at least the last token is always computed
-                own = tuple(ids[i * bs : (i + 1) * bs])
-                k = self._chain(key, own)
-                b = self._index.get(k)
-                if b is None or self._parent[b] != cid or self._btokens[b] != own:
-                    missed = k  # a miss, or a digest collision with different contents
-                    break
-                hits.append(b)
-                key, cid = k, self._cid[b]
+        hits, key, cid, missed = self._lookup(ids)
         need = -(-n // bs) - len(hits)
         revived = sum(1 for b in hits if self._ref[b] == 0)
         if need > self.free_blocks - revived:
@@ -342,6 +330,27 @@ class BlockPool:
         self.queries_tokens += n
         self.hit_tokens += len(hits) * bs
         return Allocation(tuple(table), len(hits) * bs)
+
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        """Leading tokens of ``tokens`` that ``allocate`` would find cached now (whole blocks, never
+        the last token). Changes nothing: a scheduler sizes a prompt's first chunk with it."""
+        return len(self._lookup(_tokens("BlockPool.cached_prefix", tokens))[0]) * self.block_size
+
+    def _lookup(self, ids: list[int]) -> tuple[list[int], bytes, int, bytes | None]:
+        """The cached blocks of ``ids``' longest prefix, the last one's key and cid, and the key of
+        the first block not found (None if none was looked up in vain)."""
+        bs, key, cid = self.block_size, b"", 0
+        hits: list[int] = []
+        if self.prefix_caching:
+            for i in range((len(ids) - 1) // bs):  # at least the last token is always computed
+                own = tuple(ids[i * bs : (i + 1) * bs])
+                k = self._chain(key, own)
+                b = self._index.get(k)
+                if b is None or self._parent[b] != cid or self._btokens[b] != own:
+                    return hits, key, cid, k  # a miss, or a digest collision with different contents
+                hits.append(b)
+                key, cid = k, self._cid[b]
+        return hits, key, cid, None
 
     def append(self, seq_id: Hashable, token: int) -> AppendResult | None:
         """Grow ``seq_id`` by ``token`` (whose K/V the caller is about to write); where it goes.

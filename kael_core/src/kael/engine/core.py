@@ -1,0 +1,164 @@
+"""EngineCore: the engine's step, schedule -> run -> sample -> stop, over requests.
+
+    core = EngineCore(BatchDecoder(model, rows=8))
+    core.add(Request(prompt_ids, SamplingParams(max_tokens=32, temperature=0.0), eos_ids=[50256]))
+    while core.has_unfinished:
+        for event in core.step():       # the tokens each request got this step
+            ...
+
+NOTE [step isolation]: what belongs to one request (its sampler, its ``on_token``) runs in a
+try of its own, so its failure ends that request only (a ``StepEvent`` with ``error``). Only
+a failing forward pass, which every row of the plan shares, ends every request in it; their
+rows are then released without caching their blocks (their keys and values may be half
+written). Every request gets exactly one final event (``finished``), whatever ends it, except
+one taken out by ``abort``, whose caller knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..ops import select, view
+from .kv_manager import KVManager
+from .request import Request, RequestError, RequestStatus
+from .runner import ModelRunner, StepLogits
+from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
+
+if TYPE_CHECKING:
+    from ..models import BatchDecoder
+
+__all__ = ["EngineCore", "StepEvent"]
+
+
+@dataclass
+class StepEvent:
+    """What one request got from a step: its new ``tokens``; ``finished`` once it is done
+    (``request.finish_reason`` says why, ``error`` if it failed)."""
+
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+    error: BaseException | None = None
+
+
+class EngineCore:
+    """Requests in, tokens out, one step at a time, on ``decoder`` (NOTE [step isolation]).
+
+    ``max_num_batched_tokens`` is each step's token budget (chunked prefill, NOTE [one
+    schedule] in scheduler.py); ``max_num_seqs`` bounds the running requests (default: the
+    decoder's rows). Not thread safe: one thread drives it.
+    """
+
+    def __init__(
+        self, decoder: BatchDecoder, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None
+    ) -> None:
+        self.decoder = decoder
+        self.kv = KVManager(decoder)
+        self.scheduler = Scheduler(self.kv, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        self.runner = ModelRunner(decoder)
+        self.last_plan: SchedulerOutput | None = None
+        """The plan of the latest step (for metrics and tests)."""
+
+    @property
+    def has_unfinished(self) -> bool:
+        """Whether any request waits or runs."""
+        return self.scheduler.has_unfinished
+
+    def add(self, request: Request) -> None:
+        """Queues a new request; it runs from the next step on."""
+        if request.num_tokens + 1 > self.kv.max_positions:
+            raise RequestError(
+                "prompt_ids",
+                f"a prompt of {request.num_tokens} tokens leaves no room in a row of {self.kv.max_positions} positions",
+            )
+        self.scheduler.add(request)
+
+    def abort(self, request: Request) -> None:
+        """Takes ``request`` out now (FINISHED_ABORTED unless it had finished); no event follows."""
+        self.scheduler.finish(request, None if request.finished else RequestStatus.FINISHED_ABORTED)
+
+    def step(self) -> list[StepEvent]:
+        """One step: schedule, one forward pass, sample each row that reached its end, stop checks."""
+        plan = self.last_plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        try:
+            logits = self.runner.execute(plan)
+        except Exception as exc:  # the pass every row shares: every request in it fails
+            for r in plan.rows:
+                self.kv.free(r.request, keep=False)
+                self.scheduler.finish(r.request, RequestStatus.FINISHED_ABORTED)
+            return [StepEvent(r.request, finished=True, error=exc) for r in plan.rows]
+        greedy = self._greedy(plan, logits)
+        events: list[StepEvent] = []
+        for i, r in enumerate(plan.rows):
+            request = r.request
+            request.num_computed += r.n
+            if not r.samples or request.finished:
+                continue
+            row = logits.row(i)
+            assert row is not None, "the runner gives logits to every row that samples"
+            if r.all_logits:
+                row = select(row, 0, r.n - 1)
+            children = self._fork_children(r) if not r.decode else []
+            for req in [request, *children]:
+                event = self._advance(req, greedy.get(i) if req.sampler is None else None, row)
+                if event is not None:
+                    events.append(event)
+        return events
+
+    def _advance(self, request: Request, greedy: int | None, row: Any) -> StepEvent | None:
+        """Samples ``request``'s next token from ``row`` (or takes ``greedy``) and applies the stop
+        function; its event (None if it was finished already)."""
+        if request.finished:
+            return None
+        try:
+            if greedy is not None:
+                token = greedy
+            elif request.sampler is not None:
+                token = int(request.sampler(row))
+            else:
+                token = int(self.decoder.greedy(_as_rows(row))[0])
+            more = request.append(token)
+        except Exception as exc:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            return StepEvent(request, finished=True, error=exc)
+        if not more:
+            self.scheduler.finish(request)
+        return StepEvent(request, [token], finished=not more)
+
+    def _greedy(self, plan: SchedulerOutput, logits: StepLogits) -> dict[int, int]:
+        """Every greedy sampling row's token, one argmax per batched product (plan row -> token)."""
+        out: dict[int, int] = {}
+        for batch, rows in logits.batches:
+            want = [i for i in rows if plan.rows[i].samples and plan.rows[i].request.sampler is None]
+            if not want:
+                continue
+            picked = self.decoder.greedy(batch)
+            out.update({i: picked[j] for j, i in enumerate(rows) if i in set(want)})
+        return out
+
+    def _fork_children(self, r: ScheduledRow) -> list[Request]:
+        """The waiting siblings of ``r.request`` whose prefill just ended (NOTE [forks] in
+        scheduler.py): forked into free rows now, or left to start as ordinary prefills."""
+        parent = r.request
+        kids = [q for q in self.scheduler.waiting if q.fork_of is parent]
+        started = []
+        for kid in kids:
+            kid.fork_of = None
+            if parent.finished or len(self.scheduler.running) >= self.scheduler.max_num_seqs:
+                continue
+            if not self.kv.fork(parent, kid):
+                continue
+            self.scheduler.waiting.remove(kid)
+            kid.status = RequestStatus.RUNNING
+            kid.prefill_target = kid.num_tokens
+            kid.started, kid.num_cached = True, 0
+            self.scheduler.running.append(kid)
+            started.append(kid)
+        return started
+
+
+def _as_rows(row: Any) -> Any:
+    return view(row, 1, row.shape[-1])

@@ -1,0 +1,152 @@
+"""KVManager: rows and KV blocks for the engine's requests, on a BatchDecoder's paged cache.
+
+NOTE [kv allocation]: the scheduler asks for exactly the slots a step needs, before the step
+runs (vLLM v1's ``allocate_slots``): a request's first chunk ``start``s its row with the ids
+up to the chunk's end (the pool reuses their longest cached prefix of whole blocks), and every
+later chunk, decode token or draft ``grow``s it token by token. A block is registered in the
+prefix index as it fills, before its keys and values are written, so every slot handed out
+must be written by the very next forward pass, before another ``start`` may reuse it: the
+engine runs each plan before it schedules the next one, and within a pass the rows run in
+plan order, layer by layer (NOTE [batched prefill] in kael.models._batched). That is why a
+long prompt is allocated chunk by chunk, never all at once: another prompt sharing its
+prefix must not find blocks that a later chunk has yet to fill.
+
+When a step cannot have its blocks, the scheduler preempts: ``free`` gives the newest
+request's row back, its full blocks staying cached for its recomputation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._errors import KaelError
+from .request import Request
+
+if TYPE_CHECKING:
+    from ..models import BatchDecoder
+
+__all__ = ["KVManager"]
+
+
+class KVManager:
+    """Rows and blocks of ``decoder``'s ``PagedKVCache`` for requests (NOTE [kv allocation])."""
+
+    def __init__(self, decoder: BatchDecoder) -> None:
+        self.decoder = decoder
+        self.cache = decoder.cache
+        self.pool = decoder.cache.pool
+        self._free_rows = list(range(decoder.rows - 1, -1, -1))
+
+    @property
+    def rows(self) -> int:
+        """Rows in all: the most requests that run at once."""
+        return self.decoder.rows
+
+    @property
+    def free_rows(self) -> int:
+        """Rows no request holds."""
+        return len(self._free_rows)
+
+    @property
+    def block_size(self) -> int:
+        """Positions per block."""
+        return self.cache.block_size
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks that can be handed out now (free or cached)."""
+        return self.pool.free_blocks
+
+    @property
+    def max_positions(self) -> int:
+        """Tokens one row holds at most."""
+        return self.cache.max_positions
+
+    def cached_prefix(self, ids: Sequence[int]) -> int:
+        """Leading tokens of ``ids`` the prefix cache holds now (whole blocks, never the last token)."""
+        return self.pool.cached_prefix(ids)
+
+    def blocks_for(self, request: Request, tokens: int) -> int:
+        """Blocks that ``grow(request, ...)`` of ``tokens`` more positions takes from the pool."""
+        row = self._row(request, "blocks_for")
+        bs, have = self.block_size, self.pool.length(row)
+        need = -(-(have + tokens) // bs) - -(-have // bs)
+        if have % bs and self.pool.refcount(self.pool.block_table(row)[-1]) > 1:
+            need += 1  # its shared, not-full last block is copied first (copy-on-write)
+        return need
+
+    def start(self, request: Request, end: int, *, spare: int = 0) -> bool:
+        """Gives ``request`` a row holding ``all_ids[:end]`` (its cached prefix reused): sets its
+        ``row`` and ``num_computed`` (the cached tokens). False, changing nothing, when no row is
+        free or the pool would keep fewer than ``spare`` blocks free afterwards."""
+        if request.row is not None:
+            raise KaelError(f"KVManager.start: request {request.request_id!r} holds row {request.row} already")
+        if not self._free_rows:
+            return False
+        ids = request.all_ids[:end]
+        if spare:  # worst case: every cached block it reuses was counted free
+            need = -(-len(ids) // self.block_size)
+            if need + spare > self.free_blocks:
+                return False
+        from ..models import KVCacheFull  # kael.models imports kael.engine: not at import time
+
+        row = self._free_rows.pop()
+        try:
+            cached = self.cache.start(row, ids)
+        except KVCacheFull:
+            self._free_rows.append(row)
+            return False
+        except BaseException:
+            self._free_rows.append(row)
+            raise
+        self.decoder.active[row] = True
+        request.row, request.num_computed = row, cached
+        return True
+
+    def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool:
+        """Slots for ``tokens`` (the ids fed there) after ``request``'s current ones; False,
+        changing nothing, when the pool would keep fewer than ``spare`` blocks free."""
+        row = self._row(request, "grow")
+        if self.pool.length(row) + len(tokens) > self.max_positions:
+            raise KaelError(
+                f"KVManager.grow: request {request.request_id!r} would reach {self.pool.length(row) + len(tokens)} "
+                f"positions, more than a row's {self.max_positions}"
+            )
+        if self.blocks_for(request, len(tokens)) + spare > self.free_blocks:
+            return False
+        for t in tokens:
+            self.cache.grow([row], [t])
+        return True
+
+    def fork(self, parent: Request, child: Request) -> bool:
+        """Starts ``child`` in a free row as a copy of ``parent``'s (no block is taken or computed:
+        the blocks are shared, copy-on-write); False when no row is free."""
+        src = self._row(parent, "fork")
+        if not self._free_rows:
+            return False
+        row = self._free_rows.pop()
+        self.decoder.fork(src, row)
+        child.row, child.num_computed = row, parent.num_computed
+        return True
+
+    def free(self, request: Request, *, keep: bool = True) -> None:
+        """Gives ``request``'s row and blocks back; its full blocks stay cached unless ``keep`` is
+        False (their keys and values may not all be written: a failed forward pass)."""
+        row = request.row
+        if row is None:
+            return
+        request.row = None
+        self.decoder.active[row] = False
+        self.cache.release(row, keep=keep)
+        self._free_rows.append(row)
+
+    def cached_tokens(self, request: Request) -> int:
+        """Tokens of its row that came from the prefix cache or a fork when it started."""
+        row = self._row(request, "cached_tokens")
+        return int(self.cache.cached[row])
+
+    def _row(self, request: Request, op: str) -> int:
+        if request.row is None:
+            raise KaelError(f"KVManager.{op}: request {request.request_id!r} holds no row")
+        return request.row
