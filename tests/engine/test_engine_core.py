@@ -86,7 +86,7 @@ def test_chunked_and_batched_greedy_equals_alone(model: GPT) -> None:
     prompts = _prompts(0, 6)
     alone = [model.generate(p, 12) for p in prompts]
     for budget in (2048, 7, 1):
-        core = EngineCore(BatchDecoder(model, rows=4, block_size=4), max_num_batched_tokens=budget)
+        core = EngineCore.on(BatchDecoder(model, rows=4, block_size=4), max_num_batched_tokens=budget)
         reqs = [Request(p, GREEDY) for p in prompts]
         for r in reqs:
             core.add(r)
@@ -108,7 +108,7 @@ def test_preemption_takes_the_newest_and_resumes_from_the_prefix_cache(model: GP
     for i, p in enumerate(prompts):
         sampler = _sampled(params, p, i)
         alone.append(model.generate(p, 30, sampler=sampler))
-    core = EngineCore(BatchDecoder(model, rows=3, block_size=4, kv_cache_tokens=CTX))
+    core = EngineCore.on(BatchDecoder(model, rows=3, block_size=4, kv_cache_tokens=CTX))
     reqs = [Request(p, params, sampler=_sampled(params, p, i)) for i, p in enumerate(prompts)]
     for r in reqs:
         core.add(r)
@@ -133,7 +133,7 @@ def test_greedy_with_preemption_equals_the_unpreempted_run(model: GPT) -> None:
     prompts = _prompts(2, 5, lo=10, hi=24)
     params = SamplingParams(max_tokens=28, temperature=0.0)
     alone = [model.generate(p, 28) for p in prompts]
-    core = EngineCore(BatchDecoder(model, rows=5, block_size=4, kv_cache_tokens=80), max_num_batched_tokens=16)
+    core = EngineCore.on(BatchDecoder(model, rows=5, block_size=4, kv_cache_tokens=80), max_num_batched_tokens=16)
     reqs = [Request(p, params) for p in prompts]
     for r in reqs:
         core.add(r)
@@ -144,7 +144,7 @@ def test_greedy_with_preemption_equals_the_unpreempted_run(model: GPT) -> None:
 
 def test_a_repeated_prompt_hits_the_prefix_cache(model: GPT) -> None:
     prompt = _prompts(3, 1, lo=40, hi=41)[0]
-    core = EngineCore(BatchDecoder(model, rows=2, block_size=4))
+    core = EngineCore.on(BatchDecoder(model, rows=2, block_size=4))
     first, again = Request(prompt, GREEDY), Request(prompt, GREEDY)
     core.add(first)
     _drain(core)
@@ -159,7 +159,7 @@ def test_forked_choices_share_the_prefill_and_equal_alone(model: GPT) -> None:
     prompt = _prompts(4, 1)[0]
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=3, n=3)
     alone = [model.generate(prompt, 10, sampler=_sampled(params, prompt, 3 + j)) for j in range(3)]
-    core = EngineCore(BatchDecoder(model, rows=3, block_size=4))
+    core = EngineCore.on(BatchDecoder(model, rows=3, block_size=4))
     parent = Request(prompt, params, sampler=_sampled(params, prompt, 3))
     kids = [Request(prompt, params, sampler=_sampled(params, prompt, 3 + j), fork_of=parent) for j in (1, 2)]
     for r in [parent, *kids]:
@@ -192,7 +192,7 @@ def test_a_failing_sampler_ends_only_its_request(model: GPT) -> None:
     def boom(_: Any) -> int:
         raise RuntimeError("sampler broke")
 
-    core = EngineCore(BatchDecoder(model, rows=3, block_size=4))
+    core = EngineCore.on(BatchDecoder(model, rows=3, block_size=4))
     reqs = [Request(prompts[0], GREEDY), Request(prompts[1], GREEDY, sampler=boom), Request(prompts[2], GREEDY)]
     for r in reqs:
         core.add(r)
@@ -208,7 +208,7 @@ def test_a_failing_sampler_ends_only_its_request(model: GPT) -> None:
 def test_stop_tokens_end_a_request_with_stop(model: GPT) -> None:
     prompt = _prompts(7, 1)[0]
     full = model.generate(prompt, 12)
-    core = EngineCore(BatchDecoder(model, rows=1))
+    core = EngineCore.on(BatchDecoder(model, rows=1))
     req = Request(prompt, GREEDY, eos_ids=[full[4]])
     core.add(req)
     _drain(core)
@@ -225,7 +225,7 @@ def test_bad_requests_name_the_field(model: GPT) -> None:
         Request([1], {"temperature": 0})  # type: ignore[arg-type]
     with pytest.raises(RequestError, match=r"max_tokens.*\(60\).*64"):
         check_fits([1] * 10, SamplingParams(max_tokens=60), CTX)
-    core = EngineCore(BatchDecoder(model, rows=1))
+    core = EngineCore.on(BatchDecoder(model, rows=1))
     with pytest.raises(RequestError, match="64 positions"):
         core.add(Request([1] * CTX, GREEDY))
     with pytest.raises(kael.KaelError, match="max_num_batched_tokens"):
@@ -245,11 +245,38 @@ def test_any_budget_pool_and_rows_give_the_alone_outputs(
 ) -> None:
     prompts = _prompts(seed, count, lo=1, hi=30)
     alone = [model.generate(p, 10) for p in prompts]
-    core = EngineCore(BatchDecoder(model, rows=rows, block_size=4, kv_cache_tokens=pool), max_num_batched_tokens=budget)
+    core = EngineCore.on(
+        BatchDecoder(model, rows=rows, block_size=4, kv_cache_tokens=pool), max_num_batched_tokens=budget
+    )
     reqs = [Request(p, SamplingParams(max_tokens=10, temperature=0.0)) for p in prompts]
     for r in reqs:
         core.add(r)
     _drain(core)
     assert [r.output_ids for r in reqs] == alone
-    assert core.kv.free_rows == rows
+    assert isinstance(core.kv, KVManager) and core.kv.free_rows == rows
+    core.kv.pool.check()
+
+
+def test_a_failing_prefill_ends_only_its_request(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = [_prompts(8 + n, 1, lo=n, hi=n + 1)[0] for n in (5, 11, 17)]  # lengths tell them apart
+    bad = len(prompts[1])
+    run_layer = model.run_layer
+
+    def flaky(i: int, x: Any, step: Any) -> Any:
+        if x.shape[1] == bad and i == 1:
+            raise RuntimeError("layer broke")
+        return run_layer(i, x, step)
+
+    monkeypatch.setattr(model, "run_layer", flaky)
+    core = EngineCore.on(BatchDecoder(model, rows=3, block_size=4))
+    reqs = [Request(p, GREEDY) for p in prompts]
+    for r in reqs:
+        core.add(r)
+    errors = []
+    while core.has_unfinished:
+        errors += [e for e in core.step() if e.error is not None]
+    monkeypatch.undo()
+    assert [e.request for e in errors] == [reqs[1]] and "layer broke" in str(errors[0].error)
+    assert [reqs[0].output_ids, reqs[2].output_ids] == [model.generate(prompts[0], 12), model.generate(prompts[2], 12)]
+    assert isinstance(core.kv, KVManager) and core.kv.free_rows == 3
     core.kv.pool.check()

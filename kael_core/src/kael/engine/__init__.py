@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from .core import EngineCore, StepEvent
 from .distributions import draw, filter_row, log_softmax, softmax, top_logprobs
-from .kv_manager import KVManager
+from .kv_manager import KVBackend, KVManager
 from .logits_processors import LogitBias, LogitsProcessor, MinTokens, Penalties
 from .params import MIN_TEMPERATURE, SamplingParamError, SamplingParams, check_temperature
 from .request import Request, RequestError, RequestStatus, check_fits
-from .runner import ModelRunner, StepLogits
+from .runner import ModelRunner, Runner, StepLogits
 from .sampler import TokenLogprob, TokenSampler, pick, sample_rows
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
 from .stop import FinishReason, SequenceStop, StopMatcher
@@ -33,11 +33,13 @@ from .stop import FinishReason, SequenceStop, StopMatcher
 __all__ = [
     "MIN_TEMPERATURE",
     "EngineCore",
+    "KVBackend",
     "KVManager",
     "ModelRunner",
     "Request",
     "RequestError",
     "RequestStatus",
+    "Runner",
     "ScheduledRow",
     "Scheduler",
     "SchedulerOutput",

@@ -1,6 +1,6 @@
 """EngineCore: the engine's step, schedule -> run -> sample -> stop, over requests.
 
-    core = EngineCore(BatchDecoder(model, rows=8))
+    core = EngineCore.on(BatchDecoder(model, rows=8))
     core.add(Request(prompt_ids, SamplingParams(max_tokens=32, temperature=0.0), eos_ids=[50256]))
     while core.has_unfinished:
         for event in core.step():       # the tokens each request got this step
@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..ops import select, view
-from .kv_manager import KVManager
+from ..ops import select
+from .kv_manager import KVBackend, KVManager
 from .request import Request, RequestError, RequestStatus
-from .runner import ModelRunner, StepLogits
+from .runner import ModelRunner, Runner, StepLogits
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ class StepEvent:
 
 
 class EngineCore:
-    """Requests in, tokens out, one step at a time, on ``decoder`` (NOTE [step isolation]).
+    """Requests in, tokens out, one step at a time, over a KV manager and a runner (``on(decoder)``:
+    kael's, on a ``BatchDecoder``; NOTE [step isolation]).
 
     ``max_num_batched_tokens`` is each step's token budget (chunked prefill, NOTE [one
     schedule] in scheduler.py); ``max_num_seqs`` bounds the running requests (default: the
@@ -51,14 +52,27 @@ class EngineCore:
     """
 
     def __init__(
-        self, decoder: BatchDecoder, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None
+        self, kv: KVBackend, runner: Runner, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None
     ) -> None:
-        self.decoder = decoder
-        self.kv = KVManager(decoder)
-        self.scheduler = Scheduler(self.kv, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-        self.runner = ModelRunner(decoder)
+        self.kv = kv
+        self.scheduler = Scheduler(kv, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        self.runner = runner
         self.last_plan: SchedulerOutput | None = None
         """The plan of the latest step (for metrics and tests)."""
+        self.last_logits: StepLogits | None = None
+        """The latest step's logits (for metrics and tests)."""
+
+    @classmethod
+    def on(
+        cls, decoder: BatchDecoder, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None
+    ) -> EngineCore:
+        """The engine over kael's ``BatchDecoder`` (its ``KVManager`` and ``ModelRunner``)."""
+        return cls(
+            KVManager(decoder),
+            ModelRunner(decoder),
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+        )
 
     @property
     def has_unfinished(self) -> bool:
@@ -84,21 +98,27 @@ class EngineCore:
         if not plan:
             return []
         try:
-            logits = self.runner.execute(plan)
-        except Exception as exc:  # the pass every row shares: every request in it fails
+            logits = self.last_logits = self.runner.execute(plan)
+        except Exception as exc:  # a runner without isolation of its own: every request in it fails
             for r in plan.rows:
                 self.kv.free(r.request, keep=False)
                 self.scheduler.finish(r.request, RequestStatus.FINISHED_ABORTED)
             return [StepEvent(r.request, finished=True, error=exc) for r in plan.rows]
-        greedy = self._greedy(plan, logits)
         events: list[StepEvent] = []
+        for i, err in logits.errors.items():  # NOTE [runner isolation]: only the failed rows
+            request = plan.rows[i].request
+            self.kv.free(request, keep=False)
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            events.append(StepEvent(request, finished=True, error=err))
+        greedy = self._greedy(plan, logits)
         for i, r in enumerate(plan.rows):
             request = r.request
+            if i in logits.errors:
+                continue
             request.num_computed += r.n
             if not r.samples or request.finished:
                 continue
             row = logits.row(i)
-            assert row is not None, "the runner gives logits to every row that samples"
             if r.all_logits:
                 row = select(row, 0, r.n - 1)
             children = self._fork_children(r) if not r.decode else []
@@ -119,7 +139,7 @@ class EngineCore:
             elif request.sampler is not None:
                 token = int(request.sampler(row))
             else:
-                token = int(self.decoder.greedy(_as_rows(row))[0])
+                token = int(self.runner.sample(row, 0.0, 0, None))
             more = request.append(token)
         except Exception as exc:
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
@@ -129,14 +149,19 @@ class EngineCore:
         return StepEvent(request, [token], finished=not more)
 
     def _greedy(self, plan: SchedulerOutput, logits: StepLogits) -> dict[int, int]:
-        """Every greedy sampling row's token, one argmax per batched product (plan row -> token)."""
+        """The greedy sampling rows' tokens, one ``runner.greedy`` per batched product with at
+        least two of them (plan row -> token); empty where that call fails (each row then picks
+        alone, so a failure ends only its own request)."""
         out: dict[int, int] = {}
         for batch, rows in logits.batches:
-            want = [i for i in rows if plan.rows[i].samples and plan.rows[i].request.sampler is None]
-            if not want:
+            want = {i for i in rows if plan.rows[i].samples and plan.rows[i].request.sampler is None}
+            if len(want) < 2:
                 continue
-            picked = self.decoder.greedy(batch)
-            out.update({i: picked[j] for j, i in enumerate(rows) if i in set(want)})
+            try:
+                picked = self.runner.greedy(batch)
+            except Exception:
+                continue
+            out.update({i: int(picked[j]) for j, i in enumerate(rows) if i in want})
         return out
 
     def _fork_children(self, r: ScheduledRow) -> list[Request]:
@@ -158,7 +183,3 @@ class EngineCore:
             self.scheduler.running.append(kid)
             started.append(kid)
         return started
-
-
-def _as_rows(row: Any) -> Any:
-    return view(row, 1, row.shape[-1])

@@ -18,7 +18,7 @@ request's row back, its full blocks staying cached for its recomputation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .._errors import KaelError
 from .request import Request
@@ -26,7 +26,36 @@ from .request import Request
 if TYPE_CHECKING:
     from ..models import BatchDecoder
 
-__all__ = ["KVManager"]
+__all__ = ["KVBackend", "KVManager"]
+
+
+class KVBackend(Protocol):
+    """What the scheduler and ``EngineCore`` ask of a KV manager (``KVManager`` is kael's; a test
+    may bring its own): rows and blocks for requests, allocated before each step runs."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def free_rows(self) -> int: ...
+
+    @property
+    def free_blocks(self) -> int: ...
+
+    @property
+    def max_positions(self) -> int: ...
+
+    def cached_prefix(self, ids: Sequence[int]) -> int: ...
+
+    def start(self, request: Request, end: int, *, spare: int = 0) -> bool: ...
+
+    def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool: ...
+
+    def fork(self, parent: Request, child: Request) -> bool: ...
+
+    def free(self, request: Request, *, keep: bool = True) -> None: ...
+
+    def stats(self) -> dict[str, int]: ...
 
 
 class KVManager:
@@ -141,10 +170,9 @@ class KVManager:
         self.cache.release(row, keep=keep)
         self._free_rows.append(row)
 
-    def cached_tokens(self, request: Request) -> int:
-        """Tokens of its row that came from the prefix cache or a fork when it started."""
-        row = self._row(request, "cached_tokens")
-        return int(self.cache.cached[row])
+    def stats(self) -> dict[str, int]:
+        """Block and prefix-cache counters (``PagedKVCache.stats``)."""
+        return self.cache.stats()
 
     def _row(self, request: Request, op: str) -> int:
         if request.row is None:

@@ -10,13 +10,16 @@ row of the same plan fills reads them after they are written (NOTE [kv allocatio
 last positions that need logits share one LM-head product; a row with ``all_logits`` gets
 every position's. A chunk that does not reach its request's end needs no logits at all.
 
-The slots were allocated by the scheduler; if the pass fails, the rows' keys and values may
-be half written, and the caller releases those rows without caching their blocks.
+NOTE [runner isolation]: a failure of the layer-by-layer group runs each of its rows again
+alone (nothing was committed; their slots are simply written again), so only the row that
+fails is reported, in ``StepLogits.errors``; a failure of the decode step, the one product
+all its rows share, is every decode row's. The caller releases a failed row without caching
+its blocks (their keys and values may be half written).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _dtype as dt
 from ..autograd import no_grad
@@ -24,10 +27,9 @@ from ..ops import cat, narrow, select, tensor, view
 from .scheduler import SchedulerOutput
 
 if TYPE_CHECKING:
-    from .._tensor import Tensor
     from ..models import BatchDecoder
 
-__all__ = ["ModelRunner", "StepLogits"]
+__all__ = ["ModelRunner", "Runner", "StepLogits"]
 
 
 class StepLogits:
@@ -37,16 +39,36 @@ class StepLogits:
     into them (for one argmax over a whole batch)."""
 
     def __init__(self, n: int) -> None:
-        self._rows: list[Tensor | None] = [None] * n
-        self.batches: list[tuple[Tensor, list[int]]] = []
+        self._rows: list[Any] = [None] * n
+        self.batches: list[tuple[Any, list[int]]] = []
         """(logits [k, V], the plan rows of its k rows) for each batched product."""
+        self.errors: dict[int, BaseException] = {}
+        """Plan rows whose pass failed (NOTE [runner isolation]), with the error."""
+        self.decode_rows = 0
+        """Rows of the step's decode product (a batch-size statistic)."""
 
-    def row(self, i: int) -> Tensor | None:
+    def row(self, i: int) -> Any:
         """Plan row ``i``'s logits (see the class)."""
         return self._rows[i]
 
+    def set(self, i: int, logits: Any) -> None:
+        """Plan row ``i``'s logits are ``logits`` (a runner's answer)."""
+        self._rows[i] = logits
+
     def __len__(self) -> int:
         return len(self._rows)
+
+
+class Runner(Protocol):
+    """What ``EngineCore`` asks of a runner: ``execute`` a plan; pick tokens from its logits
+    (``greedy``: every row of one batched product at once; ``sample``: one row as
+    ``model.generate`` draws it, the ``temperature``/``top_k`` fast path)."""
+
+    def execute(self, plan: SchedulerOutput) -> StepLogits: ...
+
+    def greedy(self, batch: Any) -> list[int]: ...
+
+    def sample(self, logits: Any, temperature: float, top_k: int, generator: Any) -> int: ...
 
 
 class ModelRunner:
@@ -63,14 +85,37 @@ class ModelRunner:
         decode = [i for i, r in enumerate(plan.rows) if r.decode and not r.all_logits]
         extend = [i for i, r in enumerate(plan.rows) if i not in set(decode)]
         if extend:
-            self._extend(plan, extend, out)
+            try:
+                self._extend(plan, extend, out)
+            except Exception as exc:
+                if len(extend) == 1:
+                    out.errors[extend[0]] = exc
+                else:
+                    for i in extend:  # each alone, to find whose it was (NOTE [runner isolation])
+                        try:
+                            self._extend(plan, [i], out)
+                        except Exception as alone:
+                            out.errors[i] = alone
         if decode:
             rows = [plan.rows[i] for i in decode]
-            logits = self.decoder.decode([r.row for r in rows], [r.tokens[0] for r in rows])
+            out.decode_rows = len(rows)
+            try:
+                logits = self.decoder.decode([r.row for r in rows], [r.tokens[0] for r in rows])
+            except Exception as exc:
+                out.errors.update((i, exc) for i in decode)
+                return out
             out.batches.append((logits, decode))
             for j, i in enumerate(decode):
-                out._rows[i] = select(logits, 0, j)
+                out.set(i, select(logits, 0, j))
         return out
+
+    def greedy(self, batch: Any) -> list[int]:
+        """Each row's argmax from one product's logits [k, V] (``BatchDecoder.greedy``)."""
+        return self.decoder.greedy(batch)
+
+    def sample(self, logits: Any, temperature: float, top_k: int, generator: Any) -> int:
+        """A token from one row's logits as ``model.generate`` draws it (``BatchDecoder.sample``)."""
+        return self.decoder.sample(logits, temperature, top_k, generator)
 
     def _extend(self, plan: SchedulerOutput, which: list[int], out: StepLogits) -> None:
         model, cache = self.model, self.cache
@@ -97,6 +142,6 @@ class ModelRunner:
             logits = view(head, len(lasts), self.decoder.vocab_size)
             out.batches.append((logits, [i for i, _ in lasts]))
             for j, (i, _) in enumerate(lasts):
-                out._rows[i] = select(logits, 0, j)
+                out.set(i, select(logits, 0, j))
         for i, full in fulls:
-            out._rows[i] = full
+            out.set(i, full)

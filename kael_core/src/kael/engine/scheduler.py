@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .._errors import KaelError
-from .kv_manager import KVManager
+from .kv_manager import KVBackend
 from .request import Request, RequestStatus
 
 __all__ = ["ScheduledRow", "Scheduler", "SchedulerOutput"]
@@ -82,7 +82,7 @@ class Scheduler:
     ``max_num_seqs``: the most requests running at once (default: every row of ``kv``).
     """
 
-    def __init__(self, kv: KVManager, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None) -> None:
+    def __init__(self, kv: KVBackend, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None) -> None:
         if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int):
             raise KaelError(f"Scheduler: max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
         if max_num_batched_tokens < 1:
