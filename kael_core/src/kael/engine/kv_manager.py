@@ -34,28 +34,38 @@ class KVBackend(Protocol):
     may bring its own): rows and blocks for requests, allocated before each step runs."""
 
     @property
-    def rows(self) -> int: ...
+    def rows(self) -> int:
+        """Rows in all."""
 
     @property
-    def free_rows(self) -> int: ...
+    def free_rows(self) -> int:
+        """Rows no request holds."""
 
     @property
-    def free_blocks(self) -> int: ...
+    def free_blocks(self) -> int:
+        """Blocks that can be handed out now."""
 
     @property
-    def max_positions(self) -> int: ...
+    def max_positions(self) -> int:
+        """Tokens one row holds at most."""
 
-    def cached_prefix(self, ids: Sequence[int]) -> int: ...
+    def cached_prefix(self, ids: Sequence[int]) -> int:
+        """Leading tokens of ``ids`` the prefix cache holds now."""
 
-    def start(self, request: Request, end: int, *, spare: int = 0) -> bool: ...
+    def start(self, request: Request, end: int, *, spare: int = 0) -> bool:
+        """Gives ``request`` a row holding ``all_ids[:end]``; sets its ``row`` and ``num_computed``."""
 
-    def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool: ...
+    def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool:
+        """Slots for ``tokens`` after ``request``'s current ones; False, changing nothing, if they do not fit."""
 
-    def fork(self, parent: Request, child: Request) -> bool: ...
+    def fork(self, parent: Request, child: Request) -> bool:
+        """Starts ``child`` as a copy of ``parent``'s row; False when no row is free."""
 
-    def free(self, request: Request, *, keep: bool = True) -> None: ...
+    def free(self, request: Request, *, keep: bool = True) -> None:
+        """Gives ``request``'s row and blocks back."""
 
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int]:
+        """Counters for metrics."""
 
 
 class KVManager:

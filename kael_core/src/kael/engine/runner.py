@@ -64,11 +64,14 @@ class Runner(Protocol):
     (``greedy``: every row of one batched product at once; ``sample``: one row as
     ``model.generate`` draws it, the ``temperature``/``top_k`` fast path)."""
 
-    def execute(self, plan: SchedulerOutput) -> StepLogits: ...
+    def execute(self, plan: SchedulerOutput) -> StepLogits:
+        """One forward pass over the plan's rows; their logits."""
 
-    def greedy(self, batch: Any) -> list[int]: ...
+    def greedy(self, batch: Any) -> list[int]:
+        """Every row's argmax from one batched product's logits."""
 
-    def sample(self, logits: Any, temperature: float, top_k: int, generator: Any) -> int: ...
+    def sample(self, logits: Any, temperature: float, top_k: int, generator: Any) -> int:
+        """A token from one row's logits (temperature and top_k only)."""
 
 
 class ModelRunner:
