@@ -1,17 +1,19 @@
 // dequantize and quantized_linear: float32 from weights stored in GGML's blocks (quant_formats.h:
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) or as bfloat16 / float16 (the formats of NOTE [weight formats] in
-// kael/quant/_formats.py).
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; the 256-value super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+// IQ4_XS) or as bfloat16 / float16 (the formats of NOTE [weight formats] in kael/quant/_formats.py).
 //
 // NOTE [quantized linear paths]: out [M, N] = x [M, K] @ dequantize(weight [N, ..]).T + bias.
 // * M <= 16 (decode, batched decode, short prompts): dot products of the M rows with each
 //   weight row, the weights expanded to float32 in registers (vec_quant.h: qdot_rows) and
 //   read from memory once for all M rows; threads split N into contiguous ranges. Each row
-//   sums its products in one fixed order (32-value block sums added into one vector
-//   accumulator, its lanes, the bias last), so a row's result is bit-identical whatever M is.
+//   sums its products in one fixed order (32-value block sums, a super-block's 32-value
+//   chunks likewise, added into one vector accumulator, its lanes, the bias last), so a row's
+//   result is bit-identical whatever M is.
 // * M > 16 (prefill): compute-bound: the packed GEMM (gemm.h: sgemm_packed_b), whose B panels
 //   are dequantized straight from the weight rows as they are packed, so the work is a float32
-//   GEMM's plus one dequantization of each weight block per depth block and thread. A row's
-//   result here may differ from the few-row path in the last bits (another summation order).
+//   GEMM's plus one dequantization of each weight block per depth block and thread (depth
+//   blocks are whole blocks: multiples of 256 values for the super-blocks). A row's result
+//   here may differ from the few-row path in the last bits (another summation order).
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
 // from a float64 reference.
 #include <algorithm>

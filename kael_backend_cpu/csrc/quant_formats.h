@@ -4,22 +4,29 @@
 // parser and its error message (bindings.cpp) and the kernel tables (vec_table.h: the enum's
 // value is the kernel's template argument F in vec_quant.h). Block formats are GGML's blocks
 // in GGUF order, stored as uint8 [N, K / values * bytes]; the 16-bit ones (values 1) are
-// bfloat16 / float16 [N, K] tensors. Adding a format: a row here, its block in vec_quant.h
-// (load_block), its tests.
+// bfloat16 / float16 [N, K] tensors; the K-quants and IQ4_XS are 256-value super-blocks
+// (vec_quant_k.h). Adding a format: a row here, its block in vec_quant.h (load_block) or
+// vec_quant_k.h (kq_chunk), its tests.
 #pragma once
 
 #include <cstdint>
 
 // clang-format off
-#define KAEL_QUANT_FORMATS(X) \
-  X(Q8_0, "q8_0", 32, 34)     \
-  X(Q4_0, "q4_0", 32, 18)     \
-  X(BF16, "bf16", 1, 2)       \
-  X(F16, "f16", 1, 2)         \
-  X(Q4_1, "q4_1", 32, 20)     \
-  X(Q5_0, "q5_0", 32, 22)     \
-  X(Q5_1, "q5_1", 32, 24)     \
-  X(IQ4_NL, "iq4_nl", 32, 18)
+#define KAEL_QUANT_FORMATS(X)         \
+  X(Q8_0, "q8_0", 32, 34)         \
+  X(Q4_0, "q4_0", 32, 18)         \
+  X(BF16, "bf16", 1, 2)           \
+  X(F16, "f16", 1, 2)             \
+  X(Q4_1, "q4_1", 32, 20)         \
+  X(Q5_0, "q5_0", 32, 22)         \
+  X(Q5_1, "q5_1", 32, 24)         \
+  X(IQ4_NL, "iq4_nl", 32, 18)     \
+  X(Q2_K, "q2_k", 256, 84)        \
+  X(Q3_K, "q3_k", 256, 110)       \
+  X(Q4_K, "q4_k", 256, 144)       \
+  X(Q5_K, "q5_k", 256, 176)       \
+  X(Q6_K, "q6_k", 256, 210)       \
+  X(IQ4_XS, "iq4_xs", 256, 136)
 // clang-format on
 
 namespace kael {

@@ -7,9 +7,11 @@
 // d*q + m), 5 q5_0 (22-byte blocks: float16 d, 4 bytes qh (uint32 little-endian: bit i the fifth
 // bit of value i), 16 nibble bytes as q4_0's; value d*(q - 16)), 6 q5_1 (24-byte blocks: d, m,
 // qh, nibbles; value d*q + m), 7 iq4_nl (18-byte blocks: float16 d, 16 nibble bytes as q4_0's;
-// value d*kIq4nlValues[q]). A block value d*q is exact in float32 (11 + 8 significant bits), so a dequantized
-// weight equals the reference's bit for bit (d*q + m: one rounding of an exact product, the
-// same with or without a fused multiply-add).
+// value d*kIq4nlValues[q]); 8..13 q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs: 256-value
+// super-blocks, read 32 values at a time (vec_quant_k.h). A block value d*q is exact in
+// float32 (11 + 8 significant bits), so a dequantized weight equals the reference's bit for
+// bit (d*q + m: one rounding of an exact product, the same with or without a fused
+// multiply-add).
 // Pasted inside the per-ISA namespace by vec_table.h (NOTE [runtime dispatch] in vec.h):
 // no includes but its vec_*.h siblings.
 #pragma once
@@ -29,13 +31,15 @@ constexpr int64_t kQPrefetch = 4096;
 constexpr int64_t kQBlock = 32;  // values per block (and per step of the dot loops)
 // Bytes of a row holding one block of 32 values in format F (F = kQF32: float32, a dequantized row).
 constexpr int kQF32 = 100;  // F of a float32 row (a row dequantized already)
-template <int F>
-constexpr int64_t kQBlockBytes = F == kQF32         ? 128
-                                 : F == 2 || F == 3 ? 64
-                                                    : ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
 // F is bfloat16 / float16 (values, no blocks; a row may end in a partial block).
 template <int F>
 constexpr bool kQ16 = F == 2 || F == 3;
+// (A 256-value super-block format's share of its block: where the dot products prefetch.)
+template <int F>
+constexpr int64_t kQBlockBytes = F == kQF32 ? 128
+                                 : kQ16<F>  ? 64
+                                            : ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F)) * kQBlock /
+                                                 ::kael::quant_block_values(static_cast<::kael::QuantScheme>(F));
 // F's blocks are d * integer (q8_0, q4_0): the dot products scale a block's sum once.
 template <int F>
 constexpr bool kQScaled = F == 0 || F == 1;
@@ -43,7 +47,8 @@ constexpr bool kQScaled = F == 0 || F == 1;
 static_assert(static_cast<int>(::kael::QuantScheme::Q4_0) == 1 && static_cast<int>(::kael::QuantScheme::F16) == 3 &&
                   static_cast<int>(::kael::QuantScheme::Q4_1) == 4 &&
                   static_cast<int>(::kael::QuantScheme::Q5_1) == 6 &&
-                  static_cast<int>(::kael::QuantScheme::IQ4_NL) == 7,
+                  static_cast<int>(::kael::QuantScheme::IQ4_NL) == 7 &&
+                  static_cast<int>(::kael::QuantScheme::Q2_K) == 8,
               "vec_quant.h's format numbers");
 constexpr int kQVecs = int{kQBlock / V<float>::L};  // float vectors per block
 
@@ -193,6 +198,8 @@ inline void q451_values(const uint8_t* blk, vi (&out)[kQVecs]) {
   for (int v = 0; v < kQVecs; ++v) std::memcpy(&out[v], q + v * L, sizeof(vi));
 }
 
+#include "vec_quant_k.h"  // the 256-value super-blocks (kq_load_block), which use the above
+
 // The 32 values of block b of a weight row, in kQVecs vectors (F = kQF32: a float32 row).
 template <int F>
 inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
@@ -228,6 +235,8 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
       const vf mv = splat(half_to_float_s(mbits));
       for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d + mv;
     }
+  } else if constexpr (kQSuper<F>) {  // q2_k .. q6_k, iq4_xs: chunk b of a super-block
+    kq_load_block<F>(row, b, w);
   } else {  // bfloat16, float16, float32
     static_assert(kQ16<F> || F == kQF32, "a format without a block loader");
     for (int v = 0; v < kQVecs; ++v) w[v] = load_values<F>(row, b * kQBlock + v * L);
