@@ -365,8 +365,8 @@ def test_render_failures_are_chat_template_errors(source: str, message: str) -> 
             r"messages\[1\] must be an object with 'role' and 'content', got str",
         ),
         (
-            [{"role": "tool", "content": "a"}],
-            r"messages\[0\].role must be one of \['system', 'user', 'assistant'\], got role 'tool'",
+            [{"role": "function", "content": "a"}],
+            r"messages\[0\].role must be one of \['system', 'user', 'assistant', 'tool'\], got role 'function'",
         ),
         ([{"content": "a"}], r"messages\[0\].role must be one of .*got no role"),
         ([{"role": "user"}], r"messages\[0\].content is missing"),

@@ -233,7 +233,8 @@ def error_of(client: TestClient[Litestar], body: dict[str, Any]) -> tuple[int, d
     ("messages", "param", "words"),
     [
         ([], "messages", "no messages"),
-        ([{"role": "tool", "content": "x"}], "messages[0].role", "expected one of 'system'"),
+        ([{"role": "function", "content": "x"}], "messages[0].role", "expected one of 'system'"),
+        ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id", "expected the id of the tool call"),
         ([{"content": "x"}], "messages[0].role", "field required"),
         ([{"role": "user"}], "messages[0].content", "field required"),
         ([{"role": "user", "content": 3}], "messages[0].content", "expected a string or a list"),
@@ -324,6 +325,7 @@ def test_the_openapi_document_describes_the_route(client: TestClient[Litestar]) 
         "developer",
         "user",
         "assistant",
+        "tool",
     ]
     assert "text/event-stream" in operation["responses"]["200"]["content"]
 

@@ -305,11 +305,11 @@ def test_clients_defaults_and_nulls_are_accepted(client: TestClient[Litestar]) -
 
 def test_unknown_fields_are_ignored_and_named_in_a_warning(client: TestClient[Litestar]) -> None:
     with structlog.testing.capture_logs() as logs:
-        body = complete(client, prompt="ab", max_tokens=2, temperature=0, guided_json={}, stream_options={"x_y": 1})
+        body = complete(client, prompt="ab", max_tokens=2, temperature=0, guided_jsn={}, stream_options={"x_y": 1})
     assert body["choices"][0]["text"] == "".join(chr(t) for t in greedy_oracle(b"ab", 2))
     (warning,) = [e for e in logs if e["event"] == "unknown_fields_ignored"]
     assert warning["log_level"] == "warning"
-    assert warning["fields"] == ["guided_json", "stream_options.x_y"]
+    assert warning["fields"] == ["guided_jsn", "stream_options.x_y"]
 
 
 BAD = {

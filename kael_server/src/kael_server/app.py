@@ -68,7 +68,7 @@ def create_app(
         on_shutdown=[server.shutdown],
         exception_handlers={Exception: _internal_error},
         openapi_config=OpenAPIConfig(title="kael-server", version=__version__, path=DOCS_PATH),
-        request_max_body_size=limits.MAX_BODY_BYTES,
+        request_max_body_size=max(limits.MAX_BODY_BYTES, limits.MAX_OPENAI_BODY_BYTES),
         logging_config=None,
         state=State({"server": server}),
     )

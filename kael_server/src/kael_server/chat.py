@@ -8,6 +8,7 @@ know) is the client's error, a 400 with the template's own message.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,20 +18,21 @@ from kael_server.errors import ChatRejected, FieldError, InvalidRequest
 
 __all__ = ["ROLES", "conversation", "render_chat"]
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 """The roles a message may have; a developer message is rendered as a system message (OpenAI's
-newer name for it)."""
+newer name for it); a tool message answers an assistant's tool call (``tool_call_id``)."""
 _SHOWN = re.compile(r"^[a-z_]{1,32}$")
 """A part type short and plain enough to name in an error (``image_url``, ``input_audio``)."""
 _MAX_TEMPLATE_MESSAGE = 500
 """Characters of a template's own error message passed on to the client."""
 
 
-def conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """The messages as a chat template takes them (``role`` and a string ``content``); raises
+def conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as a chat template takes them (``role`` and a string ``content``; an
+    assistant's ``tool_calls``, a tool message's ``tool_call_id`` and ``name``); raises
     InvalidRequest listing every message that is not a text message of a known role."""
     errors: list[FieldError] = []
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         role = message.get("role")
@@ -40,17 +42,63 @@ def conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             errors.append(
                 FieldError(
                     f"{where}.role",
-                    f"expected one of {', '.join(repr(r) for r in ROLES)} (kael serves text chat; "
-                    "tool and function messages are not supported)",
+                    f"expected one of {', '.join(repr(r) for r in ROLES)} (the legacy function role is not supported)",
                 )
             )
         if "name" in message and not isinstance(message["name"], str):
             errors.append(FieldError(f"{where}.name", "expected a string"))
-        content = _content(message, where, errors)
+        calls = _tool_calls(message, where, errors) if role == "assistant" else None
+        if role != "assistant" and message.get("tool_calls") is not None:
+            errors.append(FieldError(f"{where}.tool_calls", "expected only on an assistant message"))
+        optional = bool(calls)  # an assistant message of tool calls only may have null content
+        content = "" if optional and message.get("content") is None else _content(message, where, errors)
+        call_id = message.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            errors.append(FieldError(f"{where}.tool_call_id", "expected the id of the tool call answered (a string)"))
         if content is not None and isinstance(role, str) and role in ROLES:
-            out.append({"role": "system" if role == "developer" else role, "content": content})
+            entry: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+            if calls:
+                entry["tool_calls"] = calls
+            if role == "tool" and isinstance(call_id, str):
+                entry["tool_call_id"] = call_id
+            if role == "tool" and isinstance(message.get("name"), str):
+                entry["name"] = message["name"]
+            out.append(entry)
     if errors:
         raise InvalidRequest(errors)
+    return out
+
+
+def _tool_calls(message: Mapping[str, Any], where: str, errors: list[FieldError]) -> list[dict[str, Any]] | None:
+    """An assistant message's ``tool_calls`` checked (ids, function names, arguments as the text
+    of a JSON object), with each call's arguments decoded for the template (vLLM does so)."""
+    calls = message.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        errors.append(FieldError(f"{where}.tool_calls", "expected a list of tool calls"))
+        return None
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            errors.append(FieldError(f"{at}.function", 'expected {"name": ..., "arguments": ...}'))
+            continue
+        if not isinstance(call.get("id", ""), str):
+            errors.append(FieldError(f"{at}.id", "expected a string"))
+            continue
+        args = fn.get("arguments", "{}")
+        try:
+            decoded = json.loads(args) if isinstance(args, str) else None
+        except json.JSONDecodeError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            errors.append(FieldError(f"{at}.function.arguments", "expected the text of a JSON object"))
+            continue
+        out.append(
+            {"id": call.get("id", ""), "type": "function", "function": {"name": fn["name"], "arguments": decoded}}
+        )
     return out
 
 
@@ -83,8 +131,11 @@ def _content(message: Mapping[str, Any], where: str, errors: list[FieldError]) -
     return "\n".join(texts)  # vLLM joins a message's text parts so
 
 
-def render_chat(template: Any, messages: list[dict[str, str]], model_name: str) -> str:
-    """The prompt text of a conversation: ``template.render`` with the generation prompt.
+def render_chat(
+    template: Any, messages: list[dict[str, Any]], model_name: str, tools: list[dict[str, Any]] | None = None
+) -> str:
+    """The prompt text of a conversation: ``template.render`` with the generation prompt (and
+    ``tools``, as Hugging Face's ``apply_chat_template(tools=...)`` passes them).
 
     ChatRejected (400) when the model has no chat template (saying how to add one) or when the
     template refuses the conversation (its ChatTemplateError's message, shortened, naming the
@@ -99,7 +150,7 @@ def render_chat(template: Any, messages: list[dict[str, str]], model_name: str) 
     import kael  # the template was loaded by kael, so kael is imported already
 
     try:
-        return str(template.render(messages, add_generation_prompt=True))
+        return str(template.render(messages, add_generation_prompt=True, tools=tools or None))
     except kael.KaelError as exc:
         text = str(exc)
         source = getattr(template, "name", None)

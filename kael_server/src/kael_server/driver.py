@@ -51,10 +51,11 @@ async def serve_generation(
     schema: type[B],
     make_reply: Callable[[B, Generator], Reply],
     error_response: Callable[[ServerError], Response[Any]],
+    body_limit: int = limits.MAX_BODY_BYTES,
 ) -> Response[Any]:
     record = record_of(request)
     try:
-        body = decode(await read_body(request, limits.MAX_BODY_BYTES), schema)
+        body = decode(await read_body(request, body_limit), schema)
         generator = server.require()
         reply = make_reply(body, generator)
         job = record.job = generator.submit(reply.prompts, reply.params, record.started)

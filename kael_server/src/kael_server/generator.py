@@ -176,7 +176,10 @@ class Generator:
         cached by its text), so a constrained choice is never simple."""
         rng = _kael_rng(self.seed_for(params, choice)) if params.temperature else None
         prompt = ids if params.repetition_penalty != 1 else ()
-        return TokenSampler(params, prompt, rng, end_tokens=self.stop_tokens, tokenizer=self.tokenizer)
+        sampler = TokenSampler(params, prompt, rng, end_tokens=self.stop_tokens, tokenizer=self.tokenizer)
+        if sampler.matcher is not None:
+            sampler.matcher.on_mask = self.metrics.mask_seconds.observe
+        return sampler
 
     def _echo(self, prompt: Prompt, ids: list[int], params: SamplingParams) -> Echo:
         """The prompt as its choices' texts start: as given (text) or decoded (token ids)."""

@@ -10,6 +10,7 @@ __all__ = [
     "MAX_LOGPROBS",
     "MAX_MESSAGES",
     "MAX_NEW_TOKENS",
+    "MAX_OPENAI_BODY_BYTES",
     "MAX_PROMPTS",
     "MAX_PROMPT_CHARS",
     "MAX_PROMPT_TOKENS",
@@ -17,6 +18,7 @@ __all__ = [
     "MAX_STOP_CHARS",
     "MAX_STOP_STRINGS",
     "MAX_TEMPERATURE",
+    "MAX_TOOLS",
     "MAX_TOP_K",
     "MAX_TOP_LOGPROBS",
     "MIN_OPENAI_SEED",
@@ -47,6 +49,8 @@ MAX_TOP_LOGPROBS = 20
 """A chat request's ``top_logprobs`` (OpenAI's limit)."""
 MAX_MESSAGES = 256
 """Messages in one ``/v1/chat/completions`` conversation."""
+MAX_TOOLS = 128
+"""Tools in one chat request (OpenAI's limit)."""
 MAX_LOGIT_BIAS = 1024
 """Entries in ``logit_bias``."""
 MIN_OPENAI_SEED = -(2**63)
@@ -54,6 +58,9 @@ MIN_OPENAI_SEED = -(2**63)
 
 MAX_BODY_BYTES = 6 * MAX_PROMPT_CHARS + 1024
 """A prompt of 8192 characters JSON-escaped as ``\\uXXXX`` is 6 bytes each, plus room for the other fields."""
+MAX_OPENAI_BODY_BYTES = 8 << 20
+"""A body of ``/v1/completions`` and ``/v1/chat/completions``: a conversation, its tools and a
+JSON schema (each field with its own, smaller limit: a schema over its limit is a 400 naming it)."""
 
 SHUTDOWN_DRAIN_SECONDS = 30.0
 RETRY_AFTER_SECONDS = 1

@@ -13,7 +13,7 @@ except ImportError:  # Windows
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["OUTCOMES", "Metrics", "peak_memory_bytes"]
+__all__ = ["CONSTRAINT_REFUSALS", "OUTCOMES", "Metrics", "peak_memory_bytes"]
 
 OUTCOMES = ("ok", "busy", "rejected", "error", "cancelled", "timeout")
 """``timeout``: the request ran past ``--request-timeout`` (504, or a stream's final error event)."""
@@ -21,6 +21,11 @@ REQUEST_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 QUEUE_WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+MASK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+COMPILE_BUCKETS = (1e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5)
+CONSTRAINT_REFUSALS = ("invalid", "compile")
+"""Why a request's constraint was refused (400): a malformed, over-limit or conflicting
+constraint field, or a grammar the library could not compile."""
 
 
 def peak_memory_bytes() -> int:
@@ -110,6 +115,30 @@ class Metrics:
             "Sequences preempted when the KV cache ran out of blocks (freed, then recomputed later).",
             registry=r,
         )
+        # Structured outputs (kael.constraints): masks, compiles, refusals.
+        self.mask_seconds = Histogram(
+            "kael_constraint_mask_seconds",
+            "Time to compute and apply one constrained row's token mask, per step.",
+            buckets=MASK_BUCKETS,
+            registry=r,
+        )
+        self.compile_seconds = Histogram(
+            "kael_constraint_compile_seconds",
+            "Time to compile a request's constraint (JSON schema, regex, choice, grammar) when not cached.",
+            buckets=COMPILE_BUCKETS,
+            registry=r,
+        )
+        self.compile_cache_hits = Counter(
+            "kael_constraint_compile_cache_hits", "Constraints found already compiled (cached by text).", registry=r
+        )
+        self.constraint_refusals = Counter(
+            "kael_constraint_refusals",
+            "Requests refused (400) for a constraint kael cannot enforce, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in CONSTRAINT_REFUSALS:
+            self.constraint_refusals.labels(reason)
         self._kv_last = {"prefix_query_tokens": 0, "prefix_hit_tokens": 0, "evictions": 0}
         self._kv_lock = threading.Lock()
 
@@ -128,6 +157,17 @@ class Metrics:
             self.tokens_per_second.set(tokens / seconds)
         if ttft is not None:
             self.time_to_first_token.observe(ttft)
+
+    def constraint_compiled(self, seconds: float, cache_hit: bool) -> None:
+        """Records one constraint compile: a cache hit, or its time in ``kael_constraint_compile_seconds``."""
+        if cache_hit:
+            self.compile_cache_hits.inc()
+        else:
+            self.compile_seconds.observe(seconds)
+
+    def constraint_refused(self, reason: str) -> None:
+        """Counts one request refused for its constraint (``reason``: one of ``CONSTRAINT_REFUSALS``)."""
+        self.constraint_refusals.labels(reason).inc()
 
     def kv_observe(self, stats: dict[str, int]) -> None:
         """Sets the KV cache gauges and advances its counters from a ``BatchDecoder.kv_stats()``

@@ -9,12 +9,12 @@ Structs without ``forbid_unknown_fields`` (the OpenAI requests) ignore unknown f
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
 
-from kael_server import limits
+from kael_server import field_policy, limits
 
 __all__ = [
     "BestOf",
@@ -30,7 +30,11 @@ __all__ = [
     "DetokenizeResponse",
     "ErrorResponse",
     "FieldErrorBody",
+    "ChoiceList",
     "Flag",
+    "Grammar",
+    "GuidedJson",
+    "JsonObject",
     "GenerateRequest",
     "GenerateResponse",
     "HealthResponse",
@@ -45,16 +49,19 @@ __all__ = [
     "OpenAIErrorResponse",
     "OptionalFlag",
     "OptionalText",
+    "Pattern",
     "Penalty",
     "Prompt",
     "PromptInput",
     "RepetitionPenalty",
+    "ResponseFormat",
     "SamplingRequest",
     "Seed",
     "Stop",
     "StopString",
     "StreamError",
     "StreamOptions",
+    "StructuredOutputs",
     "Suffix",
     "Temperature",
     "TextEvent",
@@ -352,6 +359,39 @@ Suffix = Annotated[
     ),
 ]
 OptionalFlag = Annotated[bool, Meta(extra={"expect": "true or false"})] | None
+JsonObject = Annotated[dict[str, Any], Meta(extra={"expect": "a JSON object"})]
+ResponseFormat = Annotated[
+    dict[str, Any],
+    Meta(
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": {...}, "strict": true}}: the output is JSON matching the schema (always '
+        "enforced, strict or not).",
+        extra={"expect": 'an object {"type": "text" | "json_object" | "json_schema", ...}'},
+    ),
+]
+StructuredOutputs = Annotated[
+    dict[str, Any],
+    Meta(
+        description="vLLM's: one of json (a JSON schema), regex, choice (a list of strings), grammar (Lark or "
+        "GBNF) or json_object: true.",
+        extra={"expect": "an object with one of json, regex, choice, grammar, json_object"},
+    ),
+]
+GuidedJson = Annotated[
+    dict[str, Any] | str,
+    Meta(description="vLLM's older name: a JSON schema.", extra={"expect": "a JSON schema (an object or its text)"}),
+]
+Pattern = Annotated[str, Meta(description="The whole output matches this regex.", extra={"expect": "a string"})]
+ChoiceList = Annotated[
+    list[str], Meta(description="The output is one of these strings.", extra={"expect": "a list of strings"})
+]
+Grammar = Annotated[
+    str,
+    Meta(
+        description="A grammar the output matches: GBNF (llama.cpp's, root ::= ...) or Lark (llguidance's).",
+        extra={"expect": "a grammar string (GBNF or Lark)"},
+    ),
+]
 
 
 class SamplingRequest(msgspec.Struct, kw_only=True):
@@ -387,6 +427,19 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     ignore_eos: (
         Annotated[bool, Meta(description="Go on past the end-of-text token.", extra={"expect": "true or false"})] | None
     ) = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: GuidedJson | None = None
+    guided_regex: Pattern | None = None
+    guided_choice: ChoiceList | None = None
+    guided_grammar: Grammar | None = None
+    json_schema: Annotated[JsonObject, Meta(description="llama.cpp's: a JSON schema the output matches.")] | None = None
+    grammar: Grammar | None = None
+
+    unsupported_fields: ClassVar[dict[str, str]] = field_policy.UNSUPPORTED
+    """Fields that would change the output and that kael does not implement: each is a 400."""
+    inert_fields: ClassVar[frozenset[str]] = field_policy.INERT
+    """Fields accepted without a warning that change nothing."""
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -468,6 +521,8 @@ class OpenAIErrorResponse(msgspec.Struct):
 
 
 class ModelCard(msgspec.Struct, kw_only=True):
+    """One served model (OpenAI's model object; ``GET /v1/models/{id}``)."""
+
     id: str
     object: str = "model"
     created: int

@@ -3,7 +3,9 @@
 All problems are collected (not just the first) and reported by field name with the rule that
 was broken; the offending values and unknown keys are never repeated back to the client. A
 schema that does not forbid unknown fields (the OpenAI requests, as vLLM and llama.cpp do)
-ignores them and names them in one log warning instead.
+ignores them and names them in one log warning instead, except the fields it declares
+``unsupported_fields`` (each a 400 naming it: it would change the output) and ``inert_fields``
+(accepted silently; ``kael_server.field_policy``).
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ def decode(body: bytes, schema: type[T]) -> T:
     if unknown := set(data) - set(fields):
         if schema.__struct_config__.forbid_unknown_fields:
             errors.append(FieldError("body", f"{len(unknown)} unknown field(s); allowed: {', '.join(fields)}"))
-    unknown_names = sorted(unknown)
+    refused: dict[str, str] = getattr(schema, "unsupported_fields", {})
+    errors += [
+        FieldError(n, f"not supported: {refused[n]}") for n in sorted(unknown) if data[n] is not None and n in refused
+    ]
+    inert: frozenset[str] = getattr(schema, "inert_fields", frozenset())
+    unknown_names = sorted(n for n in unknown if n not in refused and n not in inert)
     values: dict[str, Any] = {}
     for name, spec in fields.items():
         if name not in data:
@@ -170,11 +177,17 @@ def _extra(hint: Any) -> dict[str, Any]:
 
 
 def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
+    """Every string in ``value`` (lists and objects walked without recursion: a body may nest deep)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):  # a JSON schema, a tool: keys and values
+            stack.extend(item.keys())
+            stack.extend(item.values())
 
 
 def _is_unicode(text: str) -> bool:

@@ -82,15 +82,16 @@ def _entry(tokenizer: SupportsVocabulary, eos: tuple[int, ...]) -> _Entry:
 
 def compile_constraint(
     constraint: Constraint, tokenizer: SupportsVocabulary, eos: int | list[int]
-) -> tuple[llguidance.LLTokenizer, llguidance.LLMatcher]:
-    """A fresh matcher for ``constraint`` (a copy of the cached compiled one), or a
-    ``ConstraintError`` naming the constraint's field and the compiler's reason."""
+) -> tuple[llguidance.LLTokenizer, llguidance.LLMatcher, bool]:
+    """A fresh matcher for ``constraint`` (a copy of the cached compiled one) and whether it
+    came from the cache, or a ``ConstraintError`` naming the constraint's field and the
+    compiler's reason."""
     e = _entry(tokenizer, (eos,) if isinstance(eos, int) else tuple(eos))
     with _lock:
         base = e.matchers.get(constraint.text)
         if base is not None:
             e.matchers.move_to_end(constraint.text)
-            return e.tok, base.deep_copy()
+            return e.tok, base.deep_copy(), True
     m = llguidance.LLMatcher(e.tok, constraint.text, log_level=0)
     if m.is_error():
         raise ConstraintError(f"{constraint.field}: invalid {constraint.kind.replace('_', ' ')}: {m.get_error()}")
@@ -98,4 +99,4 @@ def compile_constraint(
         e.matchers[constraint.text] = m
         while len(e.matchers) > _CACHE_SIZE:
             e.matchers.popitem(last=False)
-    return e.tok, m.deep_copy()
+    return e.tok, m.deep_copy(), False

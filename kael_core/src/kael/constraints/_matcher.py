@@ -10,7 +10,8 @@ unmasked."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import llguidance
 import llguidance.numpy as lln
@@ -39,14 +40,19 @@ class ConstraintMatcher:
     """Where one sequence is in ``constraint``; a ``kael.engine.LogitsProcessor``.
 
     ``eos``: the end-of-sequence id(s), allowed once the output matches (and the only
-    allowed tokens once the grammar can go no further)."""
+    allowed tokens once the grammar can go no further). ``cache_hit`` and ``compile_seconds``
+    say how it was built; ``on_mask(seconds)``, when set, is told how long each ``apply`` took
+    (a server's mask-time histogram; forks keep it)."""
 
     def __init__(self, constraint: Constraint, tokenizer: SupportsVocabulary, eos: int | list[int]) -> None:
         self.constraint = constraint
-        self._tok, self._m = compile_constraint(constraint, tokenizer, eos)
+        start = time.perf_counter()
+        self._tok, self._m, self.cache_hit = compile_constraint(constraint, tokenizer, eos)
+        self.compile_seconds = time.perf_counter() - start
         self.vocab_size = self._tok.vocab_size
         self.n_accepted = 0
         self._mask = new_bitmask(1, self.vocab_size)
+        self.on_mask: Callable[[float], None] | None = None
 
     @classmethod
     def _copy(cls, other: ConstraintMatcher) -> ConstraintMatcher:
@@ -54,6 +60,7 @@ class ConstraintMatcher:
         new.constraint, new._tok, new.vocab_size = other.constraint, other._tok, other.vocab_size
         new._m, new.n_accepted = other._m.deep_copy(), other.n_accepted
         new._mask = new_bitmask(1, other.vocab_size)
+        new.cache_hit, new.compile_seconds, new.on_mask = True, 0.0, other.on_mask
         return new
 
     def _fail(self, what: str) -> ConstraintError:
@@ -75,8 +82,11 @@ class ConstraintMatcher:
     def apply(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> None:
         """Set the logits of the disallowed tokens (and of ids past the tokenizer's
         vocabulary, in a padded model row) to -inf, in place."""
+        start = time.perf_counter()
         self.fill_bitmask(self._mask)
         mask_logits(logits, self._mask[0], self.vocab_size)
+        if self.on_mask is not None:
+            self.on_mask(time.perf_counter() - start)
 
     def accept(self, token: int) -> None:
         """Advance by ``token``; a token the grammar does not allow is a ConstraintError."""

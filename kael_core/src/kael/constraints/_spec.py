@@ -53,12 +53,19 @@ class Constraint:
     text: str
 
 
-def _depth(value: Any, level: int = 0) -> int:
-    if isinstance(value, Mapping):
-        return max([level + 1, *(_depth(v, level + 1) for v in value.values())])
-    if isinstance(value, list):
-        return max([level + 1, *(_depth(v, level + 1) for v in value)])
-    return level
+def _depth(value: Any) -> int:
+    """How many objects/arrays deep ``value`` nests (iterative: a hostile schema may nest deep)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+    return deepest
 
 
 def _spec(field: str, body: Any, flexible_whitespace: bool) -> str:
@@ -87,6 +94,9 @@ def json_schema(
             raise ConstraintError(f"{field}: not valid JSON ({e.msg} at position {e.pos})") from None
     if not isinstance(schema, Mapping):
         raise ConstraintError(f"{field}: a JSON schema must be an object, got {type(schema).__name__}")
+    depth = _depth(schema)
+    if depth > limits.nesting_depth:
+        raise ConstraintError(f"{field}: schema nests {depth} levels deep, at most {limits.nesting_depth} allowed")
     try:
         text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -94,9 +104,6 @@ def json_schema(
     size = len(text.encode())
     if size > limits.schema_bytes:
         raise ConstraintError(f"{field}: schema is {size} bytes, at most {limits.schema_bytes} allowed")
-    depth = _depth(schema)
-    if depth > limits.nesting_depth:
-        raise ConstraintError(f"{field}: schema nests {depth} levels deep, at most {limits.nesting_depth} allowed")
     return Constraint("json_schema", field, _spec(field, schema, flexible_whitespace))
 
 

@@ -38,7 +38,7 @@ __all__ = ["ChatTemplate", "ROLES", "SupportsSpecialTokens", "CHAT_TEMPLATE_JINJ
 CHAT_TEMPLATE_JINJA = "chat_template.jinja"
 _CHAT_TEMPLATE_JSON = "chat_template.json"
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 """The message roles ``render`` accepts."""
 
 _TURN_ENDERS = (
@@ -263,8 +263,9 @@ class ChatTemplate:
     ) -> str:
         """The prompt for ``messages``, as ``apply_chat_template(messages, tokenize=False)`` renders it.
 
-        Each message has a ``role`` (``system``, ``user`` or ``assistant``) and a string
-        ``content``; other keys pass through. ``add_generation_prompt`` ends the prompt
+        Each message has a ``role`` (``system``, ``user``, ``assistant`` or ``tool``: a tool's
+        answer) and a string ``content``; other keys (``tool_calls``, ``tool_call_id``) pass
+        through. ``add_generation_prompt`` ends the prompt
         with the opening of an assistant turn. Further keyword arguments are template
         variables (they may override ``bos_token``/``eos_token``). Any failure, the
         template's own ``raise_exception(message)`` included, is a ``ChatTemplateError``.

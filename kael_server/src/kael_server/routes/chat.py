@@ -29,7 +29,12 @@ from kael_server.chat_schemas import (
     ChatMessage,
     ChatTokenLogprob,
     ChatTopLogprob,
+    DeltaFunction,
+    DeltaToolCall,
+    ToolCall,
+    ToolCallFunction,
 )
+from kael_server.chat_tools import tool_request
 from kael_server.driver import serve_generation
 from kael_server.errors import FieldError, InvalidRequest, ServerError
 from kael_server.generator import Generator
@@ -38,15 +43,22 @@ from kael_server.openapi import JSON, documented, sse_events
 from kael_server.routes.openai import _usage, error_body, error_response, sampling_params
 from kael_server.schemas import OpenAIErrorResponse, Usage
 from kael_server.state import ServerState
+from kael_server.structured import constrained
+from kael_server.tools import ToolCallStream, parse_tool_calls
 
 __all__ = ["ChatReply", "chat_completions", "token_bytes"]
 
 _ERRORS: dict[int, dict[str, Any]] = {status: {JSON: OpenAIErrorResponse} for status in (400, 413, 429, 499, 500, 503)}
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ChatReply:
-    """One chat request: its rendered prompt, its SamplingParams and its wire format."""
+    """One chat request: its rendered prompt, its SamplingParams and its wire format.
+
+    With tools (and ``tool_choice`` not "none") each choice's output is parsed for tool calls
+    in the format the template uses (``chat_tools``): a reply with calls has
+    ``message.tool_calls`` and finish reason "tool_calls"; a stream sends ``delta.tool_calls``
+    chunks (the id and name first, then the arguments' text as it is written)."""
 
     def __init__(self, body: ChatCompletionRequest, generator: Generator) -> None:
         messages = conversation(body.messages)
@@ -59,10 +71,14 @@ class ChatReply:
         sized = msgspec.structs.replace(body, max_tokens=given if given is not None else limits.MAX_NEW_TOKENS)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(sized, generator.vocab_size, logprobs=logprobs)
-        self.params = dataclasses.replace(params, stop_token_ids=generator.chat_stop_tokens, fit_context=given is None)
-        self.prompts: tuple[Prompt, ...] = (
-            ChatPrompt(render_chat(generator.chat_template, messages, generator.model_name)),
-        )
+        params = dataclasses.replace(params, stop_token_ids=generator.chat_stop_tokens, fit_context=given is None)
+        tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, generator.chat_template)
+        self.params = constrained(params, body, generator, tools.constraint)
+        self.fmt = tools.fmt
+        prompt = render_chat(generator.chat_template, messages, generator.model_name, tools.tools)
+        self.prompts: tuple[Prompt, ...] = (ChatPrompt(prompt),)
+        self._streams: dict[int, ToolCallStream] = {}
+        """Each streamed choice's tool-call parser (with tools)."""
         self.stream = bool(body.stream)
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -86,8 +102,8 @@ class ChatReply:
         choices = [
             ChatChoice(
                 index=i,
-                message=ChatMessage(content=text),
-                finish_reason=_finish_reason(choice),
+                message=(message := self._message(text)),
+                finish_reason=_finish_reason(choice, bool(message.tool_calls)),
                 logprobs=self._logprobs(choice.logprobs) if choice.logprobs is not None else None,
             )
             for i, (text, choice) in enumerate(zip(done.texts, stats.choices, strict=True))
@@ -97,18 +113,48 @@ class ChatReply:
         )
         return Response(completion)
 
+    def _message(self, text: str) -> ChatMessage:
+        if self.fmt is None:
+            return ChatMessage(role="assistant", content=text)
+        turn = parse_tool_calls(text, self.fmt)
+        if not turn.tool_calls:
+            return ChatMessage(role="assistant", content=text)
+        calls = [
+            ToolCall(
+                id=c["id"], function=ToolCallFunction(name=c["function"]["name"], arguments=c["function"]["arguments"])
+            )
+            for c in turn.tool_calls
+        ]
+        return ChatMessage(role="assistant", content=turn.content, tool_calls=calls)
+
     def piece(self, piece: TextPiece) -> bytes:
         logprobs = self._logprobs(piece.logprobs) if self.params.logprobs is not None else None
-        delta = ChatDelta(content=piece.text)
-        return self._start(piece.index) + self._chunk(
-            [ChatChunkChoice(index=piece.index, delta=delta, logprobs=logprobs)]
-        )
+        if self.fmt is None:
+            deltas = [ChatDelta(content=piece.text)]
+        else:
+            stream = self._streams.setdefault(piece.index, ToolCallStream(self.fmt))
+            deltas = [_delta(d) for d in stream.feed(piece.text)]
+            if not deltas and logprobs is None:
+                return self._start(piece.index)
+            deltas = deltas or [ChatDelta(content="")]
+        out = self._start(piece.index)
+        for delta in deltas:  # the piece's logprobs go with its first chunk
+            out += self._chunk([ChatChunkChoice(index=piece.index, delta=delta, logprobs=logprobs)])
+            logprobs = None
+        return out
 
     def finish(self, stats: JobStats) -> list[bytes]:
         chunks = []
         for i, choice in enumerate(stats.choices):
-            ending = ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=_finish_reason(choice))
-            chunks.append(self._start(i) + self._chunk([ending]))
+            start = self._start(i)
+            stream = self._streams.get(i)
+            called = False
+            if stream is not None:
+                for delta in stream.finish():
+                    start += self._chunk([ChatChunkChoice(index=i, delta=_delta(delta))])
+                called = stream.n_calls > 0
+            ending = ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=_finish_reason(choice, called))
+            chunks.append(start + self._chunk([ending]))
         if self.include_usage:
             chunks.append(self._chunk([], _usage(stats)))
         return chunks
@@ -140,8 +186,29 @@ def _token_logprob(token: TokenInfo, top: int) -> ChatTokenLogprob:
     )
 
 
-def _finish_reason(choice: ChoiceStats) -> FinishReason:
+def _finish_reason(choice: ChoiceStats, called: bool = False) -> FinishReason:
+    """ "tool_calls" for a reply that ended with calls, else the choice's own reason."""
+    if called and choice.finish_reason == "stop":
+        return "tool_calls"
     return cast(FinishReason, choice.finish_reason)
+
+
+def _delta(d: dict[str, Any]) -> ChatDelta:
+    """A ``ToolCallStream`` delta dict as a ChatDelta."""
+    if "content" in d:
+        return ChatDelta(content=d["content"])
+    calls = []
+    for c in d["tool_calls"]:
+        fn = c.get("function", {})
+        calls.append(
+            DeltaToolCall(
+                index=c["index"],
+                id=c.get("id"),
+                type=c.get("type"),
+                function=DeltaFunction(name=fn.get("name"), arguments=fn.get("arguments")),
+            )
+        )
+    return ChatDelta(tool_calls=calls)
 
 
 @post(
@@ -163,4 +230,6 @@ def _finish_reason(choice: ChoiceStats) -> FinishReason:
     ),
 )
 async def chat_completions(request: Request[Any, Any, Any], server: ServerState) -> Response[Any]:
-    return await serve_generation(request, server, ChatCompletionRequest, ChatReply, error_response)
+    return await serve_generation(
+        request, server, ChatCompletionRequest, ChatReply, error_response, limits.MAX_OPENAI_BODY_BYTES
+    )

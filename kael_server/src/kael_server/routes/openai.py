@@ -32,6 +32,7 @@ from kael_server.schemas import (
     Usage,
 )
 from kael_server.state import ServerState
+from kael_server.structured import constrained
 from kael_server.validation import sampling_params_of
 
 __all__ = ["CompletionReply", "completions", "error_body", "error_response", "models", "sampling_params"]
@@ -103,7 +104,8 @@ def _prompts(prompt: str | list[Any], vocab_size: int) -> tuple[Prompt, ...]:
 class CompletionReply:
     def __init__(self, body: CompletionRequest, generator: Generator) -> None:
         echo = bool(body.echo)
-        self.params = sampling_params(body, generator.vocab_size, logprobs=body.logprobs, echo=echo)
+        params = sampling_params(body, generator.vocab_size, logprobs=body.logprobs, echo=echo)
+        self.params = constrained(params, body, generator)
         if body.best_of is not None and body.best_of != self.params.n:
             raise InvalidRequest([FieldError("best_of", "expected null or the value of n (every choice is returned)")])
         self.prompts = _prompts(body.prompt, generator.vocab_size)
@@ -218,7 +220,9 @@ def error_response(error: ServerError) -> Response[Any]:
     ),
 )
 async def completions(request: Request[Any, Any, Any], server: ServerState) -> Response[Any]:
-    return await serve_generation(request, server, CompletionRequest, CompletionReply, error_response)
+    return await serve_generation(
+        request, server, CompletionRequest, CompletionReply, error_response, limits.MAX_OPENAI_BODY_BYTES
+    )
 
 
 @get(

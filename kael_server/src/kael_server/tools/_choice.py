@@ -34,14 +34,20 @@ def _call_schema(i: int, tool: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def tool_choice_constraint(
-    tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping[str, Any]
+    tools: Sequence[Mapping[str, Any]],
+    tool_choice: str | Mapping[str, Any],
+    *,
+    parallel: bool = True,
+    limits: Any = None,
 ) -> Constraint | None:
     """The constraint for ``tool_choice``: None for ``"auto"`` / ``"none"``; for ``"required"``
-    a JSON list (one or more) of calls of the tools; for ``{"type": "function", "function":
-    {"name": n}}`` one call of ``n``. Errors name the request field. Needs kael-core's
-    ``constraints`` extra (imported here, so the parsers work without it)."""
+    a JSON list (one or more; exactly one unless ``parallel``) of calls of the tools; for
+    ``{"type": "function", "function": {"name": n}}`` one call of ``n``. Errors name the
+    request field. ``limits``: a ``kael.constraints.Limits`` (default: the library's). Needs
+    kael-core's ``constraints`` extra (imported here, so the parsers work without it)."""
     from kael.constraints import ConstraintError, json_schema
 
+    extra = {} if limits is None else {"limits": limits}
     if tool_choice in ("auto", "none"):
         return None
     if not tools:
@@ -49,7 +55,8 @@ def tool_choice_constraint(
     calls = dict(_call_schema(i, t) for i, t in enumerate(tools))
     if tool_choice == "required":
         items = {"anyOf": list(calls.values())} if len(calls) > 1 else next(iter(calls.values()))
-        return json_schema({"type": "array", "items": items, "minItems": 1}, field="tools")
+        array = {"type": "array", "items": items, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        return json_schema(array, field="tools", **extra)
     fn = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
     name = fn.get("name") if isinstance(fn, Mapping) else None
     if not isinstance(name, str):
@@ -58,4 +65,4 @@ def tool_choice_constraint(
         )
     if name not in calls:
         raise ConstraintError(f"tool_choice.function.name: {name!r} is not one of the tools {sorted(calls)}")
-    return json_schema(calls[name], field=f"tools[{list(calls).index(name)}].function.parameters")
+    return json_schema(calls[name], field=f"tools[{list(calls).index(name)}].function.parameters", **extra)
