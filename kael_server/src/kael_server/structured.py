@@ -22,6 +22,7 @@ so the worker's own copy is a cache hit).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,15 +52,17 @@ CONSTRAINT_FIELDS = (
 )
 """The request fields that constrain the output (at most one per request)."""
 
+_FIELD_PATH = re.compile(r"^[a-z_]+(\.[a-z_]+|\[[0-9]+\])*$")
+"""A request field's path as errors name it (``tools[0].function.parameters``)."""
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 def refusal(exc: ConstraintError, field: str) -> FieldError:
-    """A ConstraintError as a client error: its message reads ``"<field>: <reason>"``."""
-    text = str(exc)
-    loc, sep, reason = text.partition(": ")
-    if not sep or not loc.startswith(field.split(".")[0].split("[")[0]):
-        return FieldError(field, text)
+    """A ConstraintError as a client error: its message reads ``"<field path>: <reason>"``
+    (else the whole message is the reason for ``field``)."""
+    loc, sep, reason = str(exc).partition(": ")
+    if not sep or not _FIELD_PATH.match(loc):
+        return FieldError(field, str(exc))
     return FieldError(loc, reason)
 
 
