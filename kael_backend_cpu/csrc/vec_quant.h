@@ -198,7 +198,18 @@ inline void q451_values(const uint8_t* blk, vi (&out)[kQVecs]) {
   for (int v = 0; v < kQVecs; ++v) std::memcpy(&out[v], q + v * L, sizeof(vi));
 }
 
-#include "vec_quant_k.h"  // the 256-value super-blocks (kq_load_block), which use the above
+// The 32 products of a block with x[0..32), summed pairwise into one vector.
+inline vf block_dot(const vf (&w)[kQVecs], const float* x) {
+  constexpr int64_t L = V<float>::L;
+  vf p[kQVecs];
+  for (int v = 0; v < kQVecs; ++v) p[v] = w[v] * load(x + v * L);
+  for (int s = kQVecs / 2; s >= 1; s /= 2) {
+    for (int v = 0; v < s; ++v) p[v] = p[v] + p[v + s];
+  }
+  return p[0];
+}
+
+#include "vec_quant_k.h"  // the 256-value super-blocks (kq_dequant_row, kq_qdot_wrows): they use the above
 
 // The 32 values of block b of a weight row, in kQVecs vectors (F = kQF32: a float32 row).
 template <int F>
@@ -235,8 +246,6 @@ inline void load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
       const vf mv = splat(half_to_float_s(mbits));
       for (int v = 0; v < kQVecs; ++v) w[v] = __builtin_convertvector(q[v], vf) * d + mv;
     }
-  } else if constexpr (kQSuper<F>) {  // q2_k .. q6_k, iq4_xs: chunk b of a super-block
-    kq_load_block<F>(row, b, w);
   } else {  // bfloat16, float16, float32
     static_assert(kQ16<F> || F == kQF32, "a format without a block loader");
     for (int v = 0; v < kQVecs; ++v) w[v] = load_values<F>(row, b * kQBlock + v * L);
@@ -272,17 +281,21 @@ void expand_row(float* out, float* scales, const uint8_t* row, int64_t k);
 // out[0..k) = weight row `row` as float32 (k % 32 == 0 for the block formats).
 template <int F>
 void dequant_row(float* out, const uint8_t* row, int64_t k) {
-  constexpr int64_t L = V<float>::L;
-  const int64_t nb = k / kQBlock;
-  for (int64_t b = 0; b < nb; ++b) {
-    vf w[kQVecs];
-    load_block<F>(row, b, w);
-    for (int v = 0; v < kQVecs; ++v) store(out + b * kQBlock + v * L, w[v]);
-  }
-  if constexpr (kQ16<F>) {
-    int64_t t = nb * kQBlock;
-    for (; t + L <= k; t += L) store(out + t, load_16bit<F>(row + t * 2));
-    for (; t < k; ++t) out[t] = scalar_16bit<F>(row + t * 2);
+  if constexpr (kQSuper<F>) {  // q2_k .. q6_k, iq4_xs
+    kq_dequant_row<F>(out, row, k);
+  } else {
+    constexpr int64_t L = V<float>::L;
+    const int64_t nb = k / kQBlock;
+    for (int64_t b = 0; b < nb; ++b) {
+      vf w[kQVecs];
+      load_block<F>(row, b, w);
+      for (int v = 0; v < kQVecs; ++v) store(out + b * kQBlock + v * L, w[v]);
+    }
+    if constexpr (kQ16<F>) {
+      int64_t t = nb * kQBlock;
+      for (; t + L <= k; t += L) store(out + t, load_16bit<F>(row + t * 2));
+      for (; t < k; ++t) out[t] = scalar_16bit<F>(row + t * 2);
+    }
   }
 }
 
@@ -298,20 +311,10 @@ void expand_row(float* out, float* scales, const uint8_t* row, int64_t k) {
     }
   } else {
     (void)scales;
-    for (int64_t t = 0; t < 2 * k; t += 64) __builtin_prefetch(row + t + kQPrefetch, 0, 0);
+    const int64_t bytes = kQ16<F> ? 2 * k : k / kQBlock * kQBlockBytes<F>;  // (about, for the super-blocks)
+    for (int64_t t = 0; t < bytes; t += 64) __builtin_prefetch(row + t + kQPrefetch, 0, 0);
     dequant_row<F>(out, row, k);
   }
-}
-
-// The 32 products of a block with x[0..32), summed pairwise into one vector.
-inline vf block_dot(const vf (&w)[kQVecs], const float* x) {
-  constexpr int64_t L = V<float>::L;
-  vf p[kQVecs];
-  for (int v = 0; v < kQVecs; ++v) p[v] = w[v] * load(x + v * L);
-  for (int s = kQVecs / 2; s >= 1; s /= 2) {
-    for (int v = 0; v < s; ++v) p[v] = p[v] + p[v + s];
-  }
-  return p[0];
 }
 
 // c[j * csc] = dot(a, weight row j) (+ bias[j]) for NB weight rows (rsw bytes apart) and one
@@ -456,9 +459,15 @@ void qdot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, con
     // the prefetched formats down; float16, unprefetched, gains from eight)
     constexpr int64_t kW = F == 3 ? 8 : 2;
     int64_t j = 0;
-    for (; j + kW <= n; j += kW)
-      qdot_wrows<F, kW>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
-    for (; j < n; ++j) qdot_wrows<F, 1>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
+    if constexpr (kQSuper<F>) {  // q2_k .. q6_k, iq4_xs: the scales decoded once a super-block
+      for (; j + kW <= n; j += kW)
+        kq_qdot_wrows<F, kW>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
+      for (; j < n; ++j) kq_qdot_wrows<F, 1>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
+    } else {
+      for (; j + kW <= n; j += kW)
+        qdot_wrows<F, kW>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
+      for (; j < n; ++j) qdot_wrows<F, 1>(k, a, w + j * rsw, rsw, bias == nullptr ? nullptr : bias + j, c + j, 1);
+    }
     return;
   }
   for (int64_t j = 0; j < n; j += kQRows) {

@@ -1,8 +1,9 @@
-// The 256-value super-blocks of GGML's K-quants and IQ4_XS (quant_formats.h rows Q2_K..IQ4_XS),
-// one 32-value chunk at a time, for vec_quant.h's load_block: chunk c (0..7) of a super-block
-// is values 32c..32c+31, decoded as 32 integers q and, per 16 values, a scale s and an offset m
-// (value = s * q - m, m = 0 but for q2_k, q4_k, q5_k). Byte layouts and arithmetic are GGML's
-// (ggml-common.h, dequantize_row_*): d, dmin are float16, QK_K = 256.
+// The 256-value super-blocks of GGML's K-quants and IQ4_XS (quant_formats.h rows Q2_K..IQ4_XS)
+// for vec_quant.h: a super-block's 16 scales s and offsets m (one per 16 values; m = 0 but for
+// q2_k, q4_k, q5_k) decoded once, then its 32-value chunks c (0..7: values 32c..32c+31) as 32
+// integers q each (value = s * q - m), into float32 rows (kq_dequant_row) or the one-row dot
+// products (kq_qdot_wrows). Byte layouts and arithmetic are GGML's (ggml-common.h,
+// dequantize_row_*): d, dmin are float16, QK_K = 256.
 // * q2_k (84 bytes): scales[16] (low nibble scale, high nibble min, one per 16 values), qs[64]
 //   (2 bits a value), d, dmin. Chunk c = 4h + j: q = (qs[32h + l] >> 2j) & 3, scale byte 2c + l/16;
 //   s = d * (sc & 15), m = dmin * (sc >> 4).
@@ -17,9 +18,10 @@
 // * iq4_xs (136 bytes): d, scales_h (uint16), scales_l[4], qs[128]. Chunk c: IQ4_NL's levels of the
 //   16 bytes qs[16c..] (low nibbles values 0..15, high 16..31); s = d * (six-bit scale c - 32),
 //   its low nibble from scales_l[c/2], its high bits 2c, 2c+1 of scales_h.
-// Every d * sc and s * q is exact in float32 (at most 11 + 8 + 6 significant bits, < 2^24) and
-// m = dmin * min too, so a value is one rounding of s * q - m with or without a fused
-// multiply-add: bit-exact with GGML's reference and gguf.quants.
+// Every d * sc and s * q is exact in float32 (an 11-bit float16 significand times integers: at
+// most 2047 * 127 * 31 < 2^23, q6_k's and iq4_xs's worst) and m = dmin * min too, so a value is
+// one rounding of s * q - m with or without a fused multiply-add: bit-exact with GGML's
+// reference and gguf.quants whatever the order of the products.
 // Pasted inside the per-ISA namespace by vec_table.h through vec_quant.h: no includes.
 #pragma once
 
@@ -60,76 +62,206 @@ inline int kq_scale_q3(int64_t i, const uint8_t* q) {
   return lo | (((q[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
 }
 
-// Chunk c of the super-block at sb in format F: q[0..32), and per 16 values s[0..2), m[0..2)
-// (value l = s[l / 16] * q[l] - m[l / 16]; m untouched for the formats without an offset).
+// A super-block's scales and offsets, one per 16 values: value i = s[i / 16] * q[i] - m[i / 16]
+// (m left alone for the formats without offsets). Decoded once per super-block: the small
+// integers first, then their products with d / dmin as one vectorisable loop.
 template <int F>
-inline void kq_chunk(const uint8_t* sb, int64_t c, int32_t (&q)[kQBlock], float (&s)[2], float (&m)[2]) {
+inline void kq_scales(const uint8_t* sb, float (&s)[16], float (&m)[16]) {
+  int32_t sc[16], mn[16];
+  float d = 0.0f, dmin = 0.0f;
   if constexpr (F == kQ2K) {
-    const uint8_t* qs = sb + 16 + 32 * (c / 4);
-    const int64_t sh = 2 * (c % 4);
-    for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> sh) & 3;
-    const float d = kq_half(sb + 80), dmin = kq_half(sb + 82);
-    for (int i = 0; i < 2; ++i) {
-      const int sc = sb[2 * c + i];
-      s[i] = d * static_cast<float>(sc & 15);
-      m[i] = dmin * static_cast<float>(sc >> 4);
+    for (int64_t i = 0; i < 16; ++i) {
+      sc[i] = sb[i] & 15;
+      mn[i] = sb[i] >> 4;
     }
+    d = kq_half(sb + 80);
+    dmin = kq_half(sb + 82);
   } else if constexpr (F == kQ3K) {
-    const uint8_t* qs = sb + 32 + 32 * (c / 4);
-    const int64_t sh = 2 * (c % 4);
-    for (int l = 0; l < 32; ++l) q[l] = ((qs[l] >> sh) & 3) - (((sb[l] >> c) & 1) != 0 ? 0 : 4);
-    const float d = kq_half(sb + 108);
-    for (int i = 0; i < 2; ++i) s[i] = d * static_cast<float>(kq_scale_q3(2 * c + i, sb + 96) - 32);
+    for (int64_t i = 0; i < 16; ++i) sc[i] = kq_scale_q3(i, sb + 96) - 32;
+    d = kq_half(sb + 108);
   } else if constexpr (F == kQ4K || F == kQ5K) {
-    const uint8_t* qs = sb + (F == kQ4K ? 16 : 48) + 32 * (c / 2);
-    const int64_t sh = 4 * (c % 2);
-    for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> sh) & 15;
-    if constexpr (F == kQ5K) {
-      const uint8_t* qh = sb + 16;
-      for (int l = 0; l < 32; ++l) q[l] |= ((qh[l] >> c) & 1) << 4;
+    for (int64_t c = 0; c < kQSuperChunks; ++c) {
+      int a = 0, b = 0;
+      kq_scale_min_k4(c, sb + 4, &a, &b);
+      sc[2 * c] = sc[2 * c + 1] = a;
+      mn[2 * c] = mn[2 * c + 1] = b;
     }
-    int sc = 0, mn = 0;
-    kq_scale_min_k4(c, sb + 4, &sc, &mn);
-    s[0] = s[1] = kq_half(sb) * static_cast<float>(sc);
-    m[0] = m[1] = kq_half(sb + 2) * static_cast<float>(mn);
+    d = kq_half(sb);
+    dmin = kq_half(sb + 2);
   } else if constexpr (F == kQ6K) {
-    const int64_t h = c / 4, t = c % 4;
-    const uint8_t* ql = sb + 64 * h + 32 * (t & 1);
-    const uint8_t* qh = sb + 128 + 32 * h;
-    const int64_t sh = t < 2 ? 0 : 4;
-    for (int l = 0; l < 32; ++l) q[l] = (((ql[l] >> sh) & 15) | (((qh[l] >> (2 * t)) & 3) << 4)) - 32;
-    const float d = kq_half(sb + 208);
-    for (int i = 0; i < 2; ++i) s[i] = d * static_cast<float>(static_cast<int8_t>(sb[192 + 8 * h + 2 * t + i]));
+    for (int64_t i = 0; i < 16; ++i) sc[i] = static_cast<int8_t>(sb[192 + i]);
+    d = kq_half(sb + 208);
   } else {
-    static_assert(F == kIQ4XS, "a super-block format without a chunk decoder");
-    const uint8_t* qs = sb + 8 + 16 * c;
-    for (int l = 0; l < 16; ++l) {
-      q[l] = kIq4nlValues[qs[l] & 15];
-      q[l + 16] = kIq4nlValues[qs[l] >> 4];
-    }
+    static_assert(F == kIQ4XS, "a super-block format without scales");
     uint16_t sh;
     std::memcpy(&sh, sb + 2, 2);
-    const int ls = ((sb[4 + c / 2] >> (4 * (c % 2))) & 15) | (((sh >> (2 * c)) & 3) << 4);
-    s[0] = s[1] = kq_half(sb) * static_cast<float>(ls - 32);
+    for (int64_t c = 0; c < kQSuperChunks; ++c) {
+      sc[2 * c] = sc[2 * c + 1] = (((sb[4 + c / 2] >> (4 * (c % 2))) & 15) | (((sh >> (2 * c)) & 3) << 4)) - 32;
+    }
+    d = kq_half(sb);
+  }
+  for (int64_t i = 0; i < 16; ++i) s[i] = d * static_cast<float>(sc[i]);
+  if constexpr (kQSuperMin<F>) {
+    for (int64_t i = 0; i < 16; ++i) m[i] = dmin * static_cast<float>(mn[i]);
+  } else {
+    (void)mn;
+    (void)dmin;
+    (void)m;
   }
 }
 
-// The 32 values of chunk b (of the row's k / 32) of a super-block row, in kQVecs vectors.
-template <int F>
-inline void kq_load_block(const uint8_t* row, int64_t b, vf (&w)[kQVecs]) {
+// 32 bytes, the unit of a chunk's quant bits, as 16 uint16 lanes: x86 has no byte shifts (GCC
+// would take a uint8 vector apart byte by byte), and a lane shifted right by s, then masked
+// per byte to fewer than 8 - s bits, is each byte shifted alone.
+typedef uint16_t vkb __attribute__((vector_size(32)));  // NOLINT(modernize-use-using)
+
+inline vkb kq_bytes(const uint8_t* p) {
+  vkb v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// A byte mask in every byte of a lane.
+constexpr uint16_t kq_mask(int bits) {
+  return static_cast<uint16_t>(((1u << bits) - 1u) * 0x0101u);
+}
+
+// The 32 small unsigned integers of b (bytes), less `offset`, as kQVecs int32 vectors (element
+// order): zero extensions by intrinsics on AVX2 / AVX-512 (GCC takes a uint8 -> int32
+// conversion of its vectors apart there), a vector conversion on the baseline table.
+inline void kq_widen(vkb b, int32_t offset, vi (&q)[kQVecs]) {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  const __m256i x = bitcast<__m256i>(b);
+  q[0] = bitcast<vi>(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(x))) - offset;
+  q[1] = bitcast<vi>(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(x, 1))) - offset;
+#elif KAEL_VBYTES == 32 && defined(__AVX2__)
+  const __m256i x = bitcast<__m256i>(b);
+  const __m128i lo = _mm256_castsi256_si128(x), hi = _mm256_extracti128_si256(x, 1);
+  q[0] = bitcast<vi>(_mm256_cvtepu8_epi32(lo)) - offset;
+  q[1] = bitcast<vi>(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))) - offset;
+  q[2] = bitcast<vi>(_mm256_cvtepu8_epi32(hi)) - offset;
+  q[3] = bitcast<vi>(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))) - offset;
+#else
   constexpr int64_t L = V<float>::L;
-  const uint8_t* sb = row + b / kQSuperChunks * ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
-  int32_t q[kQBlock];
-  float s[2], m[2];
-  kq_chunk<F>(sb, b % kQSuperChunks, q, s, m);
+  uint8_t t[32];
+  std::memcpy(t, &b, sizeof(t));
   for (int v = 0; v < kQVecs; ++v) {
-    vi qv;
-    std::memcpy(&qv, q + v * L, sizeof(vi));
-    const int half = static_cast<int>(v * L / 16);
-    if constexpr (kQSuperMin<F>) {
-      w[v] = __builtin_convertvector(qv, vf) * splat(s[half]) - splat(m[half]);
-    } else {
-      w[v] = __builtin_convertvector(qv, vf) * splat(s[half]);
+    vqu8 p;
+    std::memcpy(&p, t + v * L, sizeof(p));
+    q[v] = __builtin_convertvector(p, vi) - offset;
+  }
+#endif
+}
+
+// The 32 integers q of chunk c (0..7) of the super-block at sb, in kQVecs vectors.
+template <int F>
+inline void kq_ints(const uint8_t* sb, int64_t c, vi (&q)[kQVecs]) {
+  if constexpr (F == kQ2K || F == kQ3K) {
+    const int sh = static_cast<int>(2 * (c % 4));
+    vkb b = (kq_bytes(sb + (F == kQ2K ? 16 : 32) + 32 * (c / 4)) >> sh) & kq_mask(2);
+    if constexpr (F == kQ3K) {  // q - (bit c of hmask ? 0 : 4) = (q | bit << 2) - 4
+      b |= ((kq_bytes(sb) >> static_cast<int>(c)) & kq_mask(1)) << 2;
     }
+    kq_widen(b, F == kQ3K ? 4 : 0, q);
+  } else if constexpr (F == kQ4K || F == kQ5K) {
+    const int sh = static_cast<int>(4 * (c % 2));
+    vkb b = (kq_bytes(sb + (F == kQ4K ? 16 : 48) + 32 * (c / 2)) >> sh) & kq_mask(4);
+    if constexpr (F == kQ5K) b |= ((kq_bytes(sb + 16) >> static_cast<int>(c)) & kq_mask(1)) << 4;
+    kq_widen(b, 0, q);
+  } else if constexpr (F == kQ6K) {
+    const int64_t h = c / 4, t = c % 4;
+    const vkb lo = (kq_bytes(sb + 64 * h + 32 * (t & 1)) >> static_cast<int>(t < 2 ? 0 : 4)) & kq_mask(4);
+    const vkb hi = (kq_bytes(sb + 128 + 32 * h) >> static_cast<int>(2 * t)) & kq_mask(2);
+    kq_widen(lo | (hi << 4), 32, q);
+  } else {
+    static_assert(F == kIQ4XS, "a super-block format without a chunk decoder");
+    const uint8_t* qs = sb + 8 + 16 * c;  // IQ4_NL's levels of the low, then the high nibbles
+#if defined(__AVX2__)
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low4 = _mm_set1_epi8(15);
+    const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(raw, low4));
+    const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+#if KAEL_VBYTES == 64
+    q[0] = bitcast<vi>(_mm512_cvtepi8_epi32(lo));
+    q[1] = bitcast<vi>(_mm512_cvtepi8_epi32(hi));
+#else
+    q[0] = bitcast<vi>(_mm256_cvtepi8_epi32(lo));
+    q[1] = bitcast<vi>(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = bitcast<vi>(_mm256_cvtepi8_epi32(hi));
+    q[3] = bitcast<vi>(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+#endif
+#else
+    constexpr int64_t L = V<float>::L;
+    int32_t t[kQBlock];
+    for (int l = 0; l < 16; ++l) {
+      t[l] = kIq4nlValues[qs[l] & 15];
+      t[l + 16] = kIq4nlValues[qs[l] >> 4];
+    }
+    for (int v = 0; v < kQVecs; ++v) std::memcpy(&q[v], t + v * L, sizeof(vi));
+#endif
+  }
+}
+
+// The 32 values of chunk c of the super-block at sb (its scales s, offsets m from kq_scales).
+template <int F>
+inline void kq_values(const uint8_t* sb, int64_t c, const float (&s)[16], const float (&m)[16], vf (&w)[kQVecs]) {
+  constexpr int64_t L = V<float>::L;
+  vi q[kQVecs];
+  kq_ints<F>(sb, c, q);
+  for (int v = 0; v < kQVecs; ++v) {
+    const int64_t i = 2 * c + v * L / 16;  // the 16 values' scale
+    if constexpr (kQSuperMin<F>) {
+      w[v] = __builtin_convertvector(q[v], vf) * splat(s[i]) - splat(m[i]);
+    } else {
+      w[v] = __builtin_convertvector(q[v], vf) * splat(s[i]);
+    }
+  }
+}
+
+constexpr int64_t kQSuperValues = kQSuperChunks * kQBlock;
+
+// out[0..k) = a super-block row as float32 (k % 256 == 0).
+template <int F>
+void kq_dequant_row(float* out, const uint8_t* row, int64_t k) {
+  constexpr int64_t L = V<float>::L;
+  constexpr int64_t B = ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
+  for (int64_t sb = 0; sb < k / kQSuperValues; ++sb) {
+    const uint8_t* blk = row + sb * B;
+    float s[16], m[16];
+    kq_scales<F>(blk, s, m);
+    for (int64_t c = 0; c < kQSuperChunks; ++c) {
+      vf w[kQVecs];
+      kq_values<F>(blk, c, s, m, w);
+      for (int v = 0; v < kQVecs; ++v) store(out + sb * kQSuperValues + c * kQBlock + v * L, w[v]);
+    }
+  }
+}
+
+// qdot_wrows for a super-block format: each row's dot product is the same operations, in the same
+// order, as qdot_wrows' over load_block (each 32-value chunk's values, block_dot, added into the
+// row's accumulator, its lanes, the bias), the scales decoded once a super-block.
+template <int F, int NB>
+inline void kq_qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw, const float* bias, float* c,
+                          int64_t csc) {
+  constexpr int64_t B = ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
+  vf acc[NB];
+  for (int j = 0; j < NB; ++j) acc[j] = vf{};
+  for (int64_t sb = 0; sb < k / kQSuperValues; ++sb) {
+    for (int j = 0; j < NB; ++j) {
+      const uint8_t* blk = w + j * rsw + sb * B;
+      for (int64_t off = 0; off < B; off += 64) __builtin_prefetch(blk + off + kQPrefetch, 0, 0);
+      float s[16], m[16];
+      kq_scales<F>(blk, s, m);
+      for (int64_t ch = 0; ch < kQSuperChunks; ++ch) {
+        vf wv[kQVecs];
+        kq_values<F>(blk, ch, s, m, wv);
+        acc[j] += block_dot(wv, a + sb * kQSuperValues + ch * kQBlock);
+      }
+    }
+  }
+  for (int j = 0; j < NB; ++j) {
+    float r = hsum<float>(acc[j]);
+    if (bias != nullptr) r += bias[j];
+    c[j * csc] = r;
   }
 }
