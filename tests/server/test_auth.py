@@ -142,11 +142,11 @@ def test_refused_generations_are_counted_and_logged_as_rejected() -> None:
 def test_the_openai_client_with_the_key_works_and_without_it_is_refused() -> None:
     with TestClient(keyed_app()) as client:
         good = openai.OpenAI(base_url="http://testserver.local/v1", api_key=KEY, http_client=client, max_retries=0)
-        completion = good.completions.create(model="kael", prompt="ab", max_tokens=4, temperature=0)
+        completion = good.completions.create(model="kael-gpt2", prompt="ab", max_tokens=4, temperature=0)
         assert completion.usage is not None and completion.usage.completion_tokens == 4
         bad = openai.OpenAI(base_url="http://testserver.local/v1", api_key="nope", http_client=client, max_retries=0)
         with pytest.raises(openai.AuthenticationError) as refused:
-            bad.completions.create(model="kael", prompt="ab", max_tokens=4)
+            bad.completions.create(model="kael-gpt2", prompt="ab", max_tokens=4)
         assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
 
 

@@ -69,7 +69,7 @@ def test_the_model_continues_the_rendered_conversation(client: TestClient[Litest
         {"role": "assistant", "content": "Hi"},
         {"role": "user", "content": "Bye"},
     ]
-    answer = chat(client, messages=messages, max_tokens=8, model="anything")
+    answer = chat(client, messages=messages, max_tokens=8, model="kael-gpt2")
     rendered = b"[system]Be brief.\x04[user]Hello\nagain\x04[assistant]Hi\x04[user]Bye\x04[assistant]"
     assert model.calls[-1].prompt == list(rendered)
     assert model.calls[-1].max_new_tokens == 8
@@ -339,7 +339,7 @@ def api(client: TestClient[Litestar]) -> openai.OpenAI:
 
 def test_the_openai_client_chats(api: openai.OpenAI, model: FakeModel) -> None:
     reply = api.chat.completions.create(
-        model="kael", messages=[{"role": "system", "content": "S"}, *USER], max_completion_tokens=6, seed=3
+        model="kael-gpt2", messages=[{"role": "system", "content": "S"}, *USER], max_completion_tokens=6, seed=3
     )
     assert reply.choices[0].message.role == "assistant"
     assert reply.choices[0].message.content == SCRIPT[:6].decode()
@@ -347,7 +347,7 @@ def test_the_openai_client_chats(api: openai.OpenAI, model: FakeModel) -> None:
     assert reply.usage is not None and reply.usage.completion_tokens == 6
     assert model.calls[-1].prompt == list(b"[system]S\x04" + RENDERED_USER)
     stream = api.chat.completions.create(
-        model="kael", messages=USER, max_tokens=6, stream=True, stream_options={"include_usage": True}
+        model="kael-gpt2", messages=USER, max_tokens=6, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -355,5 +355,5 @@ def test_the_openai_client_chats(api: openai.OpenAI, model: FakeModel) -> None:
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(RENDERED_USER)
     with pytest.raises(openai.BadRequestError) as refused:
-        api.chat.completions.create(model="kael", messages=[{"role": "user", "content": "refuse"}])
+        api.chat.completions.create(model="kael-gpt2", messages=[{"role": "user", "content": "refuse"}])
     assert "refused the messages" in str(refused.value)

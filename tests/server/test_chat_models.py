@@ -226,7 +226,8 @@ def test_openai_client_against_kael_server(process: Any, llama_dir: Path) -> Non
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
     sampled = [
-        process.api.chat.completions.create(model="m", messages=messages, max_tokens=6, seed=5, n=2) for _ in range(2)
+        process.api.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=6, seed=5, n=2)
+        for _ in range(2)
     ]
     assert [c.message.content for c in sampled[0].choices] == [c.message.content for c in sampled[1].choices]
 
@@ -257,6 +258,6 @@ def test_chat_on_the_cuda_backend(llama_dir: Path, tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("KAEL_CUDA_EMULATE", "1")  # the server process's environment (a real GPU needs none)
     with kael_server(tmp_path, "--data", str(llama_dir), "--device", "cuda") as served:
         monkeypatch.delenv("KAEL_CUDA_EMULATE")
-        reply = served.api.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, temperature=0)
+        reply = served.api.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=8, temperature=0)
     assert reply.choices[0].message.content == text
     assert reply.choices[0].finish_reason == finish

@@ -33,6 +33,7 @@ from kael_server.settings import (
     Choice,
     Flag,
     Integer,
+    Names,
     Number,
     Setting,
     Switch,
@@ -71,6 +72,8 @@ def _sample(f: dataclasses.Field[Any], declared: Setting) -> Any:
         return 60.0
     if isinstance(rule, Text):
         return f"x-{f.name}"
+    if isinstance(rule, Names):
+        return (f"x-{f.name}", "alias")
     if f.name == "api_keys":
         return ApiKeys([KEY])
     raise AssertionError(f"no sample value for the setting {f.name} ({type(rule).__name__}): add one here")
@@ -83,6 +86,8 @@ def _argv(f: dataclasses.Field[Any], declared: Setting, value: Any) -> list[str]
         return [first.name]  # a switch flips its default
     if isinstance(value, ApiKeys):
         return [first.name, KEY]
+    if isinstance(value, tuple):  # a repeatable flag, once per name
+        return [arg for name in value for arg in (first.name, name)]
     return [first.name, str(value)]
 
 
@@ -268,6 +273,8 @@ def _bad_values(declared: Setting, default: Any) -> list[Any]:
         return ["yes", 1, None]
     if isinstance(rule, Text):
         return [3, b"bytes"]
+    if isinstance(rule, Names):
+        return ["one name", [""], [" padded"], [3]]
     if isinstance(rule, PortRule):
         return [0, 65536, True, 80.0]
     if isinstance(rule, TimeoutRule):

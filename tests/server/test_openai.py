@@ -54,17 +54,17 @@ def test_completion_with_usage_and_length_finish(api: openai.OpenAI) -> None:
 
 
 def test_stop_string_ends_with_finish_reason_stop(api: openai.OpenAI) -> None:
-    completion = api.completions.create(model="m", prompt="Hi", max_tokens=30, stop=[" is", "xyz"])
+    completion = api.completions.create(model="kael-gpt2", prompt="Hi", max_tokens=30, stop=[" is", "xyz"])
     assert completion.choices[0].text == "Hello world. The END"
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage is not None and completion.usage.completion_tokens == 23
 
 
 def test_streaming_matches_plain_and_holds_back_partial_stops(api: openai.OpenAI) -> None:
-    plain = api.completions.create(model="m", prompt="Hi", max_tokens=30, stop=". The E")
+    plain = api.completions.create(model="kael-gpt2", prompt="Hi", max_tokens=30, stop=". The E")
     chunks = list(
         api.completions.create(
-            model="m",
+            model="kael-gpt2",
             prompt="Hi",
             max_tokens=30,
             stop=". The E",
@@ -82,7 +82,7 @@ def test_streaming_matches_plain_and_holds_back_partial_stops(api: openai.OpenAI
 
 
 def test_held_back_text_is_released_when_it_is_no_stop(api: openai.OpenAI) -> None:
-    chunks = api.completions.create(model="m", prompt="Hi", max_tokens=13, stop="world!", stream=True)
+    chunks = api.completions.create(model="kael-gpt2", prompt="Hi", max_tokens=13, stop="world!", stream=True)
     assert "".join(c.choices[0].text for c in chunks) == "Hello world. "
 
 
@@ -90,7 +90,9 @@ def test_seed_reproduces_sampling() -> None:
     with TestClient(make_app()) as client:
         api = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="x", http_client=as_httpx(client))
         runs = [
-            api.completions.create(model="m", prompt="p", max_tokens=20, temperature=1.5, seed=s).choices[0].text
+            api.completions.create(model="kael-gpt2", prompt="p", max_tokens=20, temperature=1.5, seed=s)
+            .choices[0]
+            .text
             for s in (7, 7, 8)
         ]
         assert runs[0] == runs[1] != runs[2]
@@ -98,12 +100,12 @@ def test_seed_reproduces_sampling() -> None:
 
 def test_errors_have_openai_shape(api: openai.OpenAI, scripted: TestClient[Litestar]) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
-        api.completions.create(model="m", prompt="Hi", max_tokens=0)
+        api.completions.create(model="kael-gpt2", prompt="Hi", max_tokens=0)
     body = bad.value.body
     assert isinstance(body, dict)
     assert body["type"] == "invalid_request_error" and body["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError) as many:
-        api.completions.create(model="m", prompt="Hi", n=17)
+        api.completions.create(model="kael-gpt2", prompt="Hi", n=17)
     assert isinstance(many.value.body, dict) and many.value.body["param"] == "n"
     too_long = scripted.post("/v1/completions", json={"prompt": "x" * 250, "max_tokens": 10})
     assert too_long.status_code == 413

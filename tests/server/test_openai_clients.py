@@ -176,7 +176,7 @@ def test_logprobs_and_echo_match_the_models_log_softmax(served: Served, model: A
 
 
 def test_streaming_gives_the_plain_choices_and_logprobs(served: Served) -> None:
-    request: dict[str, Any] = {"model": "m", "prompt": PROMPT, "max_tokens": 16, "temperature": 0.8, "seed": 5}
+    request: dict[str, Any] = {"model": "kael-tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0.8, "seed": 5}
     plain = served.api.completions.create(**request, n=2, logprobs=2)
     chunks = list(
         served.api.completions.create(**request, n=2, logprobs=2, stream=True, stream_options={"include_usage": True})
@@ -193,27 +193,31 @@ def test_streaming_gives_the_plain_choices_and_logprobs(served: Served) -> None:
 
 def test_seeded_choices_use_seed_plus_index_whatever_runs_alongside(served: Served) -> None:
     api = served.api
-    both = api.completions.create(model="m", prompt=PROMPT, max_tokens=24, temperature=1.0, n=2, seed=100)
+    both = api.completions.create(model="kael-tiny", prompt=PROMPT, max_tokens=24, temperature=1.0, n=2, seed=100)
     alone = [
-        api.completions.create(model="m", prompt=PROMPT, max_tokens=24, temperature=1.0, seed=100 + i).choices[0].text
+        api.completions.create(model="kael-tiny", prompt=PROMPT, max_tokens=24, temperature=1.0, seed=100 + i)
+        .choices[0]
+        .text
         for i in (0, 1)
     ]
     assert [c.text for c in both.choices] == alone
     assert alone[0] != alone[1]
     nucleus = {"top_p": 0.9, "presence_penalty": 0.3}
-    pair = api.completions.create(model="m", prompt=PROMPT, max_tokens=24, temperature=1.0, n=2, seed=7, **nucleus)
-    again = api.completions.create(model="m", prompt=PROMPT, max_tokens=24, temperature=1.0, seed=8, **nucleus)
+    pair = api.completions.create(
+        model="kael-tiny", prompt=PROMPT, max_tokens=24, temperature=1.0, n=2, seed=7, **nucleus
+    )
+    again = api.completions.create(model="kael-tiny", prompt=PROMPT, max_tokens=24, temperature=1.0, seed=8, **nucleus)
     assert pair.choices[1].text == again.choices[0].text
 
 
 def test_logit_bias_and_penalties_follow_openais_formulas(served: Served, model: Any) -> None:
     forced = served.api.completions.create(
-        model="m", prompt=PROMPT, max_tokens=6, temperature=1.0, logit_bias={"65": 100}
+        model="kael-tiny", prompt=PROMPT, max_tokens=6, temperature=1.0, logit_bias={"65": 100}
     )
     assert forced.choices[0].text == "AAAAAA"
     presence, frequency, repetition, bias = 0.6, 0.8, 1.3, {ord("x"): 2.0, ord(" "): -1.5}
     completion = served.api.completions.create(
-        model="m",
+        model="kael-tiny",
         prompt=PROMPT,
         max_tokens=30,
         temperature=0,
@@ -228,7 +232,9 @@ def test_logit_bias_and_penalties_follow_openais_formulas(served: Served, model:
     out = [token_id(t) for t in lp.tokens]
     prompt = list(PROMPT.encode())
     logits = full_logits(model, prompt + out)
-    plain = served.api.completions.create(model="m", prompt=PROMPT, max_tokens=30, temperature=0).choices[0].text
+    plain = (
+        served.api.completions.create(model="kael-tiny", prompt=PROMPT, max_tokens=30, temperature=0).choices[0].text
+    )
     assert completion.choices[0].text != plain  # the penalties changed the text
     for k, token in enumerate(out):
         x = logits[len(prompt) + k - 1].copy()  # the logits before output token k
@@ -251,14 +257,16 @@ def test_langchain_openai_wrapper_with_its_default_parameters(served: Served) ->
 
     # its defaults (temperature 0.7, top_p 1, frequency_penalty 0, presence_penalty 0, n 1,
     # logit_bias, seed and logprobs null, a prompt list) except max_tokens: 256 > kael-tiny's 128 context
-    llm = OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_tokens=24, max_retries=0)
+    llm = OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_tokens=24, max_retries=0, model="kael-tiny")
     text = llm.invoke(PROMPT)
     assert isinstance(text, str) and len(text) > 0
     results = llm.generate([PROMPT, "import "])
     assert len(results.generations) == 2 and all(g[0].text for g in results.generations)
     assert "".join(chunk for chunk in llm.stream("class ")) != ""
-    greedy = OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_tokens=12, temperature=0, max_retries=0)
-    want = served.api.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    greedy = OpenAI(
+        base_url=f"{served.url}/v1", api_key="unused", max_tokens=12, temperature=0, max_retries=0, model="kael-tiny"
+    )
+    want = served.api.completions.create(model="kael-tiny", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     assert greedy.invoke(PROMPT) == want
     assert not [e for e in served.log_events() if e.get("event") == "unknown_fields_ignored"]
 
@@ -275,11 +283,11 @@ def test_langchain_openai_wrapper_with_every_default_on_a_model_with_room_for_th
     for name in ("vocab.json", "merges.txt"):
         shutil.copyfile(bundled_model_dir() / name, directory / name)
     with kael_server(tmp_path_factory.mktemp("log512"), "--data", str(directory), "--slots", "2") as server:
-        llm = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        llm = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, model="gpt2-512")
         assert llm.max_tokens == 256 and llm.temperature == 0.7  # the defaults, as sent
         text = llm.invoke(PROMPT)
         assert isinstance(text, str)
-        usage = server.api.completions.create(model="m", prompt=PROMPT, max_tokens=256, seed=1).usage
+        usage = server.api.completions.create(model="gpt2-512", prompt=PROMPT, max_tokens=256, seed=1).usage
         assert usage is not None and 0 < usage.completion_tokens <= 256
         assert not [e for e in server.log_events() if e.get("event") == "unknown_fields_ignored"]
 
@@ -308,7 +316,7 @@ def test_a_raw_body_with_unknown_fields_gets_200_and_a_warning(served: Served) -
 def test_unseeded_sampling_differs_across_processes_and_seeded_does_not(tmp_path: Path, served: Served) -> None:
     if served.process.args[-1] != "1":  # one pair of processes is enough: the single-slot one and a fresh one
         pytest.skip("run once, with the single-slot server")
-    request = {"model": "m", "prompt": PROMPT, "max_tokens": 40, "temperature": 1.0}
+    request = {"model": "kael-tiny", "prompt": PROMPT, "max_tokens": 40, "temperature": 1.0}
     with kael_server(tmp_path, "--slots", "2") as other:
         first = [served.api.completions.create(**request).choices[0].text for _ in range(2)]
         second = other.api.completions.create(**request).choices[0].text

@@ -281,7 +281,7 @@ def test_stop_strings_wait_for_min_tokens() -> None:
 def test_clients_defaults_and_nulls_are_accepted(client: TestClient[Litestar]) -> None:
     langchain_like = {
         "prompt": ["ab"],
-        "model": "gpt-3.5-turbo-instruct",
+        "model": "kael-gpt2",
         "temperature": 0.7,
         "top_p": 1,
         "frequency_penalty": 0,

@@ -295,7 +295,7 @@ def _requests() -> list[tuple[str, dict[str, Any]]]:
     for i, prompt in enumerate(PROMPTS):
         out.append(("/generate", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}))
         out.append(
-            ("/v1/completions", {"model": "kael", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            ("/v1/completions", {"model": "kael-tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
                                  "stream": True})
         )  # fmt: skip
         if i % 2:

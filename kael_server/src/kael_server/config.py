@@ -26,6 +26,7 @@ from kael_server.settings import (
     Choice,
     Flag,
     Integer,
+    Names,
     Number,
     Rule,
     Switch,
@@ -123,6 +124,18 @@ class ServerConfig:
         ),
         rule=Text(path=True),
         optional=True,
+    )
+    served_model_name: tuple[str, ...] = setting(
+        (),
+        Flag(
+            "--served-model-name",
+            "the model's name in the OpenAI API (repeatable: the first is the name answers carry, each "
+            "one is accepted in a request's model field and listed by /v1/models); default: the "
+            "checkpoint's directory or file name. A request naming another model is a 404 model_not_found",
+            metavar="NAME",
+            action="append",
+        ),
+        rule=Names(),
     )
     device: str = setting("cpu", Flag("--device", "kael device to run the model on, e.g. cpu or cuda"), rule=Text())
     weights: str | None = setting(

@@ -41,7 +41,8 @@ class Generator:
     tokenizer's end of text and the eos ids of ``model.generation_config``). ``chat_template``
     (default: the tokenizer's ``chat_template``, None without one) serves
     ``/v1/chat/completions``; a chat reply also ends at ``chat_stop_tokens`` (default: the
-    template's ``end_of_turn_tokens(tokenizer)``).
+    template's ``end_of_turn_tokens(tokenizer)``). ``model_name`` and ``aliases`` are the names
+    the OpenAI routes serve it under (``served_names``).
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class Generator:
         stop_tokens: Sequence[int] | None = None,
         chat_template: Any = None,
         chat_stop_tokens: Sequence[int] | None = None,
+        aliases: Sequence[str] = (),
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -67,6 +69,8 @@ class Generator:
         self.chat_stop_tokens = tuple(chat_stop_tokens or ())
         self.device = device
         self.model_name = model_name
+        self.served_names = tuple(dict.fromkeys((model_name, *aliases)))
+        """Every name a request's ``model`` may give (``--served-model-name``); answers carry the one asked for."""
         self.context_length = int(model.max_positions)
         self.vocab_size = int(model.vocab_size)
         self.make_rng: RngFactory = make_rng if make_rng is not None else _kael_rng

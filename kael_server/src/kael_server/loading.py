@@ -198,7 +198,9 @@ class CheckpointLoader:
             model,
             tokenizer,
             device=config.device,
-            model_name=path.name,  # seeds become kael.Generators (the Generator's default make_rng)
+            # seeds become kael.Generators (the Generator's default make_rng)
+            model_name=config.served_model_name[0] if config.served_model_name else path.name,
+            aliases=config.served_model_name[1:],
             metrics=metrics,
             make_scheduler=_SchedulerFactory(model, config),
         )

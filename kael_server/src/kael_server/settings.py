@@ -27,6 +27,7 @@ __all__ = [
     "Choice",
     "Flag",
     "Integer",
+    "Names",
     "Number",
     "Rule",
     "Setting",
@@ -89,6 +90,19 @@ class Text(Rule):
         if not isinstance(value, str):
             raise ServerConfigError(f"{flag} must be a string, got {value!r}")
         return value
+
+
+@dataclass(frozen=True)
+class Names(Rule):
+    """Names given by a repeatable flag (each non-empty, without surrounding spaces), stored as a tuple."""
+
+    def check(self, flag: str, value: Any) -> Any:
+        if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+            raise ServerConfigError(f"{flag} must be a list of names, got {value!r}")
+        for name in value:
+            if not isinstance(name, str) or not name or name != name.strip():
+                raise ServerConfigError(f"{flag} must be non-empty names without surrounding spaces, got {name!r}")
+        return tuple(dict.fromkeys(value))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from kael_server.errors import FieldError, InvalidRequest, ServerError
 from kael_server.generator import Generator
 from kael_server.jobs import ChatPrompt, ChoiceStats, Finished, JobStats, Prompt, TextPiece, TokenInfo
 from kael_server.openapi import JSON, documented, sse_events
-from kael_server.routes.openai import _usage, error_body, error_response, sampling_params
+from kael_server.routes.openai import _usage, error_body, error_response, sampling_params, served_model
 from kael_server.schemas import OpenAIErrorResponse, Usage
 from kael_server.state import ServerState
 from kael_server.structured import constrained
@@ -48,7 +48,9 @@ from kael_server.tools import ToolCallStream, parse_tool_calls
 
 __all__ = ["ChatReply", "chat_completions", "token_bytes"]
 
-_ERRORS: dict[int, dict[str, Any]] = {status: {JSON: OpenAIErrorResponse} for status in (400, 413, 429, 499, 500, 503)}
+_ERRORS: dict[int, dict[str, Any]] = {
+    status: {JSON: OpenAIErrorResponse} for status in (400, 404, 413, 429, 499, 500, 503)
+}
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
@@ -61,6 +63,7 @@ class ChatReply:
     chunks (the id and name first, then the arguments' text as it is written)."""
 
     def __init__(self, body: ChatCompletionRequest, generator: Generator) -> None:
+        self.model = served_model(body.model, generator)
         messages = conversation(body.messages)
         zero = [name for name in ("max_completion_tokens", "max_tokens") if getattr(body, name) == 0]
         if zero:  # /v1/completions takes 0 with echo; a chat reply has at least one token
@@ -83,7 +86,6 @@ class ChatReply:
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.model = generator.model_name
         self._started: set[int] = set()
         """Choices whose first event (the role delta) was sent."""
 

@@ -1,4 +1,7 @@
-"""OpenAI-compatible API: ``POST /v1/completions`` and ``GET /v1/models``.
+"""OpenAI-compatible API: ``POST /v1/completions``, ``GET /v1/models`` and ``GET /v1/models/{id}``.
+
+A request's ``model`` must be one of the names the model is served under (``--served-model-name``,
+default its directory's name) or absent: another name is OpenAI's 404 ``model_not_found``.
 
 ``sampling_params`` turns the fields every OpenAI generation request shares
 (``schemas.SamplingRequest``) into a job's SamplingParams, so a chat route reuses it.
@@ -35,11 +38,42 @@ from kael_server.state import ServerState
 from kael_server.structured import constrained
 from kael_server.validation import sampling_params_of
 
-__all__ = ["CompletionReply", "completions", "error_body", "error_response", "models", "sampling_params"]
+__all__ = [
+    "CompletionReply",
+    "ModelNotFound",
+    "completions",
+    "error_body",
+    "error_response",
+    "model",
+    "models",
+    "sampling_params",
+    "served_model",
+]
 
-_ERRORS: dict[int, dict[str, Any]] = {status: {JSON: OpenAIErrorResponse} for status in (400, 413, 429, 499, 500, 503)}
+_ERRORS: dict[int, dict[str, Any]] = {
+    status: {JSON: OpenAIErrorResponse} for status in (400, 404, 413, 429, 499, 500, 503)
+}
 _STARTED = int(time.time())
 FinishReason = Literal["stop", "length"]
+
+
+class ModelNotFound(ServerError):
+    """A request names a model this server does not serve (404, OpenAI's ``model_not_found``)."""
+
+    status_code = 404
+
+
+def served_model(requested: str | None, generator: Generator) -> str:
+    """The name an answer carries: the one requested, when it is served (None: the first served
+    name); ModelNotFound otherwise (the message lists the served names, never the requested one)."""
+    if requested is None:
+        return generator.model_name
+    if requested in generator.served_names:
+        return requested
+    raise ModelNotFound(
+        f"the model named in the request is not served here; this server serves {', '.join(generator.served_names)} "
+        "(GET /v1/models)"
+    )
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -103,6 +137,7 @@ def _prompts(prompt: str | list[Any], vocab_size: int) -> tuple[Prompt, ...]:
 
 class CompletionReply:
     def __init__(self, body: CompletionRequest, generator: Generator) -> None:
+        self.model = served_model(body.model, generator)
         echo = bool(body.echo)
         params = sampling_params(body, generator.vocab_size, logprobs=body.logprobs, echo=echo)
         self.params = constrained(params, body, generator)
@@ -117,7 +152,6 @@ class CompletionReply:
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.model = generator.model_name
 
     def _completion(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
@@ -185,6 +219,8 @@ def error_body(error: ServerError) -> OpenAIErrorResponse:
         message = error.message
     if isinstance(error, PromptRejected) and status == 413:
         code = "context_length_exceeded"
+    elif isinstance(error, ModelNotFound):
+        code, param = "model_not_found", "model"
     elif status == 429:
         code = "rate_limit_exceeded"
     if status == 429:
@@ -225,16 +261,39 @@ async def completions(request: Request[Any, Any, Any], server: ServerState) -> R
     )
 
 
+def _cards(generator: Generator) -> list[ModelCard]:
+    weights = getattr(generator.model, "weights_scheme", None) or "f32"
+    return [
+        ModelCard(id=name, created=_STARTED, max_model_len=generator.context_length, weights=weights)
+        for name in generator.served_names
+    ]
+
+
 @get(
     "/v1/models",
     operation_class=documented({200: {JSON: ModelList}, 503: {JSON: OpenAIErrorResponse}}),
-    summary="The model this server serves, with its context length (max_model_len)",
+    summary="The model this server serves (one card per served name), with its context length (max_model_len)",
 )
 async def models(server: ServerState) -> Response[Any]:
     try:
         generator = server.require()
     except ServerError as exc:
         return error_response(exc)
-    weights = getattr(generator.model, "weights_scheme", None) or "f32"
-    card = ModelCard(id=generator.model_name, created=_STARTED, max_model_len=generator.context_length, weights=weights)
-    return Response(ModelList(data=[card]))
+    return Response(ModelList(data=_cards(generator)))
+
+
+@get(
+    "/v1/models/{model_id:path}",
+    operation_class=documented(
+        {200: {JSON: ModelCard}, 404: {JSON: OpenAIErrorResponse}, 503: {JSON: OpenAIErrorResponse}}
+    ),
+    summary="One served model by name (OpenAI's retrieve); 404 model_not_found for a name not served",
+)
+async def model(model_id: str, server: ServerState) -> Response[Any]:
+    try:
+        generator = server.require()
+        name = served_model(model_id.lstrip("/"), generator)
+    except ServerError as exc:
+        return error_response(exc)
+    (card,) = [c for c in _cards(generator) if c.id == name]
+    return Response(card)
