@@ -158,8 +158,8 @@ def _body(
     if rng.random() < 0.5:
         common["seed"] = rng.randrange(1 << 30)
     if base == "completions":
-        return {"model": "kael", "prompt": prompt, "n": n or rng.choice((1, 1, 2)), **common}
-    return {"model": "kael", "messages": [{"role": "user", "content": prompt}], **common}
+        return {"prompt": prompt, "n": n or rng.choice((1, 1, 2)), **common}
+    return {"messages": [{"role": "user", "content": prompt}], **common}
 
 
 def _documented_error(base: str, status: int, headers: httpx.Headers, body: Any) -> str | None:
