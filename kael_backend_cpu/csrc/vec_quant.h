@@ -125,78 +125,7 @@ inline float scalar_value(const uint8_t* row, int64_t t) {
   }
 }
 
-// The 32 int8 values of a Q8_0 block at qs, in element order: one sign extension per vector on
-// AVX2 / AVX-512 (the maskz form: no -Wmaybe-uninitialized from the unmasked one).
-inline void q8_values(const uint8_t* qs, vi (&out)[kQVecs]) {
-  constexpr int64_t L = V<float>::L;
-  for (int v = 0; v < kQVecs; ++v) {
-#if KAEL_VBYTES == 64 && defined(__AVX512F__)
-    out[v] =
-        bitcast<vi>(_mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + v * L))));
-#elif KAEL_VBYTES == 32 && defined(__AVX2__)
-    out[v] = bitcast<vi>(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + v * L))));
-#else
-    // int8 q = (q ^ 0x80) - 128 read unsigned: GCC vectorises the zero extension, and
-    // scalarises a sign extension of these vectors
-    vqu8 q;
-    std::memcpy(&q, qs + v * L, sizeof(q));
-    out[v] = __builtin_convertvector(q ^ 0x80, vi) - 128;
-#endif
-  }
-}
-
-// The 32 integers q - 8 of a Q4_0 block's 16 nibble bytes at qs, in element order (low nibbles
-// are values 0..15, high ones 16..31).
-inline void q4_values(const uint8_t* qs, vi (&out)[kQVecs]) {
-#if KAEL_VBYTES == 32 && defined(__AVX2__)
-  // 8-byte GCC vectors are scalarised here: the nibbles by 16-byte intrinsics instead
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(15);
-  const __m128i lo = _mm_and_si128(q, mask);
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-  out[0] = bitcast<vi>(_mm256_cvtepu8_epi32(lo)) - 8;
-  out[1] = bitcast<vi>(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))) - 8;
-  out[2] = bitcast<vi>(_mm256_cvtepu8_epi32(hi)) - 8;
-  out[3] = bitcast<vi>(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))) - 8;
-#else
-  constexpr int64_t L = V<float>::L;
-  constexpr int H = kQVecs / 2;
-  for (int v = 0; v < H; ++v) {
-    vqu8 q;
-    std::memcpy(&q, qs + v * L, sizeof(q));
-    out[v] = __builtin_convertvector(q & 15, vi) - 8;
-    out[H + v] = __builtin_convertvector(q >> 4, vi) - 8;
-  }
-#endif
-}
-
-// IQ4_NL's 16 non-linear levels (GGML's kvalues_iq4nl), indexed by a nibble.
-constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-// The 32 integers of a q4_1 / q5_0 / q5_1 / iq4_nl block (F = 4, 5, 6, 7) at blk, in element
-// order: nibble j of the 16 bytes at qs is value j (low) and j + 16 (high); the 5-bit formats add
-// bit j of qh as the fifth bit of value j (bit 4 of the result). q5_0's are q - 16; iq4_nl's
-// are its levels kIq4nlValues[q].
-template <int F>
-inline void q451_values(const uint8_t* blk, vi (&out)[kQVecs]) {
-  constexpr int64_t L = V<float>::L;
-  const uint8_t* qs = blk + (F == 4 ? 4 : F == 5 ? 6 : F == 6 ? 8 : 2);
-  uint32_t qh = 0;
-  if constexpr (F == 5 || F == 6) std::memcpy(&qh, blk + (F == 5 ? 2 : 4), 4);
-  int32_t q[kQBlock];
-  for (int j = 0; j < 16; ++j) {
-    q[j] = static_cast<int32_t>((qs[j] & 15u) | (((qh >> j) & 1u) << 4));
-    q[j + 16] = static_cast<int32_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
-    if constexpr (F == 5) {
-      q[j] -= 16;
-      q[j + 16] -= 16;
-    } else if constexpr (F == 7) {
-      q[j] = kIq4nlValues[q[j]];
-      q[j + 16] = kIq4nlValues[q[j + 16]];
-    }
-  }
-  for (int v = 0; v < kQVecs; ++v) std::memcpy(&out[v], q + v * L, sizeof(vi));
-}
+#include "vec_quant_ints.h"  // the integers of the 32-value blocks (q8_values, q4_values, q451_values)
 
 // The 32 products of a block with x[0..32), summed pairwise into one vector.
 inline vf block_dot(const vf (&w)[kQVecs], const float* x) {

@@ -100,10 +100,17 @@ inline void kq_scales(const uint8_t* sb, float (&s)[16], float (&m)[16]) {
     }
     d = kq_half(sb);
   }
-  for (int64_t i = 0; i < 16; ++i) s[i] = d * static_cast<float>(sc[i]);
-  if constexpr (kQSuperMin<F>) {
-    for (int64_t i = 0; i < 16; ++i) m[i] = dmin * static_cast<float>(mn[i]);
-  } else {
+  constexpr int64_t L = V<float>::L;
+  for (int64_t i = 0; i < 16; i += L) {  // (GCC leaves the scalar form of this loop scalar)
+    vi x;
+    std::memcpy(&x, sc + i, sizeof(x));
+    store(s + i, __builtin_convertvector(x, vf) * splat(d));
+    if constexpr (kQSuperMin<F>) {
+      std::memcpy(&x, mn + i, sizeof(x));
+      store(m + i, __builtin_convertvector(x, vf) * splat(dmin));
+    }
+  }
+  if constexpr (!kQSuperMin<F>) {
     (void)mn;
     (void)dmin;
     (void)m;
@@ -175,30 +182,7 @@ inline void kq_ints(const uint8_t* sb, int64_t c, vi (&q)[kQVecs]) {
     kq_widen(lo | (hi << 4), 32, q);
   } else {
     static_assert(F == kIQ4XS, "a super-block format without a chunk decoder");
-    const uint8_t* qs = sb + 8 + 16 * c;  // IQ4_NL's levels of the low, then the high nibbles
-#if defined(__AVX2__)
-    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low4 = _mm_set1_epi8(15);
-    const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(raw, low4));
-    const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-#if KAEL_VBYTES == 64
-    q[0] = bitcast<vi>(_mm512_cvtepi8_epi32(lo));
-    q[1] = bitcast<vi>(_mm512_cvtepi8_epi32(hi));
-#else
-    q[0] = bitcast<vi>(_mm256_cvtepi8_epi32(lo));
-    q[1] = bitcast<vi>(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-    q[2] = bitcast<vi>(_mm256_cvtepi8_epi32(hi));
-    q[3] = bitcast<vi>(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-#endif
-#else
-    constexpr int64_t L = V<float>::L;
-    int32_t t[kQBlock];
-    for (int l = 0; l < 16; ++l) {
-      t[l] = kIq4nlValues[qs[l] & 15];
-      t[l + 16] = kIq4nlValues[qs[l] >> 4];
-    }
-    for (int v = 0; v < kQVecs; ++v) std::memcpy(&q[v], t + v * L, sizeof(vi));
-#endif
+    iq4_levels(sb + 8 + 16 * c, q);  // IQ4_NL's levels of the low, then the high nibbles
   }
 }
 

@@ -14,7 +14,7 @@
 #include "vec_gemm_rows.h"    // few-row GEMM kernels (rows_nmajor, rows_kmajor)
 #include "vec_llama.h"        // rms_norm (sum of squares, scaling), silu_mul and rope rows
 #include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
-#include "vec_quant.h"        // weight formats: q8_0 / q4_0 / bf16 / f16 rows and few-row dot products
+#include "vec_quant.h"        // weight formats (and vec_quant_ints.h, vec_quant_k.h): rows and few-row dot products
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 #ifndef KAEL_KC_F
