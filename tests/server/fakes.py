@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from kael.engine import Request, SchedulerOutput, StepLogits
 
 SECRET = "s3cret-internal-detail"
 """Text of every exception the fakes raise: it must never reach a client."""
@@ -206,25 +207,30 @@ class RowLogits:
 
 
 class FakeBatchEngine:
-    """A BatchEngine (kael_server.protocols) with FakeModel's token rules, per cache row.
+    """A BatchEngine (kael_server.protocols: kael.engine's KVBackend and Runner in one object)
+    with FakeModel's token rules, per cache row.
 
     Greedy picks a letter from the row's context (prompt + tokens fed), exactly as FakeModel
-    does for the same prompt alone; sampling draws from the job's generator. To force
-    misbehaviour:
+    does for the same prompt alone; sampling draws from the job's generator. Blocks never run
+    out and nothing is cached by prefix. To force misbehaviour:
 
     * ``gate``: block before each decode step until the test lets it through;
     * ``fail_decode_at``: raise (with SECRET) in decode step number ``fail_decode_at`` (from 0);
-    * ``fail_prefill``: raise (with SECRET) when prefilling a prompt it accepts (alone or
-      in a ``prefill_many``, which then starts no row);
+    * ``fail_prefill``: raise (with SECRET) when prefilling a prompt it accepts (a step's
+      prefills together fail, then each runs alone, as kael's ModelRunner does);
     * ``fail_sample``: raise (with SECRET) when sampling for a context it accepts;
     * ``poison``: for a context it accepts, sample token ``poison_token`` (which a
       PoisonTokenizer refuses to decode: a failure in that job's token handling).
 
     ``steps`` records the rows of every decode step; ``prefills`` the (row, prompt) of each
-    prefill; ``prefill_calls`` the rows of each ``prefill``/``prefill_many`` call;
-    ``greedy_calls`` counts the ``greedy`` calls (one per step with several greedy rows);
-    ``forks`` the (src, dst) of each ``fork``.
+    prompt prefilled to its end; ``prefill_calls`` the rows of each prefill call (a step's
+    prefill rows, or one row run alone); ``greedy_calls`` counts the ``greedy`` calls (one per
+    product with several greedy rows); ``forks`` the (src, dst) of each ``fork``; ``plan_tokens``
+    the tokens of each step's plan; ``chunks`` the (prompt, start, tokens) of each prefill row.
     """
+
+    max_positions = 1 << 20
+    free_blocks = 1 << 62
 
     def __init__(
         self,
@@ -251,33 +257,110 @@ class FakeBatchEngine:
         self.greedy_calls = 0
         self.forks: list[tuple[int, int]] = []
         self.released: list[int] = []
+        self.plan_tokens: list[int] = []
+        self.chunks: list[tuple[tuple[int, ...], int, int]] = []
+        self._free = list(range(rows - 1, -1, -1))
         self._rng = random.Random()
 
-    def prefill(self, row: int, prompt: list[int]) -> RowLogits:
-        return self.prefill_many([row], [prompt])[0]
+    # ---- kael.engine.KVBackend: rows (blocks never run out) ----------------------------------
+    @property
+    def free_rows(self) -> int:
+        return len(self._free)
 
-    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> list[RowLogits]:
-        self.prefill_calls.append(list(rows))
-        for row, prompt in zip(rows, prompts, strict=True):
-            assert row not in self.contexts, f"row {row} is in use"
-            assert 0 <= row < self.rows
-            if self.fail_prefill is not None and self.fail_prefill(tuple(prompt)):
+    def cached_prefix(self, ids: Sequence[int]) -> int:
+        return 0
+
+    def start(self, request: Request, end: int, *, spare: int = 0) -> bool:
+        if not self._free:
+            return False
+        row = self._free.pop()
+        assert row not in self.contexts, f"row {row} is in use"
+        self.contexts[row] = []
+        request.row, request.num_computed = row, 0
+        return True
+
+    def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool:
+        return True
+
+    def fork(self, parent: Request, child: Request) -> bool:
+        assert parent.row in self.contexts, f"row {parent.row} holds no sequence"
+        if not self._free:
+            return False
+        row = self._free.pop()
+        self.forks.append((parent.row, row))
+        self.contexts[row] = list(self.contexts[parent.row])
+        child.row, child.num_computed = row, parent.num_computed
+        return True
+
+    def free(self, request: Request, *, keep: bool = True) -> None:
+        row, request.row = request.row, None
+        if row is None:
+            return
+        self.contexts.pop(row, None)
+        self.released.append(row)
+        self._free.append(row)
+
+    def preempt(self, request: Request) -> None:
+        self.free(request)
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    # ---- kael.engine.Runner -------------------------------------------------------------------
+    def execute(self, plan: SchedulerOutput) -> StepLogits:
+        out = StepLogits(len(plan.rows))
+        self.plan_tokens.append(plan.num_tokens)
+        extend = [i for i, r in enumerate(plan.rows) if not r.decode]
+        decode = [i for i, r in enumerate(plan.rows) if r.decode]
+        if extend:
+            try:
+                self._extend(plan, extend, out)
+            except RuntimeError as exc:
+                if len(extend) == 1:
+                    out.errors[extend[0]] = exc
+                else:
+                    for i in extend:
+                        try:
+                            self._extend(plan, [i], out)
+                        except RuntimeError as alone:
+                            out.errors[i] = alone
+        if decode:
+            if self.gate is not None:
+                self.gate.step()
+            step = len(self.steps)
+            rows = [plan.rows[i].row for i in decode]
+            self.steps.append(rows)
+            out.decode_rows = len(rows)
+            if step == self.fail_decode_at:
+                out.errors.update((i, RuntimeError(SECRET)) for i in decode)
+                return out
+            batch = []
+            for i in decode:
+                r = plan.rows[i]
+                self.contexts[r.row].extend(r.tokens)
+                batch.append(RowLogits(r.row, tuple(self.contexts[r.row])))
+                out.set(i, batch[-1])
+            out.batches.append((batch, decode))
+        return out
+
+    def _extend(self, plan: SchedulerOutput, which: list[int], out: StepLogits) -> None:
+        self.prefill_calls.append([plan.rows[i].row for i in which])
+        for i in which:
+            if self.fail_prefill is not None and self.fail_prefill(tuple(plan.rows[i].request.prompt_ids)):
                 raise RuntimeError(SECRET)
-        for row, prompt in zip(rows, prompts, strict=True):
-            self.contexts[row] = list(prompt)
-            self.prefills.append((row, list(prompt)))
-        return [RowLogits(row, tuple(prompt)) for row, prompt in zip(rows, prompts, strict=True)]
-
-    def decode(self, rows: list[int], tokens: list[int]) -> list[RowLogits]:
-        if self.gate is not None:
-            self.gate.step()
-        step = len(self.steps)
-        self.steps.append(list(rows))
-        if step == self.fail_decode_at:
-            raise RuntimeError(SECRET)
-        for row, token in zip(rows, tokens, strict=True):
-            self.contexts[row].append(token)
-        return [RowLogits(row, tuple(self.contexts[row])) for row in rows]
+        lasts, rows = [], []
+        for i in which:
+            r = plan.rows[i]
+            context = self.contexts[r.row]
+            context.extend(r.tokens)
+            self.chunks.append((tuple(r.request.prompt_ids), r.start, r.n))
+            if r.samples:
+                self.prefills.append((r.row, list(context)))
+                lasts.append(RowLogits(r.row, tuple(context)))
+                rows.append(i)
+                out.set(i, lasts[-1])
+        if lasts:
+            out.batches.append((lasts, rows))
 
     def sample(self, logits: RowLogits, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int:
         if self.fail_sample is not None and self.fail_sample(logits.context):
@@ -291,33 +374,6 @@ class FakeBatchEngine:
     def greedy(self, logits: list[RowLogits]) -> list[int]:
         self.greedy_calls += 1
         return [self.sample(row) for row in logits]
-
-    def fork(self, src: int, dst: int) -> None:
-        assert src in self.contexts, f"row {src} holds no sequence"
-        assert dst not in self.contexts and 0 <= dst < self.rows, f"row {dst} is in use"
-        self.forks.append((src, dst))
-        self.contexts[dst] = list(self.contexts[src])
-
-    def release(self, row: int) -> None:
-        self.contexts.pop(row, None)
-        self.released.append(row)
-
-    # KV memory: a contiguous cache of one context per row, never full (BatchEngine's paged members)
-    paged = False
-    block_size = 1 << 20
-    free_blocks = 1 << 62
-
-    def blocks_needed(self, rows: Sequence[int]) -> int:
-        return 0
-
-    def preempt(self, row: int) -> None:
-        self.release(row)
-
-    def cached_tokens(self, row: int) -> int:
-        return 0
-
-    def kv_stats(self) -> dict[str, int]:
-        return {}
 
 
 class PoisonTokenizer(ByteTokenizer):

@@ -21,6 +21,8 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 import pytest
+from kael.engine import KVManager, ModelRunner, Request, SchedulerOutput
+from kael.engine import StepLogits as EngineLogits
 from kael_server.batching import BatchScheduler
 from litestar import Litestar
 
@@ -86,13 +88,14 @@ class StepLogits:
 
 
 class Probe:
-    """kael's BatchDecoder with a gate before each decode step and, optionally, a sampling
-    failure for one prompt at its token number ``fail_at``; records the rows of each step
-    and of each ``prefill_many`` call."""
+    """kael's KVManager and ModelRunner over a BatchDecoder (a BatchEngine), with a gate before
+    each step that decodes and, optionally, a sampling failure for one prompt at its token
+    number ``fail_at``; records the decode rows of each step, the prefill rows of each step,
+    the forks and the greedy calls."""
 
     def __init__(self, engine: Any, gate: Gate, fail_prompt: list[int] | None = None, fail_at: int = 2) -> None:
-        self.engine, self.gate, self.rows = engine, gate, engine.rows
-        self.fail_prompt, self.fail_at = fail_prompt, fail_at
+        self.kv, self.runner, self.rows = KVManager(engine), ModelRunner(engine), engine.rows
+        self.gate, self.fail_prompt, self.fail_at = gate, fail_prompt, fail_at
         self.prompts: dict[int, list[int]] = {}
         self.sampled: dict[int, int] = {}
         self.steps: list[list[int]] = []
@@ -100,36 +103,73 @@ class Probe:
         self.forks: list[tuple[int, int]] = []
         self.greedy_calls = 0
 
-    def prefill(self, row: int, prompt: list[int]) -> RowLogits:
-        self.prompts[row], self.sampled[row] = list(prompt), 0
-        return RowLogits(row, self.engine.prefill(row, prompt))
+    # kael.engine.KVBackend: the KVManager's own
+    @property
+    def free_rows(self) -> int:
+        return self.kv.free_rows
 
-    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> list[RowLogits]:
-        self.prefill_calls.append(list(rows))
-        logits = self.engine.prefill_many(rows, prompts)
-        for row, prompt in zip(rows, prompts, strict=True):
-            self.prompts[row], self.sampled[row] = list(prompt), 0
-        return [RowLogits(row, kael.select(logits, 0, i)) for i, row in enumerate(rows)]
+    @property
+    def free_blocks(self) -> int:
+        return self.kv.free_blocks
 
-    def fork(self, src: int, dst: int) -> None:
-        self.forks.append((src, dst))
-        self.prompts[dst], self.sampled[dst] = self.prompts[src], self.sampled[src]
-        self.engine.fork(src, dst)
+    @property
+    def max_positions(self) -> int:
+        return self.kv.max_positions
 
-    def decode(self, rows: list[int], tokens: list[int]) -> StepLogits:
-        self.gate.step()
-        self.steps.append(list(rows))
-        return StepLogits(rows, self.engine.decode(rows, tokens))
+    def cached_prefix(self, ids: Sequence[int]) -> int:
+        return self.kv.cached_prefix(ids)
 
-    def sample(self, logits: tuple[int, Any], temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int:
-        row, values = logits
-        self._count([row])
-        return int(self.engine.sample(values, temperature, top_k, generator))
+    def start(self, request: Request, end: int, *, spare: int = 0) -> bool:
+        if not self.kv.start(request, end, spare=spare):
+            return False
+        assert request.row is not None
+        self.prompts[request.row], self.sampled[request.row] = list(request.prompt_ids), 0
+        return True
+
+    def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool:
+        return self.kv.grow(request, tokens, spare=spare)
+
+    def fork(self, parent: Request, child: Request) -> bool:
+        if not self.kv.fork(parent, child):
+            return False
+        assert parent.row is not None and child.row is not None
+        self.forks.append((parent.row, child.row))
+        self.prompts[child.row], self.sampled[child.row] = self.prompts[parent.row], self.sampled[parent.row]
+        return True
+
+    def free(self, request: Request, *, keep: bool = True) -> None:
+        self.kv.free(request, keep=keep)
+
+    def preempt(self, request: Request) -> None:
+        self.kv.preempt(request)
+
+    def stats(self) -> dict[str, int]:
+        return self.kv.stats()
+
+    # kael.engine.Runner: the ModelRunner's, its logits tagged with their rows
+    def execute(self, plan: SchedulerOutput) -> EngineLogits:
+        extend = [r.row for r in plan.rows if not r.decode]
+        decode = [r.row for r in plan.rows if r.decode]
+        if extend:
+            self.prefill_calls.append(extend)
+        if decode:
+            self.gate.step()
+            self.steps.append(decode)
+        out = self.runner.execute(plan)
+        for i, r in enumerate(plan.rows):
+            if out.row(i) is not None:
+                out.set(i, RowLogits(r.row, out.row(i)))
+        out.batches = [(StepLogits([plan.rows[i].row for i in idx], batch), idx) for batch, idx in out.batches]
+        return out
+
+    def sample(self, logits: RowLogits, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int:
+        self._count([logits.row])
+        return int(self.runner.sample(logits.values, temperature, top_k, generator))
 
     def greedy(self, logits: StepLogits) -> list[int]:
         self._count(logits.rows)
         self.greedy_calls += 1
-        return list(self.engine.greedy(logits.values))
+        return list(self.runner.greedy(logits.values))
 
     def _count(self, rows: list[int]) -> None:
         """One more token sampled for each of ``rows``; raises for the doomed prompt's token ``fail_at``."""
@@ -137,34 +177,6 @@ class Probe:
             raise RuntimeError(SECRET)
         for r in rows:
             self.sampled[r] += 1
-
-    def release(self, row: int) -> None:
-        self.engine.release(row)
-
-    # KV memory: the BatchDecoder's own
-    @property
-    def paged(self) -> bool:
-        return bool(self.engine.paged)
-
-    @property
-    def block_size(self) -> int:
-        return int(self.engine.block_size)
-
-    @property
-    def free_blocks(self) -> int:
-        return int(self.engine.free_blocks)
-
-    def blocks_needed(self, rows: Sequence[int]) -> int:
-        return int(self.engine.blocks_needed(rows))
-
-    def preempt(self, row: int) -> None:
-        self.engine.preempt(row)
-
-    def cached_tokens(self, row: int) -> int:
-        return int(self.engine.cached_tokens(row))
-
-    def kv_stats(self) -> dict[str, int]:
-        return dict(self.engine.kv_stats())
 
 
 def apps(model: Any, tokenizer: Any, probe: Probe | None = None) -> Litestar:
@@ -219,7 +231,8 @@ async def test_greedy_batched_equals_alone_joining_at_different_steps(model: Any
         assert text == reference_text(tokenizer, case["greedy_20"])
     alone = apps(model, tokenizer)
     assert got[3] == await answer(alone, payloads[3])
-    assert [len(rows) for rows in probe.steps[:5]] == [1, 2, 2, 2, 4]
+    # a request decodes from the step after its prefill (kael.engine: one forward pass per step)
+    assert [len(rows) for rows in probe.steps[:6]] == [1, 1, 2, 2, 2, 4]
     assert [len(rows) for rows in probe.prefill_calls] == [1, 1, 2]  # the last two prompts: one call
     assert probe.greedy_calls >= 16  # steps with several greedy rows pick their tokens in one call
 

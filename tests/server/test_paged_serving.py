@@ -96,7 +96,7 @@ async def test_preempted_and_parked_sequences_answer_as_alone(model: Any, tokeni
     assert m[("kael_preemptions_total", ())] == engine.preemptions
     assert m[("kael_kv_blocks_total", ())] == 6
     assert m[("kael_kv_blocks_used", ())] == 0  # every sequence gave its blocks back
-    assert not made[0]._parked and not made[0]._decoding
+    assert not made[0]._core.has_unfinished
     engine.cache.pool.check()
 
 

@@ -1,33 +1,28 @@
-"""BatchScheduler: continuous batching, up to N sequences sharing every decode step.
+"""BatchScheduler: the server's adapter to kael's engine, continuous batching of N sequences.
 
-One worker thread drives a BatchEngine (kael's ``models.BatchDecoder``: a KV cache with one
-row per slot). Between two decode steps it prefills the jobs whose prompts are ready, each
-into a free row and each as it would run alone, in one engine call (their first tokens come
-from the prefill), then runs one decode step for every sequence in the batch. A job leaves
-the batch when it finishes, fails or is cancelled; the others go on untouched, and the first
-job in the queue takes the slot.
+Admission is the server's (slots, a bounded queue, 429s); generation is kael's
+(``kael.engine.EngineCore``): each choice of a job becomes one ``kael.engine.Request`` whose
+tokens go to the choice's JobOutput, and one worker thread calls ``EngineCore.step()``
+(schedule -> one forward pass -> sample -> stop) while anything runs. One slot is a batch of
+one; every server gets the paged KV cache, prefix caching and chunked prefill.
 
 A job of several choices (``n``, or a list of prompts: NOTE [choices] in jobs.py) takes one
-row per choice: each prompt is prefilled once into its first choice's row and forked
-(``BatchEngine.fork``) into the rows of its other choices, which then decode side by side,
-each sampled with its own generator. Slots count rows: a job waits until its rows are free.
-A job wider than the slots (n > --slots) runs alone, on the engine's spare rows (>= slots).
+row per choice: each prompt is prefilled once, in its first choice's row, and its other
+choices fork from it (NOTE [forks] in kael/engine/scheduler.py), each sampled with its own
+generator. Slots count rows: a job waits until its rows are free. A job wider than the slots
+(n > --slots) runs alone, on the engine's spare rows (>= slots).
 
     submit (loop) -> rows free? hold them : queue room? wait (at most queue_timeout) : 429
     encoder thread: tokenize + check the prompts (never on the loop, never on the worker)
-    worker: [prefill the ready jobs, fork their choices] -> decode step(batch)
-            -> sample (greedy rows: one call) -> JobOutput per row ...
+    worker: ready jobs -> Requests -> EngineCore.step() -> events back to the jobs
 
-NOTE [kv memory] (batch_state.py): parking, preemption and resumption of sequences.
+NOTE [kv memory] (batch_state.py): preemption and resumption are the engine's.
 
-NOTE [batch isolation]: everything that belongs to one job (its prompt check, prefill,
-sampling from its own rows of logits with its own generators, its on_token handling) runs
-in a try of its own, so its failure ends that job only. The calls that several jobs share
-for speed alone (one prefill for the ready prompts, one greedy pick for a step's greedy
-rows) are redone job by job when they fail, to find whose it was. Only a failing decode
-step (the one pass that all rows share) ends every job in it. Whatever happens, each job
-gets exactly one final event (Finished or Failed), sent after its rows are given back (as
-SlotPool does).
+NOTE [batch isolation]: the engine ends only the request whose sampler, token handling or
+prefill failed (NOTE [step isolation] in kael/engine/core.py); this adapter then ends its
+whole job (every one of its requests), and nobody else's. Only a failing decode step (the
+one pass all rows share) ends every job in it. Whatever happens, each job gets exactly one
+final event (Finished or Failed), sent after its rows are given back.
 """
 
 from __future__ import annotations
@@ -39,7 +34,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kael_server.batch_state import Entry, KvMemory, Seq, StepSampling, kv_full, row_of
+from kael.engine import EngineCore, KVManager, ModelRunner, Picker, Request, StepEvent
+from kael.models import BatchDecoder
+
+from kael_server.batch_state import Entry, Seq
 from kael_server.errors import Busy, Cancelled, FieldError, InvalidRequest, QueueTimeout
 from kael_server.jobs import Failed, Finished, Job, Outcome
 from kael_server.protocols import BatchEngine
@@ -51,14 +49,21 @@ if TYPE_CHECKING:
 __all__ = ["BatchScheduler"]
 
 
-class BatchScheduler(KvMemory, StepSampling, Scheduler):
+class BatchScheduler(Scheduler):
     """``slots`` sequences decoded together (default ``engine.rows``; a wider job alone, up to
-    ``engine.rows``), plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s."""
+    ``engine.rows``), plus a queue of ``queue`` jobs waiting up to ``queue_timeout`` s.
+
+    ``engine`` is kael's ``BatchDecoder`` (its ``KVManager`` and ``ModelRunner`` drive it) or
+    any ``BatchEngine`` (one object that is both a ``kael.engine.KVBackend`` and a
+    ``kael.engine.Runner``: test engines). ``prefill_tokens`` is each step's token budget
+    (``EngineCore``'s ``max_num_batched_tokens``): prompts share a step up to it, and a longer
+    one is prefilled in chunks between decode steps.
+    """
 
     def __init__(
         self,
         generator: Generator,
-        engine: BatchEngine,
+        engine: BatchDecoder | BatchEngine,
         *,
         queue: int = 0,
         queue_timeout: float = 10.0,
@@ -81,21 +86,22 @@ class BatchScheduler(KvMemory, StepSampling, Scheduler):
         self.queue_limit = queue
         self.queue_timeout = queue_timeout
         self.prefill_tokens = prefill_tokens
-        """Prompt tokens one shared prefill may hold: short prompts share one; a long one
-        (compute-bound anyway) goes alone, so it does not delay the others' first tokens."""
+        """Tokens one engine step computes at most: prompts share a step up to it; a longer one is
+        prefilled in chunks, so it does not hold up the others' tokens."""
         self._generator = generator
-        self._engine = engine
+        if isinstance(engine, BatchDecoder):
+            self._core = EngineCore(KVManager(engine), ModelRunner(engine), max_num_batched_tokens=prefill_tokens)
+        else:
+            self._core = EngineCore(engine, engine, max_num_batched_tokens=prefill_tokens)
         self._metrics = generator.metrics
         self._changed = threading.Condition()
         self._slotted: dict[Job, Entry] = {}  # holding rows: encoding, waiting for prefill, or decoding
         self._used = 0  # rows the slotted jobs hold
         self._queue: deque[Entry] = deque()
         self._worker_alive = False
-        # The worker's own state (no lock): free engine rows and the sequences being decoded.
-        self._free_rows = list(range(engine.rows - 1, -1, -1))
-        self._decoding: list[Seq] = []
-        self._parked: list[Seq] = []  # waiting for KV blocks, oldest first (NOTE [kv memory])
-        self._paged = engine.paged
+        # The worker's own state (no lock): the started jobs and each request's choice.
+        self._active: list[Entry] = []
+        self._seqs: dict[Request, Seq] = {}
 
     # ---- the Scheduler interface (any thread) ------------------------------------------
 
@@ -220,9 +226,10 @@ class BatchScheduler(KvMemory, StepSampling, Scheduler):
             entry.ids = ids
             self._changed.notify_all()
 
-    # ---- the worker thread -------------------------------------------------------------
+    # ---- the worker thread: jobs -> Requests -> EngineCore.step() -> events --------------
 
     def _work(self) -> None:
+        core = self._core
         try:
             while True:
                 with self._changed:
@@ -233,29 +240,26 @@ class BatchScheduler(KvMemory, StepSampling, Scheduler):
                             self._changed.notify_all()
                             break
                         ready = [e for e in self._slotted.values() if e.ids is not None and not e.started]
-                        if ready or self._decoding or self._parked:
+                        if ready or core.has_unfinished:
                             break
                         self._changed.wait()
                     alive = self._worker_alive
                 self._emit_all(dropped)
                 if not alive:
                     return
-                if self._parked:
-                    self._unpark()
                 if ready:
                     self._start(ready)
-                if self._decoding:
+                self._drop_cancelled()
+                if core.has_unfinished:
                     self._step()
                 self._metrics.kv_observe(self._kv_stats())
         except BaseException as exc:  # a bug in the loop itself: no job may be left waiting
             self._fail_everything(exc)
 
     def _start(self, entries: list[Entry]) -> None:
-        """Starts the ready jobs: their choices get rows, and each prompt is prefilled into its
-        first choice's row, in engine calls of up to ``prefill_tokens`` prompt tokens (each
-        prompt as alone, NOTE [batched prefill] in kael's BatchDecoder). If a call fails, each
-        of its prompts runs alone, so only its own job fails."""
-        generator, firsts = self._generator, []
+        """The ready jobs become Requests: one per choice, each prompt's other choices forking
+        from its first (NOTE [forks] in kael/engine/scheduler.py)."""
+        generator = self._generator
         for entry in entries:
             job = entry.job
             entry.started = time.perf_counter()
@@ -270,144 +274,87 @@ class BatchScheduler(KvMemory, StepSampling, Scheduler):
             except Exception as exc:
                 self._close(entry, Failed(exc))
                 continue
+            self._active.append(entry)
             if job.params.max_tokens == 0:  # the echoed prompts are the whole answer
                 for seq in entry.seqs:
                     self._end(seq)
                 continue
-            for seq in entry.seqs:
-                seq.row = self._free_rows.pop()
-            firsts.extend(entry.seqs[:: job.params.n])  # each prompt's first choice
-        group: list[Seq] = []
-        tokens = 0
-        for seq in firsts:
-            n = len(seq.choice.ids)
-            if group and tokens + n > self.prefill_tokens:
-                self._prefill(group)
-                group, tokens = [], 0
-            group.append(seq)
-            tokens += n
-        if group:
-            self._prefill(group)
-
-    def _prefill(self, group: list[Seq]) -> None:
-        """One shared prefill of the prompts of ``group`` (first choices); then the forks into
-        their other choices' rows, and each choice's first token from the prompt's logits."""
-        group = [seq for seq in group if not seq.entry.closed]  # another prompt of its job failed
-        if not group:
-            return
-        firsts: list[tuple[Seq, object]] = []
-        if self._parked:  # parked sequences go first (NOTE [kv memory])
-            for seq in group:
-                self._park(seq, "start")
-            return
-        try:
-            logits = self._engine.prefill_many([row_of(s) for s in group], [s.choice.ids for s in group])
-            firsts = [(seq, logits[i]) for i, seq in enumerate(group)]
-        except Exception as exc:
-            if len(group) == 1 and not kv_full(exc):
-                self._fail(group[0].entry, Failed(exc))
-                return
-            for seq in group:  # which prompt failed (or does not fit)? each alone, so the others go on
-                if seq.entry.closed:
-                    continue
-                if self._parked:  # an earlier one did not fit: the later ones wait behind it
-                    self._park(seq, "start")
-                    continue
-                try:
-                    firsts.append((seq, self._engine.prefill(row_of(seq), seq.choice.ids)))
-                except Exception as alone:
-                    if kv_full(alone):
-                        self._park(seq, "start")
-                    else:
-                        self._fail(seq.entry, Failed(alone))
-        self._begin(firsts)
-
-    def _begin(self, firsts: list[tuple[Seq, object]]) -> None:
-        """After their prompts' prefill: the forks into the other choices' rows, and each choice's
-        first token from its prompt's logits."""
-        for source, first in firsts:
-            entry = source.entry
-            if entry.closed:
-                continue
-            entry.job.stats.cached_tokens += self._cached_tokens(source)
-            n = entry.job.params.n
-            start = source.choice.index - source.choice.index % n
-            siblings = entry.seqs[start : start + n]
+            n = job.params.n
             try:
-                for seq in siblings[1:]:
-                    self._engine.fork(row_of(source), row_of(seq))
+                for seq in entry.seqs:
+                    first = entry.seqs[seq.choice.index - seq.choice.index % n]
+                    output = seq.choice.output
+                    seq.request = Request(
+                        seq.choice.ids,
+                        job.params,
+                        sampler=self._picker(seq),
+                        on_token=output.on_token,
+                        stop_state=output.stop,
+                        fork_of=first.request if first is not seq else None,
+                        request_id=(id(job), seq.choice.index),
+                    )
+                    self._seqs[seq.request] = seq
+                    self._core.add(seq.request)
             except Exception as exc:
                 self._fail(entry, Failed(exc))
-                continue
-            for seq in siblings:
-                try:
-                    token = self._sample(seq, first)
-                except Exception as exc:
-                    self._fail(entry, Failed(exc))
-                    break
-                self._decoding.append(seq)
-                self._take(seq, token)
-                if entry.closed:
-                    break
+
+    def _picker(self, seq: Seq) -> Picker | None:
+        """How the choice's tokens are picked: its TokenSampler (penalties, bias, top-p, min-p,
+        logprobs), None for plain greedy (the engine's argmax), else the runner's
+        temperature/top-k draw with the choice's generator (what ``model.generate`` does)."""
+        choice, params = seq.choice, seq.entry.job.params
+        if choice.sampler is not None:
+            return choice.sampler
+        if params.temperature == 0:
+            return None
+        runner, temperature = self._core.runner, params.temperature
+        top_k, rng = min(params.top_k, self._generator.vocab_size), choice.rng
+        return lambda logits: runner.sample(logits, temperature, top_k, rng)
+
+    def _drop_cancelled(self) -> None:
+        """Jobs whose client left (or that shutdown or a deadline cancelled) leave the batch."""
+        for entry in list(self._active):
+            job = entry.job
+            if job.cancelled and not entry.closed:
+                self._fail(entry, Failed(Cancelled(job.cancel_reason or "client")))
 
     def _step(self) -> None:
-        """One decode step for every sequence in the batch (cancelled jobs leave first)."""
-        for seq in list(self._decoding):
-            job = seq.entry.job
-            if job.cancelled and not seq.entry.closed:
-                self._fail(seq.entry, Failed(Cancelled(job.cancel_reason or "client")))
-        if self._paged:
-            self._make_room()
-        batch = list(self._decoding)
-        if not batch:
-            return
-        self._metrics.batch_size.observe(len(batch))
-        try:
-            logits = self._engine.decode([row_of(s) for s in batch], [s.last for s in batch])
-        except Exception as exc:  # the pass all rows share: every job in it fails
-            for seq in batch:
-                self._fail(seq.entry, Failed(exc))
-            return
-        greedy = self._greedy(batch, logits)
-        for i, seq in enumerate(batch):
-            if seq.entry.closed:  # its job failed at another of its rows
-                continue
-            try:
-                token = greedy[i] if i in greedy else self._sample(seq, logits[i])
-            except Exception as exc:
-                self._fail(seq.entry, Failed(exc))
-                continue
-            self._take(seq, token)
+        """One engine step; each request's event goes back to its job."""
+        events = self._core.step()
+        plan, logits = self._core.last_plan, self._core.last_logits
+        if plan is not None:
+            for _ in plan.preempted:
+                self._metrics.preemptions.inc()
+        if logits is not None and logits.decode_rows:
+            self._metrics.batch_size.observe(logits.decode_rows)
+        for event in events:
+            self._event(event)
 
-    def _take(self, seq: Seq, token: int) -> None:
-        """Hands a new token to the choice's output; ends the choice when it is done."""
-        seq.produced += 1
-        seq.tokens.append(token)
-        try:
-            more = seq.choice.output.on_token(token)
-        except Exception as exc:
-            self._fail(seq.entry, Failed(exc))
+    def _event(self, event: StepEvent) -> None:
+        seq = self._seqs.get(event.request)
+        if seq is None or seq.entry.closed:
             return
-        if not more or seq.choice.output.stop.at_length:  # kael's stop function decides
+        entry = seq.entry
+        if event.error is not None:
+            self._fail(entry, Failed(event.error))
+            return
+        if not seq.counted and event.tokens:
+            seq.counted = True
+            if seq.choice.index % entry.job.params.n == 0:  # a prompt's first choice: its prefill
+                entry.job.stats.cached_tokens += event.request.num_cached
+        if event.finished:
             self._end(seq)
-        else:
-            seq.last = token
 
-    def _free(self, seq: Seq) -> None:
-        """The sequence leaves the batch: its row back to the engine."""
-        if seq in self._decoding:
-            self._decoding.remove(seq)
-        if seq in self._parked:
-            self._parked.remove(seq)
-            seq.parked = None
-        if seq.row is not None:
-            row, seq.row = seq.row, None
-            self._engine.release(row)
-            self._free_rows.append(row)
+    def _release(self, seq: Seq) -> None:
+        """The choice leaves the engine (its row and blocks go back)."""
+        request = seq.request
+        if request is not None:
+            self._seqs.pop(request, None)
+            self._core.abort(request)
 
     def _end(self, seq: Seq) -> None:
         """A choice is done: its row goes back; its job ends with its last choice."""
-        self._free(seq)
+        self._release(seq)
         try:
             seq.text = seq.choice.output.text()
         except Exception as exc:
@@ -418,9 +365,9 @@ class BatchScheduler(KvMemory, StepSampling, Scheduler):
             self._close(entry, None)
 
     def _fail(self, entry: Entry, failure: Failed) -> None:
-        """The whole job ends with ``failure``: every one of its rows goes back."""
+        """The whole job ends with ``failure``: every one of its requests leaves the engine."""
         for seq in entry.seqs:
-            self._free(seq)
+            self._release(seq)
         self._close(entry, failure)
 
     def _close(self, entry: Entry, failure: Failed | None) -> None:
@@ -428,6 +375,8 @@ class BatchScheduler(KvMemory, StepSampling, Scheduler):
         if entry.closed:
             return
         entry.closed = True
+        if entry in self._active:
+            self._active.remove(entry)
         if entry.accepted:
             stats = entry.job.stats
             stats.seconds = time.perf_counter() - entry.started
@@ -435,16 +384,21 @@ class BatchScheduler(KvMemory, StepSampling, Scheduler):
         outcome: Outcome = failure if failure is not None else Finished(tuple(s.text or "" for s in entry.seqs))
         self._finish(entry, outcome)
 
+    def _kv_stats(self) -> dict[str, int]:
+        try:
+            return dict(self._core.kv.stats())
+        except Exception:  # a statistic: a failure to read it ends nothing
+            return {}
+
     def _fail_everything(self, exc: BaseException) -> None:
         with self._changed:
             everyone = [*self._slotted.values(), *self._queue]
             finished = [(e, Failed(exc)) for e in everyone if self._remove(e)]
-            self._decoding.clear()
-            self._parked.clear()
-            self._free_rows = list(range(self._engine.rows - 1, -1, -1))
+            self._active.clear()
             self._worker_alive = False
             self._changed.notify_all()
-        for row in range(self._engine.rows):
+        for request in list(self._seqs):
             with contextlib.suppress(Exception):  # nothing more can be done for this engine row
-                self._engine.release(row)
+                self._core.abort(request)
+        self._seqs.clear()
         self._emit_all(finished)

@@ -6,8 +6,10 @@ members listed here are ever touched, so any object with them can be served.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
+
+from kael.engine import KVBackend, Runner
 
 __all__ = ["BatchEngine", "Model", "OnToken", "RngFactory", "Sampler", "Tokenizer"]
 
@@ -59,58 +61,8 @@ class Model(Protocol):
     ) -> list[int]: ...
 
 
-class BatchEngine(Protocol):
-    """Decodes several sequences together, one cache row each (kael's ``models.BatchDecoder``).
-
-    ``prefill`` runs one prompt alone into a free row and returns the logits after it;
-    ``prefill_many`` does so for several prompts and rows in one call (indexable by
-    position; each row's logits exactly as ``prefill`` gives them; if it raises, no row
-    was started);
-    ``decode`` appends one token to each of several rows in one pass and returns their
-    logits in the same order (indexable by position; valid until the next call); ``sample``
-    picks a token from one sequence's logits exactly as ``Model.generate`` would, and
-    ``greedy`` picks every row's greedy token (``sample`` at temperature 0) from a step's
-    logits in one call; ``fork(src, dst)`` starts free row ``dst`` as a copy of row ``src``'s
-    sequence (the ``n`` choices of a prompt share its prefill). A row's logits convert to a
-    NumPy row with ``numpy.asarray`` (for a ``kael.engine.TokenSampler``).
-
-    KV memory (NOTE [kv memory] in batching.py): ``paged`` says whether rows share a block
-    pool; ``blocks_needed(rows)`` is what the next ``decode`` of those rows takes from it and
-    ``free_blocks`` what it can hand out (``block_size`` positions each); a prefill or decode
-    that does not fit raises kael's ``KVCacheFull`` with nothing changed, and ``preempt(row)``
-    gives a row's blocks back (its full blocks stay cached). ``cached_tokens(row)`` counts the
-    prompt tokens of a row that came from the prefix cache; ``kv_stats()`` the pool's counters.
-    """
-
-    rows: int
-
-    @property
-    def paged(self) -> bool: ...
-
-    @property
-    def block_size(self) -> int: ...
-
-    @property
-    def free_blocks(self) -> int: ...
-
-    def blocks_needed(self, rows: Sequence[int]) -> int: ...
-
-    def preempt(self, row: int) -> None: ...
-
-    def cached_tokens(self, row: int) -> int: ...
-
-    def kv_stats(self) -> dict[str, int]: ...
-
-    def prefill(self, row: int, prompt: list[int]) -> Any: ...
-
-    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> Any: ...
-
-    def decode(self, rows: list[int], tokens: list[int]) -> Any: ...
-
-    def sample(self, logits: Any, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int: ...
-
-    def greedy(self, logits: Any) -> list[int]: ...
-
-    def fork(self, src: int, dst: int) -> None: ...
-
-    def release(self, row: int) -> None: ...
+class BatchEngine(KVBackend, Runner, Protocol):
+    """A stand-in for kael's ``BatchDecoder`` under the batch scheduler: one object that is both
+    the engine's KV manager (``kael.engine.KVBackend``: rows and blocks for requests) and its
+    runner (``kael.engine.Runner``: a plan's forward pass and token picks). Test engines are;
+    kael's ``BatchDecoder`` is driven through ``kael.engine.KVManager`` and ``ModelRunner``."""

@@ -24,7 +24,7 @@ from .distributions import draw, filter_row, log_softmax, softmax, top_logprobs
 from .kv_manager import KVBackend, KVManager
 from .logits_processors import LogitBias, LogitsProcessor, MinTokens, Penalties
 from .params import MIN_TEMPERATURE, SamplingParamError, SamplingParams, check_temperature
-from .request import Request, RequestError, RequestStatus, check_fits
+from .request import Picker, Request, RequestError, RequestStatus, check_fits
 from .runner import ModelRunner, Runner, StepLogits
 from .sampler import TokenLogprob, TokenSampler, pick, sample_rows
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
@@ -36,6 +36,7 @@ __all__ = [
     "KVBackend",
     "KVManager",
     "ModelRunner",
+    "Picker",
     "Request",
     "RequestError",
     "RequestStatus",

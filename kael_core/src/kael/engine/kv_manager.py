@@ -64,6 +64,9 @@ class KVBackend(Protocol):
     def free(self, request: Request, *, keep: bool = True) -> None:
         """Gives ``request``'s row and blocks back."""
 
+    def preempt(self, request: Request) -> None:
+        """Gives a running ``request``'s row and blocks back to make room (its full blocks stay cached)."""
+
     def stats(self) -> dict[str, int]:
         """Counters for metrics."""
 
@@ -178,6 +181,15 @@ class KVManager:
         request.row = None
         self.decoder.active[row] = False
         self.cache.release(row, keep=keep)
+        self._free_rows.append(row)
+
+    def preempt(self, request: Request) -> None:
+        """Gives ``request``'s row back to make room (``BatchDecoder.preempt``, which counts it):
+        every block it holds was written by an earlier step, so its full ones stay cached for
+        its recomputation."""
+        row = self._row(request, "preempt")
+        request.row = None
+        self.decoder.preempt(row)
         self._free_rows.append(row)
 
     def stats(self) -> dict[str, int]:

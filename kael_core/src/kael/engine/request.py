@@ -24,7 +24,7 @@ from .._errors import KaelError
 from .params import SamplingParams
 from .stop import SequenceStop
 
-__all__ = ["Request", "RequestError", "RequestStatus", "check_fits"]
+__all__ = ["Picker", "Request", "RequestError", "RequestStatus", "check_fits"]
 
 _ORDER = itertools.count()
 

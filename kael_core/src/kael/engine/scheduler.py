@@ -178,7 +178,7 @@ class Scheduler:
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         self.running.remove(victim)
-        self.kv.free(victim)  # its blocks were all written by earlier steps: they stay cached
+        self.kv.preempt(victim)  # its blocks were all written by earlier steps: they stay cached
         victim.status = RequestStatus.WAITING
         victim.num_computed = 0
         victim.preemptions += 1
