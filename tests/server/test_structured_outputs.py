@@ -29,6 +29,7 @@ pytest.importorskip("llguidance")
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
 
+from kael_server.field_policy import INERT, NEUTRAL, UNSUPPORTED  # noqa: E402
 from kael_server.loading import load_app  # noqa: E402
 
 CHAT_DIR = Path(__file__).resolve().parents[2] / "kael_server" / "src" / "kael_server" / "models" / "kael-tiny-chat"
@@ -238,3 +239,28 @@ def test_streamed_constrained_completion_is_the_plain_one(client: TestClient[Lit
     streamed = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
     assert streamed == plain
     jsonschema.validate(json.loads(plain), SCHEMA)
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_each_unsupported_generation_field_is_a_400_naming_it(client: TestClient[Litestar], name: str) -> None:
+    for route, base in (("/v1/completions", {"prompt": "a"}), ("/v1/chat/completions", {"messages": USER})):
+        response = client.post(route, json={**base, name: 7, "max_tokens": 2})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == name and UNSUPPORTED[name] in error["message"]
+    null = client.post("/v1/completions", json={"prompt": "a", name: None, "max_tokens": 2})
+    assert null.status_code == 200  # null asks for nothing
+    for neutral in NEUTRAL.get(name, ()):  # what kael does anyway, as llama.cpp's and vLLM's clients send it
+        response = client.post("/v1/chat/completions", json={"messages": USER, name: neutral, "max_tokens": 2})
+        assert response.status_code == 200, (name, neutral)
+    flags = [n for n in NEUTRAL.get(name, ()) if isinstance(n, bool)]
+    for flag in flags:  # a number is no flag: 0 is not False, 1 is not True
+        assert client.post("/v1/completions", json={"prompt": "a", name: int(flag), "max_tokens": 2}).status_code == 400
+
+
+def test_the_readme_table_lists_the_field_policy() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "kael_server" / "README.md").read_text(encoding="utf-8")
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `functions`")]
+    refused, inert = row.strip("|").split(" | ")
+    assert set(re.findall(r"`([a-z_]+)`", refused)) - {"tools", "tool_choice"} == set(UNSUPPORTED)
+    assert set(re.findall(r"`([a-z_]+)`", inert)) == INERT

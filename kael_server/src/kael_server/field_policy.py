@@ -10,7 +10,9 @@ table in kael_server's README lists both sets.
 
 from __future__ import annotations
 
-__all__ = ["INERT", "UNSUPPORTED"]
+from typing import Any
+
+__all__ = ["INERT", "NEUTRAL", "UNSUPPORTED", "refused"]
 
 UNSUPPORTED: dict[str, str] = {
     "functions": "the legacy function-calling API is not supported; use tools",
@@ -48,6 +50,46 @@ UNSUPPORTED: dict[str, str] = {
     "samplers": "the sampling order is fixed (logit_bias, penalties, temperature, top_k, top_p, min_p)",
 }
 """Fields that change what is generated and that kael does not implement, with why."""
+
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "functions": ([],),
+    "function_call": ("none",),
+    "modalities": (["text"],),
+    "logits_processors": ([],),
+    "bad_words": ([],),
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "typical_p": (1, 1.0),
+    "mirostat": (0,),
+    "mirostat_tau": (5, 5.0),
+    "mirostat_eta": (0.1,),
+    "tfs_z": (1, 1.0),
+    "dry_multiplier": (0, 0.0),
+    "xtc_probability": (0, 0.0),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "chat_template_kwargs": ({},),
+    "continue_final_message": (False,),
+    "add_generation_prompt": (True,),
+    "documents": ([],),
+    "n_probs": (0,),
+}
+"""Values of ``UNSUPPORTED`` fields that ask for what kael does anyway (llama.cpp's and vLLM's
+clients send these defaults): accepted. null is always accepted."""
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    if isinstance(value, bool) or isinstance(neutral, bool):  # 0 is not False here
+        return type(value) is type(neutral) and value == neutral
+    return bool(value == neutral)
+
+
+def refused(name: str, value: Any) -> str | None:
+    """Why field ``name`` with ``value`` is refused (None: it is not, or asks for nothing)."""
+    if name not in UNSUPPORTED or value is None or any(_same(value, n) for n in NEUTRAL.get(name, ())):
+        return None
+    return UNSUPPORTED[name]
+
 
 INERT = frozenset(
     {

@@ -19,6 +19,7 @@ import msgspec
 from kael.engine import SamplingParamError, SamplingParams
 from litestar import Request
 
+from kael_server import field_policy
 from kael_server.errors import BodyTooLarge, ClientGone, FieldError, InvalidRequest
 from kael_server.logs import get_logger
 
@@ -79,9 +80,9 @@ def decode(body: bytes, schema: type[T]) -> T:
         if schema.__struct_config__.forbid_unknown_fields:
             errors.append(FieldError("body", f"{len(unknown)} unknown field(s); allowed: {', '.join(fields)}"))
     refused: dict[str, str] = getattr(schema, "unsupported_fields", {})
-    errors += [
-        FieldError(n, f"not supported: {refused[n]}") for n in sorted(unknown) if data[n] is not None and n in refused
-    ]
+    for name in sorted(unknown & set(refused)):
+        if (why := field_policy.refused(name, data[name])) is not None:
+            errors.append(FieldError(name, f"not supported: {why}"))
     inert: frozenset[str] = getattr(schema, "inert_fields", frozenset())
     unknown_names = sorted(n for n in unknown if n not in refused and n not in inert)
     values: dict[str, Any] = {}
