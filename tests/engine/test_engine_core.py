@@ -228,6 +228,9 @@ def test_bad_requests_name_the_field(model: GPT) -> None:
     core = EngineCore.on(BatchDecoder(model, rows=1))
     with pytest.raises(RequestError, match="64 positions"):
         core.add(Request([1] * CTX, GREEDY))
+    with pytest.raises(RequestError, match=r"prompt_ids.*token id 97 .*vocabulary of 97"):
+        core.add(Request([1, 97], GREEDY))
+    assert not core.has_unfinished
     with pytest.raises(kael.KaelError, match="max_num_batched_tokens"):
         Scheduler(core.kv, max_num_batched_tokens=0)
 

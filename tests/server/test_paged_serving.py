@@ -141,3 +141,28 @@ def test_kv_cache_tokens_must_hold_one_context(tmp_path: Path) -> None:
         assert client.get("/ready").status_code == 503
     assert isinstance(failures[0], ServerConfigError)
     assert "--kv-cache-tokens 32" in str(failures[0]) and "64 positions" in str(failures[0])
+
+
+@pytest.mark.anyio
+async def test_slots_1_and_8_give_the_same_answers_as_alone(model: Any, tokenizer: Any) -> None:
+    # one slot is a batch of one: the same engine, the same answers, greedy and seeded
+    payloads: list[dict[str, Any]] = [{"prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS]
+    payloads += [
+        {"prompt": " ".join(PROMPTS), "max_tokens": 10, "temperature": 0},
+        {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0.9, "seed": 11},
+        {"prompt": PROMPTS[2], "max_tokens": 10, "temperature": 1.1, "top_k": 7, "seed": 3},
+    ]
+    answers = []
+    for slots in (1, 8):
+        made: list[BatchScheduler] = []
+
+        def make(g: Generator, slots: int = slots) -> BatchScheduler:
+            made.append(BatchScheduler(g, kael.models.BatchDecoder(model, 8), queue=16, slots=slots))
+            return made[-1]
+
+        app = create_app(Generator(model, tokenizer, make_rng=seeded, make_scheduler=make))
+        answers.append([g["text"] for g in await texts(app, "/generate", payloads)])
+        assert made[0].capacity == slots
+    alone_app = create_app(Generator(model, tokenizer, make_rng=seeded))
+    alone = [(await texts(alone_app, "/generate", [p]))[0]["text"] for p in payloads]
+    assert answers[0] == answers[1] == alone

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kael.engine import EngineCore, KVManager, ModelRunner, Picker, Request, StepEvent
+from kael.engine import EngineCore, Picker, Request, StepEvent
 from kael.models import BatchDecoder
 
 from kael_server.batch_state import Entry, Seq
@@ -56,8 +56,8 @@ class BatchScheduler(Scheduler):
     ``engine`` is kael's ``BatchDecoder`` (its ``KVManager`` and ``ModelRunner`` drive it) or
     any ``BatchEngine`` (one object that is both a ``kael.engine.KVBackend`` and a
     ``kael.engine.Runner``: test engines). ``prefill_tokens`` is each step's token budget
-    (``EngineCore``'s ``max_num_batched_tokens``): prompts share a step up to it, and a longer
-    one is prefilled in chunks between decode steps.
+    (``EngineCore``'s ``max_num_batched_tokens``, vLLM's default of 2048): prompts share a step
+    up to it, and a longer one is prefilled in chunks between decode steps.
     """
 
     def __init__(
@@ -67,7 +67,7 @@ class BatchScheduler(Scheduler):
         *,
         queue: int = 0,
         queue_timeout: float = 10.0,
-        prefill_tokens: int = 256,
+        prefill_tokens: int = 2048,
         slots: int | None = None,
     ) -> None:
         if prefill_tokens < 1:
@@ -90,7 +90,7 @@ class BatchScheduler(Scheduler):
         prefilled in chunks, so it does not hold up the others' tokens."""
         self._generator = generator
         if isinstance(engine, BatchDecoder):
-            self._core = EngineCore(KVManager(engine), ModelRunner(engine), max_num_batched_tokens=prefill_tokens)
+            self._core = EngineCore.on(engine, max_num_batched_tokens=prefill_tokens)
         else:
             self._core = EngineCore(engine, engine, max_num_batched_tokens=prefill_tokens)
         self._metrics = generator.metrics

@@ -52,9 +52,17 @@ class EngineCore:
     """
 
     def __init__(
-        self, kv: KVBackend, runner: Runner, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None
+        self,
+        kv: KVBackend,
+        runner: Runner,
+        *,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.kv = kv
+        self.vocab_size = vocab_size
+        """Token ids must be below it (None: not checked here)."""
         self.scheduler = Scheduler(kv, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
         self.runner = runner
         self.last_plan: SchedulerOutput | None = None
@@ -72,6 +80,7 @@ class EngineCore:
             ModelRunner(decoder),
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
+            vocab_size=decoder.vocab_size,
         )
 
     @property
@@ -80,11 +89,16 @@ class EngineCore:
         return self.scheduler.has_unfinished
 
     def add(self, request: Request) -> None:
-        """Queues a new request; it runs from the next step on."""
+        """Queues a new request; it runs from the next step on (RequestError if its ids do not fit
+        a row or the vocabulary)."""
         if request.num_tokens + 1 > self.kv.max_positions:
             raise RequestError(
                 "prompt_ids",
                 f"a prompt of {request.num_tokens} tokens leaves no room in a row of {self.kv.max_positions} positions",
+            )
+        if self.vocab_size is not None and max(request.all_ids) >= self.vocab_size:
+            raise RequestError(
+                "prompt_ids", f"token id {max(request.all_ids)} is out of range for a vocabulary of {self.vocab_size}"
             )
         self.scheduler.add(request)
 
