@@ -283,3 +283,25 @@ def test_a_failing_prefill_ends_only_its_request(model: GPT, monkeypatch: pytest
     assert [reqs[0].output_ids, reqs[2].output_ids] == [model.generate(prompts[0], 12), model.generate(prompts[2], 12)]
     assert isinstance(core.kv, KVManager) and core.kv.free_rows == 3
     core.kv.pool.check()
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 3), st.sampled_from([2, 5, 2048]), st.sampled_from([CTX, 80, 400]))
+def test_forked_seeded_choices_survive_preemption_and_chunking(
+    model: GPT, seed: int, count: int, budget: int, pool: int
+) -> None:
+    # every prompt with n=2 seeded choices (a nucleus sampler each): the same tokens as alone
+    prompts = _prompts(seed, count, lo=2, hi=24)
+    params = SamplingParams(max_tokens=14, temperature=0.8, top_p=0.9, seed=seed, n=2)
+    alone = [model.generate(p, 14, sampler=_sampled(params, p, seed + j)) for p in prompts for j in range(2)]
+    core = EngineCore.on(BatchDecoder(model, rows=4, block_size=4, kv_cache_tokens=pool), max_num_batched_tokens=budget)
+    reqs: list[Request] = []
+    for p in prompts:
+        first = Request(p, params, sampler=_sampled(params, p, seed))
+        reqs += [first, Request(p, params, sampler=_sampled(params, p, seed + 1), fork_of=first)]
+    for r in reqs:
+        core.add(r)
+    _drain(core)
+    assert [r.output_ids for r in reqs] == alone
+    assert isinstance(core.kv, KVManager) and core.kv.free_rows == 4
+    core.kv.pool.check()
