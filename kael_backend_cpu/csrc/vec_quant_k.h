@@ -44,77 +44,83 @@ inline float kq_half(const uint8_t* p) {
   return half_to_float_s(h);
 }
 
-// q4_k / q5_k: scale and min j (0..7) of the 12 packed bytes at q (GGML's get_scale_min_k4).
-inline void kq_scale_min_k4(int64_t j, const uint8_t* q, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *mn = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
-    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+// The formats with one scale (and offset) per 32 values; the others have one per 16.
+template <int F>
+constexpr bool kQSuper32 = F == kQ4K || F == kQ5K || F == kIQ4XS;
+
+// out[0..16) = (b[i] - offset) * mult for 16 bytes at b, uint8 or (SIGNED) int8: one widening,
+// conversion and product per vector (GCC leaves the scalar form of this loop scalar).
+template <bool SIGNED>
+inline void kq_to_floats(const uint8_t* b, int32_t offset, float mult, float* out) {
+  constexpr int64_t L = V<float>::L;
+  for (int64_t i = 0; i < 16; i += L) {
+    vi x;
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
+    x = bitcast<vi>(SIGNED ? _mm512_cvtepi8_epi32(p) : _mm512_cvtepu8_epi32(p));
+#elif KAEL_VBYTES == 32 && defined(__AVX2__)
+    const __m128i p = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + i));
+    x = bitcast<vi>(SIGNED ? _mm256_cvtepi8_epi32(p) : _mm256_cvtepu8_epi32(p));
+#else
+    int32_t t[L];
+    for (int64_t l = 0; l < L; ++l) t[l] = SIGNED ? static_cast<int8_t>(b[i + l]) : b[i + l];
+    std::memcpy(&x, t, sizeof(x));
+#endif
+    store(out + i, __builtin_convertvector(x - offset, vf) * splat(mult));
   }
 }
 
-// q3_k: six-bit scale i (0..15) of the 12 packed bytes at q: its low nibble from byte i % 8
-// (low nibble for i < 8, high for i >= 8), its high two bits from byte 8 + i % 4, bits 2 (i / 4).
-inline int kq_scale_q3(int64_t i, const uint8_t* q) {
-  const int lo = i < 8 ? q[i] & 15 : q[i - 8] >> 4;
-  return lo | (((q[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
-}
-
-// A super-block's scales and offsets, one per 16 values: value i = s[i / 16] * q[i] - m[i / 16]
-// (m left alone for the formats without offsets). Decoded once per super-block: the small
-// integers first, then their products with d / dmin as one vectorisable loop.
+// A super-block's scales s and offsets m: value i = s[k] * q[i] - m[k], k = i / 16, or i / 32
+// for kQSuper32 formats (entries 8.. then unused); m left alone for the formats without
+// offsets. The small integers come out of their packing as bytes (GGML's kmask shuffles for
+// the 6-bit ones), then one kq_to_floats each.
 template <int F>
 inline void kq_scales(const uint8_t* sb, float (&s)[16], float (&m)[16]) {
-  int32_t sc[16], mn[16];
-  float d = 0.0f, dmin = 0.0f;
-  if constexpr (F == kQ2K) {
-    for (int64_t i = 0; i < 16; ++i) {
-      sc[i] = sb[i] & 15;
-      mn[i] = sb[i] >> 4;
-    }
-    d = kq_half(sb + 80);
-    dmin = kq_half(sb + 82);
-  } else if constexpr (F == kQ3K) {
-    for (int64_t i = 0; i < 16; ++i) sc[i] = kq_scale_q3(i, sb + 96) - 32;
-    d = kq_half(sb + 108);
-  } else if constexpr (F == kQ4K || F == kQ5K) {
-    for (int64_t c = 0; c < kQSuperChunks; ++c) {
-      int a = 0, b = 0;
-      kq_scale_min_k4(c, sb + 4, &a, &b);
-      sc[2 * c] = sc[2 * c + 1] = a;
-      mn[2 * c] = mn[2 * c + 1] = b;
-    }
-    d = kq_half(sb);
-    dmin = kq_half(sb + 2);
-  } else if constexpr (F == kQ6K) {
-    for (int64_t i = 0; i < 16; ++i) sc[i] = static_cast<int8_t>(sb[192 + i]);
-    d = kq_half(sb + 208);
+  uint8_t b[32] = {};
+  if constexpr (F == kQ2K) {  // scale in the low nibble, min in the high one (as 16-bit lanes)
+    typedef uint16_t v8u16 __attribute__((vector_size(16)));  // NOLINT(modernize-use-using)
+    v8u16 x;
+    std::memcpy(&x, sb, sizeof(x));
+    const v8u16 lo = x & 0x0f0f, hi = (x >> 4) & 0x0f0f;
+    std::memcpy(b, &lo, sizeof(lo));
+    std::memcpy(b + 16, &hi, sizeof(hi));
+    kq_to_floats<false>(b, 0, kq_half(sb + 80), s);
+    kq_to_floats<false>(b + 16, 0, kq_half(sb + 82), m);
+  } else if constexpr (F == kQ3K) {  // 16 six-bit scales: low nibbles in bytes 0..7, high bits in 8..11
+    uint32_t aux[4];
+    std::memcpy(aux, sb + 96, 12);
+    const uint32_t tmp = aux[2];
+    constexpr uint32_t kLow4 = 0x0f0f0f0fu, kLow2 = 0x03030303u;
+    aux[2] = ((aux[0] >> 4) & kLow4) | (((tmp >> 4) & kLow2) << 4);
+    aux[3] = ((aux[1] >> 4) & kLow4) | (((tmp >> 6) & kLow2) << 4);
+    aux[0] = (aux[0] & kLow4) | ((tmp & kLow2) << 4);
+    aux[1] = (aux[1] & kLow4) | (((tmp >> 2) & kLow2) << 4);
+    std::memcpy(b, aux, 16);
+    kq_to_floats<false>(b, 32, kq_half(sb + 108), s);
+  } else if constexpr (F == kQ4K || F == kQ5K) {  // 8 six-bit scales, then 8 six-bit mins
+    uint32_t u[4];
+    std::memcpy(u, sb + 4, 12);
+    constexpr uint32_t kLow6 = 0x3f3f3f3fu, kLow4 = 0x0f0f0f0fu, kLow2 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+    const uint32_t mins_lo = u[1] & kLow6;
+    u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+    u[2] = mins_lo;
+    u[0] &= kLow6;
+    std::memcpy(b, u, 16);
+    kq_to_floats<false>(b, 0, kq_half(sb), s);
+    kq_to_floats<false>(b + 8, 0, kq_half(sb + 2), m);
+  } else if constexpr (F == kQ6K) {  // int8 scales
+    kq_to_floats<true>(sb + 192, 0, kq_half(sb + 208), s);
   } else {
     static_assert(F == kIQ4XS, "a super-block format without scales");
     uint16_t sh;
     std::memcpy(&sh, sb + 2, 2);
     for (int64_t c = 0; c < kQSuperChunks; ++c) {
-      sc[2 * c] = sc[2 * c + 1] = (((sb[4 + c / 2] >> (4 * (c % 2))) & 15) | (((sh >> (2 * c)) & 3) << 4)) - 32;
+      b[c] = static_cast<uint8_t>(((sb[4 + c / 2] >> (4 * (c % 2))) & 15) | (((sh >> (2 * c)) & 3) << 4));
     }
-    d = kq_half(sb);
+    kq_to_floats<false>(b, 32, kq_half(sb), s);
   }
-  constexpr int64_t L = V<float>::L;
-  for (int64_t i = 0; i < 16; i += L) {  // (GCC leaves the scalar form of this loop scalar)
-    vi x;
-    std::memcpy(&x, sc + i, sizeof(x));
-    store(s + i, __builtin_convertvector(x, vf) * splat(d));
-    if constexpr (kQSuperMin<F>) {
-      std::memcpy(&x, mn + i, sizeof(x));
-      store(m + i, __builtin_convertvector(x, vf) * splat(dmin));
-    }
-  }
-  if constexpr (!kQSuperMin<F>) {
-    (void)mn;
-    (void)dmin;
-    (void)m;
-  }
+  if constexpr (!kQSuperMin<F>) (void)m;
 }
 
 // 32 bytes, the unit of a chunk's quant bits, as 16 uint16 lanes: x86 has no byte shifts (GCC
@@ -193,7 +199,7 @@ inline void kq_values(const uint8_t* sb, int64_t c, const float (&s)[16], const 
   vi q[kQVecs];
   kq_ints<F>(sb, c, q);
   for (int v = 0; v < kQVecs; ++v) {
-    const int64_t i = 2 * c + v * L / 16;  // the 16 values' scale
+    const int64_t i = kQSuper32<F> ? c : 2 * c + v * L / 16;  // the scale of these values
     if constexpr (kQSuperMin<F>) {
       w[v] = __builtin_convertvector(q[v], vf) * splat(s[i]) - splat(m[i]);
     } else {
