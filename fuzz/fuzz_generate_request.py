@@ -3,11 +3,16 @@
 Each input is a request body. It is read through `validation.read_body` (the capped,
 chunked reader, fed by a fake ASGI receive in two chunks) and decoded by
 `validation.decode` against every request schema (`/generate`, `/v1/completions`,
-`/tokenize`, `/detokenize`); each refusal is turned into the error answer of both API
-styles. Allowed outcomes: a valid body, or a `ServerError` whose status is 4xx, whose
-field names come from the schema, and whose answers are 4xx. A finding is anything else:
-another exception, a 5xx, an error echoing the input, or a body accepted by kael that
-msgspec's own typed decoding of the same schema refuses or reads differently.
+`/v1/chat/completions`, `/tokenize`, `/detokenize`); each refusal is turned into the error
+answer of both API styles. An accepted OpenAI request goes on through what its route does
+before any model runs: the chat messages (`chat.conversation`), the tools (`chat_tools.
+tool_request`: `tools`, `tool_choice`, `parallel_tool_calls`, and the tool-call grammar) and
+the one constraint (`structured.constraint_of`: `response_format`, `structured_outputs`,
+`guided_*`, `json_schema`, `grammar`, with their limits). Allowed outcomes: a valid body, or a
+`ServerError` whose status is 4xx, whose field names come from the schema, and whose answers
+are 4xx. A finding is anything else: another exception, a 5xx, an error echoing the input, or
+a body accepted by kael that msgspec's own typed decoding of the same schema refuses or reads
+differently.
 """
 
 from __future__ import annotations
@@ -19,14 +24,24 @@ import _harness
 import msgspec
 
 with _harness.instrumented(__name__ == "__main__", ["kael_server"]):
+    from kael_server.chat import conversation
+    from kael_server.chat_schemas import ChatCompletionRequest
+    from kael_server.chat_tools import tool_request
     from kael_server.errors import InvalidRequest, ServerError
     from kael_server.limits import MAX_BODY_BYTES, MAX_STOP_CHARS, MAX_STOP_STRINGS, temperature_ok
     from kael_server.routes.generate import error_response as generate_error_response
     from kael_server.routes.openai import error_response as openai_error_response
     from kael_server.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
+    from kael_server.structured import constraint_of
     from kael_server.validation import decode, read_body
 
-SCHEMAS: tuple[type[msgspec.Struct], ...] = (GenerateRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+SCHEMAS: tuple[type[msgspec.Struct], ...] = (
+    GenerateRequest,
+    CompletionRequest,
+    ChatCompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+)
 
 
 class _FakeRequest:
@@ -86,10 +101,10 @@ def _has_duplicate_keys(body: bytes) -> bool:
 
 def _check_accepted(value: msgspec.Struct, schema: type[msgspec.Struct], body: bytes) -> None:
     temperature = getattr(value, "temperature", None)  # null in a CompletionRequest: the default
-    if isinstance(value, (GenerateRequest, CompletionRequest)) and temperature is not None:
+    if isinstance(value, (GenerateRequest, CompletionRequest, ChatCompletionRequest)) and temperature is not None:
         if not temperature_ok(temperature):
             raise AssertionError(f"accepted temperature {temperature!r}")
-    if isinstance(value, CompletionRequest):
+    if isinstance(value, (CompletionRequest, ChatCompletionRequest)):
         stops = value.stop_strings()
         if len(stops) > MAX_STOP_STRINGS or not all(1 <= len(s) <= MAX_STOP_CHARS for s in stops):
             raise AssertionError(f"accepted stop strings {stops!r}")
@@ -109,6 +124,18 @@ def _check_accepted(value: msgspec.Struct, schema: type[msgspec.Struct], body: b
         raise AssertionError(f"kael read {value!r}, msgspec {typed!r}")
 
 
+def _route_checks(value: msgspec.Struct, body: bytes) -> None:
+    """What a route checks before generating (messages, tools, the constraint): a 4xx refusal or nothing."""
+    try:
+        extra = None
+        if isinstance(value, ChatCompletionRequest):
+            conversation(value.messages)
+            extra = tool_request(value.tools, value.tool_choice, value.parallel_tool_calls, None).constraint
+        constraint_of(value, extra)
+    except ServerError as error:
+        _check_refusal(error, body)
+
+
 def TestOneInput(data: bytes) -> None:
     try:
         body = _run(read_body(_FakeRequest(data), MAX_BODY_BYTES))  # type: ignore[arg-type]
@@ -124,6 +151,8 @@ def TestOneInput(data: bytes) -> None:
             _check_refusal(error, body)
         else:
             _check_accepted(value, schema, body)
+            if isinstance(value, (CompletionRequest, ChatCompletionRequest)):
+                _route_checks(value, body)
 
 
 if __name__ == "__main__":

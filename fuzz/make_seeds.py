@@ -234,6 +234,48 @@ def generate_request_seeds() -> Seeds:
             "user": "u",
         },
         "detokenize.json": {"tokens": [15496, 995, 0]},
+        "chat_json_schema.json": {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "pet",
+                    "strict": True,
+                    "schema": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string", "maxLength": 8}, "kind": {"enum": ["cat", "dog"]}},
+                        "required": ["name", "kind"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+        },
+        "chat_tools.json": {
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Paris"}'}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            ],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "w",
+                        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                    },
+                }
+            ],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        },
+        "completion_guided.json": {"prompt": "a", "structured_outputs": {"regex": "[a-c]{2}"}, "max_tokens": 4},
+        "completion_grammar.json": {"prompt": "a", "grammar": 'root ::= "yes" | "no"'},
     }
     seeds = {name: json.dumps(body).encode() for name, body in bodies.items()}
     seeds["unicode_escapes.json"] = b'{"prompt": "caf\\u00e9 \\ud83d\\ude00", "stop": "x"}'

@@ -60,7 +60,7 @@ def _check_tools(tools: list[dict[str, Any]]) -> list[FieldError]:
             errors.append(FieldError(f"{at}.function.description", "expected a string"))
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], Mapping):
             errors.append(FieldError(f"{at}.function.parameters", "expected a JSON schema (an object)"))
-    names = [t["function"]["name"] for t in tools if isinstance(t.get("function"), Mapping)]
+    names = [t["function"].get("name") for t in tools if isinstance(t.get("function"), Mapping)]
     dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
     if dupes:
         errors.append(FieldError("tools", f"expected distinct function names, got {dupes[0]!r} twice"))
