@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kael.engine import EngineCore, Picker, Request, StepEvent
+from kael.engine import EngineCore, Request, StepEvent
 from kael.models import BatchDecoder
 
 from kael_server.batch_state import Entry, Seq
@@ -287,7 +287,8 @@ class BatchScheduler(Scheduler):
                     seq.request = Request(
                         seq.choice.ids,
                         job.params,
-                        sampler=self._picker(seq),
+                        sampler=seq.choice.sampler,  # penalties, bias, top-p, min-p, logprobs
+                        generator=seq.choice.rng,  # else the runner's temperature/top-k draw
                         on_token=output.on_token,
                         stop_state=output.stop,
                         fork_of=first.request if first is not seq else None,
@@ -297,19 +298,6 @@ class BatchScheduler(Scheduler):
                     self._core.add(seq.request)
             except Exception as exc:
                 self._fail(entry, Failed(exc))
-
-    def _picker(self, seq: Seq) -> Picker | None:
-        """How the choice's tokens are picked: its TokenSampler (penalties, bias, top-p, min-p,
-        logprobs), None for plain greedy (the engine's argmax), else the runner's
-        temperature/top-k draw with the choice's generator (what ``model.generate`` does)."""
-        choice, params = seq.choice, seq.entry.job.params
-        if choice.sampler is not None:
-            return choice.sampler
-        if params.temperature == 0:
-            return None
-        runner, temperature = self._core.runner, params.temperature
-        top_k, rng = min(params.top_k, self._generator.vocab_size), choice.rng
-        return lambda logits: runner.sample(logits, temperature, top_k, rng)
 
     def _drop_cancelled(self) -> None:
         """Jobs whose client left (or that shutdown or a deadline cancelled) leave the batch."""

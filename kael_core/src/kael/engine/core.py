@@ -137,7 +137,7 @@ class EngineCore:
                 row = select(row, 0, r.n - 1)
             children = self._fork_children(r) if not r.decode else []
             for req in [request, *children]:
-                event = self._advance(req, greedy.get(i) if req.sampler is None else None, row)
+                event = self._advance(req, greedy.get(i) if _greedy_row(req) else None, row)
                 if event is not None:
                     events.append(event)
         return events
@@ -148,12 +148,14 @@ class EngineCore:
         if request.finished:
             return None
         try:
+            params = request.params
             if greedy is not None:
                 token = greedy
             elif request.sampler is not None:
                 token = int(request.sampler(row))
-            else:
-                token = int(self.runner.sample(row, 0.0, 0, None))
+            else:  # the runner's temperature/top-k draw (argmax at temperature 0)
+                top_k = min(params.top_k, self.vocab_size) if self.vocab_size is not None else params.top_k
+                token = int(self.runner.sample(row, params.temperature, top_k, request.generator))
             more = request.append(token)
         except Exception as exc:
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
@@ -168,7 +170,7 @@ class EngineCore:
         alone, so a failure ends only its own request)."""
         out: dict[int, int] = {}
         for batch, rows in logits.batches:
-            want = {i for i in rows if plan.rows[i].samples and plan.rows[i].request.sampler is None}
+            want = {i for i in rows if plan.rows[i].samples and _greedy_row(plan.rows[i].request)}
             if len(want) < 2:
                 continue
             try:
@@ -197,3 +199,8 @@ class EngineCore:
             self.scheduler.running.append(kid)
             started.append(kid)
         return started
+
+
+def _greedy_row(request: Request) -> bool:
+    """Whether the request's token is the plain argmax (no sampler, temperature 0)."""
+    return request.sampler is None and request.params.temperature == 0

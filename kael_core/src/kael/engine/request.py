@@ -53,7 +53,7 @@ class RequestStatus(enum.Enum):
 
 
 Picker = Callable[[Any], int]
-"""``picker(logits row) -> token``: how a request samples (None on a request: greedy argmax)."""
+"""``picker(logits row) -> token``: how a request samples (None on a request: the runner's draw)."""
 
 
 def _prompt(ids: Any) -> list[int]:
@@ -74,7 +74,9 @@ class Request:
     """One sequence to generate (NOTE [request state]).
 
     ``sampler`` picks a token from this request's logits row (a ``TokenSampler``, or any
-    callable); None means greedy (the step's argmax, one call for all greedy rows).
+    callable); without one the runner draws it from ``params.temperature`` and ``top_k`` with
+    ``generator`` (``model.generate``'s draw), greedy at temperature 0 (one argmax call for all
+    the greedy rows of a product).
     ``on_token(token) -> bool`` sees each new token and says whether to go on (a server's text
     output: stop strings, cancellation); without it the request's own ``stop`` decides.
     ``stop_state``: the ``SequenceStop`` that ``on_token`` feeds (default: this request's own,
@@ -87,6 +89,7 @@ class Request:
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     eos_ids: Collection[int] = ()
     sampler: Picker | None = None
+    generator: Any = None
     on_token: Callable[[int], bool] | None = None
     stop_state: SequenceStop | None = None
     fork_of: Request | None = None
