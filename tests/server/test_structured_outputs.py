@@ -179,6 +179,11 @@ REFUSED = {
     ),
     "min_tokens": ({"guided_choice": ["a"], "min_tokens": 2}, "min_tokens", "cannot be combined with a constraint"),
     "not a schema": ({"json_schema": "nope"}, "json_schema", "expected a JSON object"),
+    "another kind of structured output": (
+        {"structured_outputs": {"structural_tag": "{}"}},
+        "structured_outputs.structural_tag",
+        "not supported",
+    ),
 }
 
 

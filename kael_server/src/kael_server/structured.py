@@ -55,6 +55,10 @@ CONSTRAINT_FIELDS = (
 _FIELD_PATH = re.compile(r"^[a-z_]+(\.[a-z_]+|\[[0-9]+\])*$")
 """A request field's path as errors name it (``tools[0].function.parameters``)."""
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_INERT = ("backend", "disable_fallback", "disable_additional_properties", "disable_any_whitespace")
+"""vLLM's structured_outputs options that change nothing here: kael has one library and never
+falls back; its JSON has no free whitespace; ``disable_additional_properties`` is kael's only
+when the schema says so (accepted when false or absent)."""
 
 
 def refusal(exc: ConstraintError, field: str) -> FieldError:
@@ -91,6 +95,19 @@ def _response_format(value: Mapping[str, Any]) -> Constraint | None:
 
 
 def _structured(value: Mapping[str, Any]) -> Constraint | None:
+    unknown = sorted(k for k in value if k not in _STRUCTURED_KEYS and k not in _STRUCTURED_INERT)
+    if unknown:  # another kind of constraint (structural_tag, ...): refused, never ignored
+        name = unknown[0] if _FIELD_PATH.match(unknown[0]) else "?"
+        raise ConstraintError(f"structured_outputs.{name}: not supported (kael takes {', '.join(_STRUCTURED_KEYS)})")
+    if value.get("disable_any_whitespace") is False or value.get("disable_additional_properties") is True:
+        key = (
+            "disable_any_whitespace"
+            if value.get("disable_any_whitespace") is False
+            else "disable_additional_properties"
+        )
+        raise ConstraintError(
+            f"structured_outputs.{key}: not supported (kael's JSON has no free whitespace and keeps the schema as given)"
+        )
     given = [k for k in _STRUCTURED_KEYS if value.get(k) not in (None, False)]
     if len(given) > 1:
         raise ConstraintError(f"structured_outputs: expected one of {', '.join(_STRUCTURED_KEYS)}, got {given}")
