@@ -9,12 +9,21 @@ Structs without ``forbid_unknown_fields`` (the OpenAI requests) ignore unknown f
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
 
 from kael_server import field_policy, limits
+from kael_server.structured_schemas import (
+    ChoiceList,
+    Grammar,
+    GuidedJson,
+    JsonObject,
+    Pattern,
+    ResponseFormat,
+    StructuredOutputs,
+)
 
 __all__ = [
     "BestOf",
@@ -30,11 +39,7 @@ __all__ = [
     "DetokenizeResponse",
     "ErrorResponse",
     "FieldErrorBody",
-    "ChoiceList",
     "Flag",
-    "Grammar",
-    "GuidedJson",
-    "JsonObject",
     "GenerateRequest",
     "GenerateResponse",
     "HealthResponse",
@@ -49,19 +54,16 @@ __all__ = [
     "OpenAIErrorResponse",
     "OptionalFlag",
     "OptionalText",
-    "Pattern",
     "Penalty",
     "Prompt",
     "PromptInput",
     "RepetitionPenalty",
-    "ResponseFormat",
     "SamplingRequest",
     "Seed",
     "Stop",
     "StopString",
     "StreamError",
     "StreamOptions",
-    "StructuredOutputs",
     "Suffix",
     "Temperature",
     "TextEvent",
@@ -359,39 +361,6 @@ Suffix = Annotated[
     ),
 ]
 OptionalFlag = Annotated[bool, Meta(extra={"expect": "true or false"})] | None
-JsonObject = Annotated[dict[str, Any], Meta(extra={"expect": "a JSON object"})]
-ResponseFormat = Annotated[
-    dict[str, Any],
-    Meta(
-        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
-        '{"name": ..., "schema": {...}, "strict": true}}: the output is JSON matching the schema (always '
-        "enforced, strict or not).",
-        extra={"expect": 'an object {"type": "text" | "json_object" | "json_schema", ...}'},
-    ),
-]
-StructuredOutputs = Annotated[
-    dict[str, Any],
-    Meta(
-        description="vLLM's: one of json (a JSON schema), regex, choice (a list of strings), grammar (Lark or "
-        "GBNF) or json_object: true.",
-        extra={"expect": "an object with one of json, regex, choice, grammar, json_object"},
-    ),
-]
-GuidedJson = Annotated[
-    dict[str, Any] | str,
-    Meta(description="vLLM's older name: a JSON schema.", extra={"expect": "a JSON schema (an object or its text)"}),
-]
-Pattern = Annotated[str, Meta(description="The whole output matches this regex.", extra={"expect": "a string"})]
-ChoiceList = Annotated[
-    list[str], Meta(description="The output is one of these strings.", extra={"expect": "a list of strings"})
-]
-Grammar = Annotated[
-    str,
-    Meta(
-        description="A grammar the output matches: GBNF (llama.cpp's, root ::= ...) or Lark (llguidance's).",
-        extra={"expect": "a grammar string (GBNF or Lark)"},
-    ),
-]
 
 
 class SamplingRequest(msgspec.Struct, kw_only=True):
