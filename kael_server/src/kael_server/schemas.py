@@ -498,6 +498,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     owned_by: str = "kael"
     max_model_len: int
     weights: str = "f32"  # the weights' format: f32, bf16, f16, q8_0 or q4_0 (kael-server --weights)
+    chat: bool = False
+    """Whether the model has a chat template (``/v1/chat/completions`` answers; the playground's chat)."""
 
 
 class ModelList(msgspec.Struct, kw_only=True):

@@ -264,7 +264,13 @@ async def completions(request: Request[Any, Any, Any], server: ServerState) -> R
 def _cards(generator: Generator) -> list[ModelCard]:
     weights = getattr(generator.model, "weights_scheme", None) or "f32"
     return [
-        ModelCard(id=name, created=_STARTED, max_model_len=generator.context_length, weights=weights)
+        ModelCard(
+            id=name,
+            created=_STARTED,
+            max_model_len=generator.context_length,
+            weights=weights,
+            chat=generator.chat_template is not None,
+        )
         for name in generator.served_names
     ]
 
