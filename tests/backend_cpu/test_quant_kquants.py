@@ -119,6 +119,25 @@ def test_dequantize_any_bytes_equal_gguf(cpu: Any, scheme: str, n: int, seed: in
 
 
 @SETTINGS
+@given(scheme=st.sampled_from(SCHEMES), m=st.sampled_from([1, 3, 16, 17]), seed=st.integers(0, 2**32 - 1))
+def test_linear_any_bytes_no_crash(cpu: Any, scheme: str, m: int, seed: int) -> None:
+    """Wholly random weight bytes (inf / NaN scales among them): finite where float64 is, inf and NaN
+    where it has them (neither depends on the summation order)."""
+    rng = np.random.default_rng(seed)
+    n, k = 6, 2 * QK
+    data = rng.integers(0, 256, size=(n, 2 * BLOCK_BYTES[scheme]), dtype=np.uint8)
+    data[rng.integers(0, n), SCALE_OFFSETS[scheme][0] : SCALE_OFFSETS[scheme][0] + 2] = (0x00, 0x7C)  # +inf
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = linear(cpu, x, data, None, scheme).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = x.astype(np.float64) @ reference(data, scheme).astype(np.float64).T
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-3, atol=1e-3 * np.abs(want[fin]).max(initial=1.0))
+
+
+@SETTINGS
 @given(
     scheme=st.sampled_from(SCHEMES),
     m=st.sampled_from([1, 2, 3, 5, 8, 16, 17, 40]),
