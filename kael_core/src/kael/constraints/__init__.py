@@ -4,9 +4,10 @@
 ``ConstraintMatcher(constraint, tokenizer, eos)`` compiles it against a kael tokenizer (cached
 by grammar text and tokenizer) and is a ``kael.engine.LogitsProcessor``: ``apply`` masks a
 row's logits to -inf outside the grammar, ``accept`` / ``fork`` / ``rollback`` keep it in step;
-``fill_bitmasks`` computes many rows' masks at once; ``constrained_sampler`` runs one under
-``model.generate(sampler=...)``. Errors are ``ConstraintError`` naming the
-request field. Needs the ``constraints`` extra (``pip install kael-core[constraints]``).
+``fill_bitmasks`` computes many rows' masks at once. ``model.generate(..., constraint=c,
+tokenizer=tok)`` and ``kael.engine.SamplingParams(constraint=c)`` (a ``TokenSampler``, so
+``BatchDecoder`` rows and kael-server) sample under one; ``constrained_sampler`` is a bare
+greedy one. Errors are ``ConstraintError`` naming the request field. Needs the ``constraints`` extra (``pip install kael-core[constraints]``).
 
 The library was chosen by measurement (``benchmarks/structured.py``; GPT-2's 50257 tokens,
 this machine, 2 shared cores, ten JSON schemas of 1-46 properties, a 200-token walk each):

@@ -1,7 +1,9 @@
-"""``constrained_sampler``: a constraint for ``model.generate(..., sampler=...)`` (kael's
-single-sequence loop), until the engine's ``generate(constraint=...)`` wiring lands: each step
-masks the logits with the matcher, picks the greedy (highest-logit) allowed token and advances
-the matcher; ``on_token=stop_at_end(eos)`` ends the loop at the end token."""
+"""``constrained_sampler``: a matcher as a bare ``model.generate(..., sampler=...)`` (greedy on
+the masked logits, for a caller that holds its own matcher): each step masks the logits with
+the matcher, picks the highest-logit allowed token and advances the matcher;
+``on_token=stop_at_end(eos)`` ends the loop at the end token. The usual way is
+``model.generate(..., constraint=c, tokenizer=tok)`` (or ``SamplingParams(constraint=c)`` in a
+``kael.engine.TokenSampler``), which samples with every other setting too."""
 
 from __future__ import annotations
 
