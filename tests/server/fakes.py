@@ -8,10 +8,14 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from kael.engine import Request, SchedulerOutput, StepLogits
+from kael_server.protocols import ServedModel
+
+if TYPE_CHECKING:
+    from .fake_model_engine import FakeModelEngine
 
 SECRET = "s3cret-internal-detail"
 """Text of every exception the fakes raise: it must never reach a client."""
@@ -107,8 +111,10 @@ class Call:
     produced: list[int] = field(default_factory=list)
 
 
-class FakeModel:
-    """``generate`` as kael's GPT does it, with tokens that are easy to predict.
+class FakeModel(ServedModel):
+    """``generate`` as kael's GPT does it, with tokens that are easy to predict, and the same
+    rules per row of its engine (``engine(rows)``: a FakeModelEngine, what a Generator built
+    without a scheduler serves it through).
 
     * ``script``: emit these token ids in order (cycling);
     * otherwise greedy (temperature 0) picks a letter that depends only on the context, and
@@ -119,6 +125,8 @@ class FakeModel:
     * ``gate``: block before each token until the test lets it through;
     * ``fail_at``: raise (with SECRET) instead of producing token number ``fail_at``;
     * ``step_seconds``: compute time per token, for a server that must stay responsive.
+
+    ``calls`` records each ``generate`` call, and each sequence its engine starts, as a Call.
     """
 
     def __init__(
@@ -183,6 +191,11 @@ class FakeModel:
                 break
         return list(call.produced)
 
+    def engine(self, rows: int) -> FakeModelEngine:
+        from .fake_model_engine import FakeModelEngine  # it builds on this module's rules
+
+        return FakeModelEngine(self, rows)
+
     def _next(self, i: int, call: Call, generator: Any) -> int:
         if self.script is not None:
             return self.script[i % len(self.script)]
@@ -201,9 +214,16 @@ class RowLogits:
 
     row: int
     context: tuple[int, ...]
+    forced: int | None = None
+    """A scripted model's next token: the logits are 0 there and -inf elsewhere."""
+    vocab_size: int = 257
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return fake_logits(self.context).astype(dtype or np.float64)
+        if self.forced is not None:
+            x = np.full(self.vocab_size, -np.inf)
+            x[self.forced] = 0.0
+            return x.astype(dtype or np.float64)
+        return fake_logits(self.context, self.vocab_size).astype(dtype or np.float64)
 
 
 class FakeBatchEngine:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from kael_server.batching import BatchScheduler
 from kael_server.cli import build_parser
-from kael_server.scheduler import SlotPool
 from litestar import Litestar
 
 from kael_server import Generator, create_app
@@ -422,7 +421,7 @@ async def test_refused_prompts_and_tokenizer_failures_give_their_slot_back() -> 
 
 
 def test_the_flags_parse_and_a_default_server_queues() -> None:
-    assert isinstance(generator_of(make_app()).scheduler, SlotPool)  # a Generator built without a loader
+    assert isinstance(generator_of(make_app()).scheduler, BatchScheduler)  # a Generator built without a loader too
     args = build_parser().parse_args([])
     assert (args.slots, args.queue, args.queue_timeout) == (1, 64, 10.0)
     args = build_parser().parse_args(["--slots", "8", "--queue", "4", "--queue-timeout", "2.5"])

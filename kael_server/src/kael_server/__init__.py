@@ -17,14 +17,16 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from kael_server.app import create_app
+    from kael_server.batching import BatchScheduler
     from kael_server.cli import main
     from kael_server.config import ServerConfig
     from kael_server.generator import Generator
     from kael_server.loading import load_app
     from kael_server.metrics import Metrics
-    from kael_server.scheduler import Scheduler, SlotPool
+    from kael_server.scheduler import Scheduler
 
 _WHERE = {
+    "BatchScheduler": "kael_server.batching",
     "create_app": "kael_server.app",
     "main": "kael_server.cli",
     "Generator": "kael_server.generator",
@@ -32,15 +34,14 @@ _WHERE = {
     "Metrics": "kael_server.metrics",
     "Scheduler": "kael_server.scheduler",
     "ServerConfig": "kael_server.config",
-    "SlotPool": "kael_server.scheduler",
 }
 
 __all__ = [
+    "BatchScheduler",
     "Generator",
     "Metrics",
     "Scheduler",
     "ServerConfig",
-    "SlotPool",
     "__version__",
     "create_app",
     "load_app",

@@ -6,36 +6,41 @@ import asyncio
 import dataclasses
 import secrets
 import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kael import KaelError
 from kael.engine import TokenSampler
 from kael.tokenizer import IncrementalDecoder, encode_chat
 
-from kael_server.errors import Cancelled, NotReady, PromptRejected
-from kael_server.jobs import ChatPrompt, Failed, Finished, Job, Outcome, Prompt, PromptAccepted, SamplingParams
+from kael_server import limits
+from kael_server.batching import BatchScheduler
+from kael_server.errors import Cancelled, NotReady, PromptRejected, ServerConfigError
+from kael_server.jobs import ChatPrompt, Job, Prompt, PromptAccepted, SamplingParams
 from kael_server.metrics import Metrics
 from kael_server.output import Choice, Echo, JobOutput, token_info
-from kael_server.protocols import Model, RngFactory, Tokenizer
-from kael_server.scheduler import Scheduler, SlotPool
+from kael_server.protocols import BatchEngine, Model, RngFactory, ServedModel, Tokenizer
+from kael_server.scheduler import Scheduler
 
-__all__ = ["Generator", "end_of_text_ids"]
+if TYPE_CHECKING:
+    from kael.models import BatchDecoder
+
+__all__ = ["Generator", "default_engine", "end_of_text_ids"]
 
 
 class Generator:
-    """Serves ``model`` through a Scheduler (one generation slot by default).
+    """Serves ``model`` through a Scheduler: by default kael's engine with one slot and no queue
+    (a BatchScheduler over ``default_engine(model)``; one slot is a batch of one).
 
     Each sampled choice gets its own random generator, seeded with the request's ``seed``
     (choice ``i`` of a prompt: ``seed + i``, as vLLM numbers them) or, unseeded, with fresh
     entropy, so no two unseeded requests share a random stream, across restarts too.
-    ``make_rng(seed)`` builds it for ``model.generate`` (default: a seeded ``kael.Generator``,
-    what kael's models take); a choice that needs kael's TokenSampler (penalties, bias, top-p,
+    ``make_rng(seed)`` builds it for the engine's temperature/top-k draw (default: a seeded
+    ``kael.Generator``, what kael's models take); a choice that needs kael's TokenSampler (penalties, bias, top-p,
     min-p, logprobs, min_tokens) always gets a seeded ``kael.Generator``.
     ``shutting_down`` is set once the server starts draining: no new job is admitted and the
-    running ones are cancelled. ``make_scheduler(generator)`` replaces the single-slot
-    SlotPool (a batching scheduler needs the generator's model and tokenizer).
+    running ones are cancelled. ``make_scheduler(generator)`` replaces the default scheduler
+    (``kael-server`` builds one of ``--slots`` rows and a ``--queue``).
 
     ``stop_tokens`` are the ids that end every text (default ``end_of_text_ids``: the
     tokenizer's end of text and the eos ids of ``model.generation_config``). ``chat_template``
@@ -75,7 +80,9 @@ class Generator:
         self.vocab_size = int(model.vocab_size)
         self.make_rng: RngFactory = make_rng if make_rng is not None else _kael_rng
         self.metrics = metrics if metrics is not None else Metrics()
-        self.scheduler = make_scheduler(self) if make_scheduler is not None else SlotPool(self.run)
+        self.scheduler = (
+            make_scheduler(self) if make_scheduler is not None else BatchScheduler(self, default_engine(model), slots=1)
+        )
         self.shutting_down = threading.Event()
 
     # ---- on the event loop ------------------------------------------------------------
@@ -95,18 +102,6 @@ class Generator:
             job.cancel("shutdown")
 
     # ---- on a worker thread -----------------------------------------------------------
-
-    def run(self, job: Job) -> Outcome:
-        """Encodes the prompts and generates every choice; every failure becomes a Failed outcome.
-
-        The choices run one after the other, each through ``model.generate`` (the batch
-        scheduler runs them side by side from one prefill instead)."""
-        try:
-            prompts = self.prepare(job)
-            self.accept(job, prompts)
-            return Finished(self._generate(job, prompts))
-        except Exception as exc:
-            return Failed(exc)
 
     def prepare(self, job: Job) -> list[list[int]]:
         """Each prompt's token ids, checked against the context; raises PromptRejected or Cancelled.
@@ -209,32 +204,22 @@ class Generator:
                 f"the context of {self.context_length} tokens",
             )
 
-    def _generate(self, job: Job, prompts: list[list[int]]) -> tuple[str, ...]:
-        params, stats = job.params, job.stats
-        top_k = min(params.top_k, self.vocab_size)
-        texts = []
-        start = time.perf_counter()
-        try:
-            for choice in self.choices(job, prompts):
-                if job.cancelled:
-                    raise Cancelled(job.cancel_reason or "client")
-                if params.max_tokens > 0:
-                    # the plain path calls generate exactly as before: sampler only when needed
-                    extra = {} if choice.sampler is None else {"sampler": choice.sampler}
-                    self.model.generate(
-                        choice.ids,
-                        params.max_tokens,
-                        temperature=params.temperature,
-                        top_k=top_k,
-                        on_token=choice.output.on_token,
-                        generator=choice.rng,
-                        **extra,
-                    )
-                texts.append(choice.output.text())
-        finally:
-            stats.seconds = time.perf_counter() - start
-            self.metrics.generation_finished(stats.tokens, stats.seconds, stats.ttft)
-        return tuple(texts)
+
+def default_engine(model: Model) -> BatchDecoder | BatchEngine:
+    """The engine of a Generator built without a scheduler (one slot, no queue): kael's
+    ``BatchDecoder`` over a kael model (a paged KV cache of one context, prefix cached), or the
+    engine a ``ServedModel`` brings; rows for the widest request, which runs alone."""
+    from kael.models import BatchDecoder, CausalLMBase
+
+    rows = limits.MAX_PROMPTS * limits.MAX_CHOICES
+    if isinstance(model, ServedModel):
+        return model.engine(rows)
+    if isinstance(model, CausalLMBase):
+        return BatchDecoder(model, rows, kv_cache_tokens=int(model.max_positions))
+    raise ServerConfigError(
+        f"Generator: cannot serve a {type(model).__name__}: give a kael model (kael.models.CausalLMBase), a "
+        "ServedModel, or make_scheduler"
+    )
 
 
 def end_of_text_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:

@@ -6,12 +6,13 @@ members listed here are ever touched, so any object with them can be served.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from kael.engine import KVBackend, Runner
 
-__all__ = ["BatchEngine", "Model", "OnToken", "RngFactory", "Sampler", "Tokenizer"]
+__all__ = ["BatchEngine", "Model", "OnToken", "RngFactory", "Sampler", "ServedModel", "Tokenizer"]
 
 OnToken = Callable[[int], object]
 """Called by ``Model.generate`` after each new token; a falsy return stops generation."""
@@ -66,3 +67,13 @@ class BatchEngine(KVBackend, Runner, Protocol):
     the engine's KV manager (``kael.engine.KVBackend``: rows and blocks for requests) and its
     runner (``kael.engine.Runner``: a plan's forward pass and token picks). Test engines are;
     kael's ``BatchDecoder`` is driven through ``kael.engine.KVManager`` and ``ModelRunner``."""
+
+
+class ServedModel(ABC):
+    """A model not from kael that brings its own engine (test models): a Generator built without
+    a scheduler serves it through ``engine(rows)``, a BatchEngine of ``rows`` rows. kael's models
+    are served through ``kael.models.BatchDecoder``."""
+
+    @abstractmethod
+    def engine(self, rows: int) -> BatchEngine:
+        """Its engine, with ``rows`` rows (the widest request's sequences)."""
