@@ -61,8 +61,8 @@ inline void iq4_levels(const uint8_t* qs, vi (&out)[kQVecs]) {
   const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(raw, low4));
   const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
 #if KAEL_VBYTES == 64
-  out[0] = bitcast<vi>(_mm512_cvtepi8_epi32(lo));
-  out[1] = bitcast<vi>(_mm512_cvtepi8_epi32(hi));
+  out[0] = bitcast<vi>(_mm512_maskz_cvtepi8_epi32(0xFFFF, lo));
+  out[1] = bitcast<vi>(_mm512_maskz_cvtepi8_epi32(0xFFFF, hi));
 #else
   out[0] = bitcast<vi>(_mm256_cvtepi8_epi32(lo));
   out[1] = bitcast<vi>(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));

@@ -1,8 +1,8 @@
 // The 256-value super-blocks of GGML's K-quants and IQ4_XS (quant_formats.h rows Q2_K..IQ4_XS)
-// for vec_quant.h: a super-block's 16 scales s and offsets m (one per 16 values; m = 0 but for
-// q2_k, q4_k, q5_k) decoded once, then its 32-value chunks c (0..7: values 32c..32c+31) as 32
-// integers q each (value = s * q - m), into float32 rows (kq_dequant_row) or the one-row dot
-// products (kq_qdot_wrows). Byte layouts and arithmetic are GGML's (ggml-common.h,
+// for vec_quant.h: a super-block's scales s and offsets m (one per 16 values, or per 32 for
+// q4_k, q5_k, iq4_xs; m = 0 but for q2_k, q4_k, q5_k) decoded once, then its 32-value chunks c
+// (0..7: values 32c..32c+31) as 32 integers q each (value = s * q - m), into float32 rows
+// (kq_dequant_row) or the one-row dot products (kq_qdot_wrows). Byte layouts and arithmetic are GGML's (ggml-common.h,
 // dequantize_row_*): d, dmin are float16, QK_K = 256.
 // * q2_k (84 bytes): scales[16] (low nibble scale, high nibble min, one per 16 values), qs[64]
 //   (2 bits a value), d, dmin. Chunk c = 4h + j: q = (qs[32h + l] >> 2j) & 3, scale byte 2c + l/16;
@@ -49,7 +49,8 @@ template <int F>
 constexpr bool kQSuper32 = F == kQ4K || F == kQ5K || F == kIQ4XS;
 
 // out[0..16) = (b[i] - offset) * mult for 16 bytes at b, uint8 or (SIGNED) int8: one widening,
-// conversion and product per vector (GCC leaves the scalar form of this loop scalar).
+// conversion and product per vector (GCC leaves the scalar form of this loop scalar; the maskz
+// forms of the AVX-512 widenings: no -Wmaybe-uninitialized from the unmasked ones).
 template <bool SIGNED>
 inline void kq_to_floats(const uint8_t* b, int32_t offset, float mult, float* out) {
   constexpr int64_t L = V<float>::L;
@@ -57,7 +58,7 @@ inline void kq_to_floats(const uint8_t* b, int32_t offset, float mult, float* ou
     vi x;
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
-    x = bitcast<vi>(SIGNED ? _mm512_cvtepi8_epi32(p) : _mm512_cvtepu8_epi32(p));
+    x = bitcast<vi>(SIGNED ? _mm512_maskz_cvtepi8_epi32(0xFFFF, p) : _mm512_maskz_cvtepu8_epi32(0xFFFF, p));
 #elif KAEL_VBYTES == 32 && defined(__AVX2__)
     const __m128i p = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + i));
     x = bitcast<vi>(SIGNED ? _mm256_cvtepi8_epi32(p) : _mm256_cvtepu8_epi32(p));
@@ -145,8 +146,8 @@ constexpr uint16_t kq_mask(int bits) {
 inline void kq_widen(vkb b, int32_t offset, vi (&q)[kQVecs]) {
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
   const __m256i x = bitcast<__m256i>(b);
-  q[0] = bitcast<vi>(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(x))) - offset;
-  q[1] = bitcast<vi>(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(x, 1))) - offset;
+  q[0] = bitcast<vi>(_mm512_maskz_cvtepu8_epi32(0xFFFF, _mm256_castsi256_si128(x))) - offset;
+  q[1] = bitcast<vi>(_mm512_maskz_cvtepu8_epi32(0xFFFF, _mm256_extracti128_si256(x, 1))) - offset;
 #elif KAEL_VBYTES == 32 && defined(__AVX2__)
   const __m256i x = bitcast<__m256i>(b);
   const __m128i lo = _mm256_castsi256_si128(x), hi = _mm256_extracti128_si256(x, 1);
@@ -227,9 +228,11 @@ void kq_dequant_row(float* out, const uint8_t* row, int64_t k) {
   }
 }
 
-// qdot_wrows for a super-block format: each row's dot product is the same operations, in the same
-// order, as qdot_wrows' over load_block (each 32-value chunk's values, block_dot, added into the
-// row's accumulator, its lanes, the bias), the scales decoded once a super-block.
+// qdot_wrows for a super-block format, the scales decoded once a super-block: each row's dot
+// product is the same operations on the same values, in the same order, as qdot_tile's over the
+// rows kq_dequant_row expands for several rows of a (each 32-value chunk's products summed
+// pairwise, added into the row's accumulator, its lanes, then the bias), so a row's bits do not
+// depend on how many rows come with it.
 template <int F, int NB>
 inline void kq_qdot_wrows(int64_t k, const float* a, const uint8_t* w, int64_t rsw, const float* bias, float* c,
                           int64_t csc) {
