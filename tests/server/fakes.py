@@ -8,14 +8,11 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from kael.engine import Request, SchedulerOutput, StepLogits
 from kael_server.protocols import ServedModel
-
-if TYPE_CHECKING:
-    from .fake_model_engine import FakeModelEngine
 
 SECRET = "s3cret-internal-detail"
 """Text of every exception the fakes raise: it must never reach a client."""
@@ -192,8 +189,6 @@ class FakeModel(ServedModel):
         return list(call.produced)
 
     def engine(self, rows: int) -> FakeModelEngine:
-        from .fake_model_engine import FakeModelEngine  # it builds on this module's rules
-
         return FakeModelEngine(self, rows)
 
     def _next(self, i: int, call: Call, generator: Any) -> int:
@@ -226,63 +221,21 @@ class RowLogits:
         return fake_logits(self.context, self.vocab_size).astype(dtype or np.float64)
 
 
-class FakeBatchEngine:
-    """A BatchEngine (kael_server.protocols: kael.engine's KVBackend and Runner in one object)
-    with FakeModel's token rules, per cache row.
+class FakeRows:
+    """The KV side of the fake engines (kael.engine's KVBackend): rows, each with the context it
+    was fed; blocks never run out and nothing is cached by prefix. ``forks`` records the
+    (src, dst) of each fork, ``released`` every row given back."""
 
-    Greedy picks a letter from the row's context (prompt + tokens fed), exactly as FakeModel
-    does for the same prompt alone; sampling draws from the job's generator. Blocks never run
-    out and nothing is cached by prefix. To force misbehaviour:
-
-    * ``gate``: block before each decode step until the test lets it through;
-    * ``fail_decode_at``: raise (with SECRET) in decode step number ``fail_decode_at`` (from 0);
-    * ``fail_prefill``: raise (with SECRET) when prefilling a prompt it accepts (a step's
-      prefills together fail, then each runs alone, as kael's ModelRunner does);
-    * ``fail_sample``: raise (with SECRET) when sampling for a context it accepts;
-    * ``poison``: for a context it accepts, sample token ``poison_token`` (which a
-      PoisonTokenizer refuses to decode: a failure in that job's token handling).
-
-    ``steps`` records the rows of every decode step; ``prefills`` the (row, prompt) of each
-    prompt prefilled to its end; ``prefill_calls`` the rows of each prefill call (a step's
-    prefill rows, or one row run alone); ``greedy_calls`` counts the ``greedy`` calls (one per
-    product with several greedy rows); ``forks`` the (src, dst) of each ``fork``; ``plan_tokens``
-    the tokens of each step's plan; ``chunks`` the (prompt, start, tokens) of each prefill row.
-    """
-
-    max_positions = 1 << 20
     free_blocks = 1 << 62
 
-    def __init__(
-        self,
-        rows: int,
-        *,
-        gate: Gate | None = None,
-        fail_decode_at: int | None = None,
-        fail_prefill: Callable[[tuple[int, ...]], bool] | None = None,
-        fail_sample: Callable[[tuple[int, ...]], bool] | None = None,
-        poison: Callable[[tuple[int, ...]], bool] | None = None,
-        poison_token: int = 0,
-    ) -> None:
+    def __init__(self, rows: int, max_positions: int = 1 << 20) -> None:
         self.rows = rows
-        self.gate = gate
-        self.fail_decode_at = fail_decode_at
-        self.fail_prefill = fail_prefill
-        self.fail_sample = fail_sample
-        self.poison = poison
-        self.poison_token = poison_token
+        self.max_positions = max_positions
         self.contexts: dict[int, list[int]] = {}
-        self.steps: list[list[int]] = []
-        self.prefills: list[tuple[int, list[int]]] = []
-        self.prefill_calls: list[list[int]] = []
-        self.greedy_calls = 0
         self.forks: list[tuple[int, int]] = []
         self.released: list[int] = []
-        self.plan_tokens: list[int] = []
-        self.chunks: list[tuple[tuple[int, ...], int, int]] = []
         self._free = list(range(rows - 1, -1, -1))
-        self._rng = random.Random()
 
-    # ---- kael.engine.KVBackend: rows (blocks never run out) ----------------------------------
     @property
     def free_rows(self) -> int:
         return len(self._free)
@@ -293,10 +246,8 @@ class FakeBatchEngine:
     def start(self, request: Request, end: int, *, spare: int = 0) -> bool:
         if not self._free:
             return False
-        row = self._free.pop()
-        assert row not in self.contexts, f"row {row} is in use"
-        self.contexts[row] = []
-        request.row, request.num_computed = row, 0
+        request.row, request.num_computed = self._take(request), 0
+        self.contexts[request.row] = []
         return True
 
     def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool:
@@ -306,10 +257,9 @@ class FakeBatchEngine:
         assert parent.row in self.contexts, f"row {parent.row} holds no sequence"
         if not self._free:
             return False
-        row = self._free.pop()
-        self.forks.append((parent.row, row))
-        self.contexts[row] = list(self.contexts[parent.row])
-        child.row, child.num_computed = row, parent.num_computed
+        child.row, child.num_computed = self._take(child), parent.num_computed
+        self.forks.append((parent.row, child.row))
+        self.contexts[child.row] = list(self.contexts[parent.row])
         return True
 
     def free(self, request: Request, *, keep: bool = True) -> None:
@@ -326,73 +276,62 @@ class FakeBatchEngine:
     def stats(self) -> dict[str, int]:
         return {}
 
-    # ---- kael.engine.Runner -------------------------------------------------------------------
-    def execute(self, plan: SchedulerOutput) -> StepLogits:
-        out = StepLogits(len(plan.rows))
-        self.plan_tokens.append(plan.num_tokens)
-        extend = [i for i, r in enumerate(plan.rows) if not r.decode]
-        decode = [i for i, r in enumerate(plan.rows) if r.decode]
-        if extend:
-            try:
-                self._extend(plan, extend, out)
-            except RuntimeError as exc:
-                if len(extend) == 1:
-                    out.errors[extend[0]] = exc
-                else:
-                    for i in extend:
-                        try:
-                            self._extend(plan, [i], out)
-                        except RuntimeError as alone:
-                            out.errors[i] = alone
-        if decode:
-            if self.gate is not None:
-                self.gate.step()
-            step = len(self.steps)
-            rows = [plan.rows[i].row for i in decode]
-            self.steps.append(rows)
-            out.decode_rows = len(rows)
-            if step == self.fail_decode_at:
-                out.errors.update((i, RuntimeError(SECRET)) for i in decode)
-                return out
-            batch = []
-            for i in decode:
-                r = plan.rows[i]
-                self.contexts[r.row].extend(r.tokens)
-                batch.append(RowLogits(r.row, tuple(self.contexts[r.row])))
-                out.set(i, batch[-1])
-            out.batches.append((batch, decode))
-        return out
+    def _take(self, request: Request) -> int:
+        row = self._free.pop()
+        assert row not in self.contexts, f"row {row} is in use"
+        return row
 
-    def _extend(self, plan: SchedulerOutput, which: list[int], out: StepLogits) -> None:
-        self.prefill_calls.append([plan.rows[i].row for i in which])
-        for i in which:
-            if self.fail_prefill is not None and self.fail_prefill(tuple(plan.rows[i].request.prompt_ids)):
-                raise RuntimeError(SECRET)
-        lasts, rows = [], []
-        for i in which:
-            r = plan.rows[i]
+
+class FakeModelEngine(FakeRows):
+    """FakeModel's engine (a BatchEngine), what a Generator built without a scheduler serves it
+    through: each row picks its tokens by FakeModel's rules, as ``generate`` alone would (the
+    script, the greedy letter of its context, letters drawn from its generator, or its sampler
+    over ``fake_logits``), with the model's ``gate`` and ``step_seconds`` before each token and
+    its ``fail_at``; each sequence it starts is one Call in ``model.calls`` (its ``produced``
+    are the request's output ids)."""
+
+    def __init__(self, model: FakeModel, rows: int) -> None:
+        super().__init__(rows, model.max_positions)
+        self.model = model
+        self._seen: set[int] = set()
+
+    def _take(self, request: Request) -> int:
+        if id(request) not in self._seen:  # one Call per sequence, as one generate call each
+            self._seen.add(id(request))
+            params, model = request.params, self.model
+            top_k = min(params.top_k, model.vocab_size)
+            call = Call(list(request.prompt_ids), params.max_tokens, params.temperature, top_k, request.generator)
+            call.sampler, call.produced = request.sampler, request.output_ids
+            model.calls.append(call)
+        return super()._take(request)
+
+    def execute(self, plan: SchedulerOutput) -> StepLogits:
+        out, model = StepLogits(len(plan.rows)), self.model
+        for i, r in enumerate(plan.rows):
             context = self.contexts[r.row]
             context.extend(r.tokens)
-            self.chunks.append((tuple(r.request.prompt_ids), r.start, r.n))
-            if r.samples:
-                self.prefills.append((r.row, list(context)))
-                lasts.append(RowLogits(r.row, tuple(context)))
-                rows.append(i)
-                out.set(i, lasts[-1])
-        if lasts:
-            out.batches.append((lasts, rows))
+            if not r.samples:
+                continue
+            if model.gate is not None:
+                model.gate.step()
+            if model.step_seconds:
+                time.sleep(model.step_seconds)  # the model's compute time, not a wait for an event
+            produced = len(r.request.output_ids)
+            if produced == model.fail_at:
+                out.errors[i] = RuntimeError(SECRET)
+                continue
+            forced = model.script[produced % len(model.script)] if model.script is not None else None
+            out.set(i, RowLogits(r.row, tuple(context), forced, model.vocab_size))
+        return out
 
     def sample(self, logits: RowLogits, temperature: float = 0.0, top_k: int = 0, generator: Any = None) -> int:
-        if self.fail_sample is not None and self.fail_sample(logits.context):
-            raise RuntimeError(SECRET)
-        if self.poison is not None and self.poison(logits.context):
-            return self.poison_token
+        if logits.forced is not None:
+            return logits.forced
         if temperature == 0:
             return greedy_letter(logits.context)
-        return draw_letter(generator if generator is not None else self._rng)
+        return draw_letter(generator if generator is not None else self.model._rng)
 
     def greedy(self, logits: list[RowLogits]) -> list[int]:
-        self.greedy_calls += 1
         return [self.sample(row) for row in logits]
 
 

@@ -21,7 +21,8 @@ from kael_server import Generator, create_app
 
 from .asgi import Exchange
 from .conftest import generator_of, make_app, poll_until, samples
-from .fakes import SECRET, ByteTokenizer, FakeBatchEngine, FakeModel, Gate, PoisonTokenizer
+from .fake_batch_engine import FakeBatchEngine
+from .fakes import SECRET, ByteTokenizer, FakeModel, Gate, PoisonTokenizer
 
 
 def batch_app(

@@ -24,7 +24,8 @@ from litestar.testing import TestClient
 from kael_server import Generator, create_app
 
 from .conftest import metric, sse_payloads
-from .fakes import END_OF_TURN, EOT, ByteTokenizer, FakeBatchEngine, FakeChatTemplate, FakeModel, Gate, fake_logits
+from .fake_batch_engine import FakeBatchEngine
+from .fakes import END_OF_TURN, EOT, ByteTokenizer, FakeChatTemplate, FakeModel, Gate, fake_logits
 from .test_openai import as_httpx
 
 SCRIPT = b"Hi there! How are you?"

@@ -26,7 +26,8 @@ from kael_server import Generator, create_app, deadline
 
 from .asgi import Exchange
 from .conftest import generator_of, poll_until, samples
-from .fakes import ByteTokenizer, FakeBatchEngine, FakeModel, Gate
+from .fake_batch_engine import FakeBatchEngine
+from .fakes import ByteTokenizer, FakeModel, Gate
 
 TIMEOUT = 0.2
 """Seconds; each test waits for the cancellation itself, never for a fixed time."""

@@ -22,7 +22,8 @@ from litestar.testing import TestClient
 from kael_server import Generator, create_app
 
 from .conftest import sse_payloads
-from .fakes import EOT, ByteTokenizer, FakeBatchEngine, FakeModel, fake_logits, greedy_letter
+from .fake_batch_engine import FakeBatchEngine
+from .fakes import EOT, ByteTokenizer, FakeModel, fake_logits, greedy_letter
 
 
 def single(model: FakeModel | None = None) -> Litestar:

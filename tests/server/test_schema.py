@@ -23,7 +23,8 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from kael_server import Generator, create_app  # noqa: E402
 
 from .conftest import make_app  # noqa: E402
-from .fakes import ByteTokenizer, FakeBatchEngine, FakeChatTemplate, FakeModel  # noqa: E402
+from .fake_batch_engine import FakeBatchEngine  # noqa: E402
+from .fakes import ByteTokenizer, FakeChatTemplate, FakeModel  # noqa: E402
 
 # A body over the size cap is rightly refused with 413 before it is even parsed.
 CONFIG = schemathesis.config.SchemathesisConfig.from_dict(
