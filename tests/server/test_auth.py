@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 from kael_server.auth import ENV_VAR, MISSING, WRONG, ApiKeys, configured_keys, read_key_file
+from kael_server.config import ServerConfig
 from kael_server.errors import ServerConfigError
 from litestar import Litestar
 from litestar.testing import TestClient
@@ -44,7 +45,7 @@ BODIES: dict[str, Any] = {
 
 def keyed_app(*, protect_metrics: bool = False, keys: tuple[str, ...] = (KEY, OTHER)) -> Litestar:
     generator = Generator(FakeModel(), ByteTokenizer(), make_rng=random.Random, chat_template=FakeChatTemplate())
-    return create_app(generator, api_keys=keys, protect_metrics=protect_metrics)
+    return create_app(generator, ServerConfig(api_keys=keys, protect_metrics=protect_metrics))
 
 
 def every_route(app: Litestar) -> list[tuple[str, str]]:

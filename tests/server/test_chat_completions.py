@@ -17,6 +17,7 @@ import numpy as np
 import openai
 import pytest
 from kael_server.batching import BatchScheduler
+from kael_server.config import ServerConfig
 from kael_server.routes.chat import token_bytes
 from litestar import Litestar
 from litestar.testing import TestClient
@@ -312,7 +313,7 @@ def test_busy_auth_and_metrics_as_for_completions() -> None:
         assert metric(client, "kael_requests_total", status="busy") == 1
         assert metric(client, "kael_requests_total", status="ok") == 1
     generator = Generator(FakeModel(script=SCRIPT), ByteTokenizer(), chat_template=FakeChatTemplate())
-    with TestClient(create_app(generator, api_keys=["k1"])) as client:
+    with TestClient(create_app(generator, ServerConfig(api_keys=("k1",)))) as client:
         assert client.post("/v1/chat/completions", json={"messages": USER}).status_code == 401
         ok = client.post("/v1/chat/completions", json={"messages": USER}, headers={"Authorization": "Bearer k1"})
         assert ok.status_code == 200

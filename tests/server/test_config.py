@@ -172,8 +172,8 @@ def test_load_app_takes_each_setting_as_a_keyword(name: str, monkeypatch: pytest
     value = _sample(f, declared)
     made: list[dict[str, Any]] = []
 
-    def create_app(load: Any, **kwargs: Any) -> Any:
-        made.append({"load": load, **kwargs})
+    def create_app(load: Any, config: ServerConfig, **kwargs: Any) -> Any:
+        made.append({"load": load, "config": config, **kwargs})
         return None
 
     monkeypatch.setattr(loading, "checkpoint_dir", lambda data: Path(data or "bundled"))
@@ -186,8 +186,7 @@ def test_load_app_takes_each_setting_as_a_keyword(name: str, monkeypatch: pytest
         loader = app["load"]
         assert isinstance(loader, loading.CheckpointLoader) and loader.config == config
         assert str(loader.path) == (value if name == "data" else "bundled")
-        assert app["api_keys"] is loader.config.api_keys and app["protect_metrics"] == config.protect_metrics
-        assert app["request_timeout"] == config.request_timeout
+        assert app["config"] is loader.config  # create_app derives its keys, metrics guard and deadline from it
     _same(made[0]["load"].config, {name: value})
 
 

@@ -16,8 +16,9 @@ import time
 
 import pytest
 from kael_server.batching import BatchScheduler
+from kael_server.config import ServerConfig
 from kael_server.deadline import MAX_REQUEST_TIMEOUT, arm, check_request_timeout
-from kael_server.errors import Cancelled
+from kael_server.errors import Cancelled, ServerConfigError
 from kael_server.jobs import Finished, Job, SamplingParams
 from litestar import Litestar
 from litestar.testing import TestClient
@@ -36,7 +37,7 @@ ROOMY = 5.0
 
 
 def single_slot_app(model: FakeModel, timeout: float | None = TIMEOUT) -> Litestar:
-    return create_app(Generator(model, ByteTokenizer(), make_rng=random.Random), request_timeout=timeout)
+    return create_app(Generator(model, ByteTokenizer(), make_rng=random.Random), ServerConfig(request_timeout=timeout))
 
 
 def batch_app(engine: FakeBatchEngine, timeout: float = TIMEOUT) -> Litestar:
@@ -46,7 +47,7 @@ def batch_app(engine: FakeBatchEngine, timeout: float = TIMEOUT) -> Litestar:
         make_rng=random.Random,
         make_scheduler=lambda g: BatchScheduler(g, engine, queue=2, queue_timeout=30),
     )
-    return create_app(generator, request_timeout=timeout)
+    return create_app(generator, ServerConfig(request_timeout=timeout))
 
 
 def timeouts(app: Litestar) -> float:
@@ -191,7 +192,7 @@ async def test_a_deadline_already_past_cancels_at_once() -> None:
 def test_bad_timeouts_are_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="request timeout"):
         check_request_timeout(bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="request timeout"):
+    with pytest.raises(ServerConfigError, match="--request-timeout: the request timeout"):
         single_slot_app(FakeModel(), timeout=bad)  # type: ignore[arg-type]
 
 

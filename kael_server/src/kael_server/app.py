@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from litestar import Litestar, Request, Response
@@ -14,7 +14,8 @@ from litestar.openapi import OpenAPIConfig
 
 from kael_server import __version__, limits
 from kael_server.accounting import RequestAccounting, request_id_of
-from kael_server.auth import ApiKeys, RequireApiKey, document_api_keys
+from kael_server.auth import RequireApiKey, document_api_keys
+from kael_server.config import ServerConfig
 from kael_server.deadline import check_request_timeout, document_deadline
 from kael_server.errors import client_error
 from kael_server.generator import Generator
@@ -30,25 +31,25 @@ DOCS_PATH = "/schema"
 
 def create_app(
     generator: Generator | Loader,
+    config: ServerConfig | None = None,
     *,
     on_load_error: Callable[[BaseException], None] | None = None,
-    api_keys: ApiKeys | Iterable[str] = (),
-    protect_metrics: bool = False,
-    request_timeout: float | None = None,
 ) -> Litestar:
     """The server for ``generator``, or for the Generator that ``loader(metrics)`` builds on a
-    thread at start-up (``/ready`` answers 503 until it is done).
+    thread at start-up (``/ready`` answers 503 until it is done), set up as ``config`` says
+    (default: ``ServerConfig()``, kael-server's defaults; the one declaration of its settings).
 
-    With ``api_keys`` (an ApiKeys, or the keys themselves), every route but ``/health``,
-    ``/ready``, the playground page, the OpenAPI document and (unless ``protect_metrics``)
-    ``/metrics`` needs ``Authorization: Bearer KEY`` (kael_server.auth). A generation still
-    running ``request_timeout`` seconds after its request arrived is stopped (504, or a
-    stream's final error event; kael_server.deadline).
+    With ``config.api_keys``, every route but ``/health``, ``/ready``, the playground page, the
+    OpenAPI document and (unless ``config.protect_metrics``) ``/metrics`` needs
+    ``Authorization: Bearer KEY`` (kael_server.auth). A generation still running
+    ``config.request_timeout`` seconds after its request arrived is stopped (504, or a stream's
+    final error event; kael_server.deadline).
 
     ``app.state.server`` is the ServerState: the CLI uses it to drain on SIGTERM.
     """
-    keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
-    timeout = check_request_timeout(request_timeout)
+    config = config if config is not None else ServerConfig()
+    keys, protect_metrics = config.api_keys, config.protect_metrics
+    timeout = check_request_timeout(config.request_timeout)
     if isinstance(generator, Generator):
         server = ServerState(generator.metrics, generator=generator, request_timeout=timeout)
     else:

@@ -121,7 +121,7 @@ def load_app(
     the model's ``generation_config``, chat replies also at the template's end-of-turn
     tokens (Generator). Raises ServerConfigError or
     ImportError (kael missing) before anything is served. ``api_keys``, ``protect_metrics``
-    and ``request_timeout`` are create_app's.
+    and ``request_timeout`` reach create_app with the rest of the config.
 
     ``slots`` generations run at once, sharing each decode step through a BatchScheduler over
     kael's ``BatchDecoder`` (one slot is a batch of one); up to ``queue`` more wait for a row.
@@ -138,13 +138,7 @@ def load_app(
     path = checkpoint_dir(config.data)
     check_device(config.device)  # imports kael: ImportError now if it is missing
 
-    return create_app(
-        CheckpointLoader(path, config),
-        on_load_error=on_load_error,
-        api_keys=config.api_keys,
-        protect_metrics=config.protect_metrics,
-        request_timeout=config.request_timeout,
-    )
+    return create_app(CheckpointLoader(path, config), config, on_load_error=on_load_error)
 
 
 def _config_of(
