@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from kael.engine import SchedulerOutput, StepLogits
+from kael.engine import SchedulerOutput, StepLogits, isolate_rows
 
 from .fakes import SECRET, FakeRows, Gate, RowLogits, draw_letter, greedy_letter
 
@@ -69,18 +69,8 @@ class FakeBatchEngine(FakeRows):
         self.plan_tokens.append(plan.num_tokens)
         extend = [i for i, r in enumerate(plan.rows) if not r.decode]
         decode = [i for i, r in enumerate(plan.rows) if r.decode]
-        if extend:
-            try:
-                self._extend(plan, extend, out)
-            except RuntimeError as exc:
-                if len(extend) == 1:
-                    out.errors[extend[0]] = exc
-                else:
-                    for i in extend:
-                        try:
-                            self._extend(plan, [i], out)
-                        except RuntimeError as alone:
-                            out.errors[i] = alone
+        if extend:  # a failing prefill group runs again row by row, as kael's ModelRunner does
+            isolate_rows(extend, lambda which: self._extend(plan, which, out), out.errors)
         if decode:
             if self.gate is not None:
                 self.gate.step()

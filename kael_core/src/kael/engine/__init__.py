@@ -25,7 +25,7 @@ from .kv_manager import KVBackend, KVManager
 from .logits_processors import LogitBias, LogitsProcessor, MinTokens, Penalties
 from .params import MIN_TEMPERATURE, SamplingParamError, SamplingParams, check_temperature
 from .request import Picker, Request, RequestError, RequestStatus, check_fits
-from .runner import ModelRunner, Runner, StepLogits
+from .runner import ModelRunner, Runner, StepLogits, isolate_rows
 from .sampler import TokenLogprob, TokenSampler, pick, sample_rows
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
 from .stop import FinishReason, SequenceStop, StopMatcher
@@ -61,6 +61,7 @@ __all__ = [
     "check_temperature",
     "draw",
     "filter_row",
+    "isolate_rows",
     "log_softmax",
     "pick",
     "sample_rows",

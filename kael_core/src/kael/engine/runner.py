@@ -19,6 +19,7 @@ its blocks (their keys and values may be half written).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _dtype as dt
@@ -29,7 +30,7 @@ from .scheduler import SchedulerOutput
 if TYPE_CHECKING:
     from ..models import BatchDecoder
 
-__all__ = ["ModelRunner", "Runner", "StepLogits"]
+__all__ = ["ModelRunner", "Runner", "StepLogits", "isolate_rows"]
 
 
 class StepLogits:
@@ -57,6 +58,22 @@ class StepLogits:
 
     def __len__(self) -> int:
         return len(self._rows)
+
+
+def isolate_rows(rows: list[int], run: Callable[[list[int]], None], errors: dict[int, BaseException]) -> None:
+    """``run(rows)`` (plan rows that share a pass); if it raises, each row alone, so that only the
+    rows that fail by themselves land in ``errors`` (NOTE [runner isolation])."""
+    try:
+        run(rows)
+    except Exception as exc:
+        if len(rows) == 1:
+            errors[rows[0]] = exc
+            return
+        for i in rows:  # each alone, to find whose it was
+            try:
+                run([i])
+            except Exception as alone:
+                errors[i] = alone
 
 
 class Runner(Protocol):
@@ -88,17 +105,7 @@ class ModelRunner:
         decode = [i for i, r in enumerate(plan.rows) if r.decode and not r.all_logits]
         extend = [i for i, r in enumerate(plan.rows) if i not in set(decode)]
         if extend:
-            try:
-                self._extend(plan, extend, out)
-            except Exception as exc:
-                if len(extend) == 1:
-                    out.errors[extend[0]] = exc
-                else:
-                    for i in extend:  # each alone, to find whose it was (NOTE [runner isolation])
-                        try:
-                            self._extend(plan, [i], out)
-                        except Exception as alone:
-                            out.errors[i] = alone
+            isolate_rows(extend, lambda which: self._extend(plan, which, out), out.errors)
         if decode:
             rows = [plan.rows[i] for i in decode]
             out.decode_rows = len(rows)
