@@ -226,8 +226,8 @@ def test_bad_requests_name_the_field(model: GPT) -> None:
     with pytest.raises(RequestError, match=r"max_tokens.*\(60\).*64"):
         check_fits([1] * 10, SamplingParams(max_tokens=60), CTX)
     core = EngineCore.on(BatchDecoder(model, rows=1))
-    with pytest.raises(RequestError, match="64 positions"):
-        core.add(Request([1] * CTX, GREEDY))
+    with pytest.raises(RequestError, match=r"max_tokens.*\(60 tokens\) plus max_tokens \(12\).*64"):
+        core.add(Request([1] * 60, GREEDY))
     with pytest.raises(RequestError, match=r"prompt_ids.*token id 97 .*vocabulary of 97"):
         core.add(Request([1, 97], GREEDY))
     assert not core.has_unfinished

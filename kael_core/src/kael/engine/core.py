@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..ops import select
 from .kv_manager import KVBackend, KVManager
-from .request import Request, RequestError, RequestStatus
+from .request import Request, RequestError, RequestStatus, check_fits
 from .runner import ModelRunner, Runner, StepLogits
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
 
@@ -89,13 +89,9 @@ class EngineCore:
         return self.scheduler.has_unfinished
 
     def add(self, request: Request) -> None:
-        """Queues a new request; it runs from the next step on (RequestError if its ids do not fit
-        a row or the vocabulary)."""
-        if request.num_tokens + 1 > self.kv.max_positions:
-            raise RequestError(
-                "prompt_ids",
-                f"a prompt of {request.num_tokens} tokens leaves no room in a row of {self.kv.max_positions} positions",
-            )
+        """Queues a new request; it runs from the next step on (RequestError if its ids and
+        ``max_tokens`` do not fit a row, or an id is outside the vocabulary)."""
+        check_fits(request.all_ids, request.params, self.kv.max_positions)  # it never outgrows its row
         if self.vocab_size is not None and max(request.all_ids) >= self.vocab_size:
             raise RequestError(
                 "prompt_ids", f"token id {max(request.all_ids)} is out of range for a vocabulary of {self.vocab_size}"
