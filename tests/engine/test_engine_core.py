@@ -305,3 +305,36 @@ def test_forked_seeded_choices_survive_preemption_and_chunking(
     assert [r.output_ids for r in reqs] == alone
     assert isinstance(core.kv, KVManager) and core.kv.free_rows == 4
     core.kv.pool.check()
+
+
+def test_a_ban_processor_from_outside_survives_forks_and_preemption_in_the_engine(model: GPT) -> None:
+    from test_logits_processors import BanToken  # the processor written outside the engine
+
+    prompts = _prompts(9, 2, lo=14, hi=20)
+    params = SamplingParams(max_tokens=24, temperature=1.0, n=2)
+
+    def alone(prompt: list[int], seed: int, ban: int) -> list[int]:
+        sampler = TokenSampler(params, prompt, kael.Generator().manual_seed(seed), processors=[BanToken(ban)])
+        return model.generate(prompt, 24, sampler=sampler)
+
+    # each prompt bans the token its unbanned first choice picks most: the ban must change something
+    free = [model.generate(p, 24, sampler=_sampled(params, p, 40 + 2 * i)) for i, p in enumerate(prompts)]
+    bans = [max(set(f), key=f.count) for f in free]
+    core = EngineCore.on(BatchDecoder(model, rows=4, block_size=4, kv_cache_tokens=CTX), max_num_batched_tokens=8)
+    reqs: list[Request] = []
+    for i, p in enumerate(prompts):  # a batch of 4: two prompts, n=2 each
+        root = TokenSampler(params, p, kael.Generator().manual_seed(40 + 2 * i), processors=[BanToken(bans[i])])
+        first = Request(p, params, sampler=root)
+        twin = root.fork(kael.Generator().manual_seed(41 + 2 * i))  # its processors' state forks too
+        reqs += [first, Request(p, params, sampler=twin, fork_of=first)]
+    for r in reqs:
+        core.add(r)
+    _drain(core)
+    assert core.scheduler.preemptions > 0
+    for j, r in enumerate(reqs):
+        i = j // 2
+        assert bans[i] not in r.output_ids  # its own ban, every step, per row
+        assert r.output_ids == alone(prompts[i], 40 + j, bans[i])  # forked and preempted = alone
+        assert isinstance(r.sampler, TokenSampler)
+        ban = r.sampler.processors[-1]
+        assert isinstance(ban, BanToken) and ban.seen == r.output_ids
