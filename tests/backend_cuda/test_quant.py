@@ -224,8 +224,8 @@ def test_bad_operands_are_clear_errors(emulate):
     k = kael.backends.current("cuda").kernel
     w, _ = _weight("q8_0", np.ones((2, 64), np.float32))
     out = kael.empty(2, 64, device="cuda")
-    with pytest.raises(kael.KaelError, match=r"dequantize: scheme 'q5_1' is not a weight format"):
-        k("dequantize")(out, w, "q5_1")
+    with pytest.raises(kael.KaelError, match=r"dequantize: scheme 'q1_5' is not a weight format"):
+        k("dequantize")(out, w, "q1_5")
     with pytest.raises(
         kael.ShapeError, match=r"q4_0 weight of logical shape \[2, 64\] has shape \[2, 36\], got \[2, 68\]"
     ):
@@ -274,7 +274,7 @@ def test_launches_match_the_cuda_signatures(monkeypatch, scheme):
     launches: list[tuple[str, tuple[int, ...], tuple[int, ...], tuple[Any, ...]]] = []
     monkeypatch.setattr(_xp, "_state", _xp._State(np, False, True, "", 1, None))
     monkeypatch.setattr(_quant, "_kernel", lambda name: lambda g, b, a: launches.append((name, g, b, a)))
-    monkeypatch.setattr(_quant, "_MAX_GRID_Y", 4)
+    monkeypatch.setattr(_quant, "_MAX_GRID_Y", 2)  # 2 * QROWS = 8 rows per launch
     k, n, rows = 64, 20, 10
     nbytes = k // 32 * _quant.BLOCK_BYTES[scheme] if scheme in BLOCK_SCHEMES else 2 * k
     w = np.zeros((n, nbytes), np.uint8)
@@ -289,12 +289,13 @@ def test_launches_match_the_cuda_signatures(monkeypatch, scheme):
         assert name == f"kael_dequantize_{scheme}" and grid[0] * block[0] >= n * k > (grid[0] - 1) * block[0]
         _check_args(name, args)
     chunks = [ln for ln in launches if ln[0] == "kael_qlinear"]
-    assert [g[1] for _, g, _, _ in chunks] == [4, 4, 2, 1]  # 10 rows in chunks of 4, then the single row
+    assert [int(a[4]) for *_, a in chunks] == [8, 2, 1]  # 10 rows: 8, then 2, then the single row
+    assert [g[1] for _, g, _, _ in chunks] == [2, 1, 1]  # QROWS rows of x per warp
     for name, grid, block, args in chunks:
         assert block == (256,) and grid[0] * 8 >= n > (grid[0] - 1) * 8
         _check_args(name, args)
-        assert args[7] == _quant.SCHEME_CODES[scheme]
-    assert [int(a[-1]) for *_, a in chunks] == [1, 1, 1, 0]  # has_bias
+        assert args[8] == _quant.SCHEME_CODES[scheme]
+    assert [int(a[-1]) for *_, a in chunks] == [1, 1, 0]  # has_bias
 
 
 def test_kernel_names_are_in_the_source():
@@ -324,47 +325,59 @@ def test_cuda_source_compiles_with_nvcc(tmp_path, arch):
 
 _HOST_PRELUDE = r"""
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 struct kael_dim3 { long long x, y, z; };
 static kael_dim3 blockIdx, threadIdx, blockDim;
 #define __device__
 #define __global__
+#define __constant__
 #define __forceinline__ inline
 #define __restrict__
 static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 """
 
-_HOST_MAIN = r"""
-// usage: prog SCHEME(0|1) NBLOCKS < blocks > values: runs every "thread" of the dequantize kernel in turn
-int main(int argc, char** argv) {
-    const int scheme = std::atoi(argv[1]);
-    const long long nblocks = std::atoll(argv[2]), n = nblocks * 32, nb = scheme == 0 ? 34 : 18;
-    std::vector<unsigned char> w(nblocks * nb);
+
+def _host_main() -> str:
+    """main(): prog INDEX NBLOCKS < blocks > values, running every "thread" of dequantize kernel INDEX in turn."""
+    names = list(_quant.BLOCK_BYTES)
+    return f"""
+typedef void (*kael_dequantize_fn)(const unsigned char*, float*, long long);
+static const kael_dequantize_fn kernels[] = {{{", ".join(f"kael_dequantize_{s}" for s in names)}}};
+static const long long values[] = {{{", ".join(str(_quant.BLOCK_VALUES[s]) for s in names)}}};
+static const long long bytes[] = {{{", ".join(str(_quant.BLOCK_BYTES[s]) for s in names)}}};
+int main(int argc, char** argv) {{
+    const int s = std::atoi(argv[1]);
+    const long long nblocks = std::atoll(argv[2]), n = nblocks * values[s];
+    std::vector<unsigned char> w(nblocks * bytes[s]);
     std::vector<float> out(n);
     if (std::fread(w.data(), 1, w.size(), stdin) != w.size()) return 2;
     blockDim.x = 256;
     for (blockIdx.x = 0; blockIdx.x * 256 < n; ++blockIdx.x)
-        for (threadIdx.x = 0; threadIdx.x < 256; ++threadIdx.x)
-            (scheme == 0 ? kael_dequantize_q8_0 : kael_dequantize_q4_0)(w.data(), out.data(), n);
+        for (threadIdx.x = 0; threadIdx.x < 256; ++threadIdx.x) kernels[s](w.data(), out.data(), n);
     std::fwrite(out.data(), 4, out.size(), stdout);
     return 0;
-}
+}}
 """
 
 
 @pytest.fixture(scope="module")
 def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The dequantize kernels of QUANT_KERNELS_SOURCE built for the host with g++."""
+    """The dequantize kernels of QUANT_KERNELS_SOURCE built for the host with g++ (no contraction of
+    a*b + c into fused multiply-adds, as the CUDA source forbids it with __fmul_rn/__fadd_rn)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("g++ is not on PATH")
     d = tmp_path_factory.mktemp("quant_host")
     src = _quant.QUANT_KERNELS_SOURCE.replace('extern "C" {', "").replace('}  // extern "C"', "")
     src = re.sub(r"__global__ void kael_qlinear\(.*?\n}\n", "", src, flags=re.S)  # warp shuffles: GPU only
-    (d / "k.cpp").write_text(_HOST_PRELUDE + "#include <cstdlib>\n" + src + _HOST_MAIN)
+    (d / "k.cpp").write_text(_HOST_PRELUDE + src + _host_main())
     r = subprocess.run(
-        [cxx, "-O1", "-std=c++14", str(d / "k.cpp"), "-o", str(d / "k")],
+        [cxx, "-O1", "-std=c++14", "-ffp-contract=off", str(d / "k.cpp"), "-o", str(d / "k")],
         capture_output=True,
         text=True,
         timeout=300,
@@ -374,15 +387,21 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d / "k"
 
 
-@pytest.mark.parametrize("scheme", BLOCK_SCHEMES)
+# Byte offset of each format's float16 scale d (every bit pattern of it is tried there).
+_D_AT = {"q2_k": 80, "q3_k": 108, "q6_k": 208}
+
+
+@pytest.mark.parametrize("scheme", list(_quant.BLOCK_BYTES))
 def test_cuda_dequantize_source_run_on_the_host(host_kernels, scheme):
-    """The CUDA C itself, one "thread" at a time: gguf's values for random bytes and every float16 scale."""
+    """The CUDA C itself, one "thread" at a time: gguf's values for random bytes (any scale, NaN and
+    infinity included) and every float16 bit pattern of the scale d."""
     rng = np.random.default_rng(8)
     nb = _quant.BLOCK_BYTES[scheme]
     raw = rng.integers(0, 256, (65536 + 37, nb), dtype=np.uint8)
-    raw[:65536, :2] = np.arange(65536, dtype="<u2").view(np.uint8).reshape(-1, 2)  # every half bit pattern
+    at = _D_AT.get(scheme, 0)
+    raw[:65536, at : at + 2] = np.arange(65536, dtype="<u2").view(np.uint8).reshape(-1, 2)
     r = subprocess.run(
-        [str(host_kernels), "0" if scheme == "q8_0" else "1", str(len(raw))],
+        [str(host_kernels), str(list(_quant.BLOCK_BYTES).index(scheme)), str(len(raw))],
         input=raw.tobytes(),
         capture_output=True,
         timeout=300,
@@ -391,8 +410,8 @@ def test_cuda_dequantize_source_run_on_the_host(host_kernels, scheme):
     assert r.returncode == 0, r.stderr
     got = np.frombuffer(r.stdout, np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
-        want = np.asarray(gguf.quants.dequantize(raw, GGML[scheme]), np.float32).reshape(-1)
-    np.testing.assert_array_equal(got, want)
+        want = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[scheme.upper()]), np.float32)
+    np.testing.assert_array_equal(got, want.reshape(-1))
 
 
 # -- a quantized model end to end -------------------------------------------------------------------

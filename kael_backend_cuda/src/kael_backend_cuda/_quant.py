@@ -1,24 +1,34 @@
 """Weight formats on the GPU: the ``dequantize`` and ``quantized_linear`` fused ops.
 
-A weight comes in one of four schemes (NOTE [weight formats] in ``kael/quant/_formats.py``):
-``q8_0`` and ``q4_0`` are uint8 tensors [N, K/32*B] whose rows are K/32 GGML blocks of B
-bytes (q8_0: B = 34, a little-endian float16 scale d then 32 int8 q, value d*q[i]; q4_0:
-B = 18, d then 16 bytes of packed nibbles, value i < 16 = d*((q[i] & 15) - 8), value
-i + 16 = d*((q[i] >> 4) - 8)); ``bf16`` and ``f16`` are [N, K] tensors of that dtype.
+A weight comes in one of the schemes of ``QUANT_SCHEMES``: every block format of kael's
+registry (NOTE [format registry] in ``kael/quant/formats``) that has a CUDA decoder here,
+plus ``bf16`` and ``f16``. A block weight is a uint8 tensor [N, K/V*B] whose rows are K/V
+GGML blocks of B bytes holding V values (the registry's ``block_values`` / ``block_bytes``);
+``bf16`` and ``f16`` weights are [N, K] tensors of that dtype. Backends declare what their
+kernels take; the dispatcher sends other schemes through the dequantize decomposition.
 
-On a GPU the block schemes dequantize with a RawKernel, one thread per output value
-(the scale is read from the block's two bytes, so no alignment is assumed); the 16-bit
-schemes are CuPy casts. ``quantized_linear`` runs one fused kernel that reads the weight
-in its own format (no float32 copy of it is made): one warp per output value, lane l
-summing the products of the elements l, l + 32, l + 64, ... in order, then a fixed
-shuffle tree. Every output is summed the same way whatever the number of rows of x,
-so a row's result never depends on how many rows are batched with it (the op's
-contract); cuBLAS chooses different algorithms for different row counts, which is why
-it is not used here.
+The decoders are CUDA ``__device__`` functions, one file per family (``_quant_legacy``,
+``_quant_kquants``, ``_quant_iq4``): ``kael_<scheme>_value(block, j)`` is value j of a block,
+bit for bit ``gguf.quants.dequantize``. This module assembles them with the shared
+float16/bfloat16 helpers into one CUDA source: ``kael_weight_value`` (value k of a row in any
+scheme), one dequantize kernel per block scheme (one thread per value) and ``kael_qlinear``.
 
-Under emulation (NOTE [host emulation] in ``_xp``) the NumPy twins run instead:
-the same exact dequantized values (d*q is exact in float32), and the product as one
-[1, K] @ [K, N] matmul per row, so the twin keeps the row independence too.
+``quantized_linear`` takes one of two paths by the number of rows M of x:
+
+* M <= ``FEW_ROWS`` (16; decode and batched decode): ``kael_qlinear`` reads the weight in its
+  own format (no float32 copy): one warp per output column and up to ``QROWS`` rows of x,
+  lane l summing x[r, j] * W[c, j] for j = l, l + 32, ... in order (one fused multiply-add
+  each), then a fixed shuffle tree. Every output is summed the same way whatever M is, so a
+  row's result is bit for bit the same batched (up to 16 rows) and alone.
+* M > 16 (prefill): the weight is dequantized to float32 (column chunks of at most
+  ``SCRATCH_VALUES`` values) and multiplied by cuBLAS (``xp.matmul``). cuBLAS picks its
+  algorithm by shape, so these rows agree with the same rows alone to float32 rounding, not
+  bit for bit (DESIGN: the test says so and bounds it).
+
+Under emulation (NOTE [host emulation] in ``_xp``) the NumPy twins run instead: the
+registry's reference dequantizers (bit-exact against gguf, as the CUDA decoders are; the
+tests also run the CUDA C itself on the host with g++), one [1, K] @ [K, N] product per row
+for the few-row path and the same chunked dequantize + matmul glue for the many-row path.
 """
 
 from __future__ import annotations
@@ -29,30 +39,47 @@ from typing import Any
 import numpy as np
 from kael import DTypeError, KaelError, ShapeError
 from kael.backends import dtypes as dt
+from kael.quant.formats import FORMATS
 
 from ._io import distinct, rd, view, wr
+from ._quant_iq4 import IQ4_DECODERS, IQ4_DEVICE_SOURCE
+from ._quant_kquants import KQUANT_DECODERS, KQUANT_DEVICE_SOURCE
+from ._quant_legacy import LEGACY_DECODERS, LEGACY_DEVICE_SOURCE
 from ._xp import X, dense_view, quiet, state
 
 __all__ = [
+    "QUANT_SCHEMES",
     "QUANT_KERNELS_SOURCE",
     "QUANT_KERNEL_NAMES",
     "SCHEME_CODES",
     "BLOCK_BYTES",
+    "BLOCK_VALUES",
+    "FEW_ROWS",
+    "QROWS",
+    "SCRATCH_VALUES",
     "dequantize_blocks",
     "dequantize_weight",
     "qlinear_rows",
+    "gemm_rows",
     "KERNELS",
 ]
 
-BLOCK = 32  # values per GGML block
-BLOCK_BYTES: dict[str, int] = {"q8_0": 34, "q4_0": 18}
-SCHEME_CODES: dict[str, int] = {"q8_0": 0, "q4_0": 1, "bf16": 2, "f16": 3}  # the kernels' `scheme` argument
+_DECODERS: dict[str, str] = {**LEGACY_DECODERS, **KQUANT_DECODERS, **IQ4_DECODERS}
 _DTYPES = {"bf16": dt.bfloat16, "f16": dt.float16}
+
+QUANT_SCHEMES: tuple[str, ...] = tuple(name for name in FORMATS if name in _DECODERS or name in _DTYPES)
+"""The weight schemes this backend's kernels take, in the registry's order."""
+SCHEME_CODES: dict[str, int] = {name: i for i, name in enumerate(QUANT_SCHEMES)}  # the kernels' `scheme`
+BLOCK_BYTES: dict[str, int] = {s: FORMATS[s].block_bytes for s in _DECODERS}
+BLOCK_VALUES: dict[str, int] = {s: FORMATS[s].block_values for s in _DECODERS}
+FEW_ROWS = 16  # up to this many rows of x: the fused few-row kernel (rows bit-identical batched and alone)
+QROWS = 4  # rows of x one warp of kael_qlinear serves
+SCRATCH_VALUES = 1 << 24  # float32 values of dequantized weight the many-row path holds at once (64 MiB)
 
 # --------------------------------------------------------------------------------------------------
 # CUDA C (no headers: float16 and bfloat16 are decoded from their bits).
 # --------------------------------------------------------------------------------------------------
-QUANT_KERNELS_SOURCE = r"""
+_COMMON_SOURCE = r"""
 // IEEE half bits -> float, exactly (normals, subnormals, zeros, infinities, NaN).
 __device__ __forceinline__ float kael_half_bits_to_float(unsigned int h) {
     const unsigned int sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
@@ -66,64 +93,90 @@ __device__ __forceinline__ float kael_half_bits_to_float(unsigned int h) {
 
 __device__ __forceinline__ float kael_bf16_bits_to_float(unsigned int h) { return __uint_as_float(h << 16); }
 
-// The float16 scale d at the start of a block (little-endian bytes, any alignment).
-__device__ __forceinline__ float kael_block_scale(const unsigned char* b) {
+// The little-endian float16 at b (any alignment), widened.
+__device__ __forceinline__ float kael_half_at(const unsigned char* b) {
     return kael_half_bits_to_float((unsigned int)b[0] | ((unsigned int)b[1] << 8));
 }
+"""
 
-// Value k of a weight row in `scheme` (0 q8_0, 1 q4_0, 2 bf16, 3 f16); row points at the row's first byte.
-__device__ __forceinline__ float kael_weight_value(const unsigned char* row, long long k, int scheme) {
-    if (scheme == 0) {
-        const unsigned char* b = row + (k >> 5) * 34;
-        return kael_block_scale(b) * (float)(signed char)b[2 + (k & 31)];
-    }
-    if (scheme == 1) {
-        const unsigned char* b = row + (k >> 5) * 18;
-        const int j = (int)(k & 31);
-        const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
-        return kael_block_scale(b) * (float)(q - 8);
-    }
+
+def _weight_value_source() -> str:
+    """``kael_weight_value``: value k of a weight row in any scheme (a switch over the scheme codes)."""
+    cases = "\n".join(
+        f"        case {SCHEME_CODES[s]}: return {fn}(row + (k / {BLOCK_VALUES[s]}) * {BLOCK_BYTES[s]}, "
+        f"(int)(k % {BLOCK_VALUES[s]}));  // {s}"
+        for s, fn in _DECODERS.items()
+    )
+    return f"""
+// Value k of a weight row in `scheme` (SCHEME_CODES); row points at the row's first byte.
+__device__ __forceinline__ float kael_weight_value(const unsigned char* row, long long k, int scheme) {{
+    switch (scheme) {{
+{cases}
+        default: break;
+    }}
     const unsigned int bits = (unsigned int)row[2 * k] | ((unsigned int)row[2 * k + 1] << 8);
-    return scheme == 2 ? kael_bf16_bits_to_float(bits) : kael_half_bits_to_float(bits);
-}
+    return scheme == {SCHEME_CODES["bf16"]} ? kael_bf16_bits_to_float(bits) : kael_half_bits_to_float(bits);
+}}
+"""
 
-extern "C" {
 
-// out [n] (n = blocks * 32) = the values of the Q8_0 blocks w [blocks * 34]; one thread per value.
-__global__ void kael_dequantize_q8_0(const unsigned char* __restrict__ w, float* __restrict__ out, long long n) {
+def _dequantize_source(scheme: str, fn: str) -> str:
+    v, b = BLOCK_VALUES[scheme], BLOCK_BYTES[scheme]
+    return f"""
+// out [n] (n = blocks * {v}) = the values of the {scheme} blocks w [blocks * {b}]; one thread per value.
+__global__ void kael_dequantize_{scheme}(const unsigned char* __restrict__ w, float* __restrict__ out, long long n) {{
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = kael_weight_value(w + (i >> 5) * 34, i & 31, 0);
-}
+    if (i < n) out[i] = {fn}(w + (i / {v}) * {b}, (int)(i % {v}));
+}}
+"""
 
-// out [n] (n = blocks * 32) = the values of the Q4_0 blocks w [blocks * 18]; one thread per value.
-__global__ void kael_dequantize_q4_0(const unsigned char* __restrict__ w, float* __restrict__ out, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = kael_weight_value(w + (i >> 5) * 18, i & 31, 1);
-}
 
+_QLINEAR_SOURCE = r"""
 // out [rows, n] = x [rows, k] @ W.T (+ bias [n]), W [n, k] in `scheme`, its rows row_bytes apart.
-// One warp per output (blockDim.x = 256: 8 outputs of one row of x per block; grid (ceil(n / 8), rows)).
-// Lane l sums x[r, j] * W[c, j] for j = l, l + 32, ... in order, then the warp adds the 32 partial sums
-// in a fixed tree: the same additions for an output whatever `rows` is.
+// One warp per output column c and QROWS rows of x (blockDim.x = 256: 8 columns per block; grid
+// (ceil(n / 8), ceil(rows / QROWS))). Lane l sums x[r, j] * W[c, j] for j = l, l + 32, ... in order,
+// then the warp adds the 32 partial sums in a fixed tree: the same additions for an output whatever
+// `rows` is and whichever rows share its warp. W's value is decoded once for the warp's rows.
 __global__ void kael_qlinear(const float* __restrict__ x, const unsigned char* __restrict__ w,
-                             const float* __restrict__ bias, float* __restrict__ out, long long k, long long n,
-                             long long row_bytes, int scheme, int has_bias) {
-    const long long r = blockIdx.y;
+                             const float* __restrict__ bias, float* __restrict__ out, long long rows, long long k,
+                             long long n, long long row_bytes, int scheme, int has_bias) {
+    const long long r0 = (long long)blockIdx.y * KAEL_QROWS;
     const long long c = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (c >= n) return;  // a whole warp leaves together, so the shuffles below see full warps
-    const float* xr = x + r * k;
+    const int nr = rows - r0 < KAEL_QROWS ? (int)(rows - r0) : KAEL_QROWS;
+    const float* xr = x + r0 * k;
     const unsigned char* wr = w + c * row_bytes;
-    float acc = 0.0f;
-    for (long long j = lane; j < k; j += 32) acc = fmaf(xr[j], kael_weight_value(wr, j, scheme), acc);
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) out[r * n + c] = has_bias ? acc + bias[c] : acc;
+    float acc[KAEL_QROWS];
+    for (int t = 0; t < KAEL_QROWS; ++t) acc[t] = 0.0f;
+    for (long long j = lane; j < k; j += 32) {
+        const float wv = kael_weight_value(wr, j, scheme);
+        for (int t = 0; t < KAEL_QROWS; ++t)
+            if (t < nr) acc[t] = fmaf(xr[t * k + j], wv, acc[t]);
+    }
+    for (int t = 0; t < KAEL_QROWS; ++t) {
+        float a = acc[t];
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0 && t < nr) out[(r0 + t) * n + c] = has_bias ? a + bias[c] : a;
+    }
 }
-
-}  // extern "C"
 """
 
-QUANT_KERNEL_NAMES: tuple[str, ...] = ("kael_dequantize_q8_0", "kael_dequantize_q4_0", "kael_qlinear")
+QUANT_KERNELS_SOURCE = (
+    f"#define KAEL_QROWS {QROWS}\n"
+    + _COMMON_SOURCE
+    + LEGACY_DEVICE_SOURCE
+    + KQUANT_DEVICE_SOURCE
+    + IQ4_DEVICE_SOURCE
+    + _weight_value_source()
+    + '\nextern "C" {\n'
+    + "".join(_dequantize_source(s, fn) for s, fn in _DECODERS.items())
+    + _QLINEAR_SOURCE
+    + '\n}  // extern "C"\n'
+)
+"""The CUDA source of every quantized kernel (compiled by NVRTC at first use; by nvcc in CI)."""
+
+QUANT_KERNEL_NAMES: tuple[str, ...] = (*(f"kael_dequantize_{s}" for s in _DECODERS), "kael_qlinear")
 _THREADS = 256  # per block, in every kernel
 _WARPS = _THREADS // 32
 _MAX_GRID_Y = 65535
@@ -142,69 +195,82 @@ def _kernel(name: str) -> Any:
 # --------------------------------------------------------------------------------------------------
 # Launchers (GPU) and NumPy twins (emulation). Arrays are xp arrays, C-contiguous.
 # --------------------------------------------------------------------------------------------------
-def _np_blocks_to_float(blocks: np.ndarray, scheme: str) -> np.ndarray:
-    """float32 [nblocks, 32] from uint8 blocks [nblocks, B] (NumPy)."""
-    d = np.ascontiguousarray(blocks[:, :2]).view("<f2").astype(np.float32)  # [nblocks, 1]
-    if scheme == "q8_0":
-        q = blocks[:, 2:].view(np.int8).astype(np.float32)
-    else:
-        packed = blocks[:, 2:]
-        q = np.concatenate([packed & 15, packed >> 4], axis=1).astype(np.float32) - np.float32(8)
-    return d * q
-
-
 def dequantize_blocks(w: Any, out: Any, scheme: str) -> None:
-    """out float32 [nblocks * 32] (flat) = the values of the uint8 blocks w [nblocks * B] (flat)."""
-    nb = BLOCK_BYTES[scheme]
+    """out float32 [nblocks * V] (flat) = the values of the uint8 blocks w [nblocks * B] (flat)."""
     n = int(out.size)
     if n == 0:
         return
     if X.emulated:
-        out[...] = _np_blocks_to_float(w.reshape(-1, nb), scheme).reshape(-1)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN scales decode as GGML's do
+            out[...] = FORMATS[scheme].dequantize_blocks(w.reshape(-1, BLOCK_BYTES[scheme])).reshape(-1)
         return
     grid = ((n + _THREADS - 1) // _THREADS,)
     _kernel(f"kael_dequantize_{scheme}")(grid, (_THREADS,), (w, out, np.int64(n)))
 
 
+def _weight_to_float(w: Any, scheme: str, k: int) -> Any:
+    """A new float32 xp array [n, k] from the weight's bytes w uint8 [n, row_bytes]."""
+    xp = X.xp
+    n = w.shape[0]
+    if scheme in BLOCK_BYTES:
+        out = xp.empty((n, k), np.float32)
+        dequantize_blocks(w.reshape(-1), out.reshape(-1), scheme)
+        return out
+    bits = xp.ascontiguousarray(w).view(np.uint16).reshape(n, k)  # little-endian hosts and GPUs
+    if scheme == "bf16":
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return bits.view(np.float16).astype(np.float32)
+
+
 def qlinear_rows(x: Any, w: Any, bias: Any, out: Any, scheme: str, row_bytes: int) -> None:
-    """out float32 [rows, n] = x float32 [rows, k] @ dequantize(w).T + bias; w: uint8 [n, row_bytes] (the
-    weight's bytes, 16-bit schemes as their little-endian bits); bias float32 [n] or None."""
+    """The few-row path: out float32 [rows, n] = x float32 [rows, k] @ dequantize(w).T + bias, by the fused
+    kernel; w: uint8 [n, row_bytes] (the weight's bytes, 16-bit schemes as their little-endian bits); bias
+    float32 [n] or None. Each row's result is independent of the other rows."""
     rows, k = x.shape
     n = out.shape[1]
     if rows == 0 or n == 0:
         return
     if X.emulated:
-        wf = _np_weight_to_float(w, scheme, k)
+        wf = _weight_to_float(w, scheme, k)
         # one [1, K] @ [K, N] product per row: every row takes the same BLAS path whatever `rows` is
         y = np.matmul(x[:, None, :], wf.T)[:, 0, :]
         out[...] = y + bias if bias is not None else y
         return
     kernel = _kernel("kael_qlinear")
-    for r0 in range(0, rows, _MAX_GRID_Y):  # gridDim.y is at most 65535: launch the rows in chunks
-        r1 = min(rows, r0 + _MAX_GRID_Y)
+    step = _MAX_GRID_Y * QROWS  # gridDim.y is at most 65535: launch the rows in chunks
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
         args = (
             x[r0:r1],
             w,
             bias if bias is not None else x,  # unread when has_bias == 0
             out[r0:r1],
+            np.int64(r1 - r0),
             np.int64(k),
             np.int64(n),
             np.int64(row_bytes),
             np.int32(SCHEME_CODES[scheme]),
             np.int32(bias is not None),
         )
-        kernel(((n + _WARPS - 1) // _WARPS, r1 - r0), (_THREADS,), args)
+        kernel(((n + _WARPS - 1) // _WARPS, (r1 - r0 + QROWS - 1) // QROWS), (_THREADS,), args)
 
 
-def _np_weight_to_float(w: np.ndarray, scheme: str, k: int) -> np.ndarray:
-    """float32 [n, k] from the weight's bytes w uint8 [n, row_bytes] (NumPy)."""
-    n = w.shape[0]
-    if scheme in BLOCK_BYTES:
-        return _np_blocks_to_float(w.reshape(-1, BLOCK_BYTES[scheme]), scheme).reshape(n, k)
-    bits = np.ascontiguousarray(w).view("<u2").reshape(n, k)
-    if scheme == "bf16":
-        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-    return bits.view("<f2").astype(np.float32)
+def gemm_rows(x: Any, w: Any, bias: Any, out: Any, scheme: str) -> None:
+    """The many-row path: out float32 [rows, n] = x [rows, k] @ dequantize(w).T + bias, the weight
+    dequantized to float32 in chunks of columns (at most SCRATCH_VALUES values) and multiplied by cuBLAS
+    (NumPy's BLAS under emulation)."""
+    xp = X.xp
+    rows, k = x.shape
+    n = out.shape[1]
+    if rows == 0 or n == 0:
+        return
+    cols = max(1, min(n, SCRATCH_VALUES // max(k, 1)))
+    for c0 in range(0, n, cols):
+        c1 = min(n, c0 + cols)
+        y = xp.matmul(x, _weight_to_float(w[c0:c1], scheme, k).T)
+        if bias is not None:
+            y += bias[c0:c1]
+        out[:, c0:c1] = y
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,14 +279,17 @@ def _np_weight_to_float(w: np.ndarray, scheme: str, k: int) -> np.ndarray:
 def _check_weight(op: str, weight: Any, scheme: str, n: int, k: int) -> None:
     """Raise unless weight holds an [n, k] matrix in `scheme` (the frontend checks first; kernels called
     directly get the same clear errors)."""
-    if scheme not in SCHEME_CODES:
-        raise KaelError(f"{op}: scheme {scheme!r} is not a weight format; expected one of {tuple(SCHEME_CODES)}")
+    if not isinstance(scheme, str) or scheme not in SCHEME_CODES:
+        raise KaelError(
+            f"{op}: scheme {scheme!r} is not a weight format of the cuda backend; expected one of {QUANT_SCHEMES}"
+        )
     if scheme in BLOCK_BYTES:
         if weight.dtype is not dt.uint8:
             raise DTypeError(f"{op}: a {scheme} weight is uint8 blocks, got dtype {weight.dtype.name}")
-        if k % BLOCK:
-            raise ShapeError(f"{op}: {scheme} needs K a multiple of {BLOCK}, got K = {k}")
-        want = (n, k // BLOCK * BLOCK_BYTES[scheme])
+        v = BLOCK_VALUES[scheme]
+        if k % v:
+            raise ShapeError(f"{op}: {scheme} needs K a multiple of {v}, got K = {k}")
+        want = (n, k // v * BLOCK_BYTES[scheme])
     else:
         if weight.dtype is not _DTYPES[scheme]:
             raise DTypeError(f"{op}: a {scheme} weight has dtype {_DTYPES[scheme].name}, got {weight.dtype.name}")
@@ -293,7 +362,10 @@ def quantized_linear(out: Any, x: Any, weight: Any, bias: Any, scheme: str) -> N
     w = _weight_bytes(weight)
     direct = out.is_contiguous() and distinct(out, x, weight, bias)
     dst = dense_view(out, (rows, n)) if direct else xp.empty((rows, n), np.float32)
-    qlinear_rows(x2, w, b, dst, scheme, int(w.shape[1]))
+    if rows <= FEW_ROWS:
+        qlinear_rows(x2, w, b, dst, scheme, int(w.shape[1]))
+    else:
+        gemm_rows(x2, w, b, dst, scheme)
     if not direct:
         wr(out, dst.reshape(out.shape))
 
