@@ -131,7 +131,10 @@ __global__ void kael_dequantize_{scheme}(const unsigned char* __restrict__ w, fl
 """
 
 
-_QLINEAR_SOURCE = r"""
+def _qlinear_source() -> str:
+    """``kael_qlinear``, the few-row fused kernel (a function, so that the one module-level CUDA source is
+    QUANT_KERNELS_SOURCE, the string the RawModule compiles: NOTE [kernel discovery] in cuda_compile.py)."""
+    return r"""
 // out [rows, n] = x [rows, k] @ W.T (+ bias [n]), W [n, k] in `scheme`, its rows row_bytes apart.
 // One warp per output column c and QROWS rows of x (blockDim.x = 256: 8 columns per block; grid
 // (ceil(n / 8), ceil(rows / QROWS))). Lane l sums x[r, j] * W[c, j] for j = l, l + 32, ... in order,
@@ -162,6 +165,7 @@ __global__ void kael_qlinear(const float* __restrict__ x, const unsigned char* _
 }
 """
 
+
 QUANT_KERNELS_SOURCE = (
     f"#define KAEL_QROWS {QROWS}\n"
     + _COMMON_SOURCE
@@ -171,7 +175,7 @@ QUANT_KERNELS_SOURCE = (
     + _weight_value_source()
     + '\nextern "C" {\n'
     + "".join(_dequantize_source(s, fn) for s, fn in _DECODERS.items())
-    + _QLINEAR_SOURCE
+    + _qlinear_source()
     + '\n}  // extern "C"\n'
 )
 """The CUDA source of every quantized kernel (compiled by NVRTC at first use; by nvcc in CI)."""
