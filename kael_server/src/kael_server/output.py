@@ -12,8 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from kael.engine import SequenceStop, TokenSampler
-from kael.tokenizer import IncrementalDecoder
+from kael.engine import Detokenizer, SequenceStop, TokenSampler
 
 from kael_server.errors import Cancelled
 from kael_server.jobs import ChoiceStats, Job, TextPiece, TokenInfo
@@ -79,20 +78,18 @@ class JobOutput:
         self.tokenizer = tokenizer
         eos = frozenset(end_tokens) if end_tokens is not None else frozenset((tokenizer.eot_token,))
         self.stop = SequenceStop(job.params, eos)  # kael's one stop function
-        self.decoder = IncrementalDecoder(tokenizer)  # whole UTF-8 characters only
+        self.text_out = Detokenizer(tokenizer, self.stop)  # whole UTF-8 characters, stop strings cut
         self.sampler = sampler if job.params.logprobs is not None else None
         while len(job.stats.choices) <= index:
             job.stats.choices.append(ChoiceStats())
         self.stats = job.stats.choices[index]
         self.pieces: list[str] = []
         self.pending: list[TokenInfo] = []
-        self.chars = 0
-        """Characters of the text so far (where the next token starts)."""
         self.interrupted = False
         if job.params.logprobs is not None:
             self.stats.logprobs = []
         if echo is not None:
-            self.chars = len(echo.text)
+            self.text_out.chars = len(echo.text)
             if echo.tokens is not None and self.stats.logprobs is not None:
                 self.pending.extend(echo.tokens)
                 self.stats.logprobs.extend(echo.tokens)
@@ -114,9 +111,7 @@ class JobOutput:
             stats.ttft = time.perf_counter() - job.arrived
         if self.sampler is not None:
             self._note(token)
-        text = "" if self.stop.silent(token) else self.decoder.add(token)  # as vLLM skips special tokens
-        self.chars += len(text)
-        self._send(self.stop.text(text))
+        self._send(self.text_out.token(token))
         if self.stop.stopped:
             choice.finish_reason = self.stop.finish_reason
             return False
@@ -126,7 +121,7 @@ class JobOutput:
         """The whole text once generation has ended; raises Cancelled if it was interrupted."""
         if self.interrupted:
             raise Cancelled(self.job.cancel_reason or "client")
-        self._send(self.stop.flush(self.decoder.flush()))
+        self._send(self.text_out.flush())
         if self.pending:  # logprobs of tokens whose text was held back, then cut or empty
             self.job.emit(TextPiece("", self.index, tuple(self.pending)))
             self.pending.clear()
@@ -136,7 +131,7 @@ class JobOutput:
         last = self.sampler.last if self.sampler is not None else None
         if last is None or last.token != token:  # a sampler that did not pick this token
             raise RuntimeError(f"no logprob recorded for token {token} of choice {self.index}")
-        info = token_info(self.tokenizer, token, last, self.chars)
+        info = token_info(self.tokenizer, token, last, self.text_out.chars)
         self.pending.append(info)
         if self.stats.logprobs is not None:
             self.stats.logprobs.append(info)

@@ -12,6 +12,8 @@
   (chunked prefill, preemption of the newest request, resumption as a prefill);
 - ``KVManager`` (kv_manager.py): rows and blocks of a ``BatchDecoder``'s paged cache;
 - ``ModelRunner`` (runner.py): one forward pass per plan;
+- ``Detokenizer`` (detokenize.py): a sequence's text as its tokens arrive (incremental UTF-8,
+  stop strings cut by its ``SequenceStop``);
 - ``EngineCore`` (core.py): the step that ties them (schedule, run, sample, stop).
 
 See DESIGN.md, "The engine".
@@ -20,6 +22,7 @@ See DESIGN.md, "The engine".
 from __future__ import annotations
 
 from .core import EngineCore, StepEvent
+from .detokenize import Detokenizer
 from .distributions import draw, filter_row, log_softmax, softmax, top_logprobs
 from .kv_manager import KVBackend, KVManager
 from .logits_processors import LogitBias, LogitsProcessor, MinTokens, Penalties
@@ -32,6 +35,7 @@ from .stop import FinishReason, SequenceStop, StopMatcher
 
 __all__ = [
     "MIN_TEMPERATURE",
+    "Detokenizer",
     "EngineCore",
     "KVBackend",
     "KVManager",
