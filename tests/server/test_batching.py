@@ -533,8 +533,8 @@ async def test_penalties_bias_and_logprobs_next_to_plain_greedy_rows_are_as_alon
     gate = Gate()
     engine = FakeBatchEngine(5, gate=gate)
     app = batch_app(engine)
-    plain = [{"prompt": p, "max_tokens": 8, "temperature": 0} for p in ("one", "two")]
-    special = [
+    plain: list[dict[str, Any]] = [{"prompt": p, "max_tokens": 8, "temperature": 0} for p in ("one", "two")]
+    special: list[dict[str, Any]] = [
         {"prompt": "pen", "max_tokens": 8, "temperature": 0, "frequency_penalty": 1.5, "logprobs": 2},
         {"prompt": "nuc", "max_tokens": 8, "temperature": 0.8, "top_p": 0.5, "min_p": 0.1, "seed": 4},
         {"prompt": "bias", "max_tokens": 8, "temperature": 0, "logit_bias": {"66": 3.5}, "echo": True},
