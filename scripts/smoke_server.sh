@@ -29,7 +29,8 @@ import openai
 
 port = os.environ["PORT"]
 client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
-text = client.completions.create(model="kael", prompt="import os\n", max_tokens=32).choices[0].text
+model = client.models.list().data[0].id  # the served name (another is a 404)
+text = client.completions.create(model=model, prompt="import os\n", max_tokens=32).choices[0].text
 print(repr(text))
 plain = httpx.post(f"http://127.0.0.1:{port}/generate",
                    json={"prompt": "class Parser:\n    def ", "max_tokens": 96, "temperature": 0}, timeout=120).json()

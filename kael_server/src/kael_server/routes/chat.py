@@ -63,7 +63,6 @@ class ChatReply:
     chunks (the id and name first, then the arguments' text as it is written)."""
 
     def __init__(self, body: ChatCompletionRequest, generator: Generator) -> None:
-        self.model = served_model(body.model, generator)
         messages = conversation(body.messages)
         zero = [name for name in ("max_completion_tokens", "max_tokens") if getattr(body, name) == 0]
         if zero:  # /v1/completions takes 0 with echo; a chat reply has at least one token
@@ -76,6 +75,9 @@ class ChatReply:
         params = sampling_params(sized, generator.vocab_size, logprobs=logprobs)
         params = dataclasses.replace(params, stop_token_ids=generator.chat_stop_tokens, fit_context=given is None)
         tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, generator.chat_template)
+        # the body is checked first (a malformed one is a 400 whatever it names), then the model (a
+        # 404), then its constraint is compiled
+        self.model = served_model(body.model, generator)
         self.params = constrained(params, body, generator, tools.constraint)
         self.fmt = tools.fmt
         prompt = render_chat(generator.chat_template, messages, generator.model_name, tools.tools)

@@ -137,9 +137,9 @@ def _prompts(prompt: str | list[Any], vocab_size: int) -> tuple[Prompt, ...]:
 
 class CompletionReply:
     def __init__(self, body: CompletionRequest, generator: Generator) -> None:
-        self.model = served_model(body.model, generator)
         echo = bool(body.echo)
         params = sampling_params(body, generator.vocab_size, logprobs=body.logprobs, echo=echo)
+        self.model = served_model(body.model, generator)  # after the body's checks (400), before the compile
         self.params = constrained(params, body, generator)
         if body.best_of is not None and body.best_of != self.params.n:
             raise InvalidRequest([FieldError("best_of", "expected null or the value of n (every choice is returned)")])
