@@ -12,7 +12,9 @@ with CuPy (and PyTorch CUDA when installed); GPT-2 logits parity between cpu and
 on the reference tiny checkpoint (``tests/data/tiny-gpt2``, also against its stored
 logits and greedy tokens) and on a randomly initialised GPT-2 small; greedy decode
 tokens/s at batch 1 in float32 for kael on cuda, and for a plain PyTorch GPT-2 with a KV
-cache over the same weights when PyTorch with CUDA is installed. ``ok`` is true when
+cache over the same weights when PyTorch with CUDA is installed; every weight format's
+kernels (``validate_quant.py``: dequantize bit for bit against gguf, quantized_linear's
+two paths against float64, batched == alone, times at 4096 x 4096). ``ok`` is true when
 every check passed. With ``KAEL_CUDA_EMULATE=1`` it runs on the host (a plumbing check).
 """
 
@@ -345,6 +347,9 @@ def run(args: argparse.Namespace, report: dict[str, Any], env: dict[str, str], t
         section(report, "conformance", lambda: conformance(150.0, env))
     section(report, "dlpack", dlpack)
     section(report, "gpt2_tiny", lambda: gpt2_tiny(args.tiny, 8 if args.quick else 20))
+    from validate_quant import quant_formats  # beside this script
+
+    section(report, "quant_formats", lambda: quant_formats(args.quick))
     if args.quick:
         from kael.models import GPT
 

@@ -33,6 +33,9 @@ def test_quick_run_reports_ok_json(subprocess_env, tmp_path):
     assert report["gpt2_tiny"]["max_abs_cuda_vs_reference"] < 1e-4
     assert report["decode"]["kael_cuda_tokens_per_s"] > 0
     assert report["dlpack"]["kael_round_trip_zero_copy"]
+    quant = report["quant_formats"]
+    assert quant["ok"] and len(quant["schemes"]) == 14, quant
+    assert all(r["dequantize_exact"] and r["few_rows_batched_equal_alone"] for r in quant["schemes"].values())
 
 
 def test_unavailable_cuda_gives_a_failing_report(subprocess_env, tmp_path):
