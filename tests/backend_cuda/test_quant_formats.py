@@ -189,6 +189,39 @@ def test_many_rows_agree_with_rows_alone(emulate, scheme):
         np.testing.assert_allclose(many[i], one.cpu().numpy()[0], rtol=1e-5, atol=1e-5 * np.abs(wf).max())
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    scheme=st.sampled_from(BLOCK_SCHEMES),
+    rows=st.integers(1, 40),
+    n=st.integers(1, 20),
+    blocks=st.integers(1, 2),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_quantized_linear_property(scheme, rows, n, blocks, bias, seed):
+    """Any shape, either path: float64's answer within float32 rounding; a row of a few-row batch is
+    bit for bit the row alone."""
+    from kael_backend_cuda import _xp
+
+    rng = np.random.default_rng(seed)
+    k = blocks * _quant.BLOCK_VALUES[scheme]
+    raw = _random_blocks(rng, scheme, n, k, [0.01, -0.002, 6e-8, 0.0])
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_xp, "_state", _xp._State(np, True, True, "", 1))
+        w = np.ascontiguousarray(raw)
+        out = np.empty((rows, n), np.float32)
+        if rows <= _quant.FEW_ROWS:
+            _quant.qlinear_rows(x, w, b, out, scheme, w.shape[1])
+            one = np.empty((1, n), np.float32)
+            _quant.qlinear_rows(x[-1:], w, b, one, scheme, w.shape[1])
+            np.testing.assert_array_equal(one[0], out[-1])
+        else:
+            _quant.gemm_rows(x, w, b, out, scheme)
+    _assert_close_to_float64(out, x, _oracle(raw, scheme, k), b)
+
+
 def test_many_rows_in_column_chunks(emulate, monkeypatch):
     """The many-row path holds at most SCRATCH_VALUES dequantized values: chunked, the same answer."""
     rng = np.random.default_rng(4)
