@@ -288,13 +288,13 @@ def test_launches_match_the_cuda_signatures(monkeypatch, scheme):
         name, grid, block, args = launches.pop(0)
         assert name == f"kael_dequantize_{scheme}" and grid[0] * block[0] >= n * k > (grid[0] - 1) * block[0]
         _check_args(name, args)
-    chunks = [ln for ln in launches if ln[0] == "kael_qlinear"]
+    chunks = [ln for ln in launches if ln[0] == f"kael_qlinear_{scheme}"]
+    assert len(chunks) == len(launches) == 3
     assert [int(a[4]) for *_, a in chunks] == [8, 2, 1]  # 10 rows: 8, then 2, then the single row
     assert [g[1] for _, g, _, _ in chunks] == [2, 1, 1]  # QROWS rows of x per warp
     for name, grid, block, args in chunks:
         assert block == (256,) and grid[0] * 8 >= n > (grid[0] - 1) * 8
         _check_args(name, args)
-        assert args[8] == _quant.SCHEME_CODES[scheme]
     assert [int(a[-1]) for *_, a in chunks] == [1, 1, 0]  # has_bias
 
 

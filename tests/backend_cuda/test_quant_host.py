@@ -2,7 +2,7 @@
 
 ``QUANT_KERNELS_SOURCE`` is compiled by g++ with the CUDA keywords defined away: the
 dequantize kernels run one "thread" after another, ``kael_weight_value`` (what the fused
-``kael_qlinear`` decodes) is called for every value of a row, and ``kael_qlinear`` itself runs
+``kael_qlinear_<scheme>`` decodes) is called for every value of a row, and those kernels run
 with one host thread per CUDA thread, ``__shfl_xor_sync`` emulated through a per-warp barrier.
 Oracles: ``gguf.quants.dequantize`` for every block format, NumPy's float16 and the bfloat16 bit
 shift, float64 NumPy products.
@@ -10,7 +10,6 @@ shift, float64 NumPy products.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +23,7 @@ gguf = pytest.importorskip("gguf")
 
 
 _HOST_PRELUDE = r"""
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +39,7 @@ static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __shfl_xor_sync(unsigned int, float, int) { std::abort(); }  // kael_qlinear_*: not run here
 """
 
 
@@ -50,7 +51,7 @@ typedef void (*kael_dequantize_fn)(const unsigned char*, float*, long long);
 static const kael_dequantize_fn kernels[] = {{{", ".join(f"kael_dequantize_{s}" for s in names)}}};
 static const long long values[] = {{{", ".join(str(_quant.BLOCK_VALUES[s]) for s in names)}}};
 static const long long bytes[] = {{{", ".join(str(_quant.BLOCK_BYTES[s]) for s in names)}}};
-// prog row CODE N K ROW_BYTES < rows > values: kael_weight_value (what kael_qlinear reads) of every value
+// prog row CODE N K ROW_BYTES < rows > values: kael_weight_value (what kael_qlinear_* reads) of every value
 static int weight_values(char** argv) {{
     const int code = std::atoi(argv[2]);
     const long long n = std::atoll(argv[3]), k = std::atoll(argv[4]), row_bytes = std::atoll(argv[5]);
@@ -88,7 +89,6 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("g++ is not on PATH")
     d = tmp_path_factory.mktemp("quant_host")
     src = _quant.QUANT_KERNELS_SOURCE.replace('extern "C" {', "").replace('}  // extern "C"', "")
-    src = re.sub(r"__global__ void kael_qlinear\(.*?\n}\n", "", src, flags=re.S)  # warp shuffles: GPU only
     (d / "k.cpp").write_text(_HOST_PRELUDE + src + _host_main())
     r = subprocess.run(
         [cxx, "-O1", "-std=c++14", "-ffp-contract=off", str(d / "k.cpp"), "-o", str(d / "k")],
@@ -130,7 +130,7 @@ def test_cuda_dequantize_source_run_on_the_host(host_kernels, scheme):
 
 @pytest.mark.parametrize("scheme", list(_quant.SCHEME_CODES))
 def test_cuda_weight_value_run_on_the_host(host_kernels, scheme):
-    """kael_weight_value, the decoder kael_qlinear calls for value k of a weight row, run on the host for
+    """kael_weight_value, the decoder kael_qlinear_<scheme> calls for value k of a weight row, run on the host for
     every scheme code over rows of several blocks: gguf's values (block formats), NumPy's float16 and
     the bfloat16 bit shift."""
     rng = np.random.default_rng(9)
@@ -204,8 +204,18 @@ static float __shfl_xor_sync(unsigned int, float v, int o) {
 }
 """
 
+
+def _qlinear_main() -> str:
+    """main(): one launch of kael_qlinear_<scheme> (by scheme code) over quantized_linear's grid."""
+    table = ", ".join(f"kael_qlinear_{s}" for s in _quant.QUANT_SCHEMES)
+    return _QLINEAR_MAIN.replace("KAEL_TABLE", table)
+
+
 _QLINEAR_MAIN = r"""
-// prog CODE ROWS K N ROW_BYTES HAS_BIAS < x (float32) w (bytes) bias (float32) > out: one launch of kael_qlinear
+typedef void (*kael_qlinear_fn)(const float*, const unsigned char*, const float*, float*, long long, long long,
+                                long long, long long, int);
+static const kael_qlinear_fn kernels[] = {KAEL_TABLE};
+// prog CODE ROWS K N ROW_BYTES HAS_BIAS < x (float32) w (bytes) bias (float32) > out: one launch of kael_qlinear_*
 // over the grid quantized_linear uses, each block's 256 threads as host threads.
 int main(int argc, char** argv) {
     const int code = std::atoi(argv[1]), has_bias = std::atoi(argv[6]);
@@ -223,7 +233,7 @@ int main(int argc, char** argv) {
             for (int t = 0; t < 256; ++t)
                 threads.emplace_back([&, t] {
                     threadIdx.x = t;
-                    kael_qlinear(x.data(), w.data(), bias.data(), out.data(), rows, k, n, row_bytes, code, has_bias);
+                    kernels[code](x.data(), w.data(), bias.data(), out.data(), rows, k, n, row_bytes, has_bias);
                 });
             for (auto& th : threads) th.join();
         }
@@ -235,13 +245,13 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def host_qlinear(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """kael_qlinear of QUANT_KERNELS_SOURCE built for the host (threads for CUDA threads)."""
+    """The kael_qlinear_<scheme> kernels of QUANT_KERNELS_SOURCE built for the host (threads for CUDA threads)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("g++ is not on PATH")
     d = tmp_path_factory.mktemp("qlinear_host")
     src = _quant.QUANT_KERNELS_SOURCE.replace('extern "C" {', "").replace('}  // extern "C"', "")
-    (d / "q.cpp").write_text(_THREADED_PRELUDE + src + _QLINEAR_MAIN)
+    (d / "q.cpp").write_text(_THREADED_PRELUDE + src + _qlinear_main())
     r = subprocess.run(
         [cxx, "-O1", "-std=c++14", "-ffp-contract=off", "-pthread", str(d / "q.cpp"), "-o", str(d / "q")],
         capture_output=True,
@@ -265,21 +275,23 @@ def _run_qlinear(prog: Path, scheme: str, x: np.ndarray, w: np.ndarray, bias: np
     return np.frombuffer(r.stdout, np.float32).reshape(rows, n)
 
 
-@pytest.mark.parametrize("scheme", ["q4_0", "q5_1", "q3_k", "q6_k", "iq4_xs", "f16"])
+@pytest.mark.parametrize("scheme", list(_quant.SCHEME_CODES))
 def test_cuda_qlinear_run_on_the_host(host_qlinear, scheme):
     """The fused few-row kernel itself: float64's answer within float32 rounding for 1..6 rows (a partial
     last group of QROWS rows included), each row bit for bit what it gives alone, bias added."""
     rng = np.random.default_rng(10)
     n = 13  # two blocks of 8 warps, the second one partial
-    if scheme == "f16":
+    if scheme in ("f16", "bf16"):
         k = 72
-        w16 = (rng.standard_normal((n, k)) * 0.1).astype("<f2")
-        w, wf = w16.view(np.uint8).reshape(n, -1), w16.astype(np.float32)
+        a = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+        bits = a.astype("<f2").view("<u2") if scheme == "f16" else (a.view(np.uint32) >> 16).astype("<u2")
+        w = bits.view(np.uint8).reshape(n, -1)
+        wf = bits.view("<f2").astype(np.float32) if scheme == "f16" else (bits.astype(np.uint32) << 16).view(np.float32)
     else:
         v, b = _quant.BLOCK_VALUES[scheme], _quant.BLOCK_BYTES[scheme]
         k = 2 * v
         w = rng.integers(0, 256, (n, k // v * b), np.uint8)
-        at = {"q3_k": (108,), "q6_k": (208,), "q5_1": (0, 2)}.get(scheme, (0,))
+        at = {"q2_k": (80, 82), "q3_k": (108,), "q6_k": (208,)}.get(scheme, (0, 2))  # d (and dmin / m)
         blocks = w.reshape(-1, b)
         for o in at:  # moderate finite scales
             blocks[:, o : o + 2] = (

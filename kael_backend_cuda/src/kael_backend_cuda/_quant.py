@@ -11,11 +11,12 @@ The decoders are CUDA ``__device__`` functions, one file per family (``_quant_le
 ``_quant_kquants``, ``_quant_iq4``): ``kael_<scheme>_value(block, j)`` is value j of a block,
 bit for bit ``gguf.quants.dequantize``. This module assembles them with the shared
 float16/bfloat16 helpers into one CUDA source: ``kael_weight_value`` (value k of a row in any
-scheme), one dequantize kernel per block scheme (one thread per value) and ``kael_qlinear``.
+scheme), one dequantize kernel per block scheme (one thread per value) and one few-row
+``kael_qlinear_<scheme>`` per scheme.
 
 ``quantized_linear`` takes one of two paths by the number of rows M of x:
 
-* M <= ``FEW_ROWS`` (16; decode and batched decode): ``kael_qlinear`` reads the weight in its
+* M <= ``FEW_ROWS`` (16; decode and batched decode): ``kael_qlinear_<scheme>`` reads the weight in its
   own format (no float32 copy): one warp per output column and up to ``QROWS`` rows of x,
   lane l summing x[r, j] * W[c, j] for j = l, l + 32, ... in order (one fused multiply-add
   each), then a fixed shuffle tree. Every output is summed the same way whatever M is, so a
@@ -73,7 +74,7 @@ SCHEME_CODES: dict[str, int] = {name: i for i, name in enumerate(QUANT_SCHEMES)}
 BLOCK_BYTES: dict[str, int] = {s: FORMATS[s].block_bytes for s in _DECODERS}
 BLOCK_VALUES: dict[str, int] = {s: FORMATS[s].block_values for s in _DECODERS}
 FEW_ROWS = 16  # up to this many rows of x: the fused few-row kernel (rows bit-identical batched and alone)
-QROWS = 4  # rows of x one warp of kael_qlinear serves
+QROWS = 4  # rows of x one warp of kael_qlinear_<scheme> serves
 SCRATCH_VALUES = 1 << 24  # float32 values of dequantized weight the many-row path holds at once (64 MiB)
 
 # --------------------------------------------------------------------------------------------------
@@ -132,17 +133,20 @@ __global__ void kael_dequantize_{scheme}(const unsigned char* __restrict__ w, fl
 
 
 def _qlinear_source() -> str:
-    """``kael_qlinear``, the few-row fused kernel (a function, so that the one module-level CUDA source is
-    QUANT_KERNELS_SOURCE, the string the RawModule compiles: NOTE [kernel discovery] in cuda_compile.py)."""
+    """``kael_qlinear_rows``, the few-row fused kernel's body (a function, so that the one module-level CUDA
+    source is QUANT_KERNELS_SOURCE, the string the RawModule compiles: NOTE [kernel discovery] in
+    cuda_compile.py)."""
     return r"""
 // out [rows, n] = x [rows, k] @ W.T (+ bias [n]), W [n, k] in `scheme`, its rows row_bytes apart.
 // One warp per output column c and QROWS rows of x (blockDim.x = 256: 8 columns per block; grid
 // (ceil(n / 8), ceil(rows / QROWS))). Lane l sums x[r, j] * W[c, j] for j = l, l + 32, ... in order,
 // then the warp adds the 32 partial sums in a fixed tree: the same additions for an output whatever
 // `rows` is and whichever rows share its warp. W's value is decoded once for the warp's rows.
-__global__ void kael_qlinear(const float* __restrict__ x, const unsigned char* __restrict__ w,
-                             const float* __restrict__ bias, float* __restrict__ out, long long rows, long long k,
-                             long long n, long long row_bytes, int scheme, int has_bias) {
+// Each kael_qlinear_<scheme> passes its scheme as a constant, so the decoder's switch folds away.
+__device__ __forceinline__ void kael_qlinear_rows(const float* __restrict__ x, const unsigned char* __restrict__ w,
+                                                  const float* __restrict__ bias, float* __restrict__ out,
+                                                  long long rows, long long k, long long n, long long row_bytes,
+                                                  int scheme, int has_bias) {
     const long long r0 = (long long)blockIdx.y * KAEL_QROWS;
     const long long c = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -166,6 +170,16 @@ __global__ void kael_qlinear(const float* __restrict__ x, const unsigned char* _
 """
 
 
+def _qlinear_kernel_source(scheme: str) -> str:
+    return f"""
+__global__ void kael_qlinear_{scheme}(const float* __restrict__ x, const unsigned char* __restrict__ w,
+                                      const float* __restrict__ bias, float* __restrict__ out, long long rows,
+                                      long long k, long long n, long long row_bytes, int has_bias) {{
+    kael_qlinear_rows(x, w, bias, out, rows, k, n, row_bytes, {SCHEME_CODES[scheme]}, has_bias);
+}}
+"""
+
+
 QUANT_KERNELS_SOURCE = (
     f"#define KAEL_QROWS {QROWS}\n"
     + _COMMON_SOURCE
@@ -173,14 +187,18 @@ QUANT_KERNELS_SOURCE = (
     + KQUANT_DEVICE_SOURCE
     + IQ4_DEVICE_SOURCE
     + _weight_value_source()
+    + _qlinear_source()
     + '\nextern "C" {\n'
     + "".join(_dequantize_source(s, fn) for s, fn in _DECODERS.items())
-    + _qlinear_source()
+    + "".join(_qlinear_kernel_source(s) for s in QUANT_SCHEMES)
     + '\n}  // extern "C"\n'
 )
 """The CUDA source of every quantized kernel (compiled by NVRTC at first use; by nvcc in CI)."""
 
-QUANT_KERNEL_NAMES: tuple[str, ...] = (*(f"kael_dequantize_{s}" for s in _DECODERS), "kael_qlinear")
+QUANT_KERNEL_NAMES: tuple[str, ...] = (
+    *(f"kael_dequantize_{s}" for s in _DECODERS),
+    *(f"kael_qlinear_{s}" for s in QUANT_SCHEMES),
+)
 _THREADS = 256  # per block, in every kernel
 _WARPS = _THREADS // 32
 _MAX_GRID_Y = 65535
@@ -240,7 +258,7 @@ def qlinear_rows(x: Any, w: Any, bias: Any, out: Any, scheme: str, row_bytes: in
         y = np.matmul(x[:, None, :], wf.T)[:, 0, :]
         out[...] = y + bias if bias is not None else y
         return
-    kernel = _kernel("kael_qlinear")
+    kernel = _kernel(f"kael_qlinear_{scheme}")
     step = _MAX_GRID_Y * QROWS  # gridDim.y is at most 65535: launch the rows in chunks
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
@@ -253,7 +271,6 @@ def qlinear_rows(x: Any, w: Any, bias: Any, out: Any, scheme: str, row_bytes: in
             np.int64(k),
             np.int64(n),
             np.int64(row_bytes),
-            np.int32(SCHEME_CODES[scheme]),
             np.int32(bias is not None),
         )
         kernel(((n + _WARPS - 1) // _WARPS, (r1 - r0 + QROWS - 1) // QROWS), (_THREADS,), args)
