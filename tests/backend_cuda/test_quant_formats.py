@@ -243,11 +243,21 @@ def test_gemm_launches_a_dequantize_per_column_chunk(monkeypatch):
 
     launches: list[tuple[str, tuple[int, ...], tuple[Any, ...]]] = []
     monkeypatch.setattr(_xp, "_state", _xp._State(np, False, True, "", 1, None))
-    monkeypatch.setattr(_quant, "_kernel", lambda name: lambda g, b, a: launches.append((name, g, a)))
+
+    def launch(name: str) -> Any:
+        def run(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...]) -> None:
+            launches.append((name, grid, args))
+            args[1][...] = 0.0  # what the kernel makes of zero bytes
+
+        return run
+
+    monkeypatch.setattr(_quant, "_kernel", launch)
     monkeypatch.setattr(_quant, "SCRATCH_VALUES", 3 * 256)
     n, k = 7, 256
     w = np.zeros((n, _quant.BLOCK_BYTES["q3_k"]), np.uint8)
-    _quant.gemm_rows(np.ones((20, k), np.float32), w, None, np.empty((20, n), np.float32), "q3_k")
+    out = np.full((20, n), np.nan, np.float32)
+    _quant.gemm_rows(np.ones((20, k), np.float32), w, None, out, "q3_k")
+    assert (out == 0).all()  # every column written
     assert [name for name, _, _ in launches] == ["kael_dequantize_q3_k"] * 3
     assert [int(a[2]) for _, _, a in launches] == [3 * k, 3 * k, 1 * k]
     assert [a[0].size for _, _, a in launches] == [3 * 110, 3 * 110, 110]
