@@ -16,12 +16,16 @@ from __future__ import annotations
 __all__ = ["IQ4_DEVICE_SOURCE", "IQ4_DECODERS"]
 
 IQ4_DEVICE_SOURCE = r"""
-__constant__ signed char kael_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                                  1,    13,   25,  38,  53,  69,  89,  113};
+// kvalues_iq4nl[q] (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113) as the bytes of
+// two 64-bit constants: a register look-up, where a __constant__ table would serialise a warp's 16 addresses.
+__device__ __forceinline__ int kael_kvalue_iq4(int q) {
+    const unsigned long long half = q < 8 ? 0xf6eaddcfbfad9881ull : 0x7159453526190d01ull;
+    return (int)(signed char)(unsigned char)(half >> (8 * (q & 7)));
+}
 
 __device__ __forceinline__ float kael_iq4_nl_value(const unsigned char* b, int j) {
     const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
-    return __fmul_rn(kael_half_at(b), (float)kael_kvalues_iq4nl[q]);
+    return __fmul_rn(kael_half_at(b), (float)kael_kvalue_iq4(q));
 }
 
 __device__ __forceinline__ float kael_iq4_xs_value(const unsigned char* b, int j) {
@@ -30,7 +34,7 @@ __device__ __forceinline__ float kael_iq4_xs_value(const unsigned char* b, int j
     const int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15) | (int)(((sh >> (2 * ib)) & 3u) << 4);
     const unsigned char* qs = b + 8 + 16 * ib;
     const int q = t < 16 ? (qs[t] & 15) : (qs[t - 16] >> 4);
-    return __fmul_rn(__fmul_rn(kael_half_at(b), (float)(ls - 32)), (float)kael_kvalues_iq4nl[q]);
+    return __fmul_rn(__fmul_rn(kael_half_at(b), (float)(ls - 32)), (float)kael_kvalue_iq4(q));
 }
 """
 
