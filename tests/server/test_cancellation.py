@@ -45,11 +45,14 @@ async def test_streaming_client_that_disconnects_stops_generation_at_the_next_to
     app = make_app(model)
     stream = Exchange(app, "/generate", {"prompt": "a", "max_tokens": 100, "stream": True}).start()
     await stream.wait_until(lambda e: len(e.events()) == 2)
+    # the third token is in flight (its step waits at the gate) when the client goes: without
+    # this wait, a slow worker may see the cancel before it starts the third step (2 tokens)
+    assert await asyncio.to_thread(gate.wait_arrivals, 3)
     stream.disconnect()
     await stream.finish()
     gate.open()
     assert await asyncio.to_thread(generator_of(app).scheduler.wait_idle, 10)
-    assert len(model.calls[0].produced) == 3
+    assert len(model.calls[0].produced) == 3  # the one in flight, then no more
     metrics = samples(generator_of(app).metrics.render().decode())
     assert metrics[("kael_requests_total", (("status", "cancelled"),))] == 1
     assert metrics[("kael_requests_total", (("status", "ok"),))] == 0
