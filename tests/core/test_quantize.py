@@ -19,9 +19,9 @@ import kael
 import numpy as np
 import pytest
 from kael import nn
-from kael.quant import SCHEMES, QuantizedLinear, dequantize_array, quantize_array
+from kael.quant import BLOCK_BYTES, QuantizedLinear, dequantize_array, quantizable, quantize_array
 
-NOISE = {"q8_0": 0.02, "q4_0": 0.15, "bf16": 0.01, "f16": 0.001}
+NOISE = {"q8_0": 0.02, "q4_0": 0.15, "q4_1": 0.15, "q5_0": 0.08, "q5_1": 0.08, "bf16": 0.01, "f16": 0.001}
 
 
 class Block(nn.Module):
@@ -69,7 +69,7 @@ def _bits(t: kael.Tensor) -> np.ndarray:
     return t.view(kael.int16).numpy().view(np.uint16) if t.dtype is kael.bfloat16 else t.numpy()
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", quantizable())
 def test_quantize_swaps_projections_and_keeps_outputs_within_noise(scheme: str) -> None:
     kael.manual_seed(0)
     model = Tiny()
@@ -80,7 +80,7 @@ def test_quantize_swaps_projections_and_keeps_outputs_within_noise(scheme: str) 
     assert kael.quantize(model, scheme, skip=("blocks.1",)) is model
     assert list(model.state_dict()) == keys  # same keys, same order
     assert model.weights_scheme == scheme
-    block = scheme in ("q8_0", "q4_0")
+    block = scheme in BLOCK_BYTES
     assert isinstance(model.inp, QuantizedLinear) != block  # 40 inputs: float32 for the block schemes
     for name in ("blocks.0.up", "blocks.0.down", "head.0", "head.2"):
         m = model.get_submodule(name) if hasattr(model, "get_submodule") else _get(model, name)
@@ -166,7 +166,7 @@ def test_as_linear_modules_and_the_family_hooks() -> None:
 def test_state_dict_round_trip_into_an_empty_layer() -> None:
     kael.manual_seed(5)
     lin = nn.Linear(64, 24)
-    for scheme in SCHEMES:
+    for scheme in quantizable():
         q = QuantizedLinear.from_float(lin.weight, lin.bias, scheme)
         empty = QuantizedLinear(64, 24, scheme)
         assert {k: (v.dtype, v.shape) for k, v in empty.state_dict().items()} == {
@@ -204,7 +204,12 @@ def test_training_through_a_quantized_layer() -> None:
 @pytest.mark.parametrize(
     ("call", "err", "match"),
     [
-        (lambda: kael.quantize(Tiny(), "q3_k"), kael.DTypeError, "quantize: unknown weight scheme 'q3_k'"),
+        (
+            lambda: kael.quantize(Tiny(), "q3_k"),
+            kael.DTypeError,
+            "quantize: kael has no reference quantizer for 'q3_k'",
+        ),
+        (lambda: kael.quantize(Tiny(), "q7_0"), kael.DTypeError, "quantize: unknown weight scheme 'q7_0'"),
         (lambda: kael.quantize(object(), "q8_0"), kael.DTypeError, "expected a kael.nn.Module, got object"),
         (lambda: kael.quantize(Tiny(), "q8_0", skip="head"), kael.DTypeError, "got the string 'head'"),
         (lambda: kael.quantize(nn.Linear(32, 4), "q8_0"), kael.ShapeError, "the model itself is a projection"),

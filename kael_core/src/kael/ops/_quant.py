@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ..backends.host._quant import BLOCK_BYTES, BLOCK_SIZE, SCHEMES
 from ._core import cast, check_device, empty
 from ._fused import decompositions
 from ._linalg import _mm, _t
@@ -42,10 +43,24 @@ __all__ = [
 _FLOAT_DTYPES: dict[str, dt.DType] = {"bf16": dt.bfloat16, "f16": dt.float16}
 
 
+def _formats() -> Any:
+    """kael.quant's registry (imported on first use: kael.quant imports kael.ops)."""
+    from ..quant import formats
+
+    return formats.FORMATS
+
+
+def _block(scheme: str) -> tuple[int, int]:
+    """(values, bytes) per block of a block scheme."""
+    fmt = _formats()[scheme]
+    return fmt.block_values, fmt.block_bytes
+
+
 def check_scheme(op: str, scheme: Any) -> str:
     """scheme itself when it names a weight format, else a DTypeError naming op and the formats."""
-    if not isinstance(scheme, str) or scheme not in SCHEMES:
-        raise DTypeError(f"{op}: unknown weight scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
+    schemes = [name for name in _formats() if name != "f32"]
+    if not isinstance(scheme, str) or scheme not in schemes:
+        raise DTypeError(f"{op}: unknown weight scheme {scheme!r}; expected one of {', '.join(schemes)}")
     return scheme
 
 
@@ -58,18 +73,18 @@ def check_weight(op: str, weight: Any, scheme: Any) -> tuple[int, int]:
     if weight.dtype is not want:
         raise DTypeError(f"{op}: a {scheme} weight must be a {want.name} tensor, got {weight.dtype!r}")
     if weight.ndim != 2:
-        layout = "[N, K]" if scheme in _FLOAT_DTYPES else f"[N, K/{BLOCK_SIZE}*{BLOCK_BYTES.get(scheme)}]"
+        layout = "[N, K]" if scheme in _FLOAT_DTYPES else "[N, K/{}*{}]".format(*_block(scheme))
         raise ShapeError(f"{op}: a {scheme} weight must be 2-D {layout}, got shape {list(weight.shape)}")
     n, cols = weight.shape
     if scheme in _FLOAT_DTYPES:
         return n, cols
-    b = BLOCK_BYTES[scheme]
+    bv, b = _block(scheme)
     if cols % b:
         raise ShapeError(
             f"{op}: a {scheme} weight row holds {cols} bytes, not a whole number of {b}-byte blocks "
-            f"(expected [N, K/{BLOCK_SIZE}*{b}])"
+            f"(expected [N, K/{bv}*{b}])"
         )
-    return n, cols // b * BLOCK_SIZE
+    return n, cols // b * bv
 
 
 def _float32(op: str, name: str, t: Any) -> Tensor:
@@ -104,11 +119,13 @@ def dequantize_decomp(weight: Tensor, scheme: str) -> Tensor:
     """float32 [N, K] values of weight (checked by the caller): block scale times value, exactly as ggml."""
     if scheme in _FLOAT_DTYPES:
         return cast(weight, dt.float32) if weight.numel() else empty(weight.shape, dt.float32, weight.device)
-    b = BLOCK_BYTES[scheme]
+    bv, b = _block(scheme)
     n, nb = weight.shape[0], weight.shape[1] // b
-    k = nb * BLOCK_SIZE
+    k = nb * bv
     if n * nb == 0:
         return empty((n, k), dt.float32, weight.device)
+    if scheme not in ("q8_0", "q4_0"):
+        return _host_decoded(weight, scheme, k)
     blocks = reshape_nograd(_even_offset(weight), (n, nb, b))  # [N, nb, B]
     d = cast(view_dtype(_slice_fn(2, 0, 2, 1)(blocks), dt.float16), dt.float32)  # [N, nb, 1] block scales
     data = _slice_fn(2, 2, b, 1)(blocks)  # [N, nb, B - 2]
@@ -118,12 +135,25 @@ def dequantize_decomp(weight: Tensor, scheme: str) -> Tensor:
     packed = cast(data, dt.float32)  # [N, nb, 16]: bytes 0..255, exact in float32
     high = binary("floor_divide", packed, 16.0)
     low = binary("sub", packed, binary("mul", high, 16.0))
-    half = BLOCK_SIZE // 2
-    out = empty((n, nb, BLOCK_SIZE), dt.float32, weight.device)
+    half = bv // 2
+    out = empty((n, nb, bv), dt.float32, weight.device)
     copy = _dispatch.kernel(weight.device.type, "copy")
     copy(_slice_fn(2, 0, half, 1)(out), binary("mul", binary("sub", low, 8.0), d))  # value i = d*((q[i] & 15) - 8)
-    copy(_slice_fn(2, half, BLOCK_SIZE, 1)(out), binary("mul", binary("sub", high, 8.0), d))  # i + 16: d*((q >> 4) - 8)
+    copy(_slice_fn(2, half, bv, 1)(out), binary("mul", binary("sub", high, 8.0), d))  # i + 16: d*((q >> 4) - 8)
     return reshape_nograd(out, (n, k))
+
+
+def _host_decoded(weight: Tensor, scheme: str, k: int) -> Tensor:
+    """The other block formats' decomposition: the blocks' bytes on the host, decoded by the registry's
+    reference dequantizer (bit-exact with gguf.quants), the float32 values put back on the weight's device.
+    Their bit fields (6-bit scales, split high bits, non-linear tables) have no short form in the
+    primitives; every backend in kael has a kernel for them, so this runs only for a backend without one."""
+    from .._tensor import from_numpy_bits, numpy_bits
+    from ..backends.host._quant import decode
+
+    data = np.ascontiguousarray(numpy_bits(weight), dtype=np.uint8)
+    values = from_numpy_bits(decode(data, scheme, k), dt.float32)
+    return values if weight.device.type == "cpu" else values.to(weight.device)
 
 
 def quantized_linear_decomp(x: Tensor, weight: Tensor, bias: Tensor | None, scheme: str) -> Tensor:
@@ -148,7 +178,11 @@ def _dequantize_apply(weight: Tensor, scheme: str) -> Tensor:
     if kern is None or weight.numel() == 0:
         return dequantize_decomp(weight, scheme)
     n = weight.shape[0]
-    k = weight.shape[1] if scheme in _FLOAT_DTYPES else weight.shape[1] // BLOCK_BYTES[scheme] * BLOCK_SIZE
+    if scheme in _FLOAT_DTYPES:
+        k = weight.shape[1]
+    else:
+        bv, b = _block(scheme)
+        k = weight.shape[1] // b * bv
     out = empty((n, k), dt.float32, weight.device)
     kern(out, weight, scheme)
     return out
@@ -200,8 +234,9 @@ class QuantizedLinearFunction(Function):
 def dequantize(weight: Tensor, scheme: str) -> Tensor:
     """The float32 [N, K] values of a weight matrix stored in a weight format (no autograd).
 
-    ``scheme``: ``"q8_0"`` / ``"q4_0"`` (weight uint8 [N, K/32*B] of GGML blocks, B = 34 / 18),
-    ``"bf16"`` / ``"f16"`` (weight bfloat16 / float16 [N, K]); see NOTE [weight formats].
+    ``scheme``: a block format of ``kael.quant.formats`` (weight uint8 [N, K/V*B] of GGML blocks of
+    V values in B bytes: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl with V = 32; q2_k..q6_k, iq4_xs with
+    V = 256), or ``"bf16"`` / ``"f16"`` (weight bfloat16 / float16 [N, K]); see NOTE [weight formats].
     """
     check_weight("dequantize", weight, scheme)
     return _dequantize_apply(weight, scheme)
@@ -211,17 +246,17 @@ def quantized_linear(x: Tensor, weight: Tensor, bias: Tensor | None, scheme: str
     """x [.., K] @ dequantize(weight, scheme).T + bias [N] in float32, differentiable in x and bias.
 
     x and bias are float32; weight as for :func:`dequantize`. For a block scheme K must be a
-    multiple of 32. A row's result never depends on how many rows x has (on every backend
+    multiple of the format's block (32 or 256 values). A row's result never depends on how many rows x has (on every backend
     whose kernels keep the catalogue's contract).
     """
     n, k = check_weight("quantized_linear", weight, scheme)
     _float32("quantized_linear", "x", x)
     if x.ndim == 0:
         raise ShapeError("quantized_linear: x must have at least one dimension [.., K], got a 0-d tensor")
-    if scheme in BLOCK_BYTES and x.shape[-1] % BLOCK_SIZE:
+    if scheme not in _FLOAT_DTYPES and x.shape[-1] % _block(scheme)[0]:
         raise ShapeError(
             f"quantized_linear: a {scheme} weight needs K (the last dim of x {list(x.shape)}) to be a multiple "
-            f"of {BLOCK_SIZE}, got {x.shape[-1]}"
+            f"of {_block(scheme)[0]}, got {x.shape[-1]}"
         )
     if x.shape[-1] != k:
         raise ShapeError(

@@ -1,11 +1,13 @@
-"""``kael.quant``: weight formats (GGML Q8_0 / Q4_0 blocks, bfloat16, float16) and quantized layers.
+"""``kael.quant``: weight formats (GGML block formats, bfloat16, float16) and quantized layers.
 
 NOTE [weight formats] (``_formats.py``) describes the byte layouts and the rounding.
 
 Names
 -----
-* ``SCHEMES`` (``("q8_0", "q4_0", "bf16", "f16")``), ``BLOCK_SIZE`` (32 values per block),
-  ``BLOCK_BYTES`` (``{"q8_0": 34, "q4_0": 18}``).
+* ``SCHEMES``: every format of the registry ``kael.quant.formats`` but f32 (f16, bf16, q8_0,
+  q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, iq4_nl, iq4_xs); ``BLOCK_BYTES`` and ``BLOCK_VALUES``
+  (bytes and values per block of each block format), ``BLOCK_SIZE`` (32, the legacy formats'
+  block); ``quantizable()``: the schemes kael can write (a reference quantizer).
 * ``quantize_array(a, scheme)``: a float [N, K] NumPy array in a scheme (the bytes
   ``gguf.quants.quantize`` gives for Q8_0 / Q4_0; bfloat16 as uint16 bit patterns);
   ``dequantize_array(data, scheme, k)``: back to float32 [N, K]; ``storage_shape(scheme, n, k)``.
@@ -23,8 +25,10 @@ from __future__ import annotations
 from ._formats import (
     BLOCK_BYTES,
     BLOCK_SIZE,
+    BLOCK_VALUES,
     SCHEMES,
     dequantize_array,
+    quantizable,
     quantize_array,
     storage_shape,
     to_device_weight,
@@ -36,6 +40,8 @@ __all__ = [
     "SCHEMES",
     "BLOCK_SIZE",
     "BLOCK_BYTES",
+    "BLOCK_VALUES",
+    "quantizable",
     "quantize_array",
     "dequantize_array",
     "storage_shape",

@@ -50,17 +50,30 @@ from .._device import as_device
 from .._dtype import bfloat16, f32_to_bf16_bits, float16, uint8
 from .._errors import DTypeError, FormatError, ShapeError
 from .._tensor import Tensor, from_numpy_bits
-from ..backends.host._quant import BLOCK_BYTES, BLOCK_SIZE, SCHEMES, decode
+from ..backends.host._quant import decode
+from .formats import FORMATS
 
 __all__ = [
     "SCHEMES",
     "BLOCK_SIZE",
     "BLOCK_BYTES",
+    "BLOCK_VALUES",
+    "quantizable",
     "quantize_array",
     "dequantize_array",
     "to_device_weight",
     "storage_shape",
 ]
+
+
+SCHEMES: tuple[str, ...] = tuple(name for name in FORMATS if name != "f32")
+"""Every weight format of the registry (``kael.quant.formats``) but f32, which is a float parameter."""
+BLOCK_SIZE = 32
+"""Values per block of the 32-value formats (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl); see BLOCK_VALUES."""
+BLOCK_BYTES: dict[str, int] = {f.name: f.block_bytes for f in FORMATS.values() if f.blocked}
+"""Bytes per block of each block format."""
+BLOCK_VALUES: dict[str, int] = {f.name: f.block_values for f in FORMATS.values() if f.blocked}
+"""Values per block of each block format (32, or 256 for the K-quants and IQ4_XS)."""
 
 
 def _scheme(op: str, scheme: Any) -> str:
@@ -74,9 +87,10 @@ def storage_shape(scheme: str, n: int, k: int) -> tuple[int, int]:
     _scheme("storage_shape", scheme)
     if scheme not in BLOCK_BYTES:
         return n, k
-    if k % BLOCK_SIZE:
-        raise ShapeError(f"storage_shape: {scheme} needs K to be a multiple of {BLOCK_SIZE}, got K = {k}")
-    return n, k // BLOCK_SIZE * BLOCK_BYTES[scheme]
+    bv = BLOCK_VALUES[scheme]
+    if k % bv:
+        raise ShapeError(f"storage_shape: {scheme} needs K to be a multiple of {bv}, got K = {k}")
+    return n, k // bv * BLOCK_BYTES[scheme]
 
 
 def _roundf(v: np.ndarray) -> np.ndarray:
@@ -142,9 +156,10 @@ def quantize_array(a: np.ndarray, scheme: str) -> np.ndarray:
             return x.astype(np.float16)
     if scheme == "bf16":
         return f32_to_bf16_bits(x)
-    if x.shape[1] % BLOCK_SIZE:
+    bv = BLOCK_VALUES[scheme]
+    if x.shape[1] % bv:
         raise ShapeError(
-            f"quantize_array: {scheme} quantizes rows in blocks of {BLOCK_SIZE}; K = {x.shape[1]} is not a multiple"
+            f"quantize_array: {scheme} quantizes rows in blocks of {bv}; K = {x.shape[1]} is not a multiple"
         )
     if not np.isfinite(x).all():
         raise FormatError(f"quantize_array: {scheme} needs finite values; the array holds infinities or NaN")
@@ -152,13 +167,24 @@ def quantize_array(a: np.ndarray, scheme: str) -> np.ndarray:
         return _q8_0(x)
     if scheme == "q4_0":
         return _q4_0(x)
-    raise DTypeError(f"quantize_array: no quantizer for weight scheme {scheme!r}")  # never a fallback
+    fmt = FORMATS[scheme]
+    if fmt.quantize_blocks is None:  # never a fallback to another format
+        raise DTypeError(
+            f"quantize_array: kael has no reference quantizer for {scheme!r} yet (it loads and runs such weights); "
+            f"quantizable: {', '.join(quantizable())}"
+        )
+    return fmt.quantize(x)
+
+
+def quantizable() -> tuple[str, ...]:
+    """The schemes ``quantize_array`` (and ``kael.quantize``) can write: float ones and those with a reference quantizer."""
+    return tuple(n for n in SCHEMES if not FORMATS[n].blocked or FORMATS[n].quantize_blocks is not None)
 
 
 def _check_data(op: str, data: Any, scheme: str, k: Any) -> None:
     if not isinstance(data, np.ndarray):
         raise DTypeError(f"{op}: expected a numpy.ndarray, got {type(data).__name__}")
-    want = {"q8_0": np.uint8, "q4_0": np.uint8, "bf16": np.uint16, "f16": np.float16}[scheme]
+    want = np.dtype(FORMATS[scheme].storage)
     if data.dtype != want:
         what = " (bfloat16 bit patterns)" if scheme == "bf16" else ""
         raise DTypeError(f"{op}: {scheme} data must be a {np.dtype(want).name}{what} array, got dtype {data.dtype}")
@@ -191,7 +217,7 @@ def to_device_weight(data: np.ndarray, scheme: str, device: Any = "cpu", *, copy
     """
     _scheme("to_device_weight", scheme)
     _check_data("to_device_weight", data, scheme, None)
-    if scheme in BLOCK_BYTES and data.shape[1] % BLOCK_BYTES[scheme]:
+    if scheme in BLOCK_BYTES and data.shape[1] % BLOCK_BYTES[scheme]:  # a whole number of blocks
         raise ShapeError(
             f"to_device_weight: a {scheme} row holds {data.shape[1]} bytes, not a whole number of "
             f"{BLOCK_BYTES[scheme]}-byte blocks"

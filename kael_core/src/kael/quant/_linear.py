@@ -12,7 +12,7 @@ from .._tensor import Tensor
 from ..nn._module import Module
 from ..ops import zeros
 from ..ops._quant import check_scheme, quantized_linear
-from ._formats import BLOCK_BYTES, BLOCK_SIZE, quantize_array, storage_shape, to_device_weight
+from ._formats import BLOCK_BYTES, BLOCK_VALUES, quantize_array, storage_shape, to_device_weight
 
 __all__ = ["QuantizedLinear"]
 
@@ -39,9 +39,9 @@ class QuantizedLinear(Module):
         check_scheme("QuantizedLinear", scheme)
         self.in_features = _size("in_features", in_features)
         self.out_features = _size("out_features", out_features)
-        if scheme in BLOCK_BYTES and self.in_features % BLOCK_SIZE:
+        if scheme in BLOCK_BYTES and self.in_features % BLOCK_VALUES[scheme]:
             raise ShapeError(
-                f"QuantizedLinear: a {scheme} layer needs in_features to be a multiple of {BLOCK_SIZE}, "
+                f"QuantizedLinear: a {scheme} layer needs in_features to be a multiple of {BLOCK_VALUES[scheme]}, "
                 f"got {in_features}"
             )
         self.scheme = scheme

@@ -16,7 +16,7 @@ from .._tensor import Tensor
 from ..nn._layers import Linear
 from ..nn._module import Module
 from ..ops._quant import check_scheme
-from ._formats import BLOCK_BYTES, BLOCK_SIZE
+from ._formats import BLOCK_BYTES, BLOCK_VALUES, quantizable
 from ._linear import QuantizedLinear
 
 __all__ = ["quantize", "projection_of"]
@@ -36,7 +36,8 @@ def projection_of(m: Module) -> tuple[Tensor, Tensor | None] | None:
 def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iterable[str] = ()) -> Module:
     """Quantize `model`'s projections to `scheme` in place and return the model.
 
-    ``scheme``: ``"q8_0"``, ``"q4_0"``, ``"bf16"`` or ``"f16"`` (NOTE [weight formats]).
+    ``scheme``: one of ``kael.quant.quantizable()`` (q8_0, q4_0, q4_1, q5_0, q5_1, bf16, f16; NOTE
+    [weight formats]); the other formats of ``SCHEMES`` load and run but have no reference quantizer yet.
     ``skip``: qualified module names (``"lm_head"``, ``"h.0.attn.c_proj"``) left as they are,
     with everything under them. For the block schemes a projection whose in_features is not
     a multiple of 32 stays float32 (as llama.cpp keeps such tensors in a float type). With
@@ -46,6 +47,11 @@ def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iter
     defined (a family rebuilds fused views or caches there).
     """
     check_scheme("quantize", scheme)
+    if scheme not in quantizable():  # a format kael reads and runs but cannot write yet: never another one
+        raise DTypeError(
+            f"quantize: kael has no reference quantizer for {scheme!r} yet (files in it load and run); "
+            f"expected one of {', '.join(quantizable())}"
+        )
     if not isinstance(model, Module):
         raise DTypeError(f"quantize: expected a kael.nn.Module, got {type(model).__name__}")
     if isinstance(skip, str):
@@ -83,7 +89,7 @@ def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iter
                     walk(child, name + ".", stack | {id(child)})
                 continue
             w, b = proj
-            if scheme in BLOCK_BYTES and w.shape[1] % BLOCK_SIZE:
+            if scheme in BLOCK_BYTES and w.shape[1] % BLOCK_VALUES[scheme]:
                 done[id(child)] = child  # stays float32
                 continue
             q = QuantizedLinear.from_float(w, b, scheme)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from ._assert import assert_close
+from ._blocks import weight_blocks
 from ._gradcheck import gradcheck
 
-__all__ = ["assert_close", "gradcheck", "conformance"]
+__all__ = ["assert_close", "gradcheck", "weight_blocks", "conformance"]
 
 
 def __getattr__(name: str) -> Any:

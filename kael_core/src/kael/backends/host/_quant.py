@@ -20,38 +20,30 @@ import numpy as np
 from ..._errors import DTypeError
 from ._io import bf16_bits_to_f32, rd, wr
 
-__all__ = ["KERNELS", "decode", "SCHEMES", "BLOCK_SIZE", "BLOCK_BYTES"]
-
-#: The weight formats, by name (kael.quant.SCHEMES).
-SCHEMES: tuple[str, ...] = ("q8_0", "q4_0", "bf16", "f16")
-#: Values per GGML block.
-BLOCK_SIZE = 32
-#: Bytes per block of each block scheme.
-BLOCK_BYTES: dict[str, int] = {"q8_0": 34, "q4_0": 18}
+__all__ = ["KERNELS", "decode"]
 
 
 def decode(data: np.ndarray, scheme: str, k: int) -> np.ndarray:
     """The float32 [N, k] values of weight data stored in `scheme` (the caller has checked the shapes).
 
-    q8_0 / q4_0: data uint8 [N, k/32*B] of GGML blocks; bf16: uint16 bit patterns [N, k];
-    f16: float16 [N, k] (a float32 array is also taken, for bf16 tensors read already widened).
+    Block schemes: data uint8 [N, k/bv*bb] of GGML blocks, decoded by the registry's reference
+    dequantizer (``kael.quant.formats``, bit-exact with ``gguf.quants``); bf16: uint16 bit patterns
+    [N, k]; f16: float16 [N, k] (a float32 array is also taken, for bf16 tensors read already widened).
     """
     if scheme in ("bf16", "f16"):
         if data.dtype == np.uint16:
             return bf16_bits_to_f32(data)
         return np.asarray(data, dtype=np.float32)
-    if scheme not in BLOCK_BYTES:  # never a fallback to some other layout
-        raise DTypeError(f"decode: unknown weight scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
-    n = data.shape[0]
-    nb = k // BLOCK_SIZE
-    blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(n, nb, BLOCK_BYTES[scheme])
-    d = blocks[..., :2].copy().view("<f2").astype(np.float32)  # [N, nb, 1]: the block scales
-    if scheme == "q8_0":
-        q = blocks[..., 2:].view(np.int8).astype(np.float32)  # [N, nb, 32]
-    else:  # q4_0
-        packed = blocks[..., 2:]  # [N, nb, 16]: value i in the low nibble, value i + 16 in the high one
-        q = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.float32) - 8.0
-    return (d * q).reshape(n, k)
+    from ...quant.formats import FORMATS  # on first use: kael.quant imports this module
+
+    fmt = FORMATS.get(scheme)
+    if fmt is None or not fmt.blocked:  # never a fallback to some other layout
+        known = ", ".join(name for name in FORMATS if name != "f32")
+        raise DTypeError(f"decode: unknown weight scheme {scheme!r}; expected one of {known}")
+    rows = np.ascontiguousarray(data, dtype=np.uint8)
+    if rows.ndim != 2:  # kernels pass [N, bytes]; a caller with another shape has its rows flattened
+        rows = rows.reshape(rows.shape[0], -1) if rows.size else rows.reshape(rows.shape[0], 0)
+    return fmt.dequantize(rows, k)
 
 
 def dequantize(out: Any, weight: Any, scheme: str) -> None:

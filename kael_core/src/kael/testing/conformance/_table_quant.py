@@ -1,8 +1,10 @@
 """Table rows for the weight-format ops: dequantize and quantized_linear (NOTE [weight formats]).
 
-The weights are real blocks (``kael.quant.quantize_array`` of random values, so every float16
-scale is finite), passed as uint8 operands for q8_0 / q4_0 and as bfloat16 / float16 operands
-for bf16 / f16. The rows cover every scheme with 1 to 17 rows, K from 32 to 256, with and
+The weights are real blocks (``kael.testing.weight_blocks``: quantized random values, or for
+the formats without a reference quantizer random blocks redrawn until they decode to moderate
+finite values), passed as uint8 operands for the block formats and as bfloat16 / float16 operands
+for bf16 / f16. The rows cover every scheme of the registry (the 256-value formats with K rounded up to whole
+blocks) with 1 to 17 rows, K from 32 to 256, with and
 without bias, 3-D, transposed and strided x, a strided output, a weight with strided rows
 (and, for the block schemes, starting at an odd byte), and x with no rows. As for the other
 fused ops, a backend's kernels and the frontend decompositions on its primitives are both
@@ -16,7 +18,8 @@ from collections.abc import Callable
 import numpy as np
 
 from kael.backends import dtypes as dt
-from kael.quant import SCHEMES, quantize_array
+from kael.quant import BLOCK_VALUES, SCHEMES
+from kael.testing import weight_blocks
 
 from ._cases import Call, Case, operand
 from ._layout import Operand, Out
@@ -26,13 +29,18 @@ __all__ = ["quant_cases"]
 Builder = Callable[[np.random.Generator], Call]
 #: quantized_linear accumulates K products in float32 in an order of the backend's choosing.
 LINEAR_TOL = (1e-5, 1e-4)
-_WEIGHT_DTYPE = {"q8_0": dt.uint8, "q4_0": dt.uint8, "bf16": dt.bfloat16, "f16": dt.float16}
+_WEIGHT_DTYPE = {s: {"bf16": dt.bfloat16, "f16": dt.float16}.get(s, dt.uint8) for s in SCHEMES}
+
+
+def _k(scheme: str, k: int) -> int:
+    """K for a row of the table: as written for the 32-value formats, whole 256-value blocks for the others."""
+    bv = BLOCK_VALUES.get(scheme, 1)
+    return k if k % bv == 0 else -(-k // bv) * bv
 
 
 def _weight(rng: np.random.Generator, n: int, k: int, scheme: str, layout: str) -> Operand:
     """A weight [n, k] in `scheme`: block bytes (as int64 values of uint8) or float values of the 16-bit dtype."""
-    a = (rng.standard_normal((n, k)) * 0.5).astype(np.float32)
-    data = quantize_array(a, scheme)
+    data = weight_blocks(scheme, n, k, rng)
     d = _WEIGHT_DTYPE[scheme]
     if scheme == "bf16":
         values = (data.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
@@ -45,7 +53,8 @@ def _weight(rng: np.random.Generator, n: int, k: int, scheme: str, layout: str) 
 
 def _dequantize(scheme: str) -> dict[str, Builder]:
     def mk(n: int, k: int, lw: str, lo: str) -> Builder:
-        return lambda rng: Call([Out((n, k), dt.float32, lo), _weight(rng, n, k, scheme, lw), scheme])
+        kk = _k(scheme, k)
+        return lambda rng: Call([Out((n, kk), dt.float32, lo), _weight(rng, n, kk, scheme, lw), scheme])
 
     s = {
         "1x32": mk(1, 32, "contiguous", "contiguous"),
@@ -61,6 +70,8 @@ def _dequantize(scheme: str) -> dict[str, Builder]:
 
 def _quantized_linear(scheme: str) -> dict[str, Builder]:
     def mk(xs: tuple[int, ...], n: int, lx: str, bias: bool, lo: str = "contiguous", lw: str = "contiguous") -> Builder:
+        xs = (*xs[:-1], _k(scheme, xs[-1]))
+
         def build(rng: np.random.Generator) -> Call:
             x = operand(rng, xs, dt.float32, lx, "unit")
             w = _weight(rng, n, xs[-1], scheme, lw)

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 
 import kael
-from kael.quant import SCHEMES, dequantize_array, quantize_array, to_device_weight
-from kael.testing import assert_close
+from kael.quant import SCHEMES, dequantize_array, to_device_weight
+from kael.testing import assert_close, weight_blocks
 
 
 def _weight(n: int, k: int, scheme: str, device: Any) -> tuple[kael.Tensor, np.ndarray]:
-    a = (np.random.default_rng(n * k).standard_normal((n, k)) * 0.5).astype(np.float32)
-    data = quantize_array(a, scheme)
+    data = weight_blocks(scheme, n, k, np.random.default_rng(n * k))
     return to_device_weight(data, scheme, device), dequantize_array(data, scheme, k)
 
 
@@ -47,9 +46,10 @@ def test_quantized_linear_rows_do_not_depend_on_the_batch(scheme: str, kael_back
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_quantized_linear_forward_and_gradient(scheme: str, kael_device: Any) -> None:
-    w, wv = _weight(12, 64, scheme, kael_device)
+    k = 256  # a whole block of every format
+    w, wv = _weight(12, k, scheme, kael_device)
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    x = rng.standard_normal((2, 3, k)).astype(np.float32)
     bias = rng.standard_normal(12).astype(np.float32)
     g = rng.standard_normal((2, 3, 12)).astype(np.float32)
     xt = kael.tensor(x, device=kael_device, requires_grad=True)
