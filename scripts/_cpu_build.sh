@@ -5,6 +5,9 @@
 # cpu_extension DIR                  the path of the _C extension module built in DIR
 # cpu_python DIR [PYTHON ARG...]     run Python with kael_backend_cpu loading DIR's _C
 #
+# Every build compiles through ccache when it is installed (CMAKE_CXX_COMPILER_LAUNCHER), so the
+# sanitizer, coverage and fuzz builds, run again on the same machine, recompile only what changed.
+#
 # cpu_python sets KAEL_CPU_EXTENSION (kael_backend_cpu/README.md), which makes the installed
 # kael_backend_cpu package load that build of the extension instead of its own.
 
@@ -15,9 +18,11 @@ cpu_build() {
     local dir=$1
     shift
     local pybind11_dir
+    local launcher=()
+    command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
     pybind11_dir=$("$PYTHON" -m pybind11 --cmakedir)
     cmake -S kael_backend_cpu -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAEL_BUILD_TESTS=ON \
-        -DPython_EXECUTABLE="$(command -v "$PYTHON")" -Dpybind11_DIR="$pybind11_dir" "$@"
+        -DPython_EXECUTABLE="$(command -v "$PYTHON")" -Dpybind11_DIR="$pybind11_dir" "${launcher[@]}" "$@"
     cmake --build "$dir" -j "$JOBS"
 }
 

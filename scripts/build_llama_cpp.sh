@@ -1,67 +1,108 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench and llama-server for this CPU (-DGGML_NATIVE=ON, static, no
-# network at build time) from the llama.cpp vendored in the llama-cpp-python sdist, the one
-# matching the installed llama_cpp package, so both measure the same llama.cpp:
+# Build, ONCE into a cache outside the clone, everything the llama.cpp comparisons need, from the
+# llama.cpp vendored in the llama-cpp-python 0.3.36 sdist, in ONE cmake build (scikit-build-core's
+# build of the wheel with llama.cpp's tools switched on, so the wheel's shared libraries and the
+# tools are compiled once, through ccache):
 #
-#   build/llama.cpp/src    the source tree (benchmarks/quantized.py --converter llama.cpp finds
-#                          convert_hf_to_gguf.py here)
-#   build/llama.cpp/bin    llama-bench, llama-server (benchmarks/server.py --llama-server uses it)
+#   $CACHE/wheel/llama_cpp_python-0.3.36-*.whl   `pip install` of it takes seconds
+#   $CACHE/bin/llama-{quantize,tokenize,server,bench} (+ the shared libraries they load, RPATH $ORIGIN)
+#   $CACHE/src/convert_hf_to_gguf.py, $CACHE/src/gguf-py   llama.cpp's converter and its gguf-py
+#   $CACHE/COMPLETE                              written last; a cache without it is never used
 #
-# Usage: scripts/build_llama_cpp.sh [SDIST.tar.gz]
-#   SDIST   a llama_cpp_python-*.tar.gz already downloaded; default: pip download of the
-#           installed version (only that package from source, no build isolation)
-#   JOBS=N  parallel compile jobs (default: the number of CPUs); NICE=N (default 10) is the
-#           niceness of the build, so a shared machine's other work keeps its share
+# CACHE = ${KAEL_LLAMA_CPP_CACHE:-$HOME/.cache/kael/llama.cpp-0.3.36}. A complete cache is reused
+# (the script prints its path and exits). The build happens in a temporary sibling directory that
+# is renamed into place at the end, so a killed build leaves nothing half-written. ccache's store
+# is ${CCACHE_DIR:-$(dirname CACHE)/ccache}, kept across rebuilds.
+# tests/llama_cpp_tools.py finds these files (KAEL_LLAMA_CPP_BIN / KAEL_LLAMA_CPP_DIR override).
+#
+# Usage: scripts/build_llama_cpp.sh [--install] [SDIST.tar.gz]
+#   --install  also pip install the cached wheel (--no-deps) into the current Python
+#   SDIST      llama_cpp_python-0.3.36.tar.gz already downloaded (else $KAEL_LLAMA_CPP_SDIST,
+#              else `pip download` of exactly that version)
+#   JOBS=N parallel compile jobs (default: the number of CPUs); NICE=N (default 10) the niceness
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=build/llama.cpp
+version=0.3.36
+cache=${KAEL_LLAMA_CPP_CACHE:-$HOME/.cache/kael/llama.cpp-$version}
 jobs=${JOBS:-$(nproc)}
 nice_level=${NICE:-10}
+install=0
+if [[ ${1:-} == --install ]]; then install=1; shift; fi
+sdist=${1:-${KAEL_LLAMA_CPP_SDIST:-}}
 
-sdist=${1:-}
+install_wheel() {
+    if (( install )); then
+        echo "==> pip install $cache/wheel/*.whl"
+        python -m pip install -q --no-deps --force-reinstall "$cache"/wheel/llama_cpp_python-"$version"-*.whl
+    fi
+}
+
+if [[ -f $cache/COMPLETE ]]; then
+    echo "==> llama.cpp $version: cached in $cache"
+    install_wheel
+    exit 0
+fi
+
+parent=$(dirname "$cache")
+mkdir -p "$parent"
+tmp=$(mktemp -d "$cache.tmp.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export CCACHE_DIR=${CCACHE_DIR:-$parent/ccache}
+# The build directory is a fresh temporary one each time: hash relative paths so ccache still hits.
+export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=1
+
 if [[ -z $sdist ]]; then
-    version=$(python -c "import llama_cpp; print(llama_cpp.__version__)" 2>/dev/null) || {
-        echo "build_llama_cpp.sh: llama_cpp is not importable; pass the sdist (llama_cpp_python-X.tar.gz)" >&2
-        exit 2
-    }
-    mkdir -p "$out/sdist"
     echo "==> pip download llama-cpp-python==$version (sdist)"
     python -m pip download -q --no-deps --no-binary llama-cpp-python --no-build-isolation \
-        -d "$out/sdist" "llama-cpp-python==$version"
-    sdist=$(ls "$out"/sdist/llama_cpp_python-"$version".tar.gz)
+        -d "$tmp/download" "llama-cpp-python==$version"
+    sdist=$tmp/download/llama_cpp_python-$version.tar.gz
 fi
 [[ -f $sdist ]] || { echo "build_llama_cpp.sh: no such file: $sdist" >&2; exit 2; }
 
-echo "==> unpack vendor/llama.cpp of $sdist into $out/src"
-rm -rf "$out/src" "$out/unpack"
-mkdir -p "$out/unpack"
-tar -xzf "$sdist" -C "$out/unpack"
-mv "$out"/unpack/llama_cpp_python-*/vendor/llama.cpp "$out/src"
-rm -rf "$out/unpack"
+echo "==> unpack $sdist"
+tar -xzf "$sdist" -C "$tmp"
+pkg=$tmp/llama_cpp_python-$version
+[[ -f $pkg/vendor/llama.cpp/convert_hf_to_gguf.py ]] || {
+    echo "build_llama_cpp.sh: $sdist is not llama_cpp_python-$version with vendor/llama.cpp" >&2
+    exit 2
+}
 
-echo "==> cmake configure (CPU, GGML_NATIVE=ON, static, no web UI download)"
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-cmake -S "$out/src" -B "$out/cmake" "${generator[@]}" \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON \
-    -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_CURL=OFF >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log" >&2; exit 1; }
+# One cmake build: the wheel's libraries plus llama.cpp's tools (CPU, -march=native, no network).
+export CMAKE_BUILD_PARALLEL_LEVEL=$jobs
+export CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+-DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF \
+-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+-DCMAKE_BUILD_RPATH=\$ORIGIN"
+echo "==> build the wheel and the tools (-j $jobs, nice $nice_level, ccache $CCACHE_DIR; log: $tmp/build.log)"
+start=$(date +%s)
+nice -n "$nice_level" python -m pip wheel -v --no-deps --no-build-isolation \
+    --config-settings=build-dir="$tmp/cmake" -w "$tmp/wheel" "$pkg" >"$tmp/build.log" 2>&1 || {
+    { grep -A8 "CMake Error" "$tmp/build.log" | head -60; tail -30 "$tmp/build.log"; } >&2
+    exit 1
+}
+echo "==> built in $(( $(date +%s) - start ))s; $(ccache -s 2>/dev/null | grep -i 'hits' | head -1 || true)"
 
-echo "==> build llama-bench llama-server (-j $jobs, nice $nice_level; log: $out/build.log)"
-nice -n "$nice_level" cmake --build "$out/cmake" --target llama-bench llama-server -j "$jobs" \
-    >"$out/build.log" 2>&1 || { tail -40 "$out/build.log" >&2; exit 1; }
-
-mkdir -p "$out/bin"
-for exe in llama-bench llama-server; do
-    cp "$(find "$out/cmake" -type f -name "$exe" -perm -u+x | head -1)" "$out/bin/$exe"
+mkdir -p "$tmp/bin" "$tmp/src"
+for exe in llama-quantize llama-tokenize llama-server llama-bench; do
+    path=$(find "$tmp/cmake" -type f -name "$exe" -perm -u+x | head -1)
+    [[ -n $path ]] || { echo "build_llama_cpp.sh: $exe was not built" >&2; exit 1; }
+    cp "$path" "$tmp/bin/$exe"
 done
-"$out/bin/llama-bench" --help >/dev/null
-echo "==> $out/bin: $(ls "$out/bin" | tr '\n' ' ')"
+find "$tmp/cmake" -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} "$tmp/bin/" \;
+mv "$pkg/vendor/llama.cpp/convert_hf_to_gguf.py" "$pkg/vendor/llama.cpp/gguf-py" "$tmp/src/"
+[[ -f $pkg/vendor/llama.cpp/convert_hf_to_gguf_update.py ]] && mv "$pkg/vendor/llama.cpp/convert_hf_to_gguf_update.py" "$tmp/src/"
+for exe in llama-quantize llama-tokenize llama-bench; do
+    "$tmp/bin/$exe" --help >/dev/null 2>&1 || [[ $? -le 1 ]] || { echo "build_llama_cpp.sh: $exe does not run" >&2; exit 1; }
+done
+rm -rf "$pkg" "$tmp/cmake" "$tmp/download"
+mv "$tmp/build.log" "$tmp/build-log.txt"
+echo "$version built $(date -u +%FT%TZ)" >"$tmp/COMPLETE"
+
+# Atomic: the cache appears whole or not at all (a concurrent build that won the race is kept).
+if ! mv -T "$tmp" "$cache" 2>/dev/null; then
+    [[ -f $cache/COMPLETE ]] || { echo "build_llama_cpp.sh: cannot move $tmp to $cache" >&2; exit 1; }
+fi
+trap - EXIT
+echo "==> llama.cpp $version: $cache ($(ls "$cache/bin" | grep -c '^llama-') tools, wheel $(ls "$cache/wheel"))"
+install_wheel

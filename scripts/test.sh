@@ -21,6 +21,11 @@ if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; t
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The C++ backend's wheel build (scikit-build-core reads CMAKE_ARGS) compiles through ccache when
+# it is installed, like scripts/_cpu_build.sh's builds.
+if command -v ccache >/dev/null && [[ ${CMAKE_ARGS:-} != *COMPILER_LAUNCHER* ]]; then
+    export CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+fi
 echo "==> pip install -r requirements-dev.txt"
 python -m pip install -q -r requirements-dev.txt
 python -m pip install -q --no-deps -e ./kael_backend_cuda
@@ -36,12 +41,18 @@ for arg in "$@"; do
         break
     fi
 done
+# Both passes' output also goes to a log, from which the skips of the llama.cpp comparisons
+# (reason "llama.cpp not built", tests/llama_cpp_tools.py) are counted and printed at the end.
+log=$(mktemp "${TMPDIR:-/tmp}/kael-test.XXXXXX")
+trap 'rm -f "$log"' EXIT
 echo "==> pytest, parallel pass (-n ${KAEL_TEST_WORKERS:-auto})"
 parallel=0
-python -m pytest -n "${KAEL_TEST_WORKERS:-auto}" -m "not serial" --durations=30 "$@" || parallel=$?
+python -m pytest -n "${KAEL_TEST_WORKERS:-auto}" -m "not serial" --durations=30 -rs "$@" 2>&1 | tee "$log" || parallel=$?
 echo "==> pytest, serial pass"
 serial=0
-python -m pytest -p no:xdist -m serial --durations=10 "${serial_args[@]}" || serial=$?
+python -m pytest -p no:xdist -m serial --durations=10 -rs "${serial_args[@]}" 2>&1 | tee -a "$log" || serial=$?
+llama_skips=$(sed -nE 's/^SKIPPED \[([0-9]+)\].*llama\.cpp not built.*/\1/p' "$log" | awk '{n += $1} END {print n + 0}')
+echo "==> llama.cpp comparisons skipped: $llama_skips (0 once scripts/build_llama_cpp.sh --install has run)"
 if ((parallel == 5 && serial == 5)); then exit 5; fi
 for rc in "$parallel" "$serial"; do
     if ((rc != 0 && rc != 5)); then exit "$rc"; fi

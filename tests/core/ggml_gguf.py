@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import llama_cpp_tools
 import pytest
 
 __all__ = ["GgmlFile", "accepts", "library", "read"]
@@ -47,10 +48,12 @@ def library() -> Any:
     global _LIB
     if _LIB is not None:
         return _LIB
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason=llama_cpp_tools.SKIP_REASON + ": no llama_cpp package (llama-cpp-python)"
+    )
     path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
     if not os.path.exists(path):
-        pytest.skip(f"llama_cpp has no {path}")
+        pytest.skip(f"{llama_cpp_tools.SKIP_REASON}: llama_cpp has no {path}")
     lib = ctypes.CDLL(path)
     p, i64, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p
     protos: dict[str, tuple[Any, list[Any]]] = {

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import kael
+import llama_cpp_tools
 import numpy as np
 import pytest
 from hf_fixtures import GPT2_DATA, write_llama3
@@ -263,7 +264,7 @@ def chat_dir(root: Path) -> Path:
 @pytest.mark.parametrize("weights", SCHEMES)
 @pytest.mark.parametrize("which", ["kael-tiny-chat", "gpt2"])
 def test_llama_cpp_agrees(request: pytest.FixtureRequest, which: str, weights: str | None) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason=llama_cpp_tools.SKIP_REASON + ": no llama_cpp package")
     d = request.getfixturevalue("chat_dir" if which == "kael-tiny-chat" else "gpt2_dir")
     path = _export(d, weights)
     model, tok = load_gguf(path)
@@ -283,7 +284,7 @@ def test_llama_cpp_agrees(request: pytest.FixtureRequest, which: str, weights: s
 
 @pytest.mark.parametrize("which", ["kael-tiny-chat", "gpt2", "llama3-vocab"])
 def test_llama_cpp_tokenizes_as_kael(request: pytest.FixtureRequest, root: Path, which: str) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason=llama_cpp_tools.SKIP_REASON + ": no llama_cpp package")
     if which == "llama3-vocab":  # a regex split, then byte-level BPE (tokenizer.ggml.pre 'llama-bpe')
         d = root / "llama3-vocab"
         if not d.exists():
@@ -443,13 +444,10 @@ def test_llama_cpp_converter_files_load(
     request: pytest.FixtureRequest, root: Path, tmp_path: Path, which: str, outtype: str
 ) -> None:
     import json
-    import os
     import subprocess
     import sys
 
-    src = os.environ.get("KAEL_LLAMA_CPP_DIR")
-    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
-        pytest.skip("set KAEL_LLAMA_CPP_DIR to a llama.cpp source tree to convert with its convert_hf_to_gguf.py")
+    src = str(llama_cpp_tools.require_source())
     if which == "llama-untied":
         d = root / "llama3-vocab"
         if not d.exists():
@@ -509,7 +507,7 @@ def test_a_padded_vocabulary(root: Path, tmp_path: Path) -> None:
     model, back = load_gguf(path)
     assert back.encode(TEXT) == tok.encode(TEXT)
     np.testing.assert_array_equal(_logits(model, tok.encode(TEXT)), _logits(from_pretrained(d), tok.encode(TEXT)))
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason=llama_cpp_tools.SKIP_REASON + ": no llama_cpp package")
     llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     assert llm.tokenize(TEXT.encode(), add_bos=True, special=True) == tok.encode(TEXT)
     short = _rewrite(

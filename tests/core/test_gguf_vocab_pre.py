@@ -13,11 +13,11 @@ found (``KAEL_LLAMA_TOKENIZE``, or ``build/llama.cpp/bin``), its ids are compare
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import kael
+import llama_cpp_tools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -204,19 +204,13 @@ def test_unknown_name_is_refused_naming_the_known_ones(oracles: dict[str, Tokeni
         tokenizer_from_gguf(meta, "m.gguf")
 
 
-def _llama_tokenize() -> str | None:
-    env = os.environ.get("KAEL_LLAMA_TOKENIZE")
-    if env:
-        return env
-    local = Path(__file__).resolve().parents[2] / "build" / "llama.cpp" / "bin" / "llama-tokenize"
-    return str(local) if local.exists() else shutil.which("llama-tokenize")
+def _llama_tokenize() -> str:
+    return os.environ.get("KAEL_LLAMA_TOKENIZE") or llama_cpp_tools.require_tool("llama-tokenize")
 
 
 @pytest.mark.parametrize("name", BRIEF_NAMES)
 def test_ids_equal_llama_tokenize(name: str, files: dict[str, Path], tmp_path: Path) -> None:
     exe = _llama_tokenize()
-    if exe is None:
-        pytest.skip("no llama-tokenize binary (KAEL_LLAMA_TOKENIZE or build/llama.cpp/bin/llama-tokenize)")
     tok = _read(files[name])
     text = "\n".join(TEXTS)
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
