@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 MAX_PORT = 65535
-WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0")
+WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 """``--weights`` choices: ``kael.models.WEIGHTS`` (named here so the web stack imports without kael)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

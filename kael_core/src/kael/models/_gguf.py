@@ -44,6 +44,7 @@ from ..autograd import no_grad
 from ..nn import Module
 from ..nn._module import _set_data
 from ..ops import detach, to, transpose
+from ..quant import BLOCK_VALUES, SCHEMES
 from ._generation_config import GenerationConfig
 
 if TYPE_CHECKING:
@@ -69,13 +70,16 @@ __all__ = [
     "meta_float",
 ]
 
-GGUF_SCHEMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "BF16": "bf16", "F16": "f16"}
-"""GGUF tensor types that are a ``kael.quant`` scheme (F32 is a float parameter)."""
+GGUF_SCHEMES = {name.upper(): name for name in SCHEMES}
+"""GGUF tensor types that are a ``kael.quant`` scheme: every registry format but F32 (a float parameter)."""
 _TYPE_OF = {v: k for k, v in GGUF_SCHEMES.items()}
-FILE_TYPES = {None: 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
-"""``general.file_type`` (llama.cpp's ``llama_ftype``) for a model's ``weights_scheme``."""
+FILE_TYPES = {
+    None: 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 12,
+    "q4_k": 15, "q5_k": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "bf16": 32,
+}  # fmt: skip
+"""``general.file_type`` (llama.cpp's ``llama_ftype``) for a model's ``weights_scheme`` (the scheme most of
+its projections have; for a K-quant, the _M mix's value, which is what a file of that majority usually is)."""
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-_BLOCK = 32
 
 ROLE_LINEAR = "linear"  # a projection's weight [out, in]: float parameter or QuantizedLinear
 ROLE_TABLE = "table"  # the token embedding [V, C]: float parameter or the family's QuantizedTable
@@ -213,8 +217,9 @@ def _check(specs: list[TensorSpec], f: GGUFFile, where: str) -> dict[str, Tensor
             problems.append(f"tensor {name!r} has type {t.type}, expected one of {list(_FLOAT_TYPES)}")
         elif spec.role != ROLE_FLOAT and t.type not in ("F32", *GGUF_SCHEMES):
             problems.append(f"tensor {name!r} has type {t.type}, expected one of {['F32', *GGUF_SCHEMES]}")
-        elif t.type in ("Q8_0", "Q4_0") and t.shape[-1] % _BLOCK:
-            problems.append(f"tensor {name!r} is {t.type} with rows of {t.shape[-1]} values, not a multiple of 32")
+        elif GGUF_SCHEMES.get(t.type) in BLOCK_VALUES and t.shape[-1] % BLOCK_VALUES[GGUF_SCHEMES[t.type]]:
+            bv = BLOCK_VALUES[GGUF_SCHEMES[t.type]]
+            problems.append(f"tensor {name!r} is {t.type} with rows of {t.shape[-1]} values, not a multiple of {bv}")
     if problems:
         raise FormatError(f"{where}: " + "; ".join(problems))
     return by_name
@@ -399,7 +404,7 @@ def _module_tensor(
         arr = np.ascontiguousarray(arr.T)
     if inv is not None:
         arr = np.ascontiguousarray(arr[inv])
-    if spec.role == ROLE_FLOAT or scheme is None or (scheme in ("q8_0", "q4_0") and arr.shape[-1] % _BLOCK):
+    if spec.role == ROLE_FLOAT or scheme is None or (scheme in BLOCK_VALUES and arr.shape[-1] % BLOCK_VALUES[scheme]):
         return "F32", arr
     return _TYPE_OF[scheme], np.asarray(quantize_array(arr, scheme))
 

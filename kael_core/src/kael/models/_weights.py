@@ -39,6 +39,7 @@ from .._errors import DTypeError, FormatError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..nn import Module
 from ..ops import detach, index_select, reshape, view
+from ..quant import BLOCK_BYTES, BLOCK_VALUES
 
 __all__ = [
     "WEIGHTS",
@@ -61,10 +62,11 @@ __all__ = [
     "stored_shape",
 ]
 
-WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0")
-"""The ``weights`` choices of ``from_pretrained``, ``python -m kael generate`` and ``kael-server``."""
-BLOCK_SCHEMES = {"q8_0": 34, "q4_0": 18}  # bytes per block of 32 values (GGML's layouts)
-_BLOCK = 32
+WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+"""The ``weights`` choices of ``from_pretrained``, ``python -m kael generate`` and ``kael-server``:
+f32 and every format kael can quantize to (``kael.quant.quantizable()``; a test checks they agree)."""
+BLOCK_SCHEMES = dict(BLOCK_BYTES)
+"""Bytes per block of every block format of the registry (``kael.quant.BLOCK_BYTES``)."""
 _WEIGHT_DTYPES = {"bf16": dt.bfloat16, "f16": dt.float16}
 _SCHEMES = (*BLOCK_SCHEMES, *_WEIGHT_DTYPES)
 QUANTIZATION_KEY = "kael.quantization"
@@ -97,14 +99,15 @@ def check_weights_dtype(scheme: str | None, dtype: Any, where: str = "from_pretr
 
 def head_scheme(scheme: str) -> str:
     """The scheme of the output head (and of a tied token table) for ``scheme`` (NOTE [weights choice])."""
-    return "q8_0" if scheme == "q4_0" else scheme
+    # llama.cpp gives the head Q6_K in these files; kael has no Q6_K quantizer yet, so Q8_0
+    return "q8_0" if scheme in ("q4_0", "q4_1", "q5_0", "q5_1") else scheme
 
 
 def stored_shape(scheme: str, shape: tuple[int, int]) -> tuple[int, int]:
     """The shape of the tensor that holds a [N, K] matrix in ``scheme`` (uint8 blocks or [N, K])."""
     n, k = shape
     b = BLOCK_SCHEMES.get(scheme)
-    return (n, k // _BLOCK * b) if b is not None else (n, k)
+    return (n, k // BLOCK_VALUES[scheme] * b) if b is not None else (n, k)
 
 
 def _stored_dtype(scheme: str) -> dt.DType:
@@ -127,8 +130,10 @@ class QuantizedTable(Module):
             raise KaelError(
                 f"QuantizedTable: scheme must be one of {[*BLOCK_SCHEMES, *_WEIGHT_DTYPES]}, got {scheme!r}"
             )
-        if scheme in BLOCK_SCHEMES and dim % _BLOCK:
-            raise ShapeError(f"QuantizedTable: dim must be a multiple of {_BLOCK} for {scheme!r}, got {dim}")
+        if scheme in BLOCK_SCHEMES and dim % BLOCK_VALUES[scheme]:
+            raise ShapeError(
+                f"QuantizedTable: dim must be a multiple of {BLOCK_VALUES[scheme]} for {scheme!r}, got {dim}"
+            )
         self.num_embeddings, self.dim, self.scheme = num_embeddings, dim, scheme
         shape = stored_shape(scheme, (num_embeddings, dim))
         self.register_buffer("weight", empty(shape, dtype=_stored_dtype(scheme), device=device))
@@ -302,9 +307,10 @@ def read_quantization(directory: Any) -> QuantizedCheckpoint:
             or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape)
         ):
             raise FormatError(f"{where}: tensor {key!r} has shape {_short(shape)}, expected [out, in] positive ints")
-        if scheme in BLOCK_SCHEMES and shape[1] % _BLOCK:
+        if scheme in BLOCK_SCHEMES and shape[1] % BLOCK_VALUES[scheme]:
             raise FormatError(
-                f"{where}: tensor {key!r} has shape {shape}; {scheme} needs in_features a multiple of {_BLOCK}"
+                f"{where}: tensor {key!r} has shape {shape}; {scheme} needs in_features a multiple of "
+                f"{BLOCK_VALUES[scheme]}"
             )
         specs[key] = QuantizedSpec(scheme, (shape[0], shape[1]))
     weights = meta.get(WEIGHTS_KEY)
