@@ -9,6 +9,11 @@
 #   $CACHE/src/convert_hf_to_gguf.py, $CACHE/src/gguf-py   llama.cpp's converter and its gguf-py
 #   $CACHE/COMPLETE                              written last; a cache without it is never used
 #
+# The wheel is built with LLAVA_BUILD=OFF: llama.cpp's tools (LLAMA_BUILD_TOOLS=ON) already add
+# tools/mtmd, which the package's own CMakeLists would add a second time (a CMake error), so the
+# wheel has no libmtmd (llama_cpp.mtmd_cpp, multimodal chat handlers; no test uses them).
+# Measured cold (2 shared cores, nice 10, 6 other engineers' work): 7 min 35 s wall in all.
+#
 # CACHE = ${KAEL_LLAMA_CPP_CACHE:-$HOME/.cache/kael/llama.cpp-0.3.36}. A complete cache is reused
 # (the script prints its path and exits). The build happens in a temporary sibling directory that
 # is renamed into place at the end, so a killed build leaves nothing half-written. ccache's store
@@ -16,7 +21,7 @@
 # tests/llama_cpp_tools.py finds these files (KAEL_LLAMA_CPP_BIN / KAEL_LLAMA_CPP_DIR override).
 #
 # Usage: scripts/build_llama_cpp.sh [--install] [SDIST.tar.gz]
-#   --install  also pip install the cached wheel (--no-deps) into the current Python
+#   --install  also pip install the cached wheel (and its small pure-Python dependencies)
 #   SDIST      llama_cpp_python-0.3.36.tar.gz already downloaded (else $KAEL_LLAMA_CPP_SDIST,
 #              else `pip download` of exactly that version)
 #   JOBS=N parallel compile jobs (default: the number of CPUs); NICE=N (default 10) the niceness
@@ -33,7 +38,10 @@ sdist=${1:-${KAEL_LLAMA_CPP_SDIST:-}}
 install_wheel() {
     if (( install )); then
         echo "==> pip install $cache/wheel/*.whl"
-        python -m pip install -q --no-deps --force-reinstall "$cache"/wheel/llama_cpp_python-"$version"-*.whl
+        local wheel=("$cache"/wheel/llama_cpp_python-"$version"-*.whl)
+        # The wheel itself always replaces what is installed; its dependencies only when missing.
+        python -m pip install -q --no-deps --force-reinstall "${wheel[@]}"
+        python -m pip install -q "${wheel[@]}"
     fi
 }
 
