@@ -534,9 +534,9 @@ def test_cli_generate_with_weights(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", str(d), "--weights", "q4_0", "--max-tokens", "24", "def "]) == 0
     assert capsys.readouterr().out == tok.decode_text(ids[:cut]) + "\n"
     with pytest.raises(SystemExit) as info:
-        main(["generate", "--model", str(d), "--weights", "q5_0", "x"])
+        main(["generate", "--model", str(d), "--weights", "q7_0", "x"])
     assert info.value.code == 2
-    assert "invalid choice: 'q5_0'" in capsys.readouterr().err
+    assert "invalid choice: 'q7_0'" in capsys.readouterr().err
 
 
 def test_cli_chat_with_weights(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,7 +96,11 @@ def version_text() -> str:
     return f"kael {__version__} (Python {platform.python_version()}, NumPy {numpy})"
 
 
-WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0")  # kael.models' weights choices (kael/models/_weights.py)
+def _weights() -> tuple[str, ...]:
+    """kael.models' weights choices (kael/models/_weights.py), for the --weights flags."""
+    from kael.models import WEIGHTS
+
+    return WEIGHTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument(
         "--weights",
         default=None,
-        choices=WEIGHTS,
+        choices=_weights(),
         help="load the weights in this format: f32, bf16, f16, or GGML's q8_0 / q4_0 blocks (projections and "
         "token table, as llama.cpp's default quantization; norms and biases stay float32). Default: as stored",
     )
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument(
         "--weights",
         default=None,
-        choices=WEIGHTS,
+        choices=_weights(),
         help="load the weights in this format: f32, bf16, f16, or GGML's q8_0 / q4_0 blocks (projections and "
         "token table, as llama.cpp's default quantization; norms and biases stay float32). Default: as stored",
     )
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument(
         "--weights",
         default=None,
-        choices=("f32", "bf16", "f16", "q8_0", "q4_0"),
+        choices=_weights(),
         help="weight format of the projections and token table (default: as the checkpoint holds them)",
     )
     args = parser.parse_args(argv)
