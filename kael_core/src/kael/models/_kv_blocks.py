@@ -19,15 +19,7 @@ NOTE [block states]: every block is in exactly one state:
 ``free_blocks`` counts free and cached blocks (both can be handed out now). ``check()``
 verifies every invariant below and is cheap enough to call after each operation in tests.
 
-NOTE [prefix keys]: a full block is identified by its chained key ``digest(namespace,
-parent's key, its token ids)`` (the first block's parent key is empty), so a key stands
-for the whole prefix up to the block's end in one model (``namespace``). A digest
-collision must never make two different contents share a block, so the index is only a
-fast path: each full block also carries a *content id* (cid) and the registered block
-stores ``(parent cid, token ids)``; a lookup that finds a key reuses the block only when
-both equal exactly what it is looking for. By induction on the depth, equal cids mean
-equal token prefixes (a block takes an existing cid only after that exact check, and
-cids are never reused), whatever the digest does.
+NOTE [prefix keys] (how full blocks are named and matched): see _block_keys.py.
 
 NOTE [twins]: at most one block per cid is registered, and a registered content that a block
 in use holds is registered to a block in use, so a lookup never revives a cached block whose
@@ -74,101 +66,16 @@ in start order) and recomputes it later.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 
 from .._errors import KaelError, ShapeError
+from ._block_check import check_pool
+from ._block_keys import Digest, block_keys, count_arg, default_digest, encode_block, token_ids
+from ._block_records import Allocation, AppendResult, SeqState
 
 __all__ = ["AppendResult", "Allocation", "BlockPool", "block_keys", "default_digest"]
-
-Digest = Callable[[bytes], bytes]
-
-
-def default_digest(data: bytes) -> bytes:
-    """The pool's key digest: 32-byte BLAKE2b."""
-    return hashlib.blake2b(data, digest_size=32).digest()
-
-
-def _field(data: bytes) -> bytes:
-    return str(len(data)).encode() + b":" + data
-
-
-def _encode(namespace: str, parent: bytes, tokens: Sequence[int]) -> bytes:
-    # Length-prefixed fields and comma-separated decimal ids: no two inputs encode alike.
-    body = b",".join(str(t).encode() for t in tokens)
-    return b"kael-kv-block\0" + _field(namespace.encode()) + _field(parent) + _field(body)
-
-
-def _count(method: str, name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ShapeError(f"BlockPool{method}: {name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _tokens(where: str, tokens: object) -> list[int]:
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-        raise ShapeError(f"{where}: tokens must be a sequence of token ids, got {type(tokens).__name__}")
-    out = list(tokens)
-    if not out:
-        raise ShapeError(f"{where}: tokens must hold at least one token id, got an empty sequence")
-    for i, t in enumerate(out):
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ShapeError(f"{where}: token {i} must be a non-negative int, got {t!r}")
-    return out
-
-
-def block_keys(
-    tokens: Sequence[int], block_size: int = 16, namespace: str = "", digest: Digest = default_digest
-) -> list[bytes]:
-    """The chained keys of the full blocks of ``tokens`` (NOTE [prefix keys]), first block first."""
-    _count(".block_keys", "block_size", block_size, 1)
-    ids = _tokens("block_keys", tokens)
-    keys: list[bytes] = []
-    parent = b""
-    for i in range(len(ids) // block_size):
-        parent = digest(_encode(namespace, parent, ids[i * block_size : (i + 1) * block_size]))
-        keys.append(parent)
-    return keys
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """A sequence's blocks, and how many leading tokens already have their K/V in them.
-
-    ``cached_tokens`` is a multiple of the block size, and at most ``len(tokens) - 1`` after
-    ``allocate`` (at least the last prompt token is computed, so the caller gets its logits):
-    the caller prefills positions ``cached_tokens`` onwards. After ``fork`` it is the whole
-    length (nothing to compute).
-    """
-
-    block_table: tuple[int, ...]
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    """Where an appended position's K/V goes: slot ``slot`` of block ``block``.
-
-    ``copied_from`` is None, or the shared block whose slots ``[0, slot)`` the caller copies
-    into ``block`` before writing (NOTE [copy-on-write]).
-    """
-
-    block: int
-    slot: int
-    copied_from: int | None = None
-
-
-class _Seq:
-    __slots__ = ("last_cid", "last_key", "table", "tokens")
-
-    def __init__(self, tokens: list[int], table: list[int], last_key: bytes, last_cid: int) -> None:
-        self.tokens = tokens  # every token id of the sequence, prompt and appended
-        self.table = table  # block ids, len == ceil(len(tokens) / block_size)
-        self.last_key = last_key  # chained key of the last full block (b"" before the first)
-        self.last_cid = last_cid  # its content id (0: the empty prefix)
 
 
 class BlockPool:
@@ -190,8 +97,8 @@ class BlockPool:
         prefix_caching: bool = True,
         _digest: Digest = default_digest,
     ) -> None:
-        self.num_blocks = _count("", "num_blocks", num_blocks, 1)
-        self.block_size = _count("", "block_size", block_size, 1)
+        self.num_blocks = count_arg("", "num_blocks", num_blocks, 1)
+        self.block_size = count_arg("", "block_size", block_size, 1)
         if not isinstance(namespace, str):
             raise ShapeError(f"BlockPool: namespace must be a str, got {namespace!r}")
         if not isinstance(prefix_caching, bool):
@@ -213,7 +120,7 @@ class BlockPool:
         self._holders: dict[int, set[int]] = {}  # cid -> every block with that content
         self._children: dict[int, set[int]] = {}  # cid -> registered blocks whose parent it is
         self._next_cid = 1
-        self._seqs: dict[Hashable, _Seq] = {}
+        self._seqs: dict[Hashable, SeqState] = {}
         self.queries_tokens = 0
         self.hit_tokens = 0
         self.evictions = 0
@@ -223,8 +130,8 @@ class BlockPool:
         cls, tokens: int, block_size: int = 16, *, namespace: str = "", prefix_caching: bool = True
     ) -> BlockPool:
         """A pool whose blocks hold ``tokens`` positions in all (rounded up to whole blocks)."""
-        _count(".for_tokens", "tokens", tokens, 1)
-        _count(".for_tokens", "block_size", block_size, 1)
+        count_arg(".for_tokens", "tokens", tokens, 1)
+        count_arg(".for_tokens", "block_size", block_size, 1)
         return cls(-(-tokens // block_size), block_size, namespace=namespace, prefix_caching=prefix_caching)
 
     # -- state ------------------------------------------------------------------------------------
@@ -311,7 +218,7 @@ class BlockPool:
         the next ``allocate`` (NOTE [when blocks are registered]).
         """
         self._new_id("allocate", seq_id)
-        ids = _tokens("BlockPool.allocate", tokens)
+        ids = token_ids("BlockPool.allocate", tokens)
         bs, n = self.block_size, len(ids)
         hits, key, cid, missed = self._lookup(ids)
         need = -(-n // bs) - len(hits)
@@ -323,7 +230,7 @@ class BlockPool:
                 del self._cached[b]
             self._ref[b] += 1
         table = hits + [self._take() for _ in range(need)]
-        seq = _Seq(ids, table, key, cid)
+        seq = SeqState(ids, table, key, cid)
         for i in range(len(hits), n // bs):
             self._filled(seq, i, missed if i == len(hits) else None)
         self._seqs[seq_id] = seq
@@ -334,7 +241,7 @@ class BlockPool:
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """Leading tokens of ``tokens`` that ``allocate`` would find cached now (whole blocks, never
         the last token). Changes nothing: a scheduler sizes a prompt's first chunk with it."""
-        return len(self._lookup(_tokens("BlockPool.cached_prefix", tokens))[0]) * self.block_size
+        return len(self._lookup(token_ids("BlockPool.cached_prefix", tokens))[0]) * self.block_size
 
     def _lookup(self, ids: list[int]) -> tuple[list[int], bytes, int, bytes | None]:
         """The cached blocks of ``ids``' longest prefix, the last one's key and cid, and the key of
@@ -389,7 +296,7 @@ class BlockPool:
         self._new_id("fork", dst_id)
         for b in src.table:
             self._ref[b] += 1
-        self._seqs[dst_id] = _Seq(list(src.tokens), list(src.table), src.last_key, src.last_cid)
+        self._seqs[dst_id] = SeqState(list(src.tokens), list(src.table), src.last_key, src.last_cid)
         return Allocation(tuple(src.table), len(src.tokens))
 
     def free(self, seq_id: Hashable, *, cache: bool = True) -> None:
@@ -422,90 +329,11 @@ class BlockPool:
     # -- invariants -------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise KaelError naming the first violated invariant of the pool (NOTE [block states])."""
-
-        def fail(what: str) -> None:
-            raise KaelError(f"BlockPool.check: {what}")
-
-        n, bs = self.num_blocks, self.block_size
-        free = set(self._free)
-        if len(free) != len(self._free):
-            fail(f"a block is twice in the free list {sorted(self._free)}")
-        counts = [0] * n
-        for sid, seq in self._seqs.items():
-            if len(seq.table) != -(-len(seq.tokens) // bs) or not seq.tokens:
-                fail(f"sequence {sid!r}: {len(seq.table)} blocks for {len(seq.tokens)} tokens")
-            if len(set(seq.table)) != len(seq.table):
-                fail(f"sequence {sid!r} holds a block twice: {seq.table}")
-            for b in seq.table:
-                if not 0 <= b < n:
-                    fail(f"sequence {sid!r} holds block {b}, out of range")
-                counts[b] += 1
-        for b in range(n):
-            states = [b in free, b in self._cached, self._ref[b] > 0]
-            if self._ref[b] < 0:
-                fail(f"block {b} has a negative reference count {self._ref[b]}")
-            if self._ref[b] != counts[b]:
-                fail(f"block {b} has reference count {self._ref[b]} but {counts[b]} tables hold it")
-            if sum(states) != 1:
-                fail(f"block {b} is not exactly one of free/cached/in use: {states}")
-            if b in self._cached and not self._registered(b):
-                fail(f"cached block {b} is not registered")
-            if b in self._cached and self._holders.get(self._cid[b]) != {b}:
-                others = sorted(self._holders.get(self._cid[b], set()) - {b})
-                fail(f"cached block {b} has a twin in use (blocks {others} hold its content)")
-            if b in free and (self._key[b] is not None or self._cid[b]):
-                fail(f"free block {b} still carries content (cid {self._cid[b]})")
-        holders: dict[int, set[int]] = {}
-        for b in range(n):
-            if self._cid[b]:
-                holders.setdefault(self._cid[b], set()).add(b)
-        if holders != {c: s for c, s in self._holders.items() if s}:
-            fail(f"the content holders {self._holders} disagree with the blocks' cids {holders}")
-        children: dict[int, set[int]] = {}
-        for key, b in self._index.items():
-            if not 0 <= b < n or self._key[b] != key:
-                fail(f"the index maps key {key.hex()} to block {b}, whose key is another")
-            if len(self._btokens[b]) != bs or not self._cid[b]:
-                fail(f"registered block {b} is not a full block with content")
-            if self._parent[b] and self._parent[b] not in holders:
-                fail(f"registered block {b}'s parent content {self._parent[b]} is held by no block")
-            children.setdefault(self._parent[b], set()).add(b)
-        if children != {c: s for c, s in self._children.items() if s}:
-            fail(f"the children map {self._children} disagrees with the index {children}")
-        cids = [self._cid[b] for b in self._index.values()]
-        if len(set(cids)) != len(cids):
-            fail("two registered blocks have the same content")
-        if self.prefix_caching:
-            self._check_contents()
-        elif self._index or self._cached or any(self._cid):
-            fail("prefix caching is off but blocks are registered")
-
-    def _check_contents(self) -> None:
-        # Every full block of a live sequence carries that sequence's own chained key and tokens,
-        # and every block shared by sequences holds the same tokens for each of them.
-        bs = self.block_size
-        seen: dict[int, tuple[int, tuple[int, ...]]] = {}
-        for sid, seq in self._seqs.items():
-            key, cid = b"", 0
-            for i, b in enumerate(seq.table):
-                own = tuple(seq.tokens[i * bs : (i + 1) * bs])
-                if b in seen and seen[b] != (i, own):
-                    raise KaelError(f"BlockPool.check: block {b} is shared by sequences with different tokens")
-                seen[b] = (i, own)
-                if len(own) < bs:
-                    if self._cid[b]:
-                        raise KaelError(f"BlockPool.check: sequence {sid!r}'s partial block {b} has content")
-                    continue
-                key = self._chain(key, own)
-                if self._key[b] != key or self._btokens[b] != own or self._parent[b] != cid or not self._cid[b]:
-                    raise KaelError(f"BlockPool.check: sequence {sid!r}'s block {b} (#{i}) carries another content")
-                cid = self._cid[b]
-            if (key, cid) != (seq.last_key, seq.last_cid):
-                raise KaelError(f"BlockPool.check: sequence {sid!r}'s chain state is stale")
+        check_pool(self)
 
     # -- internals --------------------------------------------------------------------------------
     def _chain(self, parent: bytes, own: Sequence[int]) -> bytes:
-        return self._digest(_encode(self.namespace, parent, own))
+        return self._digest(encode_block(self.namespace, parent, own))
 
     def _registered(self, b: int) -> bool:
         key = self._key[b]
@@ -522,7 +350,7 @@ class BlockPool:
         self._ref[b] = 1
         return b
 
-    def _filled(self, seq: _Seq, i: int, key: bytes | None = None) -> None:
+    def _filled(self, seq: SeqState, i: int, key: bytes | None = None) -> None:
         """Block ``i`` of ``seq`` has just become full: give it its key and content, register it if new.
 
         A registered twin that is only cached hands its registration to this block and goes back
@@ -590,7 +418,7 @@ class BlockPool:
             raise ShapeError(f"BlockPool.{method}: block must be an int in [0, {self.num_blocks}), got {block!r}")
         return block
 
-    def _seq(self, method: str, seq_id: Hashable) -> _Seq:
+    def _seq(self, method: str, seq_id: Hashable) -> SeqState:
         try:
             seq = self._seqs.get(seq_id)
         except TypeError:  # an unhashable id names no sequence

@@ -61,7 +61,7 @@ def _count(name: str, value: Any, minimum: int) -> int:
 
 
 def model_identity(model: Any) -> str:
-    """A short digest naming ``model``'s weights for prefix caching (NOTE [prefix keys] in _kv_blocks.py).
+    """A short digest naming ``model``'s weights for prefix caching (NOTE [prefix keys] in _block_keys.py).
 
     Blocks of different models never match: the digest covers the family, its config, the dtype
     and weight format, and the first values of every parameter (cheap; two checkpoints differing
