@@ -6,7 +6,7 @@
 #
 #   $CACHE/wheel/llama_cpp_python-0.3.36-*.whl   `pip install` of it takes seconds
 #   $CACHE/bin/llama-{quantize,tokenize,server,bench} (+ the shared libraries they load, RPATH $ORIGIN)
-#   $CACHE/src/convert_hf_to_gguf.py, $CACHE/src/gguf-py   llama.cpp's converter and its gguf-py
+#   $CACHE/src/{convert_hf_to_gguf.py,conversion,gguf-py}   llama.cpp's converter, what it imports
 #   $CACHE/COMPLETE                              written last; a cache without it is never used
 #
 # The wheel is built with LLAVA_BUILD=OFF: llama.cpp's tools (LLAMA_BUILD_TOOLS=ON) already add
@@ -98,8 +98,11 @@ for exe in llama-quantize llama-tokenize llama-server llama-bench; do
     cp "$path" "$tmp/bin/$exe"
 done
 find "$tmp/cmake" -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} "$tmp/bin/" \;
-mv "$pkg/vendor/llama.cpp/convert_hf_to_gguf.py" "$pkg/vendor/llama.cpp/gguf-py" "$tmp/src/"
-[[ -f $pkg/vendor/llama.cpp/convert_hf_to_gguf_update.py ]] && mv "$pkg/vendor/llama.cpp/convert_hf_to_gguf_update.py" "$tmp/src/"
+# The converter: convert_hf_to_gguf.py, the conversion package it imports, gguf-py.
+for item in convert_hf_to_gguf.py conversion gguf-py; do
+    [[ -e $pkg/vendor/llama.cpp/$item ]] || { echo "build_llama_cpp.sh: no vendor/llama.cpp/$item in $sdist" >&2; exit 1; }
+    mv "$pkg/vendor/llama.cpp/$item" "$tmp/src/"
+done
 for exe in llama-quantize llama-tokenize llama-bench; do
     "$tmp/bin/$exe" --help >/dev/null 2>&1 || [[ $? -le 1 ]] || { echo "build_llama_cpp.sh: $exe does not run" >&2; exit 1; }
 done
