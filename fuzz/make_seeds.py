@@ -371,7 +371,21 @@ def gguf_seeds() -> Seeds:
     v2 = _gguf_file(
         [_gguf_kv("general.name", 8, _gguf_str("v2"))], [_gguf_info("s", [], 28, 0)], struct.pack("<d", 1.5), version=2
     )
+    per_type = {}  # one seed per block format of kael's registry: two rows of two blocks each
+    from kael.quant.formats import FORMATS
+
+    for fmt in FORMATS.values():
+        if not fmt.blocked:
+            continue
+        block = (struct.pack("<e", 0.5) * (fmt.block_bytes // 2 + 1))[: fmt.block_bytes]  # float16 0.5 in every slot
+        data = bytes(b ^ (i % 251) for i, b in enumerate(block * 4))  # vary the bits, keep the layout
+        per_type[f"type_{fmt.name}_2x2_blocks.gguf"] = _gguf_file(
+            [_gguf_kv("general.name", 8, _gguf_str(fmt.name))],
+            [_gguf_info(f"{fmt.name}.weight", [2 * fmt.block_values, 2], fmt.ggml_type, 0)],
+            data,
+        )
     return {
+        **per_type,
         "every_value_type_f32_q8_0.gguf": value_file,
         "alignment_64_q4_0_bf16_f16_ints.gguf": blocks,
         "version_2_scalar_f64.gguf": v2,

@@ -310,6 +310,13 @@ def _pad(n: int, alignment: int) -> int:
     return -n % alignment
 
 
+def _zeros(f: BinaryIO, n: int) -> None:
+    """Padding of n zero bytes, skipped over (a hole the file system reads as zeros), not built in memory:
+    a file's alignment may be as large as 2**31, and a 62-byte input must not cost gigabytes."""
+    if n:
+        f.seek(n, io.SEEK_CUR)
+
+
 def _write_array(f: BinaryIO, a: np.ndarray[Any, Any]) -> None:
     flat = np.ascontiguousarray(a.reshape(-1), dtype=a.dtype.newbyteorder("<"))
     f.write(flat.view(np.uint8).data)
@@ -347,7 +354,9 @@ def write_gguf(
         offset += p.nbytes + _pad(p.nbytes, alignment)
     head = header.getvalue()
     with atomic_write(path) as f:
-        f.write(head + b"\0" * _pad(len(head), alignment))
+        f.write(head)
+        _zeros(f, _pad(len(head), alignment))
         for p in planned:
             _write_array(f, p.data)
-            f.write(b"\0" * _pad(p.nbytes, alignment))
+            _zeros(f, _pad(p.nbytes, alignment))
+        f.truncate()  # the file ends after the last padding, skipped or not
