@@ -69,6 +69,26 @@ def _prompt(ids: Any) -> list[int]:
     return out
 
 
+def _check_plain_draw(params: SamplingParams, prompt: Sequence[int], eos_ids: Collection[int]) -> None:
+    """A request without a sampler is drawn from temperature and top_k alone: refuse params that say
+    more (a constraint, penalties, logit_bias, min_tokens, top_p, min_p, logprobs) rather than
+    silently decode without them."""
+    from .sampler import TokenSampler  # its processors are what a sampler would add
+
+    if params.constraint is not None:
+        raise RequestError(
+            "sampler",
+            "params.constraint needs a sampler that applies it (kael.engine.TokenSampler(params, tokenizer=...)); "
+            "without one the request would decode unconstrained",
+        )
+    if not TokenSampler(params, prompt, end_tokens=eos_ids).simple:
+        raise RequestError(
+            "sampler",
+            "these params (penalties, logit_bias, min_tokens, top_p, min_p or logprobs) need a sampler "
+            "(kael.engine.TokenSampler(params, prompt_ids)); the runner's own draw uses temperature and top_k only",
+        )
+
+
 @dataclass(eq=False)
 class Request:
     """One sequence to generate (NOTE [request state]).
@@ -113,6 +133,8 @@ class Request:
         self.prompt_ids = _prompt(self.prompt_ids)
         if not isinstance(self.params, SamplingParams):
             raise RequestError("params", f"expected kael.engine.SamplingParams, got {type(self.params).__name__}")
+        if self.sampler is None:
+            _check_plain_draw(self.params, self.prompt_ids, self.eos_ids)
         if self.request_id is None:
             self.request_id = self.arrival
         if self.stop_state is None:
