@@ -21,7 +21,8 @@
 # tests/llama_cpp_tools.py finds these files (KAEL_LLAMA_CPP_BIN / KAEL_LLAMA_CPP_DIR override).
 #
 # Usage: scripts/build_llama_cpp.sh [--install] [SDIST.tar.gz]
-#   --install  also pip install the cached wheel (and its small pure-Python dependencies)
+#   --install  also pip install the cached wheel (and its small dependencies) and sentencepiece,
+#              which the converter needs
 #   SDIST      llama_cpp_python-0.3.36.tar.gz already downloaded (else $KAEL_LLAMA_CPP_SDIST,
 #              else `pip download` of exactly that version)
 #   JOBS=N parallel compile jobs (default: the number of CPUs); NICE=N (default 10) the niceness
@@ -42,6 +43,8 @@ install_wheel() {
         # The wheel itself always replaces what is installed; its dependencies only when missing.
         python -m pip install -q --no-deps --force-reinstall "${wheel[@]}"
         python -m pip install -q "${wheel[@]}"
+        # convert_hf_to_gguf.py reads SentencePiece vocabularies (Llama-family models) with it.
+        python -m pip install -q "sentencepiece>=0.1.98,<0.3"
     fi
 }
 
