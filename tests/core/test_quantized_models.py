@@ -167,8 +167,8 @@ def test_what_is_quantized(checkpoints: dict[str, tuple[Path, Any]], family: str
 
 def test_weights_argument_is_validated(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
     d, _ = checkpoints["llama"]
-    with pytest.raises(kael.KaelError, match=r"weights must be None or one of .*'q4_0'.*got 'q5_0'"):
-        from_pretrained(d, weights="q5_0")
+    with pytest.raises(kael.KaelError, match=r"weights must be None or one of .*'q4_0'.*got 'q7_0'"):
+        from_pretrained(d, weights="q7_0")
     with pytest.raises(kael.DTypeError, match=r"weights='q8_0' computes in float32.*got kael.bfloat16"):
         from_pretrained(d, weights="q8_0", dtype=kael.bfloat16)
     assert from_pretrained(d, weights="f32").weights_scheme is None
@@ -388,8 +388,8 @@ KEY = "model.layers.0.mlp.down_proj.weight"
         (lambda s: json.dumps({**s, "version": 2}), r'expected \{"version": 1, "tensors"'),
         (lambda s: json.dumps([1]), r'expected \{"version": 1, "tensors"'),
         (
-            lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q5_0", "shape": [64, 128]}}}),
-            rf"tensor '{KEY}' has scheme 'q5_0', expected one of",
+            lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q7_0", "shape": [64, 128]}}}),
+            rf"tensor '{KEY}' has scheme 'q7_0', expected one of",
         ),
         (
             lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q8_0", "shape": [64, 100]}}}),
