@@ -14,6 +14,8 @@
 - ``ModelRunner`` (runner.py): one forward pass per plan;
 - ``Detokenizer`` (detokenize.py): a sequence's text as its tokens arrive (incremental UTF-8,
   stop strings cut by its ``SequenceStop``);
+- ``Proposer``/``NgramProposer`` (proposers.py) and ``Speculator`` (speculative.py): drafts
+  verified in one multi-token step, outputs identical to plain decoding;
 - ``EngineCore`` (core.py): the step that ties them (schedule, run, sample, stop).
 
 See DESIGN.md, "The engine".
@@ -27,13 +29,20 @@ from .distributions import draw, filter_row, log_softmax, softmax, top_logprobs
 from .kv_manager import KVBackend, KVManager
 from .logits_processors import LogitBias, LogitsProcessor, MinTokens, Penalties
 from .params import MIN_TEMPERATURE, SamplingParamError, SamplingParams, check_temperature
+from .proposers import NgramProposer, Proposer, ngram_lookup
 from .request import Picker, Request, RequestError, RequestStatus, check_fits
 from .runner import ModelRunner, Runner, StepLogits, isolate_rows
 from .sampler import TokenLogprob, TokenSampler, pick, sample_rows
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
+from .speculative import SpecState, Speculator
 from .stop import FinishReason, SequenceStop, StopMatcher
 
 __all__ = [
+    "NgramProposer",
+    "Proposer",
+    "SpecState",
+    "Speculator",
+    "ngram_lookup",
     "MIN_TEMPERATURE",
     "Detokenizer",
     "EngineCore",

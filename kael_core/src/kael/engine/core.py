@@ -24,6 +24,7 @@ from .kv_manager import KVBackend, KVManager
 from .request import Request, RequestError, RequestStatus, check_fits
 from .runner import ModelRunner, Runner, StepLogits
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
+from .speculative import Speculator
 
 if TYPE_CHECKING:
     from ..models import BatchDecoder
@@ -59,11 +60,16 @@ class EngineCore:
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int | None = None,
         vocab_size: int | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.kv = kv
         self.vocab_size = vocab_size
         """Token ids must be below it (None: not checked here)."""
-        self.scheduler = Scheduler(kv, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        self.speculator = speculator
+        """Speculative decoding's drafts and counters (None: plain decoding)."""
+        self.scheduler = Scheduler(
+            kv, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, speculator=speculator
+        )
         self.runner = runner
         self.last_plan: SchedulerOutput | None = None
         """The plan of the latest step (for metrics and tests)."""
@@ -72,15 +78,22 @@ class EngineCore:
 
     @classmethod
     def on(
-        cls, decoder: BatchDecoder, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None
+        cls,
+        decoder: BatchDecoder,
+        *,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int | None = None,
+        speculator: Speculator | None = None,
     ) -> EngineCore:
-        """The engine over kael's ``BatchDecoder`` (its ``KVManager`` and ``ModelRunner``)."""
+        """The engine over kael's ``BatchDecoder`` (its ``KVManager`` and ``ModelRunner``), speculating
+        with ``speculator`` when given (NOTE [speculation identical to plain decoding])."""
         return cls(
             KVManager(decoder),
             ModelRunner(decoder),
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             vocab_size=decoder.vocab_size,
+            speculator=speculator,
         )
 
     @property
@@ -129,6 +142,11 @@ class EngineCore:
             if not r.samples or request.finished:
                 continue
             row = logits.row(i)
+            if r.drafts:
+                event = self._verify(r, row)
+                if event is not None:
+                    events.append(event)
+                continue
             if r.all_logits:
                 row = select(row, 0, r.n - 1)
             children = self._fork_children(r) if not r.decode else []
@@ -144,14 +162,7 @@ class EngineCore:
         if request.finished:
             return None
         try:
-            params = request.params
-            if greedy is not None:
-                token = greedy
-            elif request.sampler is not None:
-                token = int(request.sampler(row))
-            else:  # the runner's temperature/top-k draw (argmax at temperature 0)
-                top_k = min(params.top_k, self.vocab_size) if self.vocab_size is not None else params.top_k
-                token = int(self.runner.sample(row, params.temperature, top_k, request.generator))
+            token = greedy if greedy is not None else self._pick(request, row)
             more = request.append(token)
         except Exception as exc:
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
@@ -159,6 +170,46 @@ class EngineCore:
         if not more:
             self.scheduler.finish(request)
         return StepEvent(request, [token], finished=not more)
+
+    def _pick(self, request: Request, row: Any) -> int:
+        """``request``'s next token from its logits ``row``, as plain decoding picks it."""
+        if request.sampler is not None:
+            return int(request.sampler(row))
+        params = request.params  # the runner's temperature/top-k draw (argmax at temperature 0)
+        top_k = min(params.top_k, self.vocab_size) if self.vocab_size is not None else params.top_k
+        return int(self.runner.sample(row, params.temperature, top_k, request.generator))
+
+    def _verify(self, r: ScheduledRow, rows: Any) -> StepEvent | None:
+        """Samples a verification row's positions in order while they confirm the drafts, drops
+        the keys and values of the rest (NOTE [speculation identical to plain decoding] in
+        speculative.py); the request's event."""
+        request = r.request
+        if request.finished:
+            return None
+        drafts = r.tokens[len(r.tokens) - r.drafts :]
+        tokens: list[int] = []
+        more, error = True, None
+        try:
+            for j in range(r.drafts + 1):
+                token = self._pick(request, select(rows, 0, r.n - r.drafts - 1 + j))
+                tokens.append(token)
+                more = request.append(token)
+                if not more or j == r.drafts or token != drafts[j]:
+                    break
+        except Exception as exc:
+            error = exc
+        accepted = sum(1 for a, b in zip(tokens, drafts) if a == b)
+        if self.speculator is not None:
+            self.speculator.record(request, r.drafts, accepted)
+        if error is not None:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            return StepEvent(request, tokens, finished=True, error=error)
+        request.num_computed = r.start + r.n - r.drafts + min(accepted, len(tokens) - 1)
+        if request.row is not None:
+            self.kv.truncate(request, request.num_computed)
+        if not more:
+            self.scheduler.finish(request)
+        return StepEvent(request, tokens, finished=not more)
 
     def _greedy(self, plan: SchedulerOutput, logits: StepLogits) -> dict[int, int]:
         """The greedy sampling rows' tokens, one ``runner.greedy`` per batched product with at

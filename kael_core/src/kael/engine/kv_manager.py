@@ -58,6 +58,12 @@ class KVBackend(Protocol):
     def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool:
         """Slots for ``tokens`` after ``request``'s current ones; False, changing nothing, if they do not fit."""
 
+    def draft_room(self, request: Request) -> int:
+        """Draft tokens that may follow ``request``'s next token without filling a KV block."""
+
+    def truncate(self, request: Request, length: int) -> None:
+        """Keeps ``request``'s first ``length`` positions (rejected drafts go)."""
+
     def fork(self, parent: Request, child: Request) -> bool:
         """Starts ``child`` as a copy of ``parent``'s row; False when no row is free."""
 
@@ -160,6 +166,19 @@ class KVManager:
         for t in tokens:
             self.cache.grow([row], [t])
         return True
+
+    def draft_room(self, request: Request) -> int:
+        """Draft tokens that may follow ``request``'s next token (fed at position ``num_computed``)
+        without filling a KV block, so no block holding an unverified token is ever registered in
+        the prefix cache (NOTE [draft tail] in kael.models._block_truncate); also within the row."""
+        bs, p = self.block_size, request.num_computed
+        room = bs - 1 if p % bs == bs - 1 else bs - 2 - p % bs
+        return max(0, min(room, self.max_positions - p - 1))
+
+    def truncate(self, request: Request, length: int) -> None:
+        """Keeps ``request``'s first ``length`` positions: the keys and values of rejected drafts
+        go, and a block they alone held goes back to the free list (never cached)."""
+        self.cache.truncate(self._row(request, "truncate"), length)
 
     def fork(self, parent: Request, child: Request) -> bool:
         """Starts ``child`` in a free row as a copy of ``parent``'s (no block is taken or computed:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from .._errors import KaelError
 from .kv_manager import KVBackend
 from .request import Request, RequestStatus
+from .speculative import Speculator
 
 __all__ = ["ScheduledRow", "Scheduler", "SchedulerOutput"]
 
@@ -46,6 +47,8 @@ class ScheduledRow:
     """A one-token step of a request past its prefill (the family's decode step runs it)."""
     all_logits: bool = False
     """Return the logits of every new position (draft verification), not just the last one."""
+    drafts: int = 0
+    """Trailing draft tokens to verify (NOTE [speculation identical to plain decoding] in speculative.py)."""
 
     @property
     def n(self) -> int:
@@ -79,10 +82,18 @@ class Scheduler:
     """Plans each step of the requests added to it (NOTE [one schedule]).
 
     ``max_num_batched_tokens``: the step's token budget (prefill chunks and decode tokens);
-    ``max_num_seqs``: the most requests running at once (default: every row of ``kv``).
+    ``max_num_seqs``: the most requests running at once (default: every row of ``kv``);
+    ``speculator``: drafts for decoding requests (speculative.py), verified in their decode step.
     """
 
-    def __init__(self, kv: KVBackend, *, max_num_batched_tokens: int = 2048, max_num_seqs: int | None = None) -> None:
+    def __init__(
+        self,
+        kv: KVBackend,
+        *,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int | None = None,
+        speculator: Speculator | None = None,
+    ) -> None:
         if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int):
             raise KaelError(f"Scheduler: max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
         if max_num_batched_tokens < 1:
@@ -96,6 +107,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.speculator = speculator
 
     def add(self, request: Request) -> None:
         """Queues ``request`` (WAITING) behind the others."""
@@ -115,6 +127,8 @@ class Scheduler:
         if request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
+        if self.speculator is not None:
+            self.speculator.forget(request)
 
     @property
     def has_unfinished(self) -> bool:
@@ -133,6 +147,12 @@ class Scheduler:
                 i += 1
                 continue
             tokens = request.all_ids[request.num_computed : request.num_computed + n]
+            drafts = self._drafts(request, n, budget)
+            if drafts and self.kv.grow(request, tokens + drafts):  # never preempts for drafts
+                out.rows.append(self._row(request, tokens + drafts, len(drafts)))
+                budget -= n + len(drafts)
+                i += 1
+                continue
             while not self.kv.grow(request, tokens):
                 victim = max(self.running[i:], key=lambda r: r.arrival)
                 self._preempt(victim, out)
@@ -171,10 +191,23 @@ class Scheduler:
             budget -= len(tokens)
         self.waiting.extendleft(reversed(skipped))
 
-    def _row(self, request: Request, tokens: list[int]) -> ScheduledRow:
+    def _drafts(self, request: Request, n: int, budget: int) -> list[int]:
+        """Drafts for a decode step of ``request`` (none for a prefill chunk, nor past its
+        ``max_tokens``, the budget or where they would fill a KV block)."""
+        if self.speculator is None or n != 1 or request.prefilling:
+            return []
+        room = min(
+            self.kv.draft_room(request),
+            budget - 1,
+            request.params.max_tokens - len(request.output_ids) - 1,
+        )
+        return self.speculator.drafts(request, room) if room > 0 else []
+
+    def _row(self, request: Request, tokens: list[int], drafts: int = 0) -> ScheduledRow:
         assert request.row is not None
         decode = len(tokens) == 1 and not request.prefilling
-        return ScheduledRow(request, request.row, request.num_computed, tuple(tokens), decode)
+        start = request.num_computed
+        return ScheduledRow(request, request.row, start, tuple(tokens), decode, all_logits=drafts > 0, drafts=drafts)
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         self.running.remove(victim)

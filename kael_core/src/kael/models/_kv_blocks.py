@@ -74,6 +74,7 @@ from .._errors import KaelError, ShapeError
 from ._block_check import check_pool
 from ._block_keys import Digest, block_keys, count_arg, default_digest, encode_block, token_ids
 from ._block_records import Allocation, AppendResult, SeqState
+from ._block_truncate import truncate_seq
 
 __all__ = ["AppendResult", "Allocation", "BlockPool", "block_keys", "default_digest"]
 
@@ -316,6 +317,11 @@ class BlockPool:
             else:  # (a twin in use takes over the registration: keeping b too would cost a block for nothing)
                 self._forget(b)
                 heapq.heappush(self._free, b)
+
+    def truncate(self, seq_id: Hashable, length: int) -> None:
+        """Keep ``seq_id``'s first ``length`` tokens: rejected draft tokens of its not-full last block
+        go (NOTE [draft tail] in _block_truncate.py); a full block is never cut."""
+        truncate_seq(self, seq_id, length)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (each becomes free); blocks in use are left as they are."""

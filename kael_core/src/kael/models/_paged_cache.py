@@ -221,6 +221,15 @@ class PagedKVCache:
         self.lengths[dst] = self.lengths[src]
         self.cached[dst] = self.lengths[src]
 
+    def truncate(self, row: int, length: int) -> None:
+        """Keep ``row``'s first ``length`` positions: rejected draft tokens go (``BlockPool.truncate``:
+        only positions of the not-full last block)."""
+        self._row(row, "truncate")
+        self.pool.truncate(row, length)
+        del self.tables[row][-(-length // self.block_size) :]
+        self.lengths[row] = min(self.lengths[row], length)
+        self.cached[row] = min(self.cached[row], length)
+
     def release(self, row: int, *, keep: bool = True) -> None:
         """End ``row``'s sequence; its full blocks stay cached for reuse unless ``keep`` is False
         (their keys and values were not all written: a failed or interrupted prefill)."""

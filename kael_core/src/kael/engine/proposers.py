@@ -1,0 +1,73 @@
+"""Draft proposers for speculative decoding: the ``Proposer`` protocol and ``NgramProposer``.
+
+A proposer guesses the tokens that follow a request's ids; the target model verifies them in
+one multi-token step (speculative.py), so a guess only changes how fast the output comes, never
+what it is. ``NgramProposer`` is prompt lookup (vLLM's ``ngram``, llama.cpp's
+``ngram-simple``): the last ``n`` ids are searched for earlier in the prompt and output, and
+the ids that followed the most recent earlier occurrence are proposed; ``n`` goes from
+``n_max`` down to ``n_min`` until one matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .._errors import KaelError
+from .request import Request
+
+__all__ = ["NgramProposer", "Proposer", "ngram_lookup"]
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """What speculative decoding asks of a proposer: ``propose(request, k)``, at most ``k``
+    draft token ids to follow ``request.all_ids`` (an empty list: nothing to propose)."""
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        """Up to ``k`` token ids guessed to follow ``request``'s prompt and output."""
+
+
+def _count(name: str, value: object, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise KaelError(f"NgramProposer: {name} must be an int >= {lo}, got {value!r}")
+    return value
+
+
+def ngram_lookup(ids: Sequence[int], n_max: int, n_min: int, k: int) -> list[int]:
+    """The up to ``k`` ids that followed the most recent earlier occurrence of ``ids``' last ``n``
+    ids, for the largest ``n`` in ``n_max..n_min`` that occurs earlier (empty if none does)."""
+    length = len(ids)
+    if k <= 0 or length < n_min + 1:
+        return []
+    arr = np.asarray(ids, dtype=np.int64)
+    for n in range(min(n_max, length - 1), n_min - 1, -1):
+        tail = arr[length - n :]
+        # windows starting at 0..length-n-1 (the tail itself excluded), each followed by at least one id
+        windows = np.lib.stride_tricks.sliding_window_view(arr[: length - 1], n)
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return [int(t) for t in arr[start : start + k]]
+    return []
+
+
+class NgramProposer:
+    """Prompt lookup: proposes what followed the most recent earlier occurrence of the request's
+    last ``n`` ids (``n`` from ``n_max`` down to ``n_min``), at most ``k`` ids (module docstring)."""
+
+    def __init__(self, n_max: int = 3, n_min: int = 1, k: int = 4) -> None:
+        self.n_min = _count("n_min", n_min, 1)
+        self.n_max = _count("n_max", n_max, 1)
+        if self.n_max < self.n_min:
+            raise KaelError(f"NgramProposer: n_max ({n_max}) must be >= n_min ({n_min})")
+        self.k = _count("k", k, 1)
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        """Up to ``min(k, self.k)`` ids following ``request.all_ids`` (see the class)."""
+        return ngram_lookup(request.all_ids, self.n_max, self.n_min, min(k, self.k))
+
+    def __repr__(self) -> str:
+        return f"NgramProposer(n_max={self.n_max}, n_min={self.n_min}, k={self.k})"

@@ -1,0 +1,154 @@
+"""Speculative decoding: drafts per request with an adaptive k, and their verification counters.
+
+NOTE [speculation identical to plain decoding]: a running request past its prefill, with a
+``Speculator`` on the engine, gets a plan row of ``1 + k`` tokens: its last sampled token and
+``k`` drafts from the ``Proposer`` (``ScheduledRow.drafts``), computed in the same pass as the
+plain decode rows, with every position's logits. ``EngineCore`` then samples those positions in
+order exactly as plain decoding samples one step after another (greedy: the argmax; seeded:
+the request's sampler or generator, so its random stream is consumed one draw per token as
+without speculation), appending each token (the one stop function runs on each: an end
+token, a stop string or ``max_tokens`` ends the request where plain decoding would). It goes
+on to the next position only while the sampled token equals the draft there, so every draw
+belongs to a token that plain decoding draws too, and nothing has to be rewound in the
+sampler or its logits processors. The keys and values of the rejected drafts are dropped
+(``KVManager.truncate``): drafts only ever go where they leave the last KV block not full
+(``KVManager.draft_room``), so no block holding an unverified token is ever registered in the
+prefix cache (NOTE [draft tail] in kael.models._block_truncate).
+
+The one thing that could differ is the logits themselves: the verifying pass computes a row's
+``1 + k`` positions together, where plain decoding computes one per step (NOTE [batched =
+alone]: kael's attention and few-row linears give the same bits for up to 16 query rows).
+
+NOTE [adaptive k]: each request starts at the proposer's ``k`` (at most ``k_max``); a
+verification that accepts every draft lets it grow by one, a rejection sets it to the accepted
+count plus one; after ``off_after`` verifications in a row with no accepted draft the request
+stops speculating for ``cooldown`` decode steps (doubling up to ``max_cooldown`` while it keeps
+failing, back to ``cooldown`` after a success), then tries again. A step without drafts costs
+only the proposer's lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._errors import KaelError
+from .proposers import Proposer
+from .request import Request
+
+__all__ = ["SpecState", "Speculator"]
+
+
+@dataclass
+class SpecState:
+    """One request's speculation state (NOTE [adaptive k])."""
+
+    k: int
+    zero_streak: int = 0
+    pause: int = 0
+    """Decode steps left without speculation."""
+    cooldown: int = 0
+
+
+def _count(name: str, value: object, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise KaelError(f"Speculator: {name} must be an int >= {lo}, got {value!r}")
+    return value
+
+
+class Speculator:
+    """Drafts from ``proposer`` for each decoding request, sized by NOTE [adaptive k], and the
+    counters of what verification made of them (``proposed``, ``accepted``, ``rejected``,
+    ``verifications``; ``acceptance_rate``).
+
+    ``k_max``: the most drafts per step (default: the proposer's ``k``, else 4; at most 15, so a
+    verifying row stays within the 16 query rows whose kernels match one at a time).
+    """
+
+    def __init__(
+        self,
+        proposer: Proposer,
+        *,
+        k_max: int | None = None,
+        off_after: int = 3,
+        cooldown: int = 8,
+        max_cooldown: int = 64,
+    ) -> None:
+        if not isinstance(proposer, Proposer):
+            raise KaelError(f"Speculator: proposer must have propose(request, k), got {type(proposer).__name__}")
+        self.proposer = proposer
+        default = getattr(proposer, "k", 4)
+        self.k_max = _count("k_max", default if k_max is None else k_max, 1)
+        if self.k_max > 15:
+            raise KaelError(f"Speculator: k_max must be at most 15 (16 query rows per verification), got {k_max!r}")
+        self.off_after = _count("off_after", off_after, 1)
+        self.cooldown = _count("cooldown", cooldown, 1)
+        self.max_cooldown = _count("max_cooldown", max_cooldown, self.cooldown)
+        self._state: dict[Request, SpecState] = {}
+        self.proposed = 0
+        self.accepted = 0
+        self.verifications = 0
+
+    @property
+    def rejected(self) -> int:
+        """Draft tokens the target did not confirm."""
+        return self.proposed - self.accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over proposed ones (0 before any)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    def state(self, request: Request) -> SpecState:
+        """``request``'s speculation state (created at its first draft)."""
+        st = self._state.get(request)
+        if st is None:
+            st = self._state[request] = SpecState(self.k_max, cooldown=self.cooldown)
+        return st
+
+    def drafts(self, request: Request, room: int) -> list[int]:
+        """Up to ``room`` draft ids for ``request``'s next decode step (NOTE [adaptive k]); empty
+        while its speculation is paused or nothing is proposed."""
+        st = self.state(request)
+        if st.pause:
+            st.pause -= 1
+            return []
+        k = min(st.k, room)
+        if k <= 0:
+            return []
+        out = [int(t) for t in self.proposer.propose(request, k)][:k]
+        return out
+
+    def record(self, request: Request, proposed: int, accepted: int) -> None:
+        """What verifying ``proposed`` drafts of ``request`` gave: ``accepted`` of them confirmed."""
+        if proposed <= 0:
+            return
+        self.proposed += proposed
+        self.accepted += accepted
+        self.verifications += 1
+        st = self.state(request)
+        if accepted == proposed:
+            st.k = min(self.k_max, max(st.k, proposed) + 1)
+        else:
+            st.k = max(1, accepted + 1)
+        if accepted:
+            st.zero_streak, st.cooldown = 0, self.cooldown
+            return
+        st.zero_streak += 1
+        if st.zero_streak >= self.off_after:
+            st.pause, st.zero_streak = st.cooldown, 0
+            st.cooldown = min(self.max_cooldown, 2 * st.cooldown)
+            st.k = self.k_max
+
+    def forget(self, request: Request) -> None:
+        """Drops a finished request's state."""
+        self._state.pop(request, None)
+
+    def stats(self) -> dict[str, float]:
+        """The counters, for metrics."""
+        return {
+            "spec_proposed_tokens": self.proposed,
+            "spec_accepted_tokens": self.accepted,
+            "spec_rejected_tokens": self.rejected,
+            "spec_verifications": self.verifications,
+            "spec_acceptance_rate": self.acceptance_rate,
+        }

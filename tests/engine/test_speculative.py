@@ -1,0 +1,318 @@
+"""Speculative decoding (kael.engine.proposers, speculative.py): outputs identical to plain decoding.
+
+Oracle: the same engine without a speculator (and ``model.generate`` alone for greedy rows),
+on a random GPT-2 and a random Llama, greedy and seeded (a nucleus ``TokenSampler`` with
+logprobs), alone and 4 rows batched; a brute-force search for the n-gram lookup; the block
+pool's own invariant check after every step, and the prefix index holding only blocks whose
+tokens are a request's real (verified) ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kael
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kael import KaelError
+from kael.engine import (
+    EngineCore,
+    NgramProposer,
+    Request,
+    RequestStatus,
+    SamplingParams,
+    Speculator,
+    TokenSampler,
+    ngram_lookup,
+)
+from kael.models import GPT, BatchDecoder, LlamaConfig, LlamaForCausalLM
+from kael.models._kv_blocks import BlockPool
+
+V, CTX = 97, 96
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def model(request: pytest.FixtureRequest) -> Any:
+    if request.param == "gpt2":
+        return GPT(V, CTX, 2, 4, 32, generator=kael.Generator().manual_seed(0))
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CTX,
+    )
+    return LlamaForCausalLM(cfg, generator=kael.Generator().manual_seed(1), initializer_range=0.1)
+
+
+def _prompts(seed: int, count: int) -> list[list[int]]:
+    """Copy-heavy prompts: a random phrase repeated (with a change), then a random tail."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        phrase = rng.integers(0, V, size=int(rng.integers(4, 9))).tolist()
+        changed = list(phrase)
+        changed[int(rng.integers(0, len(phrase)))] = int(rng.integers(0, V))
+        out.append(phrase + changed + phrase + rng.integers(0, V, size=int(rng.integers(1, 4))).tolist())
+    return out
+
+
+class _Recorder:
+    """A TokenSampler whose every pick's logprob is recorded (plain and speculative alike)."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], seed: int) -> None:
+        self.sampler = TokenSampler(params, prompt, kael.Generator().manual_seed(seed))
+        self.logprobs: list[float] = []
+
+    def __call__(self, row: Any) -> int:
+        token = self.sampler(row)
+        assert self.sampler.last is not None
+        self.logprobs.append(self.sampler.last.logprob)
+        return token
+
+
+def _check_pool(core: EngineCore, reqs: list[Request]) -> None:
+    """The pool's invariants hold, every running row holds exactly its computed positions, and
+    every registered block's tokens are real ids of some request (never a rejected draft)."""
+    pool = core.kv.pool  # type: ignore[attr-defined]
+    pool.check()
+    for r in core.scheduler.running:
+        assert pool.length(r.row) == r.num_computed or r.prefilling
+    bs = pool.block_size
+    for block in pool._index.values():
+        own = list(pool._btokens[block])
+        assert any(own == r.all_ids[i : i + bs] for r in reqs for i in range(0, len(r.all_ids) - bs + 1, bs)), (
+            f"block {block} holds {own}, no request's ids"
+        )
+
+
+def _run(
+    model: Any,
+    prompts: list[list[int]],
+    make: Callable[[list[int], int], Request],
+    *,
+    rows: int,
+    speculator: Speculator | None,
+    kv_tokens: int | None = None,
+    block_size: int = 16,
+) -> tuple[list[Request], EngineCore]:
+    decoder = BatchDecoder(model, rows=rows, block_size=block_size, kv_cache_tokens=kv_tokens)
+    core = EngineCore.on(decoder, speculator=speculator)
+    reqs = [make(p, i) for i, p in enumerate(prompts)]
+    for r in reqs:
+        core.add(r)
+    steps = 0
+    while core.has_unfinished:
+        for e in core.step():
+            assert e.error is None, e.error
+        _check_pool(core, reqs)
+        steps += 1
+        assert steps < 2000, "the engine makes no progress"
+    return reqs, core
+
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
+SEEDED = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=5, logprobs=2)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_greedy_outputs_are_those_of_plain_decoding(model: Any, rows: int) -> None:
+    prompts = _prompts(11, rows)
+    spec = Speculator(NgramProposer(n_max=3, k=4))
+    got, _ = _run(model, prompts, lambda p, i: Request(p, GREEDY), rows=rows, speculator=spec)
+    plain, _ = _run(model, prompts, lambda p, i: Request(p, GREEDY), rows=rows, speculator=None)
+    assert [r.output_ids for r in got] == [r.output_ids for r in plain] == [model.generate(p, 24) for p in prompts]
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in got)
+    assert spec.verifications > 0
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_seeded_outputs_and_logprobs_are_those_of_plain_decoding(model: Any, rows: int) -> None:
+    prompts = _prompts(12, rows)
+    spec = Speculator(NgramProposer())
+
+    def make(p: list[int], i: int) -> Request:
+        return Request(p, SEEDED, sampler=_Recorder(SEEDED, p, 100 + i))
+
+    got, _ = _run(model, prompts, make, rows=rows, speculator=spec)
+    plain, _ = _run(model, prompts, make, rows=rows, speculator=None)
+    assert [r.output_ids for r in got] == [r.output_ids for r in plain]
+    for a, b in zip(got, plain):
+        assert isinstance(a.sampler, _Recorder) and isinstance(b.sampler, _Recorder)
+        assert len(a.sampler.logprobs) == len(b.sampler.logprobs) == len(a.output_ids)
+        np.testing.assert_allclose(a.sampler.logprobs, b.sampler.logprobs, rtol=0, atol=1e-6)
+    assert spec.verifications > 0
+
+
+def test_copy_heavy_prompt_accepts_drafts_and_takes_fewer_steps(model: Any) -> None:
+    phrase = [3, 14, 15, 92, 65, 35, 89, 79]
+    prompt = phrase * 6
+    spec = Speculator(NgramProposer(k=6))
+    got, core = _run(model, [prompt], lambda p, i: Request(p, GREEDY), rows=1, speculator=spec)
+    assert got[0].output_ids == model.generate(prompt, 24)
+    assert spec.accepted > 0 and 0 < spec.acceptance_rate <= 1
+    assert spec.proposed == spec.accepted + spec.rejected
+
+
+@pytest.mark.parametrize("cut", [1, 4, 9, 15])
+def test_eos_and_max_tokens_inside_an_accepted_run_end_where_plain_decoding_does(model: Any, cut: int) -> None:
+    prompts = _prompts(13, 4)
+    plain, _ = _run(model, prompts, lambda p, i: Request(p, GREEDY), rows=4, speculator=None)
+    eos = [r.output_ids[cut] for r in plain]  # an end token that plain decoding emits mid-way
+    short = SamplingParams(max_tokens=cut + 1, temperature=0.0)
+
+    def with_eos(p: list[int], i: int) -> Request:
+        return Request(p, GREEDY, eos_ids=[eos[i]])
+
+    def with_length(p: list[int], i: int) -> Request:
+        return Request(p, short)
+
+    for make in (with_eos, with_length):
+        spec = Speculator(NgramProposer(k=6))
+        got, _ = _run(model, prompts, make, rows=4, speculator=spec)
+        ref, _ = _run(model, prompts, make, rows=4, speculator=None)
+        assert [r.output_ids for r in got] == [r.output_ids for r in ref]
+        assert [r.finish_reason for r in got] == [r.finish_reason for r in ref]
+
+
+def test_on_token_stop_inside_an_accepted_run(model: Any) -> None:
+    # a server's stop (a stop string, a cancellation) says "no more" after the third token
+    prompts = _prompts(14, 2)
+
+    def make(p: list[int], i: int) -> Request:
+        seen: list[int] = []
+
+        def on_token(t: int) -> bool:
+            seen.append(t)
+            return len(seen) < 3
+
+        return Request(p, GREEDY, on_token=on_token)
+
+    got, _ = _run(model, prompts, make, rows=2, speculator=Speculator(NgramProposer()))
+    assert [r.output_ids for r in got] == [model.generate(p, 3) for p in prompts]
+    assert all(r.status is RequestStatus.FINISHED_ABORTED for r in got)
+
+
+def test_preemption_with_speculation_keeps_the_outputs(model: Any) -> None:
+    prompts = _prompts(15, 3)
+    params = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=1)
+
+    def make(p: list[int], i: int) -> Request:
+        return Request(p, params, sampler=TokenSampler(params, p, kael.Generator().manual_seed(i)))
+
+    spec = Speculator(NgramProposer())
+    got, core = _run(model, prompts, make, rows=3, speculator=spec, kv_tokens=CTX, block_size=4)
+    ref, _ = _run(model, prompts, make, rows=1, speculator=None)
+    assert core.scheduler.preemptions > 0
+    assert [r.output_ids for r in got] == [r.output_ids for r in ref]
+
+
+# -- the parts -------------------------------------------------------------------------------------
+
+
+def _brute(ids: list[int], n_max: int, n_min: int, k: int) -> list[int]:
+    for n in range(n_max, n_min - 1, -1):
+        if len(ids) < n + 1:
+            continue
+        tail = ids[len(ids) - n :]
+        for i in range(len(ids) - n - 1, -1, -1):
+            if ids[i : i + n] == tail:
+                return ids[i + n : i + n + k]
+    return []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=40),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(0, 6),
+)
+def test_ngram_lookup_is_the_most_recent_longest_match(ids: list[int], a: int, b: int, k: int) -> None:
+    n_min, n_max = min(a, b), max(a, b)
+    assert ngram_lookup(ids, n_max, n_min, k) == (_brute(ids, n_max, n_min, k) if k else [])
+
+
+def test_ngram_proposer_refuses_bad_settings() -> None:
+    with pytest.raises(KaelError, match="n_min"):
+        NgramProposer(n_min=0)
+    with pytest.raises(KaelError, match="n_max"):
+        NgramProposer(n_max=1, n_min=2)
+    with pytest.raises(KaelError, match="k must be"):
+        NgramProposer(k=0)
+    with pytest.raises(KaelError, match="k_max"):
+        Speculator(NgramProposer(), k_max=16)
+    with pytest.raises(KaelError, match="proposer"):
+        Speculator(object())  # type: ignore[arg-type]
+
+
+class _Fixed:
+    """Proposes the same ids every time."""
+
+    k = 4
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.calls = 0
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        self.calls += 1
+        return self.ids[:k]
+
+
+def test_adaptive_k_shrinks_pauses_and_retries() -> None:
+    spec = Speculator(_Fixed([1, 2, 3, 4]), off_after=2, cooldown=3, max_cooldown=6)
+    req = Request([1, 2, 3])
+    assert spec.drafts(req, 10) == [1, 2, 3, 4]
+    spec.record(req, 4, 1)  # a rejection after one accepted: k = 2
+    assert spec.drafts(req, 10) == [1, 2]
+    spec.record(req, 2, 0)
+    assert spec.drafts(req, 10) == [1]
+    spec.record(req, 1, 0)  # the second zero in a row: paused for 3 steps
+    assert [spec.drafts(req, 10) for _ in range(3)] == [[], [], []]
+    assert spec.drafts(req, 10) == [1, 2, 3, 4]  # retried at full k
+    spec.record(req, 4, 0)
+    spec.record(req, 1, 0)
+    assert [spec.drafts(req, 10) for _ in range(6)] == [[]] * 6  # the pause doubled
+    assert spec.drafts(req, 2) == [1, 2]  # never more than the room
+    spec.record(req, 2, 2)  # a success: the pause goes back to 3, k stays at its most
+    assert spec.state(req).k == 4 and spec.state(req).cooldown == 3
+    spec.record(req, 4, 0)  # k = accepted + 1
+    assert spec.drafts(req, 10) == [1]
+    spec.record(req, 1, 1)  # all accepted: k grows by one
+    assert spec.drafts(req, 10) == [1, 2]
+    assert (spec.proposed, spec.accepted, spec.rejected) == (19, 4, 15)
+    spec.forget(req)
+    assert spec.drafts(req, 10) == [1, 2, 3, 4]
+
+
+def test_wrong_drafts_cost_nothing_but_steps(model: Any) -> None:
+    prompts = _prompts(16, 2)
+    bad = _Fixed([V - 1, V - 2, V - 3, V - 4])
+    spec = Speculator(bad, off_after=2, cooldown=4)
+    got, _ = _run(model, prompts, lambda p, i: Request(p, GREEDY), rows=2, speculator=spec)
+    assert [r.output_ids for r in got] == [model.generate(p, 24) for p in prompts]
+    assert spec.verifications < 2 * 24  # paused after two misses in a row, not tried at every step
+
+
+def test_block_pool_truncate_drops_only_the_unfilled_tail() -> None:
+    pool = BlockPool(8, 4)
+    pool.allocate("a", list(range(6)))  # one full block, two positions of the next
+    for t in (6, 7, 8):  # 7 fills block 1 (registered); 8 starts block 2
+        pool.append("a", t)
+    with pytest.raises(KaelError, match="length must be an int in 8..9"):
+        pool.truncate("a", 7)  # would cut into a full, registered block
+    free = pool.free_blocks
+    pool.truncate("a", 8)  # block 2 held only position 8: it goes back free
+    assert pool.length("a") == 8 and len(pool.block_table("a")) == 2 and pool.free_blocks == free + 1
+    pool.check()
+    pool.append("a", 9)
+    pool.append("a", 10)
+    pool.truncate("a", 9)
+    assert pool.length("a") == 9 and len(pool.block_table("a")) == 3
+    pool.check()
