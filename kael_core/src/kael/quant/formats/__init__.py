@@ -18,9 +18,21 @@ from ._iq4_quantize import quantize_iq4_nl, quantize_iq4_xs
 from ._kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 from ._kquants_quantize import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
 from ._legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from ._mixes import MIXES, mix_base, mix_types, use_more_bits
 from ._registry import Quantizer, WeightFormat
 
-__all__ = ["WeightFormat", "FORMATS", "BLOCK_FORMATS", "REFERENCE_QUANTIZERS", "get_format", "by_ggml_type"]
+__all__ = [
+    "WeightFormat",
+    "FORMATS",
+    "BLOCK_FORMATS",
+    "REFERENCE_QUANTIZERS",
+    "MIXES",
+    "get_format",
+    "by_ggml_type",
+    "mix_base",
+    "mix_types",
+    "use_more_bits",
+]
 
 _ALL = (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)
 
