@@ -222,7 +222,10 @@ def _brute(ids: list[int], n_max: int, n_min: int, k: int) -> list[int]:
         tail = ids[len(ids) - n :]
         for i in range(len(ids) - n - 1, -1, -1):
             if ids[i : i + n] == tail:
-                return ids[i + n : i + n + k]
+                seq = list(ids)
+                while len(seq) < len(ids) + k:  # read on through the proposal itself
+                    seq.append(seq[i + n + len(seq) - len(ids)])
+                return seq[len(ids) :]
     return []
 
 
@@ -316,3 +319,31 @@ def test_block_pool_truncate_drops_only_the_unfilled_tail() -> None:
     pool.truncate("a", 9)
     assert pool.length("a") == 9 and len(pool.block_table("a")) == 3
     pool.check()
+
+
+def test_forked_choices_with_speculation(model: Any) -> None:
+    # n = 2 seeded choices per prompt (forks of one prefill), each speculating on its own
+    prompts = _prompts(17, 2)
+    params = SamplingParams(max_tokens=20, temperature=0.7, seed=2, n=2)
+
+    def sampler(p: list[int], seed: int) -> TokenSampler:
+        return TokenSampler(params, p, kael.Generator().manual_seed(seed))
+
+    def build(spec: Speculator | None) -> list[Request]:
+        core = EngineCore.on(BatchDecoder(model, rows=4, block_size=16), speculator=spec)
+        reqs = []
+        for i, p in enumerate(prompts):
+            first = Request(p, params, sampler=sampler(p, 10 * i))
+            reqs += [first, Request(p, params, sampler=sampler(p, 10 * i + 1), fork_of=first)]
+        for r in reqs:
+            core.add(r)
+        while core.has_unfinished:
+            assert all(e.error is None for e in core.step())
+            _check_pool(core, reqs)
+        return reqs
+
+    spec = Speculator(NgramProposer())
+    got, ref = build(spec), build(None)
+    assert [r.output_ids for r in got] == [r.output_ids for r in ref]
+    assert [r.num_cached for r in got] == [r.num_cached for r in ref]  # the siblings were forked alike
+    assert spec.verifications > 0

@@ -4,7 +4,8 @@ A proposer guesses the tokens that follow a request's ids; the target model veri
 one multi-token step (speculative.py), so a guess only changes how fast the output comes, never
 what it is. ``NgramProposer`` is prompt lookup (vLLM's ``ngram``, llama.cpp's
 ``ngram-simple``): the last ``n`` ids are searched for earlier in the prompt and output, and
-the ids that followed the most recent earlier occurrence are proposed; ``n`` goes from
+the ids that followed the most recent earlier occurrence are proposed (read on periodically
+where they run into the end); ``n`` goes from
 ``n_max`` down to ``n_min`` until one matches.
 """
 
@@ -37,8 +38,10 @@ def _count(name: str, value: object, lo: int) -> int:
 
 
 def ngram_lookup(ids: Sequence[int], n_max: int, n_min: int, k: int) -> list[int]:
-    """The up to ``k`` ids that followed the most recent earlier occurrence of ``ids``' last ``n``
-    ids, for the largest ``n`` in ``n_max..n_min`` that occurs earlier (empty if none does)."""
+    """The ``k`` ids that followed the most recent earlier occurrence of ``ids``' last ``n`` ids,
+    for the largest ``n`` in ``n_max..n_min`` that occurs earlier (empty if none does). Where the
+    match is so recent that fewer than ``k`` ids follow it, the continuation reads on through the
+    ids it proposes itself (a repeating pattern keeps repeating: ``[1, 2, 1, 2]`` -> ``1, 2, 1...``)."""
     length = len(ids)
     if k <= 0 or length < n_min + 1:
         return []
@@ -49,8 +52,12 @@ def ngram_lookup(ids: Sequence[int], n_max: int, n_min: int, k: int) -> list[int
         windows = np.lib.stride_tricks.sliding_window_view(arr[: length - 1], n)
         hits = np.flatnonzero((windows == tail).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
-            return [int(t) for t in arr[start : start + k]]
+            out: list[int] = []
+            j = int(hits[-1]) + n
+            while len(out) < k:  # past the end, the continuation goes on through its own drafts
+                out.append(int(arr[j]) if j < length else out[j - length])
+                j += 1
+            return out
     return []
 
 
