@@ -141,6 +141,18 @@ def test_blocks_are_independent(name: str) -> None:
     np.testing.assert_array_equal(together, alone)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_runs_of_blocks_equal_the_whole(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large inputs are quantized in runs of blocks (bounded temporaries): the bytes do not change."""
+    from kael.quant.formats import _kquants_search
+
+    fmt = get_format(name)
+    x = (np.random.default_rng(4).standard_normal((13, fmt.block_values)) * 0.1).astype(np.float32)
+    whole = REFERENCE_QUANTIZERS[name](x)
+    monkeypatch.setattr(_kquants_search, "_CHUNK_VALUES", 3 * fmt.block_values)
+    np.testing.assert_array_equal(REFERENCE_QUANTIZERS[name](x), whole)
+
+
 # Largest measured RMS error relative to the RMS of Gaussian weights, with headroom (ggml's own
 # quantizers give the same bytes, so these bound ggml's error too): 2-bit 0.38, 3-bit 0.20, ...
 _RMS_BOUND = {"q2_k": 0.45, "q3_k": 0.25, "q4_k": 0.12, "q5_k": 0.06, "q6_k": 0.03, "iq4_nl": 0.12, "iq4_xs": 0.12}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._iq4 import KVALUES
-from ._kquants_search import F32, GROUP_MAX_EPS, first_largest, nearest_int
+from ._kquants_search import F32, GROUP_MAX_EPS, by_chunks, first_largest, nearest_int
 
 __all__ = ["quantize_iq4_nl", "quantize_iq4_xs", "best_index"]
 
@@ -97,6 +97,7 @@ def _f16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return h.view(np.uint8).reshape(-1, 2), h.astype(F32)
 
 
+@by_chunks
 def quantize_iq4_nl(x: np.ndarray, values: np.ndarray = KVALUES) -> np.ndarray:
     """Float32 blocks [nb, 32] -> iq4_nl blocks [nb, 18] (``quantize_iq4_nl`` without weights; `values` the 16 levels)."""
     scale = _sub_block_scales(x, values)
@@ -106,6 +107,7 @@ def quantize_iq4_nl(x: np.ndarray, values: np.ndarray = KVALUES) -> np.ndarray:
     return np.concatenate([d_bytes, _pack(_pick(values, x, inv))], axis=1)
 
 
+@by_chunks
 def quantize_iq4_xs(x: np.ndarray, values: np.ndarray = KVALUES) -> np.ndarray:
     """Float32 super-blocks [nb, 256] -> iq4_xs blocks [nb, 136] (``quantize_iq4_xs`` without weights)."""
     nb = x.shape[0]

@@ -24,6 +24,7 @@ import numpy as np
 from ._kquants_search import (
     F32,
     GROUP_MAX_EPS,
+    by_chunks,
     first_largest,
     make_q3_quants,
     make_qkx2_quants,
@@ -63,6 +64,7 @@ def _largest_positive(v: np.ndarray) -> np.ndarray:
     return out
 
 
+@by_chunks
 def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     """Float32 super-blocks [nb, 256] -> q2_k blocks [nb, 84] (``quantize_row_q2_K_ref``)."""
     nb = x.shape[0]
@@ -85,6 +87,7 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([sc.astype(np.uint8), _pack2(lv), d_bytes, m_bytes], axis=1)
 
 
+@by_chunks
 def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     """Float32 super-blocks [nb, 256] -> q3_k blocks [nb, 110] (``quantize_row_q3_K_ref``)."""
     nb = x.shape[0]
@@ -159,12 +162,14 @@ def _pack4(lv: np.ndarray) -> np.ndarray:
     return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
 
 
+@by_chunks
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     """Float32 super-blocks [nb, 256] -> q4_k blocks [nb, 144] (``quantize_row_q4_K_ref``)."""
     head, lv = _k4_levels(x, 15, -1.0, 20)
     return np.concatenate([head, _pack4(lv)], axis=1)
 
 
+@by_chunks
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     """Float32 super-blocks [nb, 256] -> q5_k blocks [nb, 176] (``quantize_row_q5_K_ref``)."""
     head, lv = _k4_levels(x, 31, -0.5, 15)
@@ -175,6 +180,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([head, qh, _pack4(lv)], axis=1)
 
 
+@by_chunks
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     """Float32 super-blocks [nb, 256] -> q6_k blocks [nb, 210] (``quantize_row_q6_K_ref``)."""
     nb = x.shape[0]

@@ -17,11 +17,15 @@ weights), ``make_q3_quants`` (do_rmse), ``make_qkx2_quants`` and ``GROUP_MAX_EPS
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = [
     "F32",
     "GROUP_MAX_EPS",
+    "by_chunks",
     "nearest_int",
     "first_largest",
     "make_qx_quants",
@@ -36,6 +40,20 @@ GROUP_MAX_EPS = F32(1e-15)
 """ggml's threshold below which a group counts as all zero."""
 
 _MAGIC = F32(12582912.0)  # 1.5 * 2**23
+_CHUNK_VALUES = 1 << 22  # values per chunk: bounds the searches' [groups, n] temporaries to ~16 MiB each
+
+
+def by_chunks(quantize: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """Run a block quantizer on runs of blocks of at most ~4M values (blocks are independent), joining the bytes."""
+
+    @functools.wraps(quantize)
+    def run(x: np.ndarray, *args: object) -> np.ndarray:
+        step = max(1, _CHUNK_VALUES // max(1, x.shape[1]))
+        if x.shape[0] <= step:
+            return quantize(x, *args)
+        return np.concatenate([quantize(x[i : i + step], *args) for i in range(0, x.shape[0], step)])
+
+    return run
 
 
 def nearest_int(v: np.ndarray) -> np.ndarray:
