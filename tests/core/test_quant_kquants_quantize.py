@@ -70,11 +70,12 @@ _scale = st.sampled_from([1.0, 1e-3, 1e3, 1e-20, 1e20, 1e-38])
 
 @st.composite
 def _rows(draw: Any) -> np.ndarray:
-    """1-3 rows of 256 or 512 values: a mix of normal, uniform, sparse, constant and tiny/huge blocks."""
+    """1-3 rows of 256 or 512 values: normal, uniform, sparse, constant, tiny/huge and float32-extreme blocks."""
     n, k = draw(st.integers(1, 3)), draw(st.sampled_from([256, 512]))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    kind = draw(st.sampled_from(["normal", "uniform", "positive", "sparse", "constant", "outlier", "mixed"]))
+    kinds = ["normal", "uniform", "positive", "sparse", "constant", "outlier", "mixed", "extreme", "wild"]
+    kind = draw(st.sampled_from(kinds))
     x = rng.standard_normal((n, k))
     if kind == "uniform":
         x = rng.uniform(-1, 1, (n, k))
@@ -89,9 +90,15 @@ def _rows(draw: Any) -> np.ndarray:
     elif kind == "mixed":  # blocks of very different magnitudes, some zero, in one row
         x *= 10.0 ** rng.integers(-6, 6, (n, k // 32, 1)).repeat(32, axis=2).reshape(n, k)
         x[:, 32:64] = 0.0
-    x = x * draw(_scale)
+    elif kind == "extreme":  # float32's largest and smallest (denormal) magnitudes, where the sums overflow
+        x = rng.choice([0.0, 3.4e38, -3.4e38, 1e-45, -1e-45, 1.0, 3e30], (n, k))
+    elif kind == "wild":  # every value its own magnitude, 1e-40 .. 1e38
+        x = x * 10.0 ** rng.integers(-40, 39, (n, k))
+    if kind not in ("extreme", "wild"):
+        x = x * draw(_scale)
     with np.errstate(over="ignore"):
-        return x.astype(np.float32)
+        v = x.astype(np.float32)
+    return np.where(np.isfinite(v), v, np.float32(0))
 
 
 _extra = hnp.arrays(
