@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from kael import KaelError
 from kael.engine import (
     EngineCore,
+    KVManager,
+    ModelRunner,
     NgramProposer,
     Request,
     RequestStatus,
@@ -229,7 +231,7 @@ def _brute(ids: list[int], n_max: int, n_min: int, k: int) -> list[int]:
     return []
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.integers(0, 4), min_size=1, max_size=40),
     st.integers(1, 4),
@@ -347,3 +349,54 @@ def test_forked_choices_with_speculation(model: Any) -> None:
     assert [r.output_ids for r in got] == [r.output_ids for r in ref]
     assert [r.num_cached for r in got] == [r.num_cached for r in ref]  # the siblings were forked alike
     assert spec.verifications > 0
+
+
+@pytest.fixture(scope="module")
+def gpt() -> GPT:
+    return GPT(V, CTX, 2, 4, 32, generator=kael.Generator().manual_seed(3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    count=st.integers(1, 4),
+    budget=st.integers(1, 40),
+    block_size=st.sampled_from([2, 3, 4, 8, 16]),
+    pool=st.integers(1, 3),
+    k=st.integers(1, 8),
+    seeded=st.booleans(),
+)
+def test_any_budget_pool_and_block_size_gives_the_plain_outputs(
+    gpt: GPT, seed: int, count: int, budget: int, block_size: int, pool: int, k: int, seeded: bool
+) -> None:
+    # chunked prefill, drafts cut by the budget and the block room, preemption when the pool is small
+    prompts = _prompts(seed, count)
+    rng = np.random.default_rng(seed)
+    temperature = 0.9 if seeded else 0.0
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 20)), temperature=temperature) for _ in prompts]
+    tokens = pool * CTX
+
+    def run(spec: Speculator | None) -> list[list[int]]:
+        decoder = BatchDecoder(gpt, rows=count, block_size=block_size, kv_cache_tokens=tokens)
+        core = EngineCore(
+            KVManager(decoder),
+            ModelRunner(decoder),
+            max_num_batched_tokens=budget,
+            vocab_size=V,
+            speculator=spec,
+        )
+        reqs = [
+            Request(p, q, generator=kael.Generator().manual_seed(seed + i) if seeded else None)
+            for i, (p, q) in enumerate(zip(prompts, params))
+        ]
+        for r in reqs:
+            core.add(r)
+        for _ in range(3000):
+            if not core.has_unfinished:
+                break
+            assert all(e.error is None for e in core.step())
+            _check_pool(core, reqs)
+        assert not core.has_unfinished
+        return [r.output_ids for r in reqs]
+
+    assert run(Speculator(NgramProposer(k=k), k_max=k)) == run(None)
