@@ -68,7 +68,7 @@ from typing import Any
 
 import httpx
 import psutil
-from kael_server.limits import MAX_BODY_BYTES  # bodies over it: 413 before parsing
+from kael_server.limits import MAX_BODY_BYTES, MAX_OPENAI_BODY_BYTES  # bodies over them: 413 before parsing
 from kael_server.metrics import OUTCOMES  # the labels of kael_requests_total
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -412,7 +412,8 @@ async def bad_body(soak: Soak, client: httpx.AsyncClient, kind: str) -> Seen:
             )
         )
     elif kind == "oversized":
-        content = json.dumps({key: "x" * (MAX_BODY_BYTES + rng.randint(1, 20000)), "max_tokens": 4}).encode()
+        cap = MAX_BODY_BYTES if base == "generate" else MAX_OPENAI_BODY_BYTES  # the OpenAI routes take schemas
+        content = json.dumps({key: "x" * (cap + rng.randint(1, 20000)), "max_tokens": 4}).encode()
     else:  # past the context: the prompt plus max_tokens, or the prompt alone
         if rng.random() < 0.5:
             content = json.dumps({"prompt": rng.choice(PROMPTS), "max_tokens": min(512, soak.context)}).encode()
