@@ -91,3 +91,32 @@ TOL = {"float64": (1e-9, 1e-12), "float32": (2e-6, 1e-6), "float16": (2e-3, 1e-3
 def tol(d: dt.DType, scale: float = 1.0) -> dict[str, float]:
     rtol, atol = TOL.get(d.name, (0.0, 0.0))
     return {"rtol": rtol * scale, "atol": atol * scale}
+
+
+def other_isas() -> list[str]:
+    """The vector tables this machine can run besides the one selected (names as ``KAEL_CPU_ISA`` takes them)."""
+    import kael_backend_cpu._native as native
+
+    c = native.C
+    info = c.isa_info() if hasattr(c, "isa_info") else {"runnable": [c.isa(), "base"]}
+    return [name for name in info["runnable"] if name not in (c.isa(), "baseline" if c.isa() == "base" else "")]
+
+
+def rerun_under_isa(test_file: str, isa: str) -> None:
+    """Run `test_file`'s tests again in a child pytest with ``KAEL_CPU_ISA=isa`` (``KAEL_QUANT_TEST_ISA``
+    tells the child which table it must be on); fails with the child's output tail."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KAEL_CPU_ISA=isa, KAEL_QUANT_TEST_ISA=isa)
+    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file]
+    res = subprocess.run(
+        [*args, "-k", "not every_vector_table"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=os.path.dirname(test_file),
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

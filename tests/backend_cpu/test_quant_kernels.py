@@ -12,8 +12,6 @@ CPU can run (``KAEL_CPU_ISA``).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from typing import Any
 
 import kael
@@ -25,7 +23,7 @@ from hypothesis import strategies as st
 kbc = pytest.importorskip("kael_backend_cpu")
 gguf = pytest.importorskip("gguf")
 
-from cpu_helpers import cpu_empty, logical  # noqa: E402
+from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa: E402
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
 from kael.backends.host import f32_to_bf16_bits  # noqa: E402
@@ -359,11 +357,6 @@ def test_errors(cpu: Any) -> None:
 # -- every vector table ----------------------------------------------------------------------
 
 
-def _other_isas() -> list[str]:
-    info = C.isa_info() if hasattr(C, "isa_info") else {"runnable": [C.isa(), "base"]}
-    return [name for name in info["runnable"] if name not in (C.isa(), "baseline" if C.isa() == "base" else "")]
-
-
 def test_child_runs_requested_isa() -> None:
     want = os.environ.get("KAEL_QUANT_TEST_ISA")
     if want is None:
@@ -372,26 +365,6 @@ def test_child_runs_requested_isa() -> None:
 
 
 @pytest.mark.skipif(os.environ.get("KAEL_QUANT_TEST_ISA") is not None, reason="already a per-ISA run")
-@pytest.mark.parametrize("isa", _other_isas())
+@pytest.mark.parametrize("isa", other_isas())
 def test_every_vector_table(isa: str) -> None:
-    env = dict(os.environ, KAEL_CPU_ISA=isa, KAEL_QUANT_TEST_ISA=isa)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-x",
-            "-p",
-            "no:cacheprovider",
-            __file__,
-            "-k",
-            "not every_vector_table",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        cwd=os.path.dirname(__file__),
-    )
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    rerun_under_isa(__file__, isa)

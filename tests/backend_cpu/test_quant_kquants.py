@@ -14,8 +14,6 @@ run (``KAEL_CPU_ISA``).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from typing import Any
 
 import kael
@@ -27,7 +25,7 @@ from hypothesis import strategies as st
 kbc = pytest.importorskip("kael_backend_cpu")
 gguf = pytest.importorskip("gguf")
 
-from cpu_helpers import cpu_empty, logical  # noqa: E402
+from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa: E402
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
 from kael_backend_cpu._native import C  # noqa: E402
@@ -222,11 +220,6 @@ def test_errors(cpu: Any) -> None:
         cpu.kernel("dequantize")(out, from_numpy_bits(data, dt.uint8), "q7_k")
 
 
-def _other_isas() -> list[str]:
-    info = C.isa_info()
-    return [name for name in info["runnable"] if name != C.isa()]
-
-
 def test_child_runs_requested_isa() -> None:
     want = os.environ.get("KAEL_QUANT_TEST_ISA")
     if want is None:
@@ -235,20 +228,6 @@ def test_child_runs_requested_isa() -> None:
 
 
 @pytest.mark.skipif(os.environ.get("KAEL_QUANT_TEST_ISA") is not None, reason="already a per-ISA run")
-@pytest.mark.parametrize("isa", _other_isas())
+@pytest.mark.parametrize("isa", other_isas())
 def test_every_vector_table(isa: str) -> None:
-    env = dict(os.environ, KAEL_CPU_ISA=isa, KAEL_QUANT_TEST_ISA=isa)
-    args = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-x",
-        "-p",
-        "no:cacheprovider",
-        __file__,
-        "-k",
-        "not every_vector_table",
-    ]
-    res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800, cwd=os.path.dirname(__file__))
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    rerun_under_isa(__file__, isa)
