@@ -217,6 +217,38 @@ def test_auto_parses_the_templates_own_format(scripted: tuple[TestClient[Litesta
     assert none["message"] == {"role": "assistant", "content": HERMES_REPLY} and none["finish_reason"] == "stop"
 
 
+def test_auto_constrains_a_call_once_the_model_opens_one(api: Any) -> None:
+    """kael-tiny-chat's template has no tool format (the generic JSON one): a ``logit_bias``
+    pushes the model to open a JSON reply, and from there every call validates, 10 seeds out
+    of 10, streaming and not; without the push it answers in plain text."""
+    from kael.tokenizer import HFTokenizer
+
+    tok = HFTokenizer.from_directory(CHAT_DIR)
+    push = {str(tok.encode(c, add_special_tokens=False)[0]): 100 for c in ("{", "[")}
+    for seed in range(10):
+        kwargs: dict[str, Any] = {"model": "kael-tiny-chat", "messages": USER, "tools": TOOLS, "max_tokens": 200}
+        kwargs["seed"] = seed
+        answer = api.chat.completions.create(**kwargs, logit_bias=push).choices[0]
+        assert answer.finish_reason == "tool_calls", answer
+        _valid([(c.function.name, c.function.arguments) for c in answer.message.tool_calls])
+        chunks = list(api.chat.completions.create(**kwargs, logit_bias=push, stream=True))
+        calls, finish = _streamed_calls(chunks)
+        assert finish == "tool_calls"
+        _valid(calls)
+        plain = api.chat.completions.create(**kwargs).choices[0]
+        assert plain.finish_reason in ("stop", "length") and not plain.message.tool_calls
+        assert not (plain.message.content or " ").lstrip()[:1] in ("{", "[")
+
+
+def test_auto_yields_to_response_format(client: TestClient[Litestar]) -> None:
+    """With ``response_format`` the reply is the format's JSON; no call is opened."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}
+    body = {"messages": USER, "tools": TOOLS, "max_tokens": 60, "seed": 1, "response_format": fmt}
+    answer = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    if answer["finish_reason"] == "stop":
+        jsonschema.validate(json.loads(answer["message"]["content"]), WEATHER)
+
+
 def _byte_tokenizer() -> Any:
     from tokenizers import Tokenizer, models
 

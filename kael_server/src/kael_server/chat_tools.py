@@ -5,7 +5,10 @@ into what the reply needs: the tools for the chat template, the format its outpu
 - ``"none"``: the tools are rendered (as vLLM does) but the output is never parsed for calls;
 - ``"auto"`` (the default with tools): the output is parsed in the template's own format
   (``detect_format``: Hermes/Qwen ``<tool_call>``, Llama 3.1 JSON, Mistral ``[TOOL_CALLS]``, or
-  the generic JSON one), unconstrained;
+  the generic JSON one) and generated under ``auto_grammar``: free text, but once the model
+  opens a call the rest of it follows the tools' schemas. When the request also constrains its
+  output (``response_format``, ...), that constraint governs the whole reply instead, so no
+  call can be opened (the reply is parsed all the same);
 - ``"required"`` / a named function: the output is generated under a grammar of the tools'
   schemas (``tool_choice_constraint``), in the generic JSON format, so every call parses and
   its arguments validate; ``parallel_tool_calls: false`` allows exactly one call.
@@ -18,11 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kael.constraints import Constraint, ConstraintError
+from kael.constraints import Constraint, ConstraintError, grammar, json_schema
 
 from kael_server.errors import FieldError, InvalidRequest
 from kael_server.structured import LIMITS, refusal
-from kael_server.tools import Format, detect_format, tool_choice_constraint
+from kael_server.tools import Format, auto_grammar, detect_format, tool_choice_constraint
 
 __all__ = ["ToolRequest", "tool_request"]
 
@@ -40,6 +43,8 @@ class ToolRequest:
     """The format the output is parsed in for tool calls (None: not parsed)."""
     constraint: tuple[str, Constraint] | None
     """The tool-call grammar and the field that asked for it (``tool_choice``)."""
+    auto: bool = False
+    """Whether ``constraint`` is the "auto" one (which yields to another constraint field)."""
 
 
 def _check_tools(tools: list[dict[str, Any]]) -> list[FieldError]:
@@ -79,9 +84,14 @@ def _choice(value: Any) -> str | dict[str, Any]:
 
 
 def tool_request(
-    tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None, template: Any
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    parallel: bool | None,
+    template: Any,
+    special_tokens: Mapping[str, int] | None = None,
 ) -> ToolRequest:
-    """The reply's view of a request's tool fields; InvalidRequest naming the field."""
+    """The reply's view of a request's tool fields; InvalidRequest naming the field.
+    ``special_tokens``: the served tokenizer's (a call marker among them is generated as it)."""
     choice = _choice(tool_choice)
     if not tools:
         if choice not in ("auto", "none"):
@@ -90,9 +100,23 @@ def tool_request(
     errors = _check_tools(tools)
     if errors:
         raise InvalidRequest(errors)
-    if choice in ("none", "auto"):
-        fmt = detect_format(getattr(template, "source", "") or "") if choice == "auto" else None
-        return ToolRequest(tools, fmt, None)
+    if choice == "none":
+        return ToolRequest(tools, None, None)
+    source = getattr(template, "source", "") or ""
+    if choice == "auto":
+        fmt = detect_format(source)
+        for i, tool in enumerate(tools):  # each schema's size, depth and support, by its field
+            params = tool["function"].get("parameters")
+            if params is not None:
+                try:
+                    json_schema(params, field=f"tools[{i}].function.parameters", limits=LIMITS)
+                except ConstraintError as exc:
+                    raise InvalidRequest([refusal(exc, "tools")]) from None
+        text = auto_grammar(tools, fmt, parallel=parallel is not False, special_tokens=special_tokens, template=source)
+        try:
+            return ToolRequest(tools, fmt, ("tools", grammar(text, field="tools", limits=LIMITS)), auto=True)
+        except ConstraintError as exc:
+            raise InvalidRequest([refusal(exc, "tools")]) from None
     try:
         c = tool_choice_constraint(tools, choice, parallel=parallel is not False, limits=LIMITS)
     except ConstraintError as exc:

@@ -43,7 +43,7 @@ from kael_server.openapi import JSON, documented, sse_events
 from kael_server.routes.openai import _usage, error_body, error_response, sampling_params, served_model
 from kael_server.schemas import OpenAIErrorResponse, Usage
 from kael_server.state import ServerState
-from kael_server.structured import constrained
+from kael_server.structured import constrained, constraint_of
 from kael_server.tools import ToolCallStream, parse_tool_calls
 
 __all__ = ["ChatReply", "chat_completions", "token_bytes"]
@@ -74,11 +74,13 @@ class ChatReply:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(sized, generator.vocab_size, logprobs=logprobs)
         params = dataclasses.replace(params, stop_token_ids=generator.chat_stop_tokens, fit_context=given is None)
-        tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, generator.chat_template)
+        special = getattr(generator.tokenizer, "special_tokens", None)
+        tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, generator.chat_template, special)
         # the body is checked first (a malformed one is a 400 whatever it names), then the model (a
         # 404), then its constraint is compiled
         self.model = served_model(body.model, generator)
-        self.params = constrained(params, body, generator, tools.constraint)
+        extra = None if tools.auto and constraint_of(body) is not None else tools.constraint
+        self.params = constrained(params, body, generator, extra)
         self.fmt = tools.fmt
         prompt = render_chat(generator.chat_template, messages, generator.model_name, tools.tools)
         self.prompts: tuple[Prompt, ...] = (ChatPrompt(prompt),)
