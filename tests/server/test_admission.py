@@ -100,3 +100,36 @@ async def test_slot_released_after_cancellation_while_encoding() -> None:
     nxt = Exchange(app, "/generate", {"prompt": "b", "max_tokens": 2}).start()
     await nxt.finish()
     assert nxt.status == 200
+
+
+def test_a_constrained_request_compiles_off_the_event_loop_and_429s_before_compiling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While one request's grammar compiles (held here on an event), the server answers other
+    requests; when every slot is taken a constrained request is refused before any compile."""
+    import threading
+
+    import kael_server.structured as structured
+
+    entered, release, compiles = threading.Event(), threading.Event(), []
+
+    def slow_compile(*args: object) -> None:
+        compiles.append(args)
+        entered.set()
+        assert release.wait(30)
+
+    monkeypatch.setattr(structured, "check_compiles", slow_compile)
+    gate = Gate()
+    body = {"prompt": "a", "max_tokens": 2, "response_format": {"type": "json_object"}}
+    with TestClient(make_app(FakeModel(gate=gate))) as client, ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.post, "/v1/completions", json=body)
+        assert entered.wait(30)  # compiling now, in a worker thread
+        assert client.get("/health").status_code == 200
+        assert client.get("/v1/models").status_code == 200
+        release.set()
+        assert gate.wait_arrivals(1)  # the first generation holds the slot
+        busy = client.post("/v1/completions", json=body)
+        assert busy.status_code == 429 and busy.json()["error"]["type"] == "rate_limit_error"
+        assert len(compiles) == 1  # refused before compiling
+        gate.open()
+        assert first.result(timeout=30).status_code == 200

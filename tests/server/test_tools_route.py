@@ -237,7 +237,7 @@ def test_auto_constrains_a_call_once_the_model_opens_one(api: Any) -> None:
         _valid(calls)
         plain = api.chat.completions.create(**kwargs).choices[0]
         assert plain.finish_reason in ("stop", "length") and not plain.message.tool_calls
-        assert not (plain.message.content or " ").lstrip()[:1] in ("{", "[")
+        assert (plain.message.content or " ").lstrip()[:1] not in ("{", "[")
 
 
 def test_auto_yields_to_response_format(client: TestClient[Litestar]) -> None:

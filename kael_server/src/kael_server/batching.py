@@ -105,6 +105,11 @@ class BatchScheduler(Scheduler):
 
     # ---- the Scheduler interface (any thread) ------------------------------------------
 
+    def full(self) -> bool:
+        with self._changed:
+            queued = sum(not e.job.cancelled for e in self._queue)
+            return not (self._room(1) and not queued) and queued >= self.queue_limit
+
     def submit(self, job: Job) -> None:
         if job.width > self.widest:
             raise InvalidRequest(

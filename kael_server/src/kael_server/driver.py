@@ -3,6 +3,11 @@
 read the body (capped) -> validate -> admit (429 at once if the slot is taken) -> wait for
 the prompt to be encoded on the worker -> stream events, or wait for the whole text while
 watching for a disconnect. A Reply object turns the results into one API's wire format.
+
+A request with a constraint (``response_format``, ``tools``, ...) builds its Reply in a thread:
+compiling a grammar (and, the first time, indexing the vocabulary for it) must not stall the
+event loop's other requests. A server that would refuse it (every slot and queue place taken)
+says 429 before that work.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from litestar.response import Stream
 
 from kael_server import deadline, limits, sse
 from kael_server.accounting import RequestRecord, outcome_of_error, record_of
-from kael_server.errors import Cancelled, ClientGone, ServerError, client_error
+from kael_server.errors import Busy, Cancelled, ClientGone, ServerError, client_error
 from kael_server.generator import Generator
 from kael_server.jobs import Finished, JobStats, Prompt, SamplingParams, TextPiece
 from kael_server.state import ServerState
+from kael_server.structured import has_constraint
 from kael_server.validation import decode, read_body
 from kael_server.waiting import accepted, finished
 
@@ -57,7 +63,12 @@ async def serve_generation(
     try:
         body = decode(await read_body(request, body_limit), schema)
         generator = server.require()
-        reply = make_reply(body, generator)
+        if has_constraint(body):
+            if generator.scheduler.full():
+                raise Busy
+            reply = await asyncio.to_thread(make_reply, body, generator)
+        else:
+            reply = make_reply(body, generator)
         job = record.job = generator.submit(reply.prompts, reply.params, record.started)
         deadline.arm(job, server.request_timeout)
         if reply.stream:

@@ -31,6 +31,11 @@ class Scheduler(ABC):
         once. Once it returns, the scheduler owns the job and finishes it (``job.emit`` of
         Finished or Failed) after releasing its slot."""
 
+    def full(self) -> bool:
+        """Whether ``submit`` would raise Busy now (a hint: a request that is costly to prepare
+        is refused before the work; ``submit`` still decides)."""
+        return False
+
     @abstractmethod
     def running(self) -> list[Job]:
         """The jobs holding a slot now."""

@@ -34,7 +34,7 @@ from kael.engine import SamplingParamError
 from kael_server.errors import FieldError, InvalidRequest
 from kael_server.metrics import Metrics
 
-__all__ = ["CONSTRAINT_FIELDS", "LIMITS", "check_compiles", "constrained", "constraint_of", "refusal"]
+__all__ = ["CONSTRAINT_FIELDS", "LIMITS", "check_compiles", "constrained", "constraint_of", "has_constraint", "refusal"]
 
 LIMITS = Limits(schema_bytes=1 << 20, nesting_depth=32, grammar_bytes=1 << 20, regex_bytes=16 << 10, choices=1024)
 """The server's limits on a constraint: 1 MiB of schema or grammar text, 32 levels of nesting,
@@ -59,6 +59,12 @@ _STRUCTURED_INERT = ("backend", "disable_fallback", "disable_additional_properti
 """vLLM's structured_outputs options that change nothing here: kael has one library and never
 falls back; its JSON has no free whitespace; ``disable_additional_properties`` is kael's only
 when the schema says so (accepted when false or absent)."""
+
+
+def has_constraint(body: Any) -> bool:
+    """Whether a decoded request names a field that may constrain its output (one of
+    ``CONSTRAINT_FIELDS`` or ``tools``): its reply compiles a grammar."""
+    return any(getattr(body, name, None) is not None for name in (*CONSTRAINT_FIELDS, "tools"))
 
 
 def refusal(exc: ConstraintError, field: str) -> FieldError:
