@@ -125,9 +125,11 @@ class ConstraintMatcher:
 
 def mask_logits(logits: np.ndarray, bitmask_row: np.ndarray, vocab_size: int) -> None:
     """``logits[j] = -inf`` for every id j the bitmask row does not allow or j >= vocab_size."""
-    allowed = np.zeros(logits.shape[0], dtype=bool)
-    allowed[allowed_ids(bitmask_row, min(vocab_size, logits.shape[0]))] = True
-    logits[~allowed] = -math.inf
+    n = min(vocab_size, logits.shape[0])
+    words = np.ascontiguousarray(bitmask_row).view(np.uint8)
+    allowed = np.unpackbits(words, count=n, bitorder="little").view(bool)
+    logits[n:] = -math.inf
+    np.copyto(logits[:n], -math.inf, where=~allowed)
 
 
 def fill_bitmasks(matchers: Sequence[ConstraintMatcher], bitmask: np.ndarray) -> None:
