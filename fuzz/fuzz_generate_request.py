@@ -130,7 +130,8 @@ def _route_checks(value: msgspec.Struct, body: bytes) -> None:
         extra = None
         if isinstance(value, ChatCompletionRequest):
             conversation(value.messages)
-            extra = tool_request(value.tools, value.tool_choice, value.parallel_tool_calls, None).constraint
+            tools = tool_request(value.tools, value.tool_choice, value.parallel_tool_calls, None)
+            extra = None if tools.auto and constraint_of(value) is not None else tools.constraint  # as the route
         constraint_of(value, extra)
     except ServerError as error:
         _check_refusal(error, body)
