@@ -4,6 +4,8 @@ on GPT-2's 50257-token vocabulary (the bundled ``shared/data/gpt2-tokenizer``).
 
 Run: ``python benchmarks/structured.py [--only llguidance]``. Compile and mask timings only;
 it walks each grammar with the first allowed token so every library sees the same work.
+``--batch`` then runs ``structured_batch.py`` (kael's engine, 8 rows constrained against
+unconstrained, on GPT-2 small and a SmolLM2-135M-shaped Llama; its flags follow ``--``).
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ def main() -> None:
     """Print one JSON line of figures per library."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--only", choices=["llguidance", "xgrammar", "outlines"])
-    a = p.parse_args()
+    p.add_argument("--batch", action="store_true", help="then the engine's batch-of-8 figures (structured_batch.py)")
+    a, rest = p.parse_known_args()
     tok = BpeTokenizer.from_directory(_TOK_DIR)
     eos = tok.eot_token
     for name, fn in (("llguidance", bench_llguidance), ("xgrammar", bench_xgrammar), ("outlines", bench_outlines)):
@@ -171,6 +174,13 @@ def main() -> None:
         r = fn(tok, eos)
         r["peak_rss_growth_mb"] = _rss_mb() - before
         print(json.dumps({"library": name, **{k: round(v, 3) for k, v in r.items()}}), flush=True)
+    if a.batch:
+        import sys
+
+        import structured_batch
+
+        sys.argv = [sys.argv[0], *[x for x in rest if x != "--"]]
+        structured_batch.main()
 
 
 if __name__ == "__main__":
