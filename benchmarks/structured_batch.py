@@ -57,7 +57,6 @@ def _smollm2_shaped(directory: Path) -> None:
         num_key_value_heads=3,
         max_position_embeddings=2048,
         rms_norm_eps=1e-5,
-        rope_theta=100000.0,
         tie_word_embeddings=True,
         bos_token_id=50256,
         eos_token_id=50256,
