@@ -103,4 +103,6 @@ def draw(probs: np.ndarray, generator: Generator | None, op: str) -> int:
     # side="right" skips zero-probability tokens (flat stretches of the cdf); the clamp keeps a draw
     # that rounds onto the end on the last token that can be drawn.
     j = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    if j < probs.shape[0] and probs[j] > 0:  # a drawable token: at or before the last one
+        return j
     return min(j, int(np.flatnonzero(probs)[-1]))
