@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kael.engine import EngineCore, Request, StepEvent
+from kael.engine import EngineCore, Request, Speculator, StepEvent
 from kael.models import BatchDecoder
 
 from kael_server.batch_state import Entry, Seq
@@ -69,6 +69,7 @@ class BatchScheduler(Scheduler):
         queue_timeout: float = 10.0,
         prefill_tokens: int = 2048,
         slots: int | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         if prefill_tokens < 1:
             raise ValueError(f"BatchScheduler prefill_tokens must be >= 1, got {prefill_tokens!r}")
@@ -90,9 +91,11 @@ class BatchScheduler(Scheduler):
         prefilled in chunks, so it does not hold up the others' tokens."""
         self._generator = generator
         if isinstance(engine, BatchDecoder):
-            self._core = EngineCore.on(engine, max_num_batched_tokens=prefill_tokens)
+            self._core = EngineCore.on(engine, max_num_batched_tokens=prefill_tokens, speculator=speculator)
         else:
-            self._core = EngineCore(engine, engine, max_num_batched_tokens=prefill_tokens)
+            self._core = EngineCore(engine, engine, max_num_batched_tokens=prefill_tokens, speculator=speculator)
+        self.speculator = speculator
+        """Speculative decoding's drafter and counters (None: plain decoding)."""
         self._metrics = generator.metrics
         self._changed = threading.Condition()
         self._slotted: dict[Job, Entry] = {}  # holding rows: encoding, waiting for prefill, or decoding
@@ -320,6 +323,8 @@ class BatchScheduler(Scheduler):
                 self._metrics.preemptions.inc()
         if logits is not None and logits.decode_rows:
             self._metrics.batch_size.observe(logits.decode_rows)
+        if self.speculator is not None:
+            self._metrics.spec_observe(self.speculator.proposed, self.speculator.accepted)
         for event in events:
             self._event(event)
 

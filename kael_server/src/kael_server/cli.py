@@ -158,6 +158,8 @@ def _main(argv: Sequence[str] | None) -> int:
         slots=config.slots,
         kv_cache_tokens=config.kv_cache_tokens,
         prefix_cache=config.prefix_cache,
+        speculative=config.speculative,
+        spec_tokens=config.spec_tokens if config.speculative else None,
         queue=config.queue,
         request_timeout=config.request_timeout,
         api_keys=len(config.api_keys),  # how many, never which

@@ -44,7 +44,9 @@ __all__ = [
     "WEIGHTS",
     "ApiKeyRule",
     "PortRule",
+    "SPECULATIVE",
     "ServerConfig",
+    "SpecTokensRule",
     "TimeoutRule",
     "add_server_arguments",
     "settings_markdown",
@@ -54,6 +56,10 @@ MAX_PORT = 65535
 WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 """``--weights`` choices: ``kael.models.WEIGHTS`` (named here so the web stack imports without kael)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SPECULATIVE = ("ngram",)
+"""``--speculative`` methods: prompt lookup (``kael.engine.NgramProposer``)."""
+MAX_SPEC_TOKENS = 15
+"""Drafts per verification at most: 1 + 15 query rows, the most whose kernels match one at a time."""
 
 _Config = TypeVar("_Config", bound="ServerConfig")
 
@@ -68,6 +74,24 @@ class PortRule(Rule):
     def check(self, flag: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PORT:
             raise ServerConfigError(f"{flag} must be a TCP port from 1 to {MAX_PORT}, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class SpecTokensRule(Integer):
+    """Draft tokens per verification: an integer from 1 to MAX_SPEC_TOKENS."""
+
+    minimum: int = 1
+
+    def _parse(self, text: str) -> int:
+        value = super()._parse(text)
+        if value > MAX_SPEC_TOKENS:
+            raise argparse.ArgumentTypeError(f"must be at most {MAX_SPEC_TOKENS}, got {value}")
+        return value
+
+    def check(self, flag: str, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SPEC_TOKENS:
+            raise ServerConfigError(f"{flag} must be an integer from 1 to {MAX_SPEC_TOKENS}, got {value!r}")
         return value
 
 
@@ -183,6 +207,27 @@ class ServerConfig:
         ),
         rule=Switch(),
         from_args=lambda args: not args.no_prefix_cache,
+    )
+    speculative: str | None = setting(
+        None,
+        Flag(
+            "--speculative",
+            "speculative decoding: 'ngram' drafts the tokens that followed the latest n-gram earlier in the "
+            "prompt or output (prompt lookup) and verifies them in one step; outputs are the same tokens as "
+            "without it; each request's draft length adapts to what is accepted and turns off when nothing is",
+            metavar="METHOD",
+        ),
+        rule=Choice(SPECULATIVE),
+        optional=True,
+    )
+    spec_tokens: int = setting(
+        4,
+        Flag(
+            "--spec-tokens",
+            f"with --speculative, the most draft tokens per verification (1 to {MAX_SPEC_TOKENS})",
+            metavar="K",
+        ),
+        rule=SpecTokensRule(),
     )
     queue: int = setting(
         64,

@@ -130,6 +130,9 @@ def load_app(
     positions in all (default: ``slots`` full contexts; at least one), in blocks of 16 shared by
     prefix unless ``prefix_cache`` is False (``--kv-cache-tokens``, ``--no-prefix-cache``).
 
+    ``speculative`` ("ngram" or None) verifies up to ``spec_tokens`` drafted tokens per step
+    (``kael.engine.Speculator``; the same outputs as without it).
+
     ``weights`` (None: as stored; or one of WEIGHTS) loads the weights in that format
     (``kael.models.from_pretrained(weights=...)``, ``load_gguf(weights=...)``); ``/v1/models``
     reports the format the model holds.
@@ -216,6 +219,16 @@ class _SchedulerFactory:
         rows = max(config.slots, limits.MAX_PROMPTS * limits.MAX_CHOICES)
         tokens = config.kv_cache_tokens or config.slots * int(self.model.max_positions)  # memory follows the slots
         engine = BatchDecoder(self.model, rows, kv_cache_tokens=tokens, prefix_caching=config.prefix_cache)
+        speculator = None
+        if config.speculative == "ngram":
+            from kael.engine import NgramProposer, Speculator
+
+            speculator = Speculator(NgramProposer(k=config.spec_tokens), k_max=config.spec_tokens)
         return BatchScheduler(
-            generator, engine, queue=config.queue, queue_timeout=config.queue_timeout, slots=config.slots
+            generator,
+            engine,
+            queue=config.queue,
+            queue_timeout=config.queue_timeout,
+            slots=config.slots,
+            speculator=speculator,
         )

@@ -139,6 +139,17 @@ class Metrics:
         )
         for reason in CONSTRAINT_REFUSALS:
             self.constraint_refusals.labels(reason)
+        # Speculative decoding (--speculative): draft tokens proposed and confirmed.
+        self.spec_proposed = Counter(
+            "kael_spec_draft_tokens", "Draft tokens proposed for verification (--speculative).", registry=r
+        )
+        self.spec_accepted = Counter(
+            "kael_spec_accepted_tokens", "Draft tokens the model confirmed (the same token sampled).", registry=r
+        )
+        self.spec_acceptance = Gauge(
+            "kael_spec_acceptance_rate", "Accepted over proposed draft tokens since the server started.", registry=r
+        )
+        self._spec_last = (0, 0)
         self._kv_last = {"prefix_query_tokens": 0, "prefix_hit_tokens": 0, "evictions": 0}
         self._kv_lock = threading.Lock()
 
@@ -188,6 +199,19 @@ class Metrics:
                 if delta > 0:
                     counter.inc(delta)
                 last[key] = stats[key]
+
+    def spec_observe(self, proposed: int, accepted: int) -> None:
+        """Advances the speculative-decoding counters to the cumulative ``proposed`` and
+        ``accepted`` draft tokens (a ``kael.engine.Speculator``'s) and sets the acceptance rate."""
+        with self._kv_lock:
+            last_p, last_a = self._spec_last
+            if proposed > last_p:
+                self.spec_proposed.inc(proposed - last_p)
+            if accepted > last_a:
+                self.spec_accepted.inc(accepted - last_a)
+            self._spec_last = (proposed, accepted)
+            if proposed:
+                self.spec_acceptance.set(accepted / proposed)
 
     def render(self) -> bytes:
         """Every metric of this registry in Prometheus' text exposition format (served as ``content_type``)."""
