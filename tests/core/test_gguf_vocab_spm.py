@@ -176,3 +176,27 @@ def test_bad_scores_are_a_format_error(hf_dir: Path, tmp_path: Path) -> None:
     meta["tokenizer.ggml.scores"] = [0.0, 1.0]
     with pytest.raises(kael.FormatError, match=r"m.gguf: metadata 'tokenizer.ggml.scores' must be \d+ numbers"):
         tokenizer_from_gguf(meta, "m.gguf")
+
+
+def test_ids_equal_llama_tokenize(hf_dir: Path, tmp_path: Path) -> None:
+    """llama.cpp's own tokenizer on the same file (its ``llama-tokenize`` binary, vocabulary only)."""
+    import os
+    import subprocess
+
+    import llama_cpp_tools
+
+    exe = os.environ.get("KAEL_LLAMA_TOKENIZE") or llama_cpp_tools.require_tool("llama-tokenize")
+    meta_dir = tmp_path / "m"
+    meta_dir.mkdir()
+    spm = tokenizer_from_gguf(_metadata(hf_dir, meta_dir), "spm.gguf")
+    for i, text in enumerate(TEXTS):
+        (tmp_path / f"t{i}.txt").write_text(text, encoding="utf-8")
+        run = subprocess.run(
+            [exe, "-m", str(meta_dir / "spm.gguf"), "-f", str(tmp_path / f"t{i}.txt"), "--ids", "--log-disable"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr[-500:]
+        ids = [int(x) for x in run.stdout.strip().splitlines()[-1].strip("[]").split(",") if x.strip()]
+        assert spm.encode(text, add_special_tokens=True) == ids, text
