@@ -269,6 +269,9 @@ class _Fixed:
         self.calls += 1
         return self.ids[:k]
 
+    def release(self, request: Request) -> None:
+        pass
+
 
 def test_adaptive_k_shrinks_pauses_and_retries() -> None:
     spec = Speculator(_Fixed([1, 2, 3, 4]), off_after=2, cooldown=3, max_cooldown=6)

@@ -14,8 +14,9 @@
 - ``ModelRunner`` (runner.py): one forward pass per plan;
 - ``Detokenizer`` (detokenize.py): a sequence's text as its tokens arrive (incremental UTF-8,
   stop strings cut by its ``SequenceStop``);
-- ``Proposer``/``NgramProposer`` (proposers.py) and ``Speculator`` (speculative.py): drafts
-  verified in one multi-token step, outputs identical to plain decoding;
+- ``Proposer``/``NgramProposer`` (proposers.py), ``DraftModelProposer`` (draft_proposer.py: a
+  smaller model's greedy drafts) and ``Speculator`` (speculative.py): drafts verified in one
+  multi-token step, outputs identical to plain decoding;
 - ``EngineCore`` (core.py): the step that ties them (schedule, run, sample, stop).
 
 See DESIGN.md, "The engine".
@@ -26,6 +27,7 @@ from __future__ import annotations
 from .core import EngineCore, StepEvent
 from .detokenize import Detokenizer
 from .distributions import draw, filter_row, log_softmax, softmax, top_logprobs
+from .draft_proposer import DraftModelProposer
 from .kv_manager import KVBackend, KVManager
 from .logits_processors import LogitBias, LogitsProcessor, MinTokens, Penalties
 from .params import MIN_TEMPERATURE, SamplingParamError, SamplingParams, check_temperature
@@ -38,6 +40,7 @@ from .speculative import SpecState, Speculator
 from .stop import FinishReason, SequenceStop, StopMatcher
 
 __all__ = [
+    "DraftModelProposer",
     "NgramProposer",
     "Proposer",
     "SpecState",

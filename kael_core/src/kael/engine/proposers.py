@@ -25,10 +25,14 @@ __all__ = ["NgramProposer", "Proposer", "ngram_lookup"]
 @runtime_checkable
 class Proposer(Protocol):
     """What speculative decoding asks of a proposer: ``propose(request, k)``, at most ``k``
-    draft token ids to follow ``request.all_ids`` (an empty list: nothing to propose)."""
+    draft token ids to follow ``request.all_ids`` (an empty list: nothing to propose), and
+    ``release(request)`` once the request is done (whatever the proposer keeps for it goes)."""
 
     def propose(self, request: Request, k: int) -> list[int]:
         """Up to ``k`` token ids guessed to follow ``request``'s prompt and output."""
+
+    def release(self, request: Request) -> None:
+        """``request`` finished: forget it."""
 
 
 def _count(name: str, value: object, lo: int) -> int:
@@ -75,6 +79,9 @@ class NgramProposer:
     def propose(self, request: Request, k: int) -> list[int]:
         """Up to ``min(k, self.k)`` ids following ``request.all_ids`` (see the class)."""
         return ngram_lookup(request.all_ids, self.n_max, self.n_min, min(k, self.k))
+
+    def release(self, request: Request) -> None:
+        """Nothing is kept per request."""
 
     def __repr__(self) -> str:
         return f"NgramProposer(n_max={self.n_max}, n_min={self.n_min}, k={self.k})"

@@ -140,8 +140,9 @@ class Speculator:
             st.k = self.k_max
 
     def forget(self, request: Request) -> None:
-        """Drops a finished request's state."""
+        """Drops a finished request's state (and the proposer's, ``Proposer.release``)."""
         self._state.pop(request, None)
+        self.proposer.release(request)
 
     def stats(self) -> dict[str, float]:
         """The counters, for metrics."""
