@@ -178,6 +178,7 @@ def test_load_app_takes_each_setting_as_a_keyword(name: str, monkeypatch: pytest
 
     monkeypatch.setattr(loading, "checkpoint_dir", lambda data: Path(data or "bundled"))
     monkeypatch.setattr(loading, "check_device", lambda device: None)
+    monkeypatch.setattr(loading, "check_speculation", lambda config, path: None)  # settings alone, no models
     monkeypatch.setattr(loading, "create_app", create_app)
     config = ServerConfig(**{name: value})
     load_app(**{name: value})

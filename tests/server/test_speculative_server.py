@@ -34,10 +34,20 @@ def _client(stack: ExitStack, name: str, **settings: Any) -> TestClient[Litestar
     return c
 
 
-@pytest.fixture(scope="module", params=["kael-tiny", "kael-tiny-chat"])
+SPECULATING = {
+    "ngram": {"speculative": "ngram", "spec_tokens": 6},
+    "draft": {"speculative": "draft", "draft_model": "SELF", "spec_tokens": 3},
+}
+"""A draft model: the served model itself (every draft right: the rejection paths are the
+engine's tests' business)."""
+
+
+@pytest.fixture(scope="module", params=[(m, s) for m in ("kael-tiny", "kael-tiny-chat") for s in SPECULATING])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[TestClient[Litestar], TestClient[Litestar]]]:
+    name, method = request.param
+    settings = {k: (str(MODELS / name) if v == "SELF" else v) for k, v in SPECULATING[method].items()}
     with ExitStack() as stack:
-        yield _client(stack, request.param), _client(stack, request.param, speculative="ngram", spec_tokens=6)
+        yield _client(stack, name), _client(stack, name, **settings)
 
 
 def _bodies() -> list[dict[str, Any]]:
@@ -91,7 +101,17 @@ def test_the_same_tokens_and_logprobs_alone_and_batched(
     [
         (["--speculative", "ngram", "--spec-tokens", "0"], "argument --spec-tokens: must be at least 1, got 0"),
         (["--speculative", "ngram", "--spec-tokens", "100"], "argument --spec-tokens: must be at most 15, got 100"),
-        (["--speculative", "medusa"], "argument --speculative: invalid choice: 'medusa' (choose from 'ngram')"),
+        (
+            ["--speculative", "medusa"],
+            "argument --speculative: invalid choice: 'medusa' (choose from 'ngram', 'draft')",
+        ),
+        (["--speculative", "draft"], "--speculative draft needs --draft-model DIR"),
+        (["--draft-model", "kael-tiny"], "--draft-model needs --speculative draft"),
+        (["--speculative", "draft", "--draft-model", "/nowhere"], "--draft-model '/nowhere' is not a directory"),
+        (
+            ["--speculative", "draft", "--draft-model", "kael-tiny-chat"],
+            "--draft-model 'kael-tiny-chat': its vocabulary has",
+        ),
     ],
 )
 def test_bad_speculation_settings_are_refused_before_listening(flags: list[str], line: str) -> None:

@@ -56,8 +56,9 @@ MAX_PORT = 65535
 WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 """``--weights`` choices: ``kael.models.WEIGHTS`` (named here so the web stack imports without kael)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
-SPECULATIVE = ("ngram",)
-"""``--speculative`` methods: prompt lookup (``kael.engine.NgramProposer``)."""
+SPECULATIVE = ("ngram", "draft")
+"""``--speculative`` methods: prompt lookup (``kael.engine.NgramProposer``) and a draft model
+(``kael.engine.DraftModelProposer``, ``--draft-model``)."""
 MAX_SPEC_TOKENS = 15
 """Drafts per verification at most: 1 + 15 query rows, the most whose kernels match one at a time."""
 
@@ -213,11 +214,23 @@ class ServerConfig:
         Flag(
             "--speculative",
             "speculative decoding: 'ngram' drafts the tokens that followed the latest n-gram earlier in the "
-            "prompt or output (prompt lookup) and verifies them in one step; outputs are the same tokens as "
-            "without it; each request's draft length adapts to what is accepted and turns off when nothing is",
+            "prompt or output (prompt lookup), 'draft' has --draft-model draft them; the model verifies them "
+            "in one step, so outputs are the same tokens as without it; each request's draft length adapts to "
+            "what is accepted and turns off when nothing is",
             metavar="METHOD",
         ),
         rule=Choice(SPECULATIVE),
+        optional=True,
+    )
+    draft_model: str | None = setting(
+        None,
+        Flag(
+            "--draft-model",
+            "with --speculative draft, the model that drafts: a checkpoint directory, a bundled model's name or "
+            "a GGUF file, sharing the served model's vocabulary (checked before the server listens)",
+            metavar="DIR",
+        ),
+        rule=Text(path=True),
         optional=True,
     )
     spec_tokens: int = setting(

@@ -19,6 +19,7 @@ from kael_server.config import WEIGHTS, ServerConfig
 from kael_server.errors import ServerConfigError
 from kael_server.generator import Generator
 from kael_server.metrics import Metrics
+from kael_server.speculation import build_speculator, check_speculation
 
 __all__ = [
     "BUNDLED_MODEL",
@@ -130,8 +131,9 @@ def load_app(
     positions in all (default: ``slots`` full contexts; at least one), in blocks of 16 shared by
     prefix unless ``prefix_cache`` is False (``--kv-cache-tokens``, ``--no-prefix-cache``).
 
-    ``speculative`` ("ngram" or None) verifies up to ``spec_tokens`` drafted tokens per step
-    (``kael.engine.Speculator``; the same outputs as without it).
+    ``speculative`` ("ngram", "draft" with ``draft_model``, or None) verifies up to
+    ``spec_tokens`` drafted tokens per step (``kael_server.speculation``; the same outputs as
+    without it); the draft model's vocabulary is checked against the model's now.
 
     ``weights`` (None: as stored; or one of WEIGHTS) loads the weights in that format
     (``kael.models.from_pretrained(weights=...)``, ``load_gguf(weights=...)``); ``/v1/models``
@@ -140,8 +142,9 @@ def load_app(
     config = _config_of(config, device, settings)
     path = checkpoint_dir(config.data)
     check_device(config.device)  # imports kael: ImportError now if it is missing
+    draft = check_speculation(config, path)
 
-    return create_app(CheckpointLoader(path, config), config, on_load_error=on_load_error)
+    return create_app(CheckpointLoader(path, config, draft), config, on_load_error=on_load_error)
 
 
 def _config_of(
@@ -171,6 +174,8 @@ class CheckpointLoader:
 
     path: Path
     config: ServerConfig
+    draft: Path | None = None
+    """The ``--draft-model`` checkpoint (``--speculative draft``)."""
 
     def __call__(self, metrics: Metrics) -> Generator:
         """The Generator, its model loaded (ServerConfigError for a model the config cannot serve)."""
@@ -199,7 +204,7 @@ class CheckpointLoader:
             model_name=config.served_model_name[0] if config.served_model_name else path.name,
             aliases=config.served_model_name[1:],
             metrics=metrics,
-            make_scheduler=_SchedulerFactory(model, config),
+            make_scheduler=_SchedulerFactory(model, config, self.draft),
         )
 
 
@@ -210,6 +215,7 @@ class _SchedulerFactory:
 
     model: Any
     config: ServerConfig
+    draft: Path | None = None
 
     def __call__(self, generator: Generator) -> BatchScheduler:
         from kael.models import BatchDecoder
@@ -219,11 +225,7 @@ class _SchedulerFactory:
         rows = max(config.slots, limits.MAX_PROMPTS * limits.MAX_CHOICES)
         tokens = config.kv_cache_tokens or config.slots * int(self.model.max_positions)  # memory follows the slots
         engine = BatchDecoder(self.model, rows, kv_cache_tokens=tokens, prefix_caching=config.prefix_cache)
-        speculator = None
-        if config.speculative == "ngram":
-            from kael.engine import NgramProposer, Speculator
-
-            speculator = Speculator(NgramProposer(k=config.spec_tokens), k_max=config.spec_tokens)
+        speculator = build_speculator(config, self.model, self.draft, rows)
         return BatchScheduler(
             generator,
             engine,
