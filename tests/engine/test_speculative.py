@@ -274,7 +274,7 @@ class _Fixed:
 
 
 def test_adaptive_k_shrinks_pauses_and_retries() -> None:
-    spec = Speculator(_Fixed([1, 2, 3, 4]), off_after=2, cooldown=3, max_cooldown=6)
+    spec = Speculator(_Fixed([1, 2, 3, 4]), off_after=2, cooldown=3, max_cooldown=6, warmup=0)
     req = Request([1, 2, 3])
     assert spec.drafts(req, 10) == [1, 2, 3, 4]
     spec.record(req, 4, 1)  # a rejection after one accepted: k = 2
@@ -403,3 +403,29 @@ def test_any_budget_pool_and_block_size_gives_the_plain_outputs(
         return [r.output_ids for r in reqs]
 
     assert run(Speculator(NgramProposer(k=k), k_max=k)) == run(None)
+
+
+def test_speculation_pauses_when_it_costs_more_per_token_and_probes_again() -> None:
+    """NOTE [speculation pays or pauses]: synthetic step costs, seconds per token."""
+    spec = Speculator(_Fixed([1, 2]), warmup=2, probe_after=4, max_probe_after=8, slack=0.05)
+    req = Request([1, 2, 3])
+    assert spec.drafts(req, 10) == []  # the warm-up steps are plain: the baseline
+    spec.observe_step(1.0, 1, speculated=False)
+    spec.observe_step(1.0, 1, speculated=False)
+    assert spec.drafts(req, 10) == [1, 2]
+    spec.observe_step(3.0, 2, speculated=True)  # 1.5 s a token against 1.0: a loss
+    assert spec.pauses == 1 and spec.paused_steps == 4
+    for _ in range(4):
+        assert spec.drafts(req, 10) == []
+        spec.observe_step(1.0, 1, speculated=False)
+    assert spec.drafts(req, 10) == [1, 2]  # probing again
+    spec.observe_step(3.0, 2, speculated=True)
+    assert spec.paused_steps == 8  # it lost again: twice as long (at most max_probe_after)
+    for _ in range(8):
+        spec.observe_step(1.0, 1, speculated=False)
+    spec.observe_step(1.5, 3, speculated=True)  # 0.5 s a token: it pays, it goes on
+    assert spec.paused_steps == 0 and spec.drafts(req, 10) == [1, 2]
+    spec.observe_step(1.0, 3, speculated=True)
+    assert spec.pauses == 2
+    with pytest.raises(KaelError, match=r"slack must be a number in \[0, 1\), got 2"):
+        Speculator(_Fixed([1]), slack=2)

@@ -16,6 +16,7 @@ one taken out by ``abort``, whose caller knows.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -117,9 +118,18 @@ class EngineCore:
 
     def step(self) -> list[StepEvent]:
         """One step: schedule, one forward pass, sample each row that reached its end, stop checks."""
+        start = time.perf_counter()
         plan = self.last_plan = self.scheduler.schedule()
         if not plan:
             return []
+        events = self._step(plan)
+        if self.speculator is not None and all(r.decode or r.drafts for r in plan.rows):
+            produced = sum(len(e.tokens) for e in events)  # NOTE [speculation pays or pauses]
+            self.speculator.observe_step(time.perf_counter() - start, produced, any(r.drafts for r in plan.rows))
+        return events
+
+    def _step(self, plan: SchedulerOutput) -> list[StepEvent]:
+        """``plan``'s forward pass and each row's tokens."""
         try:
             logits = self.last_logits = self.runner.execute(plan)
         except Exception as exc:  # a runner without isolation of its own: every request in it fails

@@ -25,6 +25,16 @@ count plus one; after ``off_after`` verifications in a row with no accepted draf
 stops speculating for ``cooldown`` decode steps (doubling up to ``max_cooldown`` while it keeps
 failing, back to ``cooldown`` after a success), then tries again. A step without drafts costs
 only the proposer's lookup.
+
+NOTE [speculation pays or pauses]: acceptance alone does not say whether speculation pays: a
+small model's step is compute-bound, so verifying 1 + k positions costs nearly 1 + k steps,
+and a draft model costs its own steps. ``EngineCore`` reports each all-decode step's wall time
+and tokens (``observe_step``); the speculator keeps a moving average of the seconds per token
+of steps with drafts and of steps without. Speculation starts after ``warmup`` plain steps (the
+baseline); whenever a step with drafts has made the speculative average worse than the plain
+one by more than ``slack``, every request stops drafting for ``probe_after`` steps (doubling,
+up to ``max_probe_after``, while it keeps losing; back to the first value once it pays), then
+it is tried again. The worst case is then a few probing steps in every ``max_probe_after``.
 """
 
 from __future__ import annotations
@@ -72,6 +82,10 @@ class Speculator:
         off_after: int = 3,
         cooldown: int = 8,
         max_cooldown: int = 64,
+        warmup: int = 2,
+        probe_after: int = 16,
+        max_probe_after: int = 256,
+        slack: float = 0.03,
     ) -> None:
         if not isinstance(proposer, Proposer):
             raise KaelError(f"Speculator: proposer must have propose(request, k), got {type(proposer).__name__}")
@@ -83,7 +97,18 @@ class Speculator:
         self.off_after = _count("off_after", off_after, 1)
         self.cooldown = _count("cooldown", cooldown, 1)
         self.max_cooldown = _count("max_cooldown", max_cooldown, self.cooldown)
+        self.probe_after = _count("probe_after", probe_after, 1)
+        self.max_probe_after = _count("max_probe_after", max_probe_after, self.probe_after)
+        if not isinstance(slack, (int, float)) or isinstance(slack, bool) or not 0 <= slack < 1:
+            raise KaelError(f"Speculator: slack must be a number in [0, 1), got {slack!r}")
+        self.slack = float(slack)
         self._state: dict[Request, SpecState] = {}
+        self._cost: dict[bool, float | None] = {True: None, False: None}
+        """Moving average of seconds per token of all-decode steps, with drafts (True) or not."""
+        self.paused_steps = _count("warmup", warmup, 0)
+        """Steps left in which no request drafts (NOTE [speculation pays or pauses])."""
+        self._probe_after = self.probe_after
+        self.pauses = 0
         self.proposed = 0
         self.accepted = 0
         self.verifications = 0
@@ -108,6 +133,8 @@ class Speculator:
     def drafts(self, request: Request, room: int) -> list[int]:
         """Up to ``room`` draft ids for ``request``'s next decode step (NOTE [adaptive k]); empty
         while its speculation is paused or nothing is proposed."""
+        if self.paused_steps:
+            return []
         st = self.state(request)
         if st.pause:
             st.pause -= 1
@@ -139,6 +166,26 @@ class Speculator:
             st.cooldown = min(self.max_cooldown, 2 * st.cooldown)
             st.k = self.k_max
 
+    def observe_step(self, seconds: float, tokens: int, speculated: bool) -> None:
+        """What one all-decode step cost: ``seconds`` for ``tokens`` new tokens, with drafts
+        verified in it or not (NOTE [speculation pays or pauses])."""
+        if tokens <= 0 or not seconds >= 0:
+            return
+        per, old = seconds / tokens, self._cost[speculated]
+        self._cost[speculated] = per if old is None else old + 0.3 * (per - old)
+        if not speculated:
+            self.paused_steps = max(0, self.paused_steps - 1)
+            return
+        spec, plain = self._cost[True], self._cost[False]
+        if plain is None or spec is None:
+            return
+        if spec > plain * (1 + self.slack):
+            self.paused_steps, self.pauses = self._probe_after, self.pauses + 1
+            self._probe_after = min(2 * self._probe_after, self.max_probe_after)
+            self._cost[True] = None  # the next probe measures afresh
+        else:
+            self._probe_after = self.probe_after
+
     def forget(self, request: Request) -> None:
         """Drops a finished request's state (and the proposer's, ``Proposer.release``)."""
         self._state.pop(request, None)
@@ -152,4 +199,5 @@ class Speculator:
             "spec_rejected_tokens": self.rejected,
             "spec_verifications": self.verifications,
             "spec_acceptance_rate": self.acceptance_rate,
+            "spec_pauses": self.pauses,
         }

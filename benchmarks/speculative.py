@@ -1,0 +1,170 @@
+"""Speculative decoding (issue 32): kael with against kael without, on kael's engine, printing JSON.
+
+Tasks, each at ``--threads`` (default 1 and 2), greedy, one request at a time:
+
+* ``copy``: the bundled code model (kael-tiny, trained on CPython's standard library) asked to
+  continue a function it has just seen in the prompt: prompt lookup (``ngram``) should draft
+  most of it (goal: at least 2x decode tok/s);
+* ``rewrite``: kael-tiny-chat asked for a function whose source the conversation already holds
+  (its assistant turn quoted it), through its chat template;
+* ``random``: GPT-2 small with random weights on a random prompt, sampled (temperature 1,
+  seeded): nothing to copy, so speculation should pause itself (goal: at least 0.97x), with
+  ``ngram`` and with a ``draft`` model (a 2-layer random GPT-2 over the same vocabulary);
+* ``loop``: the same greedily, which falls into a repeating loop (as random models do): copy-heavy
+  by construction, on a model whose decode step reads 500 MB of weights.
+
+And ``server``: kael-server on kael-tiny at 8 concurrent streaming-free clients, half copy-heavy
+and half not, aggregate tok/s with ``--speculative ngram`` against without (goal: at least 1.3x).
+
+Every speculative run is checked to give the plain run's tokens. llama.cpp is not run: its
+prompt-lookup decoding (``llama-lookup``) is an example program, not a mode of ``llama-bench`` or
+``llama-server`` in the build ``scripts/build_llama_cpp.sh`` makes, so there is no anchor run the
+way its users run it.
+
+    python benchmarks/speculative.py [--threads 1 2] [--tokens 64] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+MODELS = Path(__file__).resolve().parents[1] / "kael_server" / "src" / "kael_server" / "models"
+CODE = "def _count(name, value, lo):\n    if value < lo:\n        raise ValueError(name)\n    return value\n\n"
+
+
+def _decode(
+    model: Any, prompt: list[int], tokens: int, speculator: Any, eos: list[int], temperature: float = 0.0
+) -> tuple[list[int], float]:
+    """One request's tokens through EngineCore (greedy, or seeded sampling at ``temperature``) and
+    its decode tok/s (the first token excluded)."""
+    import kael
+    from kael.engine import EngineCore, Request, SamplingParams, TokenSampler
+    from kael.models import BatchDecoder
+
+    core = EngineCore.on(BatchDecoder(model, rows=1), speculator=speculator)
+    params = SamplingParams(max_tokens=tokens, temperature=temperature, ignore_eos=True)
+    sampler = TokenSampler(params, prompt, kael.Generator().manual_seed(7)) if temperature else None
+    req = Request(prompt, params, eos_ids=eos, sampler=sampler)
+    core.add(req)
+    first = None
+    while core.has_unfinished:
+        events = core.step()
+        if first is None and any(e.tokens for e in events):
+            first = (time.perf_counter(), len(req.output_ids))
+    assert first is not None
+    seconds = time.perf_counter() - first[0]
+    return list(req.output_ids), (len(req.output_ids) - first[1]) / max(seconds, 1e-9)
+
+
+def _task(
+    model: Any, prompt: list[int], tokens: int, repeats: int, make: dict[str, Any], temperature: float = 0.0
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_tokens": len(prompt), "new_tokens": tokens, "temperature": temperature}
+    plain_ids: list[int] | None = None
+    for name, factory in make.items():
+        best, rate = 0.0, None
+        for _ in range(repeats):
+            spec = factory() if factory else None
+            ids, tok_s = _decode(model, prompt, tokens, spec, [], temperature)
+            if plain_ids is None:
+                plain_ids = ids
+            assert ids == plain_ids, f"{name}: speculation changed the output"
+            if tok_s > best:
+                best, rate = tok_s, (spec.acceptance_rate if spec is not None else None)
+        out[name] = {"decode_tok_s": best, "acceptance_rate": rate}
+    base = out["plain"]["decode_tok_s"]
+    for name in make:
+        if name != "plain":
+            out[name]["speedup"] = out[name]["decode_tok_s"] / base
+    return out
+
+
+def _server(tokens: int, speculative: bool) -> dict[str, float]:
+    from kael_server.config import ServerConfig
+    from kael_server.loading import load_app
+    from litestar.testing import TestClient
+
+    settings: dict[str, Any] = {"speculative": "ngram", "spec_tokens": 6} if speculative else {}
+    app = load_app(ServerConfig(data=str(MODELS / "kael-tiny"), slots=8, **settings))
+    room = 128 - tokens - 1  # kael-tiny's context, a byte a token
+    prompts = [(CODE + "def _count(")[-room:] if i % 2 == 0 else f"import os\nx = {i}\n" for i in range(16)]
+    with TestClient(app) as client:
+        while client.get("/ready").status_code != 200:
+            time.sleep(0.05)
+
+        def one(prompt: str) -> int:
+            body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0}
+            return int(client.post("/v1/completions", json=body).json()["usage"]["completion_tokens"])
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            produced = sum(pool.map(one, prompts))
+        seconds = time.perf_counter() - start
+    return {"clients": 8, "requests": len(prompts), "aggregate_tok_s": produced / seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    import kael
+    import numpy as np
+    from kael.engine import DraftModelProposer, NgramProposer, Speculator
+    from kael.models import GPT, from_pretrained
+    from kael.tokenizer import load_tokenizer
+
+    tiny, tiny_tok = from_pretrained(MODELS / "kael-tiny"), load_tokenizer(MODELS / "kael-tiny")
+    chat, chat_tok = from_pretrained(MODELS / "kael-tiny-chat"), load_tokenizer(MODELS / "kael-tiny-chat")
+    big = GPT(50257, 1024, 12, 12, 768, init=False)
+    with kael.no_grad():
+        rng = np.random.default_rng(0)
+        for _, p in big.named_parameters():
+            p.copy_(kael.from_numpy((rng.standard_normal(p.shape) * 0.02).astype(np.float32)))
+    drafter = GPT(50257, 1024, 2, 4, 128, generator=kael.Generator().manual_seed(1))
+
+    code_prompt = tiny_tok.encode(CODE + "def _count(")[-(tiny.max_positions - args.tokens) :]
+    fn = CODE.strip()
+    conv = [
+        {"role": "user", "content": "Write _count(name, value, lo)."},
+        {"role": "assistant", "content": fn},
+        {"role": "user", "content": "Write _count(name, value, lo) again."},
+    ]
+    rendered = chat_tok.chat_template.render(conv, add_generation_prompt=True)
+    chat_prompt = chat_tok.encode(rendered)[-(chat.max_positions - args.tokens) :]
+    random_prompt = np.random.default_rng(2).integers(0, 50257, size=32).tolist()
+
+    def ngram() -> Any:
+        return Speculator(NgramProposer(n_max=4, k=6))
+
+    report: dict[str, Any] = {"tokens": args.tokens, "repeats": args.repeats, "runs": []}
+    for threads in args.threads:
+        kael.set_num_threads(threads)
+        run: dict[str, Any] = {"threads": threads}
+        run["copy"] = _task(tiny, code_prompt, args.tokens, args.repeats, {"plain": None, "ngram": ngram})
+        run["rewrite"] = _task(chat, chat_prompt, args.tokens, args.repeats, {"plain": None, "ngram": ngram})
+        methods = {
+            "plain": None,
+            "ngram": ngram,
+            "draft": lambda: Speculator(DraftModelProposer(drafter, k=4, rows=1, target=big)),
+        }
+        run["random"] = _task(big, random_prompt, args.tokens, args.repeats, methods, temperature=1.0)
+        run["loop"] = _task(big, random_prompt, args.tokens, args.repeats, methods)
+        plain, spec = _server(args.tokens, False), _server(args.tokens, True)
+        run["server"] = {"plain": plain, "ngram": spec, "speedup": spec["aggregate_tok_s"] / plain["aggregate_tok_s"]}
+        print(json.dumps(run), flush=True)
+        report["runs"].append(run)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
