@@ -17,6 +17,7 @@
 
 #include "allocator.h"
 #include "buffer.h"
+#include "conv.h"
 #include "kernels.h"
 #include "thread_pool.h"
 #include "vec.h"
@@ -600,6 +601,33 @@ void bind_fused(py::module_& m) {
     u.fix(o, g, true);
     u.fix(o, x, true);
     silu_mul(o, g, x);
+  });
+  m.def("conv2d", [](py::handle out, py::handle x, py::handle weight, py::handle bias, std::array<int64_t, 2> stride,
+                     std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+    View o = parse(out, "conv2d", true), a = parse(x, "conv2d"), w = parse(weight, "conv2d");
+    View b;
+    const bool hb = !bias.is_none();
+    if (hb) b = parse(bias, "conv2d");
+    py::gil_scoped_release nogil;
+    Unaliased u;  // the output is written at the end from a scratch buffer, but copy aliased inputs all the same
+    u.fix(o, a, false);
+    u.fix(o, w, false);
+    if (hb) u.fix(o, b, false);
+    conv2d(o, a, w, hb ? &b : nullptr, stride, padding, dilation, groups);
+  });
+  m.def("conv2d_backward", [](py::handle dx, py::handle dweight, py::handle dbias, py::handle grad, py::handle x,
+                              py::handle weight, std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                              std::array<int64_t, 2> dilation, int64_t groups) {
+    const char* n = "conv2d_backward";
+    View g = parse(grad, n), a = parse(x, n), w = parse(weight, n);
+    View gx, gw, gb;
+    const bool hx = !dx.is_none(), hw = !dweight.is_none(), hb = !dbias.is_none();
+    if (hx) gx = parse(dx, n, true);
+    if (hw) gw = parse(dweight, n, true);
+    if (hb) gb = parse(dbias, n, true);
+    py::gil_scoped_release nogil;
+    conv2d_backward(hx ? &gx : nullptr, hw ? &gw : nullptr, hb ? &gb : nullptr, g, a, w, stride, padding, dilation,
+                    groups);
   });
   m.def("cross_entropy",
         [](py::handle losses, py::handle logits, py::handle target, int64_t ignore_index, double label_smoothing) {

@@ -282,6 +282,36 @@ void reduce_values(const View& out, const View& a, const Geometry& g) {
                  });
     return;
   }
+  if (g.nr >= 2 && g.ra[g.nr - 1] == 1 && g.rshape[g.nr - 1] >= 8) {
+    // R's inner run is contiguous (a sum over (0, 2, 3) of [N, C, H, W]): each output combines
+    // the vector row results of its contiguous runs instead of stepping element by element
+    Geometry go = g;  // the outer reduced dims only
+    go.nr = g.nr - 1;
+    const int64_t run = g.rshape[g.nr - 1];
+    parallel_for(0, g.nkept, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, g.nred)),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t i = b; i < e; ++i) {
+                     int64_t oa = 0, oo = 0;
+                     kept_offsets(g, i, &oa, &oo);
+                     A acc = P::init();
+                     const T* p = base + oa;
+                     int64_t idx[kMaxDims] = {};
+                     for (;;) {
+                       int64_t off = 0;
+                       for (int d = 0; d < go.nr; ++d) off += idx[d] * go.ra[d];
+                       acc = P::combine(acc, P::row(p + off, run));
+                       int d = go.nr - 1;
+                       for (; d >= 0; --d) {
+                         if (++idx[d] < go.rshape[d]) break;
+                         idx[d] = 0;
+                       }
+                       if (d < 0) break;
+                     }
+                     obase[oo] = convert<O>(acc);
+                   }
+                 });
+    return;
+  }
   parallel_for(0, g.nkept, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, g.nred)), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       int64_t oa = 0, oo = 0;

@@ -269,6 +269,18 @@ FUSED = [
     Case("rms_norm_no_weight", lambda m, x: F(m).rms_norm(x, (5,), eps=1e-3), args(nrm(3, 5)), fused=True),
     Case("rms_norm_2d_shape", lambda m, x, w: F(m).rms_norm(x, (2, 3), w), args(nrm(2, 2, 3), nrm(2, 3)), fused=True),
     Case("silu_mul", _silu_mul, args(nrm(3, 4), nrm(3, 4)), fused=True),
+    Case(
+        "conv2d",
+        lambda m, x, w, b: F(m).conv2d(x, w, b, stride=2, padding=1, groups=2),
+        args(nrm(2, 4, 5, 4), nrm(4, 2, 3, 2), nrm(4)),
+        fused=True,
+    ),
+    Case(
+        "conv1d_dilated",
+        lambda m, x, w: F(m).conv1d(x, w, padding=2, dilation=2),
+        args(nrm(2, 3, 7), nrm(2, 3, 3)),
+        fused=True,
+    ),
     Case("silu_mul_broadcast", _silu_mul, args(nrm(3, 4), nrm(4)), fused=True),
     Case("rope", _rope, args(nrm(2, 2, 3, 4), ints(5, 2, 3)), fused=True),
     Case("softmax", lambda m, x: F(m).softmax(x, dim=1), args(nrm(3, 4)), fused=True),
@@ -497,6 +509,8 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "rope",
         "silu_mul",
         "topk",
+        "conv2d",
+        "conv2d_backward",  # conv2d's backward: the conv2d cases run it
     }
     not_differentiable = {"adamw_step"}  # an optimizer update (checked against torch in test_optim.py)
     # float32-only weight-format ops: dequantize has no autograd (weights are data); quantized_linear's

@@ -361,6 +361,23 @@ _defs += [
         "c, s = cos/sin[positions[b,t]], x1, x2 = x[..,:D/2], x[..,D/2:]: out[..,:D/2] = x1*c - x2*s, "
         "out[..,D/2:] = x2*c + x1*s, computed in float32 (float64 when x or the tables are float64)",
     ),
+    _op(
+        "conv2d",
+        "fused",
+        "out!, x, weight, bias?, stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], "
+        "groups: int",
+        "cross-correlation, torch.nn.functional.conv2d's: x [N,C,H,W], weight [O,C/groups,KH,KW], bias [O], out "
+        "[N,O,OH,OW] with OH = (H + 2*padding[0] - dilation[0]*(KH-1) - 1) // stride[0] + 1 (zero padding on both "
+        "sides); input channel block g feeds output channel block g (groups); 16-bit floats computed in float32",
+    ),
+    _op(
+        "conv2d_backward",
+        "fused",
+        "dx!?, dweight!?, dbias!?, grad, x, weight, stride: tuple[int, int], padding: tuple[int, int], "
+        "dilation: tuple[int, int], groups: int",
+        "the gradients of conv2d for grad [N,O,OH,OW]: dx [N,C,H,W], dweight [O,C/groups,KH,KW], dbias [O] "
+        "(the sum of grad over dims 0, 2, 3); each None when not wanted",
+    ),
     _op("silu_mul", "fused", "out!, gate, up", "SwiGLU: out = silu(gate) * up; gate, up, out same shape and dtype"),
     _op(
         "dequantize",

@@ -1,14 +1,16 @@
-"""Convolutions (1-d and 2-d, transposed 2-d) and padding, written with kael's differentiable ops.
+"""Convolutions (1-d and 2-d, transposed 2-d) and padding: argument checks, then the conv2d fused op.
 
 NOTE [convolution by gather and matmul]
 ---------------------------------------
 A convolution is an im2col gather plus one matmul per group: for each kernel offset the
 (padded, batch and channel dims swapped) input is viewed with strides at positions
-``o*stride + k*dilation``, and the views are stacked (one copy) into columns
+``o*stride + k*dilation``, and the views are copied into columns
 [C, k1*k2, N, o1, o2] = [g, C/g*k1*k2, N*o1*o2], multiplied by the weight [g, O/g, C/g*k1*k2]:
-the result [O, N, o1, o2] is returned as the view [N, O, o1, o2]. Every step is a kael op with a gradient (the stack's adds each slice
-back), so autograd, every backend and float64 gradchecks work, and the matmul runs in
-the backend's GEMM. A transposed convolution is the
+the result [O, N, o1, o2] is returned as the view [N, O, o1, o2]. That is the decomposition
+of the ``conv2d`` fused op (and of its backward, ``conv2d_backward``) in ``_conv_fused``
+(NOTE [conv2d fused op]); backends with kernels for them (C++, CUDA) run those instead.
+``conv1d`` is conv2d with H = 1. ``windows`` (the same gather as a differentiable op) serves
+the pooling layers. A transposed convolution is the
 convolution of the stride-dilated input (zeros inserted by ``cat`` and ``reshape``) with
 the flipped, transposed weight. Padding modes other than zeros gather the padded input
 from index tables (reflect, replicate, circular), as ``torch.nn.functional.pad`` does.
@@ -218,7 +220,8 @@ def _check_conv(op: str, x: Tensor, w: Tensor, b: Tensor | None, nd: int, groups
 def conv_nd(
     op: str, x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: int
 ) -> Tensor:
-    """The n-d convolution (n = w.ndim - 2) of x [N, C, *S] with w [O, C/groups, *K] (cross-correlation)."""
+    """The n-d convolution (n = w.ndim - 2, 1 or 2) of x [N, C, *S] with w [O, C/groups, *K] (cross-correlation),
+    checked here and run as the conv2d fused op."""
     ops = _ops()
     nd = w.ndim - 2
     unbatched = _check_conv(op, x, w, b, nd, groups)
@@ -226,7 +229,7 @@ def conv_nd(
         x = ops.unsqueeze(x, 0)
     s = ntuple(op, "stride", stride, nd, 1)
     d = ntuple(op, "dilation", dilation, nd, 1)
-    n, c = x.shape[0], x.shape[1]
+    c = x.shape[1]
     o, cg = w.shape[0], w.shape[1]
     if c % groups or o % groups:
         raise ShapeError(
@@ -249,27 +252,25 @@ def conv_nd(
             raise DTypeError(f"{op}: padding must be 'same', 'valid', an int or a tuple of ints, got {padding!r}")
     else:
         pads = [(p, p) for p in ntuple(op, "padding", padding, nd, 0)]
-    for i, (lo, hi) in enumerate(pads):
-        x = _pad_dim(x, 2 + i, lo, hi, "constant", 0.0, op)
-    outs = []
+    for i, (lo, hi) in enumerate(pads):  # the fused op pads symmetrically: pad any extra on the high side here
+        x = _pad_dim(x, 2 + i, 0, hi - lo, "constant", 0.0, op)
+    sym = tuple(lo for lo, _ in pads)
     for i in range(nd):
         span = d[i] * (k[i] - 1) + 1
-        if x.shape[2 + i] < span:
+        if x.shape[2 + i] + 2 * sym[i] < span:
             raise ShapeError(
                 f"{op}: kernel_size {tuple(k)} (dilated extent {span}) is larger than the padded input "
-                f"{list(x.shape[2:])} in spatial dim {i}"
+                f"{[v + 2 * p for v, p in zip(x.shape[2:], sym)]} in spatial dim {i}"
             )
-        outs.append((x.shape[2 + i] - span) // s[i] + 1)
     if (b is not None and b.dtype is not x.dtype) or w.dtype is not x.dtype:
         raise DTypeError(f"{op}: input {x.dtype!r}, weight {w.dtype!r} and bias must share a dtype")
-    kk = int(np.prod(k)) if nd else 1
-    p = int(np.prod(outs))
-    # columns [C, K, N, *outs] = [g, C/g*K, N*P]: one GEMM per group for the whole batch (and in backward)
-    cols = ops.reshape(windows(ops.transpose(x, 0, 1), k, s, d, outs, dim=1), (groups, cg * kk, n * p))
-    wm = ops.reshape(w, (groups, o // groups, cg * kk))
-    out = ops.transpose(ops.reshape(ops.matmul(wm, cols), (o, n, *outs)), 0, 1)
-    if b is not None:
-        out = add_channel_bias(out, b)
+    from ._conv_fused import conv2d_fused  # the conv2d fused op (NOTE [conv2d fused op]); 1-d as H = 1
+
+    if nd == 1:
+        x1, w1 = ops.unsqueeze(x, 2), ops.unsqueeze(w, 2)
+        out = ops.squeeze(conv2d_fused(x1, w1, b, (1, s[0]), (0, sym[0]), (1, d[0]), groups), 2)
+    else:
+        out = conv2d_fused(x, w, b, (s[0], s[1]), (sym[0], sym[1]), (d[0], d[1]), groups)
     return ops.squeeze(out, 0) if unbatched else out  # type: ignore[no-any-return]
 
 

@@ -17,6 +17,7 @@ from kael.backends import dtypes as dt
 
 from ._cases import FLOATS, Call, Case, operand, vals
 from ._layout import Operand, Out
+from ._table_conv import CONV_BUILDERS
 
 __all__ = ["fused_cases"]
 
@@ -399,6 +400,7 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "topk": (_topk, FLOATS + (dt.int64,)),
     "adamw_step": (_adamw, FULL),
     "paged_attention": (_paged_attention, FLOATS),
+    **CONV_BUILDERS,
 }
 
 

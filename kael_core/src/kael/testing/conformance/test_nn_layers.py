@@ -1,9 +1,9 @@
 """Convolution, pooling, resampling and batch norm on the backend's device: values against NumPy, float64 gradients.
 
-These layers are frontend compositions of primitives (NOTE [convolution by gather and
-matmul] in ``kael.ops._conv``): no backend kernel of their own, so this checks that a
-backend's primitives (strided views, stack, matmul, where, reductions, index_select)
-compose into the right values, on non-contiguous inputs too, and the right gradients
+Convolutions run the conv2d fused ops (the backend's kernels, or their decompositions;
+their own rows are in ``_table_conv``); pooling, resampling and batch norm are frontend
+compositions of primitives (NOTE [convolution by gather and matmul] in ``kael.ops._conv``),
+so this checks that either way the layers give the right values, on non-contiguous inputs too, and the right gradients
 (``kael.testing.gradcheck`` in float64). The NumPy oracles below are direct loops over
 output positions, written for reading.
 """
