@@ -19,6 +19,7 @@
 #include "buffer.h"
 #include "conv.h"
 #include "kernels.h"
+#include "pool.h"
 #include "thread_pool.h"
 #include "vec.h"
 
@@ -628,6 +629,21 @@ void bind_fused(py::module_& m) {
     py::gil_scoped_release nogil;
     conv2d_backward(hx ? &gx : nullptr, hw ? &gw : nullptr, hb ? &gb : nullptr, g, a, w, stride, padding, dilation,
                     groups);
+  });
+  m.def("max_pool2d", [](py::handle out, py::handle indices, py::handle x, std::array<int64_t, 2> kernel,
+                         std::array<int64_t, 2> stride, std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
+                         bool /*ceil_mode: the frontend sized out*/) {
+    View o = parse(out, "max_pool2d", true), i = parse(indices, "max_pool2d", true), a = parse(x, "max_pool2d");
+    py::gil_scoped_release nogil;
+    max_pool2d(o, i, a, kernel, stride, padding, dilation);  // writes out and indices last, from scratch
+  });
+  m.def("max_pool2d_backward", [](py::handle dx, py::handle grad, py::handle indices, std::array<int64_t, 2>,
+                                  std::array<int64_t, 2>, std::array<int64_t, 2>, std::array<int64_t, 2>,
+                                  std::array<int64_t, 2> /*size and window: the shapes carry what it needs*/) {
+    View d = parse(dx, "max_pool2d_backward", true), g = parse(grad, "max_pool2d_backward"),
+         i = parse(indices, "max_pool2d_backward");
+    py::gil_scoped_release nogil;
+    max_pool2d_backward(d, g, i);  // reads grad and indices into scratch before writing dx
   });
   m.def("cross_entropy",
         [](py::handle losses, py::handle logits, py::handle target, int64_t ignore_index, double label_smoothing) {

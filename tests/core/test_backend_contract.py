@@ -357,8 +357,8 @@ def test_dispatch_surface_and_kernel_wrapper() -> None:
     assert ("cpu", "mul", b.name) in seen and ("cpu", "exp", b.name) in seen
     assert dispatch.kernel("cpu", "add") is b.kernel("add")  # unwrapped again
     assert dispatch.fused_kernel("cpu", "silu") is (b.kernel("silu") if "silu" in b.supported_ops() else None)
-    with pytest.raises(kael.BackendError, match="unknown op 'conv2d'"):
-        dispatch.kernel("cpu", "conv2d")
+    with pytest.raises(kael.BackendError, match="unknown op 'conv3d'"):
+        dispatch.kernel("cpu", "conv3d")
 
 
 def test_override_reports_use() -> None:

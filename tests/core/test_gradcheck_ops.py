@@ -276,6 +276,12 @@ FUSED = [
         fused=True,
     ),
     Case(
+        "max_pool2d",
+        lambda m, x: F(m).max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True),
+        args(nrm(2, 2, 7, 6)),
+        fused=True,
+    ),
+    Case(
         "conv1d_dilated",
         lambda m, x, w: F(m).conv1d(x, w, padding=2, dilation=2),
         args(nrm(2, 3, 7), nrm(2, 3, 3)),
@@ -511,6 +517,8 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "topk",
         "conv2d",
         "conv2d_backward",  # conv2d's backward: the conv2d cases run it
+        "max_pool2d",
+        "max_pool2d_backward",
     }
     not_differentiable = {"adamw_step"}  # an optimizer update (checked against torch in test_optim.py)
     # float32-only weight-format ops: dequantize has no autograd (weights are data); quantized_linear's

@@ -378,6 +378,21 @@ _defs += [
         "the gradients of conv2d for grad [N,O,OH,OW]: dx [N,C,H,W], dweight [O,C/groups,KH,KW], dbias [O] "
         "(the sum of grad over dims 0, 2, 3); each None when not wanted",
     ),
+    _op(
+        "max_pool2d",
+        "fused",
+        "out!, indices!, x, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int], "
+        "dilation: tuple[int, int], ceil_mode: bool",
+        "x [N,C,H,W]; out, indices int64 [N,C,OH,OW] (sized by the frontend, PyTorch's rules): each window's first "
+        "maximum (or first NaN) and its flat index h*W + w in the plane; positions outside x count as -inf",
+    ),
+    _op(
+        "max_pool2d_backward",
+        "fused",
+        "dx!, grad, indices, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int], "
+        "padding: tuple[int, int], dilation: tuple[int, int]",
+        "dx [N,C,*size] = 0 + grad [N,C,OH,OW] added at max_pool2d's indices (-1 skipped); the forward's window",
+    ),
     _op("silu_mul", "fused", "out!, gate, up", "SwiGLU: out = silu(gate) * up; gate, up, out same shape and dtype"),
     _op(
         "dequantize",

@@ -23,7 +23,7 @@ from .._tensor import Tensor
 from ..autograd._grad_mode import no_grad
 from ._conv import _pad_dim, index_tensor, ntuple, windows
 
-__all__ = ["max_pool_nd", "avg_pool_nd", "adaptive_avg_pool_nd", "interpolate"]
+__all__ = ["max_pool_nd", "max_pool_composed", "avg_pool_nd", "adaptive_avg_pool_nd", "interpolate"]
 
 
 def _ops() -> Any:
@@ -97,16 +97,40 @@ def max_pool_nd(
     ceil_mode: bool = False,
     return_indices: bool = False,
 ) -> Any:
-    """Max pooling over the last nd dims (PyTorch's max_pool1d/2d); with return_indices also the flat
-    index of each maximum within its input plane (int64)."""
+    """Max pooling over the last nd dims (PyTorch's max_pool1d/2d), run as the max_pool2d fused op (1-d as
+    H = 1); with return_indices also the flat index of each maximum within its input plane (int64)."""
+    from ._pool_fused import max_pool2d_fused
+
     ops = _ops()
     x, unbatched = _pool_input(op, input, nd)
     k, s, p, d = _args(op, nd, kernel_size, stride, padding, dilation)
-    if x.dtype.is_floating_point:
-        fill = -math.inf
-    else:
+    if not x.dtype.is_floating_point:
         raise DTypeError(f"{op}: input must be a floating-point tensor, got {x.dtype!r}")
-    w, outs = _windows(op, x, k, s, p, d, ceil_mode, fill)
+    for i in range(nd):
+        if p[i] * 2 > k[i]:
+            raise ShapeError(f"{op}: padding {p} must be at most half of kernel_size {k}")
+        _out_size(op, x.shape[2 + i], k[i], s[i], p[i], d[i], ceil_mode)  # checks the window fits
+    if nd == 1:
+        x2 = ops.unsqueeze(x, 2)
+        out, idx = max_pool2d_fused(x2, (1, k[0]), (1, s[0]), (0, p[0]), (1, d[0]), bool(ceil_mode))
+        out, idx = ops.squeeze(out, 2), ops.squeeze(idx, 2)
+    else:
+        out, idx = max_pool2d_fused(x, (k[0], k[1]), (s[0], s[1]), (p[0], p[1]), (d[0], d[1]), bool(ceil_mode))
+    if unbatched:
+        out, idx = ops.squeeze(out, 0), ops.squeeze(idx, 0)
+    return (out, idx) if return_indices else out
+
+
+def max_pool_composed(
+    x: Tensor, k: tuple[int, ...], s: tuple[int, ...], p: tuple[int, ...], d: tuple[int, ...], ceil_mode: bool
+) -> tuple[Tensor, Tensor]:
+    """Max pooling of checked x [N, C, *S] composed of primitives: (values, flat indices within each plane).
+
+    The decomposition of the max_pool2d fused op (``_pool_fused``); differentiable in x as well.
+    """
+    ops = _ops()
+    nd = len(k)
+    w, outs = _windows("max_pool2d", x, k, s, p, d, ceil_mode, -math.inf)
     n, c = x.shape[:2]
     kk = int(np.prod(k))
     first = _first_max(w)  # [N, C, K, *outs], True at each window's first maximum
@@ -114,10 +138,6 @@ def max_pool_nd(
     with no_grad():
         m = ops.amax(w, 2)
     out = ops.where(ops.ne(m, m), m, out)  # a NaN in a window gives NaN, as in PyTorch
-    if unbatched:
-        out = ops.squeeze(out, 0)
-    if not return_indices:
-        return out
     # the flat input position of window offset j at output position (o1, o2, ...)
     sizes = x.shape[2:]
     pos = np.zeros(tuple(outs) + (kk,), np.int64)
@@ -130,7 +150,7 @@ def max_pool_nd(
     with no_grad():
         arg = ops.argmax(w, 2, keepdim=True)
         flat = ops.reshape(ops.gather(ops.expand(table, (n, c, kk, *outs)), 2, arg), (n, c, *outs))
-    return out, (ops.squeeze(flat, 0) if unbatched else flat)
+    return out, flat
 
 
 def _first_max(w: Tensor) -> Tensor:

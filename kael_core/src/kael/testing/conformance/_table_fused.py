@@ -18,6 +18,7 @@ from kael.backends import dtypes as dt
 from ._cases import FLOATS, Call, Case, operand, vals
 from ._layout import Operand, Out
 from ._table_conv import CONV_BUILDERS
+from ._table_pool import POOL_BUILDERS
 
 __all__ = ["fused_cases"]
 
@@ -401,6 +402,7 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "adamw_step": (_adamw, FULL),
     "paged_attention": (_paged_attention, FLOATS),
     **CONV_BUILDERS,
+    **POOL_BUILDERS,
 }
 
 

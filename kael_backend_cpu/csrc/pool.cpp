@@ -1,0 +1,148 @@
+// max_pool2d and max_pool2d_backward: one task per (n, c) plane on the thread pool.
+//
+// The frontend sizes the output (PyTorch's rules for ceil_mode) and checks the window
+// arguments; the kernel walks each window, skipping positions outside the input (the
+// -inf padding of PyTorch), and keeps the first maximum, or the first NaN, with its flat
+// index in the plane. The backward scatters each gradient to its index; as one task owns a
+// plane, overlapping windows add into the same element without races. 16-bit floats are
+// compared in float32 (exact) and the gradient accumulated in float32.
+#include "pool.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "buffer.h"
+#include "check.h"
+#include "iter.h"
+#include "kernels.h"
+#include "thread_pool.h"
+
+namespace kael {
+namespace {
+
+DType work_dtype(DType d) {
+  return d == DType::Float64 ? DType::Float64 : DType::Float32;
+}
+
+template <class T>
+void forward_typed(const View& x, T* out, int64_t* idx, int64_t oh, int64_t ow, std::array<int64_t, 2> k,
+                   std::array<int64_t, 2> s, std::array<int64_t, 2> p, std::array<int64_t, 2> d) {
+  const int64_t planes = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3], po = oh * ow;
+  const T* base = x.ptr<T>();
+  parallel_for(0, planes, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, po * k[0] * k[1])),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t pl = b; pl < e; ++pl) {
+                   const T* src = base + pl * h * w;
+                   T* o = out + pl * po;
+                   int64_t* ix = idx + pl * po;
+                   for (int64_t oy = 0; oy < oh; ++oy) {
+                     for (int64_t ox = 0; ox < ow; ++ox) {
+                       T best = -std::numeric_limits<T>::infinity();
+                       int64_t at = -1;
+                       bool nan = false;
+                       for (int64_t i = 0; i < k[0] && !nan; ++i) {
+                         const int64_t iy = oy * s[0] - p[0] + i * d[0];
+                         if (iy < 0 || iy >= h) continue;
+                         for (int64_t j = 0; j < k[1]; ++j) {
+                           const int64_t jx = ox * s[1] - p[1] + j * d[1];
+                           if (jx < 0 || jx >= w) continue;
+                           const T v = src[iy * w + jx];
+                           if (std::isnan(v)) {
+                             best = v;
+                             at = iy * w + jx;
+                             nan = true;
+                             break;
+                           }
+                           if (v > best || at < 0) {
+                             best = v;
+                             at = iy * w + jx;
+                           }
+                         }
+                       }
+                       o[oy * ow + ox] = best;
+                       ix[oy * ow + ox] = at;
+                     }
+                   }
+                 }
+               });
+}
+
+template <class T>
+void backward_typed(T* dx, const T* g, const int64_t* idx, int64_t planes, int64_t hw, int64_t po) {
+  parallel_for(0, planes, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, po + hw)), [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      T* dp = dx + pl * hw;
+      std::memset(dp, 0, static_cast<size_t>(hw) * sizeof(T));
+      const T* gp = g + pl * po;
+      const int64_t* ip = idx + pl * po;
+      for (int64_t q = 0; q < po; ++q) {
+        if (ip[q] >= 0) dp[ip[q]] += gp[q];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void max_pool2d(const View& out, const View& indices, const View& x, std::array<int64_t, 2> kernel,
+                std::array<int64_t, 2> stride, std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation) {
+  KAEL_CHECK(x.ndim == 4 && out.ndim == 4 && indices.ndim == 4, Shape,
+             "max_pool2d: expected 4-d x [N,C,H,W], out and indices [N,C,OH,OW]");
+  KAEL_CHECK(is_floating(x.dtype) && out.dtype == x.dtype && indices.dtype == DType::Int64, DType,
+             "max_pool2d: x and out must share a float dtype and indices be int64, got ", dtype_name(x.dtype), ", ",
+             dtype_name(out.dtype), ", ", dtype_name(indices.dtype));
+  KAEL_CHECK(kernel[0] >= 1 && kernel[1] >= 1 && stride[0] >= 1 && stride[1] >= 1 && dilation[0] >= 1 &&
+                 dilation[1] >= 1 && padding[0] >= 0 && padding[1] >= 0,
+             Shape, "max_pool2d: kernel (", kernel[0], ", ", kernel[1], "), stride (", stride[0], ", ", stride[1],
+             ") and dilation (", dilation[0], ", ", dilation[1], ") must be >= 1 and padding (", padding[0], ", ",
+             padding[1], ") >= 0");
+  for (int i = 0; i < 4; ++i) {
+    KAEL_CHECK(indices.shape[i] == out.shape[i] && (i >= 2 || out.shape[i] == x.shape[i]), Shape,
+               "max_pool2d: out and indices must be [N, C, OH, OW] for x [", x.shape[0], ", ", x.shape[1], ", ",
+               x.shape[2], ", ", x.shape[3], "]");
+  }
+  if (out.numel() == 0) return;
+  const DType wd = work_dtype(x.dtype);
+  Temp xk = (x.dtype == wd && x.is_contiguous()) ? Temp{} : to_contiguous(x, wd);
+  const View xv = xk.view.data != nullptr ? xk.view : x;
+  Temp ot = make_temp(wd, out.shape, 4), it = make_temp(DType::Int64, out.shape, 4);
+  if (wd == DType::Float64) {
+    forward_typed<double>(xv, ot.view.ptr<double>(), it.view.ptr<int64_t>(), out.shape[2], out.shape[3], kernel, stride,
+                          padding, dilation);
+  } else {
+    forward_typed<float>(xv, ot.view.ptr<float>(), it.view.ptr<int64_t>(), out.shape[2], out.shape[3], kernel, stride,
+                         padding, dilation);
+  }
+  copy(out, ot.view);
+  copy(indices, it.view);
+}
+
+void max_pool2d_backward(const View& dx, const View& grad, const View& indices) {
+  KAEL_CHECK(dx.ndim == 4 && grad.ndim == 4 && indices.ndim == 4, Shape,
+             "max_pool2d_backward: expected 4-d dx [N,C,H,W], grad and indices [N,C,OH,OW]");
+  KAEL_CHECK(is_floating(dx.dtype) && grad.dtype == dx.dtype && indices.dtype == DType::Int64, DType,
+             "max_pool2d_backward: dx and grad must share a float dtype and indices be int64");
+  for (int i = 0; i < 4; ++i) {
+    KAEL_CHECK(grad.shape[i] == indices.shape[i] && (i >= 2 || grad.shape[i] == dx.shape[i]), Shape,
+               "max_pool2d_backward: grad and indices must be [N, C, OH, OW] for dx's N, C");
+  }
+  if (dx.numel() == 0) return;
+  const DType wd = work_dtype(dx.dtype);
+  const int64_t planes = dx.shape[0] * dx.shape[1], hw = dx.shape[2] * dx.shape[3];
+  const int64_t po = grad.shape[2] * grad.shape[3];
+  Temp gk = to_contiguous(grad, wd), ik = to_contiguous(indices, DType::Int64);
+  const int64_t* ip = ik.view.ptr<int64_t>();
+  for (int64_t q = 0, n = planes * po; q < n; ++q) {
+    KAEL_CHECK(ip[q] < hw, Index, "max_pool2d_backward: index ", ip[q], " is outside a plane of ", hw, " elements");
+  }
+  Temp dt = make_temp(wd, dx.shape, 4);
+  if (wd == DType::Float64) {
+    backward_typed<double>(dt.view.ptr<double>(), gk.view.ptr<double>(), ip, planes, hw, po);
+  } else {
+    backward_typed<float>(dt.view.ptr<float>(), gk.view.ptr<float>(), ip, planes, hw, po);
+  }
+  copy(dx, dt.view);
+}
+
+}  // namespace kael
