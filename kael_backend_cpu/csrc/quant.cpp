@@ -16,11 +16,26 @@
 //   here may differ from the few-row path in the last bits (another summation order).
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
 // from a float64 reference.
+//
+// NOTE [integer quantized linear]: for Q8_0 and Q4_0 weights and M <= 16, the default path
+// quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's reference
+// quantize_row_q8_0_ref rounds (per 32 values: amax = max |x|, d = amax / 127 in float32,
+// id = d != 0 ? 1 / d : 0, q = roundf(x * id), half-way away from zero; the scale kept is d
+// rounded to float16, as GGML stores it; ggml's x86 SIMD quantizer uses 127 / amax and
+// round-half-even instead and can differ from its reference in the last step of q). A block
+// holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan.
+// The dot products are integer sums per block in the order of NOTE [integer dot order]
+// (vec_quant_dot.h). KAEL_QUANT_ACTIVATIONS=f32 selects the float32-activation path above
+// (the conformance reference), =q8 the integer one; it is read at every call.
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "buffer.h"
 #include "gemm.h"
+#include "half.h"
 #include "kernels.h"
 #include "thread_pool.h"
 #include "vec.h"
@@ -89,6 +104,60 @@ bool rows_stride(const View& v, int64_t* rs) {
   }
   *rs = v.strides[nd - 2];
   return true;
+}
+
+// The integer path is taken (NOTE [integer quantized linear])? Reads KAEL_QUANT_ACTIVATIONS.
+bool use_int8_path(QuantScheme s, int64_t m) {
+  const char* mode = std::getenv("KAEL_QUANT_ACTIVATIONS");
+  const bool set = mode != nullptr && *mode != '\0';
+  KAEL_CHECK(!set || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0, Kael,
+             "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8' (or unset), got '", mode, "'");
+  if (set && std::strcmp(mode, "f32") == 0) return false;
+  if (vec().q8dot_rows[static_cast<int>(s)] == nullptr) return false;
+  // default: one row (decode), where it measures faster (benchmarks/quant_int8_linear.py);
+  // forced (q8): up to kFewRows rows
+  return set ? m <= kFewRows : m == 1;
+}
+
+// Row x[0..k) as GGML's Q8_0 blocks: q[0..k) and the k / 32 float16-rounded scales d
+// (NOTE [integer quantized linear]).
+void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < 32; ++j) {
+      const float a = std::fabs(xb[j]);
+      finite = finite && a <= 3.4028234663852886e38f;
+      amax = a > amax ? a : amax;
+    }
+    if (!finite) {
+      std::memset(q + b * 32, 0, 32);
+      d[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f ? 1.0f / db : 0.0f;
+    for (int j = 0; j < 32; ++j) q[b * 32 + j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+    d[b] = half_bits_to_float(float_to_half_bits(db));
+  }
+}
+
+// out rows = the m <= 16 rows of x through the integer path: the rows quantized once, then the
+// table's integer dot products, threads splitting N.
+void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+                 const float* bias, float* c, int64_t rsc) {
+  const int64_t nb = k / 32;
+  Buffer xq(static_cast<size_t>(m * k));
+  Buffer xd(static_cast<size_t>(m * nb) * sizeof(float));
+  auto* q = xq.get<int8_t>();
+  auto* d = xd.get<float>();
+  for (int64_t i = 0; i < m; ++i) quantize_row_q8(x + i * rsx, k, q + i * k, d + i * nb);
+  const auto dots = vec().q8dot_rows[static_cast<int>(s)];
+  parallel_for(0, n, std::max<int64_t>(1, 32768 / (m * k)), [&](int64_t j0, int64_t j1) {
+    dots(m, j1 - j0, k, q, d, w.data + j0 * w.row_stride, w.row_stride, bias == nullptr ? nullptr : bias + j0, c + j0,
+         rsc);
+  });
 }
 
 // c[i * rsc + j] (+)= bias[j] for the m x n block.
@@ -209,6 +278,8 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) c[i * rso + j] = bp != nullptr ? bp[j] : 0.0f;
     }
+  } else if (use_int8_path(scheme, m)) {
+    linear_int8(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (m <= kFewRows) {
     const auto dots = vec().qdot_rows[static_cast<int>(scheme)];
     parallel_for(0, n, std::max<int64_t>(1, 32768 / (m * k)), [&](int64_t j0, int64_t j1) {

@@ -15,6 +15,7 @@
 #include "vec_llama.h"        // rms_norm (sum of squares, scaling), silu_mul and rope rows
 #include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
 #include "vec_quant.h"        // weight formats (and vec_quant_ints.h, vec_quant_k.h): rows and few-row dot products
+#include "vec_quant_dot.h"    // the integer path: Q8_0 activations . Q8_0 / Q4_0 weight rows
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 #ifndef KAEL_KC_F
@@ -76,5 +77,7 @@ VecTable make_table(const char* name) {
   t.qdot_rows[static_cast<int>(::kael::QuantScheme::e)] = qdot_rows<static_cast<int>(::kael::QuantScheme::e)>;
   KAEL_QUANT_FORMATS(KAEL_QF_KERNELS)
 #undef KAEL_QF_KERNELS
+  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q8_0)] = q8dot_kernel<0>();
+  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q4_0)] = q8dot_kernel<1>();
   return t;
 }

@@ -1,0 +1,124 @@
+"""quantized_linear on the CPU backend: the float32-activation path against the integer path
+(KAEL_QUANT_ACTIVATIONS=f32 / q8, NOTE [integer quantized linear] in kael_backend_cpu/csrc/quant.cpp).
+
+Q8_0 and Q4_0 weights of GPT-2 small's shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
+activation rows, 1 and 2 threads, both paths timed in the same process with their rounds
+interleaved (best of --repeats calls in each of --rounds rounds). Prints JSON: milliseconds per
+call, weight GB/s (weight bytes / time) and the integer path's speed-up; --out writes it too.
+
+    python benchmarks/quant_int8_linear.py [--threads 1 2] [--repeats 20] [--rounds 3] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main"]
+
+SHAPES = {"c_fc": (768, 3072), "lm_head": (768, 50257)}
+GGML = {"q8_0": 8, "q4_0": 2}  # GGMLQuantizationType values
+
+
+def _best_ms(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _backend() -> dict[str, Any]:
+    """The modules and the CPU backend's quantized_linear kernel."""
+    import gguf
+    from kael import _dtype as dt
+    from kael._tensor import from_numpy_bits
+    from kael_backend_cpu._native import C
+
+    import kael_backend_cpu as kbc
+
+    kernel = kbc.CpuBackend().kernel("quantized_linear")
+    return {"gguf": gguf, "kbc": kbc, "dt": dt, "wrap": from_numpy_bits, "kernel": kernel, "isa": C.isa()}
+
+
+def run(threads: list[int], repeats: int, rounds: int) -> dict[str, Any]:
+    """Times every case; returns the JSON document."""
+    env = _backend()
+    gguf, kbc, dt, wrap, kernel = env["gguf"], env["kbc"], env["dt"], env["wrap"], env["kernel"]
+    rng = np.random.default_rng(0)
+    results: list[dict[str, Any]] = []
+    before = kbc.get_num_threads()
+    try:
+        for scheme, qtype in GGML.items():
+            for shape_name, (k, n) in SHAPES.items():
+                w = np.asarray(
+                    gguf.quants.quantize(
+                        rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType(qtype)
+                    )
+                )
+                wt = wrap(w, dt.uint8)
+                for rows in (1, 8):
+                    xt = wrap(rng.standard_normal((rows, k)).astype(np.float32), dt.float32)
+                    out = wrap(np.zeros((rows, n), np.float32), dt.float32)
+                    for t in threads:
+                        kbc.set_num_threads(t)
+                        best = {"f32": float("inf"), "q8": float("inf")}
+                        for _ in range(rounds):
+                            for path in best:
+                                os.environ["KAEL_QUANT_ACTIVATIONS"] = path
+                                ms = _best_ms(lambda: kernel(out, xt, wt, None, scheme), repeats)
+                                best[path] = min(best[path], ms)
+                        results.append(
+                            {
+                                "scheme": scheme,
+                                "shape": shape_name,
+                                "k": k,
+                                "n": n,
+                                "rows": rows,
+                                "threads": t,
+                                "f32_ms": round(best["f32"], 4),
+                                "q8_ms": round(best["q8"], 4),
+                                "f32_weight_gbs": round(w.nbytes / best["f32"] / 1e6, 2),
+                                "q8_weight_gbs": round(w.nbytes / best["q8"] / 1e6, 2),
+                                "speedup_q8": round(best["f32"] / best["q8"], 3),
+                            }
+                        )
+                        print(json.dumps(results[-1]), flush=True)
+    finally:
+        kbc.set_num_threads(before)
+        os.environ.pop("KAEL_QUANT_ACTIVATIONS", None)
+    return {
+        "machine": platform.processor() or platform.machine(),
+        "isa": env["isa"],
+        "cpus": os.cpu_count(),
+        "results": results,
+    }
+
+
+def main() -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    doc = run(args.threads, args.repeats, args.rounds)
+    text = json.dumps(doc, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

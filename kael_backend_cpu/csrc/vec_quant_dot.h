@@ -1,0 +1,198 @@
+// The integer path of quantized_linear (NOTE [integer quantized linear] in quant.cpp): dot
+// products of activation rows quantized to GGML's Q8_0 blocks (int8 q, float32 scale d_x: the
+// float16 scale GGML stores, widened) with Q8_0 / Q4_0 weight rows.
+//
+// NOTE [integer dot order]: for each 32-value block b, isum_b = sum of q_w * q_x in int32
+// (exact: |isum| <= 32 * 128 * 127); its product p_b = (d_w * d_x) * float(isum_b) in float32
+// (d_w * d_x is exact: two 11-bit significands; one rounding for the second product, never
+// fused into the add). p_b is added into lane b % 8 of eight float32 accumulators starting at
+// +0, blocks in order (blocks past the row's end, up to a multiple of 8, add +0); then
+// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), then the bias. Every table computes exactly
+// this, so results are the same bits on every ISA, thread count and number of rows.
+// Pasted inside the per-ISA namespace by vec_table.h: no includes.
+#pragma once
+
+// v, opaque to the optimiser: keeps a product from being fused with the add that follows
+// (-ffp-contract=fast would make it an FMA on the AVX tables and not on the baseline).
+template <class T>
+inline T qd_opaque(T v) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(v));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(v));
+#else
+  __asm__("" : "+m"(v));
+#endif
+  return v;
+}
+
+constexpr int kQdLanes = 8;  // accumulator lanes (blocks b, b + 8, .. share lane b % 8)
+
+// The 32 signed integers of weight block blk (F = 0: q8_0's int8; F = 1: q4_0's nibbles - 8) into q.
+template <int F>
+inline void qd_weight_ints(const uint8_t* blk, int8_t (&q)[32]) {
+  if constexpr (F == 0) {
+    std::memcpy(q, blk + 2, 32);
+  } else {
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>((blk[2 + j] & 15) - 8);
+      q[j + 16] = static_cast<int8_t>((blk[2 + j] >> 4) - 8);
+    }
+  }
+}
+
+// The lanes' sum in NOTE [integer dot order]'s order.
+inline float qd_lane_sum(const float (&a)[kQdLanes]) {
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// The portable kernel: one activation row (nb blocks: xq, xd) against one weight row.
+template <int F>
+inline float qd_dot_plain(int64_t nb, const int8_t* xq, const float* xd, const uint8_t* w) {
+  constexpr int64_t kBytes = F == 0 ? 34 : 18;
+  float acc[kQdLanes] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kBytes;
+    int8_t q[32];
+    qd_weight_ints<F>(blk, q);
+    const int8_t* x = xq + b * 32;
+    int32_t isum = 0;
+    for (int j = 0; j < 32; ++j) isum += int32_t{q[j]} * int32_t{x[j]};
+    uint16_t dbits;
+    std::memcpy(&dbits, blk, 2);
+    const float p = qd_opaque((half_to_float_s(dbits) * xd[b]) * static_cast<float>(isum));
+    acc[b % kQdLanes] += p;
+  }
+  return qd_lane_sum(acc);
+}
+
+#if defined(__AVX2__)
+// The 32 signed weight integers of block blk as one vector.
+template <int F>
+inline __m256i qd_weight_vec(const uint8_t* blk) {
+  if constexpr (F == 0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  }
+}
+
+// Eight int32 partial sums of block products q_w * q_x (|q_x| <= 127): |q_w| as unsigned times
+// q_x with q_w's sign, by maddubs (pairs <= 2 * 128 * 127: no saturation) and madd.
+struct QdMadd {
+  static inline __m256i dot(__m256i w, __m256i x) {
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+  }
+};
+
+// The eight blocks' exact int32 sums of eight vectors of partial sums, as one vector (block t in lane t).
+inline __m256i qd_reduce8(const __m256i (&s)[kQdLanes]) {
+  const __m256i h01 = _mm256_hadd_epi32(s[0], s[1]), h23 = _mm256_hadd_epi32(s[2], s[3]);
+  const __m256i h45 = _mm256_hadd_epi32(s[4], s[5]), h67 = _mm256_hadd_epi32(s[6], s[7]);
+  const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+// One activation row against one weight row, eight blocks at a time (DOT: QdMadd or QdVnni).
+template <int F, class DOT>
+inline float qd_dot_avx2(int64_t nb, const int8_t* xq, const float* xd, const uint8_t* w) {
+  constexpr int64_t kBytes = F == 0 ? 34 : 18;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += kQdLanes) {
+    const int64_t cnt = nb - b0 < kQdLanes ? nb - b0 : kQdLanes;
+    __m256i s[kQdLanes];
+    alignas(32) uint16_t dw[kQdLanes] = {};
+    alignas(32) float dx[kQdLanes] = {};
+    for (int t = 0; t < kQdLanes; ++t) {
+      if (t < cnt) {
+        const uint8_t* blk = w + (b0 + t) * kBytes;
+        __builtin_prefetch(blk + kQPrefetch, 0, 0);
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (b0 + t) * 32));
+        s[t] = DOT::dot(qd_weight_vec<F>(blk), x);
+        std::memcpy(&dw[t], blk, 2);
+        dx[t] = xd[b0 + t];
+      } else {
+        s[t] = _mm256_setzero_si256();  // d_w = d_x = 0 too: the lane adds +0
+      }
+    }
+    const __m256 scale =
+        _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dw))), _mm256_load_ps(dx));
+    const __m256 p = qd_opaque(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(qd_reduce8(s))));
+    acc = _mm256_add_ps(acc, p);
+  }
+  alignas(32) float lanes[kQdLanes];
+  _mm256_store_ps(lanes, acc);
+  return qd_lane_sum(lanes);
+}
+
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+// AVX-512 VNNI: vpdpbusd on 256-bit vectors, the same unsigned |q_w| x signed q_x products.
+struct QdVnni {
+  __attribute__((target("avx512vnni"))) static inline __m256i dot(__m256i w, __m256i x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  }
+};
+#endif
+#endif
+
+// c[i * rsc + j] = activation row i . weight row j (+ bias[j]) for i < m, j < n: activation row i
+// is xq + i * k int8 with scales xd + i * (k / 32); weight row j at w + j * rsw bytes. Each weight
+// row is read from memory once for the m rows. DOT: QdMadd / QdVnni (AVX2 tables), void: portable.
+template <int F, class DOT>
+inline void q8dot_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w,
+                       int64_t rsw, const float* bias, float* c, int64_t rsc) {
+  const int64_t nb = k / 32;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* row = w + j * rsw;
+    for (int64_t i = 0; i < m; ++i) {
+      float s;
+#if defined(__AVX2__)
+      if constexpr (std::is_void_v<DOT>) {
+        s = qd_dot_plain<F>(nb, xq + i * k, xd + i * nb, row);
+      } else {
+        s = qd_dot_avx2<F, DOT>(nb, xq + i * k, xd + i * nb, row);
+      }
+#else
+      s = qd_dot_plain<F>(nb, xq + i * k, xd + i * nb, row);
+#endif
+      if (bias != nullptr) s += bias[j];
+      c[i * rsc + j] = s;
+    }
+  }
+}
+
+template <int F, class DOT>
+void q8dot_rows_fn(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w, int64_t rsw,
+                   const float* bias, float* c, int64_t rsc) {
+  q8dot_rows<F, DOT>(m, n, k, xq, xd, w, rsw, bias, c, rsc);
+}
+
+#if defined(__AVX2__) && KAEL_VBYTES == 64 && defined(__AVX512F__)
+// The VNNI entry: compiled for avx512vnni, everything inlined into it (flatten), so vpdpbusd
+// only runs when the table maker saw the CPU has it.
+template <int F>
+__attribute__((target("avx512vnni"), flatten)) void q8dot_rows_vnni(int64_t m, int64_t n, int64_t k, const int8_t* xq,
+                                                                    const float* xd, const uint8_t* w, int64_t rsw,
+                                                                    const float* bias, float* c, int64_t rsc) {
+  q8dot_rows<F, QdVnni>(m, n, k, xq, xd, w, rsw, bias, c, rsc);
+}
+#endif
+
+// The table's integer kernel for format F (0 q8_0, 1 q4_0): VNNI where this table and the CPU
+// have it, else AVX2's maddubs, else the portable loop.
+template <int F>
+auto q8dot_kernel() -> void (*)(int64_t, int64_t, int64_t, const int8_t*, const float*, const uint8_t*, int64_t,
+                                const float*, float*, int64_t) {
+#if defined(__AVX2__)
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  if (::kael::cpu_features().avx512_vnni) return q8dot_rows_vnni<F>;
+#endif
+  return q8dot_rows_fn<F, QdMadd>;
+#else
+  return q8dot_rows_fn<F, void>;
+#endif
+}

@@ -1,0 +1,276 @@
+"""The CPU backend's integer path of quantized_linear (NOTE [integer quantized linear] in
+csrc/quant.cpp, NOTE [integer dot order] in csrc/vec_quant_dot.h): Q8_0 / Q4_0 weights times
+activation rows quantized to GGML's Q8_0 blocks, with int32 block sums.
+
+Oracle: a NumPy model of the same arithmetic written here from ggml's reference quantizer
+(quantize_row_q8_0_ref: d = amax / 127, q = roundf(x / d) half away from zero, d kept as float16)
+and the stated float order (per block (d_w * d_x) * isum in float32, added into lane b % 8 of eight
+float32 accumulators, the lanes summed pairwise, then the bias). The kernel must equal it bit for
+bit; the module runs again in a subprocess under every other vector table this CPU can run
+(``KAEL_CPU_ISA``), so baseline, AVX2 (maddubs) and AVX-512 (VNNI where present) all meet it.
+The weights come from the gguf package's quantizer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import kael
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+kbc = pytest.importorskip("kael_backend_cpu")
+gguf = pytest.importorskip("gguf")
+
+from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa: E402
+from kael import _dtype as dt  # noqa: E402
+from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
+
+GGML_TYPE = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+LANES = 8
+F32 = np.float32
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(autouse=True)
+def _integer_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test here runs the integer path unless it says otherwise."""
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
+    yield
+
+
+# -- the NumPy model -----------------------------------------------------------------------
+
+
+def roundf(v: np.ndarray) -> np.ndarray:
+    """C's roundf (half-way cases away from zero), exactly, on float32 values."""
+    t = np.trunc(v)
+    return t + np.where(np.abs(v - t) >= F32(0.5), np.sign(v), F32(0)).astype(F32)
+
+
+def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 [m, k] -> int8 values [m, k/32, 32] and float32 scales [m, k/32], as ggml's
+    quantize_row_q8_0_ref (a block holding inf/nan: scale nan, values 0)."""
+    m, k = x.shape
+    xb = x.astype(F32).reshape(m, k // 32, 32)
+    finite = np.all(np.isfinite(xb), axis=-1)
+    with np.errstate(all="ignore"):
+        amax = np.max(np.abs(np.where(finite[..., None], xb, F32(0))), axis=-1).astype(F32)
+        d = (amax / F32(127)).astype(F32)
+        inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+        q = roundf((np.where(finite[..., None], xb, F32(0)) * inv[..., None]).astype(F32))
+    q = np.where(finite[..., None], q, 0).astype(np.int64)
+    assert np.all(np.abs(q) <= 127)
+    with np.errstate(over="ignore"):
+        scale = d.astype(np.float16).astype(F32)
+    return q, np.where(finite, scale, F32(np.nan)).astype(F32)
+
+
+def weight_ints(data: np.ndarray, scheme: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 blocks [n, bytes] -> integers [n, k/32, 32] and float32 scales [n, k/32]."""
+    n = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(n, k // 32, BLOCK_BYTES[scheme])
+    d = blocks[..., :2].copy().view("<f2")[..., 0].astype(F32)
+    if scheme == "q8_0":
+        q = blocks[..., 2:].view(np.int8).astype(np.int64)
+    else:
+        b = blocks[..., 2:].astype(np.int64)
+        q = np.concatenate([(b & 15) - 8, (b >> 4) - 8], axis=-1)
+    return q, d
+
+
+def model(x: np.ndarray, data: np.ndarray, bias: np.ndarray | None, scheme: str) -> np.ndarray:
+    """The integer path's float32 result [m, n] by NOTE [integer dot order]."""
+    m, k = x.shape
+    nb = k // 32
+    qx, dx = quantize_act(x)
+    qw, dw = weight_ints(data, scheme, k)
+    isum = np.einsum("ibt,jbt->ijb", qx, qw)  # exact in int64
+    assert np.all(np.abs(isum) < 2**24)
+    with np.errstate(all="ignore"):
+        scale = (dx[:, None, :] * dw[None, :, :]).astype(F32)  # exact
+        p = (scale * isum.astype(F32)).astype(F32)
+    groups = -(-nb // LANES)
+    p = np.concatenate([p, np.zeros((*p.shape[:2], groups * LANES - nb), F32)], axis=-1)
+    acc = np.zeros((*p.shape[:2], LANES), F32)
+    with np.errstate(all="ignore"):
+        for g in range(groups):
+            acc = (acc + p[..., g * LANES : (g + 1) * LANES]).astype(F32)
+        a = [acc[..., i] for i in range(LANES)]
+        s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+        if bias is not None:
+            s = (s + bias.astype(F32)[None, :]).astype(F32)
+    return s.astype(F32)
+
+
+# -- running the kernel --------------------------------------------------------------------
+
+
+def encode(w: np.ndarray, scheme: str) -> np.ndarray:
+    return np.asarray(gguf.quants.quantize(w.astype(np.float32), GGML_TYPE[scheme]))
+
+
+def run(cpu: Any, x: np.ndarray, data: np.ndarray, bias: np.ndarray | None, scheme: str) -> np.ndarray:
+    n = data.shape[0]
+    out = cpu_empty(cpu, (*x.shape[:-1], n), dt.float32)
+    b: Tensor | None = None if bias is None else from_numpy_bits(bias.astype(F32), dt.float32)
+    cpu.kernel("quantized_linear")(
+        out, from_numpy_bits(x.astype(F32), dt.float32), from_numpy_bits(data, dt.uint8), b, scheme
+    )
+    return logical(out)
+
+
+def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_model_quantizer_matches_gguf() -> None:
+    """The model's activation quantizer gives the gguf package's Q8_0 blocks (its reference
+    quantizer, the same rounding) on values away from exact half-way cases."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((6, 256)) * 3).astype(F32)
+    q, d = quantize_act(x)
+    blocks = encode(x, "q8_0").reshape(6, 8, 34)
+    np.testing.assert_array_equal(blocks[..., 2:].view(np.int8).astype(np.int64), q)
+    np.testing.assert_array_equal(blocks[..., :2].copy().view("<f2")[..., 0].astype(F32), d)
+
+
+@SETTINGS
+@given(
+    scheme=st.sampled_from(["q8_0", "q4_0"]),
+    m=st.integers(1, 16),
+    nb=st.integers(1, 40),
+    n=st.integers(0, 20).map(lambda v: 2 * v + 1),
+    with_bias=st.booleans(),
+    scale=st.sampled_from([1e-3, 1.0, 50.0]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_bit_identical_to_the_model(
+    cpu: Any, scheme: str, m: int, nb: int, n: int, with_bias: bool, scale: float, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    k = 32 * nb
+    x = (rng.standard_normal((m, k)) * scale).astype(F32)
+    data = encode(rng.standard_normal((n, k)), scheme)
+    bias = rng.standard_normal(n).astype(F32) if with_bias else None
+    assert_bits(run(cpu, x, data, bias, scheme), model(x, data, bias, scheme))
+
+
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
+def test_rows_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> None:
+    rng = np.random.default_rng(3)
+    k, n = 768, 301
+    x = rng.standard_normal((16, k)).astype(F32)
+    data = encode(rng.standard_normal((n, k)), scheme)
+    bias = rng.standard_normal(n).astype(F32)
+    before = kbc.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            kbc.set_num_threads(threads)
+            batched = run(cpu, x, data, bias, scheme)
+            for i in (0, 5, 15):
+                assert_bits(run(cpu, x[i : i + 1], data, bias, scheme)[0], batched[i])
+            results.append(batched)
+        assert_bits(results[0], results[1])
+        assert_bits(results[0], model(x, data, bias, scheme))
+    finally:
+        kbc.set_num_threads(before)
+
+
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
+def test_special_activations(cpu: Any, scheme: str) -> None:
+    """Zeros, all-zero blocks, half-way values, tiny values (float16 scale underflow), huge values
+    (float16 scale overflow: inf), inf and nan: the kernel is the model's bits (nan where it is)."""
+    rng = np.random.default_rng(4)
+    k, n = 512, 9
+    data = encode(rng.standard_normal((n, k)), scheme)
+    rows = np.zeros((8, k), F32)
+    rows[1] = rng.standard_normal(k)
+    rows[1, 64:160] = 0.0  # three all-zero blocks
+    rows[2] = np.tile(np.arange(-16, 16, dtype=F32) + 0.5, k // 32) * F32(127 / 31.5)  # half-way cases
+    rows[3] = rng.standard_normal(k) * 1e-7
+    rows[4] = rng.standard_normal(k) * 1e30
+    rows[5] = rng.standard_normal(k)
+    rows[5, 40] = np.inf
+    rows[6] = rng.standard_normal(k)
+    rows[6, 300] = np.nan
+    rows[7] = rng.standard_normal(k) * 3e6
+    bias = rng.standard_normal(n).astype(F32)
+    got = run(cpu, rows, data, bias, scheme)
+    assert_bits(got, model(rows, data, bias, scheme))
+    assert np.all(got[0] == bias)
+    assert np.all(np.isnan(got[5])) and np.all(np.isnan(got[6]))
+
+
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
+def test_close_to_the_float_path(cpu: Any, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KAEL_QUANT_ACTIVATIONS=f32 selects the float32-activation path: it is another result, and
+    the integer one stays within the activation rounding (|x - d_x q_x| <= d_x / 2 a value)."""
+    rng = np.random.default_rng(5)
+    k, n = 768, 64
+    x = rng.standard_normal((4, k)).astype(F32)
+    data = encode(rng.standard_normal((n, k)), scheme)
+    q8 = run(cpu, x, data, None, scheme)
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+    f32 = run(cpu, x, data, None, scheme)
+    assert not np.array_equal(q8, f32)
+    qw, dw = weight_ints(data, scheme, k)
+    w = (qw * dw[..., None].astype(np.float64)).reshape(n, k)
+    _, dx = quantize_act(x)
+    bound = (np.repeat(dx.astype(np.float64), 32, axis=1) / 2) @ np.abs(w).T * 1.01 + 1e-5 * (np.abs(x) @ np.abs(w).T)
+    assert np.all(np.abs(q8.astype(np.float64) - f32) <= bound)
+
+
+def test_bad_mode_is_refused(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = encode(np.ones((3, 32)), "q8_0")
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "int4")
+    with pytest.raises(kael.KaelError, match=r"KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8'.*'int4'"):
+        run(cpu, np.ones((1, 32), F32), data, None, "q8_0")
+
+
+def test_more_than_16_rows_use_the_float_path(cpu: Any) -> None:
+    """Prefill (M > 16) keeps the packed float GEMM: a row there is not the integer path's."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((17, 128)).astype(F32)
+    data = encode(rng.standard_normal((5, 128)), "q8_0")
+    got = run(cpu, x, data, None, "q8_0")
+    assert not np.array_equal(got, model(x, data, None, "q8_0"))
+
+
+def test_child_runs_requested_isa() -> None:
+    want = os.environ.get("KAEL_QUANT_TEST_ISA")
+    if want is None:
+        pytest.skip("not a per-ISA run")
+    from kael_backend_cpu._native import C
+
+    assert C.isa() in (want, "base" if want == "baseline" else want)
+
+
+@pytest.mark.skipif(os.environ.get("KAEL_QUANT_TEST_ISA") is not None, reason="already a per-ISA run")
+@pytest.mark.parametrize("isa", other_isas())
+def test_every_vector_table(isa: str) -> None:
+    rerun_under_isa(__file__, isa)
+
+
+def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset: one row (decode) takes the integer path, more rows the float32 one."""
+    monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 256)).astype(F32)
+    data = encode(rng.standard_normal((7, 256)), "q4_0")
+    assert_bits(run(cpu, x[:1], data, None, "q4_0"), model(x[:1], data, None, "q4_0"))
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+    f32 = run(cpu, x, data, None, "q4_0")
+    monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
+    assert_bits(run(cpu, x, data, None, "q4_0"), f32)
