@@ -113,10 +113,9 @@ bool use_int8_path(QuantScheme s, int64_t m) {
   KAEL_CHECK(!set || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0, Kael,
              "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8' (or unset), got '", mode, "'");
   if (set && std::strcmp(mode, "f32") == 0) return false;
-  if (vec().q8dot_rows[static_cast<int>(s)] == nullptr) return false;
-  // default: one row (decode), where it measures faster (benchmarks/quant_int8_linear.py);
-  // forced (q8): up to kFewRows rows
-  return set ? m <= kFewRows : m == 1;
+  // the default (and q8): up to kFewRows rows, where it measures faster on every table
+  // (benchmarks/quant_int8_linear.py)
+  return m <= kFewRows && vec().q8dot_rows[static_cast<int>(s)] != nullptr;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k) and the k / 32 float16-rounded scales d

@@ -46,24 +46,30 @@ inline float qd_lane_sum(const float (&a)[kQdLanes]) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-// The portable kernel: one activation row (nb blocks: xq, xd) against one weight row.
+// The portable kernel: MR <= 16 activation rows (xq: k int8 apart; xd: nb scales apart) against
+// one weight row w, out[r * rso] = the dot products (no bias); each block's integers are unpacked
+// once for the rows.
 template <int F>
-inline float qd_dot_plain(int64_t nb, const int8_t* xq, const float* xd, const uint8_t* w) {
+inline void qd_rows_plain(int64_t mr, int64_t nb, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w,
+                          float* out, int64_t rso) {
   constexpr int64_t kBytes = F == 0 ? 34 : 18;
-  float acc[kQdLanes] = {};
+  float acc[16][kQdLanes] = {};
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * kBytes;
     int8_t q[32];
     qd_weight_ints<F>(blk, q);
-    const int8_t* x = xq + b * 32;
-    int32_t isum = 0;
-    for (int j = 0; j < 32; ++j) isum += int32_t{q[j]} * int32_t{x[j]};
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
-    const float p = qd_opaque((half_to_float_s(dbits) * xd[b]) * static_cast<float>(isum));
-    acc[b % kQdLanes] += p;
+    const float dw = half_to_float_s(dbits);
+    for (int64_t r = 0; r < mr; ++r) {
+      const int8_t* x = xq + r * k + b * 32;
+      int32_t isum = 0;
+      for (int j = 0; j < 32; ++j) isum += int32_t{q[j]} * int32_t{x[j]};
+      const float p = qd_opaque((dw * xd[r * nb + b]) * static_cast<float>(isum));
+      acc[r][b % kQdLanes] += p;
+    }
   }
-  return qd_lane_sum(acc);
+  for (int64_t r = 0; r < mr; ++r) out[r * rso] = qd_lane_sum(acc[r]);
 }
 
 #if defined(__AVX2__)
@@ -80,87 +86,126 @@ inline __m256i qd_weight_vec(const uint8_t* blk) {
   }
 }
 
-// Eight int32 partial sums of block products q_w * q_x (|q_x| <= 127): |q_w| as unsigned times
-// q_x with q_w's sign, by maddubs (pairs <= 2 * 128 * 127: no saturation) and madd.
+// Eight int32 partial sums of block products q_w * q_x (|q_x| <= 127), given aw = |q_w|: |q_w|
+// as unsigned times q_x with q_w's sign, by maddubs (pairs <= 2 * 128 * 127: no saturation) and madd.
 struct QdMadd {
-  static inline __m256i dot(__m256i w, __m256i x) {
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  static inline __m256i dot(__m256i aw, __m256i w, __m256i x) {
+    const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
   }
 };
 
-// The eight blocks' exact int32 sums of eight vectors of partial sums, as one vector (block t in lane t).
-inline __m256i qd_reduce8(const __m256i (&s)[kQdLanes]) {
-  const __m256i h01 = _mm256_hadd_epi32(s[0], s[1]), h23 = _mm256_hadd_epi32(s[2], s[3]);
-  const __m256i h45 = _mm256_hadd_epi32(s[4], s[5]), h67 = _mm256_hadd_epi32(s[6], s[7]);
-  const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
-
-// One activation row against one weight row, eight blocks at a time (DOT: QdMadd or QdVnni).
-template <int F, class DOT>
-inline float qd_dot_avx2(int64_t nb, const int8_t* xq, const float* xd, const uint8_t* w) {
-  constexpr int64_t kBytes = F == 0 ? 34 : 18;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < nb; b0 += kQdLanes) {
-    const int64_t cnt = nb - b0 < kQdLanes ? nb - b0 : kQdLanes;
-    __m256i s[kQdLanes];
-    alignas(32) uint16_t dw[kQdLanes] = {};
-    alignas(32) float dx[kQdLanes] = {};
-    for (int t = 0; t < kQdLanes; ++t) {
-      if (t < cnt) {
-        const uint8_t* blk = w + (b0 + t) * kBytes;
-        __builtin_prefetch(blk + kQPrefetch, 0, 0);
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (b0 + t) * 32));
-        s[t] = DOT::dot(qd_weight_vec<F>(blk), x);
-        std::memcpy(&dw[t], blk, 2);
-        dx[t] = xd[b0 + t];
-      } else {
-        s[t] = _mm256_setzero_si256();  // d_w = d_x = 0 too: the lane adds +0
-      }
-    }
-    const __m256 scale =
-        _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dw))), _mm256_load_ps(dx));
-    const __m256 p = qd_opaque(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(qd_reduce8(s))));
-    acc = _mm256_add_ps(acc, p);
-  }
-  alignas(32) float lanes[kQdLanes];
-  _mm256_store_ps(lanes, acc);
-  return qd_lane_sum(lanes);
-}
-
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
 // AVX-512 VNNI: vpdpbusd on 256-bit vectors, the same unsigned |q_w| x signed q_x products.
 struct QdVnni {
-  __attribute__((target("avx512vnni"))) static inline __m256i dot(__m256i w, __m256i x) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  __attribute__((target("avx512vnni"))) static inline __m256i dot(__m256i aw, __m256i w, __m256i x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w));
   }
 };
 #endif
+
+// Blocks b0 .. b0 + 7 of MR activation rows (xq: k int8 apart; xd: nb scales apart) against one
+// weight row w: each row's eight exact block sums (hadd tree: lane t = block b0 + t), scaled and
+// added into acc[r] (NOTE [integer dot order]). TAIL: only cnt < 8 blocks are left; the missing
+// lanes add (0 * 0) * 0 = +0.
+template <int F, class DOT, int MR, bool TAIL>
+inline void qd_group(int64_t b0, int cnt, int64_t k, int64_t nb, const int8_t* xq, const float* xd, const uint8_t* w,
+                     __m256 (&acc)[MR]) {
+  constexpr int64_t kBytes = F == 0 ? 34 : 18;
+  __m256i h[MR][4];
+  uint16_t dw[kQdLanes];
+  for (int t = 0; t < kQdLanes; t += 2) {
+    __m256i s[2][MR];
+    for (int u = 0; u < 2; ++u) {
+      const int64_t b = b0 + t + u;
+      if (TAIL && t + u >= cnt) {
+        dw[t + u] = 0;
+        for (int r = 0; r < MR; ++r) s[u][r] = _mm256_setzero_si256();
+        continue;
+      }
+      const uint8_t* blk = w + b * kBytes;
+      __builtin_prefetch(blk + kQPrefetch, 0, 0);
+      std::memcpy(&dw[t + u], blk, 2);
+      const __m256i wv = qd_weight_vec<F>(blk);
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * k + b * 32));
+        s[u][r] = DOT::dot(aw, wv, x);
+      }
+    }
+    for (int r = 0; r < MR; ++r) h[r][t / 2] = _mm256_hadd_epi32(s[0][r], s[1][r]);
+  }
+  const __m256 dwf = _mm256_cvtph_ps(_mm_setr_epi16(static_cast<int16_t>(dw[0]), static_cast<int16_t>(dw[1]),
+                                                    static_cast<int16_t>(dw[2]), static_cast<int16_t>(dw[3]),
+                                                    static_cast<int16_t>(dw[4]), static_cast<int16_t>(dw[5]),
+                                                    static_cast<int16_t>(dw[6]), static_cast<int16_t>(dw[7])));
+  for (int r = 0; r < MR; ++r) {
+    const __m256i h01 = _mm256_hadd_epi32(h[r][0], h[r][1]), h23 = _mm256_hadd_epi32(h[r][2], h[r][3]);
+    const __m256i isum =
+        _mm256_add_epi32(_mm256_permute2x128_si256(h01, h23, 0x20), _mm256_permute2x128_si256(h01, h23, 0x31));
+    __m256 dx;
+    if constexpr (TAIL) {
+      alignas(32) float d[kQdLanes] = {};
+      for (int t = 0; t < cnt; ++t) d[t] = xd[r * nb + b0 + t];
+      dx = _mm256_load_ps(d);
+    } else {
+      dx = _mm256_loadu_ps(xd + r * nb + b0);
+    }
+    const __m256 p = qd_opaque(_mm256_mul_ps(_mm256_mul_ps(dwf, dx), _mm256_cvtepi32_ps(isum)));
+    acc[r] = _mm256_add_ps(acc[r], p);
+  }
+}
+
+// MR activation rows against one weight row: out[r * rso] = the dot products (no bias).
+template <int F, class DOT, int MR>
+inline void qd_tile_avx2(int64_t nb, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w, float* out,
+                         int64_t rso) {
+  __m256 acc[MR];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  int64_t b0 = 0;
+  for (; b0 + kQdLanes <= nb; b0 += kQdLanes) qd_group<F, DOT, MR, false>(b0, kQdLanes, k, nb, xq, xd, w, acc);
+  if (b0 < nb) qd_group<F, DOT, MR, true>(b0, static_cast<int>(nb - b0), k, nb, xq, xd, w, acc);
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float lanes[kQdLanes];
+    _mm256_store_ps(lanes, acc[r]);
+    out[r * rso] = qd_lane_sum(lanes);
+  }
+}
 #endif
 
 // c[i * rsc + j] = activation row i . weight row j (+ bias[j]) for i < m, j < n: activation row i
 // is xq + i * k int8 with scales xd + i * (k / 32); weight row j at w + j * rsw bytes. Each weight
-// row is read from memory once for the m rows. DOT: QdMadd / QdVnni (AVX2 tables), void: portable.
+// row is read from memory once for the m rows (tiles of four rows share its loads). DOT: QdMadd /
+// QdVnni (AVX2 tables), void: portable.
 template <int F, class DOT>
 inline void q8dot_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w,
                        int64_t rsw, const float* bias, float* c, int64_t rsc) {
   const int64_t nb = k / 32;
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* row = w + j * rsw;
-    for (int64_t i = 0; i < m; ++i) {
-      float s;
+    if constexpr (std::is_void_v<DOT>) {
+      qd_rows_plain<F>(m, nb, k, xq, xd, row, c + j, rsc);
+    } else {
 #if defined(__AVX2__)
-      if constexpr (std::is_void_v<DOT>) {
-        s = qd_dot_plain<F>(nb, xq + i * k, xd + i * nb, row);
-      } else {
-        s = qd_dot_avx2<F, DOT>(nb, xq + i * k, xd + i * nb, row);
+      int64_t i = 0;
+      for (; i + 4 <= m; i += 4) qd_tile_avx2<F, DOT, 4>(nb, k, xq + i * k, xd + i * nb, row, c + i * rsc + j, rsc);
+      switch (m - i) {
+        case 3:
+          qd_tile_avx2<F, DOT, 3>(nb, k, xq + i * k, xd + i * nb, row, c + i * rsc + j, rsc);
+          break;
+        case 2:
+          qd_tile_avx2<F, DOT, 2>(nb, k, xq + i * k, xd + i * nb, row, c + i * rsc + j, rsc);
+          break;
+        case 1:
+          qd_tile_avx2<F, DOT, 1>(nb, k, xq + i * k, xd + i * nb, row, c + i * rsc + j, rsc);
+          break;
+        default:
+          break;
       }
-#else
-      s = qd_dot_plain<F>(nb, xq + i * k, xd + i * nb, row);
 #endif
-      if (bias != nullptr) s += bias[j];
-      c[i * rsc + j] = s;
+    }
+    if (bias != nullptr) {
+      for (int64_t i = 0; i < m; ++i) c[i * rsc + j] += bias[j];
     }
   }
 }

@@ -264,12 +264,12 @@ def test_every_vector_table(isa: str) -> None:
 
 
 def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset: one row (decode) takes the integer path, more rows the float32 one."""
+    """Unset: up to 16 rows take the integer path, 17 the float32 one."""
     monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((2, 256)).astype(F32)
+    x = rng.standard_normal((17, 256)).astype(F32)
     data = encode(rng.standard_normal((7, 256)), "q4_0")
-    assert_bits(run(cpu, x[:1], data, None, "q4_0"), model(x[:1], data, None, "q4_0"))
+    assert_bits(run(cpu, x[:16], data, None, "q4_0"), model(x[:16], data, None, "q4_0"))
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
     f32 = run(cpu, x, data, None, "q4_0")
     monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
