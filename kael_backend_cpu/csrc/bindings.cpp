@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "allocator.h"
+#include "batch_norm.h"
 #include "buffer.h"
 #include "conv.h"
 #include "kernels.h"
@@ -644,6 +645,37 @@ void bind_fused(py::module_& m) {
          i = parse(indices, "max_pool2d_backward");
     py::gil_scoped_release nogil;
     max_pool2d_backward(d, g, i);  // reads grad and indices into scratch before writing dx
+  });
+  m.def("batch_norm", [](py::handle out, py::handle mean, py::handle rstd, py::handle x, py::handle weight,
+                         py::handle bias, double eps) {
+    const char* n = "batch_norm";
+    View o = parse(out, n, true), mu = parse(mean, n, true), r = parse(rstd, n, true), a = parse(x, n);
+    View w, b;
+    const bool hw = !weight.is_none(), hb = !bias.is_none();
+    if (hw) w = parse(weight, n);
+    if (hb) b = parse(bias, n);
+    py::gil_scoped_release nogil;
+    Unaliased u;  // the statistics are computed before out is written: out may not alias x
+    u.fix(o, a, false);
+    for (const View* ov : {&mu, &r}) u.fix(*ov, a, false);
+    batch_norm(o, mu, r, a, hw ? &w : nullptr, hb ? &b : nullptr, eps);
+  });
+  m.def("batch_norm_backward", [](py::handle dx, py::handle dweight, py::handle dbias, py::handle grad, py::handle x,
+                                  py::handle mean, py::handle rstd, py::handle weight) {
+    const char* n = "batch_norm_backward";
+    View g = parse(grad, n), a = parse(x, n), mu = parse(mean, n), r = parse(rstd, n);
+    View gx, gw, gb, w;
+    const bool hx = !dx.is_none(), hgw = !dweight.is_none(), hgb = !dbias.is_none(), hw = !weight.is_none();
+    if (hx) gx = parse(dx, n, true);
+    if (hgw) gw = parse(dweight, n, true);
+    if (hgb) gb = parse(dbias, n, true);
+    if (hw) w = parse(weight, n);
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    if (hx) {
+      for (View* in : {&g, &a}) u.fix(gx, *in, false);
+    }
+    batch_norm_backward(hx ? &gx : nullptr, hgw ? &gw : nullptr, hgb ? &gb : nullptr, g, a, mu, r, hw ? &w : nullptr);
   });
   m.def("cross_entropy",
         [](py::handle losses, py::handle logits, py::handle target, int64_t ignore_index, double label_smoothing) {

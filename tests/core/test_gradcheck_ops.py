@@ -282,6 +282,12 @@ FUSED = [
         fused=True,
     ),
     Case(
+        "batch_norm_train",
+        lambda m, x, w, b: F(m).batch_norm(x, None, None, w, b, training=True, eps=1e-3),
+        args(nrm(3, 2, 4), nrm(2), nrm(2)),
+        fused=True,
+    ),
+    Case(
         "conv1d_dilated",
         lambda m, x, w: F(m).conv1d(x, w, padding=2, dilation=2),
         args(nrm(2, 3, 7), nrm(2, 3, 3)),
@@ -519,6 +525,8 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "conv2d_backward",  # conv2d's backward: the conv2d cases run it
         "max_pool2d",
         "max_pool2d_backward",
+        "batch_norm",
+        "batch_norm_backward",
     }
     not_differentiable = {"adamw_step"}  # an optimizer update (checked against torch in test_optim.py)
     # float32-only weight-format ops: dequantize has no autograd (weights are data); quantized_linear's

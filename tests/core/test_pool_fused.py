@@ -3,7 +3,7 @@
 Values, indices and gradients against torch.nn.functional.max_pool2d / max_pool1d on
 hypothesis-drawn shapes and windows (ceil_mode, padding, dilation, ties), through the
 active CPU backend's kernels and through a backend without them (the decompositions);
-NaN propagation; which ops run; argument errors.
+NaN propagation; a window entirely in the padding (-inf, index -1); which ops run; argument errors.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import kael
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from kael.backends.reference import ReferenceBackend
 from kael.nn import functional as F
@@ -75,6 +75,8 @@ def test_max_pool2d_matches_torch(case: dict[str, Any]) -> None:
     k, s, p, d, cm = case["args"]
     tx = torch.tensor(x, requires_grad=True)
     ty, ti = torch.nn.functional.max_pool2d(tx, k, s, p, d, cm, return_indices=True)
+    # a dilated window can miss the input entirely (all padding): -inf, and torch's index is not in the plane
+    assume(bool(torch.isfinite(ty).all()))
     g = rng.standard_normal(tuple(ty.shape))
     ty.backward(torch.tensor(g))
     kx = kael.tensor(x, requires_grad=True)
@@ -115,6 +117,15 @@ def test_max_pool_runs_the_fused_ops_and_matches_torch_in_1d_and_unbatched(mode:
     ky.sum().backward()
     ty.sum().backward()
     np.testing.assert_array_equal(_grad(k1), _grad(t1))
+
+
+def test_a_window_entirely_in_the_padding_gives_minus_inf_and_index_minus_one(mode: str) -> None:
+    x = kael.tensor(np.array([[[[1.5], [2.0]]]]), requires_grad=True)  # W = 1; positions -1 and 1 are padding
+    y, i = F.max_pool2d(x, (1, 2), 1, (0, 1), (1, 2), return_indices=True)
+    np.testing.assert_array_equal(y.detach().numpy(), np.full((1, 1, 2, 1), -np.inf))
+    np.testing.assert_array_equal(i.numpy(), np.full((1, 1, 2, 1), -1))
+    y.sum().backward()
+    np.testing.assert_array_equal(_grad(x), np.zeros((1, 1, 2, 1)))
 
 
 def test_nan_in_a_window_gives_nan(mode: str) -> None:

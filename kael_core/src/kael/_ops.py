@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ._ops_nn import NN_OPS
+
 __all__ = [
     "Arg",
     "Pointwise",
@@ -361,38 +363,6 @@ _defs += [
         "c, s = cos/sin[positions[b,t]], x1, x2 = x[..,:D/2], x[..,D/2:]: out[..,:D/2] = x1*c - x2*s, "
         "out[..,D/2:] = x2*c + x1*s, computed in float32 (float64 when x or the tables are float64)",
     ),
-    _op(
-        "conv2d",
-        "fused",
-        "out!, x, weight, bias?, stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], "
-        "groups: int",
-        "cross-correlation, torch.nn.functional.conv2d's: x [N,C,H,W], weight [O,C/groups,KH,KW], bias [O], out "
-        "[N,O,OH,OW] with OH = (H + 2*padding[0] - dilation[0]*(KH-1) - 1) // stride[0] + 1 (zero padding on both "
-        "sides); input channel block g feeds output channel block g (groups); 16-bit floats computed in float32",
-    ),
-    _op(
-        "conv2d_backward",
-        "fused",
-        "dx!?, dweight!?, dbias!?, grad, x, weight, stride: tuple[int, int], padding: tuple[int, int], "
-        "dilation: tuple[int, int], groups: int",
-        "the gradients of conv2d for grad [N,O,OH,OW]: dx [N,C,H,W], dweight [O,C/groups,KH,KW], dbias [O] "
-        "(the sum of grad over dims 0, 2, 3); each None when not wanted",
-    ),
-    _op(
-        "max_pool2d",
-        "fused",
-        "out!, indices!, x, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int], "
-        "dilation: tuple[int, int], ceil_mode: bool",
-        "x [N,C,H,W]; out, indices int64 [N,C,OH,OW] (sized by the frontend, PyTorch's rules): each window's first "
-        "maximum (or first NaN) and its flat index h*W + w in the plane; positions outside x count as -inf",
-    ),
-    _op(
-        "max_pool2d_backward",
-        "fused",
-        "dx!, grad, indices, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int], "
-        "padding: tuple[int, int], dilation: tuple[int, int]",
-        "dx [N,C,*size] = 0 + grad [N,C,OH,OW] added at max_pool2d's indices (-1 skipped); the forward's window",
-    ),
     _op("silu_mul", "fused", "out!, gate, up", "SwiGLU: out = silu(gate) * up; gate, up, out same shape and dtype"),
     _op(
         "dequantize",
@@ -436,6 +406,7 @@ _defs += [
 _defs += [
     _op(n, "fused", "out!, x", "elementwise; out.dtype == x.dtype (a float dtype)", p) for n, p in UNARY_FUSED.items()
 ]
+_defs += [_op(*entry) for entry in NN_OPS]  # convolution, pooling, batch norm (_ops_nn)
 
 CATALOGUE: dict[str, OpDef] = {d.name: d for d in _defs}
 PRIMITIVES: frozenset[str] = frozenset(d.name for d in _defs if d.kind == "primitive")

@@ -143,9 +143,12 @@ def max_pool_composed(
     pos = np.zeros(tuple(outs) + (kk,), np.int64)
     grids = np.meshgrid(*[np.arange(o) for o in outs], indexing="ij")
     kgrids = np.meshgrid(*[np.arange(kv) for kv in k], indexing="ij")
+    inside = np.ones(pos.shape, bool)
     for i in range(nd):
         coord = grids[i][..., None] * s[i] - p[i] + kgrids[i].reshape(-1) * d[i]
         pos = pos * sizes[i] + coord
+        inside &= (coord >= 0) & (coord < sizes[i])
+    pos = np.where(inside, pos, -1)  # a window entirely in the padding gives index -1, as the kernels do
     table = index_tensor(np.moveaxis(pos, -1, 0), x.device)  # [K, *outs]
     with no_grad():
         arg = ops.argmax(w, 2, keepdim=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..._errors import BackendError
 from ..._ops import FUSED, PRIMITIVES
-from . import _conv, _elementwise, _fused, _indexing, _pool, _quant, _random, _reduce
+from . import _batch_norm, _conv, _elementwise, _fused, _indexing, _pool, _quant, _random, _reduce
 from ._io import bf16_bits_to_f32, compute_np, f32_to_bf16_bits, rd, view, wr
 from ._random import normal, randint, uniform
 
@@ -61,6 +61,7 @@ _ALL = {
     **_random.KERNELS,
     **_fused.KERNELS,
     **_conv.KERNELS,
+    **_batch_norm.KERNELS,
     **_pool.KERNELS,
     **_quant.KERNELS,
 }

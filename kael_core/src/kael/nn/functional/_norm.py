@@ -1,6 +1,7 @@
 """The normalisation functions of kael.nn.functional: batch_norm, instance_norm and group_norm.
 
-Written with kael's differentiable ops (means over the normalised dims, the biased
+batch_norm in training mode runs the batch_norm fused op (NOTE [batch_norm fused op]); the
+rest is written with kael's differentiable ops (means over the normalised dims, the biased
 variance for normalising, the unbiased one for running statistics, as PyTorch does).
 Running statistics are updated in place with gradient recording off.
 """
@@ -12,9 +13,8 @@ from typing import Any
 from ... import ops
 from ..._errors import DTypeError, ShapeError
 from ..._tensor import Tensor
-from ...autograd._function import Function
 from ...autograd._grad_mode import no_grad
-from ...ops._conv import channel_sum
+from ...ops._batch_norm_fused import batch_norm_train
 
 __all__ = ["batch_norm", "instance_norm", "group_norm"]
 
@@ -43,38 +43,6 @@ def _normalize(x: Tensor, mean: Tensor, var: Tensor, eps: float, w: Tensor | Non
     if b is not None:
         y = ops.add(y, b)
     return y  # type: ignore[no-any-return]
-
-
-class _BatchNormTrain(Function):
-    """(x - mean) * rstd * w + b with the batch's own statistics (mean, rstd given, computed from x), and
-    the backward through them in closed form: dx = rstd * (dy - mean(dy) - xhat * mean(dy * xhat)) for
-    dy = g * w, the means over everything but the channel dim."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, w: Tensor | None, b: Tensor | None, mean: Tensor, rstd: Tensor) -> Tensor:
-        shape = (x.shape[1],) + (1,) * (x.ndim - 2)
-        xhat = ops.mul(ops.sub(x, ops.reshape(mean, shape)), ops.reshape(rstd, shape))
-        y = ops.mul(xhat, ops.reshape(w, shape)) if w is not None else xhat
-        if b is not None:
-            y = ops.add(y, ops.reshape(b, shape))
-        ctx.save_for_backward(xhat, w, rstd)
-        return y  # type: ignore[no-any-return]
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> Any:
-        xhat, w, rstd = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        shape = (xhat.shape[1],) + (1,) * (xhat.ndim - 2)
-        count = xhat.numel() // xhat.shape[1]
-        dw = channel_sum(ops.mul(g, xhat)) if w is not None and need[1] else None
-        db = channel_sum(g) if need[2] else None
-        dx = None
-        if need[0]:
-            dy = ops.mul(g, ops.reshape(w, shape)) if w is not None else g
-            m1 = ops.reshape(ops.div(channel_sum(dy), count), shape)
-            m2 = ops.reshape(ops.div(channel_sum(ops.mul(dy, xhat)), count), shape)
-            dx = ops.mul(ops.sub(ops.sub(dy, m1), ops.mul(xhat, m2)), ops.reshape(rstd, shape))
-        return dx, dw, db, None, None
 
 
 def _update(running: Tensor | None, value: Tensor, momentum: float) -> None:
@@ -108,15 +76,15 @@ def batch_norm(
             raise ShapeError(
                 f"{op}: expected more than 1 value per channel when training, got input of shape {list(x.shape)}"
             )
-        with no_grad():
-            mean = ops.div(channel_sum(x), float(count))
-            d = ops.sub(x, ops.reshape(mean, (c,) + (1,) * (x.ndim - 2)))
-            var = ops.div(channel_sum(ops.mul(d, d)), float(count))
-            rstd = ops.rsqrt(ops.add(var, eps))
+        if (w is not None and w.dtype is not x.dtype) or (b is not None and b.dtype is not x.dtype):
+            raise DTypeError(f"{op}: weight and bias must have input's dtype {x.dtype!r}")
+        out, mean, rstd = batch_norm_train(x, weight, bias, eps)  # NOTE [batch_norm fused op]
         if training:
+            with no_grad():
+                var = ops.clamp(ops.sub(ops.div(1.0, ops.mul(rstd, rstd)), eps), min=0.0)
             _update(running_mean, mean, momentum)
             _update(running_var, ops.mul(var, count / max(count - 1, 1)), momentum)
-        return _BatchNormTrain.apply(x, weight, bias, mean, rstd)  # type: ignore[no-any-return]
+        return out
     return _normalize(x, rm.to(dtype=x.dtype), rv.to(dtype=x.dtype), eps, w, b)
 
 

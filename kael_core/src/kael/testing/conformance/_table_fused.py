@@ -17,6 +17,7 @@ from kael.backends import dtypes as dt
 
 from ._cases import FLOATS, Call, Case, operand, vals
 from ._layout import Operand, Out
+from ._table_batch_norm import BATCH_NORM_BUILDERS
 from ._table_conv import CONV_BUILDERS
 from ._table_pool import POOL_BUILDERS
 
@@ -403,6 +404,7 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "paged_attention": (_paged_attention, FLOATS),
     **CONV_BUILDERS,
     **POOL_BUILDERS,
+    **BATCH_NORM_BUILDERS,
 }
 
 
