@@ -274,3 +274,39 @@ def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     f32 = run(cpu, x, data, None, "q4_0")
     monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
     assert_bits(run(cpu, x, data, None, "q4_0"), f32)
+
+
+def test_gpt2_gguf_q8_0_logits_close_to_the_float_path(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A random GPT-2 written as a Q8_0 GGUF file and read back: its logits through the integer
+    path stay within 2% of the logit range of the float32-activation path's (measured here:
+    printed), and the first prompt's rows equal the same prompt decoded alone."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from kael.models import from_pretrained, load_gguf, save_gguf
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=96, n_positions=64, n_embd=128, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(tmp_path / "hf")
+    save_gguf(from_pretrained(tmp_path / "hf"), tmp_path / "q8.gguf", weights="q8_0")
+    model, _ = load_gguf(tmp_path / "q8.gguf")
+    assert model.weights_scheme == "q8_0"
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, 96, size=12)]
+    kael.backends.use("cpu", "cpu")
+    try:
+        logits = {}
+        for mode in ("f32", "q8"):
+            monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
+            with kael.no_grad():
+                logits[mode] = model(kael.tensor([ids])).numpy()[0].copy()
+                alone = model(kael.tensor([ids[:1]])).numpy()[0].copy()
+            if mode == "q8":
+                assert_bits(alone[0], logits[mode][0])
+    finally:
+        kael.backends.use("cpu", None)
+    diff = float(np.abs(logits["q8"] - logits["f32"]).max())
+    span = float(np.ptp(logits["f32"]))
+    with capsys.disabled():
+        print(f"\nGPT-2 (128 wide, 2 layers) Q8_0 GGUF: max |q8 - f32 logits| = {diff:.3g} (logit range {span:.3g})")
+    assert 0 < diff <= 0.02 * span
