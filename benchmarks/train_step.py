@@ -14,7 +14,9 @@ optimizer per step, which any backend's kernel time adds to.
 ``--model cnn`` times examples/train_mnist_cnn.py's model (two 5x5 convolutions with batch
 norm, ReLU and 2x2 max pooling, then 400-120-84-10; dropout 0 so both do the same work) on
 [batch, 1, 28, 28] inputs, with SGD with momentum; the torch model's initial weights are
-loaded into kael's. The frontend-only figure is reported for the MLP only.
+loaded into kael's; its kael and torch runs alternate (``time_interleaved``), so a change in
+the machine's load (other processes) slows both alike. The frontend-only figure is reported
+for the MLP only.
 """
 
 from __future__ import annotations
@@ -205,6 +207,29 @@ def time_steps(
     return statistics.median(times), losses
 
 
+def time_interleaved(
+    kstep: Callable[[], Any], tstep: Callable[[], Any], steps: int, repeats: int
+) -> tuple[float, list[float], float, list[float]]:
+    """Median ms per step of kael and torch, their timed runs alternating (kael, torch, kael, ...) after a warm-up
+    of both, so a change in the machine's load (other processes) falls on both alike; and the losses of the first
+    run of each."""
+    for _ in range(10):
+        kstep()
+        tstep()
+    times: tuple[list[float], list[float]] = ([], [])
+    losses: tuple[list[float], list[float]] = ([], [])
+    for r in range(repeats):
+        for i, step in enumerate((kstep, tstep)):
+            run = []
+            start = time.perf_counter()
+            for _ in range(steps):
+                run.append(step())
+            times[i].append((time.perf_counter() - start) * 1e3 / steps)
+            if r == 0:
+                losses[i].extend(float(v.item()) for v in run)
+    return statistics.median(times[0]), losses[0], statistics.median(times[1]), losses[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -231,6 +256,21 @@ def main() -> None:
             pass
     if args.model == "cnn":
         kstep, step = cnn_steps(args.batch, args.lr)
+        if step is not None:  # torch present: alternate the timed runs (time_interleaved)
+            import torch
+
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            kael_ms, kael_losses, torch_ms, torch_losses = time_interleaved(kstep, step, args.steps, args.repeats)
+            report["kael_ms_per_step"] = round(kael_ms, 4)
+            report["torch_version"] = torch.__version__
+            report["torch_threads"] = torch.get_num_threads()
+            report["torch_ms_per_step"] = round(torch_ms, 4)
+            report["kael_over_torch"] = round(kael_ms / torch_ms, 3)
+            report["max_loss_difference"] = float(np.max(np.abs(np.array(kael_losses) - np.array(torch_losses))))
+            report["timing"] = "interleaved runs (kael, torch, kael, ...), median of each"
+            print(json.dumps(report, indent=2))
+            return
         kael_ms, kael_losses = time_steps(kstep, args.steps, args.repeats)
         report["kael_ms_per_step"] = round(kael_ms, 4)
     else:
