@@ -20,9 +20,16 @@ The response templates, one per format:
   is one JSON object or a list. The generic template has no ``transform`` (one object and a list
   need different ones); the test flattens its value.
 
-Where the two disagree (a call whose JSON does not parse), the reference raises ``ValueError``;
-kael follows vLLM's parsers and the OpenAI API, returning the whole output as content with no
-calls, and that documented behaviour is asserted instead (``test_broken_calls_are_content``).
+The reference's message is read as OpenAI-style calls: ``arguments`` given as a JSON string (as
+some fine-tunes write them) are decoded, and a call without ``arguments`` calls with ``{}``.
+
+Where the two disagree, the formats' documentation decides (``DISAGREE``, each with its reason):
+a call whose JSON does not parse makes the reference raise ``ValueError``; kael follows vLLM's
+parsers and the OpenAI API and answers the whole output as content with no calls
+(``test_broken_calls_are_content``). Where the reference raises on, or drops, text the formats'
+documentation allows or that a model plainly wrote (text both before and after calls, a marker
+inside a JSON string, the ``arguments`` key Llama 3's vLLM parser also takes, trailing text after
+the calls), kael's documented result is asserted instead.
 """
 
 from __future__ import annotations
@@ -127,10 +134,11 @@ def reference_turn(message: dict[str, Any]) -> tuple[str | None, Calls]:
     """(content, [(name, arguments)]) of a message dict transformers' parser returns."""
     raw = message.get("tool_calls", [])
     items = raw if isinstance(raw, list) else [raw]
-    calls = [
-        (c["function"]["name"], c["function"]["arguments"]) if "function" in c else (c["name"], c["arguments"])
-        for c in items
-    ]
+    calls = []
+    for c in items:
+        fn = c.get("function", c)
+        args = fn.get("arguments", {})
+        calls.append((fn["name"], json.loads(args) if isinstance(args, str) else args))
     return message.get("content") or None, calls
 
 
@@ -219,6 +227,87 @@ MORE: list[tuple[Format, str]] = [
     ),
     ("json", json.dumps({"name": "query", "arguments": NESTED}, indent=2)),
     ("json", '\n [ {"name": "f", "arguments": {"q": "\\"quoted\\""}} ]'),
+    ("json", '[{"name": "f", "arguments": {"a": 1}},{"name": "g", "arguments": {}}]'),
+    # text after the calls, calls in any key order, escapes, unclosed last call at the end
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\nDone, waiting.'),
+    ("hermes", '<tool_call>\n{"arguments": {"a": "\\u00fc\\n"}, "name": "f"}\n</tool_call>'),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\nthen\n<tool_call>{"name": "g", "arguments": {}}',
+    ),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "f"}\n</tool_call>'),
+    ("llama3_json", '\n{"name": "f", "parameters": {"a": 1}} ; {"name": "g", "parameters": {}}\n'),
+    ("llama3_json", '<|python_tag|>brave_search.call(query="x")'),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}, "id": "abcdefghi"}]\n'),
+    ("mistral", '[TOOL_CALLS]f[ARGS] {"a": 1}'),
+]
+
+# (format, output, kael's content, kael's calls, why the reference is not followed)
+DISAGREE: list[tuple[Format, str, str | None, Calls, str]] = [
+    (
+        "hermes",
+        'Before.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\nAfter.',
+        "Before.\n\nAfter.",
+        [("f", {})],
+        "the reference's content region does not repeat: the text after the call overwrites the text before",
+    ),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}} \n</tool_call>\n<tool_call>{"name": "g", "arguments": {"s": "</tool_call>"}}</tool_call>',
+        None,
+        [("f", {"a": 1}), ("g", {"s": "</tool_call>"})],
+        "the reference closes the call at a </tool_call> inside a JSON string",
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS]f[ARGS]{"a": "[TOOL_CALLS] x"}',
+        None,
+        [("f", {"a": "[TOOL_CALLS] x"})],
+        "the reference ends the arguments at a [TOOL_CALLS] inside a JSON string",
+    ),
+    (
+        "llama3_json",
+        '{"name": "f", "arguments": {"a": 1}}',
+        None,
+        [("f", {"a": 1})],
+        "Llama 3.1's card names the key 'parameters'; vLLM's llama3_json parser also takes 'arguments'",
+    ),
+    (
+        "llama3_json",
+        '{"name": "f", "parameters": {"a": 1}} and that is all',
+        "and that is all",
+        [("f", {"a": 1})],
+        "text after the calls is no JSON: the reference raises; kael keeps the call and the text",
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}] trailing',
+        "trailing",
+        [("f", {"a": 1})],
+        "text after the v3 list: the reference raises; kael keeps the call and the text",
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS]f[ARGS]{"a": 1} trailing',
+        "trailing",
+        [("f", {"a": 1})],
+        "text after the v11 arguments: the reference raises; kael keeps the call and the text",
+    ),
+    (
+        "json",
+        '{"name": "f", "arguments": {"a": 1}}\n{"name": "g", "arguments": {}}',
+        None,
+        [("f", {"a": 1}), ("g", {})],
+        "several objects (what a model without a list writes): the reference parses one JSON value only",
+    ),
+    (
+        "json",
+        "[]",
+        "[]",
+        [],
+        "the reference drops the reply entirely; with no call kael answers the text as content",
+    ),
 ]
 
 
@@ -246,6 +335,21 @@ def test_parse_matches_the_reference(fmt: Format, text: str) -> None:
     ref = reference_turn(parse_response(text, template_for(fmt, text), prefix=""))
     got = kael_turn(text, fmt)
     assert got == ref
+
+
+@pytest.mark.parametrize(("fmt", "text", "content", "calls", "why"), DISAGREE)
+def test_where_the_reference_is_limited_kael_follows_the_format(
+    fmt: Format, text: str, content: str | None, calls: Calls, why: str
+) -> None:
+    try:
+        ref: object = reference_turn(parse_response(text, template_for(fmt, text), prefix=""))
+    except ValueError:
+        ref = "raises"
+    assert ref != (content, calls), f"the reference agrees now: move the case to MORE ({why})"
+    assert kael_turn(text, fmt) == (content, calls)
+    n = len(text)
+    for bounds in ([0, n], list(range(n + 1)), sorted({0, n // 3, n // 2, n})):
+        assert kael_stream(text, fmt, bounds) == (content, calls)
 
 
 @pytest.mark.parametrize(("fmt", "text"), BROKEN)

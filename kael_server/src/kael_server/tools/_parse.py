@@ -13,7 +13,7 @@ from typing import Any
 
 from ._formats import Format, split_output
 
-__all__ = ["ParsedTurn", "new_call_id", "parse_tool_calls"]
+__all__ = ["ParsedTurn", "decode_arguments", "new_call_id", "parse_tool_calls"]
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -34,18 +34,29 @@ class ParsedTurn:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
+def decode_arguments(raw: str) -> object:
+    """The arguments a call's raw JSON text holds: the value, or, when a model writes the
+    arguments as a JSON string holding an object (``"arguments": "{\\"a\\": 1}"``, as some
+    fine-tunes do), that object; None when the text does not parse."""
+    try:
+        value = json.loads(raw)
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            value = json.loads(value)
+    except json.JSONDecodeError:
+        return None
+    return value
+
+
 def parse_tool_calls(text: str, fmt: Format, id_factory: Callable[[Format], str] = new_call_id) -> ParsedTurn:
     """Parse a finished output; no tool calls (the whole text as content) if any call is
-    incomplete, unnamed or has arguments that are not a JSON object."""
-    s = split_output(text, fmt)
+    incomplete, unnamed or has arguments that are not a JSON object (or a JSON string holding
+    one). The content is the text outside the calls, stripped."""
+    s = split_output(text, fmt, final=True)
     calls = []
     for c in s.calls:
         if not (c.complete and c.name and c.args_complete):
             return ParsedTurn(text or None)
-        try:
-            args = json.loads(c.args_raw)
-        except json.JSONDecodeError:
-            return ParsedTurn(text or None)
+        args = decode_arguments(c.args_raw)
         if not isinstance(args, dict):
             return ParsedTurn(text or None)
         calls.append(

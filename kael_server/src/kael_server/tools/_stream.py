@@ -2,14 +2,17 @@
 the OpenAI ``delta`` dicts to send: ``{"content": ...}`` for plain text (a piece that may begin a
 tool-call marker is held back), and ``{"tool_calls": [...]}`` with, per call, first its
 ``index``, ``id``, ``type`` and ``function.name`` (arguments ``""``), then fragments of
-``function.arguments`` (the raw JSON text the model writes, concatenating to the arguments)."""
+``function.arguments`` (the raw JSON text the model writes, concatenating to the arguments).
+Text the model writes between or after calls follows as ``content`` once it is more than
+whitespace."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from ._formats import Format, split_output
+from ._formats import Format, PartialCall, split_output
 from ._parse import new_call_id
 
 __all__ = ["ToolCallStream"]
@@ -35,16 +38,11 @@ class ToolCallStream:
         self.text += delta
         s = split_output(self.text, self.fmt)
         out: list[dict[str, Any]] = []
-        if len(s.content) > self._content_sent and not s.calls:
-            out.append({"content": s.content[self._content_sent :]})
-            self._content_sent = len(s.content)
         for i, c in enumerate(s.calls):
             if c.name is None:
                 break
             if i == len(self._args_sent):
-                if i == 0 and len(s.content) > self._content_sent and s.content.strip():
-                    out.append({"content": s.content[self._content_sent :]})
-                    self._content_sent = len(s.content)
+                out += self._content(s.content, bool(s.calls))
                 out.append(
                     {
                         "tool_calls": [
@@ -58,16 +56,38 @@ class ToolCallStream:
                     }
                 )
                 self._args_sent.append(0)
-            frag = c.args_raw[self._args_sent[i] :]
+            frag = self._fragment(c, i)
             if frag:
                 out.append({"tool_calls": [{"index": i, "function": {"arguments": frag}}]})
-                self._args_sent[i] = len(c.args_raw)
-        return out
+        return out + self._content(s.content, bool(s.calls))
+
+    def _content(self, content: str, calls: bool) -> list[dict[str, Any]]:
+        """The content not sent yet: all of it while no call has begun, else once it holds
+        more than whitespace."""
+        pending = content[self._content_sent :]
+        if not pending or (calls and not pending.strip()):
+            return []
+        self._content_sent = len(content)
+        return [{"content": pending}]
+
+    def _fragment(self, c: PartialCall, i: int) -> str:
+        """The next piece of call ``i``'s arguments: the raw JSON as written, or, for arguments
+        written as a JSON string, the object it holds once the string is complete."""
+        if c.args_raw.startswith('"'):
+            if not c.args_complete or self._args_sent[i]:
+                return ""
+            value = json.loads(c.args_raw)
+            self._args_sent[i] = 1
+            return value if isinstance(value, str) else ""
+        frag = c.args_raw[self._args_sent[i] :]
+        self._args_sent[i] = len(c.args_raw)
+        return frag
 
     def finish(self) -> list[dict[str, Any]]:
-        """At the end of the output: the content still held back when no call was made."""
-        if self._args_sent or self._content_sent >= len(self.text):
-            return []
-        rest = self.text[self._content_sent :]
-        self._content_sent = len(self.text)
-        return [{"content": rest}]
+        """At the end of the output: the content still held back (all of the rest when no
+        call was made)."""
+        if not self._args_sent:
+            rest = self.text[self._content_sent :]
+            self._content_sent = len(self.text)
+            return [{"content": rest}] if rest else []
+        return self._content(split_output(self.text, self.fmt, final=True).content, True)
