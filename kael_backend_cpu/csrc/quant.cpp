@@ -17,7 +17,7 @@
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
 // from a float64 reference.
 //
-// NOTE [integer quantized linear]: for Q8_0 and Q4_0 weights and M <= 16, the default path
+// NOTE [integer quantized linear]: for Q8_0, Q4_0, Q5_0 and IQ4_NL weights and M <= 16, the default path
 // quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's reference
 // quantize_row_q8_0_ref rounds (per 32 values: amax = max |x|, d = amax / 127 in float32,
 // id = d != 0 ? 1 / d : 0, q = roundf(x * id), half-way away from zero; the scale kept is d

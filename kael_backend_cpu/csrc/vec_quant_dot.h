@@ -1,6 +1,7 @@
 // The integer path of quantized_linear (NOTE [integer quantized linear] in quant.cpp): dot
 // products of activation rows quantized to GGML's Q8_0 blocks (int8 q, float32 scale d_x: the
-// float16 scale GGML stores, widened) with Q8_0 / Q4_0 weight rows.
+// float16 scale GGML stores, widened) with Q8_0 / Q4_0 / Q5_0 / IQ4_NL weight rows (the formats
+// whose values are d * integer: llama.cpp pairs them with Q8_0 activations too).
 //
 // NOTE [integer dot order]: for each 32-value block b, isum_b = sum of q_w * q_x in int32
 // (exact: |isum| <= 32 * 128 * 127); its product p_b = (d_w * d_x) * float(isum_b) in float32
@@ -28,12 +29,33 @@ inline T qd_opaque(T v) {
 
 constexpr int kQdLanes = 8;  // accumulator lanes (blocks b, b + 8, .. share lane b % 8)
 
-// The 32 signed integers of weight block blk (F = 0: q8_0's int8; F = 1: q4_0's nibbles - 8) into q.
+// Bytes of a block of the formats with Q8_0 activations: 0 q8_0, 1 q4_0, 5 q5_0, 7 iq4_nl.
+template <int F>
+constexpr int64_t kQdBytes = F == 0   ? 34
+                             : F == 5 ? 22
+                                      : 18;
+
+// The 32 signed integers of weight block blk into q: F = 0 q8_0's int8; 1 q4_0's nibbles - 8;
+// 5 q5_0's nibbles with bit j of qh as bit 4 of value j, - 16; 7 iq4_nl's levels of the nibbles
+// (low nibbles are values 0..15, high ones 16..31).
 template <int F>
 inline void qd_weight_ints(const uint8_t* blk, int8_t (&q)[32]) {
   if constexpr (F == 0) {
     std::memcpy(q, blk + 2, 32);
+  } else if constexpr (F == 5) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>(static_cast<int>((blk[6 + j] & 15u) | (((qh >> j) & 1u) << 4)) - 16);
+      q[j + 16] = static_cast<int8_t>(static_cast<int>((blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16);
+    }
+  } else if constexpr (F == 7) {
+    for (int j = 0; j < 16; ++j) {
+      q[j] = kIq4nlValues[blk[2 + j] & 15];
+      q[j + 16] = kIq4nlValues[blk[2 + j] >> 4];
+    }
   } else {
+    static_assert(F == 1, "q8_0, q4_0, q5_0, iq4_nl");
     for (int j = 0; j < 16; ++j) {
       q[j] = static_cast<int8_t>((blk[2 + j] & 15) - 8);
       q[j + 16] = static_cast<int8_t>((blk[2 + j] >> 4) - 8);
@@ -52,7 +74,7 @@ inline float qd_lane_sum(const float (&a)[kQdLanes]) {
 template <int F>
 inline void qd_rows_plain(int64_t mr, int64_t nb, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w,
                           float* out, int64_t rso) {
-  constexpr int64_t kBytes = F == 0 ? 34 : 18;
+  constexpr int64_t kBytes = kQdBytes<F>;
   float acc[16][kQdLanes] = {};
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * kBytes;
@@ -73,21 +95,38 @@ inline void qd_rows_plain(int64_t mr, int64_t nb, int64_t k, const int8_t* xq, c
 }
 
 #if defined(__AVX2__)
-// The 32 signed weight integers of block blk as one vector.
+// The 32 signed weight integers of block blk as one vector (qd_weight_ints' values).
 template <int F>
 inline __m256i qd_weight_vec(const uint8_t* blk) {
   if constexpr (F == 0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   } else {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const uint8_t* qs = blk + (F == 5 ? 6 : 2);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
     const __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
-    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    if constexpr (F == 7) {
+      const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+      return _mm256_set_m128i(_mm_shuffle_epi8(levels, hi), _mm_shuffle_epi8(levels, lo));
+    } else if constexpr (F == 5) {
+      // byte i of the vector = bit i of qh (as 0 / 0xFF), then 16 there
+      uint32_t qh;
+      std::memcpy(&qh, blk + 2, 4);
+      const __m256i bytes =
+          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(qh)),
+                              _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+      const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+      return _mm256_sub_epi8(_mm256_or_si256(_mm256_set_m128i(hi, lo), high), _mm256_set1_epi8(16));
+    } else {
+      return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    }
   }
 }
 
 // Eight int32 partial sums of block products q_w * q_x (|q_x| <= 127), given aw = |q_w|: |q_w|
-// as unsigned times q_x with q_w's sign, by maddubs (pairs <= 2 * 128 * 127: no saturation) and madd.
+// as unsigned times q_x with q_w's sign, by maddubs (pairs <= 2 * 128 * 127: no saturation) and
+// madd.
 struct QdMadd {
   static inline __m256i dot(__m256i aw, __m256i w, __m256i x) {
     const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
@@ -111,7 +150,7 @@ struct QdVnni {
 template <int F, class DOT, int MR, bool TAIL>
 inline void qd_group(int64_t b0, int cnt, int64_t k, int64_t nb, const int8_t* xq, const float* xd, const uint8_t* w,
                      __m256 (&acc)[MR]) {
-  constexpr int64_t kBytes = F == 0 ? 34 : 18;
+  constexpr int64_t kBytes = kQdBytes<F>;
   __m256i h[MR][4];
   uint16_t dw[kQdLanes];
   for (int t = 0; t < kQdLanes; t += 2) {
@@ -227,7 +266,7 @@ __attribute__((target("avx512vnni"), flatten)) void q8dot_rows_vnni(int64_t m, i
 }
 #endif
 
-// The table's integer kernel for format F (0 q8_0, 1 q4_0): VNNI where this table and the CPU
+// The table's integer kernel for format F (0 q8_0, 1 q4_0, 5 q5_0, 7 iq4_nl): VNNI where this table and the CPU
 // have it, else AVX2's maddubs, else the portable loop.
 template <int F>
 auto q8dot_kernel() -> void (*)(int64_t, int64_t, int64_t, const int8_t*, const float*, const uint8_t*, int64_t,

@@ -1,5 +1,5 @@
 """The CPU backend's integer path of quantized_linear (NOTE [integer quantized linear] in
-csrc/quant.cpp, NOTE [integer dot order] in csrc/vec_quant_dot.h): Q8_0 / Q4_0 weights times
+csrc/quant.cpp, NOTE [integer dot order] in csrc/vec_quant_dot.h): Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights times
 activation rows quantized to GGML's Q8_0 blocks, with int32 block sums.
 
 Oracle: a NumPy model of the same arithmetic written here from ggml's reference quantizer
@@ -30,8 +30,15 @@ from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa:
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
 
-GGML_TYPE = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+GGML_TYPE = {
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "q5_0": gguf.GGMLQuantizationType.Q5_0,
+}
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q5_0": 22, "iq4_nl": 18}
+SCHEMES = tuple(BLOCK_BYTES)
+#: GGML's kvalues_iq4nl: IQ4_NL's 16 levels
+IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
 LANES = 8
 F32 = np.float32
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -78,9 +85,17 @@ def weight_ints(data: np.ndarray, scheme: str, k: int) -> tuple[np.ndarray, np.n
     d = blocks[..., :2].copy().view("<f2")[..., 0].astype(F32)
     if scheme == "q8_0":
         q = blocks[..., 2:].view(np.int8).astype(np.int64)
+    elif scheme == "q5_0":
+        qh = blocks[..., 2:6].copy().view("<u4").astype(np.int64)  # [n, nb, 1]
+        b = blocks[..., 6:].astype(np.int64)
+        j = np.arange(16)
+        lo = (b & 15) | (((qh >> j) & 1) << 4)
+        hi = (b >> 4) | (((qh >> (j + 16)) & 1) << 4)
+        q = np.concatenate([lo, hi], axis=-1) - 16
     else:
         b = blocks[..., 2:].astype(np.int64)
-        q = np.concatenate([(b & 15) - 8, (b >> 4) - 8], axis=-1)
+        q = np.concatenate([b & 15, b >> 4], axis=-1)
+        q = IQ4NL[q] if scheme == "iq4_nl" else q - 8
     return q, d
 
 
@@ -112,7 +127,16 @@ def model(x: np.ndarray, data: np.ndarray, bias: np.ndarray | None, scheme: str)
 
 
 def encode(w: np.ndarray, scheme: str) -> np.ndarray:
-    return np.asarray(gguf.quants.quantize(w.astype(np.float32), GGML_TYPE[scheme]))
+    """float [N, K] as `scheme`'s blocks: gguf's quantizer; iq4_nl (which gguf does not quantize):
+    level index clip(rint(3 w + 8)) of each value, scale 0.05."""
+    if scheme != "iq4_nl":
+        return np.asarray(gguf.quants.quantize(w.astype(np.float32), GGML_TYPE[scheme]))
+    n, k = w.shape
+    idx = np.clip(np.rint(w * 3 + 8), 0, 15).astype(np.uint8).reshape(n, k // 32, 32)
+    blocks = np.zeros((n, k // 32, 18), np.uint8)
+    blocks[..., :2] = np.frombuffer(np.float16(0.05).tobytes(), np.uint8)
+    blocks[..., 2:] = idx[..., :16] | (idx[..., 16:] << 4)
+    return blocks.reshape(n, k // 32 * 18)
 
 
 def run(cpu: Any, x: np.ndarray, data: np.ndarray, bias: np.ndarray | None, scheme: str) -> np.ndarray:
@@ -147,7 +171,7 @@ def test_model_quantizer_matches_gguf() -> None:
 
 @SETTINGS
 @given(
-    scheme=st.sampled_from(["q8_0", "q4_0"]),
+    scheme=st.sampled_from(SCHEMES),
     m=st.integers(1, 16),
     nb=st.integers(1, 40),
     n=st.integers(0, 20).map(lambda v: 2 * v + 1),
@@ -166,7 +190,7 @@ def test_bit_identical_to_the_model(
     assert_bits(run(cpu, x, data, bias, scheme), model(x, data, bias, scheme))
 
 
-@pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_rows_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> None:
     rng = np.random.default_rng(3)
     k, n = 768, 301
@@ -188,7 +212,7 @@ def test_rows_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> No
         kbc.set_num_threads(before)
 
 
-@pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_special_activations(cpu: Any, scheme: str) -> None:
     """Zeros, all-zero blocks, half-way values, tiny values (float16 scale underflow), huge values
     (float16 scale overflow: inf), inf and nan: the kernel is the model's bits (nan where it is)."""
@@ -213,7 +237,7 @@ def test_special_activations(cpu: Any, scheme: str) -> None:
     assert np.all(np.isnan(got[5])) and np.all(np.isnan(got[6]))
 
 
-@pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_close_to_the_float_path(cpu: Any, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """KAEL_QUANT_ACTIVATIONS=f32 selects the float32-activation path: it is another result, and
     the integer one stays within the activation rounding (|x - d_x q_x| <= d_x / 2 a value)."""
