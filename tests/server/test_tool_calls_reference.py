@@ -380,3 +380,61 @@ def test_stream_in_any_chunks_matches_the_reference_stream(
     ref = reference_stream(text, fmt, bounds)
     assert ref == reference_turn(parse_response(text, template_for(fmt, text), prefix=""))
     assert kael_stream(text, fmt, bounds) == ref
+
+
+_SAFE = st.characters(blacklist_categories=("Cs",), blacklist_characters="<>[];{}")
+_ARGS = st.dictionaries(
+    st.text(_SAFE, max_size=8),
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**53), 2**53)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(_SAFE, max_size=12),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(_SAFE, max_size=6), inner, max_size=3),
+        max_leaves=8,
+    ),
+    max_size=4,
+)
+_NAME = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True)
+
+
+@st.composite
+def replies(draw: st.DrawFn) -> tuple[Format, str]:
+    """A model output in a random format: 1-3 calls with random names and arguments (unicode,
+    quotes, backslashes, newlines, nesting), random JSON spacing, content before where the
+    format allows it. Marker characters stay out of strings (see DISAGREE for those)."""
+    fmt = draw(st.sampled_from(["hermes", "llama3_json", "mistral_v3", "mistral_v11", "json"]))
+    calls = draw(st.lists(st.tuples(_NAME, _ARGS), min_size=1, max_size=3))
+    ascii_only = draw(st.booleans())
+    seps = draw(st.sampled_from([(", ", ": "), (",", ":"), (" , ", " : ")]))
+
+    def dump(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=ascii_only, separators=seps)
+
+    pre = draw(st.text(_SAFE, max_size=20)) if fmt in ("hermes", "mistral_v3", "mistral_v11") else ""
+    if fmt == "hermes":
+        gap = draw(st.sampled_from(["\n", "", "\n\n", " "]))
+        text = pre + gap.join(f"<tool_call>{gap}{dump({'name': n, 'arguments': a})}{gap}</tool_call>" for n, a in calls)
+        return "hermes", text
+    if fmt == "llama3_json":
+        tag = draw(st.sampled_from(["", "<|python_tag|>", " <|python_tag|>\n"]))
+        sep = draw(st.sampled_from(["; ", ";", " ;\n"]))
+        return "llama3_json", tag + sep.join(dump({"name": n, "parameters": a}) for n, a in calls)
+    if fmt == "mistral_v3":
+        return "mistral", f"{pre}[TOOL_CALLS][{', '.join(dump({'name': n, 'arguments': a}) for n, a in calls)}]"
+    if fmt == "mistral_v11":
+        return "mistral", pre + "".join(f"[TOOL_CALLS]{n}[ARGS]{dump(a)}" for n, a in calls)
+    body = [{"name": n, "arguments": a} for n, a in calls]
+    return "json", dump(body if len(calls) > 1 or draw(st.booleans()) else body[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(reply=replies(), cuts=st.lists(st.integers(0, 10_000), max_size=10))
+def test_random_replies_match_the_reference_streaming_and_not(reply: tuple[Format, str], cuts: list[int]) -> None:
+    fmt, text = reply
+    want = reference_turn(parse_response(text, template_for(fmt, text), prefix=""))
+    assert kael_turn(text, fmt) == want
+    bounds = sorted({0, *(c % (len(text) + 1) for c in cuts), len(text)})
+    assert reference_stream(text, fmt, bounds) == want
+    assert kael_stream(text, fmt, bounds) == want
