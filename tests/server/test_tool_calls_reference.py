@@ -2,7 +2,11 @@
 output in each supported tool-call format parses into the same content and ``tool_calls`` with
 kael's ``parse_tool_calls`` / ``ToolCallStream`` as with transformers' declarative response
 parser (``transformers.utils.chat_parsing``: ``parse_response`` and the streaming
-``ResponseParser``), streaming and not.
+``ResponseParser``), streaming and not: the documented replies of test_tool_calls.py plus more
+(two calls per turn in every format, content before and after calls, unicode, escaped quotes,
+nested arguments, whitespace variants), hypothesis-generated replies, text cut into arbitrary
+chunks, and replies generated token by token (GPT-2 ids; the reference decoding the ids itself,
+kael's stream fed what kael's incremental decoder completes per id).
 
 The response templates, one per format:
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +50,9 @@ from hypothesis import strategies as st
 pytest.importorskip("llguidance")
 pytest.importorskip("transformers")
 
+from kael.tokenizer import BpeTokenizer  # noqa: E402
 from kael_server.tools import Format, ToolCallStream, parse_tool_calls  # noqa: E402
+from transformers import GPT2TokenizerFast  # noqa: E402
 from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS  # noqa: E402
 from transformers.utils.chat_parsing import ResponseParser, parse_response  # noqa: E402
 
@@ -437,4 +444,38 @@ def test_random_replies_match_the_reference_streaming_and_not(reply: tuple[Forma
     assert kael_turn(text, fmt) == want
     bounds = sorted({0, *(c % (len(text) + 1) for c in cuts), len(text)})
     assert reference_stream(text, fmt, bounds) == want
+    assert kael_stream(text, fmt, bounds) == want
+
+
+GPT2_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-tokenizer"
+
+
+@pytest.fixture(scope="module")
+def gpt2_pair() -> tuple[BpeTokenizer, Any]:
+    """kael's GPT-2 tokenizer and transformers' fast one over the same vocabulary."""
+    hf = GPT2TokenizerFast(str(GPT2_DIR / "vocab.json"), str(GPT2_DIR / "merges.txt"))
+    return BpeTokenizer.from_directory(GPT2_DIR), hf
+
+
+@pytest.mark.parametrize(("fmt", "text"), AGREED)
+def test_token_by_token_as_a_server_streams_matches_the_reference(
+    gpt2_pair: tuple[BpeTokenizer, Any], fmt: Format, text: str
+) -> None:
+    # the reply as a model generates it: GPT-2 token ids, the reference parser fed the ids one
+    # by one (its own incremental decoding), kael's stream fed what kael's incremental decoder
+    # completes per id (multi-byte characters held back until whole), as kael-server streams
+    kael_tok, hf_tok = gpt2_pair
+    ids = kael_tok.encode(text)
+    assert ids == hf_tok.encode(text)
+    parser = ResponseParser(template_for(fmt, text), prefix=[], tokenizer=hf_tok)
+    decoder = kael_tok.incremental_decoder()
+    pieces = []
+    for i in ids:
+        parser.feed([i])
+        pieces.append(decoder.add(i))
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == text
+    want = reference_turn(parser.finalize()[0])
+    assert want == reference_turn(parse_response(text, template_for(fmt, text), prefix=""))
+    bounds = list(itertools.accumulate([0, *map(len, pieces)]))
     assert kael_stream(text, fmt, bounds) == want
