@@ -52,8 +52,8 @@ pytest.importorskip("transformers")
 
 from kael.tokenizer import BpeTokenizer  # noqa: E402
 from kael_server.tools import Format, ToolCallStream, parse_tool_calls  # noqa: E402
-from transformers import GPT2TokenizerFast  # noqa: E402
 from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS  # noqa: E402
+from transformers.models.gpt2.tokenization_gpt2 import GPT2Tokenizer  # noqa: E402
 from transformers.utils.chat_parsing import ResponseParser, parse_response  # noqa: E402
 
 from .test_tool_calls import CASES as DOCUMENTED_CASES  # noqa: E402
@@ -453,7 +453,7 @@ GPT2_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-token
 @pytest.fixture(scope="module")
 def gpt2_pair() -> tuple[BpeTokenizer, Any]:
     """kael's GPT-2 tokenizer and transformers' fast one over the same vocabulary."""
-    hf = GPT2TokenizerFast(str(GPT2_DIR / "vocab.json"), str(GPT2_DIR / "merges.txt"))
+    hf = GPT2Tokenizer(str(GPT2_DIR / "vocab.json"), str(GPT2_DIR / "merges.txt"))
     return BpeTokenizer.from_directory(GPT2_DIR), hf
 
 
