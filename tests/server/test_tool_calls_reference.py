@@ -309,6 +309,21 @@ DISAGREE: list[tuple[Format, str, str | None, Calls, str]] = [
         "several objects (what a model without a list writes): the reference parses one JSON value only",
     ),
     (
+        "hermes",
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}} (done)\n</tool_call>',
+        None,
+        [("f", {"a": 1})],
+        "text after the object inside the call: the reference raises; kael's stream has already sent the"
+        " finished call, so the whole parse keeps it too (stream and parse never disagree)",
+    ),
+    (
+        "llama3_json",
+        '{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}',
+        None,
+        [("f", {"a": 1}), ("g", {})],
+        "calls separated by ',' rather than Llama's ';': the reference raises; kael takes both",
+    ),
+    (
         "json",
         "[]",
         "[]",

@@ -6,8 +6,8 @@ model output splits into plain content and tool calls in each.
 - ``llama3_json`` (Llama 3.1-3.3 JSON tool calling): the whole reply is
   ``{"name": ..., "parameters": {...}}`` (``;``-separated when several), optionally after
   ``<|python_tag|>``.
-- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (v3 tokenizers) or
-  ``[TOOL_CALLS]name[ARGS]{...}`` per call (v11+).
+- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (v3 tokenizers; a call
+  without ``arguments`` calls with ``{}``) or ``[TOOL_CALLS]name[ARGS]{...}`` per call (v11+).
 - ``json`` (generic; what a ``tool_choice`` grammar produces): one object or a list of objects
   with ``name`` and ``arguments``.
 
