@@ -492,5 +492,7 @@ def test_token_by_token_as_a_server_streams_matches_the_reference(
     assert "".join(pieces) == text
     want = reference_turn(parser.finalize()[0])
     assert want == reference_turn(parse_response(text, template_for(fmt, text), prefix=""))
+    hf_tok.response_template = template_for(fmt, text)  # as a model repo ships it
+    assert reference_turn(hf_tok.parse_response(ids, prefix=[])) == want
     bounds = list(itertools.accumulate([0, *map(len, pieces)]))
     assert kael_stream(text, fmt, bounds) == want
