@@ -1,7 +1,7 @@
 """quantized_linear on the CPU backend: the float32-activation path against the integer path
 (KAEL_QUANT_ACTIVATIONS=f32 / q8, NOTE [integer quantized linear] in kael_backend_cpu/csrc/quant.cpp).
 
-Q8_0, Q4_0 and Q5_0 weights of GPT-2 small's shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
+Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights of GPT-2 small's shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
 activation rows, 1 and 2 threads, both paths timed in the same process with their rounds
 interleaved (best of --repeats calls in each of --rounds rounds). Prints JSON: milliseconds per
 call, weight GB/s (weight bytes / time) and the integer path's speed-up; --out writes it too.
@@ -24,7 +24,7 @@ import numpy as np
 __all__ = ["main"]
 
 SHAPES = {"c_fc": (768, 3072), "lm_head": (768, 50257)}
-GGML = {"q8_0": 8, "q4_0": 2, "q5_0": 6}  # GGMLQuantizationType values
+GGML = {"q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7}  # GGMLQuantizationType values
 
 
 def _best_ms(fn: Callable[[], Any], repeats: int) -> float:

@@ -17,13 +17,15 @@
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
 // from a float64 reference.
 //
-// NOTE [integer quantized linear]: for Q8_0, Q4_0, Q5_0 and IQ4_NL weights and M <= 16, the default path
+// NOTE [integer quantized linear]: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights and M <= 16, the default path
 // quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's reference
 // quantize_row_q8_0_ref rounds (per 32 values: amax = max |x|, d = amax / 127 in float32,
 // id = d != 0 ? 1 / d : 0, q = roundf(x * id), half-way away from zero; the scale kept is d
 // rounded to float16, as GGML stores it; ggml's x86 SIMD quantizer uses 127 / amax and
 // round-half-even instead and can differ from its reference in the last step of q). A block
 // holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan.
+// Q4_1 / Q5_1 weights also use Q8_1's block sum s = float16(float(sum q) * d), as
+// quantize_row_q8_1_ref (same q and d as Q8_0's).
 // The dot products are integer sums per block in the order of NOTE [integer dot order]
 // (vec_quant_dot.h). KAEL_QUANT_ACTIVATIONS=f32 selects the float32-activation path above
 // (the conformance reference), =q8 the integer one; it is read at every call.
@@ -118,9 +120,10 @@ bool use_int8_path(QuantScheme s, int64_t m) {
   return m <= kFewRows && vec().q8dot_rows[static_cast<int>(s)] != nullptr;
 }
 
-// Row x[0..k) as GGML's Q8_0 blocks: q[0..k) and the k / 32 float16-rounded scales d
-// (NOTE [integer quantized linear]).
+// Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and
+// Q8_1's sums d[k/32 + b] = float16(float(sum q) * unrounded d) (NOTE [integer quantized linear]).
 void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
+  const int64_t nb = k / 32;
   for (int64_t b = 0; b < k / 32; ++b) {
     const float* xb = x + b * 32;
     float amax = 0.0f;
@@ -132,13 +135,18 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
     }
     if (!finite) {
       std::memset(q + b * 32, 0, 32);
-      d[b] = std::numeric_limits<float>::quiet_NaN();
+      d[b] = d[nb + b] = std::numeric_limits<float>::quiet_NaN();
       continue;
     }
     const float db = amax / 127.0f;
     const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    for (int j = 0; j < 32; ++j) q[b * 32 + j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      q[b * 32 + j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+      sum += q[b * 32 + j];
+    }
     d[b] = half_bits_to_float(float_to_half_bits(db));
+    d[nb + b] = half_bits_to_float(float_to_half_bits(static_cast<float>(sum) * db));
   }
 }
 
@@ -148,10 +156,10 @@ void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x,
                  const float* bias, float* c, int64_t rsc) {
   const int64_t nb = k / 32;
   Buffer xq(static_cast<size_t>(m * k));
-  Buffer xd(static_cast<size_t>(m * nb) * sizeof(float));
+  Buffer xd(static_cast<size_t>(2 * m * nb) * sizeof(float));
   auto* q = xq.get<int8_t>();
   auto* d = xd.get<float>();
-  for (int64_t i = 0; i < m; ++i) quantize_row_q8(x + i * rsx, k, q + i * k, d + i * nb);
+  for (int64_t i = 0; i < m; ++i) quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
   const auto dots = vec().q8dot_rows[static_cast<int>(s)];
   parallel_for(0, n, std::max<int64_t>(1, 32768 / (m * k)), [&](int64_t j0, int64_t j1) {
     dots(m, j1 - j0, k, q, d, w.data + j0 * w.row_stride, w.row_stride, bias == nullptr ? nullptr : bias + j0, c + j0,

@@ -87,8 +87,10 @@ struct VecTable {
   // qdot_scratch_floats(k) floats (m > 1)
   void (*qdot_rows[kQuantSchemes])(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const uint8_t* w,
                                    int64_t rsw, const float* bias, float* c, int64_t rsc, float* row) = {};
-  // The integer path (vec_quant_dot.h; q8_0, q4_0, q5_0, iq4_nl, else null): c[i * rsc + j] = Q8_0 activation row i (xq
-  // + i * k int8, scales xd + i * (k / 32)) . weight row j (+ bias[j]), i < m <= 16, j < n
+  // The integer path (vec_quant_dot.h; q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, else null): c[i * rsc + j] = Q8_0
+  // activation row i (xq
+  // + i * k int8, k / 32 scales then k / 32 sums at xd + i * 2 * (k / 32)) . weight row j (+ bias[j]), i < m <= 16,
+  // j < n
   void (*q8dot_rows[kQuantSchemes])(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd,
                                     const uint8_t* w, int64_t rsw, const float* bias, float* c, int64_t rsc) = {};
 };

@@ -79,7 +79,9 @@ VecTable make_table(const char* name) {
 #undef KAEL_QF_KERNELS
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q8_0)] = q8dot_kernel<0>();
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q4_0)] = q8dot_kernel<1>();
+  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q4_1)] = q8dot_kernel<4>();
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_0)] = q8dot_kernel<5>();
+  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_1)] = q8dot_kernel<6>();
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::IQ4_NL)] = q8dot_kernel<7>();
   return t;
 }

@@ -34,8 +34,11 @@ GGML_TYPE = {
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
     "q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "q5_1": gguf.GGMLQuantizationType.Q5_1,
 }
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q5_0": 22, "iq4_nl": 18}
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q5_0": 22, "iq4_nl": 18, "q4_1": 20, "q5_1": 24}
+MINS = ("q4_1", "q5_1")  # value d * q + m: Q8_1 activations
 SCHEMES = tuple(BLOCK_BYTES)
 #: GGML's kvalues_iq4nl: IQ4_NL's 16 levels
 IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
@@ -60,9 +63,10 @@ def roundf(v: np.ndarray) -> np.ndarray:
     return t + np.where(np.abs(v - t) >= F32(0.5), np.sign(v), F32(0)).astype(F32)
 
 
-def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 [m, k] -> int8 values [m, k/32, 32] and float32 scales [m, k/32], as ggml's
-    quantize_row_q8_0_ref (a block holding inf/nan: scale nan, values 0)."""
+def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 [m, k] -> int8 values [m, k/32, 32], float32 scales [m, k/32] and Q8_1 sums
+    [m, k/32], as ggml's quantize_row_q8_0_ref / q8_1_ref (s = float16(float(sum q) * d), d
+    unrounded; a block holding inf/nan: scale and sum nan, values 0)."""
     m, k = x.shape
     xb = x.astype(F32).reshape(m, k // 32, 32)
     finite = np.all(np.isfinite(xb), axis=-1)
@@ -73,43 +77,53 @@ def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q = roundf((np.where(finite[..., None], xb, F32(0)) * inv[..., None]).astype(F32))
     q = np.where(finite[..., None], q, 0).astype(np.int64)
     assert np.all(np.abs(q) <= 127)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         scale = d.astype(np.float16).astype(F32)
-    return q, np.where(finite, scale, F32(np.nan)).astype(F32)
+        sums = (q.sum(axis=-1).astype(F32) * d).astype(F32).astype(np.float16).astype(F32)
+    nan = F32(np.nan)
+    return q, np.where(finite, scale, nan).astype(F32), np.where(finite, sums, nan).astype(F32)
 
 
-def weight_ints(data: np.ndarray, scheme: str, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """uint8 blocks [n, bytes] -> integers [n, k/32, 32] and float32 scales [n, k/32]."""
+def weight_ints(data: np.ndarray, scheme: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint8 blocks [n, bytes] -> integers [n, k/32, 32], float32 scales [n, k/32] and mins
+    [n, k/32] (zero but for q4_1 / q5_1)."""
     n = data.shape[0]
     blocks = np.ascontiguousarray(data).reshape(n, k // 32, BLOCK_BYTES[scheme])
     d = blocks[..., :2].copy().view("<f2")[..., 0].astype(F32)
     if scheme == "q8_0":
         q = blocks[..., 2:].view(np.int8).astype(np.int64)
-    elif scheme == "q5_0":
-        qh = blocks[..., 2:6].copy().view("<u4").astype(np.int64)  # [n, nb, 1]
-        b = blocks[..., 6:].astype(np.int64)
+    elif scheme in ("q5_0", "q5_1"):
+        h0 = 2 if scheme == "q5_0" else 4
+        qh = blocks[..., h0 : h0 + 4].copy().view("<u4").astype(np.int64)  # [n, nb, 1]
+        b = blocks[..., h0 + 4 :].astype(np.int64)
         j = np.arange(16)
         lo = (b & 15) | (((qh >> j) & 1) << 4)
         hi = (b >> 4) | (((qh >> (j + 16)) & 1) << 4)
-        q = np.concatenate([lo, hi], axis=-1) - 16
+        q = np.concatenate([lo, hi], axis=-1) - (16 if scheme == "q5_0" else 0)
+    elif scheme == "q4_1":
+        b = blocks[..., 4:].astype(np.int64)
+        q = np.concatenate([b & 15, b >> 4], axis=-1)
     else:
         b = blocks[..., 2:].astype(np.int64)
         q = np.concatenate([b & 15, b >> 4], axis=-1)
         q = IQ4NL[q] if scheme == "iq4_nl" else q - 8
-    return q, d
+    mins = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(F32) if scheme in MINS else np.zeros_like(d)
+    return q, d, mins
 
 
 def model(x: np.ndarray, data: np.ndarray, bias: np.ndarray | None, scheme: str) -> np.ndarray:
     """The integer path's float32 result [m, n] by NOTE [integer dot order]."""
     m, k = x.shape
     nb = k // 32
-    qx, dx = quantize_act(x)
-    qw, dw = weight_ints(data, scheme, k)
+    qx, dx, sx = quantize_act(x)
+    qw, dw, mw = weight_ints(data, scheme, k)
     isum = np.einsum("ibt,jbt->ijb", qx, qw)  # exact in int64
     assert np.all(np.abs(isum) < 2**24)
     with np.errstate(all="ignore"):
         scale = (dx[:, None, :] * dw[None, :, :]).astype(F32)  # exact
         p = (scale * isum.astype(F32)).astype(F32)
+        if scheme in MINS:
+            p = (p + (sx[:, None, :] * mw[None, :, :]).astype(F32)).astype(F32)
     groups = -(-nb // LANES)
     p = np.concatenate([p, np.zeros((*p.shape[:2], groups * LANES - nb), F32)], axis=-1)
     acc = np.zeros((*p.shape[:2], LANES), F32)
@@ -163,7 +177,7 @@ def test_model_quantizer_matches_gguf() -> None:
     quantizer, the same rounding) on values away from exact half-way cases."""
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((6, 256)) * 3).astype(F32)
-    q, d = quantize_act(x)
+    q, d, _ = quantize_act(x)
     blocks = encode(x, "q8_0").reshape(6, 8, 34)
     np.testing.assert_array_equal(blocks[..., 2:].view(np.int8).astype(np.int64), q)
     np.testing.assert_array_equal(blocks[..., :2].copy().view("<f2")[..., 0].astype(F32), d)
@@ -249,9 +263,9 @@ def test_close_to_the_float_path(cpu: Any, scheme: str, monkeypatch: pytest.Monk
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
     f32 = run(cpu, x, data, None, scheme)
     assert not np.array_equal(q8, f32)
-    qw, dw = weight_ints(data, scheme, k)
-    w = (qw * dw[..., None].astype(np.float64)).reshape(n, k)
-    _, dx = quantize_act(x)
+    qw, dw, mw = weight_ints(data, scheme, k)
+    w = (qw * dw[..., None].astype(np.float64) + mw[..., None]).reshape(n, k)
+    _, dx, _ = quantize_act(x)
     bound = (np.repeat(dx.astype(np.float64), 32, axis=1) / 2) @ np.abs(w).T * 1.01 + 1e-5 * (np.abs(x) @ np.abs(w).T)
     assert np.all(np.abs(q8.astype(np.float64) - f32) <= bound)
 

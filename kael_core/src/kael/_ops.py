@@ -380,7 +380,7 @@ _defs += [
         "out!, x, weight, bias?, scheme: 'q8_0'|'q4_0'|'bf16'|'f16'",
         "out [.., N] = x [.., K] @ dequantize(weight, scheme).T + bias [N]; x, bias, out float32 (accumulated in "
         "float32); weight as for dequantize. A backend's result for a row never depends on how many rows x has. "
-        "Numerics: for q8_0/q4_0 (and q5_0/iq4_nl) weights a backend may quantize x's rows to GGML Q8_0 blocks as llama.cpp does "
+        "Numerics: for q8_0/q4_0 (and q4_1/q5_0/q5_1/iq4_nl) weights a backend may quantize x's rows to GGML Q8_0 blocks as llama.cpp does "
         "and take integer block dot products (the CPU backend does for up to 16 rows unless "
         "KAEL_QUANT_ACTIVATIONS=f32: error about d_x/2 per value, NOTE [integer quantized linear] in its csrc/quant.cpp)",
     ),
