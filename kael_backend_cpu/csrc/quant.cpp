@@ -23,7 +23,8 @@
 // id = d != 0 ? 1 / d : 0, q = roundf(x * id), half-way away from zero; the scale kept is d
 // rounded to float16, as GGML stores it; ggml's x86 SIMD quantizer uses 127 / amax and
 // round-half-even instead and can differ from its reference in the last step of q). A block
-// holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan.
+// holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan; one
+// so small that 1 / d overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16 scale is 0).
 // Q4_1 / Q5_1 weights also use Q8_1's block sum s = float16(float(sum q) * d), as
 // quantize_row_q8_1_ref (same q and d as Q8_0's).
 // The dot products are integer sums per block in the order of NOTE [integer dot order]
@@ -142,7 +143,10 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
     const float id = db != 0.0f ? 1.0f / db : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < 32; ++j) {
-      q[b * 32 + j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+      // |x * id| <= 127 unless 1 / d overflowed (amax < 127 / FLT_MAX: d's float16 is 0 then):
+      // there q = 0 (ggml's cast of inf / nan is undefined)
+      const float v = xb[j] * id;
+      q[b * 32 + j] = static_cast<int8_t>(std::fabs(v) <= 127.5f ? std::roundf(v) : 0.0f);
       sum += q[b * 32 + j];
     }
     d[b] = half_bits_to_float(float_to_half_bits(db));

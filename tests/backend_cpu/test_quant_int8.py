@@ -74,7 +74,8 @@ def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         amax = np.max(np.abs(np.where(finite[..., None], xb, F32(0))), axis=-1).astype(F32)
         d = (amax / F32(127)).astype(F32)
         inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
-        q = roundf((np.where(finite[..., None], xb, F32(0)) * inv[..., None]).astype(F32))
+        v = (np.where(finite[..., None], xb, F32(0)) * inv[..., None]).astype(F32)
+        q = np.where(np.abs(v) <= F32(127.5), roundf(v), F32(0))  # 1/d overflowed: 0
     q = np.where(finite[..., None], q, 0).astype(np.int64)
     assert np.all(np.abs(q) <= 127)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -228,8 +229,9 @@ def test_rows_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> No
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_special_activations(cpu: Any, scheme: str) -> None:
-    """Zeros, all-zero blocks, half-way values, tiny values (float16 scale underflow), huge values
-    (float16 scale overflow: inf), inf and nan: the kernel is the model's bits (nan where it is)."""
+    """Zeros, all-zero blocks, half-way values, tiny values (float16 scale underflow), subnormal
+    blocks (1 / d overflows), huge values (float16 scale overflow: inf), inf and nan: the kernel is
+    the model's bits (nan where it is)."""
     rng = np.random.default_rng(4)
     k, n = 512, 9
     data = encode(rng.standard_normal((n, k)), scheme)
@@ -244,6 +246,7 @@ def test_special_activations(cpu: Any, scheme: str) -> None:
     rows[6] = rng.standard_normal(k)
     rows[6, 300] = np.nan
     rows[7] = rng.standard_normal(k) * 3e6
+    rows[7, 32:64] = rng.standard_normal(32) * 1e-39  # subnormal: 1 / d overflows to inf
     bias = rng.standard_normal(n).astype(F32)
     got = run(cpu, rows, data, bias, scheme)
     assert_bits(got, model(rows, data, bias, scheme))
