@@ -150,6 +150,25 @@ void backward_typed(const View* dx, const View* dweight, const View* dbias, cons
   finish(*dx, out);
 }
 
+template <class T>
+void eval_typed(const View& out, const View& x, const T* mean, const T* var, const T* w, const T* b, double eps) {
+  const Rows r = rows_of(x);
+  const T* xp = x.ptr<T>();
+  T* op = out.ptr<T>();
+  parallel_for(
+      0, r.n * r.c, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, r.s)), [&](int64_t b0, int64_t e0) {
+        for (int64_t t = b0; t < e0; ++t) {
+          const int64_t c = t % r.c;
+          const T scale =
+              static_cast<T>(1.0 / std::sqrt(static_cast<double>(var[c]) + eps)) * (w != nullptr ? w[c] : T(1));
+          const T mu = mean[c], shift = b != nullptr ? b[c] : T(0);
+          const T* row = xp + t * r.s;
+          T* o = op + t * r.s;
+          for (int64_t i = 0; i < r.s; ++i) o[i] = (row[i] - mu) * scale + shift;
+        }
+      });
+}
+
 void check_channels(const char* op, const View* v, int64_t c, const char* name) {
   KAEL_CHECK(v == nullptr || (v->ndim == 1 && v->shape[0] == c), Shape, op, ": ", name, " must be [", c, "]");
 }
@@ -213,6 +232,34 @@ void batch_norm_backward(const View* dx, const View* dweight, const View* dbias,
     backward_typed<float>(dx, dweight, dbias, gv, xv, mv.ptr<float>(), rv.ptr<float>(),
                           weight ? dense(*weight, d, &wk).ptr<float>() : nullptr, d);
   }
+}
+
+void batch_norm_eval(const View& out, const View& x, const View& mean, const View& var, const View* weight,
+                     const View* bias, double eps) {
+  KAEL_CHECK(x.ndim >= 2 && is_floating(x.dtype) && out.dtype == x.dtype && out.ndim == x.ndim, DType,
+             "batch_norm_eval: x must be a float tensor [N, C, ...] and out of its dtype and shape");
+  for (int i = 0; i < x.ndim; ++i) {
+    KAEL_CHECK(out.shape[i] == x.shape[i], Shape, "batch_norm_eval: out must have x's shape");
+  }
+  const int64_t c = x.shape[1];
+  check_channels("batch_norm_eval", &mean, c, "mean");
+  check_channels("batch_norm_eval", &var, c, "var");
+  check_channels("batch_norm_eval", weight, c, "weight");
+  check_channels("batch_norm_eval", bias, c, "bias");
+  KAEL_CHECK(is_floating(mean.dtype) && is_floating(var.dtype), DType, "batch_norm_eval: mean and var must be float");
+  if (x.numel() == 0) return;
+  const DType d = work_dtype(x.dtype);
+  Temp xk, mk, vk, wk, bk, ok;
+  const View xv = dense(x, d, &xk), mv = dense(mean, d, &mk), vv = dense(var, d, &vk), ov = target(out, d, &ok);
+  if (d == DType::Float64) {
+    eval_typed<double>(ov, xv, mv.ptr<double>(), vv.ptr<double>(),
+                       weight ? dense(*weight, d, &wk).ptr<double>() : nullptr,
+                       bias ? dense(*bias, d, &bk).ptr<double>() : nullptr, eps);
+  } else {
+    eval_typed<float>(ov, xv, mv.ptr<float>(), vv.ptr<float>(), weight ? dense(*weight, d, &wk).ptr<float>() : nullptr,
+                      bias ? dense(*bias, d, &bk).ptr<float>() : nullptr, eps);
+  }
+  finish(out, ov);
 }
 
 }  // namespace kael

@@ -17,4 +17,9 @@ void batch_norm(const View& out, const View& mean, const View& rstd, const View&
 void batch_norm_backward(const View* dx, const View* dweight, const View* dbias, const View& grad, const View& x,
                          const View& mean, const View& rstd, const View* weight);
 
+// Eval-mode batch norm with given statistics: out = (x - mean) / sqrt(var + eps) * weight + bias,
+// mean and var [C] of any float dtype (computed in float32; float64 for float64 x).
+void batch_norm_eval(const View& out, const View& x, const View& mean, const View& var, const View* weight,
+                     const View* bias, double eps);
+
 }  // namespace kael

@@ -660,6 +660,22 @@ void bind_fused(py::module_& m) {
     for (const View* ov : {&mu, &r}) u.fix(*ov, a, false);
     batch_norm(o, mu, r, a, hw ? &w : nullptr, hb ? &b : nullptr, eps);
   });
+  m.def("batch_norm_eval", [](py::handle out, py::handle x, py::handle mean, py::handle var, py::handle weight,
+                              py::handle bias, double eps) {
+    const char* n = "batch_norm_eval";
+    View o = parse(out, n, true), a = parse(x, n), mu = parse(mean, n), v = parse(var, n);
+    View w, b;
+    const bool hw = !weight.is_none(), hb = !bias.is_none();
+    if (hw) w = parse(weight, n);
+    if (hb) b = parse(bias, n);
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, true);  // elementwise along x: out may be x itself
+    for (View* in : {&mu, &v}) u.fix(o, *in, false);
+    if (hw) u.fix(o, w, false);
+    if (hb) u.fix(o, b, false);
+    batch_norm_eval(o, a, mu, v, hw ? &w : nullptr, hb ? &b : nullptr, eps);
+  });
   m.def("batch_norm_backward", [](py::handle dx, py::handle dweight, py::handle dbias, py::handle grad, py::handle x,
                                   py::handle mean, py::handle rstd, py::handle weight) {
     const char* n = "batch_norm_backward";

@@ -122,3 +122,25 @@ def test_bad_shapes_raise_kael_errors_naming_the_op() -> None:
         C.batch_norm_backward(
             kael.empty(2, 3, 4), None, None, kael.zeros(2, 3, 5), x, kael.zeros(3), kael.ones(3), None
         )
+
+
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple),
+    dtype=st.sampled_from(["float64", "float32", "float16", "bfloat16"]),
+    affine=st.booleans(),
+    seed=st.integers(0, 99),
+)
+@SETTINGS
+def test_eval_matches_the_host_kernel(shape: tuple[int, ...], dtype: str, affine: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    kd = getattr(kael, dtype)
+    c = shape[1]
+    x = _t(rng.uniform(-2, 2, shape), kd, seed % 3)
+    mean = kael.tensor(rng.standard_normal(c)).to(dtype=kael.float32)  # float32 running stats, any x dtype
+    var = kael.tensor(rng.uniform(0.1, 2, c)).to(dtype=kael.float32)
+    w = _t(rng.uniform(0.5, 1.5, c), kd, 0) if affine else None
+    b = _t(rng.uniform(-1, 1, c), kd, 0) if affine else None
+    got, want = kael.empty(*shape, dtype=kd), kael.empty(*shape, dtype=kd)
+    C.batch_norm_eval(got, x, mean, var, w, b, 1e-3)
+    host.kernel("batch_norm_eval")(want, x, mean, var, w, b, 1e-3)
+    _close(got, want, dtype, "out")

@@ -51,3 +51,28 @@ def test_batch_norm_kernels(emulate: Any, dtype: str, shape: tuple[int, ...]) ->
         np.testing.assert_allclose(
             got.detach().to(dtype=kael.float64).cpu().numpy(), want.detach().numpy(), rtol=tol, atol=tol * 10
         )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_batch_norm_eval_kernel(emulate: Any, dtype: str) -> None:
+    assert "batch_norm_eval" in emulate.supported_ops()
+    rng = np.random.default_rng(1)
+    x, w, b = rng.uniform(-2, 2, (2, 3, 4, 5)), rng.uniform(0.5, 1.5, 3), rng.uniform(-1, 1, 3)
+    rm, rv = rng.standard_normal(3), rng.uniform(0.5, 2, 3)
+    kd = getattr(kael, dtype)
+    sd = kael.float64 if dtype == "float64" else kael.float32
+    xt = kael.tensor(x, dtype=kd, device="cuda")
+    args = [kael.tensor(v, dtype=kd, device="cuda") for v in (w, b)]
+    stats = [kael.tensor(v, dtype=sd, device="cuda") for v in (rm, rv)]
+    seen: list[str] = []
+    kael.backends.dispatch.set_kernel_wrapper(lambda dev, op, bk, k: _record(seen, op, k))
+    try:
+        y = F.batch_norm(xt, stats[0], stats[1], args[0], args[1], training=False, eps=1e-3)
+    finally:
+        kael.backends.dispatch.set_kernel_wrapper(None)
+    assert "batch_norm_eval" in seen, seen
+    xr = kael.tensor(x, dtype=kd).to(dtype=kael.float64).numpy()
+    wr, br = (kael.tensor(v, dtype=kd).to(dtype=kael.float64).numpy() for v in (w, b))
+    want = (xr - rm[:, None, None]) / np.sqrt(rv[:, None, None] + 1e-3) * wr[:, None, None] + br[:, None, None]
+    tol = max(TOL[dtype], 1e-6)
+    np.testing.assert_allclose(y.to(dtype=kael.float64).cpu().numpy(), want, rtol=tol, atol=tol * 10)

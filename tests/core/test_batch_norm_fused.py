@@ -166,3 +166,35 @@ def test_bad_arguments_raise_kael_errors() -> None:
         F.batch_norm(kael.zeros(2, 3), None, None, kael.ones(4), training=True)
     with pytest.raises(kael.DTypeError, match="batch_norm: weight and bias must have input's dtype"):
         F.batch_norm(kael.zeros(2, 3), None, None, kael.ones(3, dtype=kael.float64), training=True)
+
+
+def test_eval_mode_runs_batch_norm_eval_with_torch_gradients(mode: str) -> None:
+    rng = np.random.default_rng(5)
+    km, tm = _pair(3, 4, 0.1, 1e-3, True)
+    with kael.no_grad():
+        km.running_mean.copy_(kael.tensor(rng.standard_normal(3)))
+        km.running_var.copy_(kael.tensor(rng.uniform(0.5, 2, 3)))
+    tm.running_mean.copy_(torch.tensor(km.running_mean.numpy()))
+    tm.running_var.copy_(torch.tensor(km.running_var.numpy()))
+    km.eval()
+    tm.eval()
+    x, g = rng.standard_normal((2, 3, 4, 4)), rng.standard_normal((2, 3, 4, 4))
+    kx, tx = kael.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    seen: list[str] = []
+    kael.backends.dispatch.set_kernel_wrapper(lambda dev, op, bk, k: _record(seen, op, k))
+    try:
+        y = km(kx)
+    finally:
+        kael.backends.dispatch.set_kernel_wrapper(None)
+    fused = "batch_norm_eval" in kael.backends.current("cpu").supported_ops()
+    assert ("batch_norm_eval" in seen) == fused, seen
+    ty = tm(tx)
+    y.backward(kael.tensor(g))
+    ty.backward(torch.tensor(g))
+    np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for a, b in ((kx, tx), (km.weight, tm.weight), (km.bias, tm.bias)):
+        np.testing.assert_allclose(_grad(a), _grad(b), rtol=1e-10, atol=1e-12)
+    w = kael.tensor(rng.uniform(0.5, 1.5, 3), requires_grad=True)
+    b = kael.tensor(rng.standard_normal(3), requires_grad=True)
+    rm, rv = km.running_mean, km.running_var
+    assert gradcheck(lambda x, w, b: F.batch_norm(x, rm, rv, w, b, training=False), [kx, w, b])

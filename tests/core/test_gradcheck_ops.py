@@ -527,6 +527,7 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "max_pool2d_backward",
         "batch_norm",
         "batch_norm_backward",
+        "batch_norm_eval",  # through F.batch_norm(training=False): tests/core/test_batch_norm_fused.py
     }
     not_differentiable = {"adamw_step"}  # an optimizer update (checked against torch in test_optim.py)
     # float32-only weight-format ops: dequantize has no autograd (weights are data); quantized_linear's

@@ -3,7 +3,8 @@
 Per-channel statistics are CuPy reductions over x viewed [N, C, S] (axes 0 and 2, on
 the device, no host round trip), accumulated in float64 for float32 and 16-bit inputs as
 the CPU kernels do; the normalisation and the closed-form backward are CuPy elementwise
-expressions over the same view. Under emulation (NOTE [host emulation] in ``_xp``)
+expressions over the same view (``batch_norm_eval`` too, with given statistics). Under
+emulation (NOTE [host emulation] in ``_xp``)
 ``X.xp`` is NumPy and the same code runs on the host.
 """
 
@@ -66,5 +67,21 @@ def batch_norm_backward(
         wr(dx, (_col(k) * (g - _col(sg / m) - xhat * _col(sgx / m))).reshape(dx.shape))
 
 
-_PLAIN: dict[str, Callable[..., None]] = {"batch_norm": batch_norm, "batch_norm_backward": batch_norm_backward}
+def batch_norm_eval(out: Any, x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> None:
+    if x.numel() == 0:
+        return
+    cd = compute_dtype(x)
+    scale = 1.0 / X.xp.sqrt(rd(var).astype(np.float64) + eps)
+    if weight is not None:
+        scale = scale * rd(weight).astype(np.float64)
+    shift = rd(bias).astype(cd) if bias is not None else X.xp.zeros(x.shape[1], cd)
+    y = (_rows(x, cd) - _col(rd(mean).astype(cd))) * _col(scale.astype(cd)) + _col(shift)
+    wr(out, y.reshape(out.shape))
+
+
+_PLAIN: dict[str, Callable[..., None]] = {
+    "batch_norm": batch_norm,
+    "batch_norm_backward": batch_norm_backward,
+    "batch_norm_eval": batch_norm_eval,
+}
 KERNELS: dict[str, Callable[..., None]] = {name: quiet(k) for name, k in _PLAIN.items()}

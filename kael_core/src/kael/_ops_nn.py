@@ -51,6 +51,13 @@ NN_OPS: list[tuple[str, str, str, str]] = [
         "but 1, rstd = 1/sqrt(biased variance + eps); out = (x - mean) * rstd * weight + bias",
     ),
     (
+        "batch_norm_eval",
+        "fused",
+        "out!, x, mean, var, weight?, bias?, eps: float",
+        "eval-mode batch norm of x [N,C,*S] with given statistics mean, var [C] (any float dtype, e.g. the running "
+        "ones): out = (x - mean) / sqrt(var + eps) * weight + bias, computed in float32 (float64 for float64 x)",
+    ),
+    (
         "batch_norm_backward",
         "fused",
         "dx!?, dweight!?, dbias!?, grad, x, mean, rstd, weight?",

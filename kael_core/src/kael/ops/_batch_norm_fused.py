@@ -9,8 +9,8 @@ statistics. Their decompositions below use primitives only (sums over the traili
 then the batch dim, as ``channel_sum`` does), computing in the statistics' dtype and
 rounding once to x's dtype. ``kael.nn.functional.batch_norm`` runs the op in training
 mode (and in eval mode without running statistics) and updates the running statistics
-from the returned mean and rstd (var = 1/rstd^2 - eps); eval mode with running statistics
-stays an elementwise composition.
+from the returned mean and rstd (var = 1/rstd^2 - eps); in eval mode with running statistics
+it runs ``batch_norm_eval`` (whose backward treats the statistics as constants).
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ from ._pointwise import binary, unary
 from ._reduce import reduce_op
 from ._views import reshape_nograd
 
-__all__ = ["batch_norm_train", "batch_norm_decomp", "batch_norm_backward_decomp", "BatchNorm"]
+__all__ = [
+    "batch_norm_train",
+    "batch_norm_eval",
+    "batch_norm_decomp",
+    "batch_norm_backward_decomp",
+    "batch_norm_eval_decomp",
+    "BatchNorm",
+    "BatchNormEval",
+]
 
 
 def _stat(d: dt.DType) -> dt.DType:
@@ -82,8 +90,23 @@ def batch_norm_backward_decomp(
     return dx, cast(reshape_nograd(sgx, (c,)), wd), cast(reshape_nograd(sg, (c,)), wd)
 
 
+def batch_norm_eval_decomp(
+    x: Tensor, mean: Tensor, var: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias with given statistics [C], composed of primitives."""
+    st = _stat(x.dtype)
+    r = unary("rsqrt", binary("add", _as_channel(cast(var, st), x.ndim), float(eps)))
+    y = binary("mul", binary("sub", cast(x, st), _as_channel(cast(mean, st), x.ndim)), r)
+    if weight is not None:
+        y = binary("mul", y, _as_channel(cast(weight, st), x.ndim))
+    if bias is not None:
+        y = binary("add", y, _as_channel(cast(bias, st), x.ndim))
+    return cast(y, x.dtype)
+
+
 decompositions["batch_norm"] = batch_norm_decomp
 decompositions["batch_norm_backward"] = batch_norm_backward_decomp
+decompositions["batch_norm_eval"] = batch_norm_eval_decomp
 
 
 class BatchNorm(Function):
@@ -132,3 +155,50 @@ def batch_norm_train(
     stats: list[tuple[Tensor, Tensor]] = []
     out = BatchNorm.apply(x, weight, bias, float(eps), stats)
     return out, stats[0][0], stats[0][1]
+
+
+class BatchNormEval(Function):
+    """out = batch_norm_eval(x, mean, var, weight, bias) (the ``batch_norm_eval`` op); the statistics are
+    constants, so dx = g * weight / sqrt(var + eps), dweight = sum(g * xhat), dbias = sum(g) (per channel),
+    written with primitives."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, w: Tensor | None, b: Tensor | None, mean: Tensor, var: Tensor, eps: float
+    ) -> Tensor:
+        k = _dispatch.fused_kernel(x.device.type, "batch_norm_eval")
+        if k is None or x.numel() == 0:
+            out = batch_norm_eval_decomp(x, mean, var, w, b, eps)
+        else:
+            out = empty(x.shape, x.dtype, x.device)
+            k(out, x, mean, var, w, b, eps)
+        ctx.save_for_backward(x, w, mean, var)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Any:
+        x, w, mean, var = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        st = _stat(x.dtype)
+        c = (x.shape[1],)
+        r = unary("rsqrt", binary("add", _as_channel(cast(var, st), x.ndim), ctx.eps))
+        gf = cast(g, st)
+        dx = dw = db = None
+        if need[0]:
+            dx = cast(
+                binary("mul", gf, r if w is None else binary("mul", r, _as_channel(cast(w, st), x.ndim))), x.dtype
+            )
+        if w is not None and need[1]:
+            xhat = binary("mul", binary("sub", cast(x, st), _as_channel(cast(mean, st), x.ndim)), r)
+            dw = cast(reshape_nograd(_channel_sum(binary("mul", gf, xhat)), c), w.dtype)
+        if need[2]:
+            db = cast(reshape_nograd(_channel_sum(gf), c), x.dtype)
+        return dx, dw, db, None, None, None
+
+
+def batch_norm_eval(
+    x: Tensor, mean: Tensor, var: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> Tensor:
+    """Eval-mode batch norm of checked x [N, C, *S] with statistics mean, var [C] (NOTE [batch_norm fused op])."""
+    return BatchNormEval.apply(x, weight, bias, mean, var, float(eps))  # type: ignore[no-any-return]

@@ -2,7 +2,8 @@
 
 Statistics per channel (dim 1) over every other dim of x [N, C, *S], computed in float64:
 mean, the biased variance, rstd = 1/sqrt(var + eps); out = (x - mean) * rstd * weight +
-bias. The backward is the closed form through the batch statistics (see the catalogue).
+bias. The backward is the closed form through the batch statistics (see the catalogue);
+``batch_norm_eval`` normalises with given (running) statistics.
 """
 
 from __future__ import annotations
@@ -59,4 +60,20 @@ def batch_norm_backward(
         wr(dx, k * (g - _channel(sg / max(m, 1), v.ndim) - xhat * _channel(sgx / max(m, 1), v.ndim)))
 
 
-KERNELS: dict[str, Callable[..., None]] = {"batch_norm": batch_norm, "batch_norm_backward": batch_norm_backward}
+def batch_norm_eval(out: Any, x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> None:
+    v = rd(x).astype(np.float64)
+    y = (v - _channel(rd(mean).astype(np.float64), v.ndim)) / np.sqrt(
+        _channel(rd(var).astype(np.float64), v.ndim) + eps
+    )
+    if weight is not None:
+        y = y * _channel(rd(weight).astype(np.float64), v.ndim)
+    if bias is not None:
+        y = y + _channel(rd(bias).astype(np.float64), v.ndim)
+    wr(out, y)
+
+
+KERNELS: dict[str, Callable[..., None]] = {
+    "batch_norm": batch_norm,
+    "batch_norm_backward": batch_norm_backward,
+    "batch_norm_eval": batch_norm_eval,
+}

@@ -1,6 +1,6 @@
 """The normalisation functions of kael.nn.functional: batch_norm, instance_norm and group_norm.
 
-batch_norm in training mode runs the batch_norm fused op (NOTE [batch_norm fused op]); the
+batch_norm runs the batch_norm (training) and batch_norm_eval fused ops (NOTE [batch_norm fused op]); the
 rest is written with kael's differentiable ops (means over the normalised dims, the biased
 variance for normalising, the unbiased one for running statistics, as PyTorch does).
 Running statistics are updated in place with gradient recording off.
@@ -14,7 +14,7 @@ from ... import ops
 from ..._errors import DTypeError, ShapeError
 from ..._tensor import Tensor
 from ...autograd._grad_mode import no_grad
-from ...ops._batch_norm_fused import batch_norm_train
+from ...ops._batch_norm_fused import batch_norm_eval, batch_norm_train
 
 __all__ = ["batch_norm", "instance_norm", "group_norm"]
 
@@ -85,7 +85,10 @@ def batch_norm(
             _update(running_mean, mean, momentum)
             _update(running_var, ops.mul(var, count / max(count - 1, 1)), momentum)
         return out
-    return _normalize(x, rm.to(dtype=x.dtype), rv.to(dtype=x.dtype), eps, w, b)
+    if (w is not None and w.dtype is not x.dtype) or (b is not None and b.dtype is not x.dtype):
+        raise DTypeError(f"{op}: weight and bias must have input's dtype {x.dtype!r}")
+    assert running_mean is not None and running_var is not None
+    return batch_norm_eval(x, running_mean.detach(), running_var.detach(), weight, bias, eps)
 
 
 def instance_norm(

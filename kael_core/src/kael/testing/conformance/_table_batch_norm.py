@@ -1,4 +1,4 @@
-"""Table rows for the batch normalisation fused ops: batch_norm and batch_norm_backward (training mode).
+"""Table rows for the batch normalisation fused ops: batch_norm, batch_norm_backward (training) and batch_norm_eval.
 
 Shapes cover [N, C] (BatchNorm1d), [N, C, L] and [N, C, H, W], with and without the affine
 weight and bias, a channel whose values are constant (variance 0, so eps alone keeps
@@ -82,7 +82,22 @@ def _batch_norm_backward(d: dt.DType) -> dict[str, Builder]:
     return {name: mk(shape, lx, affine) for name, (shape, lx, affine) in _SPECS.items()}
 
 
+def _batch_norm_eval(d: dt.DType) -> dict[str, Builder]:
+    def mk(shape: tuple[int, ...], lx: str, affine: bool) -> Builder:
+        def build(rng: np.random.Generator) -> Call:
+            c, st = shape[1], _stat(d)  # running statistics kept in float32 for 16-bit inputs, as PyTorch does
+            w = operand(rng, (c,), d, "contiguous", _kind(d)) if affine else None
+            b = operand(rng, (c,), d, "contiguous", _kind(d)) if affine else None
+            mean, var = Operand(vals(rng, (c,), st), st), Operand(vals(rng, (c,), st, "positive"), st, "strided")
+            return Call([Out(shape, d), Operand(_x(rng, shape, d, False), d, lx), mean, var, w, b, 1e-3])
+
+        return build
+
+    return {name: mk(shape, lx, affine) for name, (shape, lx, affine) in _SPECS.items()}
+
+
 BATCH_NORM_BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DType, ...]]] = {
     "batch_norm": (_batch_norm, FLOATS),
     "batch_norm_backward": (_batch_norm_backward, FLOATS),
+    "batch_norm_eval": (_batch_norm_eval, FLOATS),
 }
