@@ -29,7 +29,10 @@
 // quantize_row_q8_1_ref (same q and d as Q8_0's).
 // The dot products are integer sums per block in the order of NOTE [integer dot order]
 // (vec_quant_dot.h). KAEL_QUANT_ACTIVATIONS=f32 selects the float32-activation path above
-// (the conformance reference), =q8 the integer one; it is read at every call.
+// (the conformance reference), =q8 the integer one; it is read at every call. M > 16 (prefill)
+// keeps float32 activations (the integer kernels measured 1.3-1.8x slower than the packed GEMM
+// there; an int8 GEMM is issue 29's point 4), so a prompt's rows differ from the same rows
+// decoded by the activation rounding (up to d_x / 2 a value), not only in the last bits.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>

@@ -6,10 +6,10 @@
 // NOTE [integer dot order]: for each 32-value block b, isum_b = sum of q_w * q_x in int32
 // (exact: |isum| <= 32 * 128 * 127); its product p_b = (d_w * d_x) * float(isum_b) in float32
 // (d_w * d_x is exact: two 11-bit significands; one rounding for the second product, never
-// fused into the add); q4_1 / q5_1 (value d_w * q + m_w) then p_b = p_b + m_w * s_x, s_x the
-// activation block's Q8_1 sum (d_x * sum q_x as GGML rounds it), each product rounded apart. p_b is added into lane b %
-// 8 of eight float32 accumulators starting at +0, blocks in order (blocks past the row's end, up to a multiple of 8,
-// add +0); then
+// fused into the add); for q4_1 / q5_1 (value d_w * q + m_w) then p_b = p_b + m_w * s_x, s_x
+// the activation block's Q8_1 sum (d_x * sum q_x as GGML rounds it), each product rounded
+// apart. p_b is added into lane b % 8 of eight float32 accumulators starting at +0, blocks in
+// order (blocks past the row's end, up to a multiple of 8, add +0); then
 // ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), then the bias. Every table computes exactly
 // this, so results are the same bits on every ISA, thread count and number of rows.
 // Pasted inside the per-ISA namespace by vec_table.h: no includes.
@@ -308,8 +308,8 @@ __attribute__((target("avx512vnni"), flatten)) void q8dot_rows_vnni(int64_t m, i
 }
 #endif
 
-// The table's integer kernel for format F (0 q8_0, 1 q4_0, 4 q4_1, 5 q5_0, 6 q5_1, 7 iq4_nl): VNNI where this table and
-// the CPU have it, else AVX2's maddubs, else the portable loop.
+// The table's integer kernel for format F (0 q8_0, 1 q4_0, 4 q4_1, 5 q5_0, 6 q5_1, 7 iq4_nl):
+// VNNI where this table and the CPU have it, else AVX2's maddubs, else the portable loop.
 template <int F>
 auto q8dot_kernel() -> void (*)(int64_t, int64_t, int64_t, const int8_t*, const float*, const uint8_t*, int64_t,
                                 const float*, float*, int64_t) {
