@@ -638,6 +638,20 @@ void bind_fused(py::module_& m) {
     py::gil_scoped_release nogil;
     max_pool2d(o, i, a, kernel, stride, padding, dilation);  // writes out and indices last, from scratch
   });
+  m.def("avg_pool2d", [](py::handle out, py::handle x, py::handle divisors, std::array<int64_t, 2> kernel,
+                         std::array<int64_t, 2> stride, std::array<int64_t, 2> padding) {
+    View o = parse(out, "avg_pool2d", true), a = parse(x, "avg_pool2d"), d = parse(divisors, "avg_pool2d");
+    py::gil_scoped_release nogil;
+    avg_pool2d(o, a, d, kernel, stride, padding);  // reads into scratch, writes out last
+  });
+  m.def("avg_pool2d_backward",
+        [](py::handle dx, py::handle grad, py::handle divisors, std::array<int64_t, 2> /*size*/,
+           std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride, std::array<int64_t, 2> padding) {
+          View o = parse(dx, "avg_pool2d_backward", true), g = parse(grad, "avg_pool2d_backward"),
+               d = parse(divisors, "avg_pool2d_backward");
+          py::gil_scoped_release nogil;
+          avg_pool2d_backward(o, g, d, kernel, stride, padding);
+        });
   m.def("max_pool2d_backward", [](py::handle dx, py::handle grad, py::handle indices, std::array<int64_t, 2>,
                                   std::array<int64_t, 2>, std::array<int64_t, 2>, std::array<int64_t, 2>,
                                   std::array<int64_t, 2> /*size and window: the shapes carry what it needs*/) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "buffer.h"
 #include "check.h"
@@ -141,6 +142,104 @@ void max_pool2d_backward(const View& dx, const View& grad, const View& indices) 
     backward_typed<double>(dt.view.ptr<double>(), gk.view.ptr<double>(), ip, planes, hw, po);
   } else {
     backward_typed<float>(dt.view.ptr<float>(), gk.view.ptr<float>(), ip, planes, hw, po);
+  }
+  copy(dx, dt.view);
+}
+
+namespace {
+
+void check_avg(const char* op, const View& big, const View& small, const View& div, std::array<int64_t, 2> k,
+               std::array<int64_t, 2> s, std::array<int64_t, 2> p) {
+  KAEL_CHECK(big.ndim == 4 && small.ndim == 4 && div.ndim == 2, Shape, op,
+             ": expected 4-d x/dx [N,C,H,W], 4-d out/grad [N,C,OH,OW] and divisors [OH,OW]");
+  KAEL_CHECK(is_floating(big.dtype) && small.dtype == big.dtype && is_floating(div.dtype), DType, op,
+             ": x/dx and out/grad must share a float dtype, divisors be float");
+  KAEL_CHECK(k[0] >= 1 && k[1] >= 1 && s[0] >= 1 && s[1] >= 1 && p[0] >= 0 && p[1] >= 0, Shape, op,
+             ": kernel and stride must be >= 1, padding >= 0");
+  KAEL_CHECK(big.shape[0] == small.shape[0] && big.shape[1] == small.shape[1] && div.shape[0] == small.shape[2] &&
+                 div.shape[1] == small.shape[3],
+             Shape, op, ": out/grad must be [N, C, OH, OW] with divisors [OH, OW]");
+}
+
+}  // namespace
+
+void avg_pool2d(const View& out, const View& x, const View& divisors, std::array<int64_t, 2> kernel,
+                std::array<int64_t, 2> stride, std::array<int64_t, 2> padding) {
+  check_avg("avg_pool2d", x, out, divisors, kernel, stride, padding);
+  if (out.numel() == 0) return;
+  const DType wd = work_dtype(x.dtype);
+  Temp xk = to_contiguous(x, wd), dk = to_contiguous(divisors, DType::Float64), ot = make_temp(wd, out.shape, 4);
+  const int64_t planes = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3];
+  const int64_t oh = out.shape[2], ow = out.shape[3];
+  const double* dv = dk.view.ptr<double>();
+  auto run = [&](auto* op, const auto* xp) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    parallel_for(0, planes, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, oh * ow * kernel[0] * kernel[1])),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t pl = b; pl < e; ++pl) {
+                     const T* src = xp + pl * h * w;
+                     for (int64_t oy = 0; oy < oh; ++oy) {
+                       for (int64_t ox = 0; ox < ow; ++ox) {
+                         double acc = 0;
+                         for (int64_t i = 0; i < kernel[0]; ++i) {
+                           const int64_t iy = oy * stride[0] - padding[0] + i;
+                           if (iy < 0 || iy >= h) continue;
+                           for (int64_t j = 0; j < kernel[1]; ++j) {
+                             const int64_t jx = ox * stride[1] - padding[1] + j;
+                             if (jx >= 0 && jx < w) acc += static_cast<double>(src[iy * w + jx]);
+                           }
+                         }
+                         op[(pl * oh + oy) * ow + ox] = static_cast<T>(acc / dv[oy * ow + ox]);
+                       }
+                     }
+                   }
+                 });
+  };
+  if (wd == DType::Float64) {
+    run(ot.view.ptr<double>(), xk.view.ptr<const double>());
+  } else {
+    run(ot.view.ptr<float>(), xk.view.ptr<const float>());
+  }
+  copy(out, ot.view);
+}
+
+void avg_pool2d_backward(const View& dx, const View& grad, const View& divisors, std::array<int64_t, 2> kernel,
+                         std::array<int64_t, 2> stride, std::array<int64_t, 2> padding) {
+  check_avg("avg_pool2d_backward", dx, grad, divisors, kernel, stride, padding);
+  if (dx.numel() == 0) return;
+  const DType wd = work_dtype(dx.dtype);
+  Temp gk = to_contiguous(grad, wd), dk = to_contiguous(divisors, DType::Float64), dt = make_temp(wd, dx.shape, 4);
+  const int64_t planes = dx.shape[0] * dx.shape[1], h = dx.shape[2], w = dx.shape[3];
+  const int64_t oh = grad.shape[2], ow = grad.shape[3];
+  const double* dv = dk.view.ptr<double>();
+  auto run = [&](auto* dp, const auto* gp) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(gp)>>;
+    parallel_for(0, planes, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, oh * ow * kernel[0] * kernel[1])),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t pl = b; pl < e; ++pl) {
+                     T* d = dp + pl * h * w;
+                     std::memset(d, 0, static_cast<size_t>(h * w) * sizeof(T));
+                     const T* g = gp + pl * oh * ow;
+                     for (int64_t oy = 0; oy < oh; ++oy) {
+                       for (int64_t ox = 0; ox < ow; ++ox) {
+                         const T v = static_cast<T>(static_cast<double>(g[oy * ow + ox]) / dv[oy * ow + ox]);
+                         for (int64_t i = 0; i < kernel[0]; ++i) {
+                           const int64_t iy = oy * stride[0] - padding[0] + i;
+                           if (iy < 0 || iy >= h) continue;
+                           for (int64_t j = 0; j < kernel[1]; ++j) {
+                             const int64_t jx = ox * stride[1] - padding[1] + j;
+                             if (jx >= 0 && jx < w) d[iy * w + jx] += v;
+                           }
+                         }
+                       }
+                     }
+                   }
+                 });
+  };
+  if (wd == DType::Float64) {
+    run(dt.view.ptr<double>(), gk.view.ptr<const double>());
+  } else {
+    run(dt.view.ptr<float>(), gk.view.ptr<const float>());
   }
   copy(dx, dt.view);
 }

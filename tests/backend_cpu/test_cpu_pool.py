@@ -114,3 +114,36 @@ def test_bad_input_raises_kael_errors_naming_the_op() -> None:
     idx = kael.tensor(np.full((1, 2, 2, 2), 16, dtype=np.int64))
     with pytest.raises(kael.IndexError_, match="max_pool2d_backward: index 16 is outside a plane of 16 elements"):
         C.max_pool2d_backward(x, kael.zeros(1, 2, 2, 2), idx, (4, 4), (2, 2), (2, 2), (0, 0), (1, 1))
+
+
+@given(geo=windows(), dtype=st.sampled_from(["float64", "float32", "float16", "bfloat16"]), seed=st.integers(0, 99))
+@SETTINGS
+def test_avg_pool_matches_the_host_kernels(geo: dict[str, Any], dtype: str, seed: int) -> None:
+    k, s, p, _, _ = geo["args"]
+    x_shape = geo["x"]
+    out = (
+        x_shape[0],
+        x_shape[1],
+        _out_len(x_shape[2], k[0], s[0], p[0], 1, False),
+        _out_len(x_shape[3], k[1], s[1], p[1], 1, False),
+    )
+    if min(out) <= 0 and out[0] != 0:
+        return
+    rng = np.random.default_rng(seed)
+    kd = getattr(kael, dtype)
+    xt = _t(rng.uniform(-2, 2, x_shape), kd, seed % 2 == 1)
+    div = kael.tensor(rng.integers(1, 9, out[2:]).astype(np.float64))
+    got, want = kael.empty(*out, dtype=kd), kael.empty(*out, dtype=kd)
+    C.avg_pool2d(got, xt, div, k, s, p)
+    host.kernel("avg_pool2d")(want, xt, div, k, s, p)
+    tol = 1e-2 if dtype in ("float16", "bfloat16") else 1e-6 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(
+        got.to(dtype=kael.float64).numpy(), want.to(dtype=kael.float64).numpy(), rtol=tol, atol=tol
+    )
+    g = _t(rng.uniform(-1, 1, out), kd, seed % 3 == 0)
+    dx, dwant = kael.empty(*x_shape, dtype=kd), kael.empty(*x_shape, dtype=kd)
+    C.avg_pool2d_backward(dx, g, div, x_shape[2:], k, s, p)
+    host.kernel("avg_pool2d_backward")(dwant, g, div, x_shape[2:], k, s, p)
+    np.testing.assert_allclose(
+        dx.to(dtype=kael.float64).numpy(), dwant.to(dtype=kael.float64).numpy(), rtol=tol, atol=tol
+    )

@@ -44,3 +44,30 @@ def test_max_pool2d_kernels(emulate: Any, dtype: str, args: tuple[Any, ...]) -> 
     np.testing.assert_array_equal(y.detach().to(dtype=kael.float64).cpu().numpy(), ty.detach().numpy())
     np.testing.assert_array_equal(i.cpu().numpy(), ti.numpy())
     np.testing.assert_allclose(xt.grad.to(dtype=kael.float64).cpu().numpy(), tx.grad.numpy(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize(
+    "args", [(2, 2, 0, False, True, None), (3, 2, 1, True, False, None), ((3, 2), (2, 1), (1, 0), True, True, 5)]
+)
+def test_avg_pool2d_kernels(emulate: Any, dtype: str, args: tuple[Any, ...]) -> None:
+    assert {"avg_pool2d", "avg_pool2d_backward"} <= set(emulate.supported_ops())
+    rng = np.random.default_rng(1)
+    kd = getattr(kael, dtype)
+    x = kael.tensor(rng.uniform(-1, 1, (2, 3, 7, 6)), dtype=kd).to(dtype=kael.float64).numpy()  # values of kd
+    xt = kael.tensor(x, dtype=kd, device="cuda", requires_grad=True)
+    seen: list[str] = []
+    kael.backends.dispatch.set_kernel_wrapper(lambda dev, op, b, k: _record(seen, op, k))
+    try:
+        y = F.avg_pool2d(xt, *args)
+        y.sum().backward()
+    finally:
+        kael.backends.dispatch.set_kernel_wrapper(None)
+    assert "avg_pool2d" in seen and "avg_pool2d_backward" in seen, seen
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.avg_pool2d(tx, *args)
+    ty.sum().backward()
+    assert xt.grad is not None and tx.grad is not None
+    tol = 2e-3 if dtype == "float16" else 1e-6
+    np.testing.assert_allclose(y.detach().to(dtype=kael.float64).cpu().numpy(), ty.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(xt.grad.to(dtype=kael.float64).cpu().numpy(), tx.grad.numpy(), rtol=tol, atol=tol)

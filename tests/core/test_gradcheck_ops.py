@@ -525,6 +525,8 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "conv2d_backward",  # conv2d's backward: the conv2d cases run it
         "max_pool2d",
         "max_pool2d_backward",
+        "avg_pool2d",  # through F.avg_pool1d/2d: tests/core/test_nn_pooling.py gradchecks, test_pool_fused.py
+        "avg_pool2d_backward",
         "batch_norm",
         "batch_norm_backward",
         "batch_norm_eval",  # through F.batch_norm(training=False): tests/core/test_batch_norm_fused.py

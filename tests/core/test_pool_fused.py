@@ -157,3 +157,63 @@ def test_bad_arguments_raise_kael_errors_naming_them() -> None:
         F.max_pool2d(x, 2, stride=-1)
     with pytest.raises(kael.DTypeError, match="max_pool2d: input must be a floating-point tensor"):
         F.max_pool2d(kael.zeros(1, 2, 5, 5, dtype=kael.int64), 2)
+
+
+@st.composite
+def avg_cases(draw: Any) -> dict[str, Any]:
+    k = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    p = (draw(st.integers(0, k[0] // 2)), draw(st.integers(0, k[1] // 2)))
+    s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    h, w = draw(st.integers(max(1, k[0] - 2 * p[0]), 8)), draw(st.integers(max(1, k[1] - 2 * p[1]), 8))
+    override = draw(st.sampled_from([None, None, 3]))
+    return {
+        "x": (draw(st.integers(1, 3)), draw(st.integers(1, 3)), h, w),
+        "args": (k, s, p, draw(st.booleans()), draw(st.booleans()), override),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+@given(case=avg_cases())
+@settings(max_examples=40, deadline=None)
+def test_avg_pool2d_matches_torch(case: dict[str, Any]) -> None:
+    rng = np.random.default_rng(case["seed"])
+    x = rng.standard_normal(case["x"])
+    tx, kx = torch.tensor(x, requires_grad=True), kael.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.avg_pool2d(tx, *case["args"])
+    y = F.avg_pool2d(kx, *case["args"])
+    g = rng.standard_normal(tuple(ty.shape))
+    ty.backward(torch.tensor(g))
+    y.backward(kael.tensor(g))
+    np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(_grad(kx), _grad(tx), rtol=1e-12, atol=1e-12)
+
+
+def test_avg_pool_runs_the_fused_ops_in_2d_and_1d(mode: str) -> None:
+    rng = np.random.default_rng(3)
+    fused = "avg_pool2d" in kael.backends.current("cpu").supported_ops()
+    assert not (mode == "decomposition" and fused)
+    for kx, run, ref in (
+        (
+            kael.tensor(rng.standard_normal((2, 3, 7, 6)), requires_grad=True),
+            lambda t: F.avg_pool2d(t, 3, 2, 1, True, False),
+            lambda t: torch.nn.functional.avg_pool2d(t, 3, 2, 1, True, False),
+        ),
+        (
+            kael.tensor(rng.standard_normal((2, 3, 9)), requires_grad=True),
+            lambda t: F.avg_pool1d(t, 3, 2, 1),
+            lambda t: torch.nn.functional.avg_pool1d(t, 3, 2, 1),
+        ),
+    ):
+        seen: list[str] = []
+        kael.backends.dispatch.set_kernel_wrapper(lambda dev, op, b, k: _record(seen, op, k))
+        try:
+            y = run(kx)
+            y.sum().backward()
+        finally:
+            kael.backends.dispatch.set_kernel_wrapper(None)
+        assert ("avg_pool2d" in seen and "avg_pool2d_backward" in seen) == fused, seen
+        tx = torch.tensor(kx.detach().numpy(), requires_grad=True)
+        ty = ref(tx)
+        ty.sum().backward()
+        np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(_grad(kx), _grad(tx), rtol=1e-12, atol=1e-12)

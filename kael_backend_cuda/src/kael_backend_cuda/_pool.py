@@ -6,6 +6,9 @@ the flat index ``h*W + w`` in the plane. ``pool_max2d_backward`` gives each inpu
 one thread that visits the output positions whose window can reach it and adds the
 gradients whose index names it: no atomics, so the result is deterministic. 16-bit floats
 compute in float32. Under emulation (NOTE [host emulation] in ``_xp``) both run NumPy twins.
+``avg_pool2d`` (NOTE [avg_pool2d fused op]) is CuPy array code: the K strided slices of the
+zero-padded input summed on the device, divided by the frontend's divisor table; its
+backward adds grad / divisor into the same slices.
 """
 
 from __future__ import annotations
@@ -199,5 +202,58 @@ def max_pool2d_backward(
     wr(dx, d.reshape(dx.shape))
 
 
-_PLAIN: dict[str, Callable[..., None]] = {"max_pool2d": max_pool2d, "max_pool2d_backward": max_pool2d_backward}
+def _padded(n: int, c: int, size: Any, out: Any, kernel: Any, stride: Any, padding: Any, dtype: Any) -> Any:
+    return X.xp.zeros(
+        (
+            n,
+            c,
+            max(size[0] + 2 * padding[0], (out[0] - 1) * stride[0] + kernel[0]),
+            max(size[1] + 2 * padding[1], (out[1] - 1) * stride[1] + kernel[1]),
+        ),
+        dtype,
+    )
+
+
+def _offsets(kernel: Any, stride: Any, out: Any) -> list[tuple[slice, slice]]:
+    return [
+        (slice(i, i + (out[0] - 1) * stride[0] + 1, stride[0]), slice(j, j + (out[1] - 1) * stride[1] + 1, stride[1]))
+        for i in range(kernel[0])
+        for j in range(kernel[1])
+    ]
+
+
+def avg_pool2d(out: Any, x: Any, divisors: Any, kernel: Any, stride: Any, padding: Any) -> None:
+    """Window sums as K strided slices of the zero-padded input added on the device (CuPy), / the divisor table."""
+    if out.numel() == 0:
+        return
+    cd = compute_dtype(x)
+    n, c, h, w = x.shape
+    o = (out.shape[2], out.shape[3])
+    big = _padded(n, c, (h, w), o, kernel, stride, padding, cd)
+    big[:, :, padding[0] : padding[0] + h, padding[1] : padding[1] + w] = rd(x)
+    total = X.xp.zeros((n, c) + o, cd)
+    for rs, cs in _offsets(kernel, stride, o):
+        total += big[:, :, rs, cs]
+    wr(out, total / rd(divisors).astype(cd))
+
+
+def avg_pool2d_backward(dx: Any, grad: Any, divisors: Any, size: Any, kernel: Any, stride: Any, padding: Any) -> None:
+    """grad / divisors added into each window's strided slice of a zero-padded plane (on the device), cropped."""
+    if dx.numel() == 0:
+        return
+    cd = compute_dtype(grad)
+    n, c, oh, ow = grad.shape
+    g = rd(grad).astype(cd) / rd(divisors).astype(cd)
+    big = _padded(n, c, size, (oh, ow), kernel, stride, padding, cd)
+    for rs, cs in _offsets(kernel, stride, (oh, ow)):
+        big[:, :, rs, cs] += g
+    wr(dx, big[:, :, padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]])
+
+
+_PLAIN: dict[str, Callable[..., None]] = {
+    "max_pool2d": max_pool2d,
+    "max_pool2d_backward": max_pool2d_backward,
+    "avg_pool2d": avg_pool2d,
+    "avg_pool2d_backward": avg_pool2d_backward,
+}
 KERNELS: dict[str, Callable[..., None]] = {name: quiet(k) for name, k in _PLAIN.items()}

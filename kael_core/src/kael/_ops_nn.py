@@ -3,7 +3,7 @@
 Kept beside ``_ops`` (which turns each ``(name, kind, args, doc)`` entry into an ``OpDef``
 exactly as its own entries) so that module stays small. Each op here has a decomposition
 and a NumPy host kernel; the frontend's functions are in ``kael/ops/_conv_fused.py``,
-``_pool_fused.py`` and ``_batch_norm_fused.py``.
+``_pool_fused.py``, ``_avg_pool_fused.py`` and ``_batch_norm_fused.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,20 @@ NN_OPS: list[tuple[str, str, str, str]] = [
         "fused",
         f"dx!, grad, indices, size: {_PAIR}, kernel: {_PAIR}, {_WINDOW}",
         "dx [N,C,*size] = 0 + grad [N,C,OH,OW] added at max_pool2d's indices (-1 skipped); the forward's window",
+    ),
+    (
+        "avg_pool2d",
+        "fused",
+        f"out!, x, divisors, kernel: {_PAIR}, stride: {_PAIR}, padding: {_PAIR}",
+        "x [N,C,H,W]; out [N,C,OH,OW] (sized by the frontend) = the sum of each window's positions inside x "
+        "(zero padding) / divisors[oy, ox] (float64 [OH,OW], from PyTorch's count_include_pad and "
+        "divisor_override rules)",
+    ),
+    (
+        "avg_pool2d_backward",
+        "fused",
+        f"dx!, grad, divisors, size: {_PAIR}, kernel: {_PAIR}, stride: {_PAIR}, padding: {_PAIR}",
+        "dx [N,C,*size]: each element the sum of grad / divisors over the windows that contain it",
     ),
     (
         "batch_norm",

@@ -16,7 +16,7 @@ from .. import _dtype as dt
 from .._errors import DTypeError
 from .._ops import CATALOGUE, POINTWISE_OPS
 from .._tensor import Tensor
-from . import _batch_norm_fused, _conv_fused, _pool_fused  # noqa: F401  (register their decompositions)
+from . import _avg_pool_fused, _batch_norm_fused, _conv_fused, _pool_fused  # noqa: F401  (register their decompositions)
 from ._creation import (
     arange,
     empty_,

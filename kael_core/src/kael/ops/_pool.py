@@ -207,15 +207,26 @@ def avg_pool_nd(
         isinstance(divisor_override, bool) or not isinstance(divisor_override, int) or divisor_override <= 0
     ):
         raise ShapeError(f"{op}: divisor_override must be a positive int or None, got {divisor_override!r}")
-    w, outs = _windows(op, x, k, s, p, d, ceil_mode, 0.0)
-    total = ops.sum(w, 2)
+    from ._avg_pool_fused import avg_pool2d_fused  # NOTE [avg_pool2d fused op]; 1-d as H = 1
+
+    outs = []
+    for i in range(nd):
+        if p[i] * 2 > k[i]:
+            raise ShapeError(f"{op}: padding {p} must be at most half of kernel_size {k}")
+        outs.append(_out_size(op, x.shape[2 + i], k[i], s[i], p[i], d[i], ceil_mode))
     if divisor_override is not None:
-        out = ops.div(total, float(divisor_override))
+        div = np.full(tuple(outs), float(divisor_override))
     else:
         div = np.ones((), np.float64)
         for i in range(nd):
             div = np.multiply.outer(div, _avg_divisors(x.shape[2 + i], k[i], s[i], p[i], outs[i], count_include_pad))
-        out = ops.div(total, ops.tensor(div.astype(np.float64), dtype=x.dtype, device=x.device))
+    table = ops.tensor(
+        np.ascontiguousarray(div.reshape((1,) * (2 - nd) + tuple(outs))), dtype=dt.float64, device=x.device
+    )
+    if nd == 1:
+        out = ops.squeeze(avg_pool2d_fused(ops.unsqueeze(x, 2), table, (1, k[0]), (1, s[0]), (0, p[0])), 2)
+    else:
+        out = avg_pool2d_fused(x, table, (k[0], k[1]), (s[0], s[1]), (p[0], p[1]))
     return ops.squeeze(out, 0) if unbatched else out  # type: ignore[no-any-return]
 
 

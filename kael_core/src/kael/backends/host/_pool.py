@@ -4,7 +4,9 @@ Kernel offsets are visited row by row; a position replaces the running maximum w
 inside the input and greater (or the window's first such position), and the first NaN
 wins for good, so each output holds its window's first maximum and its flat index
 ``h * W + w`` in the input plane (-inf and -1 for a window entirely in the padding). The
-backward adds every gradient at its index. Values are compared and summed in float64.
+backward adds every gradient at its index. Average pooling sums each window's positions in
+the zero-padded plane and divides by the frontend's divisor table; its backward spreads
+grad / divisor over each window. Values are compared and summed in float64.
 """
 
 from __future__ import annotations
@@ -58,4 +60,52 @@ def max_pool2d_backward(
     wr(dx, acc.reshape(n, c, size[0], size[1]))
 
 
-KERNELS: dict[str, Callable[..., None]] = {"max_pool2d": max_pool2d, "max_pool2d_backward": max_pool2d_backward}
+def _offsets(kernel: Pair, stride: Pair, oh: int, ow: int) -> list[tuple[slice, slice]]:
+    """The slices of the padded plane that kernel offset (i, j) reads at every output position."""
+    return [
+        (slice(i, i + (oh - 1) * stride[0] + 1, stride[0]), slice(j, j + (ow - 1) * stride[1] + 1, stride[1]))
+        for i in range(kernel[0])
+        for j in range(kernel[1])
+    ]
+
+
+def avg_pool2d(out: Any, x: Any, divisors: Any, kernel: Pair, stride: Pair, padding: Pair) -> None:
+    v = rd(x).astype(np.float64)
+    n, c, h, w = v.shape
+    oh, ow = out.shape[2], out.shape[3]
+    ph, pw = padding
+    big = np.zeros(
+        (n, c, max(h + 2 * ph, (oh - 1) * stride[0] + kernel[0]), max(w + 2 * pw, (ow - 1) * stride[1] + kernel[1]))
+    )
+    big[:, :, ph : ph + h, pw : pw + w] = v
+    total = np.zeros((n, c, oh, ow))
+    for rs, cs in _offsets(kernel, stride, oh, ow):
+        total += big[:, :, rs, cs]
+    wr(out, total / rd(divisors).astype(np.float64))
+
+
+def avg_pool2d_backward(
+    dx: Any, grad: Any, divisors: Any, size: Pair, kernel: Pair, stride: Pair, padding: Pair
+) -> None:
+    g = rd(grad).astype(np.float64) / rd(divisors).astype(np.float64)
+    n, c, oh, ow = g.shape
+    ph, pw = padding
+    big = np.zeros(
+        (
+            n,
+            c,
+            max(size[0] + 2 * ph, (oh - 1) * stride[0] + kernel[0]),
+            max(size[1] + 2 * pw, (ow - 1) * stride[1] + kernel[1]),
+        )
+    )
+    for rs, cs in _offsets(kernel, stride, oh, ow):
+        big[:, :, rs, cs] += g
+    wr(dx, big[:, :, ph : ph + size[0], pw : pw + size[1]])
+
+
+KERNELS: dict[str, Callable[..., None]] = {
+    "max_pool2d": max_pool2d,
+    "max_pool2d_backward": max_pool2d_backward,
+    "avg_pool2d": avg_pool2d,
+    "avg_pool2d_backward": avg_pool2d_backward,
+}

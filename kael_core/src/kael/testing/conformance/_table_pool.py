@@ -1,10 +1,11 @@
-"""Table rows for the max pooling fused ops: max_pool2d and max_pool2d_backward.
+"""Table rows for the pooling fused ops: max_pool2d, avg_pool2d and their backwards.
 
 Windows cover the LeNet 2x2/2 case, padding with ceil_mode (a last window hanging over the
 edge), stride and dilation, ties (values in steps of 0.5, so the first maximum's index
 matters) and non-contiguous inputs and outputs. The backward's indices come from the
 forward's definition (the host kernel), so they name real maxima; 1x1 windows with
-stride 1 make every element receive exactly one gradient.
+stride 1 make every element receive exactly one gradient. avg_pool2d rows take PyTorch's
+divisor tables, with and without count_include_pad.
 """
 
 from __future__ import annotations
@@ -91,7 +92,60 @@ def _max_pool2d_backward(d: dt.DType) -> dict[str, Builder]:
     return {name: mk(spec, "transposed" if i % 2 else "contiguous") for i, (name, spec) in enumerate(_SPECS.items())}
 
 
+def _divisors(spec: Spec, include_pad: bool) -> np.ndarray:
+    """PyTorch's avg_pool2d divisors for spec's windows (count_include_pad or not)."""
+    (_, _, h, w), k, s, p, _, _, _ = spec
+    _, _, oh, ow = _out_shape(spec)
+    per = []
+    for n, kk, ss, pp, o in ((h, k[0], s[0], p[0], oh), (w, k[1], s[1], p[1], ow)):
+        start = np.arange(o) * ss - pp
+        end = np.minimum(start + kk, n + pp)
+        per.append((end - start) if include_pad else (np.minimum(end, n) - np.maximum(start, 0)))
+    return np.multiply.outer(per[0], per[1]).astype(np.float64)
+
+
+# avg_pool2d has no dilation: its rows are the specs with dilation 1
+_AVG = {name: spec for name, spec in _SPECS.items() if spec[4] == (1, 1)}
+
+
+def _avg_pool2d(d: dt.DType) -> dict[str, Builder]:
+    def mk(spec: Spec, include_pad: bool) -> Builder:
+        xs, k, s, p, _, _, lx = spec
+
+        def build(rng: np.random.Generator) -> Call:
+            div = Operand(_divisors(spec, include_pad), dt.float64)
+            return Call([Out(_out_shape(spec), d), operand(rng, xs, d, lx, _kind(d)), div, k, s, p])
+
+        return build
+
+    return {
+        f"{name}_{'incl' if inc else 'excl'}": mk(spec, inc) for name, spec in _AVG.items() for inc in (True, False)
+    }
+
+
+def _avg_pool2d_backward(d: dt.DType) -> dict[str, Builder]:
+    def mk(spec: Spec, include_pad: bool) -> Builder:
+        xs, k, s, p, _, _, _ = spec
+
+        def build(rng: np.random.Generator) -> Call:
+            div = Operand(_divisors(spec, include_pad), dt.float64)
+            g = operand(rng, _out_shape(spec), d, "transposed", _kind(d))
+            return Call([Out(xs, d), g, div, (xs[2], xs[3]), k, s, p])
+
+        return build
+
+    return {
+        f"{name}_{'incl' if inc else 'excl'}": mk(spec, inc) for name, spec in _AVG.items() for inc in (True, False)
+    }
+
+
+def _kind(d: dt.DType) -> str:
+    return "unit" if d.itemsize == 2 else "normal"
+
+
 POOL_BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DType, ...]]] = {
     "max_pool2d": (_max_pool2d, FLOATS),
     "max_pool2d_backward": (_max_pool2d_backward, FLOATS),
+    "avg_pool2d": (_avg_pool2d, FLOATS),
+    "avg_pool2d_backward": (_avg_pool2d_backward, FLOATS),
 }
