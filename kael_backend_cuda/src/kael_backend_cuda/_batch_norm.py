@@ -1,11 +1,11 @@
-"""batch_norm and batch_norm_backward on CUDA (NOTE [batch_norm fused op] in kael/ops/_batch_norm_fused.py).
+"""batch_norm, batch_norm_backward and batch_norm_eval on CUDA (NOTE [batch_norm fused op] in
+kael/ops/_batch_norm_fused.py).
 
 Per-channel statistics are CuPy reductions over x viewed [N, C, S] (axes 0 and 2, on
 the device, no host round trip), accumulated in float64 for float32 and 16-bit inputs as
-the CPU kernels do; the normalisation and the closed-form backward are CuPy elementwise
-expressions over the same view (``batch_norm_eval`` too, with given statistics). Under
-emulation (NOTE [host emulation] in ``_xp``)
-``X.xp`` is NumPy and the same code runs on the host.
+the CPU kernels do; the normalisation, the closed-form backward and ``batch_norm_eval``
+(given statistics) are CuPy elementwise expressions over the same view. Under emulation
+(NOTE [host emulation] in ``_xp``) ``X.xp`` is NumPy and the same code runs on the host.
 """
 
 from __future__ import annotations
