@@ -9,15 +9,10 @@ fails under an xdist worker for a reason given at ``SERIAL_TESTS``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import pytest
-
-# The suite's quantized-linear bounds are the float32-activation path's (the conformance
-# reference); tests/backend_cpu/test_quant_int8.py selects the integer path itself.
-os.environ.setdefault("KAEL_QUANT_ACTIVATIONS", "f32")
 
 #: Path prefixes (relative to tests/) whose tests all run in the serial pass.
 SERIAL_PATHS = ("distributed/", "soak/", "server/test_ray_serve.py", "server/test_uvicorn.py")

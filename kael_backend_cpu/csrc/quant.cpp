@@ -17,22 +17,20 @@
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
 // from a float64 reference.
 //
-// NOTE [integer quantized linear]: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights and M <= 16, the default path
-// quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's reference
-// quantize_row_q8_0_ref rounds (per 32 values: amax = max |x|, d = amax / 127 in float32,
-// id = d != 0 ? 1 / d : 0, q = roundf(x * id), half-way away from zero; the scale kept is d
-// rounded to float16, as GGML stores it; ggml's x86 SIMD quantizer uses 127 / amax and
-// round-half-even instead and can differ from its reference in the last step of q). A block
-// holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan; one
-// so small that 1 / d overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16 scale is 0).
-// Q4_1 / Q5_1 weights also use Q8_1's block sum s = float16(float(sum q) * d), as
-// quantize_row_q8_1_ref (same q and d as Q8_0's).
-// The dot products are integer sums per block in the order of NOTE [integer dot order]
-// (vec_quant_dot.h). KAEL_QUANT_ACTIVATIONS=f32 selects the float32-activation path above
-// (the conformance reference), =q8 the integer one; it is read at every call. M > 16 (prefill)
-// keeps float32 activations (the integer kernels measured 1.3-1.8x slower than the packed GEMM
-// there; an int8 GEMM is issue 29's point 4), so a prompt's rows differ from the same rows
-// decoded by the activation rounding (up to d_x / 2 a value), not only in the last bits.
+// NOTE [integer quantized linear]: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights and M <= 16, the integer path
+// (KAEL_QUANT_ACTIVATIONS=q8) quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's
+// reference quantize_row_q8_0_ref rounds (per 32 values: amax = max |x|, d = amax / 127 in float32, id = d != 0 ? 1 / d
+// : 0, q = roundf(x * id), half-way away from zero; the scale kept is d rounded to float16, as GGML stores it; ggml's
+// x86 SIMD quantizer uses 127 / amax and round-half-even instead and can differ from its reference in the last step of
+// q). A block holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan; one so small
+// that 1 / d overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16 scale is 0). Q4_1 / Q5_1 weights also use Q8_1's
+// block sum s = float16(float(sum q) * d), as quantize_row_q8_1_ref (same q and d as Q8_0's). The dot products are
+// integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h). It is read at every call. The
+// float32-activation path above (the conformance reference) stays the default until M > 16 has an integer path too:
+// prefill keeps float32 activations (the integer kernels measured 1.3-1.8x slower than the packed GEMM there; an int8
+// GEMM is issue 29's point 4), so with q8 a prompt's rows differ from the same rows decoded, by the activation rounding
+// (up to d_x / 2 a value), which the op's contract (a row's result never depends on how many rows there are) does not
+// allow by default.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -118,9 +116,8 @@ bool use_int8_path(QuantScheme s, int64_t m) {
   const bool set = mode != nullptr && *mode != '\0';
   KAEL_CHECK(!set || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0, Kael,
              "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8' (or unset), got '", mode, "'");
-  if (set && std::strcmp(mode, "f32") == 0) return false;
-  // the default (and q8): up to kFewRows rows, where it measures faster on every table
-  // (benchmarks/quant_int8_linear.py)
+  if (!set || std::strcmp(mode, "q8") != 0) return false;  // the default: float32 activations
+  // q8: up to kFewRows rows, where it measures faster on every table (benchmarks/quant_int8_linear.py)
   return m <= kFewRows && vec().q8dot_rows[static_cast<int>(s)] != nullptr;
 }
 

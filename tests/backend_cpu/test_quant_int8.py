@@ -305,16 +305,19 @@ def test_every_vector_table(isa: str) -> None:
 
 
 def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset: up to 16 rows take the integer path, 17 the float32 one."""
-    monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
+    """Unset: the float32-activation path (as f32) at any row count; q8: up to 16 rows take the
+    integer path, 17 the float32 one."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((17, 256)).astype(F32)
     data = encode(rng.standard_normal((7, 256)), "q4_0")
-    assert_bits(run(cpu, x[:16], data, None, "q4_0"), model(x[:16], data, None, "q4_0"))
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
-    f32 = run(cpu, x, data, None, "q4_0")
-    monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
-    assert_bits(run(cpu, x, data, None, "q4_0"), f32)
+    f32 = [run(cpu, x[:rows], data, None, "q4_0") for rows in (16, 17)]
+    monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS", raising=False)
+    for rows, want in zip((16, 17), f32, strict=True):
+        assert_bits(run(cpu, x[:rows], data, None, "q4_0"), want)
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
+    assert_bits(run(cpu, x[:16], data, None, "q4_0"), model(x[:16], data, None, "q4_0"))
+    assert_bits(run(cpu, x, data, None, "q4_0"), f32[1])
 
 
 def test_gpt2_gguf_q8_0_logits_close_to_the_float_path(
