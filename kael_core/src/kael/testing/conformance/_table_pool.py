@@ -101,7 +101,8 @@ def _divisors(spec: Spec, include_pad: bool) -> np.ndarray:
         start = np.arange(o) * ss - pp
         end = np.minimum(start + kk, n + pp)
         per.append((end - start) if include_pad else (np.minimum(end, n) - np.maximum(start, 0)))
-    return np.multiply.outer(per[0], per[1]).astype(np.float64)
+    out: np.ndarray = np.multiply.outer(per[0], per[1]).astype(np.float64)
+    return out
 
 
 # avg_pool2d has no dilation: its rows are the specs with dilation 1
