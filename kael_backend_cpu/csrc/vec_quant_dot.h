@@ -226,10 +226,10 @@ inline void qd_group(int64_t b0, int cnt, int64_t k, int64_t nb, const int8_t* x
     const __m256i h01 = _mm256_hadd_epi32(h[r][0], h[r][1]), h23 = _mm256_hadd_epi32(h[r][2], h[r][3]);
     const __m256i isum =
         _mm256_add_epi32(_mm256_permute2x128_si256(h01, h23, 0x20), _mm256_permute2x128_si256(h01, h23, 0x31));
-    const __m256 dx = qd_load8<TAIL>(xd + r * 2 * nb + b0, cnt);
+    const __m256 dx = qd_load8<TAIL>(xd + static_cast<int64_t>(r) * 2 * nb + b0, cnt);
     __m256 p = qd_opaque(_mm256_mul_ps(_mm256_mul_ps(dwf, dx), _mm256_cvtepi32_ps(isum)));
     if constexpr (kQdMin<F>) {
-      const __m256 sx = qd_load8<TAIL>(xd + r * 2 * nb + nb + b0, cnt);
+      const __m256 sx = qd_load8<TAIL>(xd + static_cast<int64_t>(r) * 2 * nb + nb + b0, cnt);
       p = qd_opaque(_mm256_add_ps(p, qd_opaque(_mm256_mul_ps(mwf, sx))));
     }
     acc[r] = _mm256_add_ps(acc[r], p);
