@@ -16,9 +16,9 @@ import kael
 import numpy as np
 import pytest
 import torch
+from decomposition_backend import modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kael.backends.reference import ReferenceBackend
 from kael.nn import functional as F
 from kael.ops._conv_fused import conv2d_backward_decomp, conv2d_decomp
 from kael.testing import gradcheck
@@ -27,27 +27,7 @@ from kael.testing import gradcheck
 @pytest.fixture(params=["fused_kernel", "decomposition"])
 def mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """The current CPU backend, then a reference backend without fused kernels (so: the decompositions)."""
-    if request.param == "fused_kernel":
-        yield request.param
-        return
-    backend = ReferenceBackend(fused=False)
-    backend.name = "reference_conv_decomposition"
-    backend.priority = -1
-
-    class Plugin:
-        @kael.hookimpl
-        def kael_backends(self) -> list[Any]:
-            return [backend]
-
-    kael.backends.register(Plugin(), "test_conv_decomposition_backend")
-    kael.backends.use("cpu", "reference_conv_decomposition")
-    try:
-        yield request.param
-    finally:
-        kael.backends.use("cpu", None)
-        from kael._plugins import manager
-
-        manager.unregister("test_conv_decomposition_backend")
+    yield from modes(request.param, "conv_decomposition")
 
 
 @st.composite

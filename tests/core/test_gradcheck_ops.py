@@ -20,9 +20,9 @@ from typing import Any
 import kael
 import numpy as np
 import pytest
+from decomposition_backend import modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kael.backends.reference import ReferenceBackend
 from kael.testing import gradcheck
 
 Arrays = list[Any]
@@ -406,27 +406,7 @@ CASES = UNARY + BINARY + REDUCE + MATMUL + VIEWS + INPLACE + FUSED
 @pytest.fixture(params=["fused_kernel", "decomposition"])
 def fused_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run under the current CPU backend, then under a reference backend without fused kernels."""
-    if request.param == "fused_kernel":
-        yield request.param
-        return
-    backend = ReferenceBackend(fused=False)
-    backend.name = "reference_decomposition"
-    backend.priority = -1
-
-    class Plugin:
-        @kael.hookimpl
-        def kael_backends(self) -> list[Any]:
-            return [backend]
-
-    kael.backends.register(Plugin(), "test_decomposition_backend")
-    kael.backends.use("cpu", "reference_decomposition")
-    try:
-        yield request.param
-    finally:
-        kael.backends.use("cpu", None)
-        from kael._plugins import manager
-
-        manager.unregister("test_decomposition_backend")
+    yield from modes(request.param, "decomposition")
 
 
 def _inputs(case: Case) -> Arrays:
