@@ -89,6 +89,21 @@ def test_greedy_output_matches_the_reference(
     assert out == tokenizer.decode_text(CASE["greedy_20"]) + "\n"
 
 
+def test_speculative_gives_the_reference_text(
+    model_dir: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["generate", "--model", str(model_dir), CASE["prompt"], "--max-tokens", "20", "--speculative", "ngram"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == ""
+    assert out == tokenizer.decode_text(CASE["greedy_20"]) + "\n"
+    seeded = ["generate", "--model", str(model_dir), "Once upon", "--max-tokens", "8", "--temperature", "0.9"]
+    seeded += ["--seed", "3"]
+    assert main(seeded) == 0
+    plain = capsys.readouterr().out
+    assert main([*seeded, "--speculative", "ngram"]) == 0
+    assert capsys.readouterr().out == plain
+
+
 def test_sampling_is_reproducible_with_a_seed(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = [
         "generate",

@@ -132,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--temperature", type=float, default=0.0, help="0 for greedy, else >= 0.001 (default 0)")
     g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
     g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    g.add_argument(
+        "--speculative",
+        choices=["ngram"],
+        default=None,
+        help="speculative decoding: 'ngram' drafts what followed the latest repeat of the last tokens "
+        "(prompt lookup) and verifies the drafts in one step; the same tokens as without it (the prompt "
+        "and new tokens must then fit the context)",
+    )
     g.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     g.add_argument(
         "--weights",

@@ -147,6 +147,7 @@ class CausalLMBase(Module):
         sampler: Any = None,
         constraint: Any = None,
         tokenizer: Any = None,
+        speculative: Any = None,
     ) -> list[int]:
         """New tokens continuing ``prompt`` (see ``kael.models.generate``)."""
         from ._generate import generate
@@ -162,6 +163,7 @@ class CausalLMBase(Module):
             sampler=sampler,
             constraint=constraint,
             tokenizer=tokenizer,
+            speculative=speculative,
         )
 
     def _check_forward(

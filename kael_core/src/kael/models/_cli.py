@@ -72,11 +72,13 @@ def stream_generation(
     stop_at_eot: bool = True,
     stop_tokens: Collection[int] | None = None,
     sampler: Any = None,
+    speculative: Any = None,
 ) -> list[int]:
     """Generate and write the text to ``out`` as it comes; return the new token ids.
 
     Generation stops at a stop token (not written): ``stop_tokens``, or the tokenizer's
-    ``eot_token`` when they are None and ``stop_at_eot``. ``sampler`` is ``generate``'s.
+    ``eot_token`` when they are None and ``stop_at_eot``. ``sampler`` and ``speculative`` are
+    ``generate``'s.
     """
     decoder = tokenizer.incremental_decoder()
     stops = (
@@ -89,7 +91,9 @@ def stream_generation(
         _write(out, decoder.add(token))
         return True
 
-    extra = {} if sampler is None else {"sampler": sampler}
+    extra: dict[str, Any] = {} if sampler is None else {"sampler": sampler}
+    if speculative is not None:
+        extra["speculative"] = speculative
     ids = model.generate(
         prompt_ids,
         max_new_tokens,
@@ -162,6 +166,7 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             top_k=args.top_k,
             generator=generator,
             stop_tokens=stop_ids(model, tokenizer),
+            speculative=getattr(args, "speculative", None),
         )
         _write(out, "\n")
     except (KaelError, OSError) as exc:

@@ -117,6 +117,7 @@ def generate(
     sampler: Sampler | None = None,
     constraint: Any = None,
     tokenizer: Any = None,
+    speculative: Any = None,
 ) -> list[int]:
     """Up to ``max_new_tokens`` new token ids continuing ``prompt`` (a list of ids or a 1-d tensor).
 
@@ -136,6 +137,11 @@ def generate(
     eos ids of ``model.generation_config``), which the grammar allows once the output is a
     complete match and alone once nothing can follow, and which is the last id returned.
     Reaching ``max_new_tokens`` first leaves the output cut. Not with ``sampler``.
+
+    ``speculative`` (``"ngram"``, a ``kael.engine.Proposer`` such as ``DraftModelProposer``, or a
+    ``kael.engine.Speculator``) decodes through kael's engine, verifying drafted tokens in one
+    step: the same tokens as without it, greedy and seeded (``_generate_speculative``). Not with
+    ``sampler`` or ``constraint``; the prompt and new tokens must fit the context.
     """
     ids = _prompt_ids(prompt, model.vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -153,12 +159,20 @@ def generate(
         sampler, on_token = _constrained(model, constraint, tokenizer, temperature, top_k, generator, on_token)
     elif tokenizer is not None:
         raise KaelError("generate: tokenizer is for a constraint's grammar; no constraint was given")
+    if speculative is not None and (sampler is not None or constraint is not None):
+        raise KaelError("generate: speculative decoding takes no sampler or constraint here")
     if max_new_tokens == 0:
         return []
     was_training = model.training
     model.eval()
     try:
         with no_grad():
+            if speculative is not None:
+                from ._generate_speculative import speculative_generate
+
+                return speculative_generate(
+                    model, ids, max_new_tokens, temperature, top_k, on_token, generator, speculative
+                )
             return _loop(model, ids, max_new_tokens, temperature, top_k, on_token, generator, sampler)
     finally:
         if was_training:

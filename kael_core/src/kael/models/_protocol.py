@@ -138,6 +138,7 @@ class CausalLM(Protocol):
         sampler: Any = None,
         constraint: Any = None,
         tokenizer: Any = None,
+        speculative: Any = None,
     ) -> list[int]:
         """New token ids continuing ``prompt`` (``kael.models.generate``)."""
         ...
