@@ -127,12 +127,12 @@ def _check_accepted(value: msgspec.Struct, schema: type[msgspec.Struct], body: b
 def _route_checks(value: msgspec.Struct, body: bytes) -> None:
     """What a route checks before generating (messages, tools, the constraint): a 4xx refusal or nothing."""
     try:
-        extra = None
+        extra, yields = None, False
         if isinstance(value, ChatCompletionRequest):
             conversation(value.messages)
             tools = tool_request(value.tools, value.tool_choice, value.parallel_tool_calls, None)
-            extra = None if tools.auto and constraint_of(value) is not None else tools.constraint  # as the route
-        constraint_of(value, extra)
+            extra, yields = tools.constraint, tools.auto
+        constraint_of(value, extra, extra_yields=yields)
     except ServerError as error:
         _check_refusal(error, body)
 

@@ -116,3 +116,10 @@ def test_the_same_tokens_and_logprobs_alone_and_batched(
 )
 def test_bad_speculation_settings_are_refused_before_listening(flags: list[str], line: str) -> None:
     assert line in refusal_line(run_cli(*flags))
+
+
+def test_a_malformed_gguf_draft_model_is_refused_before_listening(tmp_path: Path) -> None:
+    bad = tmp_path / "draft.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 12)
+    line = refusal_line(run_cli("--speculative", "draft", "--draft-model", str(bad)))
+    assert line.startswith(f"kael-server: --draft-model {str(bad)!r}: cannot read its vocabulary size (")

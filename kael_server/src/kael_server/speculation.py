@@ -23,24 +23,22 @@ __all__ = ["build_speculator", "check_speculation", "vocab_size_of"]
 
 
 def vocab_size_of(path: Path, flag: str) -> int:
-    """The vocabulary size a checkpoint directory's config.json or a GGUF file's header states."""
+    """The vocabulary size a checkpoint directory's config.json or a GGUF file's tokenizer states
+    (ServerConfigError naming ``flag`` for a file that cannot be read or is malformed)."""
+    import kael
+
     try:
         if path.is_file():
-            import kael
-
             f = kael.io.read_gguf(path)
             try:
                 tokens = f.metadata.get("tokenizer.ggml.tokens")
-                if tokens is not None:
-                    return len(tokens)
-                embd = f.tensors.get("token_embd.weight")
-                if embd is not None:
-                    return int(max(embd.shape))
             finally:
                 f.close()
-            raise ServerConfigError(f"{flag} {str(path)!r}: the GGUF file states no vocabulary")
+            if tokens is None:  # kael serves a GGUF file only with its tokenizer
+                raise ServerConfigError(f"{flag} {str(path)!r}: the GGUF file holds no tokenizer")
+            return len(tokens)
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, kael.KaelError) as exc:
         raise ServerConfigError(f"{flag} {str(path)!r}: cannot read its vocabulary size ({exc})") from None
     size = config.get("vocab_size") if isinstance(config, dict) else None
     if isinstance(size, bool) or not isinstance(size, int):

@@ -146,9 +146,12 @@ _TOP_LEVEL = {
 }
 
 
-def constraint_of(body: Any, extra: tuple[str, Constraint] | None = None) -> Constraint | None:
+def constraint_of(
+    body: Any, extra: tuple[str, Constraint] | None = None, *, extra_yields: bool = False
+) -> Constraint | None:
     """The one constraint of a decoded request (None without one): ``extra`` is another
-    constraint the request makes (``tools`` with ``tool_choice`` "required" or named), by the
+    constraint the request makes (``tools`` with ``tool_choice`` "required" or named, or the
+    "auto" tool grammar, which ``extra_yields`` to a constraint field of the body), by the
     field that made it. Raises InvalidRequest naming the field and the reason, or every
     field when more than one constrains the output."""
     found: list[tuple[str, Constraint]] = []
@@ -171,7 +174,7 @@ def constraint_of(body: Any, extra: tuple[str, Constraint] | None = None) -> Con
             found.append((name, c))
     if errors:
         raise InvalidRequest(errors)
-    if extra is not None:
+    if extra is not None and not (extra_yields and found):
         found.append(extra)
     if len(found) > 1:
         names = [n for n, _ in found]
@@ -194,12 +197,14 @@ def check_compiles(constraint: Constraint, tokenizer: Any, end_tokens: tuple[int
     metrics.constraint_compiled(matcher.compile_seconds, matcher.cache_hit)
 
 
-def constrained(params: Any, body: Any, generator: Any, extra: tuple[str, Constraint] | None = None) -> Any:
+def constrained(
+    params: Any, body: Any, generator: Any, extra: tuple[str, Constraint] | None = None, *, extra_yields: bool = False
+) -> Any:
     """``params`` with the request's constraint (``constraint_of``), compiled now against the
     served tokenizer and its end tokens (``check_compiles``); a refusal is an InvalidRequest
     (counted in ``kael_constraint_refusals``)."""
     try:
-        c = constraint_of(body, extra)
+        c = constraint_of(body, extra, extra_yields=extra_yields)
     except InvalidRequest:
         generator.metrics.constraint_refused("invalid")
         raise

@@ -19,15 +19,10 @@ from typing import Any
 
 from .._errors import KaelError
 from ..ops import argmax, view
+from .proposers import count_arg
 from .request import Request
 
 __all__ = ["DraftModelProposer"]
-
-
-def _count(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise KaelError(f"DraftModelProposer: {name} must be an int >= {lo}, got {value!r}")
-    return value
 
 
 class DraftModelProposer:
@@ -38,15 +33,15 @@ class DraftModelProposer:
     def __init__(self, draft: Any, *, k: int = 4, rows: int = 8, target: Any = None) -> None:
         from ..models import BatchDecoder  # kael.models imports the engine: imported when built
 
-        self.k = _count("k", k, 1)
-        _count("rows", rows, 1)
+        self.k = count_arg("DraftModelProposer", "k", k, 1)
+        count_arg("DraftModelProposer", "rows", rows, 1)
         if target is not None:
             if int(target.vocab_size) != int(draft.vocab_size):
                 raise KaelError(
                     f"DraftModelProposer: the draft model's vocabulary ({draft.vocab_size} tokens) differs from "
                     f"the target's ({target.vocab_size}); a draft must share the target's tokenizer"
                 )
-            if str(getattr(target, "device", "cpu")) != str(getattr(draft, "device", "cpu")):
+            if str(target.device) != str(draft.device):
                 raise KaelError(
                     f"DraftModelProposer: the draft model is on {draft.device}, the target on {target.device}; "
                     "put both on one device"

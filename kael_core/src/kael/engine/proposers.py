@@ -19,7 +19,7 @@ import numpy as np
 from .._errors import KaelError
 from .request import Request
 
-__all__ = ["NgramProposer", "Proposer", "ngram_lookup"]
+__all__ = ["NgramProposer", "Proposer", "count_arg", "ngram_lookup"]
 
 
 @runtime_checkable
@@ -35,9 +35,10 @@ class Proposer(Protocol):
         """``request`` finished: forget it."""
 
 
-def _count(name: str, value: object, lo: int) -> int:
+def count_arg(op: str, name: str, value: object, lo: int) -> int:
+    """``value`` if it is an int >= ``lo`` (not a bool), else a KaelError naming ``op`` and ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise KaelError(f"NgramProposer: {name} must be an int >= {lo}, got {value!r}")
+        raise KaelError(f"{op}: {name} must be an int >= {lo}, got {value!r}")
     return value
 
 
@@ -70,11 +71,11 @@ class NgramProposer:
     last ``n`` ids (``n`` from ``n_max`` down to ``n_min``), at most ``k`` ids (module docstring)."""
 
     def __init__(self, n_max: int = 3, n_min: int = 1, k: int = 4) -> None:
-        self.n_min = _count("n_min", n_min, 1)
-        self.n_max = _count("n_max", n_max, 1)
+        self.n_min = count_arg("NgramProposer", "n_min", n_min, 1)
+        self.n_max = count_arg("NgramProposer", "n_max", n_max, 1)
         if self.n_max < self.n_min:
             raise KaelError(f"NgramProposer: n_max ({n_max}) must be >= n_min ({n_min})")
-        self.k = _count("k", k, 1)
+        self.k = count_arg("NgramProposer", "k", k, 1)
 
     def propose(self, request: Request, k: int) -> list[int]:
         """Up to ``min(k, self.k)`` ids following ``request.all_ids`` (see the class)."""

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import KaelError
-from .proposers import Proposer
+from .proposers import Proposer, count_arg
 from .request import Request
 
 __all__ = ["SpecState", "Speculator"]
@@ -57,12 +57,6 @@ class SpecState:
     pause: int = 0
     """Decode steps left without speculation."""
     cooldown: int = 0
-
-
-def _count(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise KaelError(f"Speculator: {name} must be an int >= {lo}, got {value!r}")
-    return value
 
 
 class Speculator:
@@ -91,21 +85,21 @@ class Speculator:
             raise KaelError(f"Speculator: proposer must have propose(request, k), got {type(proposer).__name__}")
         self.proposer = proposer
         default = getattr(proposer, "k", 4)
-        self.k_max = _count("k_max", default if k_max is None else k_max, 1)
+        self.k_max = count_arg("Speculator", "k_max", default if k_max is None else k_max, 1)
         if self.k_max > 15:
             raise KaelError(f"Speculator: k_max must be at most 15 (16 query rows per verification), got {k_max!r}")
-        self.off_after = _count("off_after", off_after, 1)
-        self.cooldown = _count("cooldown", cooldown, 1)
-        self.max_cooldown = _count("max_cooldown", max_cooldown, self.cooldown)
-        self.probe_after = _count("probe_after", probe_after, 1)
-        self.max_probe_after = _count("max_probe_after", max_probe_after, self.probe_after)
+        self.off_after = count_arg("Speculator", "off_after", off_after, 1)
+        self.cooldown = count_arg("Speculator", "cooldown", cooldown, 1)
+        self.max_cooldown = count_arg("Speculator", "max_cooldown", max_cooldown, self.cooldown)
+        self.probe_after = count_arg("Speculator", "probe_after", probe_after, 1)
+        self.max_probe_after = count_arg("Speculator", "max_probe_after", max_probe_after, self.probe_after)
         if not isinstance(slack, (int, float)) or isinstance(slack, bool) or not 0 <= slack < 1:
             raise KaelError(f"Speculator: slack must be a number in [0, 1), got {slack!r}")
         self.slack = float(slack)
         self._state: dict[Request, SpecState] = {}
         self._cost: dict[bool, float | None] = {True: None, False: None}
         """Moving average of seconds per token of all-decode steps, with drafts (True) or not."""
-        self.paused_steps = _count("warmup", warmup, 0)
+        self.paused_steps = count_arg("Speculator", "warmup", warmup, 0)
         """Steps left in which no request drafts (NOTE [speculation pays or pauses])."""
         self._probe_after = self.probe_after
         self.pauses = 0

@@ -43,7 +43,7 @@ from kael_server.openapi import JSON, documented, sse_events
 from kael_server.routes.openai import _usage, error_body, error_response, sampling_params, served_model
 from kael_server.schemas import OpenAIErrorResponse, Usage
 from kael_server.state import ServerState
-from kael_server.structured import constrained, constraint_of
+from kael_server.structured import constrained
 from kael_server.tools import ToolCallStream, parse_tool_calls
 
 __all__ = ["ChatReply", "chat_completions", "token_bytes"]
@@ -79,8 +79,7 @@ class ChatReply:
         # the body is checked first (a malformed one is a 400 whatever it names), then the model (a
         # 404), then its constraint is compiled
         self.model = served_model(body.model, generator)
-        extra = None if tools.auto and constraint_of(body) is not None else tools.constraint
-        self.params = constrained(params, body, generator, extra)
+        self.params = constrained(params, body, generator, tools.constraint, extra_yields=tools.auto)
         self.fmt = tools.fmt
         prompt = render_chat(generator.chat_template, messages, generator.model_name, tools.tools)
         self.prompts: tuple[Prompt, ...] = (ChatPrompt(prompt),)
