@@ -27,8 +27,8 @@ cpu_build "$BUILD" -DCMAKE_CXX_FLAGS="--coverage -fprofile-update=atomic" \
 echo "==> coverage: C++ tests"
 ctest --test-dir "$BUILD" --output-on-failure --timeout 600 -j "$JOBS"
 if ((!cpp_only)); then
-    echo "==> coverage: Python conformance kit on the instrumented extension"
-    cpu_python "$BUILD" -m pytest --pyargs kael.testing.conformance --kael-backend cpu -q -p no:cacheprovider
+    echo "==> coverage: Python conformance kit on the instrumented extension ($JOBS pytest-xdist workers; gcov merges their counts)"
+    cpu_python "$BUILD" -m pytest --pyargs kael.testing.conformance --kael-backend cpu -q -p no:cacheprovider -n "$JOBS"
 fi
 echo "==> coverage: kael_backend_cpu/csrc line coverage"
 # CMake's compiler checks were built with --coverage too: their notes are not ours
