@@ -18,6 +18,7 @@ unquantized by ``tensor_allows_quantization`` (lines 287-383).
 from __future__ import annotations
 
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import llama_cpp_tools
@@ -26,7 +27,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kael import DTypeError, ShapeError
-from kael.quant.formats import MIXES, REFERENCE_QUANTIZERS, get_format, mix_base, mix_types, use_more_bits
+from kael.quant.formats import (
+    MIXES,
+    REFERENCE_QUANTIZERS,
+    get_format,
+    mix_base,
+    mix_types,
+    plan_base,
+    use_more_bits,
+)
 
 gguf = pytest.importorskip("gguf")
 
@@ -232,8 +241,10 @@ def test_every_choice_fits_its_rows(mix: str, n_layer: int, width: int, gqa: int
 
 
 def test_refusals() -> None:
-    with pytest.raises(DTypeError, match="unknown quantization mix 'q4_k_x'.*q4_k_m"):
+    with pytest.raises(DTypeError, match="unknown quantization mix or format 'q4_k_x'.*q4_k_m"):
         mix_types("q4_k_x", _llama(1))
+    with pytest.raises(DTypeError, match="unknown quantization mix or format 'f32'"):
+        mix_types("f32", _llama(1))
     with pytest.raises(DTypeError, match="unknown quantization mix"):
         mix_base("Q4_K_M")
     with pytest.raises(ShapeError, match="negative dimension"):
@@ -242,3 +253,88 @@ def test_refusals() -> None:
         mix_types("q4_k_m", [("ffn_down.weight", (32, 256))], n_expert=8, n_layer=2)
     with pytest.raises(ShapeError, match="n_head >= 1"):
         mix_types("q4_0", _llama(1), n_head=0)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "q5_k", "bf16", "f16"])
+def test_a_format_name_is_a_uniform_plan(fmt: str) -> None:
+    """Formats that are no llama.cpp file type: every quantizable tensor in the format, no per-layer rules;
+    the head in Q6_K (a block format) or in the format itself (a float one); rows no block fits fall back."""
+    assert plan_base(fmt) == fmt
+    tensors = _llama(16, width=256, ffn=320)
+    plan = mix_types(fmt, tensors, n_head=8, n_head_kv=2)
+    blocked = get_format(fmt).blocked
+    fallback = {"q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1"}.get(fmt, fmt)
+    for name, shape in tensors:
+        if len(shape) < 2:
+            assert plan[name] is None, name
+        elif name == "output.weight":
+            assert plan[name] == ("q6_k" if blocked else fmt), name
+        elif shape[-1] % 256 and blocked:  # ffn_down's rows of 320
+            assert plan[name] == fallback, name
+        else:
+            assert plan[name] == fmt, name
+
+
+# -- kael's own quantized export equals llama-quantize's file ----------------------------------------
+@pytest.mark.parametrize("mix", ["q4_k_m", "q3_k_s", "q2_k", "q5_k_s", "q6_k", "iq4_xs", "q4_0"])
+def test_save_gguf_with_a_mix_equals_llama_quantize(f32_model: tuple[Path, dict], mix: str) -> None:
+    """``save_gguf(model, weights=mix)`` from the float checkpoint writes every tensor in the type and with
+    the bytes ``llama-quantize F32.gguf OUT MIX`` writes (no importance matrix), and says the same file type."""
+    from kael.models import from_pretrained, save_gguf
+    from kael.tokenizer import load_tokenizer
+
+    src, _ = f32_model
+    tool = llama_cpp_tools.require_tool("llama-quantize")
+    theirs, ours = src.with_name(f"lq-{mix}.gguf"), src.with_name(f"kael-{mix}.gguf")
+    r = subprocess.run([tool, str(src), str(theirs), mix.upper(), "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    save_gguf(from_pretrained(src.parent), ours, load_tokenizer(src.parent), weights=mix)
+    a, b = gguf.GGUFReader(str(theirs)), gguf.GGUFReader(str(ours))
+    want = {t.name: t for t in a.tensors}  # llama-quantize writes them in its own order (the output head first)
+    got = {t.name: t for t in b.tensors}
+    assert {n: t.tensor_type.name for n, t in got.items()} == {n: t.tensor_type.name for n, t in want.items()}
+    for name, t in want.items():
+        np.testing.assert_array_equal(np.asarray(got[name].data), np.asarray(t.data), err_msg=name)
+    ftype = "general.file_type"
+    assert int(b.fields[ftype].parts[-1][0]) == int(a.fields[ftype].parts[-1][0])
+    theirs.unlink()
+    ours.unlink()
+
+
+def test_export_gguf_cli_writes_a_mix(f32_model: tuple[Path, dict]) -> None:
+    """``python -m kael export-gguf DIR OUT --weights q4_k_m``: the file kael loads back, tensor by tensor in
+    the types the plan gives (the bytes are the test above's)."""
+    import sys
+
+    import kael
+    from kael.models import from_pretrained, load_gguf
+
+    src, cfg = f32_model
+    out = src.with_name("cli-q4_k_m.gguf")
+    r = subprocess.run(
+        [sys.executable, "-m", "kael", "export-gguf", str(src.parent), str(out), "--weights", "q4_k_m"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = mix_types(
+        "q4_k_m",
+        [(name, shape) for name, shape, _ in _tensors(src)],
+        n_head=cfg["num_attention_heads"],
+        n_head_kv=cfg["num_key_value_heads"],
+        n_layer=cfg["num_hidden_layers"],
+    )
+    assert {name: kind for name, _, kind in _tensors(out)} == {n: plan[n] or "f32" for n in plan}
+    model, _ = load_gguf(out)
+    # a loaded file's scheme: the one most of its tensors have (q5_0 where no 256-value block fits the rows)
+    assert model.weights_scheme == Counter(v for v in plan.values() if v is not None).most_common(1)[0][0]
+    # from_pretrained(weights="q4_k_m") holds the same blocks, so computes the same logits
+    direct = from_pretrained(src.parent, weights="q4_k_m")
+    assert direct.weights_scheme == "q4_k_m"
+    kinds = {name: m.scheme for name, m in direct.named_modules() if hasattr(m, "scheme")}
+    assert set(kinds.values()) == {v for v in plan.values() if v is not None}
+    ids = kael.tensor([[1, 5, 9, 200, 7, 3]])
+    with kael.no_grad():
+        np.testing.assert_allclose(model(ids).numpy(), direct(ids).numpy(), rtol=1e-5, atol=1e-5)
+    out.unlink()

@@ -28,7 +28,7 @@ from kael.io import load_safetensors_with_metadata, save_safetensors
 from kael.models import BatchDecoder, GenericStep, decode_step
 from kael.models import from_pretrained as _from_pretrained
 from kael.models._generate import _prefill
-from kael.models._weights import QUANTIZATION_KEY, WEIGHTS_KEY, QuantizedTable, head_scheme
+from kael.models._weights import QUANTIZATION_KEY, WEIGHTS_KEY, QuantizedTable
 from kael.models.gpt2 import GPT2DecodeStep
 from kael.models.llama import LlamaDecodeStep
 from kael.quant import QuantizedLinear
@@ -80,6 +80,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
             hf = build(d, family, seed=3)
         out[family] = (d, hf)
     return out
+
+
+def head_scheme(scheme: str) -> str:
+    """The head's format: llama.cpp's Q6_K under a block format but q8_0, whose 256-value blocks do not fit
+    these models' 64-wide rows, so Q8_0; a float format's own (NOTE [weights choice])."""
+    return "q8_0" if scheme in ("q8_0", "q4_0") else scheme
 
 
 def rounded(w: np.ndarray, scheme: str) -> np.ndarray:

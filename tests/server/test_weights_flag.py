@@ -24,7 +24,8 @@ PROMPT = "def fibonacci(n):\n"
 
 def test_weights_choices_are_kaels() -> None:
     assert WEIGHTS == kael.models.WEIGHTS
-    assert set(WEIGHTS) == {"f32", *kael.quant.quantizable()}  # every format kael can write, and only those
+    # every format kael can write and every llama.cpp mix, and only those
+    assert set(WEIGHTS) == {"f32", *kael.quant.quantizable(), *kael.quant.formats.MIXES}
     assert build_parser().parse_args([]).weights is None
     assert build_parser().parse_args(["--weights", "q4_0"]).weights == "q4_0"
 
@@ -35,7 +36,7 @@ def test_an_unknown_weights_format_is_refused() -> None:
     )
     assert result.returncode == 2
     assert "--weights: invalid choice: 'q7_0'" in result.stderr and "'q8_0'" in result.stderr
-    with pytest.raises(ServerConfigError, match=r"--weights must be one of \['f32', .*'q4_0', .*'q5_1'\], got 'int8'"):
+    with pytest.raises(ServerConfigError, match=r"--weights must be one of \['f32', .*'q4_0', .*'q4_k_m', .*\], got 'int8'"):
         load_app(None, weights="int8")
 
 
@@ -43,7 +44,7 @@ def test_help_lists_the_weights_flag() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "kael_server.cli", "--help"], capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 0 and "--weights {f32,bf16,f16,q8_0,q4_0,q4_1,q5_0,q5_1}" in result.stdout
+    assert result.returncode == 0 and f"--weights {{{','.join(WEIGHTS)}}}" in result.stdout
 
 
 @pytest.fixture(scope="module", params=["q8_0", "q4_0"])

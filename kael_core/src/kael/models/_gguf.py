@@ -74,11 +74,12 @@ GGUF_SCHEMES = {name.upper(): name for name in SCHEMES}
 """GGUF tensor types that are a ``kael.quant`` scheme: every registry format but F32 (a float parameter)."""
 _TYPE_OF = {v: k for k, v in GGUF_SCHEMES.items()}
 FILE_TYPES = {
-    None: 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 12,
-    "q4_k": 15, "q5_k": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "bf16": 32,
+    None: 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k_s": 11,
+    "q3_k": 12, "q3_k_m": 12, "q3_k_l": 13, "q4_k_s": 14, "q4_k": 15, "q4_k_m": 15, "q5_k_s": 16, "q5_k": 17,
+    "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "bf16": 32,
 }  # fmt: skip
-"""``general.file_type`` (llama.cpp's ``llama_ftype``) for a model's ``weights_scheme`` (the scheme most of
-its projections have; for a K-quant, the _M mix's value, which is what a file of that majority usually is)."""
+"""``general.file_type`` (llama.cpp's ``llama_ftype``) for a model's ``weights_scheme`` (a mix's own value; for
+a uniform K-quant, the _M mix's, which is what a file of that majority usually is)."""
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 ROLE_LINEAR = "linear"  # a projection's weight [out, in]: float parameter or QuantizedLinear
@@ -404,7 +405,7 @@ def _module_tensor(
         arr = np.ascontiguousarray(arr.T)
     if inv is not None:
         arr = np.ascontiguousarray(arr[inv])
-    if spec.role == ROLE_FLOAT or scheme is None or (scheme in BLOCK_VALUES and arr.shape[-1] % BLOCK_VALUES[scheme]):
+    if spec.role == ROLE_FLOAT or scheme is None:
         return "F32", arr
     return _TYPE_OF[scheme], np.asarray(quantize_array(arr, scheme))
 
@@ -421,7 +422,8 @@ def save_gguf(model: Any, path: Any, tokenizer: Any = None, *, weights: Any = No
     is. Written atomically.
     """
     from ..io import write_gguf
-    from ._weights import check_weights, head_scheme, is_quantized
+    from ._weights import check_weights, is_quantized
+    from ._weights_plan import gguf_plan
 
     scheme = check_weights(weights, "save_gguf")
     fam = None
@@ -465,13 +467,11 @@ def save_gguf(model: Any, path: Any, tokenizer: Any = None, *, weights: Any = No
     else:
         metadata["tokenizer.ggml.model"] = "none"
     tensors: list[tuple[str, str, tuple[int, ...], np.ndarray]] = []
+    plan = gguf_plan(model, scheme) if scheme is not None else {}
     with no_grad():
         for spec in fam.export_specs(model):
             inv = np.argsort(rope_rows(spec.shape[0], spec.rope_heads)) if spec.rope_heads else None
-            want = scheme
-            if scheme is not None and fam.is_head(model, spec):
-                want = head_scheme(scheme)
-            kind, data = _module_tensor(model, spec, want, inv)
+            kind, data = _module_tensor(model, spec, plan.get(spec.name), inv)
             tensors.append((spec.name, kind, spec.shape, data))
     write_gguf(path, metadata, tensors)
 

@@ -37,7 +37,6 @@ __all__ = [
     "skip_tensor",
     "finish",
     "handles",
-    "is_head",
     "gguf_metadata",
 ]
 
@@ -146,10 +145,6 @@ def finish(model: GPT, mmap: bool) -> None:
 
 def handles(model: Any) -> bool:
     return isinstance(model, GPT)
-
-
-def is_head(model: GPT, spec: TensorSpec) -> bool:
-    return spec.name == _TABLE  # the table is the tied head (NOTE [weights choice])
 
 
 def gguf_metadata(model: GPT) -> tuple[str, dict[str, Any]]:

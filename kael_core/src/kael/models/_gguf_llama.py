@@ -45,7 +45,6 @@ __all__ = [
     "skip_tensor",
     "finish",
     "handles",
-    "is_head",
     "gguf_metadata",
 ]
 
@@ -190,10 +189,6 @@ def finish(model: LlamaForCausalLM, mmap: bool) -> None:
 
 def handles(model: Any) -> bool:
     return isinstance(model, LlamaForCausalLM)
-
-
-def is_head(model: LlamaForCausalLM, spec: TensorSpec) -> bool:
-    return spec.name == _HEAD or (spec.name == _TABLE and model.config.tie_word_embeddings)
 
 
 def gguf_metadata(model: LlamaForCausalLM) -> tuple[str, dict[str, Any]]:

@@ -1,18 +1,21 @@
 """Weight formats of a model family: ``from_pretrained(weights=...)``, quantized token tables, quantized checkpoints.
 
 NOTE [weights choice]: ``weights`` is one of ``WEIGHTS`` (``"f32"`` or None: float weights as
-loaded; ``"bf16"``, ``"f16"``, ``"q8_0"``, ``"q4_0"``: ``kael.quantize``'s schemes). It follows
-llama.cpp's default quantization (``llama-quantize MODEL OUT Q8_0``): every projection and the
-token embedding take the scheme; norms, biases and position embeddings (GPT-2's ``wpe``) stay
-float32; the output head takes ``head_scheme(scheme)``: under ``q4_0`` it is ``q8_0``
-(llama.cpp makes it Q6_K, which kael lacks; Q8_0 is the nearest finer format), and a token
-table that is also the head (tied) follows the head's rule, as llama.cpp quantizes a shared
-tensor as the output. Activations stay float32, so a quantized model computes in float32.
+loaded; a format such as ``"bf16"``, ``"q8_0"``, ``"q4_k"``; or a llama.cpp file type such as
+``"q4_k_m"``). It follows ``llama-quantize MODEL OUT TYPE`` without an importance matrix
+(``kael.models._weights_plan``, NOTE [quantization mixes]): every projection and the token
+embedding take the format (a mix gives some ``attn_v``/``ffn_down`` tensors more bits); norms,
+biases and position embeddings (GPT-2's ``wpe``) stay float32; the output head takes Q6_K under
+every block format but q8_0 (Q8_0 there, and where Q6_K's 256-value blocks do not fit its rows),
+and a token table that is also the head (tied) follows the head's rule, as llama.cpp quantizes a
+shared tensor as the output; rows a format's blocks do not fit fall back as llama.cpp's do. A
+float format (bf16, f16) applies to the head too. Activations stay float32, so a quantized model
+computes in float32.
 
-A family supplies ``quantize_embeddings(scheme)`` (its token table becomes a
-``QuantizedTable``, an untied head still float becomes a ``QuantizedLinear``) and
-``on_quantized()``; ``apply_weights`` runs ``kael.quantize`` with them and records
-``model.weights_scheme``.
+A family supplies ``quantization_plan(weights)`` (module name -> format), ``quantize_embeddings(
+scheme)`` (its token table becomes a ``QuantizedTable``, an untied head still float becomes a
+``QuantizedLinear``) and ``on_quantized()``; ``apply_weights`` runs ``kael.quantize`` with them
+and records ``model.weights_scheme``.
 
 NOTE [quantized checkpoint]: a quantized model's ``model.safetensors`` holds the buffers of
 each ``QuantizedLinear`` / ``QuantizedTable`` under the module's checkpoint key (uint8 blocks
@@ -51,7 +54,6 @@ __all__ = [
     "apply_weights",
     "check_weights",
     "check_weights_dtype",
-    "head_scheme",
     "is_quantized",
     "module_scheme",
     "quantization_metadata",
@@ -62,9 +64,13 @@ __all__ = [
     "stored_shape",
 ]
 
-WEIGHTS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-"""The ``weights`` choices of ``from_pretrained``, ``python -m kael generate`` and ``kael-server``:
-f32 and every format kael can quantize to (``kael.quant.quantizable()``; a test checks they agree)."""
+WEIGHTS = (
+    "f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+    "iq4_nl", "iq4_xs", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m",
+)  # fmt: skip
+"""The ``weights`` choices of ``from_pretrained``, ``python -m kael generate``, ``export-gguf`` and ``kael-server``:
+f32, every format kael can quantize to (``kael.quant.quantizable()``) and llama.cpp's mixes
+(``kael.quant.formats.MIXES``); a test checks they agree."""
 BLOCK_SCHEMES = dict(BLOCK_BYTES)
 """Bytes per block of every block format of the registry (``kael.quant.BLOCK_BYTES``)."""
 _WEIGHT_DTYPES = {"bf16": dt.bfloat16, "f16": dt.float16}
@@ -95,12 +101,6 @@ def check_weights_dtype(scheme: str | None, dtype: Any, where: str = "from_pretr
             f"{where}: weights={scheme!r} computes in float32 (norms, biases, activations); "
             f"dtype must be None or float32, got {dt.as_dtype(dtype)!r}"
         )
-
-
-def head_scheme(scheme: str) -> str:
-    """The scheme of the output head (and of a tied token table) for ``scheme`` (NOTE [weights choice])."""
-    # llama.cpp gives the head Q6_K in these files; kael has no Q6_K quantizer yet, so Q8_0
-    return "q8_0" if scheme in ("q4_0", "q4_1", "q5_0", "q5_1") else scheme
 
 
 def stored_shape(scheme: str, shape: tuple[int, int]) -> tuple[int, int]:

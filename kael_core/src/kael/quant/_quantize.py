@@ -15,9 +15,9 @@ from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 from ..nn._layers import Linear
 from ..nn._module import Module
-from ..ops._quant import check_scheme
-from ._formats import BLOCK_BYTES, BLOCK_VALUES, quantizable
+from ._formats import quantizable
 from ._linear import QuantizedLinear
+from .formats import MIXES, fitting, plan_base
 
 __all__ = ["quantize", "projection_of"]
 
@@ -36,22 +36,24 @@ def projection_of(m: Module) -> tuple[Tensor, Tensor | None] | None:
 def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iterable[str] = ()) -> Module:
     """Quantize `model`'s projections to `scheme` in place and return the model.
 
-    ``scheme``: one of ``kael.quant.quantizable()`` (q8_0, q4_0, q4_1, q5_0, q5_1, bf16, f16; NOTE
-    [weight formats]); the other formats of ``SCHEMES`` load and run but have no reference quantizer yet.
+    ``scheme``: a format of ``kael.quant.quantizable()`` (bf16, f16, q8_0, q4_0, q4_1, q5_0,
+    q5_1, q2_k ... q6_k, iq4_nl, iq4_xs; NOTE [weights choice]) or a llama.cpp file type of
+    ``kael.quant.formats.MIXES`` (``"q4_k_m"``, ``"q3_k_s"``, ...). A model with a
+    ``quantization_plan(scheme)`` hook (the families kael exports to GGUF) gets the format
+    ``llama-quantize`` gives each tensor (NOTE [quantization mixes]): module name -> format, or
+    None to leave it float. Any other projection takes the scheme's base format, or the one
+    llama.cpp falls back to when its blocks do not fit the row (q4_k -> q5_0, ...); a
+    projection no block fits stays float32 (llama.cpp keeps it in a float type).
     ``skip``: qualified module names (``"lm_head"``, ``"h.0.attn.c_proj"``) left as they are,
-    with everything under them. For the block schemes a projection whose in_features is not
-    a multiple of 32 stays float32 (as llama.cpp keeps such tensors in a float type). With
-    ``embeddings=True`` the model's ``quantize_embeddings(scheme)`` runs next, when it has
-    one (a family quantizes its token table and tied LM head its own way). Then
-    ``model.weights_scheme`` is set to `scheme` and ``model.on_quantized()`` runs when
-    defined (a family rebuilds fused views or caches there).
+    with everything under them. With ``embeddings=True`` the model's
+    ``quantize_embeddings(scheme)`` runs next, when it has one (a family quantizes its token
+    table and LM head its own way). Then ``model.weights_scheme`` is set to `scheme` and
+    ``model.on_quantized()`` runs when defined (a family rebuilds fused views or caches there).
     """
-    check_scheme("quantize", scheme)
-    if scheme not in quantizable():  # a format kael reads and runs but cannot write yet: never another one
-        raise DTypeError(
-            f"quantize: kael has no reference quantizer for {scheme!r} yet (files in it load and run); "
-            f"expected one of {', '.join(quantizable())}"
-        )
+    if not isinstance(scheme, str) or (scheme not in quantizable() and scheme not in MIXES):
+        choices = [*quantizable(), *(m for m in MIXES if m not in quantizable())]
+        raise DTypeError(f"quantize: unknown weight scheme {scheme!r}; expected one of {', '.join(choices)}")
+    base = plan_base(scheme)
     if not isinstance(model, Module):
         raise DTypeError(f"quantize: expected a kael.nn.Module, got {type(model).__name__}")
     if isinstance(skip, str):
@@ -66,11 +68,15 @@ def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iter
             "QuantizedLinear.from_float(weight, bias, scheme) instead (quantize swaps children in their parent)"
         )
     for name, m in model.named_modules():  # checked before anything changes
-        if isinstance(m, QuantizedLinear) and m.scheme != scheme:
+        if not isinstance(m, QuantizedLinear) or getattr(model, "weights_scheme", None) == scheme:
+            continue  # a float module, or a model already in this scheme (a no-op)
+        if m.scheme != scheme:
             raise DTypeError(
                 f"quantize: {name!r} is already quantized to {m.scheme}; expected a float model to quantize to "
                 f"{scheme} (quantizing a quantized weight again only adds error)"
             )
+    hook = getattr(model, "quantization_plan", None)
+    plan: dict[str, str | None] = dict(hook(scheme)) if callable(hook) else {}
     done: dict[int, Module] = {}  # id(original) -> its replacement (or itself when left float)
 
     def walk(parent: Module, prefix: str, stack: set[int]) -> None:
@@ -89,10 +95,11 @@ def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iter
                     walk(child, name + ".", stack | {id(child)})
                 continue
             w, b = proj
-            if scheme in BLOCK_BYTES and w.shape[1] % BLOCK_VALUES[scheme]:
+            fmt = plan[name] if name in plan else fitting(base, w.shape[1])
+            if fmt is None:
                 done[id(child)] = child  # stays float32
                 continue
-            q = QuantizedLinear.from_float(w, b, scheme)
+            q = QuantizedLinear.from_float(w, b, fmt)
             done[id(child)] = q
             parent._modules[attr] = q  # in place: the state_dict keeps its key order
 

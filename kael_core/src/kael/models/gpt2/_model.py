@@ -286,12 +286,21 @@ class GPT(CausalLMBase):
         return out
 
     # -- weight formats (NOTE [weights choice] in kael/models/_weights.py) -----------------------
-    def quantize_embeddings(self, scheme: str) -> None:
-        """``wte`` as a QuantizedTable in ``head_scheme(scheme)``: it is the tied LM head too (``wpe`` stays float)."""
-        from .._weights import QuantizedTable, head_scheme, replace_module
+    def quantization_plan(self, weights: str) -> dict[str, str | None]:
+        """The format of each projection and of the token table under ``weights``, as llama.cpp picks them
+        (``kael.models.module_plan``; NOTE [quantization mixes])."""
+        from .._weights_plan import module_plan
 
-        if isinstance(self.wte, EmbeddingTable):
-            replace_module(self, "wte", QuantizedTable.from_float(self.wte.weight, head_scheme(scheme)))
+        return module_plan(self, weights)
+
+    def quantize_embeddings(self, scheme: str) -> None:
+        """``wte`` as a QuantizedTable in the head's format of ``quantization_plan(scheme)`` (it is the tied LM
+        head too: Q6_K or Q8_0); ``wpe`` stays float."""
+        from .._weights import QuantizedTable, replace_module
+
+        table_scheme = self.quantization_plan(scheme).get("wte")
+        if isinstance(self.wte, EmbeddingTable) and table_scheme is not None:
+            replace_module(self, "wte", QuantizedTable.from_float(self.wte.weight, table_scheme))
 
     def decode_step(self, cache: KVCache) -> DecodeStep | None:
         """The direct-kernel step (``GPT2DecodeStep``), or None when the backend lacks a fused kernel it calls."""

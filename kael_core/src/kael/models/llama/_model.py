@@ -332,18 +332,27 @@ class LlamaForCausalLM(CausalLMBase):
         return out
 
     # -- weight formats (NOTE [weights choice] in kael/models/_weights.py) -------------------------
-    def quantize_embeddings(self, scheme: str) -> None:
-        """``embed_tokens`` as a QuantizedTable (in ``head_scheme(scheme)`` when it is the tied head, else
-        ``scheme``), and an untied ``lm_head`` still float as a QuantizedLinear in ``head_scheme(scheme)``."""
-        from ...quant import QuantizedLinear
-        from .._weights import QuantizedTable, head_scheme, replace_module
+    def quantization_plan(self, weights: str) -> dict[str, str | None]:
+        """The format of each projection and of the token table under ``weights``, as llama.cpp picks them
+        (``kael.models.module_plan``; NOTE [quantization mixes])."""
+        from .._weights_plan import module_plan
 
-        tied = self.config.tie_word_embeddings
-        if isinstance(self.model.embed_tokens, Table):
-            table = QuantizedTable.from_float(self.model.embed_tokens.weight, head_scheme(scheme) if tied else scheme)
+        return module_plan(self, weights)
+
+    def quantize_embeddings(self, scheme: str) -> None:
+        """``embed_tokens`` as a QuantizedTable and an untied ``lm_head`` still float as a QuantizedLinear, in
+        the formats ``quantization_plan(scheme)`` gives them (the head's, Q6_K or Q8_0, when tied)."""
+        from ...quant import QuantizedLinear
+        from .._weights import QuantizedTable, replace_module
+
+        plan = self.quantization_plan(scheme)
+        table_scheme = plan.get("model.embed_tokens")
+        if isinstance(self.model.embed_tokens, Table) and table_scheme is not None:
+            table = QuantizedTable.from_float(self.model.embed_tokens.weight, table_scheme)
             replace_module(self.model, "embed_tokens", table)
-        if not tied and isinstance(self.lm_head, Projection):
-            head = QuantizedLinear.from_float(self.lm_head.weight, None, head_scheme(scheme))
+        head_scheme = plan.get("lm_head")
+        if not self.config.tie_word_embeddings and isinstance(self.lm_head, Projection) and head_scheme is not None:
+            head = QuantizedLinear.from_float(self.lm_head.weight, None, head_scheme)
             replace_module(self, "lm_head", head)
 
     def on_quantized(self) -> None:

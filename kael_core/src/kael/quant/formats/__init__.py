@@ -14,11 +14,9 @@ from typing import Any
 from ..._errors import DTypeError, FormatError
 from ._float import BF16, F16, F32
 from ._iq4 import IQ4_NL, IQ4_XS
-from ._iq4_quantize import quantize_iq4_nl, quantize_iq4_xs
 from ._kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-from ._kquants_quantize import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
 from ._legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-from ._mixes import MIXES, mix_base, mix_types, use_more_bits
+from ._mixes import MIXES, fitting, mix_base, mix_types, plan_base, use_more_bits
 from ._registry import Quantizer, WeightFormat
 
 __all__ = [
@@ -31,6 +29,8 @@ __all__ = [
     "by_ggml_type",
     "mix_base",
     "mix_types",
+    "fitting",
+    "plan_base",
     "use_more_bits",
 ]
 
@@ -43,22 +43,11 @@ BLOCK_FORMATS = tuple(f.name for f in _ALL if f.blocked)
 """The names of the block-quantized formats."""
 
 REFERENCE_QUANTIZERS: MappingProxyType[str, Quantizer] = MappingProxyType(
-    {
-        "q2_k": quantize_q2_k,
-        "q3_k": quantize_q3_k,
-        "q4_k": quantize_q4_k,
-        "q5_k": quantize_q5_k,
-        "q6_k": quantize_q6_k,
-        "iq4_nl": quantize_iq4_nl,
-        "iq4_xs": quantize_iq4_xs,
-    }
+    {f.name: f.quantize_blocks for f in _ALL if f.quantize_blocks is not None}
 )
-"""ggml's reference quantizers (no importance matrix) of the K-quant and IQ4 formats, by name.
-
-Each maps finite float32 blocks [nb, block_values] to the bytes ``llama-quantize`` writes
-[nb, block_bytes] (NOTE [bit-exact K-quant search]). The registry rows do not carry them as
-``quantize_blocks`` yet: doing so makes them ``kael.quant.quantizable()``, which the callers
-and their tests take up together (rows of 256 values for the K-quants and IQ4_XS)."""
+"""ggml's reference quantizer (no importance matrix) of every block format, by name: finite float32
+blocks [nb, block_values] -> the bytes ``llama-quantize`` (and ``gguf.quants.quantize`` where it has
+one) writes [nb, block_bytes] (NOTE [bit-exact K-quant search] for the K-quants and IQ4)."""
 
 _BY_TYPE = {f.ggml_type: f for f in _ALL}
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._iq4_grid import KVALUES
+from ._iq4_quantize import quantize_iq4_nl, quantize_iq4_xs
 from ._registry import WeightFormat, check_blocks, half, u16
 
 __all__ = ["IQ4_NL", "IQ4_XS", "KVALUES"]
 
-KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 """The 16 values a 4-bit iq4 index selects (ggml's kvalues_iq4nl)."""
 
 
@@ -43,7 +44,7 @@ def _iq4_xs(blocks: np.ndarray) -> np.ndarray:
     return out
 
 
-IQ4_NL = WeightFormat("iq4_nl", 20, "iq4", 32, 18, "uint8", _iq4_nl, "q6_k")
+IQ4_NL = WeightFormat("iq4_nl", 20, "iq4", 32, 18, "uint8", _iq4_nl, "q6_k", quantize_iq4_nl)
 """Non-linear 4-bit, 32-value blocks."""
-IQ4_XS = WeightFormat("iq4_xs", 23, "iq4", 256, 136, "uint8", _iq4_xs, "q6_k")
+IQ4_XS = WeightFormat("iq4_xs", 23, "iq4", 256, 136, "uint8", _iq4_xs, "q6_k", quantize_iq4_xs)
 """Non-linear 4-bit, 256-value super-blocks with 6-bit sub-block scales."""

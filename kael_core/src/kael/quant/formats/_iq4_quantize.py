@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._iq4 import KVALUES
+from ._iq4_grid import KVALUES
 from ._kquants_search import F32, GROUP_MAX_EPS, by_chunks, first_largest, nearest_int
 
 __all__ = ["quantize_iq4_nl", "quantize_iq4_xs", "best_index"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._kquants_quantize import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
 from ._registry import WeightFormat, check_blocks, half
 
 __all__ = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -116,13 +117,13 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     return out
 
 
-Q2_K = WeightFormat("q2_k", 10, "k-quant", 256, 84, "uint8", _q2_k, "q6_k")
+Q2_K = WeightFormat("q2_k", 10, "k-quant", 256, 84, "uint8", _q2_k, "q6_k", quantize_q2_k)
 """2-bit K-quant (scales and mins per 16 values)."""
-Q3_K = WeightFormat("q3_k", 11, "k-quant", 256, 110, "uint8", _q3_k, "q6_k")
+Q3_K = WeightFormat("q3_k", 11, "k-quant", 256, 110, "uint8", _q3_k, "q6_k", quantize_q3_k)
 """3-bit K-quant (6-bit scales per 16 values)."""
-Q4_K = WeightFormat("q4_k", 12, "k-quant", 256, 144, "uint8", _q4_k, "q6_k")
+Q4_K = WeightFormat("q4_k", 12, "k-quant", 256, 144, "uint8", _q4_k, "q6_k", quantize_q4_k)
 """4-bit K-quant (6-bit scales and mins per 32 values)."""
-Q5_K = WeightFormat("q5_k", 13, "k-quant", 256, 176, "uint8", _q5_k, "q6_k")
+Q5_K = WeightFormat("q5_k", 13, "k-quant", 256, 176, "uint8", _q5_k, "q6_k", quantize_q5_k)
 """5-bit K-quant (6-bit scales and mins per 32 values)."""
-Q6_K = WeightFormat("q6_k", 14, "k-quant", 256, 210, "uint8", _q6_k, "q6_k")
+Q6_K = WeightFormat("q6_k", 14, "k-quant", 256, 210, "uint8", _q6_k, "q6_k", quantize_q6_k)
 """6-bit K-quant (int8 scales per 16 values)."""

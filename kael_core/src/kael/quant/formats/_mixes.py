@@ -30,6 +30,10 @@ llama.cpp as vendored by llama-cpp-python 0.3.36):
   (``tensor_type_fallback``): IQ4_XS -> IQ4_NL, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
   Q6_K -> Q8_0, and to F16 when even that does not fit.
 
+A format name that is not a file type (``bf16``, ``f16``, ``q3_k``, ``q4_k``, ``q5_k``) gives a
+uniform plan: every quantizable tensor in that format, the output head as above (a float format
+keeps its head in the format, as llama.cpp's F16/BF16 files do), then the same fallbacks.
+
 Not modelled: importance matrices, ``--pure``, ``--output-tensor-type`` and friends, the 70B
 model-type rule (attn_v Q3_K/Q4_K -> Q5_K on 70B models), the IQ1/IQ2/IQ3/TQ/MXFP4 mixes and
 Q2_K_S (llama-quantize refuses those without an importance matrix, or kael has no such format).
@@ -44,7 +48,7 @@ from types import MappingProxyType
 from ..._errors import DTypeError, ShapeError
 from ._registry import WeightFormat
 
-__all__ = ["MIXES", "mix_base", "mix_types", "use_more_bits"]
+__all__ = ["MIXES", "fitting", "mix_base", "mix_types", "plan_base", "use_more_bits"]
 
 MIXES = MappingProxyType(
     {
@@ -101,6 +105,28 @@ def mix_base(mix: str) -> str:
     return base
 
 
+def plan_base(name: str) -> str:
+    """The base format of a plan named `name`: a file type's (``"q4_k_m"`` -> ``"q4_k"``) or the format
+    itself (``"q4_k"``, ``"bf16"``); a DTypeError naming the choices for anything else (f32 included)."""
+    if isinstance(name, str) and name in MIXES:
+        return MIXES[name]
+    from . import FORMATS  # the registry imports this module's names; resolve at call time
+
+    if not isinstance(name, str) or name not in FORMATS or name == "f32":
+        choices = sorted({*MIXES, *(n for n in FORMATS if n != "f32")})
+        raise DTypeError(f"unknown quantization mix or format {name!r}; expected one of {', '.join(choices)}")
+    return name
+
+
+def fitting(fmt: str, row: int) -> str | None:
+    """`fmt`, or the format llama.cpp falls back to (``tensor_type_fallback``: q4_k -> q5_0, ...) when
+    rows of `row` values are not a whole number of its blocks; None when neither fits."""
+    for name in (fmt, _FALLBACK.get(fmt)):
+        if name is not None and row % _block(name) == 0:
+            return name
+    return None
+
+
 def _block(name: str) -> int:
     from . import get_format  # the registry imports this module's names; resolve at call time
 
@@ -134,7 +160,8 @@ class _Mixer:
     """The per-file state of ``llama_tensor_get_type`` (counters of attn_v and ffn_down tensors)."""
 
     def __init__(self, mix: str, n_wv: int, n_layer: int, gqa: int, n_expert: int, arch: str, tied: bool) -> None:
-        self.mix, self.base = mix, mix_base(mix)
+        self.mix, self.base = mix, plan_base(mix)
+        self.uniform = mix not in MIXES
         self.n_wv, self.n_layer, self.gqa, self.n_expert, self.arch, self.tied = (
             n_wv,
             n_layer,
@@ -154,6 +181,8 @@ class _Mixer:
         return int(m.group(1))
 
     def _head(self, row: int) -> str:
+        if _block(self.base) == 1:  # a float format: llama.cpp's F16/BF16 files keep the head in it
+            return self.base
         if self.arch == "falcon" or row % _block(self.base):
             return "q8_0"
         return "q6_k" if self.base != "q8_0" else "q8_0"
@@ -215,7 +244,7 @@ class _Mixer:
         new: str | None = None
         if cat == "output" or (self.tied and cat == "token_embd"):
             new = self._head(row)
-        elif cat == "token_embd":
+        elif cat == "token_embd" or self.uniform:
             new = None
         elif cat == "attn_v":
             new = self._attn_v()
@@ -225,12 +254,7 @@ class _Mixer:
             new = self._ffn_down(name)
         elif cat == "attn_output":
             new = self._attn_output()
-        chosen = new or self.base
-        if row % _block(chosen):  # tensor_type_fallback
-            chosen = _FALLBACK.get(chosen, chosen)
-            if row % _block(chosen):
-                chosen = "f16"
-        return chosen
+        return fitting(new or self.base, row) or "f16"  # tensor_type_fallback
 
 
 def mix_types(
@@ -246,7 +270,8 @@ def mix_types(
     """The format ``llama-quantize`` gives each tensor of a file quantized to `mix` (NOTE [quantization mixes]).
 
     Args:
-        mix: a llama.cpp file type in lower case, one of ``MIXES`` (``"q4_k_m"``).
+        mix: a llama.cpp file type in lower case, one of ``MIXES`` (``"q4_k_m"``), or a format
+            name for a uniform plan (``"q4_k"``, ``"bf16"``; see the NOTE).
         tensors: the file's (GGUF name, NumPy shape) pairs in file order (the shape's last
             dimension is the row length, GGUF's ne[0]); the order matters for the attn_v and
             ffn_down counters.
