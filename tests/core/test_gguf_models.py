@@ -153,7 +153,7 @@ def test_weights_choice_on_gguf_files(llama_dir: Path) -> None:
     with pytest.raises(kael.KaelError, match="requantize"):
         load_gguf(_export(llama_dir, "q8_0"), weights="q4_0")
     with pytest.raises(kael.KaelError, match="weights must be"):
-        load_gguf(f32, weights="q5_k")
+        load_gguf(f32, weights="q7_k")
     with pytest.raises(kael.DTypeError, match="float32"):
         from_pretrained(f32, dtype=kael.float16)
 

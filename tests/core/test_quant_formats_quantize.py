@@ -55,8 +55,10 @@ def test_round_trip_error_within_a_step(name: str) -> None:
 
 
 def test_quantize_refusals() -> None:
-    with pytest.raises(DTypeError, match="q4_k: kael has no reference block quantizer"):
-        get_format("q4_k").quantize(np.zeros((1, 256), np.float32))
+    with pytest.raises(DTypeError, match="f16: kael has no reference block quantizer"):
+        get_format("f16").quantize(np.zeros((1, 256), np.float32))
+    with pytest.raises(ShapeError, match="q4_k.*40 values.*256-value"):
+        get_format("q4_k").quantize(np.zeros((1, 40), np.float32))
     with pytest.raises(ShapeError, match="q4_1.*40 values.*32-value"):
         get_format("q4_1").quantize(np.zeros((1, 40), np.float32))
     with pytest.raises(FormatError, match="q5_0.*finite"):

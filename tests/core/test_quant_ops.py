@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kael.backends import host
 from kael.backends.reference import ReferenceBackend
-from kael.quant import dequantize_array, quantizable, quantize_array, to_device_weight
+from kael.quant import BLOCK_VALUES, dequantize_array, quantizable, quantize_array, to_device_weight
 
 MODES = ["default", "reference", "decomposition", "dequantize_only"]
 
@@ -79,9 +79,15 @@ def _oracle(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> tuple[np.ndar
     return y, (x.shape[-1] + 1) * 2.0**-23 * mag + 1e-30
 
 
+def _wide(scheme: str, k: int) -> int:
+    """A row length of the 32-value tests scaled to `scheme`'s blocks (x8 for the 256-value K-quants and IQ4_XS)."""
+    return k * BLOCK_VALUES.get(scheme, 32) // 32
+
+
 @pytest.mark.parametrize("scheme", quantizable())
 def test_dequantize_equals_the_numpy_reference_bit_for_bit(mode: str, scheme: str) -> None:
-    for n, k in ((1, 32), (5, 64), (17, 256), (3, 96)):
+    for n, k32 in ((1, 32), (5, 64), (17, 256), (3, 96)):
+        k = _wide(scheme, k32)
         data, values = _weight(n * k, n, k, scheme)
         got = kael.ops.dequantize(to_device_weight(data, scheme), scheme)
         assert got.dtype is kael.float32 and got.shape == (n, k)
@@ -132,7 +138,7 @@ def _x(rng: np.random.Generator, shape: tuple[int, ...], layout: str) -> tuple[n
 @given(case=linear_cases())
 def test_quantized_linear_matches_numpy(mode: str, case: dict[str, Any]) -> None:
     rng = np.random.default_rng(case["seed"])
-    scheme, k, n = case["scheme"], case["k"], case["n"]
+    scheme, k, n = case["scheme"], _wide(case["scheme"], case["k"]), case["n"]
     data, w = _weight(case["seed"], n, k, scheme)
     b = rng.standard_normal(n).astype(np.float32) if case["bias"] else None
     x, xt = _x(rng, case["lead"] + (case["rows"], k), case["layout"])
@@ -149,10 +155,11 @@ def test_fused_kernel_rows_do_not_depend_on_the_batch(mode: str, scheme: str) ->
     if not _has_fused_kernel("quantized_linear"):
         pytest.skip("no fused quantized_linear kernel here: the decomposition's matmul makes no batch promise")
     rng = np.random.default_rng(11)
-    data, _ = _weight(5, 48, 256, scheme)
+    k = _wide(scheme, 256)
+    data, _ = _weight(5, 48, k, scheme)
     w = to_device_weight(data, scheme)
     b = kael.tensor(rng.standard_normal(48).astype(np.float32))
-    x = rng.standard_normal((13, 256)).astype(np.float32)
+    x = rng.standard_normal((13, k)).astype(np.float32)
     batched = kael.ops.quantized_linear(kael.tensor(x), w, b, scheme).numpy()
     for i in range(13):
         alone = kael.ops.quantized_linear(kael.tensor(x[i : i + 1]), w, b, scheme).numpy()
@@ -165,12 +172,13 @@ def test_reference_kernel_agrees_with_the_decomposition() -> None:
 
     rng = np.random.default_rng(2)
     for scheme in quantizable():
-        data, _ = _weight(3, 9, 96, scheme)
+        k = _wide(scheme, 96)
+        data, _ = _weight(3, 9, k, scheme)
         w = to_device_weight(data, scheme)
-        out = kael.empty(9, 96)
+        out = kael.empty(9, k)
         host.kernel("dequantize")(out, w, scheme)
         np.testing.assert_array_equal(out.numpy(), catalogue.decomposition("dequantize")(w, scheme).numpy())
-        x = kael.tensor(rng.standard_normal((4, 96)).astype(np.float32))
+        x = kael.tensor(rng.standard_normal((4, k)).astype(np.float32))
         b = kael.tensor(rng.standard_normal(9).astype(np.float32))
         y = kael.empty(4, 9)
         host.kernel("quantized_linear")(y, x, w, b, scheme)
@@ -181,8 +189,9 @@ def test_reference_kernel_agrees_with_the_decomposition() -> None:
 @pytest.mark.parametrize("scheme", quantizable())
 def test_gradient_in_x_and_bias(mode: str, scheme: str) -> None:
     rng = np.random.default_rng(4)
-    data, w = _weight(8, 12, 64, scheme)
-    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    k = _wide(scheme, 64)
+    data, w = _weight(8, 12, k, scheme)
+    x = rng.standard_normal((2, 3, k)).astype(np.float32)
     b = rng.standard_normal(12).astype(np.float32)
     g = rng.standard_normal((2, 3, 12)).astype(np.float32)
     xt = kael.tensor(x, requires_grad=True)

@@ -84,6 +84,8 @@ class WeightFormat:
                 f"({k // self.block_values} blocks of {self.block_bytes}), got {data.shape[1]}"
             )
         n = data.shape[0]
+        if n == 0 or k == 0:  # no blocks: some dequantizers reshape with -1, which an empty array cannot
+            return np.zeros((n, k), np.float32)
         blocks = np.ascontiguousarray(data).reshape(n * (k // self.block_values), self.block_bytes)
         with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN scales decode as GGML's do
             return self.dequantize_blocks(blocks).reshape(n, k)
@@ -100,6 +102,8 @@ class WeightFormat:
         v = np.ascontiguousarray(x, dtype=np.float32)
         if not np.isfinite(v).all():
             raise FormatError(f"{self.name}: quantize needs finite values; the array holds infinities or NaN")
+        if n == 0 or k == 0:  # no blocks to quantize
+            return np.zeros((n, width), np.uint8)
         return self.quantize_blocks(v.reshape(-1, self.block_values)).reshape(n, width)
 
 
