@@ -54,7 +54,7 @@ __all__ = [
 
 MAX_PORT = 65535
 WEIGHTS = (
-    "f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
     "iq4_nl", "iq4_xs", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m",
 )  # fmt: skip
 """``--weights`` choices: ``kael.models.WEIGHTS`` (named here so the web stack imports without kael)."""

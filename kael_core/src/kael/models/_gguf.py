@@ -103,6 +103,8 @@ class TensorSpec:
     rope_heads: int = 0
     """Rows reordered for GGML's rope in groups of this many heads (0: not; NOTE [gguf rope rows])."""
     optional: bool = False
+    constant: bool = False
+    """Not a model tensor: the family read it into the config and writes it back (``constant_tensor``)."""
 
 
 def rope_rows(rows: int, heads: int) -> np.ndarray:
@@ -313,7 +315,7 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
         order = sorted(f.tensors.items(), key=lambda kv: by_name[kv[0]].role != ROLE_LINEAR)
         for name, t in order:
             spec = by_name[name]
-            if fam.skip_tensor(spec):
+            if spec.constant or fam.skip_tensor(spec):
                 continue
             perm = rope_rows(spec.shape[0], spec.rope_heads) if spec.rope_heads else None
             if spec.role == ROLE_LINEAR and t.type in GGUF_SCHEMES:
@@ -470,6 +472,9 @@ def save_gguf(model: Any, path: Any, tokenizer: Any = None, *, weights: Any = No
     plan = gguf_plan(model, scheme) if scheme is not None else {}
     with no_grad():
         for spec in fam.export_specs(model):
+            if spec.constant:  # from the config (e.g. Llama's rope_freqs), float32 as llama.cpp reads it
+                tensors.append((spec.name, "F32", spec.shape, fam.constant_tensor(model, spec)))
+                continue
             inv = np.argsort(rope_rows(spec.shape[0], spec.rope_heads)) if spec.rope_heads else None
             kind, data = _module_tensor(model, spec, plan.get(spec.name), inv)
             tensors.append((spec.name, kind, spec.shape, data))

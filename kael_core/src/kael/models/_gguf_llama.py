@@ -22,14 +22,18 @@ Metadata (``{arch}.``): ``context_length``, ``embedding_length``, ``feed_forward
 ``attention.layer_norm_rms_epsilon``, ``attention.key_length`` / ``value_length`` (the head
 dim; default C / H), ``rope.dimension_count`` (must be the head dim: no partial rotary),
 ``rope.freq_base`` (default 10000), ``rope.scaling.type`` (``none`` or ``linear`` with
-``rope.scaling.factor``), ``vocab_size`` (default: ``token_embd``'s rows). A ``rope_freqs``
-tensor (per-dimension factors, e.g. Llama 3.1's scaling) is not supported: FormatError.
+``rope.scaling.factor``), ``vocab_size`` (default: ``token_embd``'s rows). A ``rope_freqs.weight``
+tensor [D/2] (F32: per-dimension divisors of the rotary frequencies, which llama.cpp's converter
+writes for Llama 3.1's ``llama3`` scaling) becomes the config's ``rope_freq_factors`` and is
+written back as it was read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from .._errors import FormatError, KaelError
 from ._gguf import ROLE_FLOAT, ROLE_LINEAR, ROLE_TABLE, TensorSpec, meta_float, meta_int
@@ -43,13 +47,14 @@ __all__ = [
     "new_model",
     "check_extra",
     "skip_tensor",
+    "constant_tensor",
     "finish",
     "handles",
     "gguf_metadata",
 ]
 
 ARCHITECTURES = ("llama", "qwen2")
-_TABLE, _HEAD = "token_embd.weight", "output.weight"
+_TABLE, _HEAD, _ROPE_FREQS = "token_embd.weight", "output.weight", "rope_freqs.weight"
 
 
 def _token_id(metadata: Mapping[str, Any], name: str) -> int | None:
@@ -75,11 +80,6 @@ def _rope_scaling(arch: str, metadata: Mapping[str, Any], where: str) -> RopeSca
 
 def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mapping[str, Any], where: str) -> LlamaConfig:
     """The LlamaConfig of a ``llama`` / ``qwen2`` GGUF file (biases and tying from which tensors it has)."""
-    if "rope_freqs.weight" in tensors:
-        raise FormatError(
-            f"{where}: tensor 'rope_freqs.weight' (per-dimension rope factors, e.g. Llama 3's rope scaling) "
-            "is not supported"
-        )
     a = arch
     c = meta_int(metadata, f"{a}.embedding_length", where)
     heads = meta_int(metadata, f"{a}.attention.head_count", where)
@@ -120,6 +120,7 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
             model_type="qwen2" if a == "qwen2" else "llama",
             bos_token_id=_token_id(metadata, "bos"),
             eos_token_id=eos,
+            rope_freq_factors=_freq_factors(tensors, hd, where),
         )
     except KaelError as exc:
         if isinstance(exc, FormatError):
@@ -137,6 +138,8 @@ def tensor_specs(config: LlamaConfig) -> list[TensorSpec]:
     h, kv, d = config.num_attention_heads, config.kv_heads, config.dim
     permuted = _arch(config) == "llama"  # NOTE [gguf rope rows]
     specs = [TensorSpec(_TABLE, "model.embed_tokens.weight", (v, c), ROLE_TABLE)]
+    if config.rope_freq_factors is not None:
+        specs.insert(0, TensorSpec(_ROPE_FREQS, "", (d // 2,), ROLE_FLOAT, constant=True))
     for i in range(config.num_hidden_layers):
         b, m = f"blk.{i}.", f"model.layers.{i}."
         attn = (
@@ -160,6 +163,30 @@ def tensor_specs(config: LlamaConfig) -> list[TensorSpec]:
     if not config.tie_word_embeddings:
         specs.append(TensorSpec(_HEAD, "lm_head.weight", (v, c), ROLE_LINEAR))
     return specs
+
+
+def _freq_factors(tensors: Mapping[str, Any], dim: int, where: str) -> tuple[float, ...] | None:
+    """The values of a ``rope_freqs.weight`` tensor (None without one); FormatError unless F32 [dim/2], positive."""
+    t = tensors.get(_ROPE_FREQS)
+    if t is None:
+        return None
+    if t.type != "F32" or tuple(t.shape) != (dim // 2,):
+        raise FormatError(
+            f"{where}: tensor {_ROPE_FREQS!r} must be F32 of shape [{dim // 2}] (head_dim / 2), "
+            f"got {t.type} {list(t.shape)}"
+        )
+    values = np.asarray(t.data, dtype=np.float64)
+    if not (np.isfinite(values).all() and (values > 0).all()):
+        raise FormatError(f"{where}: tensor {_ROPE_FREQS!r} must hold finite positive factors")
+    return tuple(float(x) for x in values)
+
+
+def constant_tensor(model: LlamaForCausalLM, spec: TensorSpec) -> np.ndarray:
+    """The data of a constant spec: ``rope_freqs.weight`` from the config's ``rope_freq_factors``."""
+    factors = model.config.rope_freq_factors
+    if spec.name != _ROPE_FREQS or factors is None:
+        raise KaelError(f"save_gguf: {spec.name!r} is not a tensor this model's config holds")
+    return np.asarray(factors, dtype=np.float32)
 
 
 def export_specs(model: LlamaForCausalLM) -> list[TensorSpec]:

@@ -42,7 +42,8 @@ from .._errors import DTypeError, FormatError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..nn import Module
 from ..ops import detach, index_select, reshape, view
-from ..quant import BLOCK_BYTES, BLOCK_VALUES
+from ..quant import BLOCK_BYTES, BLOCK_VALUES, quantizable
+from ..quant.formats import MIXES
 
 __all__ = [
     "WEIGHTS",
@@ -64,10 +65,7 @@ __all__ = [
     "stored_shape",
 ]
 
-WEIGHTS = (
-    "f32", "bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-    "iq4_nl", "iq4_xs", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m",
-)  # fmt: skip
+WEIGHTS = ("f32", *quantizable(), *(mix for mix in MIXES if mix not in quantizable()))
 """The ``weights`` choices of ``from_pretrained``, ``python -m kael generate``, ``export-gguf`` and ``kael-server``:
 f32, every format kael can quantize to (``kael.quant.quantizable()``) and llama.cpp's mixes
 (``kael.quant.formats.MIXES``); a test checks they agree."""

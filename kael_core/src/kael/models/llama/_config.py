@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._errors import FormatError, ShapeError
+from ..._errors import FormatError, KaelError, ShapeError
 from .._registry import read_config_json
 
 __all__ = ["LlamaConfig", "RopeScaling", "read_config", "hf_config", "MODEL_TYPES", "ROPE_TYPES"]
@@ -81,6 +81,9 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     dtype: str | None = None
+    rope_freq_factors: tuple[float, ...] | None = None
+    """Per-dimension divisors of the rotary inverse frequencies [head_dim / 2] (a GGUF file's ``rope_freqs``
+    tensor, llama.cpp's ``freq_factors``, as its converter writes Llama 3.1's scaling); no Hugging Face field."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
@@ -114,6 +117,15 @@ class LlamaConfig:
             raise ShapeError(f"LlamaConfig: model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
         if self.rope_scaling.rope_type not in ROPE_TYPES:
             raise ShapeError(f"LlamaConfig: rope type {self.rope_scaling.rope_type!r} is not supported")
+        ff = self.rope_freq_factors
+        if ff is not None and (
+            len(ff) != self.dim // 2
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0 for x in ff)
+        ):
+            raise ShapeError(
+                f"LlamaConfig: rope_freq_factors must be {self.dim // 2} finite positive numbers (head_dim / 2), "
+                f"got {len(ff)} values"
+            )
 
     @property
     def kv_heads(self) -> int:
@@ -316,7 +328,13 @@ def _check_window(d: dict[str, Any], mt: str, ctx: int, fail: Any) -> None:
 
 
 def hf_config(config: LlamaConfig, dtype: str = "float32") -> dict[str, Any]:
-    """A transformers 5 ``config.json`` dictionary for ``config`` (its ``rope_parameters`` layout)."""
+    """A transformers 5 ``config.json`` dictionary for ``config`` (its ``rope_parameters`` layout); a KaelError
+    for a config with ``rope_freq_factors`` (a GGUF file's, which no Hugging Face rope type expresses)."""
+    if config.rope_freq_factors is not None:
+        raise KaelError(
+            "hf_config: this model's rotary frequencies come from a GGUF file's rope_freqs tensor, which no "
+            "Hugging Face rope type expresses; save it with save_gguf instead"
+        )
     rope: dict[str, Any] = {"rope_type": config.rope_scaling.rope_type, "rope_theta": config.rope_theta}
     rope.update(config.rope_scaling.params)
     eos = config.eos_token_id

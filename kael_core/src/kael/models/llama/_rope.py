@@ -35,7 +35,15 @@ def _default(base: float, dim: int) -> np.ndarray:
 
 
 def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
-    """The rotary inverse frequencies [head_dim / 2] (float64) of ``config``'s rope type."""
+    """The rotary inverse frequencies [head_dim / 2] (float64) of ``config``'s rope type, divided by its
+    ``rope_freq_factors`` when it has them (llama.cpp: ``theta = pos * base^(-2i/d) / freq_factors[i]``)."""
+    inv = _scaled(config)
+    if config.rope_freq_factors is None:
+        return inv
+    return np.asarray(inv / np.asarray(config.rope_freq_factors, dtype=np.float64), dtype=np.float64)
+
+
+def _scaled(config: LlamaConfig) -> np.ndarray:
     base, dim, rs = config.rope_theta, config.dim, config.rope_scaling
     kind = rs.rope_type
     inv = _default(base, dim)
