@@ -79,6 +79,11 @@ class ByteTokenizer:
 
     vocab_size = 257
     eot_token = EOT
+    chat_template: Any = None  # a Generator's chat template comes from its tokenizer (or its own argument)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {"<|endoftext|>": EOT}
 
     def __init__(self, gate: Gate | None = None, fail: bool = False) -> None:
         self.gate = gate
@@ -139,6 +144,8 @@ class FakeModel(ServedModel):
         self.script = list(script) if script is not None else None
         self.max_positions = max_positions
         self.vocab_size = vocab_size
+        self.generation_config = None  # no checkpoint: the tokenizer's end of text alone ends a text
+        self.weights_scheme: str | None = None
         self.gate = gate
         self.fail_at = fail_at
         self.step_seconds = step_seconds
@@ -359,6 +366,7 @@ class FakeChatTemplate:
     ``raise_exception`` does."""
 
     name = "/srv/models/secret-path/chat_template.jinja"
+    source = "{# a fake: no tool-call markers #}"
 
     def __init__(self, end_of_turn: tuple[int, ...] = (END_OF_TURN,)) -> None:
         self.end_of_turn = end_of_turn

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kael_server.errors import ChatRejected, FieldError, InvalidRequest
+from kael_server.protocols import ChatTemplate
 
 __all__ = ["ROLES", "conversation", "render_chat"]
 
@@ -132,7 +133,10 @@ def _content(message: Mapping[str, Any], where: str, errors: list[FieldError]) -
 
 
 def render_chat(
-    template: Any, messages: list[dict[str, Any]], model_name: str, tools: list[dict[str, Any]] | None = None
+    template: ChatTemplate | None,
+    messages: list[dict[str, Any]],
+    model_name: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The prompt text of a conversation: ``template.render`` with the generation prompt (and
     ``tools``, as Hugging Face's ``apply_chat_template(tools=...)`` passes them).
@@ -153,8 +157,8 @@ def render_chat(
         return str(template.render(messages, add_generation_prompt=True, tools=tools or None))
     except kael.KaelError as exc:
         text = str(exc)
-        source = getattr(template, "name", None)
-        if isinstance(source, str) and source:  # the file's name, never the server's path to it
+        source = template.name
+        if source:  # the file's name, never the server's path to it
             text = text.replace(source, Path(source).name)
         if len(text) > _MAX_TEMPLATE_MESSAGE:
             text = text[:_MAX_TEMPLATE_MESSAGE] + "..."

@@ -24,6 +24,7 @@ from typing import Any
 from kael.constraints import Constraint, ConstraintError, grammar, json_schema
 
 from kael_server.errors import FieldError, InvalidRequest
+from kael_server.protocols import ChatTemplate
 from kael_server.structured import LIMITS, refusal
 from kael_server.tools import Format, auto_grammar, detect_format, tool_choice_constraint
 
@@ -87,7 +88,7 @@ def tool_request(
     tools: list[dict[str, Any]] | None,
     tool_choice: Any,
     parallel: bool | None,
-    template: Any,
+    template: ChatTemplate | None,
     special_tokens: Mapping[str, int] | None = None,
 ) -> ToolRequest:
     """The reply's view of a request's tool fields; InvalidRequest naming the field.
@@ -102,7 +103,7 @@ def tool_request(
         raise InvalidRequest(errors)
     if choice == "none":
         return ToolRequest(tools, None, None)
-    source = getattr(template, "source", "") or ""
+    source = template.source if template is not None else ""
     if choice == "auto":
         fmt = detect_format(source)
         for i, tool in enumerate(tools):  # each schema's size, depth and support, by its field

@@ -19,7 +19,7 @@ from kael_server.errors import Cancelled, NotReady, PromptRejected, ServerConfig
 from kael_server.jobs import ChatPrompt, Job, Prompt, PromptAccepted, SamplingParams
 from kael_server.metrics import Metrics
 from kael_server.output import Choice, Echo, JobOutput, token_info
-from kael_server.protocols import BatchEngine, Model, RngFactory, ServedModel, Tokenizer
+from kael_server.protocols import BatchEngine, ChatTemplate, Model, RngFactory, ServedModel, Tokenizer
 from kael_server.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -61,14 +61,16 @@ class Generator:
         metrics: Metrics | None = None,
         make_scheduler: Callable[[Generator], Scheduler] | None = None,
         stop_tokens: Sequence[int] | None = None,
-        chat_template: Any = None,
+        chat_template: ChatTemplate | None = None,
         chat_stop_tokens: Sequence[int] | None = None,
         aliases: Sequence[str] = (),
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.stop_tokens = tuple(stop_tokens) if stop_tokens is not None else end_of_text_ids(model, tokenizer)
-        self.chat_template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+        self.chat_template: ChatTemplate | None = (
+            chat_template if chat_template is not None else tokenizer.chat_template
+        )
         if chat_stop_tokens is None and self.chat_template is not None:
             chat_stop_tokens = self.chat_template.end_of_turn_tokens(tokenizer)
         self.chat_stop_tokens = tuple(chat_stop_tokens or ())
@@ -222,7 +224,7 @@ def default_engine(model: Model) -> BatchDecoder | BatchEngine:
     )
 
 
-def end_of_text_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+def end_of_text_ids(model: Model, tokenizer: Tokenizer) -> tuple[int, ...]:
     """The ids that end a generated text: the tokenizer's ``eot_token`` (when it has one) and
     every eos id of the model's ``generation_config`` (when it has one), in that order."""
     ids: list[int] = []
@@ -230,8 +232,8 @@ def end_of_text_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
         ids.append(int(tokenizer.eot_token))
     except KaelError:  # a tokenizer with neither an eos token nor <|endoftext|>
         pass
-    config = getattr(model, "generation_config", None)
-    for token in getattr(config, "eos_token_ids", None) or ():
+    config = model.generation_config
+    for token in config.eos_token_ids if config is not None else ():
         if int(token) not in ids:
             ids.append(int(token))
     return tuple(ids)

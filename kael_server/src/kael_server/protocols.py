@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kael.engine import KVBackend, Runner
+from kael.models import GenerationConfig
 
-__all__ = ["BatchEngine", "Model", "OnToken", "RngFactory", "Sampler", "ServedModel", "Tokenizer"]
+__all__ = ["BatchEngine", "ChatTemplate", "Model", "OnToken", "RngFactory", "Sampler", "ServedModel", "Tokenizer"]
 
 OnToken = Callable[[int], object]
 """Called by ``Model.generate`` after each new token; a falsy return stops generation."""
@@ -24,16 +25,44 @@ Sampler = Callable[[Any, list[int]], int]
 """``sampler(logits [V], tokens so far) -> token``: replaces the model's own sampling step."""
 
 
+class ChatTemplate(Protocol):
+    """A chat template as the server uses it (kael's ``kael.tokenizer.ChatTemplate``)."""
+
+    @property
+    def name(self) -> str:
+        """What errors call the template (its file)."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """Its Jinja source (the tool-call format is read from it)."""
+        ...
+
+    def render(self, messages: Any, *, add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """The prompt text of a conversation."""
+        ...
+
+    def end_of_turn_tokens(self, tokenizer: Any) -> tuple[int, ...]:
+        """The ids that end an assistant turn under this template."""
+        ...
+
+
 class Tokenizer(Protocol):
     """kael's ``BpeTokenizer`` or ``HFTokenizer`` (``kael.tokenizer.load_tokenizer``). A chat
     prompt is encoded with ``encode(text, allowed_special="all")`` by a BpeTokenizer and
-    ``encode(text, add_special_tokens=...)`` by any other (``kael.tokenizer.encode_chat``)."""
+    ``encode(text, add_special_tokens=...)`` by any other (``kael.tokenizer.encode_chat``).
+    ``chat_template`` is None for a vocabulary without one (then /v1/chat/completions says so)."""
+
+    chat_template: ChatTemplate | None
 
     @property
     def vocab_size(self) -> int: ...
 
     @property
     def eot_token(self) -> int: ...
+
+    @property
+    def special_tokens(self) -> dict[str, int]: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -48,6 +77,10 @@ class Model(Protocol):
 
     max_positions: int
     vocab_size: int
+    generation_config: GenerationConfig | None
+    """The checkpoint's generation_config.json (its eos ids end a text), None without one."""
+    weights_scheme: str | None
+    """The weights' format (``"q8_0"``, ...; None for float32), reported by ``GET /v1/models``."""
 
     def generate(
         self,

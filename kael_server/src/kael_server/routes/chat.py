@@ -74,7 +74,7 @@ class ChatReply:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(sized, generator.vocab_size, logprobs=logprobs)
         params = dataclasses.replace(params, stop_token_ids=generator.chat_stop_tokens, fit_context=given is None)
-        special = getattr(generator.tokenizer, "special_tokens", None)
+        special = generator.tokenizer.special_tokens
         tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, generator.chat_template, special)
         # the body is checked first (a malformed one is a 400 whatever it names), then the model (a
         # 404), then its constraint is compiled

@@ -262,7 +262,7 @@ async def completions(request: Request[Any, Any, Any], server: ServerState) -> R
 
 
 def _cards(generator: Generator) -> list[ModelCard]:
-    weights = getattr(generator.model, "weights_scheme", None) or "f32"
+    weights = generator.model.weights_scheme or "f32"
     return [
         ModelCard(
             id=name,
