@@ -36,7 +36,9 @@ def test_an_unknown_weights_format_is_refused() -> None:
     )
     assert result.returncode == 2
     assert "--weights: invalid choice: 'q7_0'" in result.stderr and "'q8_0'" in result.stderr
-    with pytest.raises(ServerConfigError, match=r"--weights must be one of \['f32', .*'q4_0', .*'q4_k_m', .*\], got 'int8'"):
+    with pytest.raises(
+        ServerConfigError, match=r"--weights must be one of \['f32', .*'q4_0', .*'q4_k_m', .*\], got 'int8'"
+    ):
         load_app(None, weights="int8")
 
 
