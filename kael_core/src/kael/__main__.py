@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return chat_cli(args)
     if args.cmd == "export-gguf":
-        from kael.models._gguf import export_gguf_cli
+        from kael.models._gguf_save import export_gguf_cli
 
         return export_gguf_cli(args)
     from kael.models._cli import generate_cli

@@ -12,7 +12,8 @@ from ._base import CausalLMBase
 from ._batched import BatchDecoder
 from ._generate import Sampler, generate, sample_next
 from ._generation_config import GenerationConfig, read_generation_config
-from ._gguf import load_gguf, save_gguf
+from ._gguf import load_gguf
+from ._gguf_save import save_gguf
 from ._kv_cache import CacheStep, KVCache
 from ._paged_cache import KVCacheFull, PagedKVCache, PagedStep
 from ._protocol import CausalLM, DecodeStep, StepLike
