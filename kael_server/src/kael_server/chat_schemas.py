@@ -13,7 +13,8 @@ import msgspec
 from msgspec import Meta
 
 from kael_server import limits
-from kael_server.schemas import CompletionMaxTokens, OptionalFlag, SamplingRequest, Usage
+from kael_server.replies import Usage
+from kael_server.schemas import CompletionMaxTokens, OptionalFlag, SamplingRequest
 
 __all__ = [
     "ChatChoice",

@@ -9,7 +9,7 @@ Structs without ``forbid_unknown_fields`` (the OpenAI requests) ignore unknown f
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar
 
 import msgspec
 from msgspec import Meta
@@ -28,28 +28,20 @@ from kael_server.structured_schemas import (
 __all__ = [
     "BestOf",
     "Choices",
-    "Completion",
-    "CompletionChoice",
-    "CompletionLogprobs",
     "CompletionMaxTokens",
     "CompletionRequest",
     "CompletionSeed",
     "CompletionTopK",
     "DetokenizeRequest",
-    "DetokenizeResponse",
     "ErrorResponse",
     "FieldErrorBody",
     "Flag",
     "GenerateRequest",
-    "GenerateResponse",
-    "HealthResponse",
     "LogitBias",
     "Logprobs",
     "MaxTokens",
     "MinP",
     "MinTokens",
-    "ModelCard",
-    "ModelList",
     "OpenAIError",
     "OpenAIErrorResponse",
     "OptionalFlag",
@@ -62,16 +54,12 @@ __all__ = [
     "Seed",
     "Stop",
     "StopString",
-    "StreamError",
     "StreamOptions",
     "Suffix",
     "Temperature",
-    "TextEvent",
     "TokenizeRequest",
-    "TokenizeResponse",
     "TopK",
     "TopP",
-    "Usage",
 ]
 
 Prompt = Annotated[
@@ -142,24 +130,6 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream: Flag = False
 
 
-class GenerateResponse(msgspec.Struct, kw_only=True):
-    text: str
-    """The continuation only, without the prompt."""
-    tokens: int
-    seconds: float
-    """Wall time of the generation itself."""
-
-
-class TextEvent(msgspec.Struct):
-    """One server-sent event of a ``/generate`` stream."""
-
-    text: str
-
-
-class StreamError(msgspec.Struct):
-    error: str
-
-
 class FieldErrorBody(msgspec.Struct):
     loc: str
     msg: str
@@ -168,10 +138,6 @@ class FieldErrorBody(msgspec.Struct):
 class ErrorResponse(msgspec.Struct, kw_only=True):
     detail: str
     errors: list[FieldErrorBody] | None = None
-
-
-class HealthResponse(msgspec.Struct):
-    status: str
 
 
 # ---- OpenAI-compatible API ------------------------------------------------------------
@@ -435,49 +401,6 @@ class CompletionRequest(SamplingRequest, kw_only=True):
     best_of: BestOf | None = None
 
 
-class CompletionLogprobs(msgspec.Struct, kw_only=True):
-    """OpenAI's legacy ``logprobs`` object: one entry per token of the choice's text."""
-
-    tokens: list[str]
-    """Each token's text (``bytes:\\xNN`` for a part of a UTF-8 character)."""
-    token_logprobs: list[float | None]
-    """The token's log-probability under the model (the first echoed prompt token: null)."""
-    top_logprobs: list[dict[str, float] | None]
-    """The most likely tokens at that position, and the chosen one."""
-    text_offset: list[int]
-    """Where the token starts in the choice's text, in characters."""
-
-
-class CompletionChoice(msgspec.Struct, kw_only=True):
-    text: str
-    index: int = 0
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
-
-
-class PromptTokensDetails(msgspec.Struct, kw_only=True):
-    """What OpenAI reports of the prompt tokens: how many came from the prompt (prefix) cache."""
-
-    cached_tokens: int = 0
-
-
-class Usage(msgspec.Struct, kw_only=True):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None
-    """``cached_tokens``: prompt tokens whose keys and values the paged KV cache reused."""
-
-
-class Completion(msgspec.Struct, kw_only=True):
-    id: str
-    object: str = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
 class OpenAIError(msgspec.Struct, kw_only=True):
     message: str
     type: str
@@ -489,32 +412,8 @@ class OpenAIErrorResponse(msgspec.Struct):
     error: OpenAIError
 
 
-class ModelCard(msgspec.Struct, kw_only=True):
-    """One served model (OpenAI's model object; ``GET /v1/models/{id}``)."""
-
-    id: str
-    object: str = "model"
-    created: int
-    owned_by: str = "kael"
-    max_model_len: int
-    weights: str = "f32"  # the weights' format: f32, bf16, f16, q8_0 or q4_0 (kael-server --weights)
-    chat: bool = False
-    """Whether the model has a chat template (``/v1/chat/completions`` answers; the playground's chat)."""
-
-
-class ModelList(msgspec.Struct, kw_only=True):
-    object: str = "list"
-    data: list[ModelCard]
-
-
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prompt: Prompt
-
-
-class TokenizeResponse(msgspec.Struct, kw_only=True):
-    tokens: list[int]
-    count: int
-    max_model_len: int
 
 
 class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -526,7 +425,3 @@ class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
             extra={"expect": f"a list of up to {limits.MAX_DETOKENIZE_IDS} token ids"},
         ),
     ]
-
-
-class DetokenizeResponse(msgspec.Struct):
-    prompt: str

@@ -40,8 +40,9 @@ from kael_server.errors import FieldError, InvalidRequest, ServerError
 from kael_server.generator import Generator
 from kael_server.jobs import ChatPrompt, ChoiceStats, Finished, JobStats, Prompt, TextPiece, TokenInfo
 from kael_server.openapi import JSON, documented, sse_events
+from kael_server.replies import Usage
 from kael_server.routes.openai import _usage, error_body, error_response, sampling_params, served_model
-from kael_server.schemas import OpenAIErrorResponse, Usage
+from kael_server.schemas import OpenAIErrorResponse
 from kael_server.state import ServerState
 from kael_server.structured import constrained
 from kael_server.tools import ToolCallStream, parse_tool_calls

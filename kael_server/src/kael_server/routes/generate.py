@@ -12,14 +12,8 @@ from kael_server.errors import InvalidRequest, ServerError
 from kael_server.generator import Generator
 from kael_server.jobs import Finished, JobStats, Prompt, TextPiece
 from kael_server.openapi import JSON, documented, sse_events
-from kael_server.schemas import (
-    ErrorResponse,
-    FieldErrorBody,
-    GenerateRequest,
-    GenerateResponse,
-    StreamError,
-    TextEvent,
-)
+from kael_server.replies import GenerateResponse, StreamError, TextEvent
+from kael_server.schemas import ErrorResponse, FieldErrorBody, GenerateRequest
 from kael_server.state import ServerState
 from kael_server.validation import sampling_params_of
 

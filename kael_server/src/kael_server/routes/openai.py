@@ -21,19 +21,16 @@ from kael_server.errors import FieldError, InvalidRequest, PromptRejected, Serve
 from kael_server.generator import Generator
 from kael_server.jobs import ChoiceStats, Finished, JobStats, Prompt, SamplingParams, TextPiece, TokenInfo
 from kael_server.openapi import JSON, documented, sse_events
-from kael_server.schemas import (
+from kael_server.replies import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
-    CompletionRequest,
     ModelCard,
     ModelList,
-    OpenAIError,
-    OpenAIErrorResponse,
     PromptTokensDetails,
-    SamplingRequest,
     Usage,
 )
+from kael_server.schemas import CompletionRequest, OpenAIError, OpenAIErrorResponse, SamplingRequest
 from kael_server.state import ServerState
 from kael_server.structured import constrained
 from kael_server.validation import sampling_params_of

@@ -13,7 +13,7 @@ import msgspec
 from litestar import Response, get, head
 
 from kael_server.openapi import JSON, documented
-from kael_server.schemas import HealthResponse
+from kael_server.replies import HealthResponse
 from kael_server.state import ServerState
 
 __all__ = ["STATUS_ROUTES", "health", "health_head", "metrics", "metrics_head", "ready", "ready_head"]

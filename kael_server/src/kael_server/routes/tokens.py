@@ -11,14 +11,9 @@ from kael_server import limits
 from kael_server.accounting import record_of
 from kael_server.errors import FieldError, InvalidRequest, client_error
 from kael_server.openapi import JSON, documented
+from kael_server.replies import DetokenizeResponse, TokenizeResponse
 from kael_server.routes.generate import error_response
-from kael_server.schemas import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    ErrorResponse,
-    TokenizeRequest,
-    TokenizeResponse,
-)
+from kael_server.schemas import DetokenizeRequest, ErrorResponse, TokenizeRequest
 from kael_server.state import ServerState
 from kael_server.validation import decode, read_body
 
