@@ -144,6 +144,21 @@ def test_the_reply_is_streamed_as_it_is_generated(llama_dir: Path) -> None:
     assert len([w for w in out.writes if w]) > 2
 
 
+@pytest.mark.parametrize("speculative", ["ngram", "draft"])
+def test_speculative_chat_replies_as_without_it(llama_dir: Path, speculative: str) -> None:
+    """``chat --speculative``: greedy and seeded top-p replies (two turns) equal those without it; the
+    draft model is the checkpoint itself."""
+    lines = "Hello world\nSay it again: hello world hello world\n"
+    base = dict(model=str(llama_dir), system=None, max_tokens=16, device="cpu")
+    for sampling in (dict(temperature=0.0, top_p=1.0, seed=None), dict(temperature=0.8, top_p=0.9, seed=7)):
+        plain_out, spec_out, err = io.StringIO(), io.StringIO(), io.StringIO()
+        assert chat_cli(Namespace(**base, **sampling), inp=io.StringIO(lines), out=plain_out, err=err) == 0
+        spec = dict(speculative=speculative, draft_model=str(llama_dir) if speculative == "draft" else None)
+        args = Namespace(**base, **sampling, **spec, spec_tokens=4)
+        assert chat_cli(args, inp=io.StringIO(lines), out=spec_out, err=err) == 0, err.getvalue()
+        assert spec_out.getvalue() == plain_out.getvalue() and plain_out.getvalue().strip()
+
+
 def test_a_checkpoint_without_a_chat_template_is_exit_code_2(tmp_path: Path, gpt2_dir: Path) -> None:
     for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
         shutil.copyfile(gpt2_dir / name, tmp_path / name)

@@ -104,6 +104,27 @@ def test_speculative_gives_the_reference_text(
     assert capsys.readouterr().out == plain
 
 
+def test_a_draft_model_gives_the_reference_text(
+    model_dir: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--speculative draft --draft-model DIR``: the model drafting for itself (every draft accepted) and
+    the stored greedy reference text; bad flag combinations are one-line errors naming the flag."""
+    base = ["generate", "--model", str(model_dir), CASE["prompt"], "--max-tokens", "20"]
+    rc = main([*base, "--speculative", "draft", "--draft-model", str(model_dir), "--spec-tokens", "3"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == ""
+    assert out == tokenizer.decode_text(CASE["greedy_20"]) + "\n"
+    for extra, message in (
+        (["--speculative", "draft"], "--speculative draft needs --draft-model"),
+        (["--draft-model", str(model_dir)], "--draft-model needs --speculative draft"),
+        (["--speculative", "ngram", "--spec-tokens", "0"], "--spec-tokens must be an integer in 1..15, got 0"),
+        (["--speculative", "ngram", "--spec-tokens", "100"], "--spec-tokens must be an integer in 1..15, got 100"),
+    ):
+        assert main([*base, *extra]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.strip() == f"error: {message}" or message in err, (extra, err)
+
+
 def test_sampling_is_reproducible_with_a_seed(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = [
         "generate",

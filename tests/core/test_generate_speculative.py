@@ -11,7 +11,7 @@ import kael
 import numpy as np
 import pytest
 from kael import KaelError
-from kael.engine import DraftModelProposer, NgramProposer, Speculator
+from kael.engine import DraftModelProposer, NgramProposer, SamplingParams, Speculator, TokenSampler
 from kael.models import GPT, LlamaConfig, LlamaForCausalLM
 
 V, CTX = 97, 96
@@ -75,5 +75,20 @@ def test_bad_settings_are_refused(model: Any) -> None:
         model.generate([1, 2, 3], 4, speculative="medusa")
     with pytest.raises(KaelError, match=r"must fit the model's context of 96 positions"):
         model.generate([1, 2, 3], CTX, speculative="ngram")
-    with pytest.raises(KaelError, match="takes no sampler or constraint"):
+    with pytest.raises(KaelError, match="takes no constraint, and of samplers only a kael.engine.TokenSampler"):
         model.generate([1, 2, 3], 4, sampler=lambda logits, ids: 0, speculative="ngram")
+
+
+def test_a_token_sampler_samples_as_without_it(model: Any) -> None:
+    """A TokenSampler (top_p, min_p, ...) samples each verified position as plain decoding samples one step
+    after another, and forgets rejected drafts: the same tokens, seed for seed."""
+    prompt = _prompt(5) * 2  # a repeat, so the n-gram proposer drafts
+    for seed in (1, 2, 3):
+        params = SamplingParams(temperature=0.9, top_p=0.8, min_p=0.02)
+        outs = [
+            model.generate(
+                prompt, 24, sampler=TokenSampler(params, generator=kael.Generator().manual_seed(seed)), speculative=spec
+            )
+            for spec in (None, "ngram")
+        ]
+        assert outs[0] == outs[1] and len(outs[0]) == 24

@@ -103,6 +103,30 @@ def _weights() -> tuple[str, ...]:
     return WEIGHTS
 
 
+def _speculation_flags(p: argparse.ArgumentParser) -> None:
+    """``--speculative``, ``--draft-model`` and ``--spec-tokens`` of ``generate`` and ``chat`` (as kael-server's)."""
+    p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft"],
+        default=None,
+        help="speculative decoding: 'ngram' drafts what followed the latest repeat of the last tokens "
+        "(prompt lookup), 'draft' what --draft-model predicts; the drafts are verified in one step and "
+        "the tokens are those without it (the prompt and new tokens must then fit the context)",
+    )
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="with --speculative draft: a smaller model sharing the tokenizer (a checkpoint directory or a "
+        "bundled model's name)",
+    )
+    p.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=4,
+        help="with --speculative, the most tokens drafted per step (1..15, default 4)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kael", description="kael command line")
     parser.add_argument("--version", action="version", version=version_text())
@@ -132,14 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--temperature", type=float, default=0.0, help="0 for greedy, else >= 0.001 (default 0)")
     g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
     g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    g.add_argument(
-        "--speculative",
-        choices=["ngram"],
-        default=None,
-        help="speculative decoding: 'ngram' drafts what followed the latest repeat of the last tokens "
-        "(prompt lookup) and verifies the drafts in one step; the same tokens as without it (the prompt "
-        "and new tokens must then fit the context)",
-    )
+    _speculation_flags(g)
     g.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     g.add_argument(
         "--weights",
@@ -167,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: in (0, 1], 1 disables (default)")
     c.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     c.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    _speculation_flags(c)
     c.add_argument(
         "--weights",
         default=None,

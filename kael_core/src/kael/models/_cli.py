@@ -21,7 +21,17 @@ from typing import Any, TextIO
 
 from .._errors import KaelError
 
-__all__ = ["bundled_models", "chat_cli", "fit_prompt", "generate_cli", "resolve_model", "stop_ids", "stream_generation"]
+__all__ = [
+    "args_k",
+    "bundled_models",
+    "chat_cli",
+    "fit_prompt",
+    "generate_cli",
+    "resolve_model",
+    "speculative_of",
+    "stop_ids",
+    "stream_generation",
+]
 
 
 def bundled_models() -> dict[str, Path]:
@@ -166,13 +176,43 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             top_k=args.top_k,
             generator=generator,
             stop_tokens=stop_ids(model, tokenizer),
-            speculative=getattr(args, "speculative", None),
+            speculative=speculative_of(args, model),
         )
         _write(out, "\n")
     except (KaelError, OSError) as exc:
         print(f"error: {exc}", file=err)
         return 1
     return 0
+
+
+def speculative_of(args: argparse.Namespace, model: Any) -> Any:
+    """The ``generate(speculative=...)`` of ``--speculative``/``--draft-model``/``--spec-tokens`` (None without
+    them): a ``kael.engine.Speculator`` over an n-gram or draft-model proposer; KaelError naming the flag."""
+    from ..engine import DraftModelProposer, NgramProposer, Speculator
+    from ._registry import from_pretrained
+
+    kind, draft, k = getattr(args, "speculative", None), getattr(args, "draft_model", None), args_k(args)
+    if kind == "draft" and draft is None:
+        raise KaelError("--speculative draft needs --draft-model DIR (the model that drafts)")
+    if draft is not None and kind != "draft":
+        raise KaelError("--draft-model needs --speculative draft")
+    if kind is None:
+        return None
+    if kind == "ngram":
+        return Speculator(NgramProposer(k=k), k_max=k)
+    drafter = from_pretrained(resolve_model(str(draft)), device=model.device)
+    try:
+        return Speculator(DraftModelProposer(drafter, k=k, rows=1, target=model), k_max=k)
+    except KaelError as exc:
+        raise KaelError(f"--draft-model {draft!r}: {exc}") from None
+
+
+def args_k(args: argparse.Namespace) -> int:
+    """``--spec-tokens``, checked to be 1..15 as kael-server's (KaelError naming the flag)."""
+    k = getattr(args, "spec_tokens", 4)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15:
+        raise KaelError(f"--spec-tokens must be an integer in 1..15, got {k!r}")
+    return k
 
 
 CHAT_COMMANDS = {
@@ -218,6 +258,7 @@ def chat_cli(
             )
             return 2
         model = from_pretrained(args.model, device=args.device, mmap=True, weights=getattr(args, "weights", None))
+        speculative = speculative_of(args, model)
         stops = stop_ids(model, tokenizer, template)
         generator = Generator(args.device).manual_seed(args.seed) if args.seed is not None else None
         if generator is None and args.temperature > 0:
@@ -263,6 +304,7 @@ def chat_cli(
                 generator=generator,
                 stop_tokens=stops,
                 sampler=sampler,
+                speculative=speculative,
             )
             _write(out, "\n")
             reply = _reply_ids(new, stops)

@@ -141,7 +141,8 @@ def generate(
     ``speculative`` (``"ngram"``, a ``kael.engine.Proposer`` such as ``DraftModelProposer``, or a
     ``kael.engine.Speculator``) decodes through kael's engine, verifying drafted tokens in one
     step: the same tokens as without it, greedy and seeded (``_generate_speculative``). Not with
-    ``sampler`` or ``constraint``; the prompt and new tokens must fit the context.
+    ``constraint``; a ``sampler`` only as a ``kael.engine.TokenSampler`` (without a constraint), which
+    then samples each verified position; the prompt and new tokens must fit the context.
     """
     ids = _prompt_ids(prompt, model.vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -159,8 +160,11 @@ def generate(
         sampler, on_token = _constrained(model, constraint, tokenizer, temperature, top_k, generator, on_token)
     elif tokenizer is not None:
         raise KaelError("generate: tokenizer is for a constraint's grammar; no constraint was given")
-    if speculative is not None and (sampler is not None or constraint is not None):
-        raise KaelError("generate: speculative decoding takes no sampler or constraint here")
+    if speculative is not None and (constraint is not None or not _engine_sampler(sampler)):
+        raise KaelError(
+            "generate: speculative decoding takes no constraint, and of samplers only a kael.engine.TokenSampler "
+            "without one (the engine rolls its state back when drafts are rejected)"
+        )
     if max_new_tokens == 0:
         return []
     was_training = model.training
@@ -171,12 +175,21 @@ def generate(
                 from ._generate_speculative import speculative_generate
 
                 return speculative_generate(
-                    model, ids, max_new_tokens, temperature, top_k, on_token, generator, speculative
+                    model, ids, max_new_tokens, temperature, top_k, on_token, generator, speculative, sampler=sampler
                 )
             return _loop(model, ids, max_new_tokens, temperature, top_k, on_token, generator, sampler)
     finally:
         if was_training:
             model.train()
+
+
+def _engine_sampler(sampler: Any) -> bool:
+    """None, or a TokenSampler without a constraint: the engine samples the request with it."""
+    if sampler is None:
+        return True
+    from ..engine import TokenSampler
+
+    return isinstance(sampler, TokenSampler) and sampler.matcher is None
 
 
 def _constrained(

@@ -10,6 +10,7 @@ same ``temperature``, ``top_k`` and ``generator``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +47,13 @@ def speculative_generate(
     on_token: Callable[[int], Any] | None,
     generator: Any,
     speculative: Any,
+    *,
+    sampler: Any = None,
 ) -> list[int]:
     """``generate``'s tokens for ``ids`` through ``EngineCore`` over a one-row ``BatchDecoder``
     with ``speculative``'s drafts; the prompt and new tokens must fit the model's context (plain
-    ``generate`` slides a window past it, which verification cannot)."""
+    ``generate`` slides a window past it, which verification cannot). ``sampler`` (a
+    ``TokenSampler``) samples the request instead of ``temperature``, ``top_k`` and ``generator``."""
     from ..engine import EngineCore, Request, SamplingParams
     from ._batched import BatchDecoder
 
@@ -59,9 +63,10 @@ def speculative_generate(
             f"generate: with speculative, the prompt ({len(ids)} tokens) and max_new_tokens ({max_new_tokens}) "
             f"must fit the model's context of {model.max_positions} positions"
         )
-    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, top_k=top_k) if sampler is None else sampler.params
+    params = dataclasses.replace(params, max_tokens=max_new_tokens, ignore_eos=True)
     core = EngineCore.on(BatchDecoder(model, rows=1), speculator=speculator)
-    request = Request(ids, params, generator=generator)
+    request = Request(ids, params, generator=generator, sampler=sampler)
     if on_token is not None:
         request.on_token = _OnToken(request, on_token)
     core.add(request)
