@@ -32,6 +32,8 @@ class CausalLMBase(Module):
     #: The format of the projection weights (``kael.quantize``'s scheme: "q8_0", "q4_0", "bf16",
     #: "f16"), or None for float weights (NOTE [weights choice] in _weights.py).
     weights_scheme: str | None = None
+    #: The checkpoint's ``GenerationConfig`` (its eos ids end a text), or None without one.
+    generation_config: Any = None
 
     # -- what a family supplies -----------------------------------------------------------------
     @property

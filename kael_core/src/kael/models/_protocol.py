@@ -71,6 +71,10 @@ class CausalLM(Protocol):
     vocab_size: int
     max_positions: int
     training: bool
+    weights_scheme: str | None
+    """The weights' format (``"q8_0"``, ``"q4_k_m"``, ...; None for float weights)."""
+    generation_config: Any
+    """The checkpoint's ``GenerationConfig`` (its eos ids end a text), None without one."""
 
     @property
     def num_layers(self) -> int:
