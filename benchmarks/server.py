@@ -16,9 +16,9 @@ mode starts the server with ``--slots`` (default 8) and a queue as deep, sweeps 
 the wall time of a pass; the median pass, and every pass), per-stream tokens/s after the first
 token (median), p50/p99 time to first token, and errors. Prints one JSON object.
 
-``--weights S`` (f32, bf16, f16, q8_0, q4_0) is passed to the kael-server it starts. With
-``--llama-server [PATH]`` (default ``build/llama.cpp/bin/llama-server``, built by
-``scripts/build_llama_cpp.sh``) the load mode also starts llama.cpp's server with as many
+``--weights S`` (any of kael-server's) is passed to the kael-server it starts. With
+``--llama-server [PATH]`` (default: the binary ``scripts/build_llama_cpp.sh`` built into its cache,
+found as the tests find it) the load mode also starts llama.cpp's server with as many
 slots (``-np``) on the same GGUF file (``--data model.gguf``, or the random GPT-2 written as
 GGUF by kael's ``save_gguf`` in ``--weights``' format) and runs the same sweep, the same
 prompt and token counts, against it: its results are under ``"llama_server"``.
@@ -47,6 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from _llama_cpp_bench import find_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
@@ -398,7 +399,8 @@ def started_server(data: Path, device: str, extra: list[str] | None = None) -> I
                 process.kill()
 
 
-LLAMA_SERVER = ROOT / "build" / "llama.cpp" / "bin" / "llama-server"
+LLAMA_SERVER = Path(find_tool("llama-server") or ROOT / "build" / "llama.cpp" / "bin" / "llama-server")
+"""llama.cpp's server binary: scripts/build_llama_cpp.sh's cache (tests/llama_cpp_tools.py's lookup)."""
 
 
 def write_gguf(checkpoint: Path, out: Path, weights: str | None) -> Path:
