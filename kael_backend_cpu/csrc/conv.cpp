@@ -1,16 +1,20 @@
-// conv2d and conv2d_backward: im2col into a scratch buffer, then one packed GEMM per group.
+// conv2d and conv2d_backward: im2col one sample at a time into a cache-sized scratch buffer,
+// then one GEMM per group.
 //
-// NOTE [conv2d columns]: the whole batch is unfolded at once into columns
-// cols [C*KH*KW, N*P] (P = OH*OW; row (c*KH + i)*KW + j holds x[n, c, oy*sh - ph + i*dh,
-// ox*sw - pw + j*dw] at column n*P + oy*OW + ox, 0 in the padding), so group g's rows are the
-// contiguous block [g*Kg, (g+1)*Kg) with Kg = C/groups*KH*KW and each group is one GEMM of
-// the batch: yT[O/g rows of g, N*P] = w_g [O/g, Kg] @ cols_g. The frontend's decomposition
-// (kael/ops/_conv_fused.py) computes the same products, so the results agree to rounding.
-// The backward reuses the layout: dweight_g = gT_g @ cols_g^T, dcols_g = w_g^T @ gT_g folded
-// back (col2im, one task per (n, c) plane, so no two threads add into the same element),
-// dbias = the row sums of gT. Unfolding and folding run on the thread pool; the GEMMs run
-// outside any parallel region, so they use the pool themselves. 16-bit floats are computed
-// in float32 and rounded once when copied out.
+// NOTE [conv2d columns]: sample n is unfolded into columns cols [C*KH*KW, P] (P = OH*OW;
+// row (c*KH + i)*KW + j holds x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw] at column
+// oy*OW + ox, 0 in the padding), so group g's rows are the contiguous block [g*Kg, (g+1)*Kg)
+// with Kg = C/groups*KH*KW, and y[n, g's O/g channels] = w_g [O/g, Kg] @ cols_g is written
+// straight into the output's [O, P] block of the sample (plus bias). The frontend's
+// decomposition (kael/ops/_conv_fused.py) unfolds the whole batch [C*KH*KW, N*P] and
+// computes the same products, so the results agree to rounding; a sample's output never
+// depends on the other samples (nor on the batch size). The backward reads grad [N, O, P]
+// in place: per sample, dweight_g += grad_g @ cols_g^T and dcols_g = w_g^T @ grad_g folded
+// back into the sample's dx planes (col2im); dbias = the sums of grad over n and p. Samples
+// run on the thread pool (the GEMMs then inline in each task); dweight is summed per block
+// of kSamplesPerBlock samples and the blocks added in order, so every result is the same
+// whatever the thread count. 16-bit floats are computed in float32 and rounded once when
+// copied out.
 #include "conv.h"
 
 #include <algorithm>
@@ -85,73 +89,85 @@ Temp zeros(DType d, std::initializer_list<int64_t> shape) {
   return t;
 }
 
-// The [N, O, OH, OW] view of a [O, N*P] buffer (NOTE [conv2d columns]).
-View as_nchw(const Temp& t, const Geom& g) {
-  View v = t.view;
-  v.ndim = 4;
-  const int64_t shape[4] = {g.n, g.o, g.oh, g.ow}, strides[4] = {g.p(), g.np(), g.ow, 1};
-  for (int i = 0; i < 4; ++i) {
-    v.shape[i] = shape[i];
-    v.strides[i] = strides[i];
+// Row r = (c*KH + i)*KW + j of sample n's columns (NOTE [conv2d columns]): P values into d.
+template <class T>
+void im2col_row(const Geom& g, const T* x, int64_t n, int64_t r, T* d) {
+  const int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
+  const T* plane = x + (n * g.c + c) * g.h * g.w;
+  const int64_t x0 = j * g.dw - g.pw;
+  for (int64_t oy = 0; oy < g.oh; ++oy, d += g.ow) {
+    const int64_t iy = oy * g.sh - g.ph + i * g.dh;
+    if (iy < 0 || iy >= g.h) {
+      std::fill(d, d + g.ow, T(0));
+      continue;
+    }
+    const T* row = plane + iy * g.w;
+    if (g.sw == 1 && x0 >= 0 && x0 + g.ow <= g.w) {
+      std::copy(row + x0, row + x0 + g.ow, d);
+      continue;
+    }
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const int64_t ix = x0 + ox * g.sw;
+      d[ox] = (ix >= 0 && ix < g.w) ? row[ix] : T(0);
+    }
   }
-  return v;
 }
 
+// Sample n's columns [C*KH*KW, P] into cols.
 template <class T>
-void im2col(const Geom& g, const T* x, T* cols) {
-  const int64_t rows = g.c * g.kh * g.kw, np = g.np(), p = g.p();
-  parallel_for(0, rows * g.n, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, p)), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t r = t / g.n, n = t % g.n;
-      const int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
-      const T* plane = x + (n * g.c + c) * g.h * g.w;
-      T* dst = cols + r * np + n * p;
-      const int64_t x0 = j * g.dw - g.pw;
-      for (int64_t oy = 0; oy < g.oh; ++oy) {
-        const int64_t iy = oy * g.sh - g.ph + i * g.dh;
-        T* d = dst + oy * g.ow;
-        if (iy < 0 || iy >= g.h) {
-          std::fill(d, d + g.ow, T(0));
-          continue;
-        }
-        const T* row = plane + iy * g.w;
-        if (g.sw == 1 && x0 >= 0 && x0 + g.ow <= g.w) {
-          std::copy(row + x0, row + x0 + g.ow, d);
-          continue;
-        }
-        for (int64_t ox = 0; ox < g.ow; ++ox) {
-          const int64_t ix = x0 + ox * g.sw;
-          d[ox] = (ix >= 0 && ix < g.w) ? row[ix] : T(0);
+void im2col_sample(const Geom& g, const T* x, int64_t n, T* cols) {
+  const int64_t rows = g.c * g.kh * g.kw, p = g.p();
+  for (int64_t r = 0; r < rows; ++r) im2col_row(g, x, n, r, cols + r * p);
+}
+
+// dplane [C, H, W] (zeroed) += sample columns dcols [C*KH*KW, P] folded back: the adjoint of im2col_sample.
+template <class T>
+void col2im_sample(const Geom& g, const T* dcols, T* dplane) {
+  const int64_t p = g.p();
+  for (int64_t c = 0; c < g.c; ++c) {
+    T* plane = dplane + c * g.h * g.w;
+    for (int64_t i = 0; i < g.kh; ++i) {
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const T* src = dcols + ((c * g.kh + i) * g.kw + j) * p;
+        const int64_t x0 = j * g.dw - g.pw;
+        for (int64_t oy = 0; oy < g.oh; ++oy) {
+          const int64_t iy = oy * g.sh - g.ph + i * g.dh;
+          if (iy < 0 || iy >= g.h) continue;
+          T* row = plane + iy * g.w;
+          const T* sp = src + oy * g.ow;
+          if (g.sw == 1 && x0 >= 0 && x0 + g.ow <= g.w) {
+            for (int64_t ox = 0; ox < g.ow; ++ox) row[x0 + ox] += sp[ox];
+            continue;
+          }
+          for (int64_t ox = 0; ox < g.ow; ++ox) {
+            const int64_t ix = x0 + ox * g.sw;
+            if (ix >= 0 && ix < g.w) row[ix] += sp[ox];
+          }
         }
       }
     }
-  });
+  }
 }
 
-// dx [N, C, H, W] (zeroed) += the columns folded back: the adjoint of im2col.
+// y [N, O, P] contiguous: per sample, its columns (cache-sized scratch) times each group's weight, written
+// straight into the sample's [O, P] block, bias added while the block is in cache.
 template <class T>
-void col2im(const Geom& g, const T* cols, T* dx) {
-  const int64_t np = g.np(), p = g.p();
-  const int64_t work = g.kh * g.kw * p;
-  parallel_for(0, g.n * g.c, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, work)), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t n = t / g.c, c = t % g.c;
-      T* plane = dx + t * g.h * g.w;
-      for (int64_t i = 0; i < g.kh; ++i) {
-        for (int64_t j = 0; j < g.kw; ++j) {
-          const T* src = cols + ((c * g.kh + i) * g.kw + j) * np + n * p;
-          const int64_t x0 = j * g.dw - g.pw;
-          for (int64_t oy = 0; oy < g.oh; ++oy) {
-            const int64_t iy = oy * g.sh - g.ph + i * g.dh;
-            if (iy < 0 || iy >= g.h) continue;
-            T* row = plane + iy * g.w;
-            const T* s = src + oy * g.ow;
-            for (int64_t ox = 0; ox < g.ow; ++ox) {
-              const int64_t ix = x0 + ox * g.sw;
-              if (ix >= 0 && ix < g.w) row[ix] += s[ox];
-            }
-          }
-        }
+void forward_samples(const Geom& g, T* y, const T* x, const T* w, const T* bias) {
+  const int64_t og = g.og(), kg = g.kg(), p = g.p(), rows = g.c * g.kh * g.kw;
+  parallel_for(0, g.n, 1, [&](int64_t b, int64_t e) {
+    const Buffer cbuf(static_cast<size_t>(rows * p) * sizeof(T));
+    T* cols = cbuf.get<T>();
+    for (int64_t n = b; n < e; ++n) {
+      T* yn = y + n * g.o * p;
+      im2col_sample(g, x, n, cols);
+      for (int64_t gi = 0; gi < g.groups; ++gi) {
+        gemm<T>(og, p, kg, w + gi * og * kg, kg, 1, cols + gi * kg * p, p, 1, yn + gi * og * p, p, 1, false);
+      }
+      if (bias == nullptr) continue;
+      for (int64_t o = 0; o < g.o; ++o) {
+        T* row = yn + o * p;
+        const T v = bias[o];
+        for (int64_t i = 0; i < p; ++i) row[i] += v;
       }
     }
   });
@@ -159,85 +175,98 @@ void col2im(const Geom& g, const T* cols, T* dx) {
 
 template <class T>
 void forward_typed(const Geom& g, const View& out, const T* x, const T* w, const T* bias) {
-  const int64_t np = g.np(), og = g.og(), kg = g.kg();
-  Temp yt = zeros(dtype_of<T>(), {g.o, np});
-  T* y = yt.view.ptr<T>();
-  if (np && kg) {
-    Temp cols = make_temp(dtype_of<T>(), std::array<int64_t, 2>{g.c * g.kh * g.kw, np}.data(), 2);
-    im2col(g, x, cols.view.ptr<T>());
-    for (int64_t gi = 0; gi < g.groups; ++gi) {
-      gemm<T>(og, np, kg, w + gi * og * kg, kg, 1, cols.view.ptr<T>() + gi * kg * np, np, 1, y + gi * og * np, np, 1,
-              false);
+  if (g.kg() == 0) {  // no input channels: bias (or 0) everywhere
+    Temp yt = zeros(dtype_of<T>(), {g.n, g.o, g.oh, g.ow});
+    T* y = yt.view.ptr<T>();
+    for (int64_t n = 0; bias != nullptr && n < g.n; ++n) {
+      for (int64_t o = 0; o < g.o; ++o) std::fill(y + (n * g.o + o) * g.p(), y + (n * g.o + o + 1) * g.p(), bias[o]);
     }
+    copy(out, yt.view);
+    return;
   }
-  if (bias != nullptr) {
-    parallel_for(0, g.o, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, np)), [&](int64_t b, int64_t e) {
-      for (int64_t o = b; o < e; ++o) {
-        T* row = y + o * np;
-        const T v = bias[o];
-        for (int64_t i = 0; i < np; ++i) row[i] += v;
-      }
-    });
+  if (out.dtype == dtype_of<T>() && out.is_contiguous()) {
+    forward_samples(g, out.ptr<T>(), x, w, bias);
+    return;
   }
-  copy(out, as_nchw(yt, g));
+  Temp yt = make_temp(dtype_of<T>(), std::array<int64_t, 4>{g.n, g.o, g.oh, g.ow}.data(), 4);
+  forward_samples(g, yt.view.ptr<T>(), x, w, bias);
+  copy(out, yt.view);
 }
+
+// Samples per block of the backward: each block sums its own dweight, and the blocks' sums are added in
+// block order, so the result does not depend on the thread count.
+constexpr int64_t kSamplesPerBlock = 8;
 
 template <class T>
 void backward_typed(const Geom& g, const View* dx, const View* dweight, const View* dbias, const View& grad,
                     const View& x, const View& weight) {
   const DType d = dtype_of<T>();
-  const int64_t np = g.np(), og = g.og(), kg = g.kg(), rows = g.c * g.kh * g.kw;
-  Temp gt = make_temp(d, std::array<int64_t, 2>{g.o, np}.data(), 2);
-  copy(as_nchw(gt, g), grad);  // gT [O, N*P]
-  const T* gp = gt.view.ptr<T>();
+  const int64_t p = g.p(), og = g.og(), kg = g.kg(), rows = g.c * g.kh * g.kw;
+  Temp gkeep;
+  const T* gp = static_cast<const T*>(contiguous_data(grad, d, &gkeep));  // [N, O, P]
   if (dbias != nullptr) {
     Temp db = make_temp(d, std::array<int64_t, 1>{g.o}.data(), 1);
     T* dbp = db.view.ptr<T>();
-    parallel_for(0, g.o, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, np)), [&](int64_t b, int64_t e) {
+    parallel_for(0, g.o, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, g.np())), [&](int64_t b, int64_t e) {
       for (int64_t o = b; o < e; ++o) {
         double s[4] = {0, 0, 0, 0};  // float64 accumulation in four chains
-        const T* row = gp + o * np;
-        int64_t i = 0;
-        for (; i + 4 <= np; i += 4) {
-          for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(row[i + k]);
+        for (int64_t n = 0; n < g.n; ++n) {
+          const T* row = gp + (n * g.o + o) * p;
+          int64_t i = 0;
+          for (; i + 4 <= p; i += 4) {
+            for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(row[i + k]);
+          }
+          for (; i < p; ++i) s[0] += static_cast<double>(row[i]);
         }
-        for (; i < np; ++i) s[0] += static_cast<double>(row[i]);
         dbp[o] = static_cast<T>((s[0] + s[1]) + (s[2] + s[3]));
       }
     });
     copy(*dbias, db.view);
   }
   if (dweight == nullptr && dx == nullptr) return;
-  Temp wkeep;
+  Temp wkeep, xkeep;
   const T* w = static_cast<const T*>(contiguous_data(weight, d, &wkeep));
+  const T* xp = static_cast<const T*>(contiguous_data(x, d, &xkeep));
+  const bool work = p > 0 && kg > 0;
+  const int64_t blocks = (g.n + kSamplesPerBlock - 1) / kSamplesPerBlock, wn = g.o * kg;
+  Temp dwparts = zeros(d, {dweight != nullptr && work ? blocks : 0, wn});
+  Temp dxt = zeros(d, {dx != nullptr ? g.n : 0, g.c, g.h, g.w});
+  if (work && (dweight != nullptr || (dx != nullptr && og > 0))) {
+    parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+      const Buffer cbuf(static_cast<size_t>(rows * p) * sizeof(T));
+      T* cols = cbuf.get<T>();
+      for (int64_t blk = b; blk < e; ++blk) {
+        T* dwb = dweight != nullptr ? dwparts.view.ptr<T>() + blk * wn : nullptr;
+        for (int64_t n = blk * kSamplesPerBlock; n < std::min(g.n, (blk + 1) * kSamplesPerBlock); ++n) {
+          const T* gn = gp + n * g.o * p;  // grad of sample n: [O, P]
+          if (dwb != nullptr) {
+            im2col_sample(g, xp, n, cols);
+            for (int64_t gi = 0; gi < g.groups; ++gi) {
+              // dweight_g [og, kg] += grad_g [og, P] @ cols_g^T [P, kg]
+              gemm<T>(og, kg, p, gn + gi * og * p, p, 1, cols + gi * kg * p, 1, p, dwb + gi * og * kg, kg, 1, true);
+            }
+          }
+          if (dx != nullptr && og > 0) {
+            for (int64_t gi = 0; gi < g.groups; ++gi) {
+              // dcols_g [kg, P] = w_g^T [kg, og] @ grad_g [og, P]
+              gemm<T>(kg, p, og, w + gi * og * kg, 1, kg, gn + gi * og * p, p, 1, cols + gi * kg * p, p, 1, false);
+            }
+            col2im_sample(g, cols, dxt.view.ptr<T>() + n * g.c * g.h * g.w);
+          }
+        }
+      }
+    });
+  }
   if (dweight != nullptr) {
     Temp dw = zeros(d, {g.o, weight.shape[1], g.kh, g.kw});
-    if (np && kg) {
-      Temp xkeep;
-      const T* xp = static_cast<const T*>(contiguous_data(x, d, &xkeep));
-      Temp cols = make_temp(d, std::array<int64_t, 2>{rows, np}.data(), 2);
-      im2col(g, xp, cols.view.ptr<T>());
-      for (int64_t gi = 0; gi < g.groups; ++gi) {
-        // dweight_g [og, kg] = gT_g [og, np] @ cols_g^T [np, kg]
-        gemm<T>(og, kg, np, gp + gi * og * np, np, 1, cols.view.ptr<T>() + gi * kg * np, 1, np,
-                dw.view.ptr<T>() + gi * og * kg, kg, 1, false);
-      }
+    T* dwp = dw.view.ptr<T>();
+    for (int64_t blk = 0; work && blk < blocks; ++blk) {
+      const T* part = dwparts.view.ptr<T>() + blk * wn;
+      for (int64_t i = 0; i < wn; ++i) dwp[i] += part[i];
     }
     copy(*dweight, dw.view);
   }
-  if (dx != nullptr) {
-    Temp dxt = zeros(d, {g.n, g.c, g.h, g.w});
-    if (np && kg && og) {
-      Temp dcols = make_temp(d, std::array<int64_t, 2>{rows, np}.data(), 2);
-      for (int64_t gi = 0; gi < g.groups; ++gi) {
-        // dcols_g [kg, np] = w_g^T [kg, og] @ gT_g [og, np]
-        gemm<T>(kg, np, og, w + gi * og * kg, 1, kg, gp + gi * og * np, np, 1, dcols.view.ptr<T>() + gi * kg * np, np,
-                1, false);
-      }
-      col2im(g, dcols.view.ptr<T>(), dxt.view.ptr<T>());
-    }
-    copy(*dx, dxt.view);
-  }
+  if (dx != nullptr) copy(*dx, dxt.view);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // compared in float32 (exact) and the gradient accumulated in float32.
 #include "pool.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,11 +27,66 @@ DType work_dtype(DType d) {
   return d == DType::Float64 ? DType::Float64 : DType::Float32;
 }
 
+// One window with bounds tests (padding, or a window reaching past the plane): -inf outside.
+template <class T>
+void window_general(const T* src, int64_t h, int64_t w, int64_t y0, int64_t x0, std::array<int64_t, 2> k,
+                    std::array<int64_t, 2> d, T* out, int64_t* idx) {
+  T best = -std::numeric_limits<T>::infinity();
+  int64_t at = -1;
+  bool nan = false;
+  for (int64_t i = 0; i < k[0] && !nan; ++i) {
+    const int64_t iy = y0 + i * d[0];
+    if (iy < 0 || iy >= h) continue;
+    for (int64_t j = 0; j < k[1]; ++j) {
+      const int64_t jx = x0 + j * d[1];
+      if (jx < 0 || jx >= w) continue;
+      const T v = src[iy * w + jx];
+      if (std::isnan(v)) {
+        best = v;
+        at = iy * w + jx;
+        nan = true;
+        break;
+      }
+      if (v > best || at < 0) {
+        best = v;
+        at = iy * w + jx;
+      }
+    }
+  }
+  *out = best;
+  *idx = at;
+}
+
+// One window wholly inside the plane (no bounds tests), the same first-maximum / first-NaN rule.
+template <class T>
+void window_inside(const T* src, int64_t w, int64_t y0, int64_t x0, std::array<int64_t, 2> k, std::array<int64_t, 2> d,
+                   T* out, int64_t* idx) {
+  int64_t at = y0 * w + x0;
+  T best = src[at];
+  for (int64_t i = 0; i < k[0]; ++i) {
+    const int64_t r = (y0 + i * d[0]) * w + x0;
+    for (int64_t j = 0; j < k[1]; ++j) {
+      const T v = src[r + j * d[1]];
+      // v > best, or v NaN while best is not: once best is NaN it stays (the first NaN).
+      if (!(v <= best) && !std::isnan(best)) {
+        best = v;
+        at = r + j * d[1];
+      }
+    }
+  }
+  *out = best;
+  *idx = at;
+}
+
 template <class T>
 void forward_typed(const View& x, T* out, int64_t* idx, int64_t oh, int64_t ow, std::array<int64_t, 2> k,
                    std::array<int64_t, 2> s, std::array<int64_t, 2> p, std::array<int64_t, 2> d) {
   const int64_t planes = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3], po = oh * ow;
   const T* base = x.ptr<T>();
+  // Output columns [lo, hi) have windows inside the plane's width (x0 >= 0 and x0 + span < w).
+  const int64_t span_x = (k[1] - 1) * d[1], span_y = (k[0] - 1) * d[0];
+  const int64_t lo = std::min(ow, (p[1] + s[1] - 1) / s[1]);
+  const int64_t hi = std::max(lo, std::min(ow, w - span_x + p[1] > 0 ? (w - span_x + p[1] - 1) / s[1] + 1 : 0));
   parallel_for(0, planes, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, po * k[0] * k[1])),
                [&](int64_t b, int64_t e) {
                  for (int64_t pl = b; pl < e; ++pl) {
@@ -38,31 +94,15 @@ void forward_typed(const View& x, T* out, int64_t* idx, int64_t oh, int64_t ow, 
                    T* o = out + pl * po;
                    int64_t* ix = idx + pl * po;
                    for (int64_t oy = 0; oy < oh; ++oy) {
+                     const int64_t y0 = oy * s[0] - p[0];
+                     const bool rows_inside = y0 >= 0 && y0 + span_y < h;
                      for (int64_t ox = 0; ox < ow; ++ox) {
-                       T best = -std::numeric_limits<T>::infinity();
-                       int64_t at = -1;
-                       bool nan = false;
-                       for (int64_t i = 0; i < k[0] && !nan; ++i) {
-                         const int64_t iy = oy * s[0] - p[0] + i * d[0];
-                         if (iy < 0 || iy >= h) continue;
-                         for (int64_t j = 0; j < k[1]; ++j) {
-                           const int64_t jx = ox * s[1] - p[1] + j * d[1];
-                           if (jx < 0 || jx >= w) continue;
-                           const T v = src[iy * w + jx];
-                           if (std::isnan(v)) {
-                             best = v;
-                             at = iy * w + jx;
-                             nan = true;
-                             break;
-                           }
-                           if (v > best || at < 0) {
-                             best = v;
-                             at = iy * w + jx;
-                           }
-                         }
+                       const int64_t q = oy * ow + ox, x0 = ox * s[1] - p[1];
+                       if (rows_inside && ox >= lo && ox < hi) {
+                         window_inside(src, w, y0, x0, k, d, o + q, ix + q);
+                       } else {
+                         window_general(src, h, w, y0, x0, k, d, o + q, ix + q);
                        }
-                       o[oy * ow + ox] = best;
-                       ix[oy * ow + ox] = at;
                      }
                    }
                  }

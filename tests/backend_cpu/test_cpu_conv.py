@@ -122,6 +122,69 @@ def test_float32_against_torch_with_threads_and_subsets_of_gradients() -> None:
         kael.set_num_threads(before)
 
 
+@given(geo=geometry(), seed=st.integers(0, 99))
+@SETTINGS
+def test_a_sample_alone_gives_its_rows_of_the_batch_bit_for_bit(geo: dict[str, Any], seed: int) -> None:
+    """Output and dx of each sample computed alone equal its rows of the batched call exactly (csrc/conv.cpp's
+    NOTE [conv2d columns]); dweight and dbias equal float64 torch's within float32 rounding."""
+    rng = np.random.default_rng(seed)
+    n = 2 + seed % 17  # past one block of samples (kSamplesPerBlock) at times
+    xs = (n,) + geo["x"][1:]
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(geo["w"]), rng.standard_normal(geo["w"][0])
+    oshape = (n,) + _out_shape(geo)[1:]
+    g = rng.standard_normal(oshape)
+    kx, kw_, kb, kg = (kael.tensor(v).to(dtype=kael.float32) for v in (x, w, b, g))
+    out = kael.empty(*oshape)
+    C.conv2d(out, kx, kw_, kb, *geo["attrs"])
+    grads = [kael.empty(*xs), kael.empty(*geo["w"]), kael.empty(geo["w"][0])]
+    C.conv2d_backward(*grads, kg, kx, kw_, *geo["attrs"])
+    for i in (0, n // 2, n - 1):
+        one, dxi = kael.empty(1, *oshape[1:]), kael.empty(1, *xs[1:])
+        C.conv2d(one, kael.tensor(x[i : i + 1]).to(dtype=kael.float32), kw_, kb, *geo["attrs"])
+        C.conv2d_backward(
+            dxi,
+            None,
+            None,
+            kael.tensor(g[i : i + 1]).to(dtype=kael.float32),
+            kael.tensor(x[i : i + 1]).to(dtype=kael.float32),
+            kw_,
+            *geo["attrs"],
+        )
+        np.testing.assert_array_equal(one.numpy()[0], out.numpy()[i])
+        np.testing.assert_array_equal(dxi.numpy()[0], grads[0].numpy()[i])
+    tx, tw = (torch.tensor(v, requires_grad=True) for v in (x, w))
+    ty = torch.nn.functional.conv2d(tx, tw, torch.tensor(b), *geo["attrs"])
+    ty.backward(torch.tensor(g))
+    np.testing.assert_allclose(out.numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads[0].numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads[1].numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads[2].numpy(), g.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
+
+
+def test_gradients_do_not_depend_on_the_thread_count() -> None:
+    """dweight is summed per fixed block of samples and the blocks in order: 1 and 2 threads agree exactly."""
+    rng = np.random.default_rng(1)
+    x, w, g = (
+        rng.standard_normal((21, 4, 12, 12)),
+        rng.standard_normal((6, 2, 3, 3)),
+        rng.standard_normal((21, 6, 6, 6)),
+    )
+    attrs = ((2, 2), (1, 1), (1, 1), 2)
+    kx, kw_, kg = (kael.tensor(v).to(dtype=kael.float32) for v in (x, w, g))
+    before = kael.get_num_threads()
+    got = []
+    try:
+        for threads in (1, 2):
+            kael.set_num_threads(threads)
+            outs = [kael.empty(*x.shape), kael.empty(*w.shape), kael.empty(6)]
+            C.conv2d_backward(*outs, kg, kx, kw_, *attrs)
+            got.append([t.numpy() for t in outs])
+    finally:
+        kael.set_num_threads(before)
+    for a, e in zip(got[0], got[1], strict=True):
+        np.testing.assert_array_equal(a, e)
+
+
 def test_strided_output_is_written_in_place_and_nothing_else() -> None:
     rng = np.random.default_rng(1)
     x, w = kael.tensor(rng.standard_normal((2, 3, 5, 5))), kael.tensor(rng.standard_normal((4, 3, 3, 3)))

@@ -103,6 +103,39 @@ def test_against_torch_at_one_and_two_threads() -> None:
         kael.set_num_threads(before)
 
 
+@given(
+    k=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    p=st.tuples(st.integers(0, 1), st.integers(0, 1)),
+    seed=st.integers(0, 999),
+)
+@SETTINGS
+def test_windows_inside_and_across_the_border_with_many_nans_and_infinities(
+    k: tuple[int, int], s: tuple[int, int], p: tuple[int, int], seed: int
+) -> None:
+    """Interior windows take pool.cpp's unchecked path, border ones the checked path; both keep the first
+    maximum or the first NaN as the host kernel does, and torch's values where there is no NaN."""
+    p = (min(p[0], k[0] // 2), min(p[1], k[1] // 2))
+    rng = np.random.default_rng(seed)
+    x = rng.choice(
+        [-np.inf, -1.0, 0.0, 0.5, 2.0, np.inf, np.nan], size=(2, 3, 9, 8), p=[0.1, 0.2, 0.2, 0.2, 0.1, 0.1, 0.1]
+    )
+    x = x.astype(np.float32)
+    shape = (2, 3, _out_len(9, k[0], s[0], p[0], 1, False), _out_len(8, k[1], s[1], p[1], 1, False))
+    args = (k, s, p, (1, 1), False)
+    got = [kael.empty(*shape), kael.empty(*shape, dtype=kael.int64)]
+    want = [kael.empty(*shape), kael.empty(*shape, dtype=kael.int64)]
+    C.max_pool2d(*got, kael.tensor(x), *args)
+    host.kernel("max_pool2d")(*want, kael.tensor(x), *args)
+    np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+    clean = np.nan_to_num(x, nan=-7.0)
+    tv = torch.nn.functional.max_pool2d(torch.tensor(clean), k, s, p)
+    cv = [kael.empty(*shape), kael.empty(*shape, dtype=kael.int64)]
+    C.max_pool2d(*cv, kael.tensor(clean), *args)
+    np.testing.assert_array_equal(cv[0].numpy(), tv.numpy())
+
+
 def test_bad_input_raises_kael_errors_naming_the_op() -> None:
     x = kael.zeros(1, 2, 4, 4)
     with pytest.raises(kael.DTypeError, match="max_pool2d: x and out must share a float dtype and indices be int64"):
