@@ -1,20 +1,21 @@
-// conv2d and conv2d_backward: im2col one sample at a time into a cache-sized scratch buffer,
-// then one GEMM per group.
+// conv2d and conv2d_backward: im2col one block of samples at a time into a cache-sized
+// scratch buffer, then one GEMM per group.
 //
-// NOTE [conv2d columns]: sample n is unfolded into columns cols [C*KH*KW, P] (P = OH*OW;
+// NOTE [conv2d columns]: a block of B samples (about kBlockColumns / P of them, P = OH*OW;
+// the block size depends on the geometry only) is unfolded into columns [C*KH*KW, B*P]:
 // row (c*KH + i)*KW + j holds x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw] at column
-// oy*OW + ox, 0 in the padding), so group g's rows are the contiguous block [g*Kg, (g+1)*Kg)
-// with Kg = C/groups*KH*KW, and y[n, g's O/g channels] = w_g [O/g, Kg] @ cols_g is written
-// straight into the output's [O, P] block of the sample (plus bias). The frontend's
-// decomposition (kael/ops/_conv_fused.py) unfolds the whole batch [C*KH*KW, N*P] and
-// computes the same products, so the results agree to rounding; a sample's output never
-// depends on the other samples (nor on the batch size). The backward reads grad [N, O, P]
-// in place: per sample, dweight_g += grad_g @ cols_g^T and dcols_g = w_g^T @ grad_g folded
-// back into the sample's dx planes (col2im); dbias = the sums of grad over n and p. Samples
-// run on the thread pool (the GEMMs then inline in each task); dweight is summed per block
-// of kSamplesPerBlock samples and the blocks added in order, so every result is the same
-// whatever the thread count. 16-bit floats are computed in float32 and rounded once when
-// copied out.
+// s*P + oy*OW + ox for the block's sample s, 0 in the padding. Group g's rows are the
+// contiguous block [g*Kg, (g+1)*Kg) with Kg = C/groups*KH*KW, and yT_g [O/g, B*P] =
+// w_g [O/g, Kg] @ cols_g is copied out to each sample's [O, P] block of y with the bias
+// added. The frontend's decomposition (kael/ops/_conv_fused.py) unfolds the whole batch at
+// once and computes the same products, so the results agree to rounding; the GEMM sums each
+// element's products in an order that does not depend on the column count, so a sample's
+// output is bit-identical to that sample alone. The backward takes the block's grad as
+// gT [O, B*P]: dweight_g (one partial per block) = gT_g @ cols_g^T, dcols_g = w_g^T @ gT_g
+// folded back into each sample's dx planes (col2im); dbias = the sums of grad over n and p.
+// Blocks run on the thread pool (the GEMMs then inline in each task) and the dweight partials
+// are added in block order, so every result is the same whatever the thread count. 16-bit
+// floats are computed in float32 and rounded once when copied out.
 #include "conv.h"
 
 #include <algorithm>
@@ -113,22 +114,32 @@ void im2col_row(const Geom& g, const T* x, int64_t n, int64_t r, T* d) {
   }
 }
 
-// Sample n's columns [C*KH*KW, P] into cols.
-template <class T>
-void im2col_sample(const Geom& g, const T* x, int64_t n, T* cols) {
-  const int64_t rows = g.c * g.kh * g.kw, p = g.p();
-  for (int64_t r = 0; r < rows; ++r) im2col_row(g, x, n, r, cols + r * p);
+// A block of samples is unfolded side by side: columns [C*KH*KW, B*P], sample s of the block at
+// columns [s*P, (s+1)*P). Blocks hold enough samples for about kBlockColumns columns, so the
+// GEMMs are wide enough to run at speed while the columns stay in cache.
+constexpr int64_t kBlockColumns = 2048;
+
+int64_t samples_per_block(const Geom& g) {
+  return std::clamp<int64_t>((kBlockColumns + g.p() - 1) / std::max<int64_t>(1, g.p()), 1, std::max<int64_t>(1, g.n));
 }
 
-// dplane [C, H, W] (zeroed) += sample columns dcols [C*KH*KW, P] folded back: the adjoint of im2col_sample.
+// Samples n0 .. n0 + nb - 1 unfolded into cols [C*KH*KW, nb*P].
 template <class T>
-void col2im_sample(const Geom& g, const T* dcols, T* dplane) {
-  const int64_t p = g.p();
+void im2col_block(const Geom& g, const T* x, int64_t n0, int64_t nb, T* cols) {
+  const int64_t rows = g.c * g.kh * g.kw, p = g.p(), ld = nb * p;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t s = 0; s < nb; ++s) im2col_row(g, x, n0 + s, r, cols + r * ld + s * p);
+  }
+}
+
+// dplane [C, H, W] (zeroed) += one sample's columns (row stride ld) folded back: the adjoint of im2col_row.
+template <class T>
+void col2im_sample(const Geom& g, const T* dcols, int64_t ld, T* dplane) {
   for (int64_t c = 0; c < g.c; ++c) {
     T* plane = dplane + c * g.h * g.w;
     for (int64_t i = 0; i < g.kh; ++i) {
       for (int64_t j = 0; j < g.kw; ++j) {
-        const T* src = dcols + ((c * g.kh + i) * g.kw + j) * p;
+        const T* src = dcols + ((c * g.kh + i) * g.kw + j) * ld;
         const int64_t x0 = j * g.dw - g.pw;
         for (int64_t oy = 0; oy < g.oh; ++oy) {
           const int64_t iy = oy * g.sh - g.ph + i * g.dh;
@@ -149,25 +160,34 @@ void col2im_sample(const Geom& g, const T* dcols, T* dplane) {
   }
 }
 
-// y [N, O, P] contiguous: per sample, its columns (cache-sized scratch) times each group's weight, written
-// straight into the sample's [O, P] block, bias added while the block is in cache.
+// y [N, O, P] contiguous: per block of samples, its columns times each group's weight into a [O, B*P]
+// scratch, then each sample's [O, P] block copied out with the bias added.
 template <class T>
 void forward_samples(const Geom& g, T* y, const T* x, const T* w, const T* bias) {
   const int64_t og = g.og(), kg = g.kg(), p = g.p(), rows = g.c * g.kh * g.kw;
-  parallel_for(0, g.n, 1, [&](int64_t b, int64_t e) {
-    const Buffer cbuf(static_cast<size_t>(rows * p) * sizeof(T));
+  const int64_t spb = samples_per_block(g), blocks = (g.n + spb - 1) / spb;
+  parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+    const Buffer cbuf(static_cast<size_t>(rows * spb * p) * sizeof(T));
+    const Buffer ybuf(static_cast<size_t>(g.o * spb * p) * sizeof(T));
     T* cols = cbuf.get<T>();
-    for (int64_t n = b; n < e; ++n) {
-      T* yn = y + n * g.o * p;
-      im2col_sample(g, x, n, cols);
+    T* yb = ybuf.get<T>();
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t n0 = blk * spb, nb = std::min(spb, g.n - n0), ld = nb * p;
+      im2col_block(g, x, n0, nb, cols);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
-        gemm<T>(og, p, kg, w + gi * og * kg, kg, 1, cols + gi * kg * p, p, 1, yn + gi * og * p, p, 1, false);
+        gemm<T>(og, ld, kg, w + gi * og * kg, kg, 1, cols + gi * kg * ld, ld, 1, yb + gi * og * ld, ld, 1, false);
       }
-      if (bias == nullptr) continue;
-      for (int64_t o = 0; o < g.o; ++o) {
-        T* row = yn + o * p;
-        const T v = bias[o];
-        for (int64_t i = 0; i < p; ++i) row[i] += v;
+      for (int64_t s = 0; s < nb; ++s) {
+        for (int64_t o = 0; o < g.o; ++o) {
+          T* dst = y + ((n0 + s) * g.o + o) * p;
+          const T* src = yb + o * ld + s * p;
+          const T v = bias != nullptr ? bias[o] : T(0);
+          if (bias == nullptr) {
+            std::copy(src, src + p, dst);
+          } else {
+            for (int64_t i = 0; i < p; ++i) dst[i] = src[i] + v;
+          }
+        }
       }
     }
   });
@@ -192,10 +212,6 @@ void forward_typed(const Geom& g, const View& out, const T* x, const T* w, const
   forward_samples(g, yt.view.ptr<T>(), x, w, bias);
   copy(out, yt.view);
 }
-
-// Samples per block of the backward: each block sums its own dweight, and the blocks' sums are added in
-// block order, so the result does not depend on the thread count.
-constexpr int64_t kSamplesPerBlock = 8;
 
 template <class T>
 void backward_typed(const Geom& g, const View* dx, const View* dweight, const View* dbias, const View& grad,
@@ -228,30 +244,38 @@ void backward_typed(const Geom& g, const View* dx, const View* dweight, const Vi
   const T* w = static_cast<const T*>(contiguous_data(weight, d, &wkeep));
   const T* xp = static_cast<const T*>(contiguous_data(x, d, &xkeep));
   const bool work = p > 0 && kg > 0;
-  const int64_t blocks = (g.n + kSamplesPerBlock - 1) / kSamplesPerBlock, wn = g.o * kg;
+  const int64_t spb = samples_per_block(g), blocks = (g.n + spb - 1) / spb, wn = g.o * kg;
   Temp dwparts = zeros(d, {dweight != nullptr && work ? blocks : 0, wn});
   Temp dxt = zeros(d, {dx != nullptr ? g.n : 0, g.c, g.h, g.w});
   if (work && (dweight != nullptr || (dx != nullptr && og > 0))) {
     parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
-      const Buffer cbuf(static_cast<size_t>(rows * p) * sizeof(T));
+      const Buffer cbuf(static_cast<size_t>(rows * spb * p) * sizeof(T));
+      const Buffer gbuf(static_cast<size_t>(g.o * spb * p) * sizeof(T));
       T* cols = cbuf.get<T>();
+      T* gt = gbuf.get<T>();
       for (int64_t blk = b; blk < e; ++blk) {
-        T* dwb = dweight != nullptr ? dwparts.view.ptr<T>() + blk * wn : nullptr;
-        for (int64_t n = blk * kSamplesPerBlock; n < std::min(g.n, (blk + 1) * kSamplesPerBlock); ++n) {
-          const T* gn = gp + n * g.o * p;  // grad of sample n: [O, P]
-          if (dwb != nullptr) {
-            im2col_sample(g, xp, n, cols);
-            for (int64_t gi = 0; gi < g.groups; ++gi) {
-              // dweight_g [og, kg] += grad_g [og, P] @ cols_g^T [P, kg]
-              gemm<T>(og, kg, p, gn + gi * og * p, p, 1, cols + gi * kg * p, 1, p, dwb + gi * og * kg, kg, 1, true);
-            }
+        const int64_t n0 = blk * spb, nb = std::min(spb, g.n - n0), ld = nb * p;
+        for (int64_t s = 0; s < nb; ++s) {  // the block's grad as gT [O, nb*P]
+          for (int64_t o = 0; o < g.o; ++o) {
+            const T* src = gp + ((n0 + s) * g.o + o) * p;
+            std::copy(src, src + p, gt + o * ld + s * p);
           }
-          if (dx != nullptr && og > 0) {
-            for (int64_t gi = 0; gi < g.groups; ++gi) {
-              // dcols_g [kg, P] = w_g^T [kg, og] @ grad_g [og, P]
-              gemm<T>(kg, p, og, w + gi * og * kg, 1, kg, gn + gi * og * p, p, 1, cols + gi * kg * p, p, 1, false);
-            }
-            col2im_sample(g, cols, dxt.view.ptr<T>() + n * g.c * g.h * g.w);
+        }
+        if (dweight != nullptr) {
+          T* dwb = dwparts.view.ptr<T>() + blk * wn;
+          im2col_block(g, xp, n0, nb, cols);
+          for (int64_t gi = 0; gi < g.groups; ++gi) {
+            // dweight_g [og, kg] (this block's part) = gT_g [og, nb*P] @ cols_g^T [nb*P, kg]
+            gemm<T>(og, kg, ld, gt + gi * og * ld, ld, 1, cols + gi * kg * ld, 1, ld, dwb + gi * og * kg, kg, 1, false);
+          }
+        }
+        if (dx != nullptr && og > 0) {
+          for (int64_t gi = 0; gi < g.groups; ++gi) {
+            // dcols_g [kg, nb*P] = w_g^T [kg, og] @ gT_g [og, nb*P]
+            gemm<T>(kg, ld, og, w + gi * og * kg, 1, kg, gt + gi * og * ld, ld, 1, cols + gi * kg * ld, ld, 1, false);
+          }
+          for (int64_t s = 0; s < nb; ++s) {
+            col2im_sample(g, cols + s * p, ld, dxt.view.ptr<T>() + (n0 + s) * g.c * g.h * g.w);
           }
         }
       }
