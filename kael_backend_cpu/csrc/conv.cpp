@@ -90,27 +90,39 @@ Temp zeros(DType d, std::initializer_list<int64_t> shape) {
   return t;
 }
 
+// The output columns [lo, hi) of kernel column offset x0 (= j*dw - pw) whose input column
+// x0 + ox*sw lies inside [0, w); the others read the zero padding.
+struct ColRange {
+  int64_t lo, hi;
+};
+
+ColRange inside_columns(const Geom& g, int64_t x0) {
+  const int64_t lo = x0 >= 0 ? 0 : std::min(g.ow, (-x0 + g.sw - 1) / g.sw);
+  const int64_t hi = g.w - x0 <= 0 ? 0 : std::min(g.ow, (g.w - x0 + g.sw - 1) / g.sw);
+  return {lo, std::max(lo, hi)};
+}
+
 // Row r = (c*KH + i)*KW + j of sample n's columns (NOTE [conv2d columns]): P values into d.
 template <class T>
 void im2col_row(const Geom& g, const T* x, int64_t n, int64_t r, T* d) {
   const int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
   const T* plane = x + (n * g.c + c) * g.h * g.w;
   const int64_t x0 = j * g.dw - g.pw;
+  const ColRange cr = inside_columns(g, x0);
   for (int64_t oy = 0; oy < g.oh; ++oy, d += g.ow) {
     const int64_t iy = oy * g.sh - g.ph + i * g.dh;
     if (iy < 0 || iy >= g.h) {
       std::fill(d, d + g.ow, T(0));
       continue;
     }
-    const T* row = plane + iy * g.w;
-    if (g.sw == 1 && x0 >= 0 && x0 + g.ow <= g.w) {
-      std::copy(row + x0, row + x0 + g.ow, d);
-      continue;
+    const T* row = plane + iy * g.w;  // ox in [lo, hi) reads row[x0 + ox*sw], inside the row
+    std::fill(d, d + cr.lo, T(0));
+    if (g.sw == 1) {
+      std::copy(row + x0 + cr.lo, row + x0 + cr.hi, d + cr.lo);
+    } else {
+      for (int64_t ox = cr.lo; ox < cr.hi; ++ox) d[ox] = row[x0 + ox * g.sw];
     }
-    for (int64_t ox = 0; ox < g.ow; ++ox) {
-      const int64_t ix = x0 + ox * g.sw;
-      d[ox] = (ix >= 0 && ix < g.w) ? row[ix] : T(0);
-    }
+    std::fill(d + cr.hi, d + g.ow, T(0));
   }
 }
 
@@ -141,19 +153,13 @@ void col2im_sample(const Geom& g, const T* dcols, int64_t ld, T* dplane) {
       for (int64_t j = 0; j < g.kw; ++j) {
         const T* src = dcols + ((c * g.kh + i) * g.kw + j) * ld;
         const int64_t x0 = j * g.dw - g.pw;
+        const ColRange cr = inside_columns(g, x0);
         for (int64_t oy = 0; oy < g.oh; ++oy) {
           const int64_t iy = oy * g.sh - g.ph + i * g.dh;
           if (iy < 0 || iy >= g.h) continue;
           T* row = plane + iy * g.w;
           const T* sp = src + oy * g.ow;
-          if (g.sw == 1 && x0 >= 0 && x0 + g.ow <= g.w) {
-            for (int64_t ox = 0; ox < g.ow; ++ox) row[x0 + ox] += sp[ox];
-            continue;
-          }
-          for (int64_t ox = 0; ox < g.ow; ++ox) {
-            const int64_t ix = x0 + ox * g.sw;
-            if (ix >= 0 && ix < g.w) row[ix] += sp[ox];
-          }
+          for (int64_t ox = cr.lo; ox < cr.hi; ++ox) row[x0 + ox * g.sw] += sp[ox];
         }
       }
     }

@@ -67,11 +67,11 @@ void window_inside(const T* src, int64_t w, int64_t y0, int64_t x0, std::array<i
     const int64_t r = (y0 + i * d[0]) * w + x0;
     for (int64_t j = 0; j < k[1]; ++j) {
       const T v = src[r + j * d[1]];
-      // v > best, or v NaN while best is not: once best is NaN it stays (the first NaN).
-      if (!(v <= best) && !std::isnan(best)) {
-        best = v;
-        at = r + j * d[1];
-      }
+      // v > best, or v NaN while best is not: once best is NaN it stays (the first NaN). Selects,
+      // not branches: maxima of unordered data would mispredict about half the time.
+      const bool take = !(v <= best) && !std::isnan(best);
+      best = take ? v : best;
+      at = take ? r + j * d[1] : at;
     }
   }
   *out = best;
@@ -147,16 +147,21 @@ void max_pool2d(const View& out, const View& indices, const View& x, std::array<
   const DType wd = work_dtype(x.dtype);
   Temp xk = (x.dtype == wd && x.is_contiguous()) ? Temp{} : to_contiguous(x, wd);
   const View xv = xk.view.data != nullptr ? xk.view : x;
-  Temp ot = make_temp(wd, out.shape, 4), it = make_temp(DType::Int64, out.shape, 4);
+  // Contiguous outputs of the work dtype are written in place, others through scratch copied out.
+  const bool out_direct = out.dtype == wd && out.is_contiguous(), idx_direct = indices.is_contiguous();
+  Temp ot = out_direct ? Temp{} : make_temp(wd, out.shape, 4);
+  Temp it = idx_direct ? Temp{} : make_temp(DType::Int64, out.shape, 4);
+  void* op = out_direct ? out.data : ot.view.data;
+  auto* ip = (idx_direct ? indices : it.view).ptr<int64_t>();
   if (wd == DType::Float64) {
-    forward_typed<double>(xv, ot.view.ptr<double>(), it.view.ptr<int64_t>(), out.shape[2], out.shape[3], kernel, stride,
-                          padding, dilation);
+    forward_typed<double>(xv, static_cast<double*>(op), ip, out.shape[2], out.shape[3], kernel, stride, padding,
+                          dilation);
   } else {
-    forward_typed<float>(xv, ot.view.ptr<float>(), it.view.ptr<int64_t>(), out.shape[2], out.shape[3], kernel, stride,
-                         padding, dilation);
+    forward_typed<float>(xv, static_cast<float*>(op), ip, out.shape[2], out.shape[3], kernel, stride, padding,
+                         dilation);
   }
-  copy(out, ot.view);
-  copy(indices, it.view);
+  if (!out_direct) copy(out, ot.view);
+  if (!idx_direct) copy(indices, it.view);
 }
 
 void max_pool2d_backward(const View& dx, const View& grad, const View& indices) {
