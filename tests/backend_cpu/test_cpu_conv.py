@@ -155,6 +155,7 @@ def test_a_sample_alone_gives_its_rows_of_the_batch_bit_for_bit(geo: dict[str, A
     tx, tw = (torch.tensor(v, requires_grad=True) for v in (x, w))
     ty = torch.nn.functional.conv2d(tx, tw, torch.tensor(b), *geo["attrs"])
     ty.backward(torch.tensor(g))
+    assert tx.grad is not None and tw.grad is not None
     np.testing.assert_allclose(out.numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(grads[0].numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(grads[1].numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
