@@ -44,22 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _shapes import GPT2_SMALL, SMOLLM2_135M
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k_m", "q4_k_s", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs"]
-SMOLLM2 = {
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "tie_word_embeddings": True,
-    "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 2048,
-}
-GPT2 = {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
 
 __all__ = ["build", "compare", "main"]
 
@@ -81,7 +69,7 @@ def build(model: str, directory: Path, init: float, quick: bool) -> int:
 
     torch.manual_seed(0)
     if model == "gpt2":
-        shape = dict(GPT2, n_layer=2, n_embd=256, n_head=4) if quick else GPT2
+        shape = dict(GPT2_SMALL, n_layer=2, n_embd=256, n_head=4) if quick else GPT2_SMALL
         cfg = transformers.GPT2Config(**shape, initializer_range=init, bos_token_id=50256, eos_token_id=50256)
         transformers.GPT2LMHeadModel(cfg).save_pretrained(directory)
         for f in (ROOT / "tests" / "data" / "gpt2-tokenizer").iterdir():
@@ -94,7 +82,7 @@ def build(model: str, directory: Path, init: float, quick: bool) -> int:
     from kael.tokenizer import load_tokenizer
 
     n = load_tokenizer(directory).vocab_size
-    shape = dict(SMOLLM2, num_hidden_layers=2) if quick else SMOLLM2
+    shape = dict(SMOLLM2_135M, num_hidden_layers=2) if quick else SMOLLM2_135M
     cfg = transformers.LlamaConfig(**shape, initializer_range=init, bos_token_id=0, eos_token_id=1)
     transformers.LlamaForCausalLM(cfg).save_pretrained(directory)
     return int(n)

@@ -48,25 +48,13 @@ from typing import Any
 
 import numpy as np
 from _llama_cpp_bench import find_tool, llama_bench, llama_quantize
+from _shapes import GPT2_SMALL, SMOLLM2_135M
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
 FORMATS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_k_m")
 MODELS = ("gpt2", "smollm2")
 FLOAT_FORMATS = ("f32", "bf16", "f16")
-GPT2: dict[str, Any] = {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
-SMOLLM2: dict[str, Any] = {
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "tie_word_embeddings": True,
-    "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 2048,
-}
 PROMPT_TOKENS = 16
 WARMUP_TOKENS = 4  # the decode warm-up before the timed runs
 
@@ -83,7 +71,7 @@ def write_checkpoint(model: str, directory: Path, quick: bool) -> None:
 
     torch.manual_seed(0)
     if model == "gpt2":
-        shape = dict(GPT2, n_layer=2, n_embd=64, n_head=2, n_positions=128) if quick else GPT2
+        shape = dict(GPT2_SMALL, n_layer=2, n_embd=64, n_head=2, n_positions=128) if quick else GPT2_SMALL
         # n_ctx: transformers no longer writes it, llama.cpp's GPT-2 converter still reads it
         cfg = transformers.GPT2Config(**shape, n_ctx=shape["n_positions"], bos_token_id=50256, eos_token_id=50256)
         transformers.GPT2LMHeadModel(cfg).save_pretrained(directory)
@@ -94,8 +82,8 @@ def write_checkpoint(model: str, directory: Path, quick: bool) -> None:
     from hf_fixtures import write_llama3
 
     write_llama3(directory)
-    shape = dict(SMOLLM2, num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024) if quick else SMOLLM2  # fmt: skip
+    shape = dict(SMOLLM2_135M, num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024) if quick else SMOLLM2_135M  # fmt: skip
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, bos_token_id=0, eos_token_id=1)).save_pretrained(
         directory
     )
