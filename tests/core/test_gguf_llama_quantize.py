@@ -75,6 +75,25 @@ def test_llama_quantize_output_loads_as_it_is_mixed(f32_file: Path, kind: str) -
     head = stored["output.weight"]
     w = kael.ops.dequantize(model.lm_head.weight, model.lm_head.scheme).numpy()
     np.testing.assert_array_equal(w, gguf.quants.dequantize(head.data, head.tensor_type).reshape(w.shape))
+    # every quantized tensor of the file: kael's dequantization (its C++ kernel on cpu) of the module
+    # holding it equals the gguf package's of the file's bytes (q and k rows in Hugging Face's order)
+    from kael.models._gguf import rope_rows
+    from kael.models._gguf_llama import tensor_specs
+
+    modules = dict(model.named_modules())
+    checked = 0
+    for spec in tensor_specs(model.config):
+        t = stored.get(spec.name)
+        if t is None or t.tensor_type.name in ("F32", "F16", "BF16") or len(t.shape) != 2:
+            continue
+        module = modules[spec.target.rsplit(".", 1)[0]]
+        got = kael.ops.dequantize(module.weight, module.scheme).numpy()
+        want = gguf.quants.dequantize(t.data, t.tensor_type).reshape(got.shape)
+        if spec.rope_heads:
+            want = want[rope_rows(spec.shape[0], spec.rope_heads)]
+        np.testing.assert_array_equal(got, want, err_msg=f"{kind}: {spec.name}")
+        checked += 1
+    assert checked >= 14, checked  # 7 projections x 2 layers, the head and the table
 
 
 @pytest.mark.parametrize("kind", TYPES)
