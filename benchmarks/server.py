@@ -303,7 +303,10 @@ def summarize(clients: int, passes: list[dict[str, Any]]) -> dict[str, Any]:
         "aggregate_tokens_per_s": round(statistics.median(rates), 2),
         "aggregate_tokens_per_s_passes": [round(r, 2) for r in rates],
         "per_stream_tokens_per_s_median": round(statistics.median(per_stream), 2) if per_stream else None,
+        # inter-token latency of a stream: its time after the first token over the tokens after it
+        "itl_ms_median": round(1000 / statistics.median(per_stream), 2) if per_stream else None,
         "ttft_p50_s": round(percentile(ttfts, 0.50), 3) if ttfts else None,
+        "ttft_p90_s": round(percentile(ttfts, 0.90), 3) if ttfts else None,
         "ttft_p99_s": round(percentile(ttfts, 0.99), 3) if ttfts else None,
     }
 
