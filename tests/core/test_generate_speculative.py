@@ -12,25 +12,12 @@ import numpy as np
 import pytest
 from kael import KaelError
 from kael.engine import DraftModelProposer, NgramProposer, SamplingParams, Speculator, TokenSampler
-from kael.models import GPT, LlamaConfig, LlamaForCausalLM
-
-V, CTX = 97, 96
+from tiny_causal_lms import CTX, V, tiny_causal_lm
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def model(request: pytest.FixtureRequest) -> Any:
-    if request.param == "gpt2":
-        return GPT(V, CTX, 2, 4, 32, generator=kael.Generator().manual_seed(0))
-    cfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=CTX,
-    )
-    return LlamaForCausalLM(cfg, generator=kael.Generator().manual_seed(1), initializer_range=0.1)
+    return tiny_causal_lm(request.param)
 
 
 def _prompt(seed: int) -> list[int]:

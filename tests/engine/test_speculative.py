@@ -30,26 +30,14 @@ from kael.engine import (
     TokenSampler,
     ngram_lookup,
 )
-from kael.models import GPT, BatchDecoder, LlamaConfig, LlamaForCausalLM
+from kael.models import GPT, BatchDecoder
 from kael.models._kv_blocks import BlockPool
-
-V, CTX = 97, 96
+from tiny_causal_lms import CTX, V, tiny_causal_lm
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def model(request: pytest.FixtureRequest) -> Any:
-    if request.param == "gpt2":
-        return GPT(V, CTX, 2, 4, 32, generator=kael.Generator().manual_seed(0))
-    cfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=CTX,
-    )
-    return LlamaForCausalLM(cfg, generator=kael.Generator().manual_seed(1), initializer_range=0.1)
+    return tiny_causal_lm(request.param)
 
 
 def _prompts(seed: int, count: int) -> list[list[int]]:

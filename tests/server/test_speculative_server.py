@@ -96,6 +96,14 @@ def test_the_same_tokens_and_logprobs_alone_and_batched(
     assert _metric(plain, "kael_spec_draft_tokens_total") == 0
 
 
+def test_the_spec_tokens_limit_is_the_engines() -> None:
+    """kael-server's --spec-tokens limit (named in its config, which imports without kael) is the engine's."""
+    from kael.engine import MAX_DRAFT_TOKENS
+    from kael_server.config import MAX_SPEC_TOKENS
+
+    assert MAX_SPEC_TOKENS == MAX_DRAFT_TOKENS
+
+
 @pytest.mark.parametrize(
     ("flags", "line"),
     [

@@ -76,20 +76,18 @@ def build_speculator(config: ServerConfig, model: Any, draft: Path | None, rows:
     loads here, on the served model's device."""
     if config.speculative is None:
         return None
-    from kael.engine import DraftModelProposer, NgramProposer, Speculator
+    import kael
+    from kael.engine import speculator_for
 
     k = config.spec_tokens
     if config.speculative == "ngram":
-        return Speculator(NgramProposer(k=k), k_max=k)
+        return speculator_for("ngram", k)
     assert draft is not None  # check_speculation saw to it
-    import kael
-
     if draft.is_file():
         drafter, _ = kael.models.load_gguf(draft, device=config.device)
     else:
         drafter = kael.models.from_pretrained(draft, device=config.device)
     try:
-        proposer = DraftModelProposer(drafter, k=k, rows=rows, target=model)
+        return speculator_for("draft", k, drafter, rows=rows, target=model)
     except kael.KaelError as exc:
         raise ServerConfigError(f"--draft-model {config.draft_model!r}: {exc}") from None
-    return Speculator(proposer, k_max=k)

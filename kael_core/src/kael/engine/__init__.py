@@ -36,15 +36,17 @@ from .request import Picker, Request, RequestError, RequestStatus, check_fits
 from .runner import ModelRunner, Runner, StepLogits, isolate_rows
 from .sampler import TokenLogprob, TokenSampler, pick, sample_rows
 from .scheduler import ScheduledRow, Scheduler, SchedulerOutput
-from .speculative import SpecState, Speculator
+from .speculative import MAX_DRAFT_TOKENS, SpecState, Speculator, speculator_for
 from .stop import FinishReason, SequenceStop, StopMatcher
 
 __all__ = [
     "DraftModelProposer",
     "NgramProposer",
     "Proposer",
+    "MAX_DRAFT_TOKENS",
     "SpecState",
     "Speculator",
+    "speculator_for",
     "ngram_lookup",
     "MIN_TEMPERATURE",
     "Detokenizer",

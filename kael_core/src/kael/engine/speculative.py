@@ -40,12 +40,16 @@ it is tried again. The worst case is then a few probing steps in every ``max_pro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .._errors import KaelError
 from .proposers import Proposer, count_arg
 from .request import Request
 
-__all__ = ["SpecState", "Speculator"]
+__all__ = ["MAX_DRAFT_TOKENS", "SpecState", "Speculator", "speculator_for"]
+
+MAX_DRAFT_TOKENS = 15
+"""Drafts per verification at most: 1 + 15 query rows, the most whose kernels match one at a time."""
 
 
 @dataclass
@@ -86,8 +90,10 @@ class Speculator:
         self.proposer = proposer
         default = getattr(proposer, "k", 4)
         self.k_max = count_arg("Speculator", "k_max", default if k_max is None else k_max, 1)
-        if self.k_max > 15:
-            raise KaelError(f"Speculator: k_max must be at most 15 (16 query rows per verification), got {k_max!r}")
+        if self.k_max > MAX_DRAFT_TOKENS:
+            raise KaelError(
+                f"Speculator: k_max must be at most {MAX_DRAFT_TOKENS} (16 query rows per verification), got {k_max!r}"
+            )
         self.off_after = count_arg("Speculator", "off_after", off_after, 1)
         self.cooldown = count_arg("Speculator", "cooldown", cooldown, 1)
         self.max_cooldown = count_arg("Speculator", "max_cooldown", max_cooldown, self.cooldown)
@@ -195,3 +201,17 @@ class Speculator:
             "spec_acceptance_rate": self.acceptance_rate,
             "spec_pauses": self.pauses,
         }
+
+
+def speculator_for(kind: str, k: int, draft: Any = None, *, rows: int = 1, target: Any = None) -> Speculator:
+    """The ``Speculator`` of ``--speculative KIND --spec-tokens K``: ``"ngram"`` (``NgramProposer``) or
+    ``"draft"`` (a ``DraftModelProposer`` over the loaded model ``draft``, ``rows`` rows, checked against
+    ``target``); both the CLI and kael-server build theirs here. KaelError for anything else."""
+    from .draft_proposer import DraftModelProposer
+    from .proposers import NgramProposer
+
+    if kind == "ngram":
+        return Speculator(NgramProposer(k=k), k_max=k)
+    if kind == "draft" and draft is not None:
+        return Speculator(DraftModelProposer(draft, k=k, rows=rows, target=target), k_max=k)
+    raise KaelError(f"speculator_for: expected 'ngram', or 'draft' with a draft model, got {kind!r}")

@@ -22,7 +22,6 @@ from typing import Any, TextIO
 from .._errors import KaelError
 
 __all__ = [
-    "args_k",
     "bundled_models",
     "chat_cli",
     "fit_prompt",
@@ -187,32 +186,25 @@ def generate_cli(args: argparse.Namespace, out: TextIO | None = None, err: TextI
 
 def speculative_of(args: argparse.Namespace, model: Any) -> Any:
     """The ``generate(speculative=...)`` of ``--speculative``/``--draft-model``/``--spec-tokens`` (None without
-    them): a ``kael.engine.Speculator`` over an n-gram or draft-model proposer; KaelError naming the flag."""
-    from ..engine import DraftModelProposer, NgramProposer, Speculator
+    them): ``kael.engine.speculator_for``'s Speculator; KaelError naming the flag."""
+    from ..engine import MAX_DRAFT_TOKENS, speculator_for
     from ._registry import from_pretrained
 
-    kind, draft, k = getattr(args, "speculative", None), getattr(args, "draft_model", None), args_k(args)
+    kind, draft = getattr(args, "speculative", None), getattr(args, "draft_model", None)
+    k = getattr(args, "spec_tokens", 4)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
+        raise KaelError(f"--spec-tokens must be an integer in 1..{MAX_DRAFT_TOKENS}, got {k!r}")
     if kind == "draft" and draft is None:
         raise KaelError("--speculative draft needs --draft-model DIR (the model that drafts)")
     if draft is not None and kind != "draft":
         raise KaelError("--draft-model needs --speculative draft")
     if kind is None:
         return None
-    if kind == "ngram":
-        return Speculator(NgramProposer(k=k), k_max=k)
-    drafter = from_pretrained(resolve_model(str(draft)), device=model.device)
+    drafter = from_pretrained(resolve_model(str(draft)), device=model.device) if kind == "draft" else None
     try:
-        return Speculator(DraftModelProposer(drafter, k=k, rows=1, target=model), k_max=k)
+        return speculator_for(kind, k, drafter, target=model)
     except KaelError as exc:
         raise KaelError(f"--draft-model {draft!r}: {exc}") from None
-
-
-def args_k(args: argparse.Namespace) -> int:
-    """``--spec-tokens``, checked to be 1..15 as kael-server's (KaelError naming the flag)."""
-    k = getattr(args, "spec_tokens", 4)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15:
-        raise KaelError(f"--spec-tokens must be an integer in 1..15, got {k!r}")
-    return k
 
 
 CHAT_COMMANDS = {

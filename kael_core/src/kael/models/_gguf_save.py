@@ -27,12 +27,12 @@ from ._gguf import (
     FILE_TYPES,
     ROLE_FLOAT,
     TensorSpec,
-    _arch_modules,
     _split,
     _submodule,
     architectures,
     rope_rows,
 )
+from ._weights_plan import gguf_family, gguf_plan
 
 __all__ = ["save_gguf", "export_gguf_cli"]
 
@@ -79,13 +79,9 @@ def save_gguf(model: Any, path: Any, tokenizer: Any = None, *, weights: Any = No
     """
     from ..io import write_gguf
     from ._weights import check_weights, is_quantized
-    from ._weights_plan import gguf_plan
 
     scheme = check_weights(weights, "save_gguf")
-    fam = None
-    for m in _arch_modules():
-        if m.handles(model):
-            fam = m
+    fam = gguf_family(model)
     if fam is None:
         raise KaelError(
             f"save_gguf: expected a kael GPT or LlamaForCausalLM, got {type(model).__name__} "

@@ -37,6 +37,20 @@ def gguf_plan(model: Any, weights: str) -> dict[str, str | None]:
     ``weights``: a llama.cpp file type of ``kael.quant.formats.MIXES`` or a format name (a
     uniform plan); a KaelError for a model whose family has no GGUF layout.
     """
+    return _plan(model, weights)[1]
+
+
+def module_plan(model: Any, weights: str) -> dict[str, str | None]:
+    """Qualified module name -> format (None: stays float) of every projection and token table of ``model``
+    under ``weights`` (``gguf_plan`` by the modules the GGUF tensors are the weights of)."""
+    from ._gguf import ROLE_FLOAT
+
+    specs, plan = _plan(model, weights)
+    return {s.target.rsplit(".", 1)[0]: plan.get(s.name) for s in specs if s.role != ROLE_FLOAT}
+
+
+def _plan(model: Any, weights: str) -> tuple[list[Any], dict[str, str | None]]:
+    """The family's tensor specs of ``model`` and ``mix_types`` over them."""
     from ..quant.formats import mix_types
 
     fam = gguf_family(model)
@@ -48,7 +62,7 @@ def gguf_plan(model: Any, weights: str) -> dict[str, str | None]:
     arch, meta = fam.gguf_metadata(model)
     n_head = int(meta[f"{arch}.attention.head_count"])
     specs = fam.export_specs(model)
-    return mix_types(
+    plan = mix_types(
         weights,
         [(s.name, s.shape) for s in specs],
         n_head=n_head,
@@ -56,19 +70,4 @@ def gguf_plan(model: Any, weights: str) -> dict[str, str | None]:
         n_layer=int(meta[f"{arch}.block_count"]),
         arch=arch,
     )
-
-
-def module_plan(model: Any, weights: str) -> dict[str, str | None]:
-    """Qualified module name -> format (None: stays float) of every projection and token table of ``model``
-    under ``weights`` (``gguf_plan`` by the modules the GGUF tensors are the weights of)."""
-    from ._gguf import ROLE_FLOAT
-
-    fam = gguf_family(model)
-    plan = gguf_plan(model, weights)
-    out: dict[str, str | None] = {}
-    for spec in fam.export_specs(model) if fam is not None else ():
-        if spec.role == ROLE_FLOAT:
-            continue
-        owner = spec.target.rsplit(".", 1)[0]
-        out[owner] = plan.get(spec.name)
-    return out
+    return specs, plan
