@@ -22,7 +22,10 @@ the rms of llama.cpp's logits), the same figures for each engine against kael's 
 (``quant_rms_rel``: how much the quantization itself moves the logits, the scale against
 which the engines' disagreement is small), and the top-1 agreement on the positions whose
 top-2 margin in llama.cpp's logits exceeds 4 times the measured rms difference
-(``top1_clear``). ``--init`` scales the init's standard deviation: random weights at
+(``top1_clear``), and llama.cpp against itself: its logits with a float32 K/V cache against
+those with its default float16 one (``llama_self_top1``, ``llama_self_rms_rel``). That last pair
+is the noise floor: with 8-bit activations, a last-bit change anywhere flips some roundings,
+and on these random checkpoints llama.cpp disagrees with itself about as much as with kael. ``--init`` scales the init's standard deviation: random weights at
 transformers' 0.02 give nearly flat logits whose top-2 margins are below either engine's
 rounding, so top-1 there measures ties more than agreement.
 
@@ -98,12 +101,14 @@ def _kael_logits(path: Path, ids: list[int]) -> np.ndarray:
     return out
 
 
-def _llama_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
+def _llama_logits(path: Path, ids: list[int], threads: int, kv_f32: bool = False) -> np.ndarray:
+    """llama.cpp's logits of every position; its K/V cache in float16 (its default), or float32 with `kv_f32`."""
     import llama_cpp
 
+    kv = {"type_k": 0, "type_v": 0} if kv_f32 else {}  # GGML_TYPE_F32
     llm = llama_cpp.Llama(
         str(path), logits_all=True, verbose=False, n_ctx=len(ids) + 8, n_batch=len(ids), n_threads=threads,
-        n_threads_batch=threads,
+        n_threads_batch=threads, **kv,
     )  # fmt: skip
     llm.eval(ids)
     out = np.array(llm.scores[: len(ids)], np.float64)
@@ -111,8 +116,9 @@ def _llama_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
     return out
 
 
-def compare(ours: np.ndarray, theirs: np.ndarray, ref: np.ndarray) -> dict[str, float]:
-    """Agreement figures of two [T, V] logit arrays, and of each against the float reference `ref`."""
+def compare(ours: np.ndarray, theirs: np.ndarray, ref: np.ndarray, self_check: np.ndarray) -> dict[str, float]:
+    """Agreement figures of two [T, V] logit arrays, of each against the float reference `ref`, and of
+    llama.cpp against itself (`self_check`: its logits with a float32 K/V cache): the noise floor."""
     diff = ours - theirs
     rms = float(np.sqrt(np.mean(diff**2)))
     top2 = np.sort(theirs, axis=-1)[:, -2:]
@@ -133,7 +139,14 @@ def compare(ours: np.ndarray, theirs: np.ndarray, ref: np.ndarray) -> dict[str, 
         "llama_quant_rms_rel": rel(theirs, ref),
         "kael_top1_vs_f32": float((ours.argmax(-1) == ref.argmax(-1)).mean()),
         "llama_top1_vs_f32": float((theirs.argmax(-1) == ref.argmax(-1)).mean()),
+        "llama_self_top1": float((self_check.argmax(-1) == theirs.argmax(-1)).mean()),
+        "llama_self_rms_rel": rel(self_check, theirs),
     }
+
+
+def _compare_on(path: Path, ours: np.ndarray, ids: list[int], ref: np.ndarray, threads: int) -> dict[str, float]:
+    theirs = _llama_logits(path, ids, threads)
+    return compare(ours, theirs, ref, _llama_logits(path, ids, threads, kv_f32=True))
 
 
 def run_model(model: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
@@ -148,7 +161,7 @@ def run_model(model: str, args: argparse.Namespace, scratch: Path) -> dict[str, 
     rng = np.random.default_rng(1)
     ids = [int(t) for t in rng.integers(2, n_tok, size=args.positions)]
     ref = _kael_logits(f32, ids)
-    out: dict[str, Any] = {"f32": compare(ref, _llama_logits(f32, ids, args.threads), ref)}
+    out: dict[str, Any] = {"f32": _compare_on(f32, ref, ids, ref, args.threads)}
     quantize = _tool("llama-quantize")
     for kind in args.types:
         path = d / f"{kind}.gguf"
@@ -163,7 +176,7 @@ def run_model(model: str, args: argparse.Namespace, scratch: Path) -> dict[str, 
         except Exception as exc:  # a file kael refuses is a result to print, not a crash
             out[kind] = {"error": f"kael: {type(exc).__name__}: {exc}"}
             continue
-        out[kind] = {**compare(ours, _llama_logits(path, ids, args.threads), ref), "quantize_s": round(took, 1)}
+        out[kind] = {**_compare_on(path, ours, ids, ref, args.threads), "quantize_s": round(took, 1)}
         path.unlink()
         print(json.dumps({"model": model, "type": kind, **out[kind]}), file=sys.stderr, flush=True)
     return out
