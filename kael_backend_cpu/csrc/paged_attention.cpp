@@ -1,4 +1,4 @@
-// Causal attention over a paged KV cache (NOTE [paged attention] in kael/ops/_fused.py):
+// Causal attention over a paged KV cache (NOTE [paged attention] in kael/ops/_attention_fused.py):
 // q [B,H,T,D], cache [NB,2,Hkv,S,D] (block n's keys at [n,0], values at [n,1]), block
 // table int64 [B,M], lengths int64 [B]; position p of row b is slot p % S of block
 // table[b, p / S], and query t of row b sees positions 0 .. lengths[b]-T+t.

@@ -272,7 +272,7 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
 
 
 def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
-    """NOTE [paged attention] in kael/ops/_fused.py: one raw kernel reads every key and value in its block.
+    """NOTE [paged attention] in kael/ops/_attention_fused.py: one raw kernel reads every key and value in its block.
 
     16-bit pools compute in float32 (a float32 copy of the pool per call); float16 instead runs the
     reference's float16 arithmetic on each row's gathered keys, as ``attention`` does for float16.

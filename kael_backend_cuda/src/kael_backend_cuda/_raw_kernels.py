@@ -12,7 +12,7 @@ picked by the token's position) and the pointwise ``silu_mul``. Grouped-query at
 needs no kernel of its own: the glue stacks each kv head's query heads on its rows, so
 ``attention_softmax`` runs unchanged on the [B, H, Tq, Tk] scores. ``paged_attention_rows``
 is the whole of attention over a paged KV cache (one block per query row, reading each key
-and value in place in its block; NOTE [paged attention] in ``kael/ops/_fused.py``).
+and value in place in its block; NOTE [paged attention] in ``kael/ops/_attention_fused.py``).
 
 Elementwise catalogue ops with a source here (erf, silu) launch through ``pointwise(op,
 *inputs, out)``; their NumPy twin is the op's own definition (``Pointwise.compute``).
@@ -280,7 +280,7 @@ __global__ void rope_rows(const T* x, const T* cos_t, const T* sin_t, const long
     }
 }
 
-// Causal attention over a paged KV cache (NOTE [paged attention] in kael/ops/_fused.py), one block per
+// Causal attention over a paged KV cache (NOTE [paged attention] in kael/ops/_attention_fused.py), one block per
 // query row = (b*H + h)*Tq + i of out [B*H*Tq, D]. q [B, H, Tq, D], cache [NB, 2, Hkv, S, D] (block n's keys
 // at [n, 0], values at [n, 1]), table [B, M], lengths [B]: all C-contiguous. Position p of row b is slot p % S
 // of block table[b, p / S]; query i sees positions 0..lengths[b]-Tq+i (at least one: lengths[b] >= Tq, and

@@ -17,6 +17,7 @@ from .._errors import DTypeError
 from .._ops import CATALOGUE, POINTWISE_OPS
 from .._tensor import Tensor
 from . import _avg_pool_fused, _batch_norm_fused, _conv_fused, _pool_fused  # noqa: F401  (register their decompositions)
+from ._attention_fused import attention, paged_attention
 from ._creation import (
     arange,
     empty_,
@@ -37,19 +38,8 @@ from ._creation import (
     zeros,
     zeros_like,
 )
-from ._fused import (
-    adamw_step,
-    attention,
-    cross_entropy,
-    embedding,
-    gelu,
-    layer_norm,
-    linear,
-    log_softmax,
-    paged_attention,
-    softmax,
-    topk,
-)
+from ._cross_entropy_fused import cross_entropy
+from ._fused import adamw_step, embedding, gelu, layer_norm, linear, log_softmax, softmax
 from ._fused_llama import rms_norm, rope, silu_mul
 from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
 from ._inplace import clone, contiguous, detach, to
@@ -59,6 +49,7 @@ from ._pointwise_fused import pointwise_fused
 from ._quant import dequantize, quantized_linear
 from ._random import Generator, default_generator, manual_seed, seed
 from ._reduce import Amax, Amin, Prod, Sum, argreduce, logical_reduce, max_with_indices, mean, std, var
+from ._topk_fused import topk
 from ._views import expand, flatten, narrow, permute, reshape, select, slice_, squeeze, transpose, unsqueeze, view
 
 __all__ = [

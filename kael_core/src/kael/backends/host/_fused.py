@@ -139,7 +139,7 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
 
 
 def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
-    """NOTE [paged attention] in kael/ops/_fused.py: per row, gather its blocks, then causal attention.
+    """NOTE [paged attention] in kael/ops/_attention_fused.py: per row, gather its blocks, then causal attention.
 
     Each row runs alone through the very arithmetic of ``attention`` on its gathered
     contiguous keys, so a row's bits match ``attention(q[b:b+1], k, v, causal=True)`` and
