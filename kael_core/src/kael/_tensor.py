@@ -16,37 +16,12 @@ from . import _dtype as dt
 from ._device import CPU, Device
 from ._errors import DTypeError, ShapeError
 from ._storage import Storage
+from ._strides import contiguous_strides, numel_of
 
 if TYPE_CHECKING:
     from .autograd._function import Node
 
 __all__ = ["Tensor", "contiguous_strides", "empty_strided", "from_numpy", "from_numpy_bits", "numpy_bits"]
-
-
-_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides in elements for shape (a size-0 dim counts as 1, as in PyTorch)."""
-    found = _STRIDES.get(shape)  # every allocation asks: memoised (shapes repeat)
-    if found is not None:
-        return found
-    strides = []
-    acc = 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n if n > 0 else 1
-    st = tuple(reversed(strides))
-    if len(_STRIDES) < 4096:
-        _STRIDES[shape] = st
-    return st
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class Tensor:
@@ -190,7 +165,7 @@ class Tensor:
 
     def numel(self) -> int:
         """The number of elements, the product of ``shape`` (1 for a 0-d tensor)."""
-        return _numel(self.shape)
+        return numel_of(self.shape)
 
     def element_size(self) -> int:
         """The size of one element in bytes (``dtype.itemsize``)."""
@@ -406,7 +381,7 @@ def empty_strided(shape: tuple[int, ...], dtype: dt.DType, device: Device = CPU)
     """A new contiguous tensor with uninitialised values."""
     from . import _dispatch
 
-    nbytes = _numel(shape) * dtype.itemsize
+    nbytes = numel_of(shape) * dtype.itemsize
     if device is CPU:
         data = _cpu_alloc(nbytes, device)
     else:

@@ -9,8 +9,9 @@ from .. import _dtype as dt
 from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
+from ._basic_index import basic_index
 from ._core import cast, check_device, empty, wrap_dims
-from ._views import _need_tensor, basic_index, contiguous_nograd, reshape_nograd
+from ._views import _need_tensor, contiguous_nograd, reshape_nograd
 
 __all__ = [
     "gather",

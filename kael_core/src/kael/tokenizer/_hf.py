@@ -22,7 +22,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,8 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer
 
 from kael._errors import DTypeError, FormatError, IndexError_, KaelError
-from kael.tokenizer._bytes import CHAR_TO_BYTE
 from kael.tokenizer._chat import ChatTemplate
+from kael.tokenizer._hf_decoder import Piece, byte_level, decoder_steps
 from kael.tokenizer._hfconfig import (
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
@@ -51,8 +51,6 @@ _PROBE = "Hello, world! 123 \t\n  é中🙂 <s></s>"
 """Encoded and decoded once at load, so that a file the library cannot run fails as a FormatError."""
 
 StrPath = str | os.PathLike[str]
-Piece = str | bytes
-Step = Callable[[Piece], Piece]
 
 
 #: How far the largest token id may exceed twice the number of tokens (gaps are rare and small).
@@ -89,7 +87,7 @@ class HFTokenizer:
         self._added: dict[int, str] = {i: t.content for i, t in added.items()}
         self._special: dict[str, int] = {t.content: i for i, t in sorted(added.items()) if t.special}
         self._special_ids = frozenset(self._special.values())
-        self._piece_steps, self._strip_left = _decoder_steps(decoder)
+        self._piece_steps, self._strip_left = decoder_steps(decoder)
         self._bytes: list[bytes | None] = [None] * self._vocab_size
         named = {name: spec.content for name, spec in config.named.items()}
         self._bos = named.get("bos_token")
@@ -324,7 +322,7 @@ class HFTokenizer:
         for step in self._piece_steps:
             # An added token is text, not byte-level characters (the library's ByteLevel
             # decoder would turn a non-ASCII added token into stray bytes; ASCII agrees).
-            if added is None or step is not _byte_level:
+            if added is None or step is not byte_level:
                 piece = step(piece)
         return piece if isinstance(piece, bytes) else piece.encode("utf-8")
 
@@ -371,76 +369,6 @@ def _added_token(spec: TokenSpec) -> AddedToken:
         normalized=spec.normalized,
         special=spec.special,
     )
-
-
-# -- the decoder's per-token steps --------------------------------------------------------
-
-
-def _decoder_steps(decoder: Any) -> tuple[list[Step], tuple[str, int] | None]:
-    """The per-token steps of a ``tokenizer.json`` ``"decoder"``, and its leading strip (content, count)."""
-    steps: list[Step] = []
-    strip: tuple[str, int] | None = None
-    for part in _flatten(decoder):
-        kind = part.get("type")
-        if kind == "ByteLevel":
-            steps.append(_byte_level)
-        elif kind == "ByteFallback":
-            steps.append(_byte_fallback)
-        elif kind == "Replace":
-            pattern = part.get("pattern")
-            content = part.get("content")
-            if isinstance(pattern, dict) and isinstance(pattern.get("String"), str) and isinstance(content, str):
-                steps.append(_replace(pattern["String"], content))
-        elif kind == "Metaspace":
-            replacement = part.get("replacement", "▁")
-            if isinstance(replacement, str):
-                steps.append(_replace(replacement, " "))
-            if part.get("prepend_scheme", "always") != "never" and part.get("add_prefix_space", True) is not False:
-                strip = (" ", 1)
-        elif kind == "Strip":
-            content, start = part.get("content", " "), part.get("start", 0)
-            if isinstance(content, str) and type(start) is int and start > 0:
-                strip = (content, start)
-        # Fuse joins tokens (a no-op per token); other decoders pass token text through.
-    return steps, strip
-
-
-def _flatten(decoder: Any) -> list[dict[str, Any]]:
-    if not isinstance(decoder, dict):
-        return []
-    if decoder.get("type") == "Sequence":
-        parts = decoder.get("decoders")
-        return [p for sub in parts for p in _flatten(sub)] if isinstance(parts, list) else []
-    return [decoder]
-
-
-def _byte_level(piece: Piece) -> Piece:
-    if isinstance(piece, bytes):
-        return piece
-    out = bytearray()
-    for char in piece:
-        byte = CHAR_TO_BYTE.get(char)
-        if byte is None:
-            out += char.encode("utf-8")
-        else:
-            out.append(byte)
-    return bytes(out)
-
-
-def _byte_fallback(piece: Piece) -> Piece:
-    if isinstance(piece, str) and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-        try:
-            return bytes([int(piece[3:5], 16)])
-        except ValueError:
-            return piece
-    return piece
-
-
-def _replace(old: str, new: str) -> Step:
-    def step(piece: Piece) -> Piece:
-        return piece.replace(old, new) if isinstance(piece, str) and old else piece
-
-    return step
 
 
 def _parse_object(data: bytes, source: str) -> dict[str, Any]:
