@@ -23,7 +23,7 @@ NOTE [kernel discovery]
     none exists and its wrapping is not modelled) is a call site, and its arguments are
     evaluated in the imported module's namespace, so the code, options and name expressions
     are exactly the ones the backend passes CuPy. Arguments that are locals of the enclosing
-    function are resolved for one idiom, the one ``_raw_kernels._ew`` uses: an assignment
+    function are resolved for one idiom, the one ``_pointwise_kernels._ew`` uses: an assignment
     ``a, b, c = TABLE[key]`` in that function, with ``TABLE`` a module-level dict; the call
     site then stands for one kernel per entry of ``TABLE`` (``key`` bound to the entry's
     key). A call site that cannot be resolved is an error, as is a module-level string

@@ -343,7 +343,7 @@ def _check_row_args(name: str, dtype: type, args: tuple) -> None:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_launch_arguments_match_the_cuda_signatures(monkeypatch, dtype):
-    from kael_backend_cuda import _xp
+    from kael_backend_cuda import _pointwise_kernels, _xp
 
     launched: list[tuple] = []
     elementwise: list[tuple] = []
@@ -351,7 +351,7 @@ def test_launch_arguments_match_the_cuda_signatures(monkeypatch, dtype):
     monkeypatch.setattr(
         raw, "_launch", lambda name, rows, cols, dt, args: launched.append((name, rows, cols, dt, args))
     )
-    monkeypatch.setattr(raw, "_ew", lambda name: lambda *args: elementwise.append((name, args)))
+    monkeypatch.setattr(_pointwise_kernels, "_ew", lambda name: lambda *args: elementwise.append((name, args)))
     x = np.ones((3, 5), dtype)
     v = np.ones(3, dtype)
     raw.softmax_rows(x, x.copy(), True)

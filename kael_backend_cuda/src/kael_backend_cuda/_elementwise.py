@@ -2,7 +2,7 @@
 
 The op lists come from ``kael.backends.catalogue``: each ``Pointwise`` entry runs as
 
-* a CUDA source of ``_raw_kernels.ELEMENTWISE_SOURCES`` when there is one (a
+* a CUDA source of ``_pointwise_kernels.ELEMENTWISE_SOURCES`` when there is one (a
   ``cupy.ElementwiseKernel`` computing in float32/float64; under emulation the op's
   NumPy definition, ``Pointwise.compute``): erf, and the elementwise fused ops such as silu;
 * else its ufunc (an xp ufunc: a CuPy elementwise CUDA kernel on the GPU). When the
