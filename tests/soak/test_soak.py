@@ -23,6 +23,8 @@ SCRIPT = ROOT / "benchmarks" / "soak.py"
 
 
 def _load() -> ModuleType:
+    if str(SCRIPT.parent) not in sys.path:  # its helper modules (_soak_traffic, _soak_measure) sit beside it
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("soak", SCRIPT)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -32,6 +34,8 @@ def _load() -> ModuleType:
 
 
 soak = _load()
+traffic = sys.modules["_soak_traffic"]  # the request kinds and the checks of their answers
+measure = sys.modules["_soak_measure"]  # /metrics parsing and the other measurements
 
 
 @pytest.mark.slow
@@ -51,7 +55,7 @@ def test_soak_invariants_hold_over_a_ci_sized_run():
     assert r.returncode == 0 and report["ok"] is True
     # the traffic really was mixed: every kind ran, and each kind of refusal happened
     kinds = set(report["traffic"]["by_kind"])
-    for base in soak.PLAIN_KINDS:
+    for base in traffic.PLAIN_KINDS:
         assert {base, f"{base}_stream"} <= kinds, (base, kinds)
     assert {"cancel", "reset", "abandon"} <= {k.split("_")[-1] for k in kinds}
     seen = report["traffic"]["client_seen"]
@@ -80,40 +84,47 @@ def test_documented_errors_are_recognised_and_nothing_else():
     none = httpx.Headers({})
     gen = {"detail": "busy", "errors": None}
     oai = {"error": {"message": "server shutting down", "type": "server_error", "param": None, "code": None}}
-    assert soak._documented_error("generate", 429, h, gen) == "busy"
-    assert soak._documented_error("generate", 429, none, gen) is None  # 429 needs Retry-After
-    assert soak._documented_error("generate", 422, none, gen) == "rejected"
-    assert soak._documented_error("completions", 422, none, oai) is None  # OpenAI routes answer 400
-    assert soak._documented_error("generate", 400, none, gen) is None
-    assert soak._documented_error("completions", 413, none, oai) == "rejected"
-    assert soak._documented_error("chat", 503, none, oai) == "shutdown"
-    assert soak._documented_error("completions", 500, none, oai) is None
-    assert soak._documented_error("completions", 503, none, {"detail": "x"}) is None  # wrong body shape
-    assert soak._documented_error("generate", 503, none, {"detail": "the model is not loaded"}) is None
+    assert traffic._documented_error("generate", 429, h, gen) == "busy"
+    assert traffic._documented_error("generate", 429, none, gen) is None  # 429 needs Retry-After
+    assert traffic._documented_error("generate", 422, none, gen) == "rejected"
+    assert traffic._documented_error("completions", 422, none, oai) is None  # OpenAI routes answer 400
+    assert traffic._documented_error("generate", 400, none, gen) is None
+    assert traffic._documented_error("completions", 413, none, oai) == "rejected"
+    assert traffic._documented_error("chat", 503, none, oai) == "shutdown"
+    assert traffic._documented_error("completions", 500, none, oai) is None
+    assert traffic._documented_error("completions", 503, none, {"detail": "x"}) is None  # wrong body shape
+    assert traffic._documented_error("generate", 503, none, {"detail": "the model is not loaded"}) is None
 
 
 def test_plain_answers_must_be_complete():
     req = {"max_tokens": 4, "n": 2, "ignore_eos": True}
     choice = lambda i: {"index": i, "text": "ab", "finish_reason": "length"}
     good = {"choices": [choice(0), choice(1)], "usage": {"completion_tokens": 8}}
-    assert soak._check_plain("completions", good, req) == ""
-    assert "choices" in soak._check_plain("completions", {**good, "choices": [choice(0)]}, req)
-    assert "ignore_eos" in soak._check_plain("completions", {**good, "usage": {"completion_tokens": 7}}, req)
+    assert traffic._check_plain("completions", good, req) == ""
+    assert "choices" in traffic._check_plain("completions", {**good, "choices": [choice(0)]}, req)
+    assert "ignore_eos" in traffic._check_plain("completions", {**good, "usage": {"completion_tokens": 7}}, req)
     stopped = {**good, "choices": [choice(0), {**choice(1), "finish_reason": "abort"}]}
-    assert "finish_reason" in soak._check_plain("completions", stopped, req)
-    assert soak._check_plain("generate", {"text": "x", "tokens": 3}, {"max_tokens": 4}) == ""
-    assert soak._check_plain("generate", {"text": "x", "tokens": 5}, {"max_tokens": 4})
-    assert soak._check_plain("generate", {"tokens": 1}, {"max_tokens": 4}).startswith("malformed")
-    assert soak._stream_error({"error": "server shutting down"}) == "server shutting down"
-    assert soak._stream_error({"error": {"message": "m", "type": "t"}}) == "m"
-    assert soak._stream_error({"text": "a"}) is None
+    assert "finish_reason" in traffic._check_plain("completions", stopped, req)
+    assert traffic._check_plain("generate", {"text": "x", "tokens": 3}, {"max_tokens": 4}) == ""
+    assert traffic._check_plain("generate", {"text": "x", "tokens": 5}, {"max_tokens": 4})
+    assert traffic._check_plain("generate", {"tokens": 1}, {"max_tokens": 4}).startswith("malformed")
+    assert traffic._stream_error({"error": "server shutting down"}) == "server shutting down"
+    assert traffic._stream_error({"error": {"message": "m", "type": "t"}}) == "m"
+    assert traffic._stream_error({"text": "a"}) is None
 
 
 def test_metrics_parsing_and_client_ranges():
     text = '# HELP x\nkael_requests_total{status="ok"} 3.0\nkael_requests_in_flight 0.0\n'
-    m = soak.parse_metrics(text)
+    m = measure.parse_metrics(text)
     assert m == {'kael_requests_total{status="ok"}': 3.0, "kael_requests_in_flight": 0.0}
-    assert soak.requests_by_outcome(m) == {"ok": 3, "busy": 0, "rejected": 0, "error": 0, "cancelled": 0, "timeout": 0}
+    assert measure.requests_by_outcome(m) == {
+        "ok": 3,
+        "busy": 0,
+        "rejected": 0,
+        "error": 0,
+        "cancelled": 0,
+        "timeout": 0,
+    }
     assert soak._clients("8..16") == (8, 16) and soak._clients("4") == (4, 4)
     for bad in ("16..8", "0..2", "x", "8-16"):
         with pytest.raises(Exception, match="expected"):
