@@ -23,6 +23,8 @@ PKG = ROOT / "kael_backend_cuda" / "src" / "kael_backend_cuda"
 
 
 def _load() -> ModuleType:
+    if str(SCRIPT.parent) not in sys.path:  # its helper modules (_cuda_kernels, _cuda_compilers) sit beside it
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("cuda_compile", SCRIPT)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
