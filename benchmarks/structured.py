@@ -1,6 +1,6 @@
 """Grammar-library measurements for kael.constraints (issue 30): tokenizer setup, JSON-schema
 compile and per-token mask time and resident memory of llguidance, xgrammar and outlines-core
-on GPT-2's 50257-token vocabulary (the bundled ``shared/data/gpt2-tokenizer``).
+on GPT-2's 50257-token vocabulary (the bundled ``tests/data/gpt2-tokenizer``).
 
 Run: ``python benchmarks/structured.py [--only llguidance]``. Compile and mask timings only;
 it walks each grammar with the first allowed token so every library sees the same work.
@@ -23,7 +23,7 @@ from kael.tokenizer import BpeTokenizer
 
 __all__ = ["main", "schemas"]
 
-_TOK_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2-tokenizer"
+_TOK_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpt2-tokenizer"
 
 
 def schemas() -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 __all__ = ["main", "run_batch"]
 
-_TOK_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2-tokenizer"
+_TOK_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpt2-tokenizer"
 
 SCHEMA: dict[str, Any] = {
     "type": "array",

@@ -34,7 +34,7 @@ from kael.constraints import (  # noqa: E402
 from kael.engine.logits_processors import LogitsProcessor  # noqa: E402
 from kael.tokenizer import BpeTokenizer  # noqa: E402
 
-TOK_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-tokenizer"
+TOK_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "gpt2-tokenizer"
 
 SCHEMA = {
     "type": "object",

@@ -23,7 +23,7 @@ from kael.engine import SamplingParamError, SamplingParams, TokenSampler, sample
 from kael.models import GPT, BatchDecoder  # noqa: E402
 from kael.tokenizer import BpeTokenizer  # noqa: E402
 
-TOK_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-tokenizer"
+TOK_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "gpt2-tokenizer"
 
 SCHEMA = {
     "type": "object",

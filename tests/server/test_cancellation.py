@@ -66,6 +66,9 @@ async def test_shutdown_stops_the_running_generation_and_ends_open_streams() -> 
     server = app.state.server
     stream = Exchange(app, "/generate", {"prompt": "a", "max_tokens": 100, "stream": True}).start()
     await stream.wait_until(lambda e: len(e.events()) == 2)
+    # the third token is in flight (its step waits at the gate) when the shutdown starts: without
+    # this wait, a slow worker may see the cancel before it starts the third step (2 tokens)
+    assert await asyncio.to_thread(gate.wait_arrivals, 3)
     (job,) = generator_of(app).scheduler.running()
     shutdown = asyncio.create_task(server.shutdown())
     await asyncio.sleep(0)  # one loop turn: shutdown runs up to its wait for the slot

@@ -114,7 +114,7 @@ OPENERS: list[tuple[Format, str, str]] = [
 
 @pytest.fixture(scope="module")
 def gpt2() -> BpeTokenizer:
-    return BpeTokenizer.from_directory(Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-tokenizer")
+    return BpeTokenizer.from_directory(Path(__file__).resolve().parents[2] / "tests" / "data" / "gpt2-tokenizer")
 
 
 @pytest.fixture(scope="module")

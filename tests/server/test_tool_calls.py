@@ -195,7 +195,7 @@ TOOLS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def tok() -> BpeTokenizer:
-    return BpeTokenizer.from_directory(Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-tokenizer")
+    return BpeTokenizer.from_directory(Path(__file__).resolve().parents[2] / "tests" / "data" / "gpt2-tokenizer")
 
 
 def _walk(m: ConstraintMatcher, tok: BpeTokenizer, seed: int) -> str:

@@ -329,7 +329,7 @@ def test_random_replies_match_the_reference_streaming_and_not(reply: tuple[Forma
     assert kael_stream(text, fmt, bounds) == want
 
 
-GPT2_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-tokenizer"
+GPT2_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "gpt2-tokenizer"
 
 
 @pytest.fixture(scope="module")

@@ -99,7 +99,7 @@ def _messages(args: Any) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def hf_tokenizer() -> Any:
-    d = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2-tokenizer"
+    d = Path(__file__).resolve().parents[2] / "tests" / "data" / "gpt2-tokenizer"
     return transformers.GPT2TokenizerFast(vocab_file=str(d / "vocab.json"), merges_file=str(d / "merges.txt"))
 
 
