@@ -3,6 +3,7 @@
 #
 #   ./scripts/test.sh [PYTEST_ARGS...]
 #
+# llama.cpp's tools come from scripts/build_llama_cpp.sh's cache (built once, outside the clone).
 # System packages (GoogleTest, clang tools, Chromium for the playground's browser test) are
 # installed with apt-get when this runs as root and they are missing; Python packages come
 # from requirements-dev.txt. Extra arguments go to pytest.
@@ -29,6 +30,11 @@ fi
 echo "==> pip install -r requirements-dev.txt"
 python -m pip install -q -r requirements-dev.txt
 python -m pip install -q --no-deps -e ./kael_backend_cuda
+# The llama.cpp comparisons need its tools, its Python package and sentencepiece: built once into a
+# cache outside the clone (about 8 minutes the first time), then only installed from it. A failed
+# build does not stop the tests: the comparisons skip, and the last line says how many.
+echo "==> llama.cpp's tools for the comparisons (scripts/build_llama_cpp.sh --install)"
+bash scripts/build_llama_cpp.sh --install || echo "==> llama.cpp build FAILED: its comparisons will skip" >&2
 
 # Two passes: everything not marked serial under pytest-xdist (KAEL_TEST_WORKERS workers, default
 # one per CPU), then the serial tests alone (tests/conftest.py says which and why). With --cov the
