@@ -3,8 +3,11 @@
 NOTE [weight formats]
 =====================
 A weight matrix W [N, K] (a linear layer's [out_features, in_features]) is stored in
-one of four schemes (``SCHEMES``); ``kael.ops.dequantize`` and ``quantized_linear``
-take it in exactly this form, and GGUF files hold it byte for byte the same:
+one of the schemes of the format registry (``SCHEMES``: every row of NOTE [format
+registry] in ``formats/_registry.py`` but f32, the legacy block types, the K-quants,
+IQ4_NL / IQ4_XS, bf16 and f16); ``kael.ops.dequantize`` and ``quantized_linear`` take it
+in exactly this form, and GGUF files hold it byte for byte the same. The first four,
+as examples of the block layouts:
 
 * ``q8_0`` (GGML type Q8_0): each row is K/32 blocks of 34 bytes (``BLOCK_BYTES``);
   a block covers 32 consecutive values of the row: bytes 0-1 are the scale ``d``, a
