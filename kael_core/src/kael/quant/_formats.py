@@ -4,8 +4,8 @@ NOTE [weight formats]
 =====================
 A weight matrix W [N, K] (a linear layer's [out_features, in_features]) is stored in
 one of the schemes of the format registry (``SCHEMES``: every row of NOTE [format
-registry] in ``formats/_registry.py`` but f32, the legacy block types, the K-quants,
-IQ4_NL / IQ4_XS, bf16 and f16); ``kael.ops.dequantize`` and ``quantized_linear`` take it
+registry] in ``formats/_registry.py`` except f32, that is the legacy block types, the
+K-quants, IQ4_NL / IQ4_XS, bf16 and f16); ``kael.ops.dequantize`` and ``quantized_linear`` take it
 in exactly this form, and GGUF files hold it byte for byte the same. The first four,
 as examples of the block layouts:
 
