@@ -9,16 +9,10 @@ from .. import _dtype as dt
 from .._device import CPU, Device
 from .._errors import DeviceError, DTypeError, ShapeError
 from .._storage import Storage
+from .._strides import numel_of as numel
 from .._tensor import Tensor, contiguous_strides
 
 __all__ = ["empty", "broadcast_shapes", "expand_to", "cast", "as_tensor_like", "check_device", "Tensor"]
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def empty(shape: tuple[int, ...], dtype: dt.DType, device: Device = CPU) -> Tensor:

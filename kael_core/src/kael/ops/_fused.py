@@ -19,7 +19,7 @@ from .. import _dtype as dt
 from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ._core import cast, check_device, empty, expand_to
+from ._core import cast, check_device, empty, expand_to, numel
 from ._linalg import _mm, _t
 from ._pointwise import binary, unary
 from ._reduce import reduce_op
@@ -104,18 +104,11 @@ def layer_norm_decomp(x: Tensor, w: Tensor | None, b: Tensor | None, eps: float)
 
 
 def linear_decomp(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    x2 = reshape_nograd(x, (max(1, _prod(x.shape[:-1])) if x.ndim > 1 else 1, x.shape[-1]))
+    x2 = reshape_nograd(x, (max(1, numel(x.shape[:-1])) if x.ndim > 1 else 1, x.shape[-1]))
     y = _mm(x2, _t(w))
     if b is not None:
         y = binary("add", y, b)
     return reshape_nograd(y, x.shape[:-1] + (w.shape[0],))
-
-
-def _prod(s: tuple[int, ...]) -> int:
-    n = 1
-    for v in s:
-        n *= v
-    return n
 
 
 class _Nop:
@@ -346,7 +339,7 @@ class Linear(Function):
     def backward(ctx: Any, g: Tensor) -> Any:
         x, w = ctx.saved_tensors
         need = ctx.needs_input_grad
-        n = _prod(x.shape[:-1])
+        n = numel(x.shape[:-1])
         g2 = reshape_nograd(contiguous_nograd(g), (n, w.shape[0]))
         x2 = reshape_nograd(x, (n, x.shape[-1]))
         dx = reshape_nograd(_mm(g2, w), x.shape) if need[0] else None

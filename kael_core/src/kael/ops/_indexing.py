@@ -10,7 +10,7 @@ from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
 from ._basic_index import basic_index
-from ._core import cast, check_device, empty, wrap_dims
+from ._core import cast, check_device, empty, numel
 from ._views import _need_tensor, contiguous_nograd, reshape_nograd
 
 __all__ = [
@@ -385,7 +385,7 @@ def _general_advanced(a: Tensor, key: tuple[Any, ...]) -> Tensor:
     flat = reshape(moved, (total,) + tuple(a.shape[i] for i in rest))
     from ._core import expand_to
 
-    lin_b = reshape_nograd(contiguous_nograd(expand_to(lin, shape)), (max(1, 1) * _numel(shape),))
+    lin_b = reshape_nograd(contiguous_nograd(expand_to(lin, shape)), (numel(shape),))
     r = index_select(flat, 0, lin_b)
     out = reshape(r, shape + tuple(a.shape[i] for i in rest))
     contiguous_adv = dims == list(range(dims[0], dims[0] + len(dims)))
@@ -394,13 +394,3 @@ def _general_advanced(a: Tensor, key: tuple[Any, ...]) -> Tensor:
         order = list(range(k, k + dims[0])) + list(range(k)) + list(range(k + dims[0], out.ndim))
         out = permute(out, order)
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-_ = wrap_dims

@@ -23,7 +23,7 @@ from .. import _dtype as dt
 from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ._core import cast, check_device, empty
+from ._core import cast, check_device, empty, numel
 from ._fused import decompositions
 from ._linalg import _mm, _t
 from ._pointwise import binary
@@ -98,13 +98,6 @@ def _float32(op: str, name: str, t: Any) -> Tensor:
 # -- decompositions (no autograd; primitives only) ------------------------------------------
 
 
-def _prod(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _even_offset(t: Tensor) -> Tensor:
     """t contiguous with an even byte offset, so its two-byte scales can be viewed as float16."""
     t = contiguous_nograd(t)
@@ -164,7 +157,7 @@ def quantized_linear_decomp(x: Tensor, weight: Tensor, bias: Tensor | None, sche
 def _linear_on(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
     """x [.., K] @ w [N, K].T + bias [N] with the matmul primitive."""
     n, k = w.shape
-    rows = _prod(x.shape[:-1])
+    rows = numel(x.shape[:-1])
     if rows == 0:
         return empty(x.shape[:-1] + (n,), dt.float32, x.device)
     y = _mm(reshape_nograd(x, (rows, k)), _t(w))  # [rows, N]
@@ -216,7 +209,7 @@ class QuantizedLinearFunction(Function):
         (weight,) = ctx.saved_tensors
         need = ctx.needs_input_grad
         n = weight.shape[0]
-        rows = _prod(ctx.x_shape[:-1])
+        rows = numel(ctx.x_shape[:-1])
         g2 = reshape_nograd(contiguous_nograd(g), (rows, n))
         dx = db = None
         if need[0]:
