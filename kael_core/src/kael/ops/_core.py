@@ -12,7 +12,7 @@ from .._storage import Storage
 from .._strides import numel_of as numel
 from .._tensor import Tensor, contiguous_strides
 
-__all__ = ["empty", "broadcast_shapes", "expand_to", "cast", "as_tensor_like", "check_device", "Tensor"]
+__all__ = ["empty", "broadcast_shapes", "expand_to", "cast", "as_tensor_like", "check_device", "numel", "Tensor"]
 
 
 def empty(shape: tuple[int, ...], dtype: dt.DType, device: Device = CPU) -> Tensor:
