@@ -188,7 +188,7 @@ def test_cross_entropy_with_ignore_and_smoothing(emulate):
 def test_attention_over_a_kv_cache(emulate):
     rng = np.random.default_rng(3)
     q = rng.standard_normal((2, 3, 2, 4)).astype(np.float32)
-    kv = rng.standard_normal((2, 2, 3, 8, 4)).astype(np.float32)  # [B, k/v, H, P, D] like KVCache
+    kv = rng.standard_normal((2, 2, 3, 8, 4)).astype(np.float32)  # [B, k/v, H, P, D] like model.new_cache()'s blocks
     lengths = [5, 2]
     res = {}
     for dev in ("cpu", "cuda"):

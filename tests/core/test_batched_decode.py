@@ -167,7 +167,7 @@ def test_prefill_many_gives_each_prompt_its_logits_alone() -> None:
         alone = BatchDecoder(model, rows=1)
         want = alone.prefill(0, prompt).numpy().copy()
         np.testing.assert_array_equal(got[i], want)  # the same calls as alone: bit for bit
-        with kael.no_grad():  # and, up to rounding, what the contiguous KVCache's forward pass gives
+        with kael.no_grad():  # and, up to rounding, what the one-block-per-row cache's forward pass gives
             contiguous = _prefill(model, prompt, model.new_cache(1, len(prompt) + 1)).numpy()
         np.testing.assert_allclose(got[i], contiguous, rtol=0, atol=1e-5)
         # the cache rows hold what a prefill alone writes: the next step agrees too

@@ -17,7 +17,7 @@ from typing import Any
 import kael
 import numpy as np
 import pytest
-from kael.models import GPT, GPTConfig, KVCache, load_gpt2, sample_next, save_pretrained
+from kael.models import GPT, GPTConfig, PagedKVCache, load_gpt2, sample_next, save_pretrained
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "tiny-gpt2"
 REF = json.loads((DATA / "reference.json").read_text())
@@ -296,7 +296,7 @@ def test_cache_decode_equals_full_recompute(model: GPT) -> None:
     ids = CASES["sliding_window"]["ids"][:40]
     full = _logits(model, [ids])[0]
     cache = model.new_cache()
-    assert isinstance(cache, KVCache) and cache.keys[0].shape == (1, 2, 64, 16)
+    assert isinstance(cache, PagedKVCache) and cache.keys[0].shape == (1, 2, 64, 16)
     with kael.no_grad():
         parts = [model(kael.tensor([ids[:7]]), cache).numpy()[0]]  # prefill, then chunks and single tokens
         parts.append(model(kael.tensor([ids[7:10]]), cache).numpy()[0])

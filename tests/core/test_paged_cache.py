@@ -1,6 +1,6 @@
 """PagedKVCache and BatchDecoder on it (kael/models/_paged_cache.py, _batched.py): issue #20.
 
-Oracles: ``model.generate`` alone on a contiguous one-row KVCache (token for token, and the
+Oracles: ``model.generate`` alone on a one-row ``model.new_cache()`` (token for token, and the
 first logits), an engine without prefix caching (the same tokens and, within float rounding,
 the same logits, with fewer positions computed), an unpreempted run (a preempted sequence
 recomputed from its prompt and tokens so far continues with the same tokens), and the pool's

@@ -14,8 +14,8 @@ from ._generate import Sampler, generate, sample_next
 from ._generation_config import GenerationConfig, read_generation_config
 from ._gguf import load_gguf
 from ._gguf_save import save_gguf
-from ._kv_cache import CacheStep, KVCache
-from ._paged_cache import KVCacheFull, PagedKVCache, PagedStep
+from ._paged_cache import KVCacheFull, PagedKVCache
+from ._paged_step import PagedStep
 from ._protocol import CausalLM, DecodeStep, StepLike
 from ._registry import (
     ENTRY_POINT_GROUP,
@@ -38,7 +38,7 @@ from ._sampling import (
     prompt_logprobs,
     top_logprobs,
 )
-from ._steps import GenericStep, RowsStep, decode_step
+from ._steps import GenericStep, decode_step
 from ._weights import WEIGHTS, QuantizedTable
 from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 from .llama import LlamaConfig, LlamaForCausalLM
@@ -49,7 +49,6 @@ __all__ = [
     "DecodeStep",
     "StepLike",
     "GenericStep",
-    "RowsStep",
     "decode_step",
     "ModelFamily",
     "ENTRY_POINT_GROUP",
@@ -70,8 +69,6 @@ __all__ = [
     "GPTConfig",
     "LlamaForCausalLM",
     "LlamaConfig",
-    "KVCache",
-    "CacheStep",
     "PagedKVCache",
     "PagedStep",
     "KVCacheFull",

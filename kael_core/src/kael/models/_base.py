@@ -16,7 +16,8 @@ from .._tensor import Tensor
 from ..autograd import is_grad_enabled
 from ..nn import Module
 from ..ops import cat, narrow
-from ._kv_cache import CacheStep, KVCache
+from ._paged_cache import PagedKVCache
+from ._paged_step import PagedStep
 
 if TYPE_CHECKING:
     from ._protocol import DecodeStep
@@ -71,7 +72,7 @@ class CausalLMBase(Module):
     def run_layer(self, i: int, x: Tensor, step: Any) -> Tensor:
         """Layer ``i`` on the residual stream x [B, T, C], returning the new stream of the same shape.
 
-        Its attention stores this pass's keys and values in ``step`` (a ``CacheStep`` or another ``StepLike``)
+        Its attention stores this pass's keys and values in ``step`` (a ``PagedStep`` or another ``StepLike``)
         and attends to the cache through it; ``step=None`` is causal attention over x's own T tokens.
         A family supplies it; this base raises ``NotImplementedError``.
         """
@@ -84,31 +85,46 @@ class CausalLMBase(Module):
         """
         raise NotImplementedError(f"{type(self).__name__} must define run_head")
 
-    def decode_step(self, cache: KVCache) -> DecodeStep | None:
+    def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
         """No fast step by default: batched decoding and ``generate`` use the generic pieces."""
         return None
 
     # -- what it gets ------------------------------------------------------------------------------
-    def new_cache(self, batch: int = 1, max_positions: int | None = None) -> KVCache:
-        """A KVCache for this model: ``batch`` rows of up to ``max_positions`` (default: the context)."""
+    def new_cache(self, batch: int = 1, max_positions: int | None = None) -> PagedKVCache:
+        """A KV cache for this model: ``batch`` rows of up to ``max_positions`` (default: the context).
+
+        It is the paged cache with one block per row (NOTE [one block per row] in _paged_step.py) and
+        no prefix caching: ``model(ids, cache)`` reserves each row's slots as it goes.
+        """
         n = self.max_positions if max_positions is None else max_positions
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_positions:
             raise ShapeError(f"new_cache: max_positions must be an int in 1..{self.max_positions}, got {n!r}")
-        return KVCache(
-            self.num_layers, batch, self.num_kv_heads, self.head_dim, n, dtype=self.dtype, device=self.device
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ShapeError(f"new_cache: batch must be an int >= 1, got {batch!r}")
+        return PagedKVCache(
+            self.num_layers,
+            batch,
+            self.num_kv_heads,
+            self.head_dim,
+            n,
+            num_blocks=batch,
+            block_size=n,
+            prefix_caching=False,
+            dtype=self.dtype,
+            device=self.device,
         )
 
     def forward(
         self,
         ids: Tensor,
-        cache: KVCache | None = None,
+        cache: PagedKVCache | None = None,
         lengths: Sequence[int] | None = None,
         *,
         last_only: bool = False,
     ) -> Tensor:
         """Logits [B, T, V] for token ids [B, T] (int).
 
-        cache: a ``KVCache`` (``new_cache``): the tokens continue each row's cached ones, which
+        cache: a ``PagedKVCache`` (``new_cache``): the tokens continue each row's cached ones, which
         they attend to, and their keys and values are added to it. lengths: for right-padded
         rows, how many of each row's T tokens are real (the cache advances by those). With
         ``last_only`` only each row's last real position is computed: logits [B, 1, V].
@@ -122,7 +138,7 @@ class CausalLMBase(Module):
             step.commit()
         return logits
 
-    def run(self, x: Tensor, step: CacheStep | Any | None, last: list[int] | None = None) -> Tensor:
+    def run(self, x: Tensor, step: PagedStep | Any | None, last: list[int] | None = None) -> Tensor:
         """The layers and the head on the embedded tokens x [B, T, C].
 
         last: one position per row whose logits to compute (``[B, 1, V]``), or None for all.
@@ -169,7 +185,7 @@ class CausalLMBase(Module):
         )
 
     def _check_forward(
-        self, ids: Any, cache: KVCache | None, lengths: Sequence[int] | None, last_only: bool
+        self, ids: Any, cache: PagedKVCache | None, lengths: Sequence[int] | None, last_only: bool
     ) -> tuple[int, int, list[int] | None]:
         name = f"{type(self).__name__}.forward"
         if not isinstance(ids, Tensor) or ids.dtype.category != 1:
@@ -190,8 +206,8 @@ class CausalLMBase(Module):
             if t > self.max_positions:
                 raise ShapeError(f"{name}: {t} tokens exceed the context of {self.max_positions} positions")
             return b, t, valid
-        if not isinstance(cache, KVCache):
-            raise DTypeError(f"{name}: cache must be a KVCache, got {type(cache).__name__}")
+        if not isinstance(cache, PagedKVCache):
+            raise DTypeError(f"{name}: cache must be a PagedKVCache (model.new_cache()), got {type(cache).__name__}")
         shape = (self.num_layers, self.num_kv_heads, self.head_dim)
         if (cache.layers, cache.heads, cache.head_dim) != shape or cache.max_positions > self.max_positions:
             raise ShapeError(

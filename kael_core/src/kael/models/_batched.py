@@ -129,7 +129,7 @@ class BatchDecoder:
         self.active = [False] * rows
         self.preemptions = 0
         try:
-            self._step = decode_step(model, self.cache, direct)  # type: ignore[arg-type]
+            self._step = decode_step(model, self.cache, direct)
         except KaelError as exc:
             raise KaelError(f"BatchDecoder: {exc}") from None
 

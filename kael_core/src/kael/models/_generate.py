@@ -24,7 +24,7 @@ from ..engine import SamplingParams, check_temperature, pick
 from ..ops import Generator, argmax, select, tensor, view
 
 if TYPE_CHECKING:
-    from ._kv_cache import KVCache
+    from ._paged_cache import PagedKVCache
     from ._protocol import CausalLM
 
 __all__ = ["generate", "sample_next", "Sampler"]
@@ -264,7 +264,7 @@ def _loop(
     return out
 
 
-def _prefill(model: CausalLM, ids: list[int], cache: KVCache) -> Tensor:
+def _prefill(model: CausalLM, ids: list[int], cache: PagedKVCache) -> Tensor:
     """Run the prompt through the model into the (one-row) cache; the last position's logits [V]."""
     x = tensor([ids], dtype=dt.int64, device=model.device)
     return view(model(x, cache, last_only=True), model.vocab_size)

@@ -22,6 +22,11 @@ model's layers call ``attend``) -> ``commit``; then per decode step ``grow(rows,
 (each row's next position) -> one step of one token per row; ``release(row)`` at the end.
 ``KVCacheFull`` (before anything changes) when the pool cannot give the blocks: the caller
 preempts a sequence (releases it and recomputes it later) or waits.
+
+It is kael's one KV cache. ``model.new_cache(batch, positions)`` makes one with a block of the
+whole context per row and no prefix caching (a contiguous cache as a block table, NOTE [one
+block per row] in _paged_step.py); ``model(ids, cache)`` runs ``begin``, which reserves the rows'
+slots itself (``reserve``), and a family's direct decode step reserves them in ``decode_context``.
 """
 
 from __future__ import annotations
@@ -31,16 +36,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _dtype as dt
-from .. import ops
 from .._errors import DTypeError, KaelError, ShapeError
 from .._tensor import Tensor
 from ..autograd import no_grad
-from ..ops import cat, narrow, reshape, select, tensor, view, zeros
+from ..ops import narrow, reshape, select, tensor, view, zeros
 from ..ops._inplace import copy_
 from ..ops._views import make_view
 from ._kv_blocks import BlockPool
+from ._paged_step import PagedStep
 
-__all__ = ["KVCacheFull", "PagedKVCache", "PagedStep", "model_identity"]
+__all__ = ["KVCacheFull", "PagedKVCache", "model_identity"]
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -126,6 +131,8 @@ class PagedKVCache:
         self.data: list[Tensor] = [
             zeros((n, 2, heads, block_size, head_dim), dtype=d, device=device) for _ in range(layers)
         ]
+        self.keys: list[Tensor] = [select(b, 1, 0) for b in self.data]  # [N, Hkv, S, D]: block n's keys
+        self.values: list[Tensor] = [select(b, 1, 1) for b in self.data]
         self.pool = BlockPool(n, block_size, namespace=namespace, prefix_caching=prefix_caching)
         self.lengths: list[int] = [0] * batch
         self.tables: list[list[int]] = [[] for _ in range(batch)]
@@ -241,7 +248,7 @@ class PagedKVCache:
         self.cached[row] = 0
 
     def reset(self, row: int | None = None) -> None:
-        """Release one row, or every row (KVCache's name for it)."""
+        """Forget one row's tokens, or every row's (``release``); the memory is reused, not cleared."""
         for r in range(self.batch) if row is None else [row]:
             self.release(r)
 
@@ -263,20 +270,76 @@ class PagedKVCache:
         return PagedStep(self, list(rows), tokens)
 
     def begin(self, tokens: int, valid: Sequence[int] | None = None) -> PagedStep:
-        """``KVCache.begin``'s counterpart over every row (each must hold a sequence with the slots)."""
-        if valid is not None and any(n != tokens for n in valid):
-            raise ShapeError("PagedKVCache.begin: right-padded rows are not supported; run each row's prompt alone")
-        return PagedStep(self, list(range(self.batch)), tokens)
+        """A forward pass of ``tokens`` new positions for every row (``model(ids, cache)``), ``valid[b]``
+        of them real; rows that lack the slots get them (``reserve``).
+
+        Right padding (``valid[b] < tokens``) needs rows of one block each (``model.new_cache``):
+        the padding's keys and values are written past the row's length, inside its block.
+        """
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ShapeError(f"PagedKVCache.begin: tokens must be an int >= 1, got {tokens!r}")
+        if valid is not None:
+            valid = list(valid)
+            if len(valid) != self.batch or any(not 0 <= n <= tokens for n in valid):
+                raise ShapeError(
+                    f"PagedKVCache.begin: valid must give each of the {self.batch} rows 0..{tokens} real tokens, "
+                    f"got {valid!r}"
+                )
+            if self.table_width != 1 and any(n != tokens for n in valid):
+                raise ShapeError(
+                    "PagedKVCache.begin: right-padded rows need one block per row (model.new_cache); "
+                    "run each row's prompt alone"
+                )
+        rows = list(range(self.batch))
+        top = max(self.lengths)
+        if top + tokens > self.max_positions:
+            raise ShapeError(
+                f"PagedKVCache.begin: {tokens} new token(s) after {top} cached ones exceed the cache's "
+                f"{self.max_positions} positions"
+            )
+        # Padded rows get slots for every written position (their block); the step advances them by valid.
+        self.reserve(rows, [self.lengths[r] + tokens for r in rows])
+        return PagedStep(self, rows, tokens, valid)
 
     def rows_step(self, rows: list[int]) -> PagedStep:
-        """One new token for each of ``rows`` (the generic decode step's cache step)."""
+        """One new token for each of ``rows`` (the generic decode step's cache step); rows that lack
+        the slot get it (``reserve``)."""
+        self.reserve(rows, [self.lengths[r] + 1 for r in rows])
         return PagedStep(self, rows, 1)
+
+    def reserve(self, rows: Sequence[int], ends: Sequence[int]) -> None:
+        """Give each of ``rows`` slots up to position ``ends[i]`` (exclusive), starting a row that holds
+        no sequence: what a forward pass over ``model.new_cache`` needs, where no scheduler hands out
+        blocks. Rows with the slots already (``start``/``grow`` by a KV manager) are left as they are;
+        ``KVCacheFull`` when the pool runs out (rows reserved before that keep their slots). Only
+        without prefix caching: its blocks are keyed by the token ids, which a reservation does not know."""
+        for r, end in zip(rows, ends):
+            self._row(r, "reserve")
+            if end > self.max_positions:
+                raise ShapeError(
+                    f"PagedKVCache.reserve: row {r} cannot reach position {end}: the cache holds "
+                    f"{self.max_positions} positions"
+                )
+            have = self.pool.length(r) if r in self.pool else 0
+            if have >= end:
+                continue
+            if self.prefix_caching:  # the blocks would be keyed by made-up token ids
+                raise KaelError(
+                    f"PagedKVCache.reserve: row {r} has slots for {have} positions, not {end}; with prefix "
+                    "caching on, start() or grow() it with its token ids first"
+                )
+            if r not in self.pool:
+                self.start(r, [0] * end)  # token ids matter only to prefix caching, which such a cache has off
+            for _ in range(self.pool.length(r), end):
+                self.grow([r], [0])
 
     # -- the direct decode steps' path (kernels, no frontend) -----------------------------------
     attention_op = "paged_attention"
 
     def decode_context(self, rows: list[int], pos: list[int]) -> tuple[list[int], list[int], Tensor, Tensor]:
-        """What ``attend_rows`` needs for one decode step: the rows' tables and lengths as int64 tensors."""
+        """What ``attend_rows`` needs for one decode step: the rows' tables and lengths as int64 tensors
+        (rows that lack the slot for position ``pos[i]`` get it: ``reserve``)."""
+        self.reserve(rows, [p + 1 for p in pos])
         tables = self.table_tensor(rows)
         lengths = tensor([p + 1 for p in pos], dtype=dt.int64, device=self.device)
         return rows, pos, tables, lengths
@@ -353,69 +416,5 @@ class PagedKVCache:
         return (
             f"PagedKVCache(layers={self.layers}, batch={self.batch}, heads={self.heads}, head_dim={self.head_dim}, "
             f"max_positions={self.max_positions}, blocks={self.num_blocks}x{self.block_size}, "
-            f"used={self.pool.used_blocks}, cached={self.pool.cached_blocks})"
+            f"used={self.pool.used_blocks}, cached={self.pool.cached_blocks}, lengths={self.lengths})"
         )
-
-
-class PagedStep:
-    """One forward pass over a PagedKVCache: ``tokens`` new positions for each of ``rows``.
-
-    The rows' slots for those positions were handed out already (``start``/``grow``); ``attend``
-    writes each layer's new keys and values there and attends every row to its own blocks.
-    """
-
-    __slots__ = ("_lengths", "_tables", "cache", "ends", "rows", "starts", "tokens")
-
-    def __init__(self, cache: PagedKVCache, rows: list[int], tokens: int) -> None:
-        self.cache, self.rows = cache, rows
-        self.tokens = _count("tokens", tokens, 1)
-        self.starts = [cache.lengths[r] for r in rows]
-        self.ends = [s + tokens for s in self.starts]
-        for r, e in zip(rows, self.ends):
-            if r not in cache.pool or e > cache.pool.length(r):
-                have = cache.pool.length(r) if r in cache.pool else 0
-                raise ShapeError(
-                    f"PagedKVCache: row {r} has slots for {have} positions, not the {e} this step reaches; "
-                    "start() or grow() it first"
-                )
-        self._tables = cache.table_tensor(rows)
-        self._lengths = tensor(self.ends, dtype=dt.int64, device=cache.device)
-
-    @property
-    def positions(self) -> list[list[int]]:
-        """Each row's positions of the new tokens."""
-        return [list(range(s, s + self.tokens)) for s in self.starts]
-
-    def attend(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
-        """q [n, H, T, D]; kv [n, 2, Hkv, T, D] (new keys and values, any strides): write them at the
-        rows' slots, attend each row to its blocks. Returns [n, H, T, D]."""
-        cache, t, s_ = self.cache, self.tokens, self.cache.block_size
-        buf = cache.data[layer]
-        with no_grad():
-            for i, (r, start) in enumerate(zip(self.rows, self.starts)):
-                src = select(kv, 0, i)  # [2, Hkv, T, D]
-                table, p = cache.tables[r], start
-                while p < start + t:
-                    slot = p % s_
-                    n = min(s_ - slot, start + t - p)
-                    dst = narrow(select(buf, 0, table[p // s_]), 2, slot, n)
-                    copy_(dst, narrow(src, 2, p - start, n))
-                    p += n
-        w = cache.table_width
-        if len(self.rows) == 1:
-            return ops.paged_attention(q, buf, make_view(self._tables, (1, w), (w, 1), 0), self._lengths)
-        outs = [
-            ops.paged_attention(
-                narrow(q, 0, i, 1),
-                buf,
-                make_view(self._tables, (1, w), (w, 1), i * w),
-                make_view(self._lengths, (1,), (1,), i),
-            )
-            for i in range(len(self.rows))
-        ]
-        return cat(outs, 0)
-
-    def commit(self) -> None:
-        """Advance each row's length by the step's tokens."""
-        for r, e in zip(self.rows, self.ends):
-            self.cache.lengths[r] = e

@@ -9,11 +9,11 @@ forward pass over kael ops, and the generic machinery composes them:
     x      = model.run_layer(i, x, step)             layer i (attention reads/extends the cache step)
     logits = model.run_head(x)                       [B, T, V]
 
-``step`` is a ``CacheStep`` (or another object with its ``starts``, ``positions`` and
+``step`` is a ``PagedStep`` (or another object with its ``starts``, ``positions`` and
 ``attend(layer, q, kv)``), or None for a pass without a cache. Each row's new tokens sit
 at positions ``starts[b] + t``: a family with learned position embeddings adds them in
 ``embed``, one with rotary embeddings rotates q and k in ``run_layer``. ``new_cache``
-sizes a ``KVCache`` for the family's key/value heads.
+sizes a ``PagedKVCache`` (one block per row) for the family's key/value heads.
 
 A family may also return a ``DecodeStep`` from ``decode_step(cache)``: one new token for
 each of a set of cache rows, run with no per-step allocation (GPT-2's calls the backend's
@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from .._dtype import DType
     from .._tensor import Tensor
-    from ._kv_cache import KVCache
+    from ._paged_cache import PagedKVCache
 
 __all__ = ["CausalLM", "DecodeStep", "StepLike"]
 
 
 @runtime_checkable
 class StepLike(Protocol):
-    """One forward pass over a KV cache, as ``run_layer`` uses it (``CacheStep`` is the reference)."""
+    """One forward pass over a KV cache, as ``run_layer`` uses it (``PagedStep`` is the reference)."""
 
     starts: list[int]
 
@@ -52,7 +52,7 @@ class StepLike(Protocol):
 
 @runtime_checkable
 class DecodeStep(Protocol):
-    """A family's fast decode step over one ``KVCache``.
+    """A family's fast decode step over one ``PagedKVCache``.
 
     ``step(rows, tokens)`` feeds ``tokens[i]`` to the sequence in cache row ``rows[i]`` (at
     position ``cache.lengths[rows[i]]``), writes their keys and values, and returns logits
@@ -99,7 +99,7 @@ class CausalLM(Protocol):
         """Training mode (``mode=True``) or evaluation mode on the model and its sub-modules; returns the model."""
         ...
 
-    def new_cache(self, batch: int = 1, max_positions: int | None = None) -> KVCache:
+    def new_cache(self, batch: int = 1, max_positions: int | None = None) -> PagedKVCache:
         """A KV cache of ``batch`` rows of up to ``max_positions`` tokens (default: the context)."""
         ...
 
@@ -115,14 +115,14 @@ class CausalLM(Protocol):
         """The final norm and LM head: logits [B, T, V] for x [B, T, C]."""
         ...
 
-    def decode_step(self, cache: KVCache) -> DecodeStep | None:
+    def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
         """A fast one-token step over ``cache``, or None to use the generic pieces."""
         ...
 
     def __call__(
         self,
         ids: Tensor,
-        cache: KVCache | None = None,
+        cache: PagedKVCache | None = None,
         lengths: Sequence[int] | None = None,
         *,
         last_only: bool = False,

@@ -1,11 +1,13 @@
-"""Decode steps over a KV cache that work for every family: ``GenericStep`` and ``RowsStep``.
+"""The decode step over a KV cache that works for every family (``GenericStep``), and what the
+families' direct steps share.
 
 ``GenericStep`` is the ``DecodeStep`` of a family without a fast one (or on a backend
 that lacks the fused kernels a fast one calls): it runs the model's own pieces
-(``embed``, ``run_layer``, ``run_head``) over one new token per row, with a ``RowsStep``
-as the cache step, which writes each row's keys and values at its own position and
-attends each row to exactly its own keys (no padding, no length mask: NOTE [batched =
-alone] in ``_batched.py``). ``decode_step`` picks the family's step or this one.
+(``embed``, ``run_layer``, ``run_head``) over one new token per row, with the cache's
+``rows_step`` (a ``PagedStep``) as the cache step, which writes each row's keys and values
+at its own position and attends each row to exactly its own keys (no padding, no length
+mask: NOTE [batched = alone] in ``_batched.py``). ``decode_step`` picks the family's step
+or this one.
 
 ``step_kernels``, ``Proj``, ``projection`` and ``weight_kernels`` are what a family's
 direct step (GPT-2's, Llama's) uses to find its kernels and run each projection with
@@ -21,61 +23,27 @@ from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import KaelError, ShapeError
 from .._tensor import Tensor
-from ..autograd import no_grad
-from ..ops import attention, cat, narrow, select, tensor, view
-from ..ops._inplace import copy_
+from ..ops import tensor, view
 
 if TYPE_CHECKING:
-    from ._kv_cache import KVCache
+    from ._paged_cache import PagedKVCache
     from ._protocol import CausalLM, DecodeStep
 
-__all__ = ["GenericStep", "Proj", "RowsStep", "decode_step", "projection", "step_kernels", "weight_kernels"]
-
-
-class RowsStep:
-    """A cache step (what ``run_layer`` uses of a ``CacheStep``) for one new token in each of ``rows``."""
-
-    def __init__(self, cache: KVCache, rows: list[int]) -> None:
-        self.cache, self.rows = cache, rows
-        self.starts = [cache.lengths[r] for r in rows]
-
-    @property
-    def positions(self) -> list[list[int]]:
-        """Each row's position of its new token."""
-        return [[s] for s in self.starts]
-
-    def attend(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
-        """q [n, H, 1, D]; kv [n, 2, Hkv, 1, D]: write each row's keys and values, attend to its own keys."""
-        buf, keys, values = self.cache.data[layer], self.cache.keys[layer], self.cache.values[layer]
-        out = []
-        with no_grad():
-            for i, (r, s) in enumerate(zip(self.rows, self.starts)):
-                copy_(narrow(select(buf, 0, r), 2, s, 1), select(kv, 0, i))
-        for i, (r, s) in enumerate(zip(self.rows, self.starts)):
-            out.append(
-                attention(
-                    narrow(q, 0, i, 1),
-                    narrow(narrow(keys, 0, r, 1), 2, 0, s + 1),
-                    narrow(narrow(values, 0, r, 1), 2, 0, s + 1),
-                    causal=True,
-                )
-            )
-        return out[0] if len(out) == 1 else cat(out, 0)
+__all__ = ["GenericStep", "Proj", "decode_step", "projection", "step_kernels", "weight_kernels"]
 
 
 class GenericStep:
     """The decode step through the model's own modules (any family, any backend)."""
 
-    def __init__(self, model: CausalLM, cache: KVCache) -> None:
+    def __init__(self, model: CausalLM, cache: PagedKVCache) -> None:
         self.model, self.cache = model, cache
 
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         cache, model = self.cache, self.model
+        starts = [cache.lengths[r] for r in rows]
+        if max(starts) >= cache.max_positions:
+            raise ShapeError(f"GenericStep: a row is past the cache's {cache.max_positions} positions (at {starts})")
         step = cache.rows_step(rows)
-        if max(step.starts) >= cache.max_positions:
-            raise ShapeError(
-                f"GenericStep: a row is past the cache's {cache.max_positions} positions (at {step.starts})"
-            )
         ids = tensor([[t] for t in tokens], dtype=dt.int64, device=model.device)
         logits = model.run_head(_layers(model, model.embed(ids, step.starts), step))
         return view(logits, len(rows), model.vocab_size)
@@ -87,7 +55,7 @@ def _layers(model: CausalLM, x: Tensor, step: Any) -> Tensor:
     return x
 
 
-def decode_step(model: CausalLM, cache: KVCache, direct: bool | None = None) -> DecodeStep:
+def decode_step(model: CausalLM, cache: PagedKVCache, direct: bool | None = None) -> DecodeStep:
     """The family's fast step over ``cache`` when it has one (``direct`` None or True), else ``GenericStep``.
 
     ``direct=True`` insists on the fast step (a KaelError if the family or backend has none);

@@ -53,7 +53,7 @@ from ...ops import (
     view,
 )
 from .._base import CausalLMBase
-from .._kv_cache import KVCache
+from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ._config import GPTConfig
 
@@ -302,7 +302,7 @@ class GPT(CausalLMBase):
         if isinstance(self.wte, EmbeddingTable) and table_scheme is not None:
             replace_module(self, "wte", QuantizedTable.from_float(self.wte.weight, table_scheme))
 
-    def decode_step(self, cache: KVCache) -> DecodeStep | None:
+    def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
         """The direct-kernel step (``GPT2DecodeStep``), or None when the backend lacks a fused kernel it calls."""
         from ._step import GPT2DecodeStep
 

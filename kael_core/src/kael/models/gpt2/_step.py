@@ -4,8 +4,8 @@ Decoding reads every weight once per token, so its speed is memory bandwidth plu
 Python spent per step. The general forward pass (``CausalLMBase.run``) makes about
 twenty frontend calls per layer, each validating its operands, allocating its output
 and making views. Here every buffer (residual, norm output, qkv, attention output, MLP
-hidden, logits) is allocated once for all the cache's rows, views of the first n rows
-are made once per n, and a step calls the backend's kernels directly (NOTE [kernel
+hidden, logits) is allocated once for all the cache's rows and its views of the first n
+rows are made once per n (NOTE [decode buffers] in ``_decode_buffers.py``), and a step calls the backend's kernels directly (NOTE [kernel
 contract] in kael/_ops.py), batched over the step's rows except where a row reads its
 own cache:
 
@@ -31,15 +31,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ... import _dtype as dt
 from ..._errors import ShapeError
 from ..._tensor import Tensor
-from ...ops._core import empty
 from ...ops._views import make_view
+from .._decode_buffers import DecodeBuffers, View
 from .._steps import Proj, projection, step_kernels, weight_kernels
 
 if TYPE_CHECKING:
-    from .._kv_cache import KVCache
+    from .._paged_cache import PagedKVCache
     from ._model import GPT
 
 __all__ = ["GPT2DecodeStep"]
@@ -82,11 +81,10 @@ def _layers(model: GPT) -> list[_Layer]:
 class GPT2DecodeStep:
     """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``)."""
 
-    def __init__(self, model: GPT, cache: KVCache, kernels: dict[str, Any]) -> None:
+    def __init__(self, model: GPT, cache: PagedKVCache, kernels: dict[str, Any]) -> None:
         cfg = model.config
         c, h, d, n = cfg.dimension, cfg.heads, cfg.head_dim, cache.batch
         dev, dtype = model.device, model.dtype
-        stat = dt.float64 if dtype is dt.float64 else dt.float32
         self.layers, self.cache, self.k = _layers(model), cache, kernels
         self.wte, self.wpe, self.ln_f_w, self.ln_f_b = (
             model.wte.weight,
@@ -98,81 +96,71 @@ class GPT2DecodeStep:
         self.head = Proj(self.wte, None, self.wte_scheme)
         self.c, self.h, self.d, self.v = c, h, d, model.vocab_size
         self.eps, self.scale = cfg.layer_norm_epsilon, 1.0 / math.sqrt(d)
-        self.x = empty((n, 1, c), dtype, dev)  # the residual stream, one row per sequence of the step
-        self.norm = empty((n, 1, c), dtype, dev)
-        self.mean, self.rstd = empty((n, 1), stat, dev), empty((n, 1), stat, dev)
-        self.qkv = empty((n, 1, 3 * c), dtype, dev)
-        self.att = empty((n, h, 1, d), dtype, dev)
-        self.proj = empty((n, 1, c), dtype, dev)
-        self.hidden = empty((n, 1, 4 * c), dtype, dev)
-        self.act = empty((n, 1, 4 * c), dtype, dev)
-        self.logits = empty((n, 1, model.vocab_size), dtype, dev)
-        self._views: dict[int, tuple[Tensor, ...]] = {}
+        s3 = 3 * c
+        # NOTE [decode buffers]: every activation, one row per sequence of the step, and the views the
+        # kernels take: the queries and new keys/values inside qkv, the attention output flat, the logits 2-d.
+        self.buf = DecodeBuffers(
+            n,
+            dtype,
+            dev,
+            {
+                "x": (1, c),
+                "norm": (1, c),
+                "mean": (1,),
+                "rstd": (1,),
+                "qkv": (1, s3),
+                "att": (h, 1, d),
+                "proj": (1, c),
+                "hidden": (1, 4 * c),
+                "act": (1, 4 * c),
+                "logits": (1, model.vocab_size),
+            },
+            stats=("mean", "rstd"),
+            views={
+                "x2": View("x", (c,), (1,)),
+                "q": View("qkv", (h, 1, d), (d, s3, 1)),
+                "kv": View("qkv", (2, h, 1, d), (c, d, s3, 1), c),
+                "att_flat": View("att", (1, c), (c, 1)),
+                "logits2": View("logits", (model.vocab_size,), (1,)),
+            },
+        )
 
     @classmethod
-    def create(cls, model: GPT, cache: KVCache) -> GPT2DecodeStep | None:
+    def create(cls, model: GPT, cache: PagedKVCache) -> GPT2DecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
         kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
         return None if kernels is None else cls(model, cache, kernels)
-
-    def views(self, n: int) -> tuple[Tensor, ...]:
-        """The first n rows of every buffer (made once per n)."""
-        got = self._views.get(n)
-        if got is None:
-            c = self.c
-
-            def first(t: Tensor) -> Tensor:
-                return make_view(t, (n, *t.shape[1:]), t._strides, t._offset)
-
-            att_flat = make_view(self.att, (n, 1, c), (c, c, 1), 0)
-            logits2 = make_view(self.logits, (n, self.v), (self.v, 1), 0)
-            got = (
-                first(self.x),
-                first(self.norm),
-                first(self.mean),
-                first(self.rstd),
-                first(self.qkv),
-                att_flat,
-                first(self.proj),
-                first(self.hidden),
-                first(self.act),
-                first(self.logits),
-                logits2,
-            )
-            self._views[n] = got
-        return got
 
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
         cache, k = self.cache, self.k
         layer_norm, add_k, gelu = k["layer_norm"], k["add"], k["gelu"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
-        n, c, h, d, eps = len(rows), self.c, self.h, self.d, self.eps
+        n, c, eps = len(rows), self.c, self.eps
         pos = [cache.lengths[r] for r in rows]
         if max(pos) >= cache.max_positions:
             raise ShapeError(f"GPT2DecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
-        x, norm, mean, rstd, qkv, att_flat, proj, hidden, act, logits, logits2 = self.views(n)
-        s3 = 3 * c
+        v, buf = self.buf.views(n), self.buf
+        x, norm, mean, rstd, qkv, att_flat = v["x"], v["norm"], v["mean"], v["rstd"], v["qkv"], v["att_flat"]
+        proj, hidden, act, logits = v["proj"], v["hidden"], v["act"], v["logits"]
+        x_rows = buf.rows(n, "x")
         if self.wte_scheme is None:
             for i, (t, s) in enumerate(zip(tokens, pos)):
-                add_k(_row(self.x, i, c), _table_row(self.wte, t, c), _table_row(self.wpe, s, c))
+                add_k(x_rows[i], _table_row(self.wte, t, c), _table_row(self.wpe, s, c))
         else:  # dequantize the token's row of blocks into the residual row, then add the position
             dequantize, wte, row = k["dequantize"], self.wte, self.wte._strides[0]
+            x2_rows = buf.rows(n, "x2")
             for i, (t, s) in enumerate(zip(tokens, pos)):
-                x_row = _row(self.x, i, c)
                 dequantize(
-                    make_view(x_row, (1, c), (c, 1), x_row._offset),
+                    x2_rows[i],
                     make_view(wte, (1, wte.shape[1]), (row, wte._strides[1]), wte._offset + t * row),
                     self.wte_scheme,
                 )
-                add_k(x_row, x_row, _table_row(self.wpe, s, c))
-        # Per-row views of the step's queries, new keys/values and attention output.
+                add_k(x_rows[i], x_rows[i], _table_row(self.wpe, s, c))
+        # Per-row views of the step's queries, new keys/values and attention output, and the same rows as one view each.
         ctx, scale = cache.decode_context(rows, pos), self.scale
-        qs = [make_view(self.qkv, (1, h, 1, d), (s3, d, s3, 1), i * s3) for i in range(n)]
-        kvs = [make_view(self.qkv, (1, 2, h, 1, d), (s3, c, d, s3, 1), i * s3 + c) for i in range(n)]
-        atts = [make_view(self.att, (1, h, 1, d), (c, d, d, 1), i * c) for i in range(n)]
-        q_all = make_view(self.qkv, (n, h, 1, d), (s3, d, s3, 1), 0)  # the same rows, as one view each
-        att_all = make_view(self.att, (n, h, 1, d), (c, d, d, 1), 0)
+        qs, kvs, atts = buf.rows(n, "q"), buf.rows(n, "kv"), buf.rows(n, "att")
+        q_all, att_all = v["q"], v["att"]
         for li, w in enumerate(self.layers):
             layer_norm(norm, mean, rstd, x, w.ln_1_w, w.ln_1_b, eps)
             linear(qkv, norm, w.attn)
@@ -187,13 +175,8 @@ class GPT2DecodeStep:
         layer_norm(norm, mean, rstd, x, self.ln_f_w, self.ln_f_b, eps)
         linear(logits, norm, self.head)
         cache.bump_versions()
-        self.logits._bump_version()
-        return logits2
-
-
-def _row(t: Tensor, i: int, c: int) -> Tensor:
-    """Row i of an [n, 1, c] buffer as a [1, 1, c] view."""
-    return make_view(t, (1, 1, c), (c, c, 1), t._offset + i * c)
+        buf["logits"]._bump_version()
+        return v["logits2"]
 
 
 def _table_row(t: Tensor, index: int, c: int) -> Tensor:

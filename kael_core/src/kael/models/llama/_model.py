@@ -56,7 +56,7 @@ from ...ops import (
     view,
 )
 from .._base import CausalLMBase
-from .._kv_cache import KVCache
+from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ._config import LlamaConfig
 from ._rope import rope_tables
@@ -361,7 +361,7 @@ class LlamaForCausalLM(CausalLMBase):
 
         fuse_projections(self)
 
-    def decode_step(self, cache: KVCache) -> DecodeStep | None:
+    def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
         """The direct-kernel step (``LlamaDecodeStep``), or None when the backend lacks a fused kernel it calls."""
         from ._step import LlamaDecodeStep
 

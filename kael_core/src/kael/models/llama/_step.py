@@ -2,8 +2,8 @@
 
 The same design as ``GPT2DecodeStep`` (``kael/models/gpt2/_step.py``): every activation
 buffer is allocated once for all the cache's rows, views of the first n rows are made
-once per n, and a step calls the backend's kernels directly (NOTE [kernel contract] in
-kael/_ops.py), batched over the step's rows except where a row reads its own cache:
+once per n (NOTE [decode buffers] in ``_decode_buffers.py``), and a step calls the
+backend's kernels directly (NOTE [kernel contract] in kael/_ops.py), batched over the step's rows except where a row reads its own cache:
 
     rms_norm -> linear(q_proj, k_proj, v_proj) -> rope(q), rope(k) at each row's position
     -> per row: copy(new k, v into its cache row), attention (GQA: Hkv cached heads)
@@ -17,8 +17,8 @@ buffer, whose q, k and v (gate and up) parts the next kernels read as views.
 
 Buffer layout: the rotated keys and the values of a step share one ``kv`` buffer
 ``[n, 2, Hkv, 1, D]`` (``rope`` writes k into its first half, ``v_proj`` its output into
-the second), so one copy per row writes both into the cache's ``[B, 2, Hkv, P, D]``
-layer buffer (NOTE [kv cache layout]). Positions are a view of an ``arange`` table when
+the second), so one copy per row writes both into its block of the cache's ``[N, 2, Hkv, S, D]``
+layer buffer (NOTE [paged kv cache]). Positions are a view of an ``arange`` table when
 the rows' positions are evenly spaced (always for one row), else a small int64 tensor.
 
 The row-wise ops see activations as ``[n, 1, C]``, one ``[1, C]`` row per sequence, so a
@@ -42,12 +42,12 @@ from ... import _dtype as dt
 from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops import arange, tensor
-from ...ops._core import empty
 from ...ops._views import make_view
+from .._decode_buffers import DecodeBuffers, View
 from .._steps import Proj, projection, step_kernels, weight_kernels
 
 if TYPE_CHECKING:
-    from .._kv_cache import KVCache
+    from .._paged_cache import PagedKVCache
     from ._model import LlamaForCausalLM
 
 __all__ = ["LlamaDecodeStep"]
@@ -141,7 +141,7 @@ def _first(t: Tensor, n: int) -> Tensor:
 class LlamaDecodeStep:
     """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``)."""
 
-    def __init__(self, model: LlamaForCausalLM, cache: KVCache, kernels: dict[str, Any]) -> None:
+    def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, kernels: dict[str, Any]) -> None:
         cfg = model.config
         c, h, kv, d, f, n = (
             cfg.hidden_size,
@@ -152,7 +152,6 @@ class LlamaDecodeStep:
             cache.batch,
         )
         dev, dtype = model.device, model.dtype
-        stat = dt.float64 if dtype is dt.float64 else dt.float32
         self.layers, self.cache, self.k = _layers(model), cache, kernels
         self.embed, self.norm_w = model.model.embed_tokens.weight, model.model.norm.weight
         self.embed_scheme: str | None = getattr(model.model.embed_tokens, "scheme", None)
@@ -162,64 +161,52 @@ class LlamaDecodeStep:
         self.c, self.h, self.kvh, self.d, self.f, self.v = c, h, kv, d, f, model.vocab_size
         self.eps, self.scale = cfg.rms_norm_eps, 1.0 / math.sqrt(d)
         self.arange = arange(cache.max_positions, dtype=dt.int64, device=dev)
-        self.x = empty((n, 1, c), dtype, dev)  # the residual stream, one row per sequence of the step
-        self.norm = empty((n, 1, c), dtype, dev)
-        self.rstd = empty((n, 1), stat, dev)
-        self.q = empty((n, 1, h * d), dtype, dev)
-        self.qrot = empty((n, h, 1, d), dtype, dev)
-        self.kraw = empty((n, 1, kv * d), dtype, dev)
-        self.kv = empty((n, 2, kv, 1, d), dtype, dev)
-        self.qkv = empty((n, 1, (h + 2 * kv) * d), dtype, dev)  # the fused q/k/v product
-        self.gate_up = empty((n, 1, 2 * f), dtype, dev)  # the fused gate/up product
-        self.att = empty((n, h, 1, d), dtype, dev)
-        self.proj = empty((n, 1, c), dtype, dev)
-        self.gate = empty((n, 1, f), dtype, dev)
-        self.up = empty((n, 1, f), dtype, dev)
-        self.act = empty((n, 1, f), dtype, dev)
-        self.logits = empty((n, 1, model.vocab_size), dtype, dev)
-        self._views: dict[int, tuple[Tensor, ...]] = {}
+        kvw, w3 = 2 * kv * d, (h + 2 * kv) * d
+        # NOTE [decode buffers]: every activation, one row per sequence of the step, and the views the
+        # kernels take of them (q, k, v as heads; the parts of the fused q/k/v and gate/up products).
+        self.buf = DecodeBuffers(
+            n,
+            dtype,
+            dev,
+            {
+                "x": (1, c),  # the residual stream
+                "norm": (1, c),
+                "rstd": (1,),
+                "q": (1, h * d),
+                "qrot": (h, 1, d),
+                "kraw": (1, kv * d),
+                "kv": (2, kv, 1, d),  # the rotated keys and the values, as the cache takes them
+                "qkv": (1, w3),  # the fused q/k/v product
+                "gate_up": (1, 2 * f),  # the fused gate/up product
+                "att": (h, 1, d),
+                "proj": (1, c),
+                "gate": (1, f),
+                "up": (1, f),
+                "act": (1, f),
+                "logits": (1, model.vocab_size),
+            },
+            stats=("rstd",),
+            views={
+                "x2": View("x", (c,), (1,)),
+                "q4": View("q", (h, 1, d), (d, h * d, 1)),  # q as [n, H, 1, D]
+                "k4": View("kraw", (kv, 1, d), (d, kv * d, 1)),  # k as [n, Hkv, 1, D]
+                "krot": View("kv", (kv, 1, d), (d, d, 1)),  # kv[:, 0]: the rotated keys
+                "vout": View("kv", (1, kv * d), (kvw, 1), kv * d),  # kv[:, 1] as v_proj's output
+                "att_flat": View("att", (1, h * d), (h * d, 1)),
+                "logits2": View("logits", (model.vocab_size,), (1,)),
+                "q4f": View("qkv", (h, 1, d), (d, w3, 1)),
+                "k4f": View("qkv", (kv, 1, d), (d, w3, 1), h * d),
+                "vf": View("qkv", (1, kv * d), (w3, 1), (h + kv) * d),
+                "gate_f": View("gate_up", (1, f), (2 * f, 1)),
+                "up_f": View("gate_up", (1, f), (2 * f, 1), f),
+            },
+        )
 
     @classmethod
-    def create(cls, model: LlamaForCausalLM, cache: KVCache) -> LlamaDecodeStep | None:
+    def create(cls, model: LlamaForCausalLM, cache: PagedKVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
         kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
         return None if kernels is None else cls(model, cache, kernels)
-
-    def views(self, n: int) -> tuple[Tensor, ...]:
-        """The first n rows of every buffer, in the shapes the kernels take (made once per n)."""
-        got = self._views.get(n)
-        if got is None:
-            h, kv, d, f = self.h, self.kvh, self.d, self.f
-            kvw, w3 = 2 * kv * d, (h + 2 * kv) * d
-            got = (
-                _first(self.x, n),
-                _first(self.norm, n),
-                _first(self.rstd, n),
-                _first(self.q, n),
-                make_view(self.q, (n, h, 1, d), (h * d, d, h * d, 1), 0),  # q as [n, H, 1, D]
-                _first(self.qrot, n),
-                _first(self.kraw, n),
-                make_view(self.kraw, (n, kv, 1, d), (kv * d, d, kv * d, 1), 0),  # k as [n, Hkv, 1, D]
-                make_view(self.kv, (n, kv, 1, d), (kvw, d, d, 1), 0),  # kv[:, 0]: the rotated keys
-                make_view(self.kv, (n, 1, kv * d), (kvw, kvw, 1), kv * d),  # kv[:, 1] as v_proj's output
-                make_view(self.att, (n, 1, h * d), (h * d, h * d, 1), 0),
-                _first(self.proj, n),
-                _first(self.gate, n),
-                _first(self.up, n),
-                _first(self.act, n),
-                _first(self.logits, n),
-                make_view(self.logits, (n, self.v), (self.v, 1), 0),
-                # the fused products and their parts
-                _first(self.qkv, n),
-                make_view(self.qkv, (n, h, 1, d), (w3, d, w3, 1), 0),
-                make_view(self.qkv, (n, kv, 1, d), (w3, d, w3, 1), h * d),
-                make_view(self.qkv, (n, 1, kv * d), (w3, w3, 1), (h + kv) * d),
-                _first(self.gate_up, n),
-                make_view(self.gate_up, (n, 1, f), (2 * f, 2 * f, 1), 0),
-                make_view(self.gate_up, (n, 1, f), (2 * f, 2 * f, 1), f),
-            )
-            self._views[n] = got
-        return got
 
     def positions(self, pos: list[int]) -> Tensor:
         """The rows' positions as int64 [n, 1]: a view of the arange table when evenly spaced."""
@@ -235,35 +222,42 @@ class LlamaDecodeStep:
         rms_norm, rope, silu_mul = k["rms_norm"], k["rope"], k["silu_mul"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         copy, add_k = k["copy"], k["add"]
-        n, c, h, kv, d, eps = len(rows), self.c, self.h, self.kvh, self.d, self.eps
+        n, c, eps = len(rows), self.c, self.eps
         pos = [cache.lengths[r] for r in rows]
         if max(pos) >= cache.max_positions:
             raise ShapeError(f"LlamaDecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
-        views = self.views(n)
-        x, norm, rstd, q, q4, qrot, kraw, k4, krot, vout, att_flat, proj, gate, up, act, logits, logits2 = views[:17]
-        qkv, q4f, k4f, vf, gate_up, gate_f, up_f = views[17:]
+        v, buf = self.buf.views(n), self.buf
+        x, norm, rstd, q, q4, qrot, kraw = v["x"], v["norm"], v["rstd"], v["q"], v["q4"], v["qrot"], v["kraw"]
+        k4, krot, vout, att_flat, proj = v["k4"], v["krot"], v["vout"], v["att_flat"], v["proj"]
+        gate, up, act, logits = v["gate"], v["up"], v["act"], v["logits"]
+        qkv, q4f, k4f, vf, gate_up, gate_f, up_f = (
+            v["qkv"],
+            v["q4f"],
+            v["k4f"],
+            v["vf"],
+            v["gate_up"],
+            v["gate_f"],
+            v["up_f"],
+        )
         where = self.positions(pos)
         emb = self.embed
         if self.embed_scheme is None:
             for i, t in enumerate(tokens):
                 copy(
-                    make_view(self.x, (1, 1, c), (c, c, 1), i * c),
+                    buf.rows(n, "x")[i],
                     make_view(emb, (1, 1, c), (0, 0, emb._strides[1]), emb._offset + t * emb._strides[0]),
                 )
         else:  # dequantize each token's row of blocks into its residual row
             dequantize, row, width = k["dequantize"], emb._strides[0], emb.shape[1]
             for i, t in enumerate(tokens):
                 dequantize(
-                    make_view(self.x, (1, c), (c, 1), i * c),
+                    buf.rows(n, "x2")[i],
                     make_view(emb, (1, width), (row, emb._strides[1]), emb._offset + t * row),
                     self.embed_scheme,
                 )
-        kvw = 2 * kv * d
-        kvs = [make_view(self.kv, (1, 2, kv, 1, d), (kvw, kv * d, d, d, 1), i * kvw) for i in range(n)]
-        qs = [make_view(self.qrot, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
-        atts = [make_view(self.att, (1, h, 1, d), (h * d, d, d, 1), i * h * d) for i in range(n)]
-        q_all = make_view(self.qrot, (n, h, 1, d), (h * d, d, d, 1), 0)  # the same rows, as one view each
-        att_all = make_view(self.att, (n, h, 1, d), (h * d, d, d, 1), 0)
+        # Per-row views of the step's queries, new keys/values and attention output, and the same rows as one view each.
+        kvs, qs, atts = buf.rows(n, "kv"), buf.rows(n, "qrot"), buf.rows(n, "att")
+        q_all, att_all = v["qrot"], v["att"]
         cos, sin, scale = self.cos, self.sin, self.scale
         ctx = cache.decode_context(rows, pos)
         for li, w in enumerate(self.layers):
@@ -295,5 +289,5 @@ class LlamaDecodeStep:
         rms_norm(norm, rstd, x, self.norm_w, eps)
         linear(logits, norm, self.head)
         cache.bump_versions()
-        self.logits._bump_version()
-        return logits2
+        buf["logits"]._bump_version()
+        return v["logits2"]
