@@ -21,7 +21,7 @@ SERIAL_PATHS = ("distributed/", "soak/", "server/test_ray_serve.py", "server/tes
 #: print as np.int64 after some other test ran in the same worker (an order dependence not found
 #: yet: the strides should be Python ints whatever ran before).
 SERIAL_TESTS = (
-    "core/test_plugins.py::test_kit_failures_name_op_dtype_sample_and_diff",
+    "core/test_plugins_kit_and_info.py::test_kit_failures_name_op_dtype_sample_and_diff",
     "docs/test_guides.py::test_the_backend_guides_plugin_passes_the_conformance_kit",
     "debug/test_debug.py::test_explain_view_matches_the_issue_example",
 )

@@ -6,7 +6,7 @@ control type on ``<|endoftext|>``, pre-tokenizer ``gpt-2``), read back by kael, 
 as GPT-2's BPE (kael's ``BpeTokenizer``, itself tested against tiktoken's ranks) and as the
 ``tokenizers`` library's GPT-2 ``tokenizer.json``; tokenizers written by kael must read back
 encoding as the original ``tokenizers`` pipelines do. llama.cpp's own tokenizer is compared
-in ``test_gguf_models.py`` (it needs a model file).
+in ``test_gguf_llama_cpp.py`` (it needs a model file).
 """
 
 from __future__ import annotations

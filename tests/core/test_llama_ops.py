@@ -1,68 +1,34 @@
-"""The Llama family's ops (rms_norm, rope, silu_mul, grouped-query attention) against independent oracles.
+"""The Llama family's ops rms_norm and silu_mul against independent oracles.
 
-* Property tests (hypothesis) over shapes and layouts: each op against its float64 formula
-  written here in NumPy, forward and backward (the backward against the formula's own
-  derivative, written out by hand).
-* PyTorch as an oracle: ``torch.nn.functional.rms_norm`` and ``nn.RMSNorm``,
-  ``scaled_dot_product_attention(..., enable_gqa=True)`` with its gradients.
-* Hugging Face as an oracle for the half-precision rounding: ``LlamaRMSNorm`` and
-  ``apply_rotary_pos_emb`` in bfloat16 / float16.
-* Every op on the default CPU backend and on the reference backend's fused kernels, and
-  the decompositions on a backend without fused kernels (``fused_mode``).
-* Bad input: a ``kael.KaelError`` subclass naming the op and the offending value.
+Property tests (hypothesis) over shapes and layouts check each op against its float64 formula
+written here in NumPy, forward and backward (the backward against the formula's own derivative,
+written out by hand); PyTorch is an oracle for ``torch.nn.functional.rms_norm``, ``nn.RMSNorm``
+and silu-then-multiply in half precision, and Hugging Face's ``LlamaRMSNorm`` for the
+half-precision rounding. Every op runs on the default CPU backend, on the reference backend's
+fused kernels and as the decompositions on a backend without fused kernels (``mode``); bad input
+raises a ``kael.KaelError`` subclass naming the op and the offending value. rope is in
+test_llama_ops_rope.py, grouped-query attention in test_llama_ops_gqa.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import kael
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kael.backends.reference import ReferenceBackend
-
-MODES = ["default", "reference", "decomposition"]
+from llama_ops_common import MODES, backend_mode
+from llama_ops_common import float64_of as _np
+from llama_ops_common import tensor_of as _t
 
 
 @pytest.fixture(params=MODES)
 def mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """The CPU backend as installed, the reference backend (fused host kernels), and one without fused kernels."""
-    if request.param == "default":
-        yield request.param
-        return
-    backend = ReferenceBackend(fused=request.param == "reference")
-    backend.name = f"llama_ops_{request.param}"
-    backend.priority = -1
-
-    class Plugin:
-        @kael.hookimpl
-        def kael_backends(self) -> list[Any]:
-            return [backend]
-
-    kael.backends.register(Plugin(), f"test_llama_ops_{request.param}")
-    kael.backends.use("cpu", backend.name)
-    try:
-        yield request.param
-    finally:
-        kael.backends.use("cpu", None)
-        kael.backends.unregister(f"test_llama_ops_{request.param}")
-
-
-def _t(a: np.ndarray, grad: bool = False, dtype: Any = None) -> kael.Tensor:
-    t = kael.tensor(a, dtype=dtype)
-    return t.requires_grad_(True) if grad else t
-
-
-def _np(t: kael.Tensor) -> np.ndarray:
-    return np.asarray(t.detach().to(dtype=kael.float64) if t.dtype.itemsize == 2 else t.detach(), dtype=np.float64)
-
-
-def _tables(p: int, half: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    ang = np.arange(p)[:, None] * base ** (-np.arange(half) / half)
-    return np.cos(ang), np.sin(ang)
+    with backend_mode(request.param) as name:
+        yield name
 
 
 # -- float64 formulas, written independently of kael ------------------------------------------------
@@ -82,18 +48,6 @@ def rms_grad_ref(x: np.ndarray, w: np.ndarray | None, eps: float, g: np.ndarray)
     dx = gw * r - x * r**3 * np.sum(gw * x, axis=-1, keepdims=True) / c
     dw = np.sum((g * x * r).reshape(-1, c), axis=0)
     return dx, dw
-
-
-def rope_ref(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Pair (x[..., i], x[..., i + D/2]) rotated by the angle of (cos, sin)[pos, i], one element at a time."""
-    b, h, t, d = x.shape
-    out = np.empty_like(x)
-    for bi, hi, ti, i in np.ndindex(b, h, t, d // 2):
-        c, s = cos[pos[bi, ti], i], sin[pos[bi, ti], i]
-        a, z = x[bi, hi, ti, i], x[bi, hi, ti, i + d // 2]
-        out[bi, hi, ti, i] = a * c - z * s
-        out[bi, hi, ti, i + d // 2] = z * c + a * s
-    return out
 
 
 def silu_mul_ref(g: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -216,122 +170,6 @@ def test_rms_norm_bad_input_names_op_and_value() -> None:
         kael.nn.RMSNorm(-2)
 
 
-# -- rope -----------------------------------------------------------------------------------------
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    b=st.integers(1, 3),
-    h=st.integers(1, 3),
-    t=st.integers(1, 4),
-    half=st.integers(1, 4),
-    shared=st.booleans(),
-    heads_last=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_rope_forward_and_backward_property(
-    b: int, h: int, t: int, half: int, shared: bool, heads_last: bool, seed: int
-) -> None:
-    rng = np.random.default_rng(seed)
-    d, p = 2 * half, 7
-    x = rng.standard_normal((b, h, t, d))
-    cos, sin = _tables(p, half)
-    pos = rng.integers(0, p, (t,) if shared else (b, t))
-    pos_bt = np.broadcast_to(pos, (b, t))
-    if heads_last:  # x viewed [B, H, T, D] from [B, T, H, D] storage, as a model splits heads
-        src = _t(np.ascontiguousarray(x.transpose(0, 2, 1, 3)), True)
-        kx = src.permute(0, 2, 1, 3)
-    else:
-        src = kx = _t(x, True)
-    y = kael.rope(kx, _t(cos), _t(sin), kael.tensor(pos))
-    assert y.shape == x.shape and y.dtype is kael.float64
-    np.testing.assert_allclose(_np(y), rope_ref(x, cos, sin, pos_bt), rtol=1e-12, atol=1e-13)
-    g = rng.standard_normal(x.shape)
-    (y * _t(g)).sum().backward()
-    # a rotation's transpose is the rotation by the opposite angle
-    want = rope_ref(g, cos, -sin, pos_bt)
-    got = _np(src.grad).transpose(0, 2, 1, 3) if heads_last else _np(src.grad)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_rope_matches_hugging_face_apply_rotary_pos_emb(dtype: str, mode: str) -> None:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    rng = np.random.default_rng(3)
-    b, h, t, d, p = 2, 3, 5, 8, 12
-    x = rng.standard_normal((b, h, t, d))
-    pos = np.stack([np.arange(t), np.arange(4, 4 + t)])  # the second row continues a 4-token cache
-    cos, sin = _tables(p, d // 2)
-    c2 = torch.tensor(np.concatenate([cos, cos], -1)[pos], dtype=torch.float32)  # HF: [B, T, D]
-    s2 = torch.tensor(np.concatenate([sin, sin], -1)[pos], dtype=torch.float32)
-    tx = torch.tensor(x, dtype=torch.float32)
-    want, _ = apply_rotary_pos_emb(tx, tx, c2, s2)
-    kd = getattr(kael, dtype)
-    got = kael.rope(
-        kael.tensor(x, dtype=kd),
-        kael.tensor(cos, dtype=kael.float32),
-        kael.tensor(sin, dtype=kael.float32),
-        kael.tensor(pos),
-    )
-    assert got.dtype is kd
-    # computed in float32 from x rounded to dtype, rounded once at the end
-    tol = {"float32": 1e-6, "bfloat16": 2 * 2.0**-8, "float16": 2 * 2.0**-11}[dtype]
-    xr = _np(kael.tensor(x, dtype=kd))
-    np.testing.assert_allclose(_np(got), rope_ref(xr, cos, sin, pos), rtol=tol, atol=tol)
-    np.testing.assert_allclose(
-        _np(
-            kael.rope(
-                kael.tensor(x, dtype=kael.float32),
-                kael.tensor(cos, dtype=kael.float32),
-                kael.tensor(sin, dtype=kael.float32),
-                kael.tensor(pos),
-            )
-        ),
-        want.numpy(),
-        rtol=1e-5,
-        atol=1e-6,
-    )
-
-
-def test_rope_positions_broadcast_without_copy_and_on_every_backend(mode: str) -> None:
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((3, 2, 4, 6))
-    cos, sin = _tables(10, 3)
-    shared = kael.rope(_t(x), _t(cos), _t(sin), kael.arange(4))
-    rows = kael.rope(_t(x), _t(cos), _t(sin), kael.tensor(np.tile(np.arange(4), (3, 1))))
-    np.testing.assert_array_equal(_np(shared), _np(rows))
-    np.testing.assert_allclose(
-        _np(shared), rope_ref(x, cos, sin, np.tile(np.arange(4), (3, 1))), rtol=1e-12, atol=1e-13
-    )
-    assert kael.nn.functional.rope(_t(x), _t(cos), _t(sin), kael.arange(4)).shape == x.shape
-
-
-def test_rope_bad_input_names_op_and_value() -> None:
-    x = kael.randn(1, 2, 3, 4)
-    cos, sin = kael.ones(8, 2), kael.zeros(8, 2)
-    with pytest.raises(kael.IndexError_, match=r"rope: position 8 is out of range for tables of 8 positions"):
-        kael.rope(x, cos, sin, kael.tensor([0, 1, 8]))
-    with pytest.raises(kael.IndexError_, match="position -1"):
-        kael.rope(x, cos, sin, kael.tensor([[0, -1, 2]]))
-    with pytest.raises(kael.ShapeError, match=r"rope: x must be \[B, H, T, D\], got shape \[2, 3, 4\]"):
-        kael.rope(kael.randn(2, 3, 4), cos, sin, kael.arange(3))
-    with pytest.raises(kael.ShapeError, match="must be even, got 5"):
-        kael.rope(kael.randn(1, 1, 3, 5), cos, sin, kael.arange(3))
-    with pytest.raises(kael.ShapeError, match=r"cos must be \[P, D/2\] = \[P, 2\].*got \[8, 3\]"):
-        kael.rope(x, kael.ones(8, 3), kael.ones(8, 3), kael.arange(3))
-    with pytest.raises(kael.ShapeError, match=r"positions must be \[B, T\] = \[1, 3\] or \[T\] = \[3\], got \[4\]"):
-        kael.rope(x, cos, sin, kael.arange(4))
-    with pytest.raises(kael.DTypeError, match="positions must be an integer tensor"):
-        kael.rope(x, cos, sin, kael.zeros(3))
-    with pytest.raises(kael.DTypeError, match="cos must be a float32 or float64 table, got kael.float16"):
-        kael.rope(x, cos.to(dtype=kael.float16), sin.to(dtype=kael.float16), kael.arange(3))
-    with pytest.raises(kael.ShapeError, match="must have the same shape and dtype"):
-        kael.rope(x, cos, kael.zeros(9, 2), kael.arange(3))
-
-
 # -- silu_mul -------------------------------------------------------------------------------------
 
 
@@ -396,77 +234,3 @@ def test_silu_mul_bad_input() -> None:
         kael.silu_mul(kael.ones(2, 3), kael.ones(4))
     with pytest.raises(kael.DTypeError, match="up must be a floating-point tensor"):
         kael.silu_mul(kael.ones(2), kael.ones(2, dtype=kael.int64))
-
-
-# -- grouped-query attention ----------------------------------------------------------------------
-
-
-def _torch_mask(torch: Any, b: int, tq: int, tk: int, causal: bool, lengths: list[int] | None) -> Any:
-    m = torch.ones(b, 1, tq, tk, dtype=torch.bool)
-    if causal:  # kael aligns the last query with the last key
-        m &= torch.ones(tq, tk, dtype=torch.bool).tril(diagonal=tk - tq)
-    if lengths is not None:
-        m &= (torch.arange(tk)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
-    return m
-
-
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "tq", "tk", "causal", "lengths"),
-    [
-        (4, 2, 3, 5, False, None),
-        (4, 1, 3, 5, True, None),
-        (6, 3, 1, 6, True, [6, 4]),
-        (4, 4, 2, 5, True, [5, 3]),
-        (8, 2, 4, 4, True, None),
-    ],
-)
-def test_gqa_attention_matches_torch_enable_gqa(
-    heads: int, kv_heads: int, tq: int, tk: int, causal: bool, lengths: list[int] | None, mode: str
-) -> None:
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(heads * 100 + kv_heads * 10 + tq)
-    q = rng.standard_normal((2, heads, tq, 4))
-    k, v = rng.standard_normal((2, kv_heads, tk, 4)), rng.standard_normal((2, kv_heads, tk, 3))
-    kq, kk, kv = _t(q, True), _t(k, True), _t(v, True)
-    ln = kael.tensor(lengths) if lengths is not None else None
-    y = kael.attention(kq, kk, kv, causal=causal, lengths=ln)
-    tq_, tk_, tv_ = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
-    ty = torch.nn.functional.scaled_dot_product_attention(
-        tq_, tk_, tv_, attn_mask=_torch_mask(torch, 2, tq, tk, causal, lengths), enable_gqa=True
-    )
-    np.testing.assert_allclose(_np(y), ty.detach().numpy(), rtol=1e-12, atol=1e-13)
-    g = rng.standard_normal(y.shape)
-    (y * _t(g)).sum().backward()
-    (ty * torch.tensor(g)).sum().backward()
-    for a, b in ((kq, tq_), (kk, tk_), (kv, tv_)):
-        np.testing.assert_allclose(_np(a.grad), b.grad.numpy(), rtol=1e-10, atol=1e-12)
-
-
-def test_gqa_equals_attention_over_repeated_kv(mode: str) -> None:
-    """Query head h reads kv head h // (H // Hkv): Hugging Face's repeat_kv, done by hand, gives the same."""
-    rng = np.random.default_rng(7)
-    q, k, v = rng.standard_normal((1, 6, 3, 4)), rng.standard_normal((1, 2, 5, 4)), rng.standard_normal((1, 2, 5, 4))
-    grouped = kael.attention(_t(q), _t(k), _t(v), causal=True)
-    rep = kael.attention(_t(q), _t(np.repeat(k, 3, axis=1)), _t(np.repeat(v, 3, axis=1)), causal=True)
-    np.testing.assert_allclose(_np(grouped), _np(rep), rtol=1e-13, atol=1e-14)
-
-
-def test_sdpa_enable_gqa_flag_as_pytorch() -> None:
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(8)
-    q, k, v = rng.standard_normal((4, 3, 2)), rng.standard_normal((2, 5, 2)), rng.standard_normal((2, 5, 2))
-    y = kael.nn.functional.scaled_dot_product_attention(_t(q), _t(k), _t(v), is_causal=False, enable_gqa=True)
-    ty = torch.nn.functional.scaled_dot_product_attention(
-        torch.tensor(q), torch.tensor(k), torch.tensor(v), enable_gqa=True
-    )
-    np.testing.assert_allclose(_np(y), ty.numpy(), rtol=1e-12, atol=1e-13)
-    with pytest.raises(kael.ShapeError, match="pass enable_gqa=True"):
-        kael.nn.functional.scaled_dot_product_attention(_t(q), _t(k), _t(v))
-
-
-def test_gqa_bad_head_counts_name_both() -> None:
-    q, k = kael.randn(1, 6, 2, 4), kael.randn(1, 4, 3, 4)
-    with pytest.raises(kael.ShapeError, match=r"the 6 query heads of q \[1, 6, 2, 4\] are not a multiple of the 4"):
-        kael.attention(q, k, k)
-    with pytest.raises(kael.ShapeError, match="do not fit"):
-        kael.attention(q, kael.randn(1, 2, 3, 4), kael.randn(1, 3, 3, 4))

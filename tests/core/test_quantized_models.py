@@ -1,47 +1,34 @@
 """Quantized and half-precision weights in the model families (kael/models/_weights.py, the families'
-models, steps and checkpoints): ``from_pretrained(weights=...)`` for GPT-2 and the Llama family.
-
-Oracles: transformers' float32 model run on the weights rounded the way the scheme rounds them
-(GGUF's own ``gguf.quants.quantize``/``dequantize`` for Q8_0/Q4_0, torch's bfloat16 cast, NumPy's
-float16 cast), the model's own general forward pass and generic decode step, each row decoded
-alone, a saved checkpoint's bytes, and the bundled models' held-out loss as their READMEs
-measured it (the same held-out text, batches and seed as examples/train_gpt.py and
-examples/train_llama.py).
+models and steps): ``from_pretrained(weights=...)`` for GPT-2 and the Llama family, and their decode paths.
+Oracles: transformers' float32 model run on the weights rounded the way the scheme rounds them (GGUF's own
+``gguf.quants.quantize``/``dequantize`` for Q8_0/Q4_0, torch's bfloat16 cast, NumPy's float16 cast), the
+model's own general forward pass and generic decode step, and each row decoded alone. Quantized checkpoints
+are tested in test_quantized_checkpoints.py, the bundled models in test_quantized_bundled_models.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import kael
 import numpy as np
 import pytest
 from kael import _dispatch
-from kael._tensor import numpy_bits
-from kael.io import load_safetensors_with_metadata, save_safetensors
 from kael.models import BatchDecoder, GenericStep, decode_step
-from kael.models import from_pretrained as _from_pretrained
 from kael.models._generate import _prefill
-from kael.models._weights import QUANTIZATION_KEY, WEIGHTS_KEY, QuantizedTable
+from kael.models._weights import QuantizedTable
 from kael.models.gpt2 import GPT2DecodeStep
 from kael.models.llama import LlamaDecodeStep
 from kael.quant import QuantizedLinear
-from llama_checkpoints import build
+from quantized_models_common import FAMILIES, SCHEMES, VOCAB, build_checkpoints, from_pretrained
+from quantized_models_common import logits_of as _logits
+from quantized_models_common import random_ids as _ids
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-ROOT = Path(__file__).resolve().parents[2]
-SCHEMES = ("q8_0", "q4_0", "bf16", "f16")
-FAMILIES = ("gpt2", "llama", "llama-tied", "qwen2")
-VOCAB = {"gpt2": 96, "llama": 320, "llama-tied": 320, "qwen2": 320}
+pytest.importorskip("transformers")
 
 
 @pytest.fixture(params=["reference", "cpu"])
@@ -53,33 +40,10 @@ def backend(request: pytest.FixtureRequest) -> Iterator[str]:
         kael.backends.use("cpu", None)
 
 
-def from_pretrained(*args: Any, **kwargs: Any) -> Any:
-    """kael.models.from_pretrained, typed loosely (the tests use GPT's and Llama's own attributes)."""
-    return _from_pretrained(*args, **kwargs)
-
-
-def _build_gpt2(directory: Path) -> Any:
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=96, n_positions=64, n_embd=64, n_layer=2, n_head=2, initializer_range=0.2)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    model.save_pretrained(directory)
-    return model
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
     """A small random checkpoint of each family: (directory, the transformers model)."""
-    out = {}
-    for family in FAMILIES:
-        d = tmp_path_factory.mktemp(family)
-        if family == "gpt2":
-            hf = _build_gpt2(d)
-        elif family == "llama-tied":
-            hf = build(d, "llama", seed=5, tie_word_embeddings=True)
-        else:
-            hf = build(d, family, seed=3)
-        out[family] = (d, hf)
-    return out
+    return build_checkpoints(tmp_path_factory)
 
 
 def head_scheme(scheme: str) -> str:
@@ -120,16 +84,6 @@ def _hf_rounded(family: str, hf: Any, scheme: str) -> Any:
             else:
                 p.copy_(torch.from_numpy(rounded(w, scheme)))
     return model
-
-
-def _logits(model: Any, ids: list[int]) -> np.ndarray:
-    with kael.no_grad():
-        out: np.ndarray = model(kael.tensor([ids])).numpy()[0].copy()
-    return out
-
-
-def _ids(family: str, n: int, seed: int = 0) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB[family], size=n)]
 
 
 # -- the model in each format equals transformers on the rounded weights ------------------------
@@ -303,266 +257,3 @@ def test_fused_qkv_and_gate_up_are_rebuilt_over_the_quantized_weights(checkpoint
         assert all(lay.gate_up is not None and lay.gate_up.scheme == "q8_0" for lay in step.layers)
     finally:
         kael.backends.use("cpu", None)
-
-
-# -- quantized checkpoints ----------------------------------------------------------------------------
-@pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("family", ["gpt2", "llama", "llama-tied"])
-def test_save_load_round_trip_is_bit_exact(
-    checkpoints: dict[str, tuple[Path, Any]], family: str, scheme: str, tmp_path: Path
-) -> None:
-    model = from_pretrained(checkpoints[family][0], weights=scheme)
-    model.save_pretrained(tmp_path)
-    _, meta = load_safetensors_with_metadata(tmp_path / "model.safetensors")
-    assert meta is not None and meta[WEIGHTS_KEY] == scheme
-    spec = json.loads(meta[QUANTIZATION_KEY])
-    assert spec["version"] == 1
-    prefix = "transformer." if family == "gpt2" else ""
-    want = {
-        prefix + name + ".weight": {
-            "scheme": mod.scheme,
-            "shape": [mod.num_embeddings, mod.dim]
-            if isinstance(mod, QuantizedTable)
-            else [mod.out_features, mod.in_features],
-        }
-        for name, mod in model.named_modules()
-        if isinstance(mod, (QuantizedLinear, QuantizedTable))
-    }
-    assert spec["tensors"] == want
-    ids = _ids(family, 12)
-    for mmap in (False, True):
-        again = from_pretrained(tmp_path, mmap=mmap)
-        assert again.weights_scheme == scheme
-        a, b = model.state_dict(), again.state_dict()
-        assert list(a) == list(b)
-        for key in a:
-            assert a[key].dtype is b[key].dtype
-            np.testing.assert_array_equal(numpy_bits(a[key]), numpy_bits(b[key]))
-        np.testing.assert_array_equal(_logits(again, ids), _logits(model, ids))
-
-
-def test_a_sharded_quantized_checkpoint_loads(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
-    """Each shard carries the metadata (save_checkpoint_tensors writes it to every one)."""
-    import shutil
-
-    from kael.io import save_checkpoint_tensors
-    from kael.models._weights import quantization_metadata
-
-    d, _ = checkpoints["llama"]
-    model = from_pretrained(d, weights="q4_0")
-    meta = {"format": "pt", **quantization_metadata(model, lambda name: f"{name}.weight")}
-    files = save_checkpoint_tensors(tmp_path, model.state_dict(), max_shard_size="20KB", metadata=meta)
-    assert len(files) > 3 and "model.safetensors.index.json" in files
-    shutil.copy(d / "config.json", tmp_path / "config.json")
-    again = from_pretrained(tmp_path)
-    assert again.weights_scheme == "q4_0"
-    ids = _ids("llama", 10)
-    np.testing.assert_array_equal(_logits(again, ids), _logits(model, ids))
-
-
-def _rewrite(
-    path: Path, *, meta: dict[str, str] | None = None, drop: str | None = None, replace: dict[str, Any] | None = None
-) -> None:
-    """Rewrite a safetensors file with changed metadata, a tensor dropped or replaced."""
-    tensors, old = load_safetensors_with_metadata(path)  # a copy in memory: the file may be replaced
-    if drop is not None:
-        del tensors[drop]
-    tensors.update(replace or {})
-    save_safetensors(tensors, path, metadata={**(old or {}), **(meta or {})})
-
-
-@pytest.fixture
-def quantized_dir(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> Path:
-    from_pretrained(checkpoints["llama"][0], weights="q8_0").save_pretrained(tmp_path)
-    return tmp_path
-
-
-def _spec(d: Path) -> dict[str, Any]:
-    _, meta = load_safetensors_with_metadata(d / "model.safetensors")
-    assert meta is not None
-    out: dict[str, Any] = json.loads(meta[QUANTIZATION_KEY])
-    return out
-
-
-KEY = "model.layers.0.mlp.down_proj.weight"
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        (lambda s: "{not json", r"metadata 'kael.quantization' is not JSON"),
-        (lambda s: json.dumps({**s, "version": 2}), r'expected \{"version": 1, "tensors"'),
-        (lambda s: json.dumps([1]), r'expected \{"version": 1, "tensors"'),
-        (
-            lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q7_0", "shape": [64, 128]}}}),
-            rf"tensor '{KEY}' has scheme 'q7_0', expected one of",
-        ),
-        (
-            lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q8_0", "shape": [64, 100]}}}),
-            rf"tensor '{KEY}' has shape \[64, 100\]; q8_0 needs in_features a multiple of 32",
-        ),
-        (
-            lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q8_0", "shape": [64]}}}),
-            rf"tensor '{KEY}' has shape \[64\], expected \[out, in\]",
-        ),
-        (
-            lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q8_0", "shape": [64, 256]}}}),
-            rf"gives '{KEY}' the shape \[64, 256\], the model's module is \[64, 128\]",
-        ),
-        (
-            lambda s: json.dumps({**s, "tensors": {**s["tensors"], KEY: {"scheme": "q4_0", "shape": [64, 128]}}}),
-            rf"'{KEY}' is uint8 \[64, 136\], its quantization metadata needs uint8 \[64, 72\]",
-        ),
-        (
-            lambda s: json.dumps(
-                {**s, "tensors": {**s["tensors"], "model.norm.weight": {"scheme": "q8_0", "shape": [64, 64]}}}
-            ),
-            r"names 'model.norm.weight', which is not a projection or token table",
-        ),
-        (
-            lambda s: json.dumps(
-                {**s, "tensors": {**s["tensors"], "model.bogus.weight": {"scheme": "q8_0", "shape": [64, 64]}}}
-            ),
-            r"names 'model.bogus.weight', which is no module of the model",
-        ),
-        (
-            lambda s: json.dumps(
-                {**s, "tensors": {**s["tensors"], KEY: {"scheme": "q8_0", "shape": [64, 128], "x": 1}}}
-            ),
-            rf"tensor '{KEY}' must be",
-        ),
-    ],
-)
-def test_malformed_quantization_metadata_is_a_format_error(quantized_dir: Path, change: Any, message: str) -> None:
-    _rewrite(quantized_dir / "model.safetensors", meta={QUANTIZATION_KEY: change(_spec(quantized_dir))})
-    with pytest.raises(kael.FormatError, match=message) as info:
-        from_pretrained(quantized_dir)
-    assert "model.safetensors" in str(info.value)
-
-
-def test_metadata_naming_a_missing_tensor_is_a_format_error(quantized_dir: Path) -> None:
-    _rewrite(quantized_dir / "model.safetensors", drop=KEY)
-    with pytest.raises(kael.FormatError, match=rf"missing tensor '{KEY}'") as info:
-        from_pretrained(quantized_dir)
-    assert str(quantized_dir) in str(info.value)
-
-
-def test_a_quantized_tensor_of_the_wrong_bytes_or_dtype_is_a_format_error(quantized_dir: Path) -> None:
-    _rewrite(quantized_dir / "model.safetensors", replace={KEY: kael.zeros(64, 3 * 34, dtype=kael.uint8)})
-    with pytest.raises(
-        kael.FormatError, match=rf"'{KEY}' is uint8 \[64, 102\], its quantization metadata needs uint8 \[64, 136\]"
-    ):
-        from_pretrained(quantized_dir)
-    _rewrite(quantized_dir / "model.safetensors", replace={KEY: kael.zeros(64, 4 * 34, dtype=kael.float32)})
-    with pytest.raises(
-        kael.FormatError, match=rf"'{KEY}' is float32 \[64, 136\], its quantization metadata needs uint8"
-    ):
-        from_pretrained(quantized_dir)
-
-
-def test_a_block_tensor_without_metadata_is_a_format_error(quantized_dir: Path) -> None:
-    tensors, old = load_safetensors_with_metadata(quantized_dir / "model.safetensors")
-    assert old is not None
-    meta = {k: v for k, v in old.items() if k not in (QUANTIZATION_KEY, WEIGHTS_KEY)}
-    save_safetensors(tensors, quantized_dir / "model.safetensors", metadata=meta)
-    with pytest.raises(kael.FormatError, match="model.layers.0"):
-        from_pretrained(quantized_dir)
-
-
-def test_a_quantized_gpt2_checkpoint_is_checked_too(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
-    from_pretrained(checkpoints["gpt2"][0], weights="q4_0").save_pretrained(tmp_path)
-    key = "transformer.h.1.mlp.c_fc.weight"
-    _rewrite(tmp_path / "model.safetensors", replace={key: kael.zeros(256, 2 * 18 - 1, dtype=kael.uint8)})
-    with pytest.raises(kael.FormatError, match=rf"'{key}' has shape \[256, 35\], the model expects \[256, 36\]"):
-        from_pretrained(tmp_path)
-    _rewrite(tmp_path / "model.safetensors", drop=key)
-    with pytest.raises(kael.FormatError, match=rf"missing key\(s\) \['{key}'\]"):
-        from_pretrained(tmp_path)
-
-
-# -- the bundled models' held-out loss (the READMEs' measurement) ----------------------------------
-def _example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_kael_tiny_held_out_loss_in_q8_0_and_q4_0() -> None:
-    """kael-tiny's README: 0.8797 nats/byte on the held-out files (train_gpt.py's final evaluate:
-    16 batches of 16 x 128 from a 12 MB corpus, seed 1234). Q8_0 may add at most 0.5%, Q4_0 3%."""
-    pytest.importorskip("tqdm")
-    from kael_server.loading import bundled_model_dir
-
-    train_gpt = _example("train_gpt")
-    _, held = train_gpt.load_corpus(int(12.0 * 1e6))
-    d = bundled_model_dir("kael-tiny")
-    loss = {w: train_gpt.evaluate(from_pretrained(d, weights=w), held, 16, 16, 128) for w in (None, "q8_0", "q4_0")}
-    assert loss[None] == pytest.approx(0.8797, abs=5e-5)  # the README's figure: the same text
-    assert loss["q8_0"] <= loss[None] * 1.005
-    assert loss["q4_0"] <= loss[None] * 1.03
-    assert loss["q4_0"] != loss[None]  # the weights really changed
-
-
-def test_kael_tiny_chat_held_out_loss_in_q8_0_and_q4_0() -> None:
-    """kael-tiny-chat's README: 2.6741 nats/token on the assistant tokens of the held-out
-    conversations (train_llama.py's final evaluate: 16 batches of 16 x 256, seed 1234)."""
-    pytest.importorskip("tqdm")
-    tokenizers = pytest.importorskip("tokenizers")
-    from kael_server.loading import bundled_model_dir
-
-    train_llama = _example("train_llama")
-    d = bundled_model_dir("kael-tiny-chat")
-    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
-    held = train_llama.encode_examples(tok, [e for e in train_llama.conversations(800) if e.held_out], 256)
-    loss = {w: train_llama.evaluate(from_pretrained(d, weights=w), held, 16, 16, 256) for w in (None, "q8_0", "q4_0")}
-    assert loss[None] == pytest.approx(2.6741, abs=5e-5)
-    assert loss["q8_0"] <= loss[None] * 1.005
-    assert loss["q4_0"] <= loss[None] * 1.03
-    assert loss["q4_0"] != loss[None]
-
-
-# -- python -m kael generate / chat --weights ----------------------------------------------------------
-def test_cli_generate_with_weights(capsys: pytest.CaptureFixture[str]) -> None:
-    from kael.__main__ import main
-    from kael.models._cli import stop_ids
-    from kael.tokenizer import load_tokenizer
-    from kael_server.loading import bundled_model_dir
-
-    d = bundled_model_dir("kael-tiny")
-    tok = load_tokenizer(d)
-    model = from_pretrained(d, weights="q4_0")
-    ids = model.generate(tok.encode("def "), 24)
-    stops = stop_ids(model, tok)
-    cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-    assert main(["generate", "--model", str(d), "--weights", "q4_0", "--max-tokens", "24", "def "]) == 0
-    assert capsys.readouterr().out == tok.decode_text(ids[:cut]) + "\n"
-    with pytest.raises(SystemExit) as info:
-        main(["generate", "--model", str(d), "--weights", "q7_0", "x"])
-    assert info.value.code == 2
-    assert "invalid choice: 'q7_0'" in capsys.readouterr().err
-
-
-def test_cli_chat_with_weights(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import io
-
-    from kael.__main__ import main
-    from kael.models import _registry
-    from kael_server.loading import bundled_model_dir
-
-    loaded: list[Any] = []
-    real = _registry.from_pretrained
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        loaded.append(real(*args, **kwargs))
-        return loaded[-1]
-
-    monkeypatch.setattr(_registry, "from_pretrained", spy)
-    d = bundled_model_dir("kael-tiny-chat")
-    monkeypatch.setattr(sys, "stdin", io.StringIO("Write a Python function `add(a, b)`.\n"))
-    assert main(["chat", "--model", str(d), "--weights", "q8_0", "--max-tokens", "16"]) == 0
-    assert capsys.readouterr().out.strip()
-    assert [m.weights_scheme for m in loaded] == ["q8_0"]
-    assert isinstance(loaded[0].model.layers[0].self_attn.q_proj, QuantizedLinear)

@@ -1,38 +1,29 @@
-"""Tests for kael.tokenizer: GPT-2 byte-level BPE against tiktoken's ids, file validation,
-long runs, the piece cache and the incremental decoder."""
+"""Tests for kael.tokenizer's BpeTokenizer encoding: GPT-2 byte-level BPE against tiktoken's ids (tests/data),
+the loaders, special tokens, round trips of any text, long runs, the pre-tokenizer against GPT-2's own pattern,
+the heap merge loop against the simple one, and the piece cache (bounded, shared by threads). Decoding is
+tested in test_tokenizer_decode.py, malformed and small vocabulary files in test_tokenizer_files.py.
+"""
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 import regex
-from hypothesis import HealthCheck, given, settings
+from bpe_tokenizer_common import DATA, EOT, MIXED, TEXT, byte_token_ids
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from kael._errors import DTypeError, FormatError, IndexError_, KaelError
-from kael.tokenizer import BpeTokenizer, IncrementalDecoder, SupportsDecode, _pretokenize
+from kael._errors import DTypeError, KaelError
+from kael.tokenizer import BpeTokenizer, _pretokenize
 from kael.tokenizer._bpe import MergeTable, merge_long, merge_short
-from kael.tokenizer._bytes import BYTE_TO_CHAR, CHAR_TO_BYTE, token_to_bytes
 from kael.tokenizer._cache import PieceCache
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "gpt2-tokenizer"
 CASES = [json.loads(line) for line in (DATA / "cases.jsonl").read_text(encoding="utf-8").splitlines()]
-EOT = "<|endoftext|>"
 
 # GPT-2's pattern verbatim (kael reorders the alternatives): the oracle for the pre-tokenizer.
 GPT2_REFERENCE = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
-
-TEXT = st.text(alphabet=st.characters(codec="utf-8"))
-# A few characters of every kind the pattern tells apart (letters, numbers, Unicode
-# whitespace and what is not, contraction letters, astral code points), densely mixed.
-MIXED_ALPHABET = list(
-    " \t\n\r\x0b\x0c\x1c\x85\xa0\u1680\u2000\u2028\u3000aZsdmtlvreé\u0301ß1²\u0663'!.,-_<|>"
-    "\U0001f642\U00010400\U0001d7ce\U0002a6d6\ufffd"
-)
-MIXED = st.lists(st.sampled_from(MIXED_ALPHABET), max_size=60).map("".join)
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +35,6 @@ def tok() -> BpeTokenizer:
 def vocab() -> dict[str, int]:
     result: dict[str, int] = json.loads((DATA / "vocab.json").read_text(encoding="utf-8"))
     return result
-
-
-def byte_token_ids(vocab: dict[str, int], data: bytes) -> list[int]:
-    """The one-byte token ids for ``data``, through the vocabulary's byte table."""
-    return [vocab[BYTE_TO_CHAR[b]] for b in data]
 
 
 # -- reference cases -------------------------------------------------------------------
@@ -262,252 +248,3 @@ def test_concurrent_encode(tok: BpeTokenizer) -> None:
     fresh._cache = PieceCache(fresh._bpe, max_entries=512)  # constant eviction while threads race
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(fresh.encode, texts * 3)) == expected * 3
-
-
-# -- decoding --------------------------------------------------------------------------
-
-
-def test_decode_rejects_bad_ids(tok: BpeTokenizer) -> None:
-    for bad in (50257, -1, 10**30):
-        with pytest.raises(IndexError_, match=rf"{bad}.*50257") as info:
-            tok.decode([15496, bad])
-        assert isinstance(info.value, KaelError) and isinstance(info.value, IndexError)
-    with pytest.raises(DTypeError, match="'x'"):
-        tok.decode([1, "x"])  # type: ignore[list-item]
-    with pytest.raises(DTypeError, match="1.5"):
-        tok.decode([1.5])  # type: ignore[list-item]
-
-
-def test_decode_accepts_iterables(tok: BpeTokenizer) -> None:
-    ids = tok.encode("Hello world")
-    assert tok.decode(iter(ids)) == tok.decode(tuple(ids)) == b"Hello world"
-    assert tok.decode([]) == b"" and tok.decode_text([]) == ""
-    assert tok.token_bytes(220) == b" "
-
-
-def test_decode_text_errors(tok: BpeTokenizer, vocab: dict[str, int]) -> None:
-    ids = byte_token_ids(vocab, b"ok\xff")
-    assert tok.decode(ids) == b"ok\xff"
-    assert tok.decode_text(ids) == "ok\ufffd"
-    with pytest.raises(UnicodeDecodeError):
-        tok.decode_text(ids, errors="strict")
-
-
-def test_byte_table() -> None:
-    assert len(set(BYTE_TO_CHAR)) == 256
-    assert BYTE_TO_CHAR[ord(" ")] == "Ġ" and BYTE_TO_CHAR[ord("\n")] == "Ċ" and BYTE_TO_CHAR[ord("A")] == "A"
-    assert all(CHAR_TO_BYTE[c] == b for b, c in enumerate(BYTE_TO_CHAR))
-    assert token_to_bytes("".join(BYTE_TO_CHAR)) == bytes(range(256))
-
-
-# -- incremental decoding ------------------------------------------------------------------
-
-
-def test_incremental_decoder_holds_back_partial_characters(tok: BpeTokenizer, vocab: dict[str, int]) -> None:
-    decoder = tok.incremental_decoder()
-    assert isinstance(decoder, IncrementalDecoder)
-    outputs = [decoder.add(i) for i in byte_token_ids(vocab, b"\xc3\xb1\xe2\x82\xac")]
-    assert outputs == ["", "ñ", "", "", "€"]
-    assert decoder.flush() == ""
-    # An incomplete sequence at the end is flushed as a replacement character.
-    assert decoder.add_many(byte_token_ids(vocab, b"a\xe2\x82")) == "a"
-    assert decoder.flush() == "\ufffd"
-    assert decoder.add(vocab["Hello"]) == "Hello"
-    decoder.add_many(byte_token_ids(vocab, b"\xe2"))
-    decoder.reset()
-    assert decoder.add(vocab["!"]) == "!"
-
-
-@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.one_of(TEXT, MIXED))
-def test_incremental_equals_full_decode_for_text(tok: BpeTokenizer, text: str) -> None:
-    ids = tok.encode(text)
-    decoder = IncrementalDecoder(tok)
-    assert "".join(decoder.add(i) for i in ids) + decoder.flush() == text
-
-
-@settings(deadline=None)
-@given(st.binary(max_size=40))
-def test_incremental_equals_full_decode_for_any_bytes(tok: BpeTokenizer, vocab: dict[str, int], data: bytes) -> None:
-    ids = byte_token_ids(vocab, data)
-    decoder = tok.incremental_decoder()
-    assert "".join(decoder.add(i) for i in ids) + decoder.flush() == tok.decode_text(ids)
-
-
-class _Bytes:
-    """Any tokenizer with ``decode(ids) -> bytes`` (SupportsDecode): here token i is byte i."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[int]] = []
-
-    def decode(self, ids: list[int]) -> bytes:
-        self.calls.append(ids)
-        return bytes(ids)
-
-
-@given(st.binary(max_size=60), st.lists(st.integers(min_value=0, max_value=60), max_size=6))
-def test_incremental_decoder_over_any_byte_tokenizer(data: bytes, cuts: list[int]) -> None:
-    source: SupportsDecode = _Bytes()
-    decoder = IncrementalDecoder(source)
-    bounds = [0, *sorted(c for c in cuts if c <= len(data)), len(data)]
-    pieces = [decoder.add_many(data[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
-    text = "".join(pieces) + decoder.flush()
-    assert text == data.decode("utf-8", errors="replace")  # the oracle: one-shot decoding
-    assert all(isinstance(ids, list) for ids in source.calls)  # what SupportsDecode promises
-
-
-def test_incremental_decoder_errors_argument() -> None:
-    strict = IncrementalDecoder(_Bytes(), errors="strict")
-    assert strict.add(0xC3) == ""
-    with pytest.raises(UnicodeDecodeError):
-        strict.add(0x41)  # C3 41 is no character
-    ignore = IncrementalDecoder(_Bytes(), errors="ignore")
-    assert ignore.add_many(b"a\xffb") == "ab"
-
-
-# -- malformed files -------------------------------------------------------------------
-
-# A small valid byte-level vocabulary: the 256 bytes, two merges, <|endoftext|>.
-SMALL_TOKENS = [*BYTE_TO_CHAR, "Ġt", "he", "<|endoftext|>"]
-SMALL_VOCAB = {t: i for i, t in enumerate(SMALL_TOKENS)}
-SMALL_MERGES = "#version: 0.2\nĠ t\nh e\n"
-
-
-def vocab_json(entries: dict[str, Any] | list[tuple[str, Any]]) -> bytes:
-    items = entries.items() if isinstance(entries, dict) else entries
-    return ("{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in items) + "}").encode()
-
-
-def with_entry(key: str, value: Any) -> dict[str, Any]:
-    return {**SMALL_VOCAB, key: value}
-
-
-def without(key: str) -> dict[str, Any]:
-    entries: dict[str, Any] = {k: v for k, v in SMALL_VOCAB.items() if k != key}
-    return {k: i for i, k in enumerate(entries)}
-
-
-BAD_VOCABS: dict[str, tuple[bytes, str]] = {
-    "not utf-8": (b'{"\xff": 0}', "UTF-8"),
-    "utf-16": ('{"a": 0}'.encode("utf-16"), "UTF-8"),
-    "not json": (b'{"!": 0,', "JSON"),
-    "nested too deeply": (b"[" * 100_000, "JSON"),
-    "array": (b"[1, 2]", "JSON object"),
-    "empty object": (b"{}", "empty"),
-    "id is a string": (vocab_json(with_entry("x", "257")), "integer"),
-    "id is a float": (vocab_json(with_entry("x", 259.0)), "integer"),
-    "id is a bool": (vocab_json(with_entry("x", True)), "integer"),
-    "duplicate token": (vocab_json([*SMALL_VOCAB.items(), ("he", 259)]), "more than once"),
-    "duplicate id": (vocab_json(with_entry("x", 3)), "unique"),
-    "ids not dense": (vocab_json(with_entry("x", 1000)), "dense"),
-    "negative id": (vocab_json({**{k: v + 1 for k, v in SMALL_VOCAB.items()}, "x": -1}), "dense"),
-    "not byte-level": (vocab_json(with_entry("a b", len(SMALL_VOCAB))), "byte-level"),
-    "empty token": (vocab_json(with_entry("", len(SMALL_VOCAB))), "non-empty"),
-    "missing byte": (vocab_json(without(BYTE_TO_CHAR[0x41])), "byte 0x41"),
-}
-
-BAD_MERGES: dict[str, tuple[bytes, str]] = {
-    "not utf-8": (b"#version: 0.2\n\xc3\x28 t\n", "UTF-8"),
-    "one token": ("Ġt\n".encode(), "two tokens"),
-    "three tokens": ("Ġ t x\n".encode(), "two tokens"),
-    "double space": ("Ġ  t\n".encode(), "two tokens"),
-    "leading space": (" Ġ t\n".encode(), "two tokens"),
-    "tab separated": ("Ġ\tt\n".encode(), "two tokens"),
-    "blank line": ("Ġ t\n\nh e\n".encode(), "line 2"),
-    "part not in vocab": ("Ġ t\nhe x\n".encode(), "'he' \\+ 'x'"),
-    "result not in vocab": (b"t h\n", "'th'"),
-    "duplicate merge": ("#version: 0.2\nĠ t\nh e\nĠ t\n".encode(), "line 4.*repeats line 2"),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_VOCABS), ids=list(BAD_VOCABS))
-def test_malformed_vocab(tmp_path: Path, case: str) -> None:
-    data, message = BAD_VOCABS[case]
-    (tmp_path / "vocab.json").write_bytes(data)
-    (tmp_path / "merges.txt").write_bytes(SMALL_MERGES.encode())
-    with pytest.raises(FormatError, match=message) as info:
-        BpeTokenizer.from_directory(tmp_path)
-    assert str(tmp_path / "vocab.json") in str(info.value)
-
-
-@pytest.mark.parametrize("case", list(BAD_MERGES), ids=list(BAD_MERGES))
-def test_malformed_merges(tmp_path: Path, case: str) -> None:
-    data, message = BAD_MERGES[case]
-    (tmp_path / "vocab.json").write_bytes(vocab_json(SMALL_VOCAB))
-    (tmp_path / "merges.txt").write_bytes(data)
-    with pytest.raises(FormatError, match=message) as info:
-        BpeTokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    assert str(tmp_path / "merges.txt") in str(info.value)
-
-
-@pytest.mark.parametrize(
-    "merges",
-    [SMALL_MERGES, "Ġ t\nh e\n", "Ġ t\nh e", "#version: 0.2\r\nĠ t\r\nh e\r\n", "#version: 0.2\n", ""],
-    ids=["header", "no header", "no final newline", "crlf", "header only", "empty"],
-)
-def test_small_valid_files(merges: str) -> None:
-    tok = BpeTokenizer.from_bytes(vocab_json(SMALL_VOCAB), merges.encode())
-    assert tok.vocab_size == 259 and tok.eot_token == 258
-    text = "the tea, 🙂"
-    ids = tok.encode(text)
-    assert tok.decode(ids) == text.encode()
-    if "h e" in merges:
-        assert ids[:2] == [SMALL_VOCAB["t"], SMALL_VOCAB["he"]]
-
-
-def test_in_memory_data_is_validated() -> None:
-    with pytest.raises(FormatError, match=r"merges\[1\].*pair"):
-        BpeTokenizer(SMALL_VOCAB, [("Ġ", "t"), ("h",)])  # type: ignore[list-item]
-    with pytest.raises(FormatError, match=r"merges\[0\].*not in the vocabulary"):
-        BpeTokenizer(SMALL_VOCAB, [("x", "y")])
-    with pytest.raises(FormatError, match="dense"):
-        BpeTokenizer({**SMALL_VOCAB, "x": 500}, [])
-    with pytest.raises(FormatError, match="integer"):
-        BpeTokenizer({**SMALL_VOCAB, "x": "259"}, [])  # type: ignore[dict-item]
-
-
-def test_vocabulary_without_endoftext() -> None:
-    tok = BpeTokenizer(without("<|endoftext|>"), [])  # Ġt and he: unreachable, still not special
-    assert tok.special_tokens == {}
-    with pytest.raises(KaelError, match="endoftext"):
-        tok.eot_token  # noqa: B018
-    assert tok.encode("<|endoftext|>", allowed_special="all") == tok.encode("<|endoftext|>")
-
-
-def test_declared_special_tokens() -> None:
-    vocab = {**SMALL_VOCAB, "<pad>": len(SMALL_VOCAB)}
-    tok = BpeTokenizer.from_bytes(vocab_json(vocab), SMALL_MERGES.encode(), special_tokens=["<pad>", EOT])
-    assert tok.special_tokens == {"<pad>": 259, EOT: 258}
-    assert tok.encode("a<pad>", allowed_special={"<pad>"}) == [SMALL_VOCAB["a"], 259]
-    assert tok.decode([259, 258]) == b"<pad><|endoftext|>"
-    with pytest.raises(FormatError, match="'<mask>' is not in the vocabulary"):
-        BpeTokenizer(vocab, [], special_tokens=["<mask>"])
-
-
-@st.composite
-def mutated(draw: st.DrawFn, data: bytes) -> bytes:
-    """``data`` with a few random byte edits (replace, insert, delete) or truncated."""
-    result = bytearray(data)
-    for _ in range(draw(st.integers(1, 4))):
-        position = draw(st.integers(0, len(result)))
-        kind = draw(st.sampled_from(["replace", "insert", "delete", "truncate"]))
-        if kind == "truncate":
-            del result[position:]
-        elif kind == "insert":
-            result[position:position] = draw(st.binary(min_size=1, max_size=3))
-        elif position < len(result):
-            if kind == "delete":
-                del result[position]
-            else:
-                result[position] = draw(st.integers(0, 255))
-    return bytes(result)
-
-
-@settings(deadline=None, max_examples=300)
-@given(st.one_of(mutated(vocab_json(SMALL_VOCAB)), st.binary(max_size=64)), mutated(SMALL_MERGES.encode()))
-def test_mutated_files_load_or_raise_format_error(vocab_bytes: bytes, merges_bytes: bytes) -> None:
-    try:
-        tok = BpeTokenizer.from_bytes(vocab_bytes, merges_bytes)
-    except FormatError:
-        return
-    assert tok.decode(tok.encode("the tea")) == b"the tea"

@@ -1,5 +1,5 @@
 """FakeBatchEngine: a BatchEngine with FakeModel's token rules per row, to drive the batch
-scheduler through joins, failures and chunked prefills (tests/server/test_batching.py)."""
+scheduler through joins, failures and chunked prefills (tests/server/test_batching*.py)."""
 
 from __future__ import annotations
 
