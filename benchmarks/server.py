@@ -7,6 +7,7 @@ and, with ``--load``, K concurrent streaming clients against a batching server.
     python benchmarks/server.py --load --random-gpt2 4,4,256 --clients 1,2,4,8 --max-tokens 64
     python benchmarks/server.py --load --random-gpt2 small --weights q8_0 --llama-server   # and llama.cpp's
     python benchmarks/server.py --load --data model.gguf --llama-server build/llama.cpp/bin/llama-server
+    python benchmarks/server.py --prefix 768 --random-gpt2 small  # a default server: a repeated prefix's TTFT
 
 With ``--data`` a directory lacking vocab.json / merges.txt gets them from
 tests/data/gpt2-tokenizer. ``--random-gpt2`` builds the checkpoint with kael (``small`` or
@@ -15,6 +16,11 @@ mode starts the server with ``--slots`` (default 8) and a queue as deep, sweeps 
 ``--passes`` passes (default 3), and reports for each K: aggregate tokens/s (all tokens over
 the wall time of a pass; the median pass, and every pass), per-stream tokens/s after the first
 token (median), p50/p99 time to first token, and errors. Prints one JSON object.
+
+``--prefix N`` starts kael-server with no flags (its defaults) and times a one-token completion
+of a fresh random N-token prefix plus 16 tokens, then of the same prefix with another 16
+(``--streams`` rounds): the miss, the hit, the hit's ``cached_tokens`` and the miss/hit ratio
+(benchmarks/_prefix_client.py).
 
 ``--weights S`` (any of kael-server's) is passed to the kael-server it starts. With
 ``--llama-server [PATH]`` (default: the binary ``scripts/build_llama_cpp.sh`` built into its cache,
@@ -43,6 +49,7 @@ from typing import Any
 
 import httpx
 from _llama_cpp_bench import find_tool
+from _prefix_client import measure_prefix
 from _server_client import free_port, measure, measure_load, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,6 +170,14 @@ def main() -> None:
         help="build a GPT-2 with random weights with kael (small, or LAYERS,HEADS,DIM[,CONTEXT]) and serve it",
     )
     parser.add_argument("--load", action="store_true", help="K concurrent streaming clients (see --clients)")
+    parser.add_argument(
+        "--prefix",
+        type=int,
+        default=None,
+        metavar="N",
+        help="time to first token of an N-token prefix sent twice (a miss, then a prefix-cache hit), "
+        "against a kael-server started with no flags (its defaults)",
+    )
     parser.add_argument("--clients", default="1,2,4,8", help="with --load: the values of K, comma-separated")
     parser.add_argument("--slots", type=int, default=8, help="with --load and a started server: its --slots")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="with --load: tokens of each prompt")
@@ -198,9 +213,13 @@ def main() -> None:
             parser.error(f"--llama-server: {args.llama_server} does not exist (build it: scripts/build_llama_cpp.sh)")
         if args.data is not None and args.data.suffix.lower() != ".gguf":
             parser.error("--llama-server with --data needs a .gguf file (llama.cpp reads GGUF only)")
+    if args.prefix is not None and (args.load or args.llama_server is not None or args.prefix < 1):
+        parser.error("--prefix N (N >= 1) measures kael-server alone: not with --load or --llama-server")
     clients = [int(k) for k in args.clients.split(",")]
 
     def run(url: str) -> dict[str, Any]:
+        if args.prefix is not None:
+            return measure_prefix(url, args.prefix, 16, args.streams)
         if args.load:
             return measure_load(url, clients, args.prompt_tokens, args.max_tokens, args.rounds, args.passes)
         return measure(url, args.seconds, args.streams, args.prompt)
