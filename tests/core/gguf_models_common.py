@@ -2,7 +2,8 @@
 the weight schemes kael exports, the bundled kael-tiny-chat checkpoint's directory, a random GPT-2
 checkpoint with GPT-2's real vocabulary (``write_random_gpt2``), a model's logits without gradients
 (``logits_of``), a checkpoint exported to GGUF once per scheme (``export``, cached beside the
-checkpoint) and a GGUF file rewritten with changed metadata or tensors (``rewrite``).
+checkpoint) and a GGUF file rewritten with changed metadata or tensors (``rewrite``), and
+the script that runs llama.cpp's converter on a test tokenizer (``CONVERT``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,32 @@ from hf_fixtures import GPT2_DATA
 from kael.models import from_pretrained, save_gguf
 from kael.tokenizer import load_tokenizer
 
-__all__ = ["KAEL_TINY_CHAT", "SCHEMES", "TEXT", "export", "logits_of", "rewrite", "write_random_gpt2"]
+__all__ = ["CONVERT", "KAEL_TINY_CHAT", "SCHEMES", "TEXT", "export", "logits_of", "rewrite", "write_random_gpt2"]
 
 SCHEMES = (None, "f16", "bf16", "q8_0", "q4_0")
 TEXT = "The quick brown fox, 12345 apples; it's <|endoftext|> done."
 KAEL_TINY_CHAT = (
     Path(__file__).resolve().parents[2] / "kael_server" / "src" / "kael_server" / "models" / "kael-tiny-chat"
 )
+
+
+#: ``python -c CONVERT LLAMA_CPP_SOURCE PRE_TOKENIZER CONVERTER_ARGS...``: llama.cpp's convert_hf_to_gguf.py
+#: with the pre-tokenizer named (its hash table does not know the test tokenizers).
+CONVERT = """
+import sys
+root, pre = sys.argv[1], sys.argv[2]
+sys.path[:0] = [root, root + "/gguf-py"]
+import convert_hf_to_gguf as c
+try:
+    import conversion.base as b
+except ImportError:
+    b = c
+# llama.cpp names a tokenizer's pre-tokenizer by hashing known tokenizers' output; these test
+# tokenizers are not in its table, so the test tells it which split they use.
+b.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[3:]]
+c.main()
+"""
 
 
 def logits_of(model: Any, ids: list[int]) -> np.ndarray:

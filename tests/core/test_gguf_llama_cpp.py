@@ -17,6 +17,7 @@ import kael
 import llama_cpp_tools
 import numpy as np
 import pytest
+from gguf_models_common import CONVERT as _CONVERT
 from gguf_models_common import KAEL_TINY_CHAT, SCHEMES, TEXT, write_random_gpt2
 from gguf_models_common import export as _export
 from gguf_models_common import logits_of as _logits
@@ -109,22 +110,6 @@ def test_llama_cpp_tokenizes_as_kael(request: pytest.FixtureRequest, root: Path,
 
 
 # -- files written by llama.cpp's own converter (optional: KAEL_LLAMA_CPP_DIR, a llama.cpp source tree) --
-
-_CONVERT = """
-import sys
-root, pre = sys.argv[1], sys.argv[2]
-sys.path[:0] = [root, root + "/gguf-py"]
-import convert_hf_to_gguf as c
-try:
-    import conversion.base as b
-except ImportError:
-    b = c
-# llama.cpp names a tokenizer's pre-tokenizer by hashing known tokenizers' output; these test
-# tokenizers are not in its table, so the test tells it which split they use.
-b.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[3:]]
-c.main()
-"""
 
 
 @pytest.mark.parametrize("outtype", ["f32", "bf16", "q8_0"])

@@ -1,4 +1,4 @@
-"""Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama.
+"""Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama, Qwen3.
 
 NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
 ``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
@@ -42,6 +42,7 @@ from ._steps import GenericStep, decode_step
 from ._weights import WEIGHTS, QuantizedTable
 from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 from .llama import LlamaConfig, LlamaForCausalLM
+from .qwen3 import Qwen3Config, Qwen3ForCausalLM
 
 __all__ = [
     "CausalLM",
@@ -69,6 +70,8 @@ __all__ = [
     "GPTConfig",
     "LlamaForCausalLM",
     "LlamaConfig",
+    "Qwen3ForCausalLM",
+    "Qwen3Config",
     "PagedKVCache",
     "PagedStep",
     "KVCacheFull",

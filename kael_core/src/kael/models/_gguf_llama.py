@@ -1,6 +1,7 @@
-"""GGUF's ``llama`` and ``qwen2`` architectures, mapped onto ``kael.models.LlamaForCausalLM``.
+"""GGUF's ``llama``, ``qwen2`` and ``qwen3`` architectures, mapped onto ``kael.models.LlamaForCausalLM``
+(``kael.models.qwen3.Qwen3ForCausalLM`` for ``qwen3``).
 
-llama.cpp's names (``gguf`` ``MODEL_ARCH.LLAMA`` / ``QWEN2``), row-major shapes for C hidden,
+llama.cpp's names (``gguf`` ``MODEL_ARCH.LLAMA`` / ``QWEN2`` / ``QWEN3``), row-major shapes for C hidden,
 H heads, Hkv key/value heads, D head_dim, F intermediate, V vocabulary:
 
     token_embd.weight [V, C]        model.embed_tokens     output_norm.weight [C]  model.norm
@@ -12,9 +13,11 @@ H heads, Hkv key/value heads, D head_dim, F intermediate, V vocabulary:
     blk.N.ffn_gate.weight [F, C]    ...mlp.gate_proj       blk.N.ffn_up.weight [F, C]  ...up_proj
     blk.N.ffn_down.weight [C, F]    ...mlp.down_proj
 
-with ``.bias`` tensors for q/k/v (qwen2 always; llama with ``attention_bias``, which also has
-``attn_output.bias``) and gate/up/down (llama's ``mlp_bias``). A llama file's q and k rows
-(weights and biases) are in GGML's rope order (NOTE [gguf rope rows] in ``_gguf.py``).
+with ``.bias`` tensors for q/k/v (qwen2 always; llama and qwen3 with ``attention_bias``, which
+also has ``attn_output.bias``) and gate/up/down (llama's ``mlp_bias``). qwen3 adds each layer's
+per-head norms ``blk.N.attn_q_norm.weight`` [D] (``self_attn.q_norm``) and ``attn_k_norm``. A
+llama file's q and k rows (weights and biases) are in GGML's rope order (NOTE [gguf rope rows] in
+``_gguf.py``); qwen2's and qwen3's are not (NEOX rope).
 Mistral checkpoints are written as ``llama``, as llama.cpp's converter does.
 
 Metadata (``{arch}.``): ``context_length``, ``embedding_length``, ``feed_forward_length``,
@@ -38,6 +41,7 @@ import numpy as np
 from .._errors import FormatError, KaelError
 from ._gguf import ROLE_FLOAT, ROLE_LINEAR, ROLE_TABLE, TensorSpec, meta_float, meta_int
 from .llama import LlamaConfig, LlamaForCausalLM, RopeScaling
+from .qwen3 import Qwen3Config, Qwen3ForCausalLM
 
 __all__ = [
     "ARCHITECTURES",
@@ -53,7 +57,7 @@ __all__ = [
     "gguf_metadata",
 ]
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _TABLE, _HEAD, _ROPE_FREQS = "token_embd.weight", "output.weight", "rope_freqs.weight"
 
 
@@ -79,7 +83,8 @@ def _rope_scaling(arch: str, metadata: Mapping[str, Any], where: str) -> RopeSca
 
 
 def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mapping[str, Any], where: str) -> LlamaConfig:
-    """The LlamaConfig of a ``llama`` / ``qwen2`` GGUF file (biases and tying from which tensors it has)."""
+    """The LlamaConfig of a ``llama`` / ``qwen2`` / ``qwen3`` GGUF file (biases and tying from which tensors it
+    has; a Qwen3Config for ``qwen3``)."""
     a = arch
     c = meta_int(metadata, f"{a}.embedding_length", where)
     heads = meta_int(metadata, f"{a}.attention.head_count", where)
@@ -100,8 +105,9 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
     vocab = meta_int(metadata, f"{a}.vocab_size", where, rows)
     qkv_bias = "blk.0.attn_q.bias" in tensors or a == "qwen2"
     eos = _token_id(metadata, "eos")
+    cls = Qwen3Config if a == "qwen3" else LlamaConfig
     try:
-        return LlamaConfig(
+        return cls(
             vocab_size=vocab,
             hidden_size=c,
             intermediate_size=meta_int(metadata, f"{a}.feed_forward_length", where),
@@ -115,9 +121,9 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
             rope_scaling=_rope_scaling(a, metadata, where),
             tie_word_embeddings=_HEAD not in tensors,
             qkv_bias=qkv_bias,
-            o_bias=a == "llama" and "blk.0.attn_output.bias" in tensors,
+            o_bias=a in ("llama", "qwen3") and "blk.0.attn_output.bias" in tensors,
             mlp_bias=a == "llama" and "blk.0.ffn_gate.bias" in tensors,
-            model_type="qwen2" if a == "qwen2" else "llama",
+            model_type=a if a in ("qwen2", "qwen3") else "llama",
             bos_token_id=_token_id(metadata, "bos"),
             eos_token_id=eos,
             rope_freq_factors=_freq_factors(tensors, hd, where),
@@ -129,7 +135,7 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
 
 
 def _arch(config: LlamaConfig) -> str:
-    return "qwen2" if config.model_type == "qwen2" else "llama"
+    return config.model_type if config.model_type in ("qwen2", "qwen3") else "llama"
 
 
 def tensor_specs(config: LlamaConfig) -> list[TensorSpec]:
@@ -153,6 +159,9 @@ def tensor_specs(config: LlamaConfig) -> list[TensorSpec]:
         )
         specs.append(TensorSpec(f"{b}attn_norm.weight", f"{m}input_layernorm.weight", (c,)))
         specs.append(TensorSpec(f"{b}ffn_norm.weight", f"{m}post_attention_layernorm.weight", (c,)))
+        if config.qk_norm:
+            specs.append(TensorSpec(f"{b}attn_q_norm.weight", f"{m}self_attn.q_norm.weight", (d,)))
+            specs.append(TensorSpec(f"{b}attn_k_norm.weight", f"{m}self_attn.k_norm.weight", (d,)))
         for gg, kael, out_f, in_f, rope, bias in attn:
             specs.append(
                 TensorSpec(f"{b}{gg}.weight", f"{m}{kael}.weight", (out_f, in_f), ROLE_LINEAR, rope_heads=rope)
@@ -194,7 +203,8 @@ def export_specs(model: LlamaForCausalLM) -> list[TensorSpec]:
 
 
 def new_model(config: LlamaConfig, device: Any) -> LlamaForCausalLM:
-    return LlamaForCausalLM(config, device=device, init=False)
+    cls = Qwen3ForCausalLM if isinstance(config, Qwen3Config) else LlamaForCausalLM
+    return cls(config, device=device, init=False)
 
 
 def check_extra(f: Any, where: str) -> None:

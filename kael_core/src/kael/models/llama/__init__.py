@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .._registry import ModelFamily
 from ._checkpoint import from_pretrained, save_pretrained
-from ._config import MODEL_TYPES, ROPE_TYPES, LlamaConfig, RopeScaling, hf_config, read_config
+from ._config import MODEL_TYPES, ROPE_TYPES, LlamaConfig, RopeScaling, config_from_dict, hf_config, read_config
 from ._model import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -37,6 +37,7 @@ __all__ = [
     "from_pretrained",
     "save_pretrained",
     "read_config",
+    "config_from_dict",
     "hf_config",
     "inverse_frequencies",
     "attention_scaling",

@@ -49,7 +49,6 @@ from .._weights import (
     read_quantization,
     replace_module,
 )
-from ._config import hf_config, read_config
 from ._model import LlamaForCausalLM
 
 __all__ = ["from_pretrained", "save_pretrained", "fuse_projections", "CONFIG_NAME"]
@@ -75,7 +74,13 @@ def _target_dtype(dtype: Any) -> dt.DType | None:
 
 
 def from_pretrained(
-    directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
+    directory: Any,
+    device: Any = "cpu",
+    *,
+    mmap: bool = False,
+    dtype: Any = None,
+    weights: Any = None,
+    model_class: type[LlamaForCausalLM] = LlamaForCausalLM,
 ) -> LlamaForCausalLM:
     """A LlamaForCausalLM from a Hugging Face llama/qwen2/mistral checkpoint directory, in eval mode.
 
@@ -83,17 +88,18 @@ def from_pretrained(
     weights after loading (NOTE [weights choice] in kael/models/_weights.py). A quantized
     checkpoint (``save_pretrained`` of a quantized model, NOTE [quantized checkpoint]) loads as
     it was saved: its quantized modules are rebuilt, then every tensor is checked and loaded.
+    ``model_class``: a family built on this one (a subclass, which reads its own ``config.json``).
     """
     d = Path(directory)
     if not d.is_dir():
         raise FormatError(f"LlamaForCausalLM.from_pretrained: {_where(d)} is not a directory")
     where = "LlamaForCausalLM.from_pretrained"
     scheme = check_weights(weights, where)
-    config = read_config(d / CONFIG_NAME)
+    config = model_class.read_config(d / CONFIG_NAME)
     specs, stored, file = read_quantization(d)
     check_weights_dtype(stored or scheme, dtype, where)
     target = _target_dtype(dtype)
-    model = LlamaForCausalLM(config, device=device, dtype=target or dt.float32, init=False)
+    model = model_class(config, device=device, dtype=target or dt.float32, init=False)
     if specs:
         for _, parent, attr, module in list(quantized_modules(model, specs, _key, f"Llama {file}")):
             replace_module(parent, attr, module)
@@ -200,6 +206,6 @@ def save_pretrained(model: LlamaForCausalLM, directory: Any) -> None:
     d.mkdir(parents=True, exist_ok=True)
     tensors = {name: detach(t) for name, t in model.state_dict().items()}
     save_checkpoint_tensors(d, tensors, metadata={"format": "pt", **quantization_metadata(model, _key)})
-    text = json.dumps(hf_config(model.config, model.dtype.name), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(model.hf_config(), indent=2, sort_keys=True) + "\n"
     with atomic_write(d / CONFIG_NAME) as f:
         f.write(text.encode("utf-8"))

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from ..._errors import FormatError, KaelError, ShapeError
 from .._registry import read_config_json
 
-__all__ = ["LlamaConfig", "RopeScaling", "read_config", "hf_config", "MODEL_TYPES", "ROPE_TYPES"]
+__all__ = ["LlamaConfig", "RopeScaling", "read_config", "config_from_dict", "hf_config", "MODEL_TYPES", "ROPE_TYPES"]
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 #: The rotary scalings kael computes (transformers' ``ROPE_INIT_FUNCTIONS`` names), with their required fields.
@@ -60,7 +61,13 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """The shape of a Llama-family model; field names are those of transformers' ``LlamaConfig``."""
+    """The shape of a Llama-family model; field names are those of transformers' ``LlamaConfig``.
+
+    A family built on this one (``kael.models.qwen3``) subclasses it with its own ``model_types``.
+    """
+
+    model_types: ClassVar[tuple[str, ...]] = MODEL_TYPES
+    """The ``model_type`` values this class describes."""
 
     vocab_size: int = 32000
     hidden_size: int = 4096
@@ -84,6 +91,9 @@ class LlamaConfig:
     rope_freq_factors: tuple[float, ...] | None = None
     """Per-dimension divisors of the rotary inverse frequencies [head_dim / 2] (a GGUF file's ``rope_freqs``
     tensor, llama.cpp's ``freq_factors``, as its converter writes Llama 3.1's scaling); no Hugging Face field."""
+    qk_norm: bool = False
+    """Each query and key head is RMS-normalised over head_dim before rope (``self_attn.q_norm`` and
+    ``k_norm``, weights [head_dim]): Qwen3's attention; no Hugging Face field (the model type implies it)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
@@ -113,8 +123,10 @@ class LlamaConfig:
         th = self.rope_theta
         if isinstance(th, bool) or not isinstance(th, (int, float)) or not math.isfinite(th) or th <= 1:
             raise ShapeError(f"LlamaConfig: rope_theta must be a finite number > 1, got {th!r}")
-        if self.model_type not in MODEL_TYPES:
-            raise ShapeError(f"LlamaConfig: model_type must be one of {list(MODEL_TYPES)}, got {self.model_type!r}")
+        if self.model_type not in self.model_types:
+            raise ShapeError(
+                f"{type(self).__name__}: model_type must be one of {list(self.model_types)}, got {self.model_type!r}"
+            )
         if self.rope_scaling.rope_type not in ROPE_TYPES:
             raise ShapeError(f"LlamaConfig: rope type {self.rope_scaling.rope_type!r} is not supported")
         ff = self.rope_freq_factors
@@ -210,10 +222,16 @@ def _rope(d: dict[str, Any], fail: Any) -> tuple[float, RopeScaling]:
 def read_config(path: Any) -> LlamaConfig:
     """A LlamaConfig from a Hugging Face llama/qwen2/mistral ``config.json`` (a file or its directory)."""
     d, p = read_config_json(path, "Llama config")
+    return config_from_dict(d, p)
+
+
+def config_from_dict(d: dict[str, Any], p: Path, what: str = "Llama config") -> LlamaConfig:
+    """A LlamaConfig from the dictionary of the ``config.json`` at ``p`` (errors: FormatError naming
+    ``what``, the file and the field); the reader a family built on this one calls on its own dict."""
     where = repr(os.fspath(p))
 
     def fail(msg: str) -> Any:
-        raise FormatError(f"Llama config {where}: {msg}")
+        raise FormatError(f"{what} {where}: {msg}")
 
     mt = d.get("model_type")
     if not isinstance(mt, str) or mt not in MODEL_TYPES:

@@ -11,6 +11,7 @@ heads, Hkv key/value heads (H % Hkv == 0), D = head_dim, F = intermediate_size:
     per layer (LlamaDecoderLayer.forward):
       h    = rms_norm(x, input_layernorm)
       q    = rope(q_proj(h) as [B, H, T, D]), k = rope(k_proj(h) as [B, Hkv, T, D])
+             (qk_norm, Qwen3: q_norm/k_norm RMSNorm over D on each head before rope)
       v    = v_proj(h) as [B, Hkv, T, D]
       y    = attention(q, k, v, causal)  (k, v: cached + new; query head h reads kv head h // (H/Hkv))
       x    = x + o_proj(y as [B, T, H*D])
@@ -58,7 +59,7 @@ from ...ops import (
 from .._base import CausalLMBase
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
-from ._config import LlamaConfig
+from ._config import LlamaConfig, hf_config, read_config
 from ._rope import rope_tables
 
 __all__ = ["LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "Projection", "Table"]
@@ -108,7 +109,8 @@ class Table(Module):
 
 
 class LlamaAttention(Module):
-    """Grouped-query self-attention with rotary q and k (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``)."""
+    """Grouped-query self-attention with rotary q and k (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``;
+    with ``config.qk_norm``, per-head RMSNorms ``q_norm`` and ``k_norm`` [D] before rope)."""
 
     def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
         super().__init__()
@@ -118,14 +120,21 @@ class LlamaAttention(Module):
         self.k_proj = Projection(c, kv * d, config.qkv_bias, device, dtype)
         self.v_proj = Projection(c, kv * d, config.qkv_bias, device, dtype)
         self.o_proj = Projection(h * d, c, config.o_bias, device, dtype)
+        if config.qk_norm:  # Qwen3: each head of q and k RMS-normalised over D before rope
+            self.q_norm = RMSNorm(d, eps=config.rms_norm_eps, device=device, dtype=dtype)
+            self.k_norm = RMSNorm(d, eps=config.rms_norm_eps, device=device, dtype=dtype)
+        self.qk_norm = config.qk_norm
 
     def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
         """x [B, T, C] -> [B, T, C]; rot = (cos, sin, positions [B, T]); ``step`` the cache step or None."""
         b, t, _ = x.shape
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         cos, sin, pos = rot
-        q = rope(transpose(view(self.q_proj(x), b, t, h, d), 1, 2), cos, sin, pos)  # [B, H, T, D]
-        k = rope(transpose(view(self.k_proj(x), b, t, kv, d), 1, 2), cos, sin, pos)  # [B, Hkv, T, D]
+        q, k = view(self.q_proj(x), b, t, h, d), view(self.k_proj(x), b, t, kv, d)  # [B, T, H(kv), D]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rope(transpose(q, 1, 2), cos, sin, pos)  # [B, H, T, D]
+        k = rope(transpose(k, 1, 2), cos, sin, pos)  # [B, Hkv, T, D]
         v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
         if step is None:
             y = attention(q, k, v, causal=True)
@@ -223,7 +232,16 @@ class LlamaForCausalLM(CausalLMBase):
         ``weights`` as ``kael.models.from_pretrained``'s (NOTE [weights choice] in kael/models/_weights.py)."""
         from ._checkpoint import from_pretrained
 
-        return from_pretrained(directory, device=device, mmap=mmap, dtype=dtype, weights=weights)
+        return from_pretrained(directory, device=device, mmap=mmap, dtype=dtype, weights=weights, model_class=cls)
+
+    @staticmethod
+    def read_config(path: Any) -> LlamaConfig:
+        """The config of a checkpoint's ``config.json`` (a family built on this class reads its own)."""
+        return read_config(path)
+
+    def hf_config(self) -> dict[str, Any]:
+        """The ``config.json`` dictionary ``save_pretrained`` writes (``kael.models.llama.hf_config``)."""
+        return hf_config(self.config, self.dtype.name)
 
     def save_pretrained(self, directory: Any) -> None:
         """Write ``config.json`` and ``model.safetensors`` that transformers and kael read."""
@@ -234,7 +252,7 @@ class LlamaForCausalLM(CausalLMBase):
     def reset_parameters(self, generator: Any = None, std: float = 0.02) -> None:
         """transformers' initialisation: N(0, std) projections and embeddings, zero biases, unit norm weights."""
         for name, p in self.named_parameters():
-            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            if name.endswith("norm.weight"):  # input/post_attention_layernorm, q_norm, k_norm, model.norm
                 init.ones_(p)
             elif name.endswith("bias"):
                 init.zeros_(p)

@@ -3,9 +3,11 @@
 The same design as ``GPT2DecodeStep`` (``kael/models/gpt2/_step.py``): every activation
 buffer is allocated once for all the cache's rows, views of the first n rows are made
 once per n (NOTE [decode buffers] in ``_decode_buffers.py``), and a step calls the
-backend's kernels directly (NOTE [kernel contract] in kael/_ops.py), batched over the step's rows except where a row reads its own cache:
+backend's kernels directly (NOTE [kernel contract] in kael/_ops.py), batched over
+the step's rows except where a row reads its own cache:
 
-    rms_norm -> linear(q_proj, k_proj, v_proj) -> rope(q), rope(k) at each row's position
+    rms_norm -> linear(q_proj, k_proj, v_proj) [-> rms_norm(q_norm), rms_norm(k_norm) per head: qk_norm]
+    -> rope(q), rope(k) at each row's position
     -> per row: copy(new k, v into its cache row), attention (GQA: Hkv cached heads)
     -> linear(o_proj) -> add(residual) -> rms_norm -> linear(gate_proj, up_proj)
     -> silu_mul -> linear(down_proj) -> add(residual)
@@ -59,7 +61,8 @@ class _Layer(NamedTuple):
     """One layer's weights as the step consumes them (projections as ``Proj``: [out, in] or a weight format).
 
     qkv / gate_up: the fused [(H + 2 Hkv) * D, C] / [2F, C] projections when the parts are
-    adjacent (and in one format), else None (and the separate ones are used).
+    adjacent (and in one format), else None (and the separate ones are used). q_norm / k_norm:
+    the per-head RMSNorm weights [D] of a ``qk_norm`` config (Qwen3), else None.
     """
 
     qkv: Proj | None
@@ -73,6 +76,8 @@ class _Layer(NamedTuple):
     gate: Proj
     up: Proj
     down: Proj
+    q_norm: Tensor | None
+    k_norm: Tensor | None
 
 
 def _adjacent(ts: list[Tensor | None]) -> Tensor | None:
@@ -128,6 +133,8 @@ def _layers(model: LlamaForCausalLM) -> list[_Layer]:
                 gate,
                 up,
                 projection(m.down_proj),
+                a.q_norm.weight if a.qk_norm else None,
+                a.k_norm.weight if a.qk_norm else None,
             )
         )
     return out
@@ -162,6 +169,8 @@ class LlamaDecodeStep:
         self.eps, self.scale = cfg.rms_norm_eps, 1.0 / math.sqrt(d)
         self.arange = arange(cache.max_positions, dtype=dt.int64, device=dev)
         kvw, w3 = 2 * kv * d, (h + 2 * kv) * d
+        # qk_norm (Qwen3): q and k normalised per head into qn / kn (statistics [n, H(kv), 1]), then rotated.
+        heads_norm = {"qn": (h, 1, d), "kn": (kv, 1, d), "qrstd": (h, 1), "krstd": (kv, 1)} if cfg.qk_norm else {}
         # NOTE [decode buffers]: every activation, one row per sequence of the step, and the views the
         # kernels take of them (q, k, v as heads; the parts of the fused q/k/v and gate/up products).
         self.buf = DecodeBuffers(
@@ -184,8 +193,9 @@ class LlamaDecodeStep:
                 "up": (1, f),
                 "act": (1, f),
                 "logits": (1, model.vocab_size),
+                **heads_norm,
             },
-            stats=("rstd",),
+            stats=("rstd", "qrstd", "krstd"),
             views={
                 "x2": View("x", (c,), (1,)),
                 "q4": View("q", (h, 1, d), (d, h * d, 1)),  # q as [n, H, 1, D]
@@ -264,15 +274,19 @@ class LlamaDecodeStep:
             rms_norm(norm, rstd, x, w.in_norm, eps)
             if w.qkv is not None:
                 linear(qkv, norm, w.qkv)
-                rope(qrot, q4f, cos, sin, where)
-                rope(krot, k4f, cos, sin, where)
                 copy(vout, vf)
+                q_in, k_in = q4f, k4f
             else:
                 linear(q, norm, w.q)
                 linear(kraw, norm, w.k)
                 linear(vout, norm, w.v)
-                rope(qrot, q4, cos, sin, where)
-                rope(krot, k4, cos, sin, where)
+                q_in, k_in = q4, k4
+            if w.q_norm is not None and w.k_norm is not None:  # per head, over D (qk_norm)
+                rms_norm(v["qn"], v["qrstd"], q_in, w.q_norm, eps)
+                rms_norm(v["kn"], v["krstd"], k_in, w.k_norm, eps)
+                q_in, k_in = v["qn"], v["kn"]
+            rope(qrot, q_in, cos, sin, where)
+            rope(krot, k_in, cos, sin, where)
             cache.attend_rows(k, li, ctx, qs, kvs, atts, scale, q_all, att_all)
             linear(proj, att_flat, w.o)
             add_k(x, x, proj)

@@ -1,0 +1,103 @@
+"""``Qwen3Config``: the shape of a Qwen3 (dense) model, and its Hugging Face ``config.json``.
+
+Qwen3 is the Llama family's model with three differences: each query and key head is
+RMS-normalised over ``head_dim`` before rope (``qk_norm``: ``self_attn.q_norm`` and
+``k_norm``), ``head_dim`` is an explicit field (it may differ from hidden / heads), and
+``attention_bias`` puts a bias on q, k, v and o (false in the released models); the MLP has
+no bias. ``read_config`` checks the Qwen3-only fields, then reads the rest with the Llama
+reader (``kael.models.llama.config_from_dict``: rope layouts, sizes, token ids), so every
+value kael cannot run is a FormatError naming the file and the field.
+
+Sliding windows: transformers applies ``sliding_window`` only with ``use_sliding_window``
+true, and then to the layers ``layer_types`` marks ``"sliding_attention"`` (by default those
+from ``max_window_layers`` on). kael has no sliding-window attention, so such a config is
+refused unless the window covers the context or no layer uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..._errors import FormatError
+from .._registry import read_config_json
+from ..llama import LlamaConfig, config_from_dict, hf_config
+
+__all__ = ["Qwen3Config", "read_config", "qwen3_hf_config", "MODEL_TYPE"]
+
+MODEL_TYPE = "qwen3"
+
+
+@dataclass(frozen=True)
+class Qwen3Config(LlamaConfig):
+    """A ``LlamaConfig`` of model type ``"qwen3"``, with the per-head q/k norms on."""
+
+    model_types: ClassVar[tuple[str, ...]] = (MODEL_TYPE,)
+
+    model_type: str = MODEL_TYPE
+    qk_norm: bool = True
+
+
+def read_config(path: Any) -> Qwen3Config:
+    """A Qwen3Config from a Hugging Face qwen3 ``config.json`` (a file or its directory)."""
+    d, p = read_config_json(path, "Qwen3 config")
+    where = repr(os.fspath(p))
+
+    def fail(msg: str) -> Any:
+        raise FormatError(f"Qwen3 config {where}: {msg}")
+
+    if d.get("model_type") != MODEL_TYPE:
+        fail(f"model_type is {d.get('model_type')!r}, expected {MODEL_TYPE!r}")
+    bias = d.get("attention_bias", False)
+    if not isinstance(bias, bool):
+        fail(f"attention_bias must be true or false, got {bias!r}")
+    _check_window(d, fail)
+    # The Llama reader, on the fields Qwen3 shares with llama (attention_bias: q, k, v and o; no MLP bias).
+    base = config_from_dict({**d, "model_type": "llama", "sliding_window": None, "mlp_bias": False}, p, "Qwen3 config")
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaConfig)}
+    return Qwen3Config(**{**values, "model_type": MODEL_TYPE, "qk_norm": True})
+
+
+def _check_window(d: dict[str, Any], fail: Any) -> None:
+    """Refuse a sliding window shorter than the context on any layer (kael attends to the whole context)."""
+    use = d.get("use_sliding_window", False)
+    if not isinstance(use, bool):
+        fail(f"use_sliding_window must be true or false, got {use!r}")
+    w = d.get("sliding_window")
+    if not use or w is None:
+        return
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        fail(f"sliding_window must be a positive integer or null, got {w!r}")
+    ctx = d.get("max_position_embeddings", 32768)
+    if isinstance(ctx, int) and w >= ctx:
+        return
+    layers = d.get("num_hidden_layers")
+    types = d.get("layer_types")
+    if types is None and isinstance(layers, int):
+        start = d.get("max_window_layers", layers)
+        types = [
+            "sliding_attention" if isinstance(start, int) and i >= start else "full_attention" for i in range(layers)
+        ]
+    if not isinstance(types, list) or "sliding_attention" in types:
+        fail(
+            f"sliding window attention not supported: use_sliding_window is true and sliding_window {w!r} is "
+            f"shorter than max_position_embeddings {ctx!r} (set use_sliding_window to false)"
+        )
+
+
+def qwen3_hf_config(config: LlamaConfig, dtype: str = "float32") -> dict[str, Any]:
+    """A transformers 5 qwen3 ``config.json`` dictionary for ``config``."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(LlamaConfig)}
+    out = hf_config(LlamaConfig(**{**values, "model_type": "llama", "qk_norm": False}), dtype)
+    out.pop("mlp_bias", None)
+    out.update(
+        architectures=["Qwen3ForCausalLM"],
+        model_type=MODEL_TYPE,
+        attention_bias=config.qkv_bias,
+        sliding_window=None,
+        use_sliding_window=False,
+        max_window_layers=config.num_hidden_layers,
+    )
+    return out
