@@ -1,4 +1,5 @@
-"""Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama, Qwen3.
+"""Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama, Qwen3,
+Granite, SmolLM3.
 
 NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
 ``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
@@ -41,8 +42,10 @@ from ._sampling import (
 from ._steps import GenericStep, decode_step
 from ._weights import WEIGHTS, QuantizedTable
 from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
+from .granite import GraniteConfig, GraniteForCausalLM
 from .llama import LlamaConfig, LlamaForCausalLM
 from .qwen3 import Qwen3Config, Qwen3ForCausalLM
+from .smollm3 import SmolLM3Config, SmolLM3ForCausalLM
 
 __all__ = [
     "CausalLM",
@@ -72,6 +75,10 @@ __all__ = [
     "LlamaConfig",
     "Qwen3ForCausalLM",
     "Qwen3Config",
+    "GraniteForCausalLM",
+    "GraniteConfig",
+    "SmolLM3ForCausalLM",
+    "SmolLM3Config",
     "PagedKVCache",
     "PagedStep",
     "KVCacheFull",

@@ -1,7 +1,9 @@
-"""GGUF's ``llama``, ``qwen2`` and ``qwen3`` architectures, mapped onto ``kael.models.LlamaForCausalLM``
-(``kael.models.qwen3.Qwen3ForCausalLM`` for ``qwen3``).
+"""GGUF's ``llama``, ``qwen2``, ``qwen3``, ``granite`` and ``smollm3`` architectures, mapped onto
+``kael.models.LlamaForCausalLM`` (for ``qwen3``, ``granite`` and ``smollm3``: ``Qwen3ForCausalLM``,
+``GraniteForCausalLM`` and ``SmolLM3ForCausalLM`` of ``kael.models``).
 
-llama.cpp's names (``gguf`` ``MODEL_ARCH.LLAMA`` / ``QWEN2`` / ``QWEN3``), row-major shapes for C hidden,
+llama.cpp's names (``gguf`` ``MODEL_ARCH.LLAMA`` / ``QWEN2`` / ``QWEN3`` / ``GRANITE`` / ``SMOLLM3``), row-major
+shapes for C hidden,
 H heads, Hkv key/value heads, D head_dim, F intermediate, V vocabulary:
 
     token_embd.weight [V, C]        model.embed_tokens     output_norm.weight [C]  model.norm
@@ -13,10 +15,10 @@ H heads, Hkv key/value heads, D head_dim, F intermediate, V vocabulary:
     blk.N.ffn_gate.weight [F, C]    ...mlp.gate_proj       blk.N.ffn_up.weight [F, C]  ...up_proj
     blk.N.ffn_down.weight [C, F]    ...mlp.down_proj
 
-with ``.bias`` tensors for q/k/v (qwen2 always; llama and qwen3 with ``attention_bias``, which
-also has ``attn_output.bias``) and gate/up/down (llama's ``mlp_bias``). qwen3 adds each layer's
+with ``.bias`` tensors for q/k/v (qwen2 always; llama, granite, smollm3 and qwen3 with ``attention_bias``,
+which also has ``attn_output.bias``) and gate/up/down (llama's, granite's and smollm3's ``mlp_bias``). qwen3 adds each layer's
 per-head norms ``blk.N.attn_q_norm.weight`` [D] (``self_attn.q_norm``) and ``attn_k_norm``. A
-llama file's q and k rows (weights and biases) are in GGML's rope order (NOTE [gguf rope rows] in
+llama (granite, smollm3) file's q and k rows (weights and biases) are in GGML's rope order (NOTE [gguf rope rows] in
 ``_gguf.py``); qwen2's and qwen3's are not (NEOX rope).
 Mistral checkpoints are written as ``llama``, as llama.cpp's converter does.
 
@@ -28,7 +30,12 @@ dim; default C / H), ``rope.dimension_count`` (must be the head dim: no partial 
 ``rope.scaling.factor``), ``vocab_size`` (default: ``token_embd``'s rows). A ``rope_freqs.weight``
 tensor [D/2] (F32: per-dimension divisors of the rotary frequencies, which llama.cpp's converter
 writes for Llama 3.1's ``llama3`` scaling) becomes the config's ``rope_freq_factors`` and is
-written back as it was read.
+written back as it was read. ``granite`` also has ``embedding_scale``, ``residual_scale``,
+``attention.scale`` and ``logit_scale`` (required, as llama.cpp requires them): GraniteConfig's
+``embedding_multiplier``, ``residual_multiplier``, ``attention_multiplier`` and ``logits_scaling``.
+``smollm3`` has no key for its layers without rope: llama.cpp skips rope on every fourth layer
+(``n_no_rope_layer_step`` 4, transformers' default ``no_rope_layers``), so kael reads that pattern and
+``save_gguf`` refuses a SmolLM3 model with another one.
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ import numpy as np
 
 from .._errors import FormatError, KaelError
 from ._gguf import ROLE_FLOAT, ROLE_LINEAR, ROLE_TABLE, TensorSpec, meta_float, meta_int
+from .granite import GraniteConfig, GraniteForCausalLM
 from .llama import LlamaConfig, LlamaForCausalLM, RopeScaling
 from .qwen3 import Qwen3Config, Qwen3ForCausalLM
+from .smollm3 import DEFAULT_THETA, SmolLM3Config, SmolLM3ForCausalLM, no_rope_layers
 
 __all__ = [
     "ARCHITECTURES",
@@ -57,7 +66,15 @@ __all__ = [
     "gguf_metadata",
 ]
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite", "smollm3")
+_LLAMA_LIKE = ("llama", "granite", "smollm3")  # llama's biases, q/k rows in GGML's rope order
+#: Granite's metadata keys (``{arch}.`` + key, as llama.cpp's converter writes them) and GraniteConfig's fields.
+_GRANITE_KEYS = {
+    "embedding_scale": "embedding_multiplier",
+    "residual_scale": "residual_multiplier",
+    "attention.scale": "attention_multiplier",
+    "logit_scale": "logits_scaling",
+}
 _TABLE, _HEAD, _ROPE_FREQS = "token_embd.weight", "output.weight", "rope_freqs.weight"
 
 
@@ -83,8 +100,9 @@ def _rope_scaling(arch: str, metadata: Mapping[str, Any], where: str) -> RopeSca
 
 
 def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mapping[str, Any], where: str) -> LlamaConfig:
-    """The LlamaConfig of a ``llama`` / ``qwen2`` / ``qwen3`` GGUF file (biases and tying from which tensors it
-    has; a Qwen3Config for ``qwen3``)."""
+    """The LlamaConfig of a ``llama`` / ``qwen2`` / ``qwen3`` / ``granite`` GGUF file (biases and tying from which
+    tensors it has; a Qwen3Config for ``qwen3``, a GraniteConfig with its four scales for ``granite``, a
+    SmolLM3Config without rope on every fourth layer for ``smollm3``)."""
     a = arch
     c = meta_int(metadata, f"{a}.embedding_length", where)
     heads = meta_int(metadata, f"{a}.attention.head_count", where)
@@ -105,9 +123,15 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
     vocab = meta_int(metadata, f"{a}.vocab_size", where, rows)
     qkv_bias = "blk.0.attn_q.bias" in tensors or a == "qwen2"
     eos = _token_id(metadata, "eos")
-    cls = Qwen3Config if a == "qwen3" else LlamaConfig
+    cls: type[LlamaConfig] = {"qwen3": Qwen3Config, "granite": GraniteConfig, "smollm3": SmolLM3Config}.get(
+        a, LlamaConfig
+    )
+    extra: dict[str, Any] = (
+        {f: meta_float(metadata, f"{a}.{k}", where) for k, f in _GRANITE_KEYS.items()} if a == "granite" else {}
+    )
     try:
         return cls(
+            **extra,
             vocab_size=vocab,
             hidden_size=c,
             intermediate_size=meta_int(metadata, f"{a}.feed_forward_length", where),
@@ -117,13 +141,13 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
             head_dim=hd,
             max_position_embeddings=meta_int(metadata, f"{a}.context_length", where),
             rms_norm_eps=meta_float(metadata, f"{a}.attention.layer_norm_rms_epsilon", where, 1e-6),
-            rope_theta=meta_float(metadata, f"{a}.rope.freq_base", where, 10000.0),
+            rope_theta=meta_float(metadata, f"{a}.rope.freq_base", where, DEFAULT_THETA if a == "smollm3" else 10000.0),
             rope_scaling=_rope_scaling(a, metadata, where),
             tie_word_embeddings=_HEAD not in tensors,
             qkv_bias=qkv_bias,
-            o_bias=a in ("llama", "qwen3") and "blk.0.attn_output.bias" in tensors,
-            mlp_bias=a == "llama" and "blk.0.ffn_gate.bias" in tensors,
-            model_type=a if a in ("qwen2", "qwen3") else "llama",
+            o_bias=a in (*_LLAMA_LIKE, "qwen3") and "blk.0.attn_output.bias" in tensors,
+            mlp_bias=a in _LLAMA_LIKE and "blk.0.ffn_gate.bias" in tensors,
+            model_type=a,
             bos_token_id=_token_id(metadata, "bos"),
             eos_token_id=eos,
             rope_freq_factors=_freq_factors(tensors, hd, where),
@@ -135,14 +159,14 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
 
 
 def _arch(config: LlamaConfig) -> str:
-    return config.model_type if config.model_type in ("qwen2", "qwen3") else "llama"
+    return config.model_type if config.model_type in ARCHITECTURES else "llama"
 
 
 def tensor_specs(config: LlamaConfig) -> list[TensorSpec]:
     """Every tensor of a GGUF file of ``config`` (the one ``save_gguf`` writes too)."""
     c, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
     h, kv, d = config.num_attention_heads, config.kv_heads, config.dim
-    permuted = _arch(config) == "llama"  # NOTE [gguf rope rows]
+    permuted = _arch(config) in _LLAMA_LIKE  # NOTE [gguf rope rows]
     specs = [TensorSpec(_TABLE, "model.embed_tokens.weight", (v, c), ROLE_TABLE)]
     if config.rope_freq_factors is not None:
         specs.insert(0, TensorSpec(_ROPE_FREQS, "", (d // 2,), ROLE_FLOAT, constant=True))
@@ -203,7 +227,12 @@ def export_specs(model: LlamaForCausalLM) -> list[TensorSpec]:
 
 
 def new_model(config: LlamaConfig, device: Any) -> LlamaForCausalLM:
-    cls = Qwen3ForCausalLM if isinstance(config, Qwen3Config) else LlamaForCausalLM
+    classes: dict[type[LlamaConfig], type[LlamaForCausalLM]] = {
+        Qwen3Config: Qwen3ForCausalLM,
+        GraniteConfig: GraniteForCausalLM,
+        SmolLM3Config: SmolLM3ForCausalLM,
+    }
+    cls = classes.get(type(config), LlamaForCausalLM)
     return cls(config, device=device, init=False)
 
 
@@ -245,6 +274,13 @@ def gguf_metadata(model: LlamaForCausalLM) -> tuple[str, dict[str, Any]]:
         f"{a}.attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
         f"{a}.rope.freq_base": float(c.rope_theta),
     }
+    if isinstance(c, GraniteConfig):
+        out.update({f"{a}.{k}": float(getattr(c, f)) for k, f in _GRANITE_KEYS.items()})
+    if isinstance(c, SmolLM3Config) and c.no_rope_layers != no_rope_layers(c.num_hidden_layers):
+        raise KaelError(
+            f"save_gguf: no_rope_layers {list(c.no_rope_layers or ())} is not llama.cpp's smollm3 pattern (no rope "
+            "on every fourth layer), which a GGUF file cannot change"
+        )
     kind = c.rope_scaling.rope_type
     if kind == "linear":
         out[f"{a}.rope.scaling.type"] = "linear"

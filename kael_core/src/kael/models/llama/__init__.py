@@ -21,7 +21,7 @@ from ._model import (
     Table,
 )
 from ._rope import attention_scaling, inverse_frequencies, rope_tables
-from ._step import LlamaDecodeStep
+from ._step import LlamaDecodeStep, Multipliers
 
 __all__ = [
     "LlamaForCausalLM",
@@ -32,6 +32,7 @@ __all__ = [
     "LlamaAttention",
     "LlamaMLP",
     "LlamaDecodeStep",
+    "Multipliers",
     "Projection",
     "Table",
     "from_pretrained",

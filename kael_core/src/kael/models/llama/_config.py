@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,7 +24,17 @@ from typing import Any, ClassVar
 from ..._errors import FormatError, KaelError, ShapeError
 from .._registry import read_config_json
 
-__all__ = ["LlamaConfig", "RopeScaling", "read_config", "config_from_dict", "hf_config", "MODEL_TYPES", "ROPE_TYPES"]
+__all__ = [
+    "LlamaConfig",
+    "RopeScaling",
+    "read_config",
+    "config_from_dict",
+    "hf_config",
+    "check_layer_windows",
+    "read_family_config",
+    "MODEL_TYPES",
+    "ROPE_TYPES",
+]
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 #: The rotary scalings kael computes (transformers' ``ROPE_INIT_FUNCTIONS`` names), with their required fields.
@@ -342,6 +353,46 @@ def _check_window(d: dict[str, Any], mt: str, ctx: int, fail: Any) -> None:
         fail(
             f"sliding window attention not supported: sliding_window {w!r} is shorter than "
             f"max_position_embeddings {ctx} (set it to null or >= the context)"
+        )
+
+
+def read_family_config(path: Any, what: str, model_type: str) -> tuple[dict[str, Any], Path, Callable[[str], Any]]:
+    """The dictionary and path of a ``model_type`` ``config.json`` (a file or its directory) of a family built on
+    this one, and its ``fail(message)``: a FormatError naming ``what`` ("Qwen3 config", ...) and the file."""
+    d, p = read_config_json(path, what)
+    where = repr(os.fspath(p))
+
+    def fail(msg: str) -> Any:
+        raise FormatError(f"{what} {where}: {msg}")
+
+    if d.get("model_type") != model_type:
+        fail(f"model_type is {d.get('model_type')!r}, expected {model_type!r}")
+    return d, p, fail
+
+
+def check_layer_windows(d: dict[str, Any], default_layer_types: Callable[[], Any], fail: Any) -> None:
+    """Refuse a sliding window shorter than the context on any layer (kael attends to the whole context), as
+    transformers' per-layer families (qwen3, smollm3) apply it: ``sliding_window`` only with ``use_sliding_window``
+    true, and then to the layers ``layer_types`` marks ``"sliding_attention"`` (``default_layer_types()``, the
+    family's rule, where it is null). ``fail(message)`` raises the family's FormatError."""
+    use = d.get("use_sliding_window", False)
+    if not isinstance(use, bool):
+        fail(f"use_sliding_window must be true or false, got {use!r}")
+    w = d.get("sliding_window")
+    if not use or w is None:
+        return
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        fail(f"sliding_window must be a positive integer or null, got {w!r}")
+    ctx = d.get("max_position_embeddings", 32768)
+    if isinstance(ctx, int) and w >= ctx:
+        return
+    types = d.get("layer_types")
+    if types is None:
+        types = default_layer_types()
+    if not isinstance(types, list) or "sliding_attention" in types:
+        fail(
+            f"sliding window attention not supported: use_sliding_window is true and sliding_window {w!r} is "
+            f"shorter than max_position_embeddings {ctx!r} (set use_sliding_window to false)"
         )
 
 

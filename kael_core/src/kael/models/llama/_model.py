@@ -11,9 +11,11 @@ heads, Hkv key/value heads (H % Hkv == 0), D = head_dim, F = intermediate_size:
     per layer (LlamaDecoderLayer.forward):
       h    = rms_norm(x, input_layernorm)
       q    = rope(q_proj(h) as [B, H, T, D]), k = rope(k_proj(h) as [B, Hkv, T, D])
-             (qk_norm, Qwen3: q_norm/k_norm RMSNorm over D on each head before rope)
+             (qk_norm, Qwen3: q_norm/k_norm RMSNorm over D on each head before rope; no rope on
+             a layer whose LlamaAttention.rope is off: SmolLM3's no_rope_layers)
       v    = v_proj(h) as [B, Hkv, T, D]
-      y    = attention(q, k, v, causal)  (k, v: cached + new; query head h reads kv head h // (H/Hkv))
+      y    = attention(q, k, v, causal)  (k, v: cached + new; query head h reads kv head h // (H/Hkv);
+             softmax scale 1/sqrt(D), or LlamaAttention.scale: Granite's attention_multiplier)
       x    = x + o_proj(y as [B, T, H*D])
       x    = x + down_proj(silu_mul(gate_proj(h2), up_proj(h2)))  with h2 = rms_norm(x, post_attention_layernorm)
     logits = linear(rms_norm(x, norm), lm_head or embed_tokens)  [B, T, V]   run_head
@@ -32,6 +34,7 @@ QuantizedLinear), ``on_quantized`` re-fuses q/k/v and gate/up (NOTE [weights cho
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +51,7 @@ from ...ops import (
     embedding,
     empty,
     linear,
+    mul,
     reshape,
     rope,
     silu_mul,
@@ -124,6 +128,8 @@ class LlamaAttention(Module):
             self.q_norm = RMSNorm(d, eps=config.rms_norm_eps, device=device, dtype=dtype)
             self.k_norm = RMSNorm(d, eps=config.rms_norm_eps, device=device, dtype=dtype)
         self.qk_norm = config.qk_norm
+        self.scale: float | None = None  # the softmax scale (None: 1/sqrt(D)); Granite's attention_multiplier
+        self.rope = True  # rotary q and k; SmolLM3's no_rope_layers turn it off on some layers
 
     def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
         """x [B, T, C] -> [B, T, C]; rot = (cos, sin, positions [B, T]); ``step`` the cache step or None."""
@@ -133,12 +139,15 @@ class LlamaAttention(Module):
         q, k = view(self.q_proj(x), b, t, h, d), view(self.k_proj(x), b, t, kv, d)  # [B, T, H(kv), D]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = rope(transpose(q, 1, 2), cos, sin, pos)  # [B, H, T, D]
-        k = rope(transpose(k, 1, 2), cos, sin, pos)  # [B, Hkv, T, D]
+        q, k = transpose(q, 1, 2), transpose(k, 1, 2)  # [B, H, T, D], [B, Hkv, T, D]
+        if self.rope:
+            q, k = rope(q, cos, sin, pos), rope(k, cos, sin, pos)
         v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
         if step is None:
-            y = attention(q, k, v, causal=True)
+            y = attention(q, k, v, causal=True, scale=self.scale)
         else:
+            if self.scale is not None:  # the cache step attends at 1/sqrt(D): the scale enters through q
+                q = mul(q, self.scale * math.sqrt(d))
             y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1))  # new k, v: [B, 2, Hkv, T, D]
         out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
         return out

@@ -7,11 +7,14 @@ backend's kernels directly (NOTE [kernel contract] in kael/_ops.py), batched ove
 the step's rows except where a row reads its own cache:
 
     rms_norm -> linear(q_proj, k_proj, v_proj) [-> rms_norm(q_norm), rms_norm(k_norm) per head: qk_norm]
-    -> rope(q), rope(k) at each row's position
+    -> rope(q), rope(k) at each row's position (copy(q), copy(k) on a layer without rope: SmolLM3)
     -> per row: copy(new k, v into its cache row), attention (GQA: Hkv cached heads)
     -> linear(o_proj) -> add(residual) -> rms_norm -> linear(gate_proj, up_proj)
     -> silu_mul -> linear(down_proj) -> add(residual)
     then rms_norm(norm) -> linear(lm_head)
+
+With ``multipliers`` (Granite, ``kael/models/granite/_step.py``): mul(embedding), mul(o_proj and down_proj
+outputs) before each residual add, div(logits), and ``scale`` the attention's softmax scale.
 
 When a layer's q/k/v (or gate/up) parameters are adjacent row blocks of one buffer (NOTE
 [fused projections] in ``_checkpoint.py``), they run as one product into one output
@@ -52,7 +55,7 @@ if TYPE_CHECKING:
     from .._paged_cache import PagedKVCache
     from ._model import LlamaForCausalLM
 
-__all__ = ["LlamaDecodeStep"]
+__all__ = ["LlamaDecodeStep", "Multipliers"]
 
 _FUSED = ("rms_norm", "linear", "rope", "silu_mul")
 
@@ -62,7 +65,8 @@ class _Layer(NamedTuple):
 
     qkv / gate_up: the fused [(H + 2 Hkv) * D, C] / [2F, C] projections when the parts are
     adjacent (and in one format), else None (and the separate ones are used). q_norm / k_norm:
-    the per-head RMSNorm weights [D] of a ``qk_norm`` config (Qwen3), else None.
+    the per-head RMSNorm weights [D] of a ``qk_norm`` config (Qwen3), else None. rope: whether the layer
+    rotates q and k (``LlamaAttention.rope``; off on SmolLM3's no-rope layers).
     """
 
     qkv: Proj | None
@@ -78,6 +82,15 @@ class _Layer(NamedTuple):
     down: Proj
     q_norm: Tensor | None
     k_norm: Tensor | None
+    rope: bool
+
+
+class Multipliers(NamedTuple):
+    """0-d tensors in the step's dtype: the embedding's and each residual branch's factor, the logits' divisor."""
+
+    embedding: Tensor
+    residual: Tensor
+    logits: Tensor
 
 
 def _adjacent(ts: list[Tensor | None]) -> Tensor | None:
@@ -135,6 +148,7 @@ def _layers(model: LlamaForCausalLM) -> list[_Layer]:
                 projection(m.down_proj),
                 a.q_norm.weight if a.qk_norm else None,
                 a.k_norm.weight if a.qk_norm else None,
+                a.rope,
             )
         )
     return out
@@ -167,6 +181,7 @@ class LlamaDecodeStep:
         self.cos, self.sin = model.rope_tables()
         self.c, self.h, self.kvh, self.d, self.f, self.v = c, h, kv, d, f, model.vocab_size
         self.eps, self.scale = cfg.rms_norm_eps, 1.0 / math.sqrt(d)
+        self.multipliers: Multipliers | None = None  # set by a family that scales (Granite); needs mul, div
         self.arange = arange(cache.max_positions, dtype=dt.int64, device=dev)
         kvw, w3 = 2 * kv * d, (h + 2 * kv) * d
         # qk_norm (Qwen3): q and k normalised per head into qn / kn (statistics [n, H(kv), 1]), then rotated.
@@ -265,6 +280,11 @@ class LlamaDecodeStep:
                     make_view(emb, (1, width), (row, emb._strides[1]), emb._offset + t * row),
                     self.embed_scheme,
                 )
+        m = self.multipliers
+        if m is not None:  # Granite: the factors broadcast (stride 0) over the rows they scale
+            mul = k["mul"]
+            emb_m, res_m = (make_view(f, (n, 1, c), (0, 0, 0), f._offset) for f in m[:2])
+            mul(x, x, emb_m)
         # Per-row views of the step's queries, new keys/values and attention output, and the same rows as one view each.
         kvs, qs, atts = buf.rows(n, "kv"), buf.rows(n, "qrot"), buf.rows(n, "att")
         q_all, att_all = v["qrot"], v["att"]
@@ -285,10 +305,16 @@ class LlamaDecodeStep:
                 rms_norm(v["qn"], v["qrstd"], q_in, w.q_norm, eps)
                 rms_norm(v["kn"], v["krstd"], k_in, w.k_norm, eps)
                 q_in, k_in = v["qn"], v["kn"]
-            rope(qrot, q_in, cos, sin, where)
-            rope(krot, k_in, cos, sin, where)
+            if w.rope:
+                rope(qrot, q_in, cos, sin, where)
+                rope(krot, k_in, cos, sin, where)
+            else:  # a no-rope layer (SmolLM3): q and k as they are, into the buffers attention reads
+                copy(qrot, q_in)
+                copy(krot, k_in)
             cache.attend_rows(k, li, ctx, qs, kvs, atts, scale, q_all, att_all)
             linear(proj, att_flat, w.o)
+            if m is not None:
+                mul(proj, proj, res_m)
             add_k(x, x, proj)
             rms_norm(norm, rstd, x, w.post_norm, eps)
             if w.gate_up is not None:
@@ -299,9 +325,13 @@ class LlamaDecodeStep:
                 linear(up, norm, w.up)
                 silu_mul(act, gate, up)
             linear(proj, act, w.down)
+            if m is not None:
+                mul(proj, proj, res_m)
             add_k(x, x, proj)
         rms_norm(norm, rstd, x, self.norm_w, eps)
         linear(logits, norm, self.head)
+        if m is not None:
+            k["div"](logits, logits, make_view(m.logits, logits.shape, (0, 0, 0), m.logits._offset))
         cache.bump_versions()
         buf["logits"]._bump_version()
         return v["logits2"]

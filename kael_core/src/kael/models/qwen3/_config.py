@@ -17,13 +17,11 @@ refused unless the window covers the context or no layer uses it.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..._errors import FormatError
-from .._registry import read_config_json
 from ..llama import LlamaConfig, config_from_dict, hf_config
+from ..llama._config import check_layer_windows, read_family_config
 
 __all__ = ["Qwen3Config", "read_config", "qwen3_hf_config", "MODEL_TYPE"]
 
@@ -42,49 +40,24 @@ class Qwen3Config(LlamaConfig):
 
 def read_config(path: Any) -> Qwen3Config:
     """A Qwen3Config from a Hugging Face qwen3 ``config.json`` (a file or its directory)."""
-    d, p = read_config_json(path, "Qwen3 config")
-    where = repr(os.fspath(p))
-
-    def fail(msg: str) -> Any:
-        raise FormatError(f"Qwen3 config {where}: {msg}")
-
-    if d.get("model_type") != MODEL_TYPE:
-        fail(f"model_type is {d.get('model_type')!r}, expected {MODEL_TYPE!r}")
+    d, p, fail = read_family_config(path, "Qwen3 config", MODEL_TYPE)
     bias = d.get("attention_bias", False)
     if not isinstance(bias, bool):
         fail(f"attention_bias must be true or false, got {bias!r}")
-    _check_window(d, fail)
+    check_layer_windows(d, lambda: _window_layer_types(d), fail)
     # The Llama reader, on the fields Qwen3 shares with llama (attention_bias: q, k, v and o; no MLP bias).
     base = config_from_dict({**d, "model_type": "llama", "sliding_window": None, "mlp_bias": False}, p, "Qwen3 config")
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaConfig)}
     return Qwen3Config(**{**values, "model_type": MODEL_TYPE, "qk_norm": True})
 
 
-def _check_window(d: dict[str, Any], fail: Any) -> None:
-    """Refuse a sliding window shorter than the context on any layer (kael attends to the whole context)."""
-    use = d.get("use_sliding_window", False)
-    if not isinstance(use, bool):
-        fail(f"use_sliding_window must be true or false, got {use!r}")
-    w = d.get("sliding_window")
-    if not use or w is None:
-        return
-    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-        fail(f"sliding_window must be a positive integer or null, got {w!r}")
-    ctx = d.get("max_position_embeddings", 32768)
-    if isinstance(ctx, int) and w >= ctx:
-        return
+def _window_layer_types(d: dict[str, Any]) -> list[str] | None:
+    """transformers' Qwen3 default ``layer_types``: sliding from ``max_window_layers`` on."""
     layers = d.get("num_hidden_layers")
-    types = d.get("layer_types")
-    if types is None and isinstance(layers, int):
-        start = d.get("max_window_layers", layers)
-        types = [
-            "sliding_attention" if isinstance(start, int) and i >= start else "full_attention" for i in range(layers)
-        ]
-    if not isinstance(types, list) or "sliding_attention" in types:
-        fail(
-            f"sliding window attention not supported: use_sliding_window is true and sliding_window {w!r} is "
-            f"shorter than max_position_embeddings {ctx!r} (set use_sliding_window to false)"
-        )
+    if not isinstance(layers, int):
+        return None
+    start = d.get("max_window_layers", layers)
+    return ["sliding_attention" if isinstance(start, int) and i >= start else "full_attention" for i in range(layers)]
 
 
 def qwen3_hf_config(config: LlamaConfig, dtype: str = "float32") -> dict[str, Any]:
