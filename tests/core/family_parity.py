@@ -2,8 +2,8 @@
 family added as a plugin passes against transformers' model of the same random checkpoint (logits on both CPU
 backends, a right-padded batch, the KV cache, greedy generate, save_pretrained read back, half checkpoints)
 and against the kael model's own forward pass or rows alone (the direct decode step, Q8_0 weights, the batched
-decoder, the prefix cache); the fixtures that give them a (checkpoint, transformers model, kael model) per
-shape (``pair_fixture``) and a CPU backend (``backend_fixture``); and the config.json rewrites behind each
+decoder, the prefix cache); the fixture that gives them a (checkpoint, transformers model, kael model) per
+shape (``pair_fixture``; the CPU ``backend`` fixture is tests/core/conftest.py's); and the config.json rewrites behind each
 family's refusals (``write_config``, ``check_refused``).
 
 Each check takes what differs between families: the kael class, its decode-step class, the checkpoint builder
@@ -13,7 +13,7 @@ and shapes, and a callback for the family's own assertions on a step or a saved 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ __all__ = [
     "PROMPTS",
     "Builder",
     "Pair",
-    "backend_fixture",
     "check_batched_rows",
     "check_decode_step",
     "check_greedy_generate",
@@ -105,20 +104,6 @@ def pair_fixture(shapes: dict[str, dict[str, Any]], build: Builder, kael_class: 
         return d, hf, model
 
     return pair
-
-
-def backend_fixture() -> Any:
-    """A fixture ``backend``: each test runs on the CPU device's reference and cpu backends."""
-
-    @pytest.fixture(params=["reference", "cpu"])
-    def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-        kael.backends.use("cpu", request.param)
-        try:
-            yield request.param
-        finally:
-            kael.backends.use("cpu", None)
-
-    return backend
 
 
 def check_registered(name: str, *words: str) -> None:

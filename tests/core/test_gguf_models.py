@@ -18,7 +18,7 @@ from pathlib import Path
 import kael
 import numpy as np
 import pytest
-from gguf_models_common import SCHEMES, TEXT, write_random_gpt2
+from gguf_models_common import SCHEMES, TEXT
 from gguf_models_common import export as _export
 from gguf_models_common import logits_of as _logits
 from hf_fixtures import write_llama3
@@ -34,17 +34,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 TYPES = {None: "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("gguf-models")
-
-
-@pytest.fixture(scope="module")
-def gpt2_dir(root: Path) -> Path:
-    """A random GPT-2 (2 layers, 64 wide) with GPT-2's real vocabulary (gguf_models_common.write_random_gpt2)."""
-    return write_random_gpt2(root / "gpt2")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -16,7 +16,7 @@ import kael
 import llama_cpp_tools
 import numpy as np
 import pytest
-from gguf_models_common import KAEL_TINY_CHAT, TEXT, write_random_gpt2
+from gguf_models_common import KAEL_TINY_CHAT, TEXT
 from gguf_models_common import export as _export
 from gguf_models_common import logits_of as _logits
 from gguf_models_common import rewrite as _rewrite
@@ -28,17 +28,6 @@ from llama_checkpoints import build
 pytest.importorskip("gguf")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("gguf-models")
-
-
-@pytest.fixture(scope="module")
-def gpt2_dir(root: Path) -> Path:
-    """A random GPT-2 (2 layers, 64 wide) with GPT-2's real vocabulary (gguf_models_common.write_random_gpt2)."""
-    return write_random_gpt2(root / "gpt2")
 
 
 @pytest.fixture(scope="module")

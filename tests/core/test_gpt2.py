@@ -18,21 +18,10 @@ from typing import Any
 import kael
 import numpy as np
 import pytest
-from gpt2_reference import CASES, DATA, REF, TOL, reference_logits
+from gpt2_reference import CASES, DATA, REF, TOL
 from gpt2_reference import logits_of as _logits
 from gpt2_reference import tiny_gpt as _tiny
 from kael.models import GPT, GPTConfig, load_gpt2
-
-
-@pytest.fixture(scope="module")
-def model() -> GPT:
-    return GPT.from_pretrained(DATA)
-
-
-@pytest.fixture(scope="module")
-def ref_logits() -> dict[str, np.ndarray]:
-    return reference_logits()
-
 
 # -- the reference checkpoint ----------------------------------------------------------------
 

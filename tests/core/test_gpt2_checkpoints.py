@@ -16,20 +16,9 @@ from typing import Any
 import kael
 import numpy as np
 import pytest
-from gpt2_reference import CASES, DATA, TOL, reference_logits
+from gpt2_reference import CASES, DATA, TOL
 from gpt2_reference import logits_of as _logits
 from kael.models import GPT, load_gpt2, save_pretrained
-
-
-@pytest.fixture(scope="module")
-def model() -> GPT:
-    return GPT.from_pretrained(DATA)
-
-
-@pytest.fixture(scope="module")
-def ref_logits() -> dict[str, np.ndarray]:
-    return reference_logits()
-
 
 # -- strict loading ---------------------------------------------------------------------------
 

@@ -15,15 +15,9 @@ from typing import Any
 import kael
 import numpy as np
 import pytest
-from gpt2_reference import CASES, DATA
+from gpt2_reference import CASES
 from gpt2_reference import tiny_gpt as _tiny
 from kael.models import GPT, sample_next
-
-
-@pytest.fixture(scope="module")
-def model() -> GPT:
-    return GPT.from_pretrained(DATA)
-
 
 # -- generate and sample_next -----------------------------------------------------------------------
 

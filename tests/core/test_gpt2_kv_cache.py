@@ -13,16 +13,10 @@ from __future__ import annotations
 import kael
 import numpy as np
 import pytest
-from gpt2_reference import CASES, DATA
+from gpt2_reference import CASES
 from gpt2_reference import logits_of as _logits
 from gpt2_reference import tiny_gpt as _tiny
 from kael.models import GPT, PagedKVCache
-
-
-@pytest.fixture(scope="module")
-def model() -> GPT:
-    return GPT.from_pretrained(DATA)
-
 
 # -- the KV cache -------------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 pair = fp.pair_fixture(SHAPES, build, GraniteForCausalLM)
-backend = fp.backend_fixture()
 
 
 def test_registered_with_a_description() -> None:

@@ -9,7 +9,6 @@ transformers' greedy generate.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import kael
@@ -23,15 +22,6 @@ from llama_checkpoints import build
 
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(params=["reference", "cpu"])
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    kael.backends.use("cpu", request.param)
-    try:
-        yield request.param
-    finally:
-        kael.backends.use("cpu", None)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])

@@ -10,7 +10,6 @@ Oracle: transformers' LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +61,6 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral_mqa": ("mistral", {"num_key_value_heads": 1, "rope_theta": 1e6}),
 }
 PROMPTS = [[1], [5, 17, 300, 2, 99, 64, 8], list(range(3, 60, 2))]
-
-
-@pytest.fixture(params=["reference", "cpu"])
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run on the NumPy reference backend and on the C++ CPU backend."""
-    kael.backends.use("cpu", request.param)
-    try:
-        yield request.param
-    finally:
-        kael.backends.use("cpu", None)
 
 
 @pytest.fixture(scope="module")

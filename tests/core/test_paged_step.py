@@ -11,27 +11,8 @@ from __future__ import annotations
 import kael
 import numpy as np
 import pytest
-from kael.models import GPT, LlamaConfig, LlamaForCausalLM, PagedKVCache, decode_step
-
-
-def _gpt2() -> GPT:
-    return GPT(61, 48, 2, 4, 32, generator=kael.Generator().manual_seed(3))
-
-
-def _llama() -> LlamaForCausalLM:
-    cfg = LlamaConfig(
-        vocab_size=67,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=48,
-    )
-    return LlamaForCausalLM(cfg, generator=kael.Generator().manual_seed(4), initializer_range=0.3)
-
-
-MODELS = {"gpt2": _gpt2, "llama": _llama}
+from kael.models import PagedKVCache, decode_step
+from tiny_causal_lms import tiny_causal_lm
 
 
 def _no_cache(model: object, ids: list[int]) -> np.ndarray:
@@ -39,9 +20,9 @@ def _no_cache(model: object, ids: list[int]) -> np.ndarray:
         return model(kael.tensor([ids])).numpy()[0]  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("family", sorted(MODELS))
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_new_cache_is_one_block_per_row_without_prefix_caching(family: str) -> None:
-    model = MODELS[family]()
+    model = tiny_causal_lm(family)
     cache = model.new_cache(batch=3, max_positions=20)
     assert isinstance(cache, PagedKVCache)
     assert (cache.num_blocks, cache.block_size, cache.table_width) == (3, 20, 1)
@@ -53,9 +34,9 @@ def test_new_cache_is_one_block_per_row_without_prefix_caching(family: str) -> N
     assert cache.tables == [[0], [1], [2]]  # a fresh cache's rows hold consecutive blocks
 
 
-@pytest.mark.parametrize("family", sorted(MODELS))
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_rows_at_different_positions_match_the_model_without_a_cache(family: str) -> None:
-    model = MODELS[family]()
+    model = tiny_causal_lm(family)
     rng = np.random.default_rng(0)
     a, b = [int(t) for t in rng.integers(0, 60, 9)], [int(t) for t in rng.integers(0, 60, 9)]
     cache = model.new_cache(batch=2, max_positions=24)
@@ -74,11 +55,11 @@ def test_rows_at_different_positions_match_the_model_without_a_cache(family: str
     assert cache.lengths == [9, 6]
 
 
-@pytest.mark.parametrize("family", sorted(MODELS))
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_small_blocks_give_the_bits_of_one_block_per_row(family: str) -> None:
     """Several blocks per row attend with paged_attention; up to 16 new tokens it computes exactly
     what attention over one block computes (NOTE [paged attention tasks])."""
-    model = MODELS[family]()
+    model = tiny_causal_lm(family)
     ids = [int(t) for t in np.random.default_rng(1).integers(0, 60, 19)]
     one = model.new_cache(max_positions=24)
     paged = PagedKVCache(
@@ -99,7 +80,7 @@ def test_small_blocks_give_the_bits_of_one_block_per_row(family: str) -> None:
 
 
 def test_right_padding_needs_one_block_per_row() -> None:
-    model = _gpt2()
+    model = tiny_causal_lm("gpt2")
     paged = PagedKVCache(
         model.num_layers, 2, model.num_kv_heads, model.head_dim, 24, block_size=4, prefix_caching=False
     )
@@ -109,7 +90,7 @@ def test_right_padding_needs_one_block_per_row() -> None:
 
 
 def test_a_cache_with_prefix_caching_is_not_reserved_with_made_up_ids() -> None:
-    model = _gpt2()
+    model = tiny_causal_lm("gpt2")
     shared = PagedKVCache(model.num_layers, 1, model.num_kv_heads, model.head_dim, 24, block_size=4)
     with kael.no_grad(), pytest.raises(kael.KaelError, match="with prefix caching on, start"):
         model(kael.tensor([[1, 2, 3]]), shared)
@@ -121,7 +102,7 @@ def test_a_cache_with_prefix_caching_is_not_reserved_with_made_up_ids() -> None:
 
 
 def test_a_full_cache_refuses_before_writing() -> None:
-    model = _gpt2()
+    model = tiny_causal_lm("gpt2")
     cache = model.new_cache(batch=1, max_positions=6)
     with kael.no_grad():
         model(kael.tensor([[1, 2, 3, 4]]), cache)
@@ -131,7 +112,7 @@ def test_a_full_cache_refuses_before_writing() -> None:
 
 
 def test_reset_frees_a_row_and_it_starts_again_in_its_block() -> None:
-    model = _gpt2()
+    model = tiny_causal_lm("gpt2")
     cache = model.new_cache(batch=2, max_positions=10)
     with kael.no_grad():
         model(kael.tensor([[1, 2], [3, 4]]), cache)

@@ -8,7 +8,6 @@ are tested in test_quantized_checkpoints.py, the bundled models in test_quantize
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +28,6 @@ from quantized_models_common import random_ids as _ids
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-
-
-@pytest.fixture(params=["reference", "cpu"])
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    kael.backends.use("cpu", request.param)
-    try:
-        yield request.param
-    finally:
-        kael.backends.use("cpu", None)
 
 
 @pytest.fixture(scope="module")

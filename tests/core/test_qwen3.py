@@ -25,7 +25,6 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 pair = fp.pair_fixture(SHAPES, build, Qwen3ForCausalLM)
-backend = fp.backend_fixture()
 
 
 def _q_norms(step: Any, model: Any) -> None:

@@ -28,7 +28,6 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 pair = fp.pair_fixture(SHAPES, build, SmolLM3ForCausalLM)
-backend = fp.backend_fixture()
 
 
 def test_registered_with_a_description() -> None:

@@ -26,17 +26,6 @@ CASES = [json.loads(line) for line in (DATA / "cases.jsonl").read_text(encoding=
 GPT2_REFERENCE = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 
 
-@pytest.fixture(scope="module")
-def tok() -> BpeTokenizer:
-    return BpeTokenizer.from_directory(DATA)
-
-
-@pytest.fixture(scope="module")
-def vocab() -> dict[str, int]:
-    result: dict[str, int] = json.loads((DATA / "vocab.json").read_text(encoding="utf-8"))
-    return result
-
-
 # -- reference cases -------------------------------------------------------------------
 
 

@@ -5,27 +5,13 @@ GPT-2's tokenizer or any tokenizer with ``decode(ids) -> bytes``, streams exactl
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from bpe_tokenizer_common import DATA, MIXED, TEXT, byte_token_ids
+from bpe_tokenizer_common import MIXED, TEXT, byte_token_ids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kael._errors import DTypeError, IndexError_, KaelError
 from kael.tokenizer import BpeTokenizer, IncrementalDecoder, SupportsDecode
 from kael.tokenizer._bytes import BYTE_TO_CHAR, CHAR_TO_BYTE, token_to_bytes
-
-
-@pytest.fixture(scope="module")
-def tok() -> BpeTokenizer:
-    return BpeTokenizer.from_directory(DATA)
-
-
-@pytest.fixture(scope="module")
-def vocab() -> dict[str, int]:
-    result: dict[str, int] = json.loads((DATA / "vocab.json").read_text(encoding="utf-8"))
-    return result
-
 
 # -- decoding --------------------------------------------------------------------------
 
