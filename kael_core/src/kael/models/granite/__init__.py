@@ -11,8 +11,6 @@ for ``"granite"``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._registry import ModelFamily
 from ._config import MODEL_TYPE, MULTIPLIERS, GraniteConfig, granite_hf_config, read_config
 from ._model import GraniteForCausalLM
@@ -30,14 +28,9 @@ __all__ = [
 ]
 
 
-def from_pretrained(
-    directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
-) -> GraniteForCausalLM:
-    """A GraniteForCausalLM from a Hugging Face granite checkpoint directory, in eval mode (the Llama loader's
-    arguments: ``kael.models.llama.from_pretrained``)."""
-    model = GraniteForCausalLM.from_pretrained(directory, device, mmap=mmap, dtype=dtype, weights=weights)
-    assert isinstance(model, GraniteForCausalLM)
-    return model
+from_pretrained = GraniteForCausalLM.from_pretrained
+"""A GraniteForCausalLM from a Hugging Face granite checkpoint directory, in eval mode (the Llama loader's
+arguments: ``kael.models.llama.from_pretrained``)."""
 
 
 FAMILIES = (

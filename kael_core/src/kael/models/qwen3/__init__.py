@@ -9,8 +9,6 @@ the family registry (``kael.models.families``) serves for ``"qwen3"``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._registry import ModelFamily
 from ._config import MODEL_TYPE, Qwen3Config, qwen3_hf_config, read_config
 from ._model import Qwen3ForCausalLM
@@ -18,14 +16,9 @@ from ._model import Qwen3ForCausalLM
 __all__ = ["Qwen3ForCausalLM", "Qwen3Config", "read_config", "qwen3_hf_config", "from_pretrained", "FAMILIES"]
 
 
-def from_pretrained(
-    directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
-) -> Qwen3ForCausalLM:
-    """A Qwen3ForCausalLM from a Hugging Face qwen3 checkpoint directory, in eval mode (the Llama loader's
-    arguments: ``kael.models.llama.from_pretrained``)."""
-    model = Qwen3ForCausalLM.from_pretrained(directory, device, mmap=mmap, dtype=dtype, weights=weights)
-    assert isinstance(model, Qwen3ForCausalLM)
-    return model
+from_pretrained = Qwen3ForCausalLM.from_pretrained
+"""A Qwen3ForCausalLM from a Hugging Face qwen3 checkpoint directory, in eval mode (the Llama loader's
+arguments: ``kael.models.llama.from_pretrained``)."""
 
 
 FAMILIES = (

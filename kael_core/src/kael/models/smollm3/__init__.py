@@ -9,8 +9,6 @@ writes smollm3 ``config.json`` files. ``FAMILIES`` is what the family registry
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._registry import ModelFamily
 from ._config import DEFAULT_THETA, MODEL_TYPE, SmolLM3Config, no_rope_layers, read_config, smollm3_hf_config
 from ._model import SmolLM3ForCausalLM
@@ -27,14 +25,9 @@ __all__ = [
 ]
 
 
-def from_pretrained(
-    directory: Any, device: Any = "cpu", *, mmap: bool = False, dtype: Any = None, weights: Any = None
-) -> SmolLM3ForCausalLM:
-    """A SmolLM3ForCausalLM from a Hugging Face smollm3 checkpoint directory, in eval mode (the Llama loader's
-    arguments: ``kael.models.llama.from_pretrained``)."""
-    model = SmolLM3ForCausalLM.from_pretrained(directory, device, mmap=mmap, dtype=dtype, weights=weights)
-    assert isinstance(model, SmolLM3ForCausalLM)
-    return model
+from_pretrained = SmolLM3ForCausalLM.from_pretrained
+"""A SmolLM3ForCausalLM from a Hugging Face smollm3 checkpoint directory, in eval mode (the Llama loader's
+arguments: ``kael.models.llama.from_pretrained``)."""
 
 
 FAMILIES = (
