@@ -180,7 +180,7 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
     assert cli.stdout.rstrip("\n") == tokenizer.decode_text(ids)
     info = subprocess.run([sys.executable, "-m", "kael", "info"], capture_output=True, text=True, env=env, timeout=120)
     assert info.returncode == 0, info.stderr
-    assert "kael.models" in info.stdout and "kael_toy     kael-toy (a test family)" in info.stdout
+    assert "kael.models" in info.stdout and "kael_toy     -            kael-toy (a test family)" in info.stdout
     # Without the plugin on the path the model_type is unknown, and the error says what is installed.
     bare = subprocess.run(
         [sys.executable, "-c", f"import kael.models as m; m.from_pretrained({str(checkpoint)!r})"],
@@ -302,3 +302,30 @@ def test_a_plugin_returning_garbage_is_named(monkeypatch: pytest.MonkeyPatch) ->
         from kael._plugins import manager
 
         manager.unregister("bad-family-plugin")
+
+
+def test_every_gguf_architecture_belongs_to_one_family() -> None:
+    from kael.models._gguf import architectures
+
+    claimed = [a for fam in families().values() for a in fam.gguf_architectures]
+    assert len(claimed) == len(set(claimed)), claimed
+    assert sorted(claimed) == sorted(architectures())
+    assert families()["gpt2"].gguf_architectures == ("gpt2",) and families()["mistral"].gguf_architectures == ()
+    with pytest.raises(kael.PluginError, match="gguf_architectures must be a tuple of non-empty strings"):
+        ModelFamily("x", lambda d: d, gguf_architectures=["llama"])  # type: ignore[arg-type]
+    with pytest.raises(kael.PluginError, match="gguf_architectures must be a tuple of non-empty strings"):
+        ModelFamily("x", lambda d: d, gguf_architectures=("",))
+
+
+def test_python_m_kael_info_lists_families_with_their_gguf_names() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "kael", "info"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("model families (config.json model_type, GGUF general.architecture):\n")[1].splitlines()
+    rows = {ln.split()[0]: ln.split()[1] for ln in lines if ln.startswith("  ")}
+    built_in = {name: fam for name, fam in families().items() if fam.load.__module__.startswith("kael.models.")}
+    assert {"gpt2", "llama", "qwen3"} <= set(built_in)
+    for name, fam in built_in.items():
+        assert rows[name] == (", ".join(fam.gguf_architectures) or "-"), (name, rows.get(name))

@@ -50,10 +50,11 @@ def info(out: Any = None) -> int:
         except kael.KaelError as exc:
             p(f"  {dtype:6} not usable: {exc}")
     cpu_isa(p)
-    p("\nmodel families (config.json model_type):")
+    p("\nmodel families (config.json model_type, GGUF general.architecture):")
     try:
         for name, fam in sorted(kael.models.families().items()):
-            p(f"  {name:12} {fam.description}")
+            gguf = ", ".join(fam.gguf_architectures) or "-"
+            p(f"  {name:12} {gguf:12} {fam.description}")
     except kael.KaelError as exc:
         p(f"  not usable: {exc}")
     return 0

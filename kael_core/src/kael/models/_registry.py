@@ -61,17 +61,27 @@ class ModelFamily:
 
     ``load(directory, device="cpu", *, mmap=False, dtype=None)`` returns a ``kael.models.CausalLM``
     in eval mode, or raises ``kael.FormatError`` naming the file and what is wrong with it.
+    ``gguf_architectures`` names the GGUF ``general.architecture`` values whose files
+    ``kael.models.load_gguf`` loads as this family (llama.cpp's converter names some families
+    differently: ``qwen3moe`` for ``qwen3_moe``; Mistral's files say ``llama``), for
+    ``python -m kael info`` and the README's family table.
     """
 
     model_type: str
     load: Callable[..., CausalLM]
     description: str = ""
+    gguf_architectures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_type, str) or not self.model_type:
             raise PluginError(f"ModelFamily: model_type must be a non-empty string, got {self.model_type!r}")
         if not callable(self.load):
             raise PluginError(f"ModelFamily {self.model_type!r}: load must be callable, got {type(self.load).__name__}")
+        archs = self.gguf_architectures
+        if not isinstance(archs, tuple) or not all(isinstance(a, str) and a for a in archs):
+            raise PluginError(
+                f"ModelFamily {self.model_type!r}: gguf_architectures must be a tuple of non-empty strings, got {archs!r}"
+            )
 
 
 _lock = threading.RLock()

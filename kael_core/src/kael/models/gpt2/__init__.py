@@ -34,4 +34,5 @@ FAMILY = ModelFamily(
     "gpt2",
     from_pretrained,
     description="GPT-2 (Hugging Face GPT2LMHeadModel checkpoints, either key layout)",
+    gguf_architectures=("gpt2",),
 )

@@ -41,5 +41,6 @@ FAMILIES = (
             "Granite 3.x (Hugging Face GraniteForCausalLM checkpoints: Llama with embedding, residual, "
             "attention and logits multipliers)"
         ),
+        gguf_architectures=("granite",),
     ),
 )

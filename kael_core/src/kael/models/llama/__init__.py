@@ -54,4 +54,9 @@ _DESCRIPTIONS = {
     "mistral": "Mistral (Hugging Face MistralForCausalLM checkpoints without a sliding window shorter than the context)",
 }
 
-FAMILIES = tuple(ModelFamily(mt, from_pretrained, description=_DESCRIPTIONS[mt]) for mt in MODEL_TYPES)
+# llama.cpp's converter writes Mistral checkpoints as GGUF architecture "llama" (they load as the llama family).
+_GGUF = {"llama": ("llama",), "qwen2": ("qwen2",), "mistral": ()}
+
+FAMILIES = tuple(
+    ModelFamily(mt, from_pretrained, description=_DESCRIPTIONS[mt], gguf_architectures=_GGUF[mt]) for mt in MODEL_TYPES
+)

@@ -26,5 +26,6 @@ FAMILIES = (
         MODEL_TYPE,
         from_pretrained,
         description="Qwen3 (Hugging Face Qwen3ForCausalLM checkpoints: Llama with per-head q/k RMSNorm before rope)",
+        gguf_architectures=("qwen3",),
     ),
 )

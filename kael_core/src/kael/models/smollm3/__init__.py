@@ -35,5 +35,6 @@ FAMILIES = (
         MODEL_TYPE,
         from_pretrained,
         description="SmolLM3 (Hugging Face SmolLM3ForCausalLM checkpoints: Llama without rope on its no_rope_layers)",
+        gguf_architectures=("smollm3",),
     ),
 )
