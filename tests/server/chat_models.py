@@ -20,7 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHATML", "GPT2_TEMPLATE", "LLAMA_EXTRA_EOS_TEXT", "hf_prompt_ids", "write_gpt2", "write_llama"]
+__all__ = [
+    "CHATML",
+    "GPT2_TEMPLATE",
+    "LLAMA_EXTRA_EOS_TEXT",
+    "hf_prompt_ids",
+    "write_family",
+    "write_gpt2",
+    "write_llama",
+]
 
 CHATML = (
     "{{ bos_token }}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
@@ -100,6 +108,40 @@ def write_llama(directory: Path, *, seed: int = 0, max_positions: int = 256) -> 
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    return directory
+
+
+def write_family(
+    directory: Path, model_class: str, config_class: str, *, seed: int = 0, max_positions: int = 256, **config: Any
+) -> Path:
+    """A random ``transformers.<model_class>`` of ``transformers.<config_class>`` (2 layers, hidden 64, 4 query
+    heads over 2 key/value heads, ``config`` on top) with the ChatML tokenizer of ``write_llama``, in ``directory``."""
+    import torch
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ids = _tokenizer(directory)
+    shape: dict[str, Any] = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": ids["vocab"],
+        "max_position_embeddings": max_positions,
+        "bos_token_id": ids["<s>"],
+        "eos_token_id": [ids["<|im_end|>"], ids[LLAMA_EXTRA_EOS_TEXT]],
+        "pad_token_id": ids[LLAMA_EXTRA_EOS_TEXT],
+    }
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**shape, **config}))
+    with torch.no_grad():  # larger weights than the default init, so greedy tokens are clear-cut
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+            elif name.endswith("norm.weight"):
+                p.normal_(1.0, 0.2)
     model.save_pretrained(directory)
     return directory
 
