@@ -16,6 +16,11 @@
 // only when there would otherwise be fewer tasks than threads. Up to 16 rows a
 // gemm row equals that row's product alone (NOTE [gemm paths]), so grouped results are
 // bit-identical to the per-head ones (and Hkv == H runs exactly as before).
+//
+// NOTE [attention window]: with a sliding window W (NOTE [sliding window] in
+// kael/ops/_attention_fused.py) a task's products start at the first key its first query
+// sees (kmin); each row masks the keys before its own window inside the softmax (exact
+// zeros), so a row's bits do not depend on where its task's products start.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -36,7 +41,7 @@ constexpr int64_t kMaxGroupRows = 16;
 
 template <class T>
 void attention_native(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
-                      const std::vector<int64_t>& lens) {
+                      const std::vector<int64_t>& lens, int64_t window) {
   const int64_t nb = q.shape[0], nh = q.shape[1], tq = q.shape[2], d = q.shape[3];
   const int64_t nkv = k.shape[1], group = nh / nkv;
   const int64_t tk = k.shape[2], dv = v.shape[3];
@@ -76,37 +81,42 @@ void attention_native(const View& out, const View& q, const View& k, const View&
       const int64_t len = lens.empty() ? tk : std::clamp<int64_t>(lens[static_cast<size_t>(b)], 0, tk);
       const int64_t last = stack ? i0 : i0 + rows - 1;  // the last query position in the task
       const int64_t kmax = std::min(len, causal ? last + 1 + offset : tk);
+      // NOTE [attention window]: the first key the task's first query sees
+      const int64_t kmin = window > 0 ? std::max<int64_t>(0, i0 + offset - window + 1) : 0;
       T* o = out.ptr<T>() + b * out.strides[0] + h0 * out.strides[1] + i0 * out.strides[2];
-      if (kmax <= 0) {
+      if (kmax <= kmin) {
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t j = 0; j < dv; ++j) o[r * ors + j * out.strides[3]] = T(0);
         }
         continue;
       }
       const T* qp = q.ptr<T>() + b * q.strides[0] + h0 * q.strides[1] + i0 * q.strides[2];
-      const T* kp = k.ptr<T>() + b * k.strides[0] + hk * k.strides[1];
-      const T* vp = v.ptr<T>() + b * v.strides[0] + hk * v.strides[1];
+      const T* kp = k.ptr<T>() + b * k.strides[0] + hk * k.strides[1] + kmin * k.strides[2];
+      const T* vp = v.ptr<T>() + b * v.strides[0] + hk * v.strides[1] + kmin * v.strides[2];
+      const int64_t nk = kmax - kmin;  // the product's columns: keys kmin .. kmax-1
       T* sp = s.data();
-      // S [rows x kmax] = Q_blk [rows x d] @ K[:kmax]^T [d x kmax]
-      gemm<T>(rows, kmax, d, qp, qrs, q.strides[3], kp, k.strides[3], k.strides[2], sp, kmax, 1, false);
+      // S [rows x nk] = Q_blk [rows x d] @ K[kmin:kmax]^T [d x nk]
+      gemm<T>(rows, nk, d, qp, qrs, q.strides[3], kp, k.strides[3], k.strides[2], sp, nk, 1, false);
       for (int64_t r = 0; r < rows; ++r) {
-        T* row = sp + r * kmax;
+        T* row = sp + r * nk;
         const int64_t qi = stack ? i0 : i0 + r;
-        const int64_t valid = std::min(len, causal ? qi + offset + 1 : tk);
-        if (valid <= 0) {
-          std::fill(row, row + kmax, T(0));
+        const int64_t valid = std::min(len, causal ? qi + offset + 1 : tk) - kmin;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, qi + offset - window + 1) - kmin : 0;
+        if (valid <= lo) {
+          std::fill(row, row + nk, T(0));
           continue;
         }
-        for (int64_t j = 0; j < valid; ++j) row[j] *= sc;
+        for (int64_t j = lo; j < valid; ++j) row[j] *= sc;
         if constexpr (std::is_same_v<T, float>) {
-          vec().softmax_f32(row, row, valid);
+          vec().softmax_f32(row + lo, row + lo, valid - lo);
         } else {
-          softmax_row_f64(row, row, valid, false);
+          softmax_row_f64(row + lo, row + lo, valid - lo, false);
         }
-        std::fill(row + valid, row + kmax, T(0));
+        std::fill(row, row + lo, T(0));
+        std::fill(row + valid, row + nk, T(0));
       }
-      // out block [rows x dv] = P [rows x kmax] @ V[:kmax] [kmax x dv]
-      gemm<T>(rows, dv, kmax, sp, kmax, 1, vp, v.strides[2], v.strides[3], o, ors, out.strides[3], false);
+      // out block [rows x dv] = P [rows x nk] @ V[kmin:kmax] [nk x dv]
+      gemm<T>(rows, dv, nk, sp, nk, 1, vp, v.strides[2], v.strides[3], o, ors, out.strides[3], false);
     }
   });
 }
@@ -114,7 +124,7 @@ void attention_native(const View& out, const View& q, const View& k, const View&
 }  // namespace
 
 void attention(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
-               const View* lengths) {
+               const View* lengths, int64_t window) {
   KAEL_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4 && out.ndim == 4, Shape,
              "attention: q, k, v and out must be [B, H, T, D]");
   KAEL_CHECK(k.shape[0] == q.shape[0] && k.shape[3] == q.shape[3] && v.shape[0] == k.shape[0] &&
@@ -130,6 +140,9 @@ void attention(const View& out, const View& q, const View& k, const View& v, dou
   KAEL_CHECK(q.dtype == out.dtype && k.dtype == out.dtype && v.dtype == out.dtype, DType,
              "attention: q, k, v and out must share a dtype");
   KAEL_CHECK(is_floating(out.dtype), DType, "attention: expected floating-point tensors, got ", dtype_name(out.dtype));
+  KAEL_CHECK(window >= 0, Shape, "attention: window must be >= 0 (0: no sliding window), got ", window);
+  KAEL_CHECK(window == 0 || causal, Shape, "attention: a sliding window (window = ", window,
+             ") needs causal attention");
   std::vector<int64_t> lens;
   if (lengths != nullptr) {
     KAEL_CHECK(lengths->ndim == 1 && lengths->shape[0] == q.shape[0], Shape, "attention: lengths must be [", q.shape[0],
@@ -142,11 +155,11 @@ void attention(const View& out, const View& q, const View& k, const View& v, dou
     Temp tq = to_contiguous(q, DType::Float32), tk = to_contiguous(k, DType::Float32),
          tv = to_contiguous(v, DType::Float32);
     Temp to = make_temp(DType::Float32, out.shape, 4);
-    attention_native<float>(to.view, tq.view, tk.view, tv.view, scale, causal, lens);
+    attention_native<float>(to.view, tq.view, tk.view, tv.view, scale, causal, lens, window);
     copy(out, to.view);
     return;
   }
-  KAEL_DISPATCH_FLOAT(out.dtype, "attention", (attention_native<T>(out, q, k, v, scale, causal, lens)));
+  KAEL_DISPATCH_FLOAT(out.dtype, "attention", (attention_native<T>(out, q, k, v, scale, causal, lens, window)));
 }
 
 }  // namespace kael

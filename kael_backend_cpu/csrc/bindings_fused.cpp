@@ -288,33 +288,41 @@ void bind_fused(py::module_& m) {
           u.fix(l, t, false);
           cross_entropy(l, z, t, ignore_index, label_smoothing);
         });
-  m.def("attention",
-        [](py::handle out, py::handle q, py::handle k, py::handle v, double scale, bool causal, py::handle lengths) {
-          View o = parse(out, "attention", true), qv = parse(q, "attention"), kv = parse(k, "attention"),
-               vv = parse(v, "attention");
-          View lv;
-          const bool hl = !lengths.is_none();
-          if (hl) lv = parse(lengths, "attention");
-          py::gil_scoped_release nogil;
-          Unaliased u;
-          u.fix(o, qv, false);
-          u.fix(o, kv, false);
-          u.fix(o, vv, false);
-          attention(o, qv, kv, vv, scale, causal, hl ? &lv : nullptr);
-        });
-  m.def("paged_attention",
-        [](py::handle out, py::handle q, py::handle cache, py::handle block_table, py::handle lengths, double scale) {
-          const char* n = "paged_attention";
-          View o = parse(out, n, true), qv = parse(q, n), cv = parse(cache, n), tv = parse(block_table, n),
-               lv = parse(lengths, n);
-          py::gil_scoped_release nogil;
-          Unaliased u;
-          u.fix(o, qv, false);
-          u.fix(o, cv, false);
-          u.fix(o, tv, false);
-          u.fix(o, lv, false);
-          paged_attention(o, qv, cv, tv, lv, scale);
-        });
+  m.def(
+      "attention",
+      [](py::handle out, py::handle q, py::handle k, py::handle v, double scale, bool causal, py::handle lengths,
+         int64_t window) {
+        View o = parse(out, "attention", true), qv = parse(q, "attention"), kv = parse(k, "attention"),
+             vv = parse(v, "attention");
+        View lv;
+        const bool hl = !lengths.is_none();
+        if (hl) lv = parse(lengths, "attention");
+        py::gil_scoped_release nogil;
+        Unaliased u;
+        u.fix(o, qv, false);
+        u.fix(o, kv, false);
+        u.fix(o, vv, false);
+        attention(o, qv, kv, vv, scale, causal, hl ? &lv : nullptr, window);
+      },
+      py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("causal"), py::arg("lengths"),
+      py::arg("window") = 0);
+  m.def(
+      "paged_attention",
+      [](py::handle out, py::handle q, py::handle cache, py::handle block_table, py::handle lengths, double scale,
+         int64_t window) {
+        const char* n = "paged_attention";
+        View o = parse(out, n, true), qv = parse(q, n), cv = parse(cache, n), tv = parse(block_table, n),
+             lv = parse(lengths, n);
+        py::gil_scoped_release nogil;
+        Unaliased u;
+        u.fix(o, qv, false);
+        u.fix(o, cv, false);
+        u.fix(o, tv, false);
+        u.fix(o, lv, false);
+        paged_attention(o, qv, cv, tv, lv, scale, window);
+      },
+      py::arg("out"), py::arg("q"), py::arg("cache"), py::arg("block_table"), py::arg("lengths"), py::arg("scale"),
+      py::arg("window") = 0);
   m.def("adamw_step", [](py::handle param, py::handle grad, py::handle exp_avg, py::handle exp_avg_sq, double lr,
                          double beta1, double beta2, double eps, double weight_decay, int64_t step) {
     const char* n = "adamw_step";

@@ -120,18 +120,19 @@ void silu_mul(const View& out, const View& gate, const View& up);
 // -- attention.cpp -----------------------------------------------------------------------
 // q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv] -> out [B,H,Tq,Dv], H % Hkv == 0 and query head
 // h reading kv head h / (H / Hkv) (grouped-query attention); causal aligns the last query
-// with key Tk-1 (a KV cache); lengths int64 [B] limits the keys each batch row sees.
+// with key Tk-1 (a KV cache); lengths int64 [B] limits the keys each batch row sees; window > 0
+// (causal only) a sliding window: the query at position p sees keys p-window+1 .. p (NOTE [attention window]).
 void attention(const View& out, const View& q, const View& k, const View& v, double scale, bool causal,
-               const View* lengths);
+               const View* lengths, int64_t window = 0);
 
 // -- paged_attention.cpp (NOTE [paged attention tasks]) -----------------------------------
 // Causal attention of q [B,H,T,D] over a paged KV cache [NB,2,Hkv,S,D] (block n's keys at [n,0],
 // values at [n,1]): position p of row b is slot p % S of block block_table[b, p / S] (integer
 // [B,M]), query t of row b sees positions 0 .. lengths[b]-T+t (lengths integer [B], T <=
 // lengths[b] <= M*S, every block id in use in [0, NB): checked, a kael::Error otherwise).
-// out [B,H,T,D]; H % Hkv == 0 as attention.
+// out [B,H,T,D]; H % Hkv == 0 as attention; window > 0 a sliding window as attention's.
 void paged_attention(const View& out, const View& q, const View& cache, const View& block_table, const View& lengths,
-                     double scale);
+                     double scale, int64_t window = 0);
 
 // -- quant.cpp: weight formats (NOTE [quantized linear paths]) ---------------------------
 // The formats of quant_formats.h (GGML blocks as uint8 [N, K/QK*B]; bfloat16 / float16 [N, K]);

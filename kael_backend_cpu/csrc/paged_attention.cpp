@@ -17,6 +17,9 @@
 // it never depends on the other rows or on which blocks hold its keys (both are tested
 // in tests/backend_cpu/test_cpu_paged_attention.py). Past 16 queries attention may use
 // the packed GEMM instead, so its bits can differ there; the row independence stays.
+// With a sliding window a task's products start at the block holding the first key its
+// first query sees; the keys before each row's window are exact zeros in P (NOTE
+// [attention window] in attention.cpp), so the bits stay attention()'s.
 //
 // Pools are read in place when they are float32/float64 with D contiguous (and, for
 // D == 1, a block's positions contiguous, which the one-column kernel needs); otherwise
@@ -62,7 +65,7 @@ struct Pool {
 
 template <class T>
 void paged_native(const View& out, const View& q, const Pool<T>& pool, const int64_t* table, int64_t m,
-                  const std::vector<int64_t>& lens, int64_t s, int64_t nkv, double scale) {
+                  const std::vector<int64_t>& lens, int64_t s, int64_t nkv, double scale, int64_t window) {
   const GemmKernels<T>& g = gemm_kernels<T>();
   const int64_t nb = q.shape[0], nh = q.shape[1], tq = q.shape[2], d = q.shape[3];
   const int64_t group = nh / nkv;
@@ -92,19 +95,22 @@ void paged_native(const View& out, const View& q, const Pool<T>& pool, const int
       const int64_t len = lens[static_cast<size_t>(b)], offset = len - tq;
       const int64_t last = stack ? i0 : i0 + rows - 1;
       const int64_t kmax = std::min(len, last + 1 + offset);  // >= 1: len >= tq
+      // the products start at the block of the first key the task's first query sees (0 without a window)
+      const int64_t kmin = window > 0 ? std::max<int64_t>(0, i0 + offset - window + 1) / s * s : 0;
+      const int64_t nk = kmax - kmin;  // >= 1: kmin <= i0 + offset < kmax
       const int64_t* ids = table + b * m;
       // Q rows [rows x d]: query positions, or the stacked heads of a decode step
       const T* qp = q.ptr<T>() + b * q.strides[0] + h0 * q.strides[1] + i0 * q.strides[2];
       int64_t qrs = stack ? q.strides[1] : q.strides[2], qcs = q.strides[3];
-      sbuf.resize(static_cast<size_t>(rows * kmax));
+      sbuf.resize(static_cast<size_t>(rows * nk));
       T* sp = sbuf.data();
       // S [rows x kmax] = Q K^T, a block's columns at a time, with the kernel gemm() picks for the whole product:
       // one column or D == 1 streams B along its columns (rows_nmajor), else dot products (rows_kmajor, A
       // contiguous along D)
       if (kmax == 1 || d == 1) {
-        for (int64_t j0 = 0; j0 < kmax; j0 += s) {
+        for (int64_t j0 = kmin; j0 < kmax; j0 += s) {
           const int64_t seg = std::min(s, kmax - j0);
-          g.rows_nmajor(rows, seg, d, qp, qrs, qcs, pool.block(ids[j0 / s], 0, hk), 1, sp + j0, kmax, false);
+          g.rows_nmajor(rows, seg, d, qp, qrs, qcs, pool.block(ids[j0 / s], 0, hk), 1, sp + j0 - kmin, nk, false);
         }
       } else {
         if (qcs != 1) {  // as gemm() does for the dot kernels: the few rows of A copied contiguous along D
@@ -116,22 +122,24 @@ void paged_native(const View& out, const View& q, const Pool<T>& pool, const int
           qrs = d;
           qcs = 1;
         }
-        for (int64_t j0 = 0; j0 < kmax; j0 += s) {
+        for (int64_t j0 = kmin; j0 < kmax; j0 += s) {
           const int64_t seg = std::min(s, kmax - j0);
-          g.rows_kmajor(rows, seg, d, qp, qrs, pool.block(ids[j0 / s], 0, hk), pool.ss, sp + j0, kmax, 1, false);
+          g.rows_kmajor(rows, seg, d, qp, qrs, pool.block(ids[j0 / s], 0, hk), pool.ss, sp + j0 - kmin, nk, 1, false);
         }
       }
       for (int64_t r = 0; r < rows; ++r) {
-        T* row = sp + r * kmax;
+        T* row = sp + r * nk;
         const int64_t qi = stack ? i0 : i0 + r;
-        const int64_t valid = std::min(len, qi + offset + 1);
-        for (int64_t j = 0; j < valid; ++j) row[j] *= sc;
+        const int64_t valid = std::min(len, qi + offset + 1) - kmin;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, qi + offset - window + 1) - kmin : 0;
+        for (int64_t j = lo; j < valid; ++j) row[j] *= sc;
         if constexpr (std::is_same_v<T, float>) {
-          vec().softmax_f32(row, row, valid);
+          vec().softmax_f32(row + lo, row + lo, valid - lo);
         } else {
-          softmax_row_f64(row, row, valid, false);
+          softmax_row_f64(row + lo, row + lo, valid - lo, false);
         }
-        std::fill(row + valid, row + kmax, T(0));
+        std::fill(row, row + lo, T(0));
+        std::fill(row + valid, row + nk, T(0));
       }
       // out rows [rows x d] = P V, a block's rows at a time, accumulating
       T* o = out.ptr<T>() + b * out.strides[0] + h0 * out.strides[1] + i0 * out.strides[2];
@@ -143,9 +151,10 @@ void paged_native(const View& out, const View& q, const Pool<T>& pool, const int
         dst = obuf.data();
         drs = d;
       }
-      for (int64_t j0 = 0; j0 < kmax; j0 += s) {
+      for (int64_t j0 = kmin; j0 < kmax; j0 += s) {
         const int64_t seg = std::min(s, kmax - j0);
-        g.rows_nmajor(rows, d, seg, sp + j0, kmax, 1, pool.block(ids[j0 / s], 1, hk), pool.ss, dst, drs, j0 > 0);
+        g.rows_nmajor(rows, d, seg, sp + j0 - kmin, nk, 1, pool.block(ids[j0 / s], 1, hk), pool.ss, dst, drs,
+                      j0 > kmin);
       }
       if (!out_rows) {
         for (int64_t r = 0; r < rows; ++r) {
@@ -200,8 +209,9 @@ Pool<T> pool_of(const View& v) {
 }  // namespace
 
 void paged_attention(const View& out, const View& q, const View& cache, const View& block_table, const View& lengths,
-                     double scale) {
+                     double scale, int64_t window) {
   const char* op = "paged_attention";
+  KAEL_CHECK(window >= 0, Shape, op, ": window must be >= 0 (0: no sliding window), got ", window);
   KAEL_CHECK(q.ndim == 4 && out.ndim == 4, Shape, op, ": q and out must be [B, H, T, D]");
   const int64_t nb = q.shape[0], nh = q.shape[1], tq = q.shape[2], d = q.shape[3];
   KAEL_CHECK(cache.ndim == 5 && cache.shape[1] == 2 && cache.shape[4] == d && cache.shape[2] > 0 && cache.shape[3] > 0,
@@ -245,7 +255,7 @@ void paged_attention(const View& out, const View& q, const View& cache, const Vi
     Temp tq32 = to_contiguous(q, DType::Float32);
     Temp pool = compact_pool(cache, table, m, lens, s, DType::Float32);
     Temp to = make_temp(DType::Float32, out.shape, 4);
-    paged_native<float>(to.view, tq32.view, pool_of<float>(pool.view), table.data(), m, lens, s, nkv, scale);
+    paged_native<float>(to.view, tq32.view, pool_of<float>(pool.view), table.data(), m, lens, s, nkv, scale, window);
     copy(out, to.view);
     return;
   }
@@ -256,7 +266,8 @@ void paged_attention(const View& out, const View& q, const View& cache, const Vi
     pool = compact_pool(cache, table, m, lens, s, out.dtype);
     pv = &pool.view;
   }
-  KAEL_DISPATCH_FLOAT(out.dtype, op, (paged_native<T>(out, q, pool_of<T>(*pv), table.data(), m, lens, s, nkv, scale)));
+  KAEL_DISPATCH_FLOAT(out.dtype, op,
+                      (paged_native<T>(out, q, pool_of<T>(*pv), table.data(), m, lens, s, nkv, scale, window)));
 }
 
 }  // namespace kael

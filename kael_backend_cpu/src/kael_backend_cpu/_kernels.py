@@ -39,18 +39,20 @@ def missing_fused() -> list[str]:
     return sorted(op for op in catalogue.FUSED if not hasattr(C, op))
 
 
-def _attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
+def _attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any, window: int = 0) -> None:
     if q.dtype is dtypes.float16:
-        _host_attention(out, q, k, v, scale, causal, lengths)
+        _host_attention(out, q, k, v, scale, causal, lengths, window)
     else:
-        C.attention(out, q, k, v, scale, causal, lengths)
+        C.attention(out, q, k, v, scale, causal, lengths, window)
 
 
-def _paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
+def _paged_attention(
+    out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float, window: int = 0
+) -> None:
     if q.dtype is dtypes.float16:
-        _host_paged_attention(out, q, cache, block_table, lengths, scale)
+        _host_paged_attention(out, q, cache, block_table, lengths, scale, window)
     else:
-        C.paged_attention(out, q, cache, block_table, lengths, scale)
+        C.paged_attention(out, q, cache, block_table, lengths, scale, window)
 
 
 def kernel_table() -> dict[str, Callable[..., Any]]:

@@ -211,7 +211,7 @@ def cross_entropy(losses: Any, logits: Any, target: Any, ignore_index: int, labe
     _finish(losses, dst, direct)
 
 
-def _attend_half(qv: Any, kv: Any, vv: Any, scale: float, causal: bool, lens: Any) -> Any:
+def _attend_half(qv: Any, kv: Any, vv: Any, scale: float, causal: bool, lens: Any, window: int = 0) -> Any:
     """float16: the reference's arithmetic (matmuls and softmax in float16) over xp arrays, [B, H, Tq, Dv]."""
     xp = X.xp
     b, h, tq, _ = qv.shape
@@ -223,6 +223,8 @@ def _attend_half(qv: Any, kv: Any, vv: Any, scale: float, causal: bool, lens: An
     mask = xp.zeros((tq, tk), dtype=bool)
     if causal:
         mask |= xp.arange(tk)[None, :] > (xp.arange(tq)[:, None] + (tk - tq))
+    if window > 0:  # NOTE [sliding window] in kael/ops/_attention_fused.py
+        mask |= xp.arange(tk)[None, :] <= (xp.arange(tq)[:, None] + (tk - tq - window))
     full = xp.broadcast_to(mask, s.shape)
     if lens is not None:
         full = full | (xp.arange(tk)[None, :] >= lens[:, None]).reshape((b,) + (1,) * (s.ndim - 2) + (tk,))
@@ -234,18 +236,21 @@ def _attend_half(qv: Any, kv: Any, vv: Any, scale: float, causal: bool, lens: An
     return xp.matmul(e / xp.where(den == 0, 1, den), vv).reshape(b, h, tq, vv.shape[-1])
 
 
-def _attention_half(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
+def _attention_half(
+    out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any, window: int = 0
+) -> None:
     """float16: the reference's arithmetic (matmuls and softmax in float16), composed of xp ops."""
-    wr(out, _attend_half(rd(q), rd(k), rd(v), scale, causal, rd(lengths) if lengths is not None else None))
+    lens = rd(lengths) if lengths is not None else None
+    wr(out, _attend_half(rd(q), rd(k), rd(v), scale, causal, lens, window))
 
 
-def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
+def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any, window: int = 0) -> None:
     xp = X.xp
     if out.numel() == 0:
         return
     if q.dtype is dt.float16:
         with errstate():
-            _attention_half(out, q, k, v, scale, causal, lengths)
+            _attention_half(out, q, k, v, scale, causal, lengths, window)
         return
     cd = compute_dtype(q, k, v)
     qv = rd(q).astype(cd, copy=False)
@@ -264,14 +269,16 @@ def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, leng
         qv = qv.reshape(grouped + (d,))
     scores = xp.ascontiguousarray(xp.matmul(qv, xp.swapaxes(kv, -1, -2)))  # via cuBLAS
     lens = xp.ascontiguousarray(view(lengths), dtype=np.int64) if lengths is not None else None
-    raw.attention_softmax(scores.reshape(b, h, tq, tk), lens, h, tq, float(scale), bool(causal))
+    raw.attention_softmax(scores.reshape(b, h, tq, tk), lens, h, tq, float(scale), bool(causal), int(window))
     if _fits(out, cd, q, k, v, lengths):
         xp.matmul(scores, vv, out=dense_view(out, grouped + (out.shape[-1],)))
     else:
         wr(out, xp.matmul(scores, vv).reshape(out.shape))
 
 
-def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
+def paged_attention(
+    out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float, window: int = 0
+) -> None:
     """NOTE [paged attention] in kael/ops/_attention_fused.py: one raw kernel reads every key and value in its block.
 
     16-bit pools compute in float32 (a float32 copy of the pool per call); float16 instead runs the
@@ -292,13 +299,13 @@ def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any
                 k, v = (
                     xp.ascontiguousarray(picked[:, i].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :n]) for i in (0, 1)
                 )
-                rows.append(_attend_half(qv[r : r + 1], k[None], v[None], scale, True, None))
+                rows.append(_attend_half(qv[r : r + 1], k[None], v[None], scale, True, None, window))
             wr(out, xp.concatenate(rows))
         return
     cd = compute_dtype(q, cache)
     qv, cv = _arr(q, cd), _arr(cache, cd)
     y, direct = _dst(out, cd, out.shape, q, cache, block_table, lengths)
-    raw.paged_attention_rows(qv, cv, table, lens, y, float(scale))
+    raw.paged_attention_rows(qv, cv, table, lens, y, float(scale), int(window))
     _finish(out, y, direct)
 
 

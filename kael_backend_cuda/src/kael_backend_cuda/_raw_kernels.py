@@ -189,7 +189,9 @@ def cross_entropy_rows(logits: Any, target: Any, losses: Any, ignore_index: int,
     )
 
 
-def attention_softmax(scores: Any, lengths: Any, heads: int, tq: int, scale: float, causal: bool) -> None:
+def attention_softmax(
+    scores: Any, lengths: Any, heads: int, tq: int, scale: float, causal: bool, window: int = 0
+) -> None:
     """In place on scores [B, H, Tq, Tk]: masked, scaled softmax over the keys (see the CUDA source)."""
     b, h, _, tk = scores.shape
     rows = b * h * tq
@@ -202,6 +204,9 @@ def attention_softmax(scores: Any, lengths: Any, heads: int, tq: int, scale: flo
             if lengths is not None:
                 limit = np.minimum(limit, lengths[:, None, None, None])
             keep = np.arange(tk)[None, None, None, :] < limit
+            if window > 0:
+                first = (np.arange(tq) + (tk - tq) - window + 1)[None, None, :, None]
+                keep &= np.arange(tk)[None, None, None, :] >= first
             s = np.where(keep, scores * one(scale), one(-np.inf))
             m = np.max(s, axis=-1, keepdims=True)
             e = np.where(keep, np.exp(s - m), one(0))
@@ -223,6 +228,7 @@ def attention_softmax(scores: Any, lengths: Any, heads: int, tq: int, scale: flo
             _scalar(scores.dtype, scale),
             np.int32(causal),
             np.int32(lengths is not None),
+            np.int32(window),
         ),
     )
 
@@ -264,7 +270,7 @@ def rope_rows(x: Any, cos: Any, sin: Any, positions: Any, y: Any) -> None:
     )
 
 
-def paged_attention_rows(q: Any, cache: Any, table: Any, lengths: Any, out: Any, scale: float) -> None:
+def paged_attention_rows(q: Any, cache: Any, table: Any, lengths: Any, out: Any, scale: float, window: int = 0) -> None:
     """out [B, H, Tq, D] = causal attention of q [B, H, Tq, D] over the paged cache [NB, 2, Hkv, S, D].
 
     table int64 [B, M], lengths int64 [B] (checked by the frontend); see the CUDA source. The twin
@@ -284,6 +290,8 @@ def paged_attention_rows(q: Any, cache: Any, table: Any, lengths: Any, out: Any,
                 k, v = (picked[:, part].transpose(1, 0, 2, 3).reshape(hkv, nb * s, d)[:, :n] for part in (0, 1))
                 z = np.matmul(q[r].reshape(hkv, g * tq, d), k.transpose(0, 2, 1)) * one(scale)  # [Hkv, g*Tq, n]
                 keep = np.arange(n)[None, :] <= (np.arange(tq) + (n - tq))[:, None]  # [Tq, n]
+                if window > 0:
+                    keep &= np.arange(n)[None, :] > (np.arange(tq) + (n - tq) - window)[:, None]
                 keep = np.broadcast_to(keep[None, None], (hkv, g, tq, n)).reshape(hkv, g * tq, n)
                 z = np.where(keep, z, one(-np.inf))
                 e = np.where(keep, np.exp(z - np.max(z, axis=-1, keepdims=True)), one(0))
@@ -310,5 +318,6 @@ def paged_attention_rows(q: Any, cache: Any, table: Any, lengths: Any, out: Any,
             np.int32(s),
             np.int32(m),
             _scalar(q.dtype, scale),
+            np.int32(window),
         ),
     )

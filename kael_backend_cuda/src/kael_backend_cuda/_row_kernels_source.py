@@ -177,10 +177,11 @@ __global__ void cross_entropy_rows(const T* logits, const long long* target, T* 
 
 // In place on scores [B*H*Tq, Tk]: p = softmax(scale * s) over the keys each query may see, 0 elsewhere.
 // Query i of Tq sees key j when j <= i + Tk - Tq (causal; the last query is aligned with the last key of
-// the KV cache) and j < lengths[b]. A row that sees no key is all zeros.
+// the KV cache) and j < lengths[b], and with a sliding window (window > 0) j > i + Tk - Tq - window.
+// A row that sees no key is all zeros.
 template <typename T>
 __global__ void attention_softmax(T* scores, const long long* lengths, int rows_per_batch, int tq, int tk, T scale,
-                                  int causal, int has_lengths) {
+                                  int causal, int has_lengths, int window) {
     __shared__ T buf[32];
     const long long row = blockIdx.x;
     const int b = (int)(row / rows_per_batch);
@@ -191,13 +192,14 @@ __global__ void attention_softmax(T* scores, const long long* lengths, int rows_
     if (has_lengths) limit = min(limit, lengths[b]);
     if (limit < 0) limit = 0;
     const int n = (int)limit;
+    const int lo = window > 0 ? max(0, i + (tk - tq) - window + 1) : 0;  // the first key in the window
     T m = kael_neg_inf<T>();
-    for (int j = threadIdx.x; j < n; j += blockDim.x) m = kael_max(m, sr[j] * scale);
+    for (int j = lo + threadIdx.x; j < n; j += blockDim.x) m = kael_max(m, sr[j] * scale);
     m = block_max(m, buf);
     T s = T(0);
-    for (int j = threadIdx.x; j < n; j += blockDim.x) s += exp(sr[j] * scale - m);
+    for (int j = lo + threadIdx.x; j < n; j += blockDim.x) s += exp(sr[j] * scale - m);
     s = block_sum(s, buf);
-    for (int j = threadIdx.x; j < tk; j += blockDim.x) sr[j] = j < n ? exp(sr[j] * scale - m) / s : T(0);
+    for (int j = threadIdx.x; j < tk; j += blockDim.x) sr[j] = j >= lo && j < n ? exp(sr[j] * scale - m) / s : T(0);
 }
 
 // RMSNorm (Hugging Face's LlamaRMSNorm) over each row: rstd[r] = 1/sqrt(mean(x^2) + eps), y = x * rstd * w.
@@ -240,12 +242,13 @@ __global__ void rope_rows(const T* x, const T* cos_t, const T* sin_t, const long
 // query row = (b*H + h)*Tq + i of out [B*H*Tq, D]. q [B, H, Tq, D], cache [NB, 2, Hkv, S, D] (block n's keys
 // at [n, 0], values at [n, 1]), table [B, M], lengths [B]: all C-contiguous. Position p of row b is slot p % S
 // of block table[b, p / S]; query i sees positions 0..lengths[b]-Tq+i (at least one: lengths[b] >= Tq, and
-// every block id in use is in range, both checked by the frontend). scratch [B*H*Tq, M*S] holds the row's
-// scores, then exp(score - max); each output element is sum_p (e_p / sum) * v_p, as the reference computes.
+// every block id in use is in range, both checked by the frontend); with a sliding window (window > 0) only
+// the last `window` of them. scratch [B*H*Tq, M*S] holds the row's scores, then exp(score - max); each output
+// element is sum_p (e_p / sum) * v_p, as the reference computes.
 template <typename T>
 __global__ void paged_attention_rows(const T* q, const T* cache, const long long* table, const long long* lengths,
                                      T* out, T* scratch, int heads, int kv_heads, int tq, int d, int s, int m,
-                                     T scale) {
+                                     T scale, int window) {
     __shared__ T buf[32];
     const long long row = blockIdx.x;
     const long long b = row / ((long long)heads * tq);
@@ -253,13 +256,14 @@ __global__ void paged_attention_rows(const T* q, const T* cache, const long long
     const int i = (int)(row % tq);
     const int j = h / (heads / kv_heads);  // the kv head of query head h (grouped-query attention)
     const int n = (int)(lengths[b] - tq + i + 1);
+    const int lo = window > 0 ? max(0, n - window) : 0;  // the first position in the window
     const T* qr = q + row * d;
     const long long* blocks = table + b * m;
     T* sr = scratch + row * ((long long)m * s);
     const long long head_stride = (long long)s * d;  // one kv head of one block
     const long long block_stride = 2LL * kv_heads * head_stride;
     T mx = kael_neg_inf<T>();
-    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+    for (int p = lo + threadIdx.x; p < n; p += blockDim.x) {
         const T* kp = cache + blocks[p / s] * block_stride + j * head_stride + (long long)(p % s) * d;
         T acc = T(0);
         for (int c = 0; c < d; ++c) acc += qr[c] * kp[c];
@@ -269,7 +273,7 @@ __global__ void paged_attention_rows(const T* q, const T* cache, const long long
     }
     mx = block_max(mx, buf);
     T sum = T(0);
-    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+    for (int p = lo + threadIdx.x; p < n; p += blockDim.x) {
         const T e = exp(sr[p] - mx);
         sr[p] = e;
         sum += e;
@@ -278,7 +282,7 @@ __global__ void paged_attention_rows(const T* q, const T* cache, const long long
     const T* vbase = cache + (long long)(kv_heads + j) * head_stride;
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         T acc = T(0);
-        for (int p = 0; p < n; ++p) {
+        for (int p = lo; p < n; ++p) {
             acc += (sr[p] / sum) * vbase[blocks[p / s] * block_stride + (long long)(p % s) * d + c];
         }
         out[row * d + c] = acc;

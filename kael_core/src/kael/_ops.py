@@ -341,10 +341,11 @@ _defs += [
     _op(
         "attention",
         "fused",
-        "out!, q, k, v, scale: float, causal: bool, lengths?",
+        "out!, q, k, v, scale: float, causal: bool, lengths?, window: int",
         "q [B,H,Tq,D], k/v [B,Hkv,Tk,D] with H % Hkv == 0: query head h reads key/value head "
         "h // (H // Hkv) (grouped-query attention; multi-query when Hkv == 1; K/V never repeated); "
-        "causal aligns the last query with key Tk-1 (KV cache); lengths int64 [B] limits the keys each row sees",
+        "causal aligns the last query with key Tk-1 (KV cache); lengths int64 [B] limits the keys each row sees; "
+        "window > 0 (1.4, causal only, passed only when set): the query at position p sees keys p-window+1..p",
     ),
     _op(
         "rms_norm",
@@ -395,7 +396,7 @@ _defs += [
     _op(
         "paged_attention",
         "fused",
-        "out!, q, cache, block_table, lengths, scale: float",
+        "out!, q, cache, block_table, lengths, scale: float, window: int",
         "causal attention over a paged KV cache (inference only): q/out [B,H,T,D]; cache [NB,2,Hkv,S,D] of q's "
         "dtype, one layer's pool of NB blocks of S positions (cache[n, 0] block n's keys [Hkv,S,D], cache[n, 1] "
         "its values); block_table int64 [B,M]: row b's position p (0 <= p < lengths[b]) is in block "
@@ -403,7 +404,8 @@ _defs += [
         "lengths int64 [B] with T <= lengths[b] <= M*S counts the positions row b attends to, this step's T "
         "included; query t of row b sits at position lengths[b]-T+t and attends keys 0..lengths[b]-T+t; H % Hkv "
         "== 0, query head h reads kv head h // (H // Hkv); accumulated in float32 (float64 for float64). A row's "
-        "result depends neither on the other rows nor on which blocks hold its keys",
+        "result depends neither on the other rows nor on which blocks hold its keys; window > 0 (1.4, passed only "
+        "when set): query t sees only positions lengths[b]-T+t-window+1 .. lengths[b]-T+t",
     ),
 ]
 _defs += [

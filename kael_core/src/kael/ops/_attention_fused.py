@@ -10,10 +10,21 @@ it can (lengths within [T, M*S], each block id in use within [0, NB)) on the hos
 any kernel runs, so kernels may index the pool without bounds checks. The decomposition is
 the definition: per row, gather its ceil(lengths[b]/S) blocks into contiguous k, v
 [1, Hkv, lengths[b], D] and run ``attention(q[b:b+1], k, v, causal=True)`` (the backend's
-attention kernel when it has one). Kernels keep two invariants the decomposition has by
+attention kernel when it has one), with the same ``window``. Kernels keep two invariants the decomposition has by
 construction: a row's bits never depend on the other rows of the batch, nor on which
 block ids hold its keys. It is inference only, like ``dequantize``: the output has no
 ``grad_fn`` (a KV cache is data written by earlier steps, not a graph to differentiate).
+
+NOTE [sliding window]
+---------------------
+``window`` W > 0 (with ``causal``) is sliding-window attention as transformers masks it
+(Mistral, Gemma 2/3, Phi-3, Qwen2's ``use_sliding_window``): the query at position p sees
+the keys at positions p - W + 1 .. p, W of them at most; 0 (None at the frontend) is no
+window. Both ops' kernels take it as their last argument since backend API 1.4; a backend
+of an older minor version runs the decomposition when a window is set (and is called
+without the argument otherwise). The masked keys contribute exactly nothing: a kernel may
+start a product at any key before the window (their probabilities are exact zeros), so a
+row's bits still never depend on how the work is split.
 """
 
 from __future__ import annotations
@@ -47,7 +58,9 @@ def _group_queries(q: Tensor, hkv: int) -> Tensor:
     return q if hkv == h else reshape_nograd(q, (b, hkv, (h // hkv) * tq, d))
 
 
-def _attention_mask(tq: int, tk: int, group: int, causal: bool, lengths: Tensor | None, device: Any) -> Tensor | None:
+def _attention_mask(
+    tq: int, tk: int, group: int, causal: bool, lengths: Tensor | None, device: Any, window: int = 0
+) -> Tensor | None:
     """True where a score is masked, broadcastable to the scores [B, Hkv, group*Tq, Tk] (None: nothing masked)."""
     from ._creation import arange
 
@@ -56,18 +69,23 @@ def _attention_mask(tq: int, tk: int, group: int, causal: bool, lengths: Tensor 
         qi = binary("remainder", qi, tq)  # row r of a grouped block is query r % Tq
     ki = reshape_nograd(arange(tk, device=device), (1, tk))
     masked: Tensor | None = binary("gt", ki, binary("add", qi, tk - tq)) if causal else None
+    if window > 0:  # NOTE [sliding window]: key j is out of query i's window when j <= i + (Tk - Tq) - W
+        early = binary("le", ki, binary("add", qi, tk - tq - window))
+        masked = early if masked is None else binary("logical_or", masked, early)
     if lengths is not None:
         lm = binary("ge", reshape_nograd(ki, (1, 1, 1, tk)), reshape_nograd(lengths, (lengths.shape[0], 1, 1, 1)))
         masked = lm if masked is None else binary("logical_or", masked, lm)
     return masked
 
 
-def attention_decomp(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None) -> Tensor:
+def attention_decomp(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None, window: int = 0
+) -> Tensor:
     b, h, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[-2]
     qg = _group_queries(q, hkv)
     s = binary("mul", _mm(qg, _t(k)), scale)
-    masked = _attention_mask(tq, tk, h // hkv if hkv else 1, causal, lengths, q.device)
+    masked = _attention_mask(tq, tk, h // hkv if hkv else 1, causal, lengths, q.device, window)
     if masked is not None:
         from ._reduce import Where_nograd
 
@@ -83,14 +101,28 @@ def attention_decomp(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool
     return out if hkv == h else reshape_nograd(out, (b, h, tq, v.shape[-1]))
 
 
-def _attention_nograd(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
+def _kernel(device_type: str, op: str, window: int) -> Any:
+    """The backend's kernel for ``op`` when it can run ``window`` (NOTE [sliding window]), else None."""
+    kern = _dispatch.fused_kernel(device_type, op)
+    if kern is None or window == 0:
+        return kern
+    major, _, minor = str(_dispatch.backend_for(device_type).api_version).partition(".")
+    return kern if (int(major), int(minor or 0)) >= (1, 4) else None
+
+
+def _window_args(window: int) -> tuple[int, ...]:
+    """The kernels' trailing window argument: only when one is set (so a backend of API 1.3 runs the rest)."""
+    return (window,) if window else ()
+
+
+def _attention_nograd(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window: int = 0) -> Tensor:
     """attention(q, k, v) without autograd: the backend's fused kernel when it has one, else the decomposition."""
-    kern = _dispatch.fused_kernel(q.device.type, "attention")
+    kern = _kernel(q.device.type, "attention", window)
     if kern is None:
-        return attention_decomp(q, k, v, scale, causal, None)
+        return attention_decomp(q, k, v, scale, causal, None, window)
     out = empty(q.shape[:-1] + (v.shape[-1],), q.dtype, q.device)
     if out.numel():
-        kern(out, q, k, v, scale, causal, None)
+        kern(out, q, k, v, scale, causal, None, *_window_args(window))
     return out
 
 
@@ -110,7 +142,9 @@ def _row_blocks(cache: Tensor, ids: Tensor, part: int, length: int) -> Tensor:
     return reshape_nograd(contiguous_nograd(kv), (1, hkv, length, d))
 
 
-def paged_attention_decomp(q: Tensor, cache: Tensor, block_table: Tensor, lengths: Tensor, scale: float) -> Tensor:
+def paged_attention_decomp(
+    q: Tensor, cache: Tensor, block_table: Tensor, lengths: Tensor, scale: float, window: int = 0
+) -> Tensor:
     """Per row b: gather its blocks into contiguous k, v [1, Hkv, lengths[b], D], then causal attention.
 
     NOTE [paged attention]. Arguments as the kernel gets them (checked by the frontend).
@@ -129,23 +163,23 @@ def paged_attention_decomp(q: Tensor, cache: Tensor, block_table: Tensor, length
         ids = make_view(block_table, (nb,), (bts[1],), block_table._offset + r * bts[0])
         k, v = _row_blocks(cache, ids, 0, n), _row_blocks(cache, ids, 1, n)
         row = _slice_fn(0, r, r + 1, 1)
-        copy(row(out), _attention_nograd(row(q), k, v, scale, True))
+        copy(row(out), _attention_nograd(row(q), k, v, scale, True, window))
     return out
 
 
 class Attention(Function):
     @staticmethod
     def forward(
-        ctx: Any, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None, window: int
     ) -> Tensor:
-        kern = _dispatch.fused_kernel(q.device.type, "attention")
+        kern = _kernel(q.device.type, "attention", window)
         if kern is not None:
             out = empty(q.shape[:-1] + (v.shape[-1],), q.dtype, q.device)
-            kern(out, q, k, v, scale, causal, lengths)
+            kern(out, q, k, v, scale, causal, lengths, *_window_args(window))
         else:
-            out = attention_decomp(q, k, v, scale, causal, lengths)
+            out = attention_decomp(q, k, v, scale, causal, lengths, window)
         ctx.save_for_backward(q, k, v)
-        ctx.scale, ctx.causal, ctx.lengths = scale, causal, lengths
+        ctx.scale, ctx.causal, ctx.lengths, ctx.window = scale, causal, lengths, window
         return out
 
     @staticmethod
@@ -162,7 +196,7 @@ class Attention(Function):
         from ._reduce import Where_nograd
 
         if ctx.causal or ctx.lengths is not None:
-            masked = _attention_mask(tq, tk, h // hkv if hkv else 1, ctx.causal, ctx.lengths, q.device)
+            masked = _attention_mask(tq, tk, h // hkv if hkv else 1, ctx.causal, ctx.lengths, q.device, ctx.window)
             assert masked is not None
             s = Where_nograd(expand_to(masked, s.shape), float("-inf"), s)
         p = softmax_decomp(s, s.ndim - 1)
@@ -175,16 +209,35 @@ class Attention(Function):
         dk = _mm(_t(ds), qg)
         if hkv != h:
             dq = reshape_nograd(dq, q.shape)
-        return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape), None, None, None)
+        return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape), None, None, None, None)
+
+
+def _check_window(op: str, window: int | None, causal: bool) -> int:
+    """``window`` as the kernels take it (0: none), after checking it is a positive int with causal attention."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ShapeError(f"{op}: window must be a positive int (keys p-window+1..p) or None, got {window!r}")
+    if not causal:
+        raise ShapeError(f"{op}: a sliding window (window={window}) needs causal attention")
+    return window
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, lengths: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    lengths: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Scaled dot-product attention over q [B,H,Tq,D], k/v [B,Hkv,Tk,D].
 
     causal aligns the last query with the last key, so a query block appended to a
-    KV cache attends to all earlier keys. lengths [B] limits each row's keys.
+    KV cache attends to all earlier keys. lengths [B] limits each row's keys. window
+    (with causal) is a sliding window: the query at position p sees keys p-window+1..p
+    only (NOTE [sliding window]).
     Grouped-query attention: with Hkv < H (H % Hkv == 0), query head h reads key/value
     head h // (H // Hkv), as PyTorch's ``enable_gqa=True`` and Hugging Face's ``repeat_kv``;
     K/V are never repeated in memory.
@@ -207,10 +260,11 @@ def attention(
             f"scaled_dot_product_attention: causal with more queries ({q.shape[-2]}) than keys ({k.shape[-2]})"
         )
     check_device("scaled_dot_product_attention", q, k, v, lengths)
+    w = _check_window("scaled_dot_product_attention", window, bool(causal))
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if lengths is not None:
         lengths = cast(lengths, dt.int64)
-    return Attention.apply(q, k, v, sc, bool(causal), lengths)  # type: ignore[no-any-return]
+    return Attention.apply(q, k, v, sc, bool(causal), lengths, w)  # type: ignore[no-any-return]
 
 
 def _int64(op: str, name: str, t: Any) -> Tensor:
@@ -221,7 +275,13 @@ def _int64(op: str, name: str, t: Any) -> Tensor:
 
 
 def paged_attention(
-    q: Tensor, cache: Tensor, block_table: Tensor, lengths: Tensor, *, scale: float | None = None
+    q: Tensor,
+    cache: Tensor,
+    block_table: Tensor,
+    lengths: Tensor,
+    *,
+    scale: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Causal attention of q [B, H, T, D] over a paged KV cache (NOTE [paged attention]); no autograd.
 
@@ -233,7 +293,8 @@ def paged_attention(
     b attends to, this step's T new ones included (already written into their blocks), so
     T <= lengths[b] <= M*S; query t of row b sits at position ``lengths[b] - T + t`` and
     attends keys 0 .. lengths[b] - T + t. Grouped-query: H % Hkv == 0, query head h reads kv
-    head h // (H // Hkv). scale defaults to 1/sqrt(D). Returns [B, H, T, D] in q's dtype,
+    head h // (H // Hkv). scale defaults to 1/sqrt(D). window: a sliding window, query t
+    sees only the keys of its last ``window`` positions (NOTE [sliding window]). Returns [B, H, T, D] in q's dtype,
     computed as :func:`attention` computes (float32 arithmetic, float64 for float64). The
     result has no ``grad_fn`` (inference only), like :func:`dequantize`'s.
     """
@@ -283,12 +344,13 @@ def paged_attention(
                 f"(expected 0 <= id < {nblocks} for the {len(used)} block(s) holding row {r}'s {n} positions)"
             )
     sc = (1.0 / math.sqrt(d) if d else 1.0) if scale is None else float(scale)
-    kern = _dispatch.fused_kernel(dev.type, op)
+    w = _check_window(op, window, True)
+    kern = _kernel(dev.type, op, w)
     if kern is None:
-        return paged_attention_decomp(q, cache, block_table, lengths, sc)
+        return paged_attention_decomp(q, cache, block_table, lengths, sc, w)
     out = empty((b, h, t, d), q.dtype, dev)
     if out.numel():
-        kern(out, q, cache, block_table, lengths, sc)
+        kern(out, q, cache, block_table, lengths, sc, *_window_args(w))
     return out
 
 

@@ -105,8 +105,13 @@ def cross_entropy(losses: Any, logits: Any, target: Any, ignore_index: int, labe
     wr(losses, np.where(keep, nll, 0.0))
 
 
-def _attend(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, scale: float, causal: bool, lens: Any) -> np.ndarray:
-    """softmax(q k^T * scale, masked) v over arrays q [B,H,Tq,D], k/v [B,Hkv,Tk,D]: [B, H, Tq, Dv]."""
+def _attend(
+    qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, scale: float, causal: bool, lens: Any, window: int = 0
+) -> np.ndarray:
+    """softmax(q k^T * scale, masked) v over arrays q [B,H,Tq,D], k/v [B,Hkv,Tk,D]: [B, H, Tq, Dv].
+
+    ``window`` > 0 also masks the keys at or before query position - window (NOTE [sliding window] in
+    kael/ops/_attention_fused.py)."""
     b, h, tq, _ = qv.shape
     hkv, tk = kv.shape[1], kv.shape[-2]
     if tk == 0:  # no keys: every query attends to nothing (an empty sum), as the decomposition gives
@@ -118,6 +123,8 @@ def _attend(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, scale: float, causal
     mask = np.zeros((tq, tk), dtype=bool)
     if causal:
         mask |= np.arange(tk)[None, :] > (np.arange(tq)[:, None] + (tk - tq))
+    if window > 0:
+        mask |= np.arange(tk)[None, :] <= (np.arange(tq)[:, None] + (tk - tq - window))
     full = np.broadcast_to(mask, s.shape).copy()
     if lens is not None:
         full |= (np.arange(tk)[None, :] >= lens[:, None]).reshape((b,) + (1,) * (s.ndim - 2) + (tk,))
@@ -131,14 +138,16 @@ def _attend(qv: np.ndarray, kv: np.ndarray, vv: np.ndarray, scale: float, causal
     return out
 
 
-def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any) -> None:
+def attention(out: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, lengths: Any, window: int = 0) -> None:
     if k.shape[-2] == 0:
         wr(out, 0)
         return
-    wr(out, _attend(rd(q), rd(k), rd(v), scale, causal, rd(lengths) if lengths is not None else None))
+    wr(out, _attend(rd(q), rd(k), rd(v), scale, causal, rd(lengths) if lengths is not None else None, window))
 
 
-def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float) -> None:
+def paged_attention(
+    out: Any, q: Any, cache: Any, block_table: Any, lengths: Any, scale: float, window: int = 0
+) -> None:
     """NOTE [paged attention] in kael/ops/_attention_fused.py: per row, gather its blocks, then causal attention.
 
     Each row runs alone through the very arithmetic of ``attention`` on its gathered
@@ -153,7 +162,7 @@ def paged_attention(out: Any, q: Any, cache: Any, block_table: Any, lengths: Any
         n = int(lens[r])
         blocks = cv[table[r, : -(-n // s)]]  # [nb, 2, Hkv, S, D] (a copy)
         k, v = (np.ascontiguousarray(blocks[:, i].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :n]) for i in (0, 1))
-        res[r] = _attend(qv[r : r + 1], k[None], v[None], scale, True, None)[0]
+        res[r] = _attend(qv[r : r + 1], k[None], v[None], scale, True, None, window)[0]
     wr(out, res)
 
 

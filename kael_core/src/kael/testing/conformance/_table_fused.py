@@ -200,13 +200,14 @@ def _attention(d: dt.DType) -> dict[str, Builder]:
         heads: int = 2,
         kv_heads: int = 2,
         dv: int = 4,
+        window: int = 0,
     ) -> Builder:
         def build(rng: np.random.Generator) -> Call:
             q = operand(rng, (2, heads, tq, 4), d, lay)
             k = operand(rng, (2, kv_heads, tk, 4), d, lay)
             v = operand(rng, (2, kv_heads, tk, dv), d, lay)
             ln = Operand(np.array(lengths, np.int64), dt.int64) if lengths is not None else None
-            return Call([Out((2, heads, tq, dv), d), q, k, v, 0.5, causal, ln])
+            return Call([Out((2, heads, tq, dv), d), q, k, v, 0.5, causal, ln, *([window] if window else [])])
 
         return build
 
@@ -214,7 +215,11 @@ def _attention(d: dt.DType) -> dict[str, Builder]:
     # grouped-query attention: 4 query heads over 2 kv heads, multi-query (1 kv head)
     s["gqa_causal"] = mk(3, 5, True, None, HEADS, heads=4, kv_heads=2)
     s["mqa_decode"] = mk(1, 6, True, None, heads=4, kv_heads=1)
+    # sliding windows (API 1.4): a prefill chunk after a cache, each query seeing its last 3 keys
+    s["window_causal"] = mk(5, 7, True, None, HEADS, window=3)
     if d in FULL:
+        s["window_decode_lengths"] = mk(1, 6, True, [4, 6], heads=4, kv_heads=2, window=2)
+        s["window_one"] = mk(6, 6, True, None, "strided", window=1)
         s["causal_square"] = mk(4, 4, True, None, HEADS)
         s["decode"] = mk(1, 6, True, None)
         s["lengths"] = mk(3, 5, True, [5, 3], "strided")
@@ -239,6 +244,7 @@ def _paged_attention(d: dt.DType) -> dict[str, Builder]:
         lc: str = "contiguous",
         lo: str = "contiguous",
         dim: int = 4,
+        window: int = 0,
     ) -> Builder:
         def build(rng: np.random.Generator) -> Call:
             b = len(lengths)
@@ -253,7 +259,8 @@ def _paged_attention(d: dt.DType) -> dict[str, Builder]:
             q = operand(rng, (b, heads, tq, dim), d, lq)
             cache = operand(rng, (nb, 2, kv_heads, s, dim), d, lc)
             lens = Operand(np.array(lengths, np.int64), dt.int64)
-            return Call([Out((b, heads, tq, dim), d, lo), q, cache, Operand(table, dt.int64), lens, 0.5])
+            table_op = Operand(table, dt.int64)
+            return Call([Out((b, heads, tq, dim), d, lo), q, cache, table_op, lens, 0.5, *([window] if window else [])])
 
         return build
 
@@ -263,8 +270,10 @@ def _paged_attention(d: dt.DType) -> dict[str, Builder]:
         "mqa_prefill": mk(4, 1, 3, 3, [3, 8], HEADS),
         # positions-major pool ([NB, 2, S, Hkv, D] storage), a prefill of 4 after 6 cached positions
         "gqa_prefill_after_cache": mk(4, 2, 4, 3, [10, 4], HEADS, "permute:0,1,3,2,4"),
+        "window_decode": mk(4, 2, 1, 4, [13, 6], window=5),  # sliding window (API 1.4)
     }
     if d in FULL:
+        s["window_prefill"] = mk(4, 2, 5, 3, [11, 5], HEADS, window=4)
         s["block_size_1"] = mk(2, 2, 2, 1, [6, 2])
         s["strided"] = mk(6, 3, 2, 4, [7, 4], "strided", "strided", "strided")
         s["whole_blocks"] = mk(2, 2, 3, 16, [16, 3], "transposed", dim=8)
