@@ -125,6 +125,12 @@ CONVERSATIONS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str]] = {
         {},
         "system",
     ),
+    "empty_system": ([_system(""), _user("Hi")], {}, "system"),
+    "long_alternating": (
+        [_user("a "), _assistant(" b"), _user("\tc\n"), _assistant("d\n\n"), _user("e"), _assistant("f"), _user("g")],
+        {},
+        "",
+    ),
     "tools_offered": ([_system("Use tools when useful."), _user("Weather in Zürich?")], {"tools": TOOLS}, "tools"),
     "tools_no_system": ([_user("What is 2 + 40?")], {"tools": TOOLS}, "tools"),
     "tool_round_trip": (
@@ -168,6 +174,16 @@ CONVERSATIONS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str]] = {
     "qwen3_reasoning_content": (
         [_user("2+2?"), _assistant("4", reasoning_content="Two and two make four.")],
         {},
+        "thinking",
+    ),
+    "qwen3_multi_step_tools": (
+        [
+            _user("Weather in Zürich?"),
+            _assistant("<think>\nI should call the tool.\n</think>\n\n", tool_calls=[WEATHER]),
+            _tool("21 degrees", "call00001"),
+            _assistant("<think>\nIt answered.\n</think>\n\nIt is 21 °C."),
+        ],
+        {"tools": TOOLS},
         "thinking",
     ),
     "qwen3_reasoning_alias": ([_user("2+2?"), _assistant("4", reasoning="Two and two.")], {}, "thinking"),
