@@ -57,6 +57,9 @@ _TURN_ENDERS = (
 
 _MARK = "\x00kael-turn-end-probe\x00"
 
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+"""The names a message's reasoning may come under, in the order transformers looks for it."""
+
 
 class SupportsSpecialTokens(Protocol):
     """A tokenizer as ``end_of_turn_tokens`` uses it: its special tokens by text."""
@@ -150,7 +153,8 @@ class ChatTemplate:
     >>> template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=False)
     '<|user|>Hi\\n'
 
-    ``bos_token`` and ``eos_token`` are the texts the template sees under those names;
+    ``bos_token`` and ``eos_token`` are the texts the template sees under those names
+    (None: the name stays undefined, as transformers leaves a token the tokenizer lacks);
     ``name`` names the template (its file) in errors. A template that does not compile
     is a ``FormatError`` naming ``name`` and the line.
     """
@@ -265,17 +269,24 @@ class ChatTemplate:
 
         Each message has a ``role`` (``system``, ``user``, ``assistant`` or ``tool``: a tool's
         answer) and a string ``content``; other keys (``tool_calls``, ``tool_call_id``) pass
-        through. ``add_generation_prompt`` ends the prompt
+        through; reasoning given as ``reasoning_content``, ``thinking`` or ``reasoning`` reaches
+        the template under the first two names. ``add_generation_prompt`` ends the prompt
         with the opening of an assistant turn. Further keyword arguments are template
         variables (they may override ``bos_token``/``eos_token``). Any failure, the
         template's own ``raise_exception(message)`` included, is a ``ChatTemplateError``.
         """
         chat = _check_messages(messages)
-        variables: dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        variables = self._token_variables()
         variables.update(_plain(kwargs))
         variables.setdefault("tools", None)
         variables.setdefault("documents", None)
         return self._render(chat, bool(add_generation_prompt), variables)
+
+    def _token_variables(self) -> dict[str, Any]:
+        # NOTE: a token the tokenizer config does not name stays undefined, as in transformers (which
+        # passes only the tokens it has): `{{ bos_token }}` then renders "", not "None".
+        tokens = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        return {name: text for name, text in tokens.items() if text is not None}
 
     def _render(self, chat: list[dict[str, Any]], add_generation_prompt: bool, variables: dict[str, Any]) -> str:
         try:
@@ -323,7 +334,7 @@ class ChatTemplate:
 
     def _token_after_assistant(self, special: Mapping[str, int]) -> str | None:
         chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}]
-        variables: dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        variables = self._token_variables()
         variables.update(tools=None, documents=None)
         try:
             text = self._render(chat, False, variables)
@@ -359,7 +370,13 @@ def _check_messages(messages: object) -> list[dict[str, Any]]:
                 f"messages[{index}].content must be a string, got {type(message['content']).__name__}"
             )
         # Plain JSON data only (no objects whose methods the sandbox does not know); None values dropped.
-        chat.append({str(k): _plain(v) for k, v in message.items() if v is not None})
+        entry = {str(k): _plain(v) for k, v in message.items() if v is not None}
+        # NOTE: as transformers does, a message's reasoning under any of its names reaches the template
+        # as `reasoning_content` (what most templates read) and, unless given, as `thinking` (gpt-oss).
+        reasoning = next((entry[key] for key in _REASONING_KEYS if key in entry), None)
+        if reasoning is not None:
+            entry = {"thinking": reasoning, **entry, "reasoning_content": reasoning}
+        chat.append(entry)
     return chat
 
 
