@@ -13,7 +13,8 @@ import family_checkpoints
 
 __all__ = ["SHAPES", "SMALL", "build"]
 
-SMALL: dict[str, Any] = {**family_checkpoints.SMALL, "eos_token_id": None}  # transformers: 50279, outside a small vocabulary
+# eos_token_id: transformers' default 50279 is outside a small vocabulary
+SMALL: dict[str, Any] = {**family_checkpoints.SMALL, "eos_token_id": None}
 # untied with GQA (4 heads over 2 kv heads); tied with head_dim 24 != 64 / 4 and q/k/v/o biases; tied
 # multi-query (one kv head) with a linear rope scaling
 SHAPES: dict[str, dict[str, Any]] = {

@@ -150,7 +150,9 @@ def test_transformers_defaults_where_config_json_is_silent(tmp_path: Path) -> No
     assert isinstance(from_pretrained(d), Olmo2ForCausalLM)
 
 
-@pytest.mark.parametrize("key", ["model.layers.1.self_attn.q_norm.weight", "model.layers.0.post_feedforward_layernorm.weight"])
+@pytest.mark.parametrize(
+    "key", ["model.layers.1.self_attn.q_norm.weight", "model.layers.0.post_feedforward_layernorm.weight"]
+)
 def test_a_missing_olmo2_tensor_is_named(tmp_path: Path, key: str) -> None:
     from safetensors.torch import load_file, save_file
 

@@ -45,7 +45,9 @@ class Olmo2Config(LlamaConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.qk_norm:
-            raise ShapeError("Olmo2Config: qk_norm (per-head q/k norms) must be off: OLMo 2 normalises whole projections")
+            raise ShapeError(
+                "Olmo2Config: qk_norm (per-head q/k norms) must be off: OLMo 2 normalises whole projections"
+            )
         if self.mlp_bias:
             raise ShapeError("Olmo2Config: mlp_bias must be off (the OLMo 2 MLP has no bias)")
         if self.qkv_bias != self.o_bias:

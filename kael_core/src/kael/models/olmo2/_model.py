@@ -96,7 +96,13 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     config: Olmo2Config
 
     def __init__(
-        self, config: LlamaConfig, *, init: bool = True, generator: Any = None, initializer_range: float = 0.02, **kw: Any
+        self,
+        config: LlamaConfig,
+        *,
+        init: bool = True,
+        generator: Any = None,
+        initializer_range: float = 0.02,
+        **kw: Any,
     ) -> None:
         if not isinstance(config, Olmo2Config):
             raise DTypeError(f"Olmo2ForCausalLM: config must be an Olmo2Config, got {type(config).__name__}")

@@ -100,7 +100,8 @@ class Olmo2DecodeStep(LlamaDecodeStep):
         from ..._errors import ShapeError
 
         cache, k = self.cache, self.k
-        rms_norm, rope, silu_mul, linear, copy, add = k["rms_norm"], k["rope"], k["silu_mul"], k["project"], k["copy"], k["add"]
+        rms_norm, rope, silu_mul, copy, add = k["rms_norm"], k["rope"], k["silu_mul"], k["copy"], k["add"]
+        linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         n, eps = len(rows), self.eps
         pos = [cache.lengths[r] for r in rows]
         if max(pos) >= cache.max_positions:
