@@ -195,3 +195,42 @@ def test_config_class_checks() -> None:
     assert (m.model.layers[0].post_feedforward_layernorm.weight.detach().numpy() == 1).all()
     assert np.abs(m.model.layers[0].self_attn.q_proj.weight.detach().numpy()).max() > 0
     assert len(m.generate([1, 2, 3], 4)) == 4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_norm_rounds_once_after_the_weight_as_transformers(dtype: str) -> None:
+    """Olmo2RMSNorm in a half dtype equals transformers' Olmo2RMSNorm bit for bit (weight times the float32
+    normalised value, rounded once), where Llama's rounding (rms_norm: round, then the weight) does not."""
+    from kael.models.olmo2 import Olmo2RMSNorm
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm as HFNorm
+
+    torch.manual_seed(0)
+    tdt, kdt = getattr(torch, dtype), getattr(kael, dtype)
+    hf = HFNorm(96, eps=1e-6).to(tdt)
+    with torch.no_grad():
+        hf.weight.normal_(1.0, 0.3)
+        x = (torch.randn(3, 5, 96) * 3).to(tdt)
+        want = hf(x).float().numpy()
+    norm = Olmo2RMSNorm(96, eps=1e-6, dtype=kdt)
+    with kael.no_grad():
+        norm.load_state_dict({"weight": kael.ops.to(kael.tensor(hf.weight.float().detach().numpy()), dtype=kdt)})
+        kx = kael.ops.to(kael.tensor(x.float().numpy()), dtype=kdt)
+        got = kael.ops.to(norm(kx), dtype=kael.float32).numpy()
+        llama = kael.ops.to(kael.ops.rms_norm(kx, norm.weight, 1e-6), dtype=kael.float32).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert (llama != want).any()
+
+
+def test_a_half_model_decodes_with_the_generic_step(tmp_path: Path) -> None:
+    """dtype="auto" on a bfloat16 checkpoint computes in bfloat16 with OLMo 2's norm rounding: the direct step
+    (Llama's rms_norm rounding) gives way to the generic step over the model's forward."""
+    from kael.models import GenericStep, decode_step
+
+    build(tmp_path, save_dtype=torch.bfloat16, **SHAPES["untied-gqa"])
+    model = from_pretrained(tmp_path, dtype="auto")
+    assert model.dtype is kael.bfloat16
+    cache = model.new_cache(max_positions=16)
+    with kael.no_grad():
+        model(kael.tensor([[3, 4, 5]]), cache)
+        assert isinstance(decode_step(model, cache), GenericStep)
+    assert len(model.generate([3, 4, 5], 6)) == 6

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .._registry import ModelFamily
 from ._config import MODEL_TYPE, Olmo2Config, olmo2_hf_config, read_config
-from ._model import Olmo2Attention, Olmo2DecoderLayer, Olmo2ForCausalLM
+from ._model import Olmo2Attention, Olmo2DecoderLayer, Olmo2ForCausalLM, Olmo2RMSNorm
 from ._step import Olmo2DecodeStep
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "Olmo2Config",
     "Olmo2Attention",
     "Olmo2DecoderLayer",
+    "Olmo2RMSNorm",
     "Olmo2DecodeStep",
     "read_config",
     "olmo2_hf_config",

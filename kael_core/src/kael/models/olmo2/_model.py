@@ -14,6 +14,13 @@ NOTE [whole-projection q/k norm]: the q and k norms' statistics are over all hea
 projection (mean of squares over H*D values), not per head as Qwen3's (``LlamaConfig.qk_norm``,
 off here): normalising then splitting is not splitting then normalising.
 
+NOTE [olmo2 norm rounding]: transformers' ``Olmo2RMSNorm`` multiplies the float32 normalised value by
+the weight and rounds once, to the input's dtype; Llama's (kael's ``rms_norm``) rounds the normalised
+value first, then multiplies in the input's dtype. The two agree in float32 and float64; for a half
+dtype (``dtype="auto"`` on a bfloat16 checkpoint) ``Olmo2RMSNorm`` runs the norm on float32 copies of
+x and the weight and rounds the result once, as transformers does (the direct step then gives way to
+the generic one: ``Olmo2ForCausalLM.decode_step``).
+
 The embedding, rotary tables, positions, cache attention and head are Llama's (NOTE [model-family
 seam]): ``LlamaForCausalLM.run_layer`` calls each layer module, which here is an ``Olmo2DecoderLayer``.
 The direct decode step is ``Olmo2DecodeStep`` (``_step.py``); quantization and GGUF
@@ -29,13 +36,29 @@ from ... import _dtype as dt
 from ..._errors import DTypeError
 from ..._tensor import Tensor
 from ...nn import Module, ModuleList, RMSNorm
-from ...ops import add, attention, cat, mul, reshape, rope, transpose, unsqueeze, view
+from ...ops import add, attention, cat, mul, reshape, rms_norm, rope, to, transpose, unsqueeze, view
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ..llama import LlamaAttention, LlamaConfig, LlamaForCausalLM, LlamaMLP
 from ._config import Olmo2Config, olmo2_hf_config, read_config
 
-__all__ = ["Olmo2ForCausalLM", "Olmo2Attention", "Olmo2DecoderLayer"]
+__all__ = ["Olmo2ForCausalLM", "Olmo2Attention", "Olmo2DecoderLayer", "Olmo2RMSNorm"]
+
+_WIDE = (dt.float32, dt.float64)
+
+
+class Olmo2RMSNorm(RMSNorm):
+    """``RMSNorm`` over the last dim that, for a half-precision x, rounds once after the weight (NOTE [olmo2 norm
+    rounding]): ``(weight * x / sqrt(mean(x**2) + eps))`` in float32, then x's dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, eps = self.weight, float(self.eps if self.eps is not None else 1e-6)
+        if x.dtype in _WIDE:
+            out: Tensor = rms_norm(x, w, eps)
+            return out
+        wide = rms_norm(to(x, dtype=dt.float32), None if w is None else to(w, dtype=dt.float32), eps)
+        half: Tensor = to(wide, dtype=x.dtype)
+        return half
 
 
 class Olmo2Attention(LlamaAttention):
@@ -45,8 +68,8 @@ class Olmo2Attention(LlamaAttention):
     def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
         super().__init__(config, device, dtype)
         h, kv, d, eps = self.heads, self.kv_heads, self.head_dim, config.rms_norm_eps
-        self.q_norm = RMSNorm(h * d, eps=eps, device=device, dtype=dtype)
-        self.k_norm = RMSNorm(kv * d, eps=eps, device=device, dtype=dtype)
+        self.q_norm = Olmo2RMSNorm(h * d, eps=eps, device=device, dtype=dtype)
+        self.k_norm = Olmo2RMSNorm(kv * d, eps=eps, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
         """x [B, T, C] -> [B, T, C]; rot = (cos, sin, positions [B, T]); ``step`` the cache step or None."""
@@ -76,8 +99,8 @@ class Olmo2DecoderLayer(Module):
         c, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = Olmo2Attention(config, device, dtype)
         self.mlp = LlamaMLP(config, device, dtype)
-        self.post_attention_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
-        self.post_feedforward_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
+        self.post_attention_layernorm = Olmo2RMSNorm(c, eps=eps, device=device, dtype=dtype)
+        self.post_feedforward_layernorm = Olmo2RMSNorm(c, eps=eps, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
         x = add(x, self.post_attention_layernorm(self.self_attn(x, rot, step, layer)))
@@ -107,9 +130,10 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
         if not isinstance(config, Olmo2Config):
             raise DTypeError(f"Olmo2ForCausalLM: config must be an Olmo2Config, got {type(config).__name__}")
         super().__init__(config, init=False, **kw)
-        # Llama's layers (uninitialised, never drawn) give way to OLMo 2's, on the same device and dtype.
+        # Llama's layers and final norm (uninitialised, never drawn) give way to OLMo 2's, on the same device and dtype.
         dev, d = self.device, self.dtype
         self.model.layers = ModuleList([Olmo2DecoderLayer(config, dev, d) for _ in range(config.num_hidden_layers)])
+        self.model.norm = Olmo2RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=dev, dtype=d)
         if init:
             self.reset_parameters(generator, initializer_range)
 
@@ -124,7 +148,10 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
 
     def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
         """The direct-kernel step with post-norms and whole-projection q/k norms (``Olmo2DecodeStep``), or None
-        when the backend lacks a kernel it calls (then the generic step runs this model's forward)."""
+        when the backend lacks a kernel it calls or the model computes in a half dtype (NOTE [olmo2 norm rounding]):
+        then the generic step runs this model's forward."""
         from ._step import Olmo2DecodeStep
 
+        if self.dtype not in _WIDE:
+            return None
         return Olmo2DecodeStep.create(self, cache)
