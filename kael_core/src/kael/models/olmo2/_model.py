@@ -36,7 +36,8 @@ from ... import _dtype as dt
 from ..._errors import DTypeError
 from ..._tensor import Tensor
 from ...nn import Module, ModuleList, RMSNorm
-from ...ops import add, attention, cat, mul, reshape, rms_norm, rope, to, transpose, unsqueeze, view
+from ...nn import functional as F
+from ...ops import add, attention, cat, mul, reshape, rope, to, transpose, unsqueeze, view
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ..llama import LlamaAttention, LlamaConfig, LlamaForCausalLM, LlamaMLP
@@ -52,12 +53,10 @@ class Olmo2RMSNorm(RMSNorm):
     rounding]): ``(weight * x / sqrt(mean(x**2) + eps))`` in float32, then x's dtype."""
 
     def forward(self, x: Tensor) -> Tensor:
-        w, eps = self.weight, float(self.eps if self.eps is not None else 1e-6)
         if x.dtype in _WIDE:
-            out: Tensor = rms_norm(x, w, eps)
-            return out
-        wide = rms_norm(to(x, dtype=dt.float32), None if w is None else to(w, dtype=dt.float32), eps)
-        half: Tensor = to(wide, dtype=x.dtype)
+            return super().forward(x)
+        w = None if self.weight is None else to(self.weight, dtype=dt.float32)
+        half: Tensor = to(F.rms_norm(to(x, dtype=dt.float32), self.normalized_shape, w, self.eps), dtype=x.dtype)
         return half
 
 

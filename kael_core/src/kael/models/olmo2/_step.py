@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
@@ -97,8 +98,6 @@ class Olmo2DecodeStep(LlamaDecodeStep):
 
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
-        from ..._errors import ShapeError
-
         cache, k = self.cache, self.k
         rms_norm, rope, silu_mul, copy, add = k["rms_norm"], k["rope"], k["silu_mul"], k["copy"], k["add"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
