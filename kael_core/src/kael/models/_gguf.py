@@ -2,7 +2,7 @@
 ``save_gguf`` (a kael model -> a GGUF file llama.cpp loads), dispatched by ``general.architecture``.
 
 Each architecture module (``_gguf_gpt2.py``: ``gpt2``; ``_gguf_llama.py``: ``llama``,
-``qwen2``, ``qwen3``, ``granite``, ``smollm3``) reads its config from the ``{arch}.*``
+``qwen2``, ``qwen3``, ``granite``, ``smollm3``, ``olmo2``) reads its config from the ``{arch}.*``
 metadata, builds the model, and lists every tensor of the file as a ``TensorSpec``: its GGUF name, the kael tensor it fills,
 its shape in the file (row-major: GGUF's ``ne`` reversed, so a projection is ``[out, in]``)
 and its role. Loading is strict: a missing, unexpected or misshapen tensor, a type the
@@ -23,7 +23,7 @@ NOTE [gguf rope rows]: llama.cpp's converter reorders the rows of each Llama q/k
 projection head from Hugging Face's rotate-half layout to GGML's interleaved one
 (``permute`` in ``convert_hf_to_gguf.py``); ``rope_rows`` is that reordering as a row
 index, undone on load and redone on save. It moves whole rows, so a quantized weight's
-block rows move as they are (Granite's and SmolLM3's are permuted as Llama's). Qwen2 and Qwen3 use NEOX rope in llama.cpp and are not permuted.
+block rows move as they are (Granite's and SmolLM3's are permuted as Llama's). Qwen2, Qwen3 and OLMo 2 use NEOX rope in llama.cpp and are not permuted.
 """
 
 from __future__ import annotations
@@ -347,7 +347,8 @@ def load_gguf(path: Any, device: Any = "cpu", *, weights: Any = None, mmap: bool
 
     ``general.architecture`` ``gpt2`` gives a ``kael.models.GPT``, ``llama`` and ``qwen2`` a
     ``LlamaForCausalLM``, ``qwen3`` a ``kael.models.qwen3.Qwen3ForCausalLM``, ``granite`` a
-    ``kael.models.granite.GraniteForCausalLM``, ``smollm3`` a ``kael.models.smollm3.SmolLM3ForCausalLM``;
+    ``kael.models.granite.GraniteForCausalLM``, ``smollm3`` a ``kael.models.smollm3.SmolLM3ForCausalLM``, ``olmo2`` a
+    ``kael.models.olmo2.Olmo2ForCausalLM``;
     weights as NOTE [gguf weights] says. ``weights`` (None keeps the file's) is ``from_pretrained``'s choice (NOTE [weights choice]): an F32 file is quantized
     to it, a file already quantized otherwise is refused. ``mmap=True`` keeps the stored
     weights of a CPU model as read-only views of the file instead of copies. The tokenizer is

@@ -1,6 +1,6 @@
-"""GGUF's ``llama``, ``qwen2``, ``qwen3``, ``granite`` and ``smollm3`` architectures, mapped onto
-``kael.models.LlamaForCausalLM`` (for ``qwen3``, ``granite`` and ``smollm3``: ``Qwen3ForCausalLM``,
-``GraniteForCausalLM`` and ``SmolLM3ForCausalLM`` of ``kael.models``).
+"""GGUF's ``llama``, ``qwen2``, ``qwen3``, ``granite``, ``smollm3`` and ``olmo2`` architectures, mapped onto
+``kael.models.LlamaForCausalLM`` (for ``qwen3``, ``granite``, ``smollm3`` and ``olmo2``: ``Qwen3ForCausalLM``,
+``GraniteForCausalLM``, ``SmolLM3ForCausalLM`` and ``Olmo2ForCausalLM`` of ``kael.models``).
 
 llama.cpp's names (``gguf`` ``MODEL_ARCH.LLAMA`` / ``QWEN2`` / ``QWEN3`` / ``GRANITE`` / ``SMOLLM3``), row-major
 shapes for C hidden,
@@ -17,9 +17,12 @@ H heads, Hkv key/value heads, D head_dim, F intermediate, V vocabulary:
 
 with ``.bias`` tensors for q/k/v (qwen2 always; llama, granite, smollm3 and qwen3 with ``attention_bias``,
 which also has ``attn_output.bias``) and gate/up/down (llama's, granite's and smollm3's ``mlp_bias``). qwen3 adds each layer's
-per-head norms ``blk.N.attn_q_norm.weight`` [D] (``self_attn.q_norm``) and ``attn_k_norm``. A
+per-head norms ``blk.N.attn_q_norm.weight`` [D] (``self_attn.q_norm``) and ``attn_k_norm``. ``olmo2``
+(``MODEL_ARCH.OLMO2``) has no ``attn_norm`` or ``ffn_norm``; instead ``blk.N.post_attention_norm.weight`` [C]
+(``post_attention_layernorm``) and ``blk.N.post_ffw_norm.weight`` [C] (``post_feedforward_layernorm``), and
+whole-projection norms ``blk.N.attn_q_norm.weight`` [H*D] and ``attn_k_norm`` [Hkv*D]. A
 llama (granite, smollm3) file's q and k rows (weights and biases) are in GGML's rope order (NOTE [gguf rope rows] in
-``_gguf.py``); qwen2's and qwen3's are not (NEOX rope).
+``_gguf.py``); qwen2's, qwen3's and olmo2's are not (NEOX rope).
 Mistral checkpoints are written as ``llama``, as llama.cpp's converter does.
 
 Metadata (``{arch}.``): ``context_length``, ``embedding_length``, ``feed_forward_length``,
@@ -49,6 +52,7 @@ from .._errors import FormatError, KaelError
 from ._gguf import ROLE_FLOAT, ROLE_LINEAR, ROLE_TABLE, TensorSpec, meta_float, meta_int
 from .granite import GraniteConfig, GraniteForCausalLM
 from .llama import LlamaConfig, LlamaForCausalLM, RopeScaling
+from .olmo2 import Olmo2Config, Olmo2ForCausalLM
 from .qwen3 import Qwen3Config, Qwen3ForCausalLM
 from .smollm3 import DEFAULT_THETA, SmolLM3Config, SmolLM3ForCausalLM, no_rope_layers
 
@@ -66,7 +70,7 @@ __all__ = [
     "gguf_metadata",
 ]
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite", "smollm3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite", "smollm3", "olmo2")
 _LLAMA_LIKE = ("llama", "granite", "smollm3")  # llama's biases, q/k rows in GGML's rope order
 #: Granite's metadata keys (``{arch}.`` + key, as llama.cpp's converter writes them) and GraniteConfig's fields.
 _GRANITE_KEYS = {
@@ -102,8 +106,10 @@ def _rope_scaling(arch: str, metadata: Mapping[str, Any], where: str) -> RopeSca
 def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mapping[str, Any], where: str) -> LlamaConfig:
     """The LlamaConfig of a ``llama`` / ``qwen2`` / ``qwen3`` / ``granite`` GGUF file (biases and tying from which
     tensors it has; a Qwen3Config for ``qwen3``, a GraniteConfig with its four scales for ``granite``, a
-    SmolLM3Config without rope on every fourth layer for ``smollm3``)."""
+    SmolLM3Config without rope on every fourth layer for ``smollm3``, an Olmo2Config for ``olmo2``)."""
     a = arch
+    if a == "olmo2":
+        _check_no_window(metadata, where)
     c = meta_int(metadata, f"{a}.embedding_length", where)
     heads = meta_int(metadata, f"{a}.attention.head_count", where)
     kv = meta_int(metadata, f"{a}.attention.head_count_kv", where, heads)
@@ -123,9 +129,8 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
     vocab = meta_int(metadata, f"{a}.vocab_size", where, rows)
     qkv_bias = "blk.0.attn_q.bias" in tensors or a == "qwen2"
     eos = _token_id(metadata, "eos")
-    cls: type[LlamaConfig] = {"qwen3": Qwen3Config, "granite": GraniteConfig, "smollm3": SmolLM3Config}.get(
-        a, LlamaConfig
-    )
+    classes = {"qwen3": Qwen3Config, "granite": GraniteConfig, "smollm3": SmolLM3Config, "olmo2": Olmo2Config}
+    cls: type[LlamaConfig] = classes.get(a, LlamaConfig)
     extra: dict[str, Any] = (
         {f: meta_float(metadata, f"{a}.{k}", where) for k, f in _GRANITE_KEYS.items()} if a == "granite" else {}
     )
@@ -145,7 +150,7 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
             rope_scaling=_rope_scaling(a, metadata, where),
             tie_word_embeddings=_HEAD not in tensors,
             qkv_bias=qkv_bias,
-            o_bias=a in (*_LLAMA_LIKE, "qwen3") and "blk.0.attn_output.bias" in tensors,
+            o_bias=a in (*_LLAMA_LIKE, "qwen3", "olmo2") and "blk.0.attn_output.bias" in tensors,
             mlp_bias=a in _LLAMA_LIKE and "blk.0.ffn_gate.bias" in tensors,
             model_type=a,
             bos_token_id=_token_id(metadata, "bos"),
@@ -156,6 +161,23 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
         if isinstance(exc, FormatError):
             raise
         raise FormatError(f"{where}: the {a} metadata is not a valid model: {exc}") from None
+
+
+def _check_no_window(metadata: Mapping[str, Any], where: str) -> None:
+    """Refuse an ``olmo2`` file whose ``attention.sliding_window`` (llama.cpp's converter writes it when the
+    checkpoint's config has one) is shorter than the context on a layer ``attention.sliding_window_pattern``
+    marks: llama.cpp would attend through the window, kael attends to the whole context."""
+    w = metadata.get("olmo2.attention.sliding_window")
+    if w is None:
+        return
+    ctx = meta_int(metadata, "olmo2.context_length", where)
+    pattern = metadata.get("olmo2.attention.sliding_window_pattern")
+    sliding = True if not isinstance(pattern, (list, tuple)) else any(bool(p) for p in pattern)
+    if type(w) is not int or (w < ctx and sliding):
+        raise FormatError(
+            f"{where}: metadata 'olmo2.attention.sliding_window' is {w!r}, shorter than the context {ctx} on "
+            "sliding layers: sliding window attention is not supported"
+        )
 
 
 def _arch(config: LlamaConfig) -> str:
@@ -181,8 +203,14 @@ def tensor_specs(config: LlamaConfig) -> list[TensorSpec]:
             ("ffn_up", "mlp.up_proj", f, c, 0, config.mlp_bias),
             ("ffn_down", "mlp.down_proj", c, f, 0, config.mlp_bias),
         )
-        specs.append(TensorSpec(f"{b}attn_norm.weight", f"{m}input_layernorm.weight", (c,)))
-        specs.append(TensorSpec(f"{b}ffn_norm.weight", f"{m}post_attention_layernorm.weight", (c,)))
+        if isinstance(config, Olmo2Config):  # post-norms, q/k norms over the whole projection
+            specs.append(TensorSpec(f"{b}post_attention_norm.weight", f"{m}post_attention_layernorm.weight", (c,)))
+            specs.append(TensorSpec(f"{b}post_ffw_norm.weight", f"{m}post_feedforward_layernorm.weight", (c,)))
+            specs.append(TensorSpec(f"{b}attn_q_norm.weight", f"{m}self_attn.q_norm.weight", (h * d,)))
+            specs.append(TensorSpec(f"{b}attn_k_norm.weight", f"{m}self_attn.k_norm.weight", (kv * d,)))
+        else:
+            specs.append(TensorSpec(f"{b}attn_norm.weight", f"{m}input_layernorm.weight", (c,)))
+            specs.append(TensorSpec(f"{b}ffn_norm.weight", f"{m}post_attention_layernorm.weight", (c,)))
         if config.qk_norm:
             specs.append(TensorSpec(f"{b}attn_q_norm.weight", f"{m}self_attn.q_norm.weight", (d,)))
             specs.append(TensorSpec(f"{b}attn_k_norm.weight", f"{m}self_attn.k_norm.weight", (d,)))
@@ -231,6 +259,7 @@ def new_model(config: LlamaConfig, device: Any) -> LlamaForCausalLM:
         Qwen3Config: Qwen3ForCausalLM,
         GraniteConfig: GraniteForCausalLM,
         SmolLM3Config: SmolLM3ForCausalLM,
+        Olmo2Config: Olmo2ForCausalLM,
     }
     cls = classes.get(type(config), LlamaForCausalLM)
     return cls(config, device=device, init=False)

@@ -173,7 +173,7 @@ class LlamaDecodeStep:
             cache.batch,
         )
         dev, dtype = model.device, model.dtype
-        self.layers, self.cache, self.k = _layers(model), cache, kernels
+        self.layers, self.cache, self.k = self.read_layers(model), cache, kernels
         self.embed, self.norm_w = model.model.embed_tokens.weight, model.model.norm.weight
         self.embed_scheme: str | None = getattr(model.model.embed_tokens, "scheme", None)
         head = model.head
@@ -227,6 +227,10 @@ class LlamaDecodeStep:
             },
         )
 
+    def read_layers(self, model: LlamaForCausalLM) -> list[_Layer]:
+        """Each layer's weights as the step consumes them (a family whose layers hold other modules overrides it)."""
+        return _layers(model)
+
     @classmethod
     def create(cls, model: LlamaForCausalLM, cache: PagedKVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
@@ -240,6 +244,24 @@ class LlamaDecodeStep:
         if step >= 0 and all(p == p0 + i * step for i, p in enumerate(pos)):
             return make_view(self.arange, (n, 1), (step, 1), p0)
         return tensor([[p] for p in pos], dtype=dt.int64, device=self.arange.device)
+
+    def embed_rows(self, tokens: list[int]) -> None:
+        """Row i of the residual buffer ``x`` := the embedding of ``tokens[i]`` (dequantized from a weight format)."""
+        n, c, emb, buf, k = len(tokens), self.c, self.embed, self.buf, self.k
+        if self.embed_scheme is None:
+            for i, t in enumerate(tokens):
+                k["copy"](
+                    buf.rows(n, "x")[i],
+                    make_view(emb, (1, 1, c), (0, 0, emb._strides[1]), emb._offset + t * emb._strides[0]),
+                )
+        else:  # dequantize each token's row of blocks into its residual row
+            dequantize, row, width = k["dequantize"], emb._strides[0], emb.shape[1]
+            for i, t in enumerate(tokens):
+                dequantize(
+                    buf.rows(n, "x2")[i],
+                    make_view(emb, (1, width), (row, emb._strides[1]), emb._offset + t * row),
+                    self.embed_scheme,
+                )
 
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
@@ -265,21 +287,7 @@ class LlamaDecodeStep:
             v["up_f"],
         )
         where = self.positions(pos)
-        emb = self.embed
-        if self.embed_scheme is None:
-            for i, t in enumerate(tokens):
-                copy(
-                    buf.rows(n, "x")[i],
-                    make_view(emb, (1, 1, c), (0, 0, emb._strides[1]), emb._offset + t * emb._strides[0]),
-                )
-        else:  # dequantize each token's row of blocks into its residual row
-            dequantize, row, width = k["dequantize"], emb._strides[0], emb.shape[1]
-            for i, t in enumerate(tokens):
-                dequantize(
-                    buf.rows(n, "x2")[i],
-                    make_view(emb, (1, width), (row, emb._strides[1]), emb._offset + t * row),
-                    self.embed_scheme,
-                )
+        self.embed_rows(tokens)
         m = self.multipliers
         if m is not None:  # Granite: the factors broadcast (stride 0) over the rows they scale
             mul = k["mul"]
