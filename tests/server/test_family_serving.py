@@ -1,4 +1,4 @@
-"""Every built-in model family behind ``kael-server``: a random checkpoint of each (transformers builds it
+"""Every built-in Llama-derived family behind ``kael-server``: a random checkpoint of each (transformers builds it
 offline, with write_llama's ChatML tokenizer) served with two slots (continuous batching on the paged KV cache,
 prefix caching on) answers a chat with the model's own greedy reply, and a second identical chat reuses the
 first one's cached blocks and answers the same.
@@ -30,6 +30,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         {"embedding_multiplier": 2.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0},
     ),
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", {"no_rope_layer_interval": 2}),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {}),
 }
 
 

@@ -43,5 +43,6 @@ FAMILIES = (
             "OLMo 2 (Hugging Face Olmo2ForCausalLM checkpoints: Llama with post-norms after attention and MLP "
             "and q/k RMSNorm over the whole projection)"
         ),
+        gguf_architectures=("olmo2",),
     ),
 )
