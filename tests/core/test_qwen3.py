@@ -100,10 +100,9 @@ def _config(tmp_path: Path, **changes: Any) -> Path:
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0, "layer_types": None},
-         "sliding_window 16"),
-        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]},
-         "use_sliding_window"),
+        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention"]}, "layer_types"),
+        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": ["full", "sliding"]}, "layer_types"),
+        ({"use_sliding_window": True, "sliding_window": -3}, "sliding_window"),
         ({"use_sliding_window": "yes"}, "use_sliding_window"),
         ({"attention_bias": 1}, "attention_bias"),
         ({"head_dim": 15}, "head_dim"),

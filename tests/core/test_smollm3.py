@@ -139,7 +139,7 @@ def test_defaults_are_transformers(tmp_path: Path) -> None:
         ({"no_rope_layers": [1, 0, 1]}, "no_rope_layers must be a list of 4"),
         ({"no_rope_layers": [1, 0, 2, 1]}, "no_rope_layers"),
         ({"no_rope_layers": None, "no_rope_layer_interval": 0}, "no_rope_layer_interval"),
-        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": None}, "sliding_window 16"),
+        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": "sliding"}, "layer_types"),
         ({"use_sliding_window": "yes"}, "use_sliding_window"),
         ({"attention_bias": 1}, "attention_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),

@@ -289,6 +289,12 @@ def handles(model: Any) -> bool:
 def gguf_metadata(model: LlamaForCausalLM) -> tuple[str, dict[str, Any]]:
     c = model.config
     a = _arch(c)
+    if any(c.layer_windows):
+        raise KaelError(
+            f"save_gguf: this model has sliding-window layers (windows {sorted(set(c.layer_windows) - {0})}), which "
+            f"GGUF's {a!r} architecture cannot record (llama.cpp would attend to the whole context); save it with "
+            "save_pretrained instead"
+        )
     out: dict[str, Any] = {
         f"{a}.vocab_size": c.vocab_size,
         f"{a}.context_length": c.max_position_embeddings,

@@ -365,9 +365,11 @@ class PagedKVCache:
         scale: float,
         q_all: Tensor | None = None,
         att_all: Tensor | None = None,
+        window: int = 0,
     ) -> None:
         """Write each row's new keys/values (``kvs[i]`` [1, 2, Hkv, 1, D]) at its position and attend
-        query ``qs[i]`` [1, H, 1, D] to its blocks into ``atts[i]``, with the backend's kernels.
+        query ``qs[i]`` [1, H, 1, D] to its blocks into ``atts[i]``, with the backend's kernels (a sliding
+        ``window`` when > 0: the kernel's trailing argument, backend API 1.4).
 
         With ``q_all``/``att_all`` (the same rows as one [n, H, 1, D] view each) one kernel call serves
         every row: the kernel's result for a row does not depend on the others (the catalogue's rule).
@@ -380,8 +382,9 @@ class PagedKVCache:
         for i, (r, p) in enumerate(zip(rows, pos)):
             block = self.tables[r][p // s_]
             copy(make_view(buf, (1, 2, h, 1, d), st, buf._offset + block * st[0] + (p % s_) * st[3]), kvs[i])
+        extra = (window,) if window else ()
         if q_all is not None and att_all is not None:
-            attend(att_all, q_all, buf, tables, lengths, scale)
+            attend(att_all, q_all, buf, tables, lengths, scale, *extra)
             return
         for i in range(len(rows)):
             attend(
@@ -391,6 +394,7 @@ class PagedKVCache:
                 make_view(tables, (1, w), (w, 1), tables._offset + i * w),
                 make_view(lengths, (1,), (1,), lengths._offset + i),
                 scale,
+                *extra,
             )
 
     def bump_versions(self) -> None:

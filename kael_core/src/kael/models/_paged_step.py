@@ -64,7 +64,7 @@ class PagedStep:
         """Each row's positions of the new tokens."""
         return [list(range(s, s + self.tokens)) for s in self.starts]
 
-    def attend(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
+    def attend(self, layer: int, q: Tensor, kv: Tensor, window: int | None = None) -> Tensor:
         """q [n, H, T, D]; kv [n, 2, Hkv, T, D] (new keys and values, any strides): write them at the
         rows' slots, attend each row to its own keys. Returns [n, H, T, D]."""
         cache, t, s_ = self.cache, self.tokens, self.cache.block_size
@@ -80,22 +80,23 @@ class PagedStep:
                     copy_(dst, narrow(src, 2, p - start, n))
                     p += n
         if cache.table_width == 1:
-            return self._attend_blocks(buf, q)
+            return self._attend_blocks(buf, q, window)
         w = cache.table_width
         if len(self.rows) == 1:
-            return ops.paged_attention(q, buf, make_view(self._tables, (1, w), (w, 1), 0), self._lengths)
+            return ops.paged_attention(q, buf, make_view(self._tables, (1, w), (w, 1), 0), self._lengths, window=window)
         outs = [
             ops.paged_attention(
                 narrow(q, 0, i, 1),
                 buf,
                 make_view(self._tables, (1, w), (w, 1), i * w),
                 make_view(self._lengths, (1,), (1,), i),
+                window=window,
             )
             for i in range(len(self.rows))
         ]
         return cat(outs, 0)
 
-    def _attend_blocks(self, buf: Tensor, q: Tensor) -> Tensor:
+    def _attend_blocks(self, buf: Tensor, q: Tensor, window: int | None = None) -> Tensor:
         """NOTE [one block per row]: ``attention`` over each row's block, in one call when it can."""
         t, starts, rows, tables = self.tokens, self.starts, self.rows, self.cache.tables
         keys, values = select(buf, 1, 0), select(buf, 1, 1)  # [NB, Hkv, S, D]
@@ -107,8 +108,9 @@ class PagedStep:
             if all(s == s0 for s in starts):
                 # Every row starts at s0: causal attention over keys [0, s0 + T) is exact for every real
                 # token (a right-padded row's padding only ever looks at its own earlier keys).
-                return attention(q, narrow(k_rows, 2, 0, s0 + t), narrow(v_rows, 2, 0, s0 + t), causal=True)
-            if t == 1:
+                k0, v0 = narrow(k_rows, 2, 0, s0 + t), narrow(v_rows, 2, 0, s0 + t)
+                return attention(q, k0, v0, causal=True, window=window)
+            if t == 1 and window is None:  # (lengths align every row's query at the last key: no window then)
                 key_len = max(starts) + 1
                 return attention(
                     q, narrow(k_rows, 2, 0, key_len), narrow(v_rows, 2, 0, key_len), causal=True, lengths=self._lengths
@@ -120,6 +122,7 @@ class PagedStep:
                 narrow(narrow(keys, 0, tables[r][0], 1), 2, 0, s + t),
                 narrow(narrow(values, 0, tables[r][0], 1), 2, 0, s + t),
                 causal=True,
+                window=window,
             )
             for i, (r, s) in enumerate(zip(rows, starts))
         ]

@@ -45,8 +45,9 @@ class StepLike(Protocol):
         """Each row's positions of the new tokens."""
         ...
 
-    def attend(self, layer: int, q: Tensor, kv: Tensor) -> Tensor:
-        """Store the new keys/values kv [B, 2, Hkv, T, D] of ``layer`` and attend q [B, H, T, D] to the cache."""
+    def attend(self, layer: int, q: Tensor, kv: Tensor, window: int | None = None) -> Tensor:
+        """Store the new keys/values kv [B, 2, Hkv, T, D] of ``layer`` and attend q [B, H, T, D] to the cache
+        (with ``window``, a sliding-window layer: each query sees the keys of its last ``window`` positions)."""
         ...
 
 

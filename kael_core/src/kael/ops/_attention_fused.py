@@ -44,7 +44,7 @@ from ._pointwise import binary, sum_to, unary
 from ._reduce import reduce_op
 from ._views import _slice_fn, contiguous_nograd, make_view, reshape_nograd
 
-__all__ = ["Attention", "attention", "attention_decomp", "paged_attention", "paged_attention_decomp"]
+__all__ = ["Attention", "attention", "attention_decomp", "paged_attention", "paged_attention_decomp", "takes_window"]
 
 
 def _group_queries(q: Tensor, hkv: int) -> Tensor:
@@ -101,13 +101,21 @@ def attention_decomp(
     return out if hkv == h else reshape_nograd(out, (b, h, tq, v.shape[-1]))
 
 
+def takes_window(device_type: str) -> bool:
+    """Whether the backend serving ``device_type`` speaks API 1.4 or later: its attention kernels take a window."""
+    major, _, minor = str(_dispatch.backend_for(device_type).api_version).partition(".")
+    try:
+        return (int(major), int(minor.split(".")[0] or 0)) >= (1, 4)
+    except ValueError:
+        return False
+
+
 def _kernel(device_type: str, op: str, window: int) -> Any:
     """The backend's kernel for ``op`` when it can run ``window`` (NOTE [sliding window]), else None."""
     kern = _dispatch.fused_kernel(device_type, op)
     if kern is None or window == 0:
         return kern
-    major, _, minor = str(_dispatch.backend_for(device_type).api_version).partition(".")
-    return kern if (int(major), int(minor or 0)) >= (1, 4) else None
+    return kern if takes_window(device_type) else None
 
 
 def _window_args(window: int) -> tuple[int, ...]:

@@ -4,8 +4,9 @@
 either rotary layout transformers writes: 4.x's top-level ``rope_theta`` plus an optional
 ``rope_scaling`` dict, or 5.x's ``rope_parameters`` dict (``rope_type``, ``rope_theta`` and
 the scaling fields together). Every value kael cannot run is a FormatError naming the file
-and the field, never silently ignored: a sliding window shorter than the context, an
-activation other than SiLU, a partial rotary factor, an unknown rope type.
+and the field, never silently ignored: a llama sliding window shorter than the context, an
+activation other than SiLU, a partial rotary factor, an unknown rope type. Mistral's and qwen2's
+sliding windows are ``layer_windows`` (``_windows.py``).
 
 The three families differ only in biases and defaults: llama's ``attention_bias`` puts a
 bias on q, k, v and o, qwen2 always has one on q, k, v (never o), mistral has none;
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 
 from ..._errors import FormatError, KaelError, ShapeError
 from .._registry import read_config_json
+from ._windows import layer_windows, window_fields
 
 __all__ = [
     "LlamaConfig",
@@ -30,7 +32,6 @@ __all__ = [
     "read_config",
     "config_from_dict",
     "hf_config",
-    "check_layer_windows",
     "read_family_config",
     "MODEL_TYPES",
     "ROPE_TYPES",
@@ -105,6 +106,10 @@ class LlamaConfig:
     qk_norm: bool = False
     """Each query and key head is RMS-normalised over head_dim before rope (``self_attn.q_norm`` and
     ``k_norm``, weights [head_dim]): Qwen3's attention; no Hugging Face field (the model type implies it)."""
+    layer_windows: tuple[int, ...] = ()
+    """Each layer's sliding window (0: the whole context), or () when no layer has one (``_windows.py``): the query
+    at position p of a layer with window W sees keys p-W+1..p (Mistral's ``sliding_window``, qwen2's and qwen3's
+    ``use_sliding_window`` layers)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
@@ -134,6 +139,14 @@ class LlamaConfig:
         th = self.rope_theta
         if isinstance(th, bool) or not isinstance(th, (int, float)) or not math.isfinite(th) or th <= 1:
             raise ShapeError(f"LlamaConfig: rope_theta must be a finite number > 1, got {th!r}")
+        ws = self.layer_windows
+        if ws and (
+            len(ws) != self.num_hidden_layers or any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ws)
+        ):
+            raise ShapeError(
+                f"LlamaConfig: layer_windows must be () or {self.num_hidden_layers} integers >= 0 (0: no window), "
+                f"got {ws!r}"
+            )
         if self.model_type not in self.model_types:
             raise ShapeError(
                 f"{type(self).__name__}: model_type must be one of {list(self.model_types)}, got {self.model_type!r}"
@@ -278,7 +291,7 @@ def config_from_dict(d: dict[str, Any], p: Path, what: str = "Llama config") -> 
     theta, scaling = _rope(d, fail)
     if "partial_rotary_factor" in d and d["partial_rotary_factor"] not in (None, 1, 1.0):
         fail(f"partial_rotary_factor {d['partial_rotary_factor']!r} is not supported (only 1.0)")
-    _check_window(d, mt, ctx, fail)
+    windows = layer_windows(d, mt, sizes["num_hidden_layers"], ctx, fail)
     flags = {}
     for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
         v = d.get(key, False)
@@ -325,6 +338,7 @@ def config_from_dict(d: dict[str, Any], p: Path, what: str = "Llama config") -> 
         bos_token_id=bos,
         eos_token_id=eos,
         dtype=dtype,
+        layer_windows=windows,
     )
 
 
@@ -336,24 +350,6 @@ def _int_field(d: dict[str, Any], key: str, fail: Any, default: int | None = Non
         fail(f"{key} must be a positive integer, got {v!r}")
     assert isinstance(v, int)
     return v
-
-
-def _check_window(d: dict[str, Any], mt: str, ctx: int, fail: Any) -> None:
-    """Sliding-window attention is not supported: a window must be off, null or cover the context."""
-    if mt == "qwen2" and not d.get("use_sliding_window", False):
-        return  # qwen2 keeps a sliding_window value that only applies with use_sliding_window
-    if mt == "llama" and "sliding_window" not in d:
-        return
-    w = d.get("sliding_window")
-    if w is None:
-        return
-    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-        fail(f"sliding_window must be a positive integer or null, got {w!r}")
-    if w < ctx:
-        fail(
-            f"sliding window attention not supported: sliding_window {w!r} is shorter than "
-            f"max_position_embeddings {ctx} (set it to null or >= the context)"
-        )
 
 
 def read_family_config(path: Any, what: str, model_type: str) -> tuple[dict[str, Any], Path, Callable[[str], Any]]:
@@ -368,32 +364,6 @@ def read_family_config(path: Any, what: str, model_type: str) -> tuple[dict[str,
     if d.get("model_type") != model_type:
         fail(f"model_type is {d.get('model_type')!r}, expected {model_type!r}")
     return d, p, fail
-
-
-def check_layer_windows(d: dict[str, Any], default_layer_types: Callable[[], Any], fail: Any) -> None:
-    """Refuse a sliding window shorter than the context on any layer (kael attends to the whole context), as
-    transformers' per-layer families (qwen3, smollm3) apply it: ``sliding_window`` only with ``use_sliding_window``
-    true, and then to the layers ``layer_types`` marks ``"sliding_attention"`` (``default_layer_types()``, the
-    family's rule, where it is null). ``fail(message)`` raises the family's FormatError."""
-    use = d.get("use_sliding_window", False)
-    if not isinstance(use, bool):
-        fail(f"use_sliding_window must be true or false, got {use!r}")
-    w = d.get("sliding_window")
-    if not use or w is None:
-        return
-    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-        fail(f"sliding_window must be a positive integer or null, got {w!r}")
-    ctx = d.get("max_position_embeddings", 32768)
-    if isinstance(ctx, int) and w >= ctx:
-        return
-    types = d.get("layer_types")
-    if types is None:
-        types = default_layer_types()
-    if not isinstance(types, list) or "sliding_attention" in types:
-        fail(
-            f"sliding window attention not supported: use_sliding_window is true and sliding_window {w!r} is "
-            f"shorter than max_position_embeddings {ctx!r} (set use_sliding_window to false)"
-        )
 
 
 def hf_config(config: LlamaConfig, dtype: str = "float32") -> dict[str, Any]:
@@ -430,8 +400,11 @@ def hf_config(config: LlamaConfig, dtype: str = "float32") -> dict[str, Any]:
     }
     if config.model_type == "llama":
         out.update(attention_bias=config.qkv_bias, mlp_bias=config.mlp_bias)
-    elif config.model_type == "mistral":
-        out.update(sliding_window=None)
+        if config.layer_windows:
+            raise KaelError(
+                "hf_config: a llama config.json cannot hold sliding windows (transformers' Llama has none); "
+                "give the config model_type 'mistral' or 'qwen2'"
+            )
     else:
-        out.update(sliding_window=None, use_sliding_window=False, max_window_layers=config.num_hidden_layers)
+        out.update(window_fields(config))
     return out

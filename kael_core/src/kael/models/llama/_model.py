@@ -130,6 +130,7 @@ class LlamaAttention(Module):
         self.qk_norm = config.qk_norm
         self.scale: float | None = None  # the softmax scale (None: 1/sqrt(D)); Granite's attention_multiplier
         self.rope = True  # rotary q and k; SmolLM3's no_rope_layers turn it off on some layers
+        self.window: int | None = None  # a sliding-window layer's window (Gemma): keys p-window+1..p only
 
     def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
         """x [B, T, C] -> [B, T, C]; rot = (cos, sin, positions [B, T]); ``step`` the cache step or None."""
@@ -144,11 +145,13 @@ class LlamaAttention(Module):
             q, k = rope(q, cos, sin, pos), rope(k, cos, sin, pos)
         v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
         if step is None:
-            y = attention(q, k, v, causal=True, scale=self.scale)
+            y = attention(q, k, v, causal=True, scale=self.scale, window=self.window)
         else:
             if self.scale is not None:  # the cache step attends at 1/sqrt(D): the scale enters through q
                 q = mul(q, self.scale * math.sqrt(d))
-            y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1))  # new k, v: [B, 2, Hkv, T, D]
+            kv_new = cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1)  # new k, v: [B, 2, Hkv, T, D]
+            w = {} if self.window is None else {"window": self.window}  # a step of the older protocol takes none
+            y = step.attend(layer, q, kv_new, **w)
         out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
         return out
 
@@ -226,6 +229,8 @@ class LlamaForCausalLM(CausalLMBase):
         self.generation_config: Any = None  # a kael.models.GenerationConfig when loaded from a checkpoint
         self.weights_scheme: str | None = None  # kael.quantize's scheme of the weights; None: float
         self.model = LlamaModel(config, device, d)
+        for layer, w in zip(self.model.layers, config.layer_windows):
+            layer.self_attn.window = w or None  # NOTE [sliding window]: a window layer's keys p-w+1..p
         if not config.tie_word_embeddings:
             self.lm_head: Module = Projection(config.hidden_size, config.vocab_size, False, device, d)
         self._rot_tables: dict[tuple[Any, str], tuple[Tensor, Tensor]] = {}

@@ -47,6 +47,7 @@ from ... import _dtype as dt
 from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops import arange, tensor
+from ...ops._attention_fused import takes_window
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
 from .._steps import Proj, projection, step_kernels, weight_kernels
@@ -83,6 +84,7 @@ class _Layer(NamedTuple):
     q_norm: Tensor | None
     k_norm: Tensor | None
     rope: bool
+    window: int = 0  # a sliding-window layer's window (LlamaAttention.window), 0 for none
 
 
 class Multipliers(NamedTuple):
@@ -149,6 +151,7 @@ def _layers(model: LlamaForCausalLM) -> list[_Layer]:
                 a.q_norm.weight if a.qk_norm else None,
                 a.k_norm.weight if a.qk_norm else None,
                 a.rope,
+                a.window or 0,
             )
         )
     return out
@@ -235,6 +238,9 @@ class LlamaDecodeStep:
     def create(cls, model: LlamaForCausalLM, cache: PagedKVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
         kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
+        if kernels is not None and any(blk.self_attn.window for blk in model.model.layers):
+            if not takes_window(model.device.type):  # a backend before API 1.4: the generic step
+                return None
         return None if kernels is None else cls(model, cache, kernels)
 
     def positions(self, pos: list[int]) -> Tensor:
@@ -319,7 +325,7 @@ class LlamaDecodeStep:
             else:  # a no-rope layer (SmolLM3): q and k as they are, into the buffers attention reads
                 copy(qrot, q_in)
                 copy(krot, k_in)
-            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale, q_all, att_all)
+            cache.attend_rows(k, li, ctx, qs, kvs, atts, scale, q_all, att_all, w.window)
             linear(proj, att_flat, w.o)
             if m is not None:
                 mul(proj, proj, res_m)

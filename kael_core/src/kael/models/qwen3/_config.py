@@ -10,8 +10,8 @@ value kael cannot run is a FormatError naming the file and the field.
 
 Sliding windows: transformers applies ``sliding_window`` only with ``use_sliding_window``
 true, and then to the layers ``layer_types`` marks ``"sliding_attention"`` (by default those
-from ``max_window_layers`` on). kael has no sliding-window attention, so such a config is
-refused unless the window covers the context or no layer uses it.
+from ``max_window_layers`` on): the config's ``layer_windows`` (``llama/_windows.py``), each such layer
+attending to its window only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..llama import LlamaConfig, config_from_dict, hf_config
-from ..llama._config import check_layer_windows, read_family_config
+from ..llama._config import read_family_config
+from ..llama._windows import family_layer_windows, window_fields
 
 __all__ = ["Qwen3Config", "read_config", "qwen3_hf_config", "MODEL_TYPE"]
 
@@ -44,11 +45,13 @@ def read_config(path: Any) -> Qwen3Config:
     bias = d.get("attention_bias", False)
     if not isinstance(bias, bool):
         fail(f"attention_bias must be true or false, got {bias!r}")
-    check_layer_windows(d, lambda: _window_layer_types(d), fail)
     # The Llama reader, on the fields Qwen3 shares with llama (attention_bias: q, k, v and o; no MLP bias).
     base = config_from_dict({**d, "model_type": "llama", "sliding_window": None, "mlp_bias": False}, p, "Qwen3 config")
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaConfig)}
-    return Qwen3Config(**{**values, "model_type": MODEL_TYPE, "qk_norm": True})
+    windows = family_layer_windows(
+        d, lambda: _window_layer_types(d), base.num_hidden_layers, base.max_position_embeddings, fail
+    )
+    return Qwen3Config(**{**values, "model_type": MODEL_TYPE, "qk_norm": True, "layer_windows": windows})
 
 
 def _window_layer_types(d: dict[str, Any]) -> list[str] | None:
@@ -63,14 +66,12 @@ def _window_layer_types(d: dict[str, Any]) -> list[str] | None:
 def qwen3_hf_config(config: LlamaConfig, dtype: str = "float32") -> dict[str, Any]:
     """A transformers 5 qwen3 ``config.json`` dictionary for ``config``."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(LlamaConfig)}
-    out = hf_config(LlamaConfig(**{**values, "model_type": "llama", "qk_norm": False}), dtype)
+    out = hf_config(LlamaConfig(**{**values, "model_type": "llama", "qk_norm": False, "layer_windows": ()}), dtype)
     out.pop("mlp_bias", None)
     out.update(
         architectures=["Qwen3ForCausalLM"],
         model_type=MODEL_TYPE,
         attention_bias=config.qkv_bias,
-        sliding_window=None,
-        use_sliding_window=False,
-        max_window_layers=config.num_hidden_layers,
+        **window_fields(config),
     )
     return out

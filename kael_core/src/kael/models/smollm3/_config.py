@@ -11,9 +11,8 @@ every fourth layer has none. The rest is Llama's (``attention_bias`` on q, k, v 
 the file and the field.
 
 Sliding windows: transformers applies ``sliding_window`` only with ``use_sliding_window`` true,
-to the layers ``layer_types`` marks ``"sliding_attention"`` (by default the no-rope layers). kael
-has no sliding-window attention, so such a config is refused unless the window covers the context
-or no layer uses it.
+to the layers ``layer_types`` marks ``"sliding_attention"`` (by default the no-rope layers): the
+config's ``layer_windows`` (``llama/_windows.py``), each such layer attending to its window only.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from typing import Any, ClassVar
 
 from ..._errors import ShapeError
 from ..llama import LlamaConfig, config_from_dict, hf_config
-from ..llama._config import check_layer_windows, read_family_config
+from ..llama._config import read_family_config
+from ..llama._windows import family_layer_windows, window_fields
 
 __all__ = ["SmolLM3Config", "read_config", "smollm3_hf_config", "no_rope_layers", "MODEL_TYPE", "DEFAULT_THETA"]
 
@@ -84,8 +84,6 @@ def read_config(path: Any) -> SmolLM3Config:
         not isinstance(flags, list) or len(flags) != layers or any(type(f) is not int or f not in (0, 1) for f in flags)
     ):
         fail(f"no_rope_layers must be a list of {layers} flags 0 or 1 (one per layer), got {flags!r}")
-    # transformers: with layer_types null, the no-rope layers slide
-    check_layer_windows(d, lambda: ["full_attention" if f else "sliding_attention" for f in flags], fail)
     # transformers' SmolLM3 defaults where config.json is silent: tied embeddings, rope_theta 2e6.
     params = d.get("rope_parameters") or d.get("rope_scaling")
     theta = d.get("rope_theta", params.get("rope_theta") if isinstance(params, dict) else None)
@@ -98,19 +96,28 @@ def read_config(path: Any) -> SmolLM3Config:
     }
     base = config_from_dict(base_dict, p, "SmolLM3 config")
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaConfig)}
-    return SmolLM3Config(**{**values, "model_type": MODEL_TYPE, "no_rope_layers": tuple(flags)})
+    # transformers: with layer_types null, the no-rope layers slide
+    windows = family_layer_windows(
+        d,
+        lambda: ["full_attention" if f else "sliding_attention" for f in flags],
+        layers,
+        base.max_position_embeddings,
+        fail,
+    )
+    return SmolLM3Config(
+        **{**values, "model_type": MODEL_TYPE, "no_rope_layers": tuple(flags), "layer_windows": windows}
+    )
 
 
 def smollm3_hf_config(config: SmolLM3Config, dtype: str = "float32") -> dict[str, Any]:
     """A transformers 5 smollm3 ``config.json`` dictionary for ``config``."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(LlamaConfig)}
-    out = hf_config(LlamaConfig(**{**values, "model_type": "llama"}), dtype)
+    out = hf_config(LlamaConfig(**{**values, "model_type": "llama", "layer_windows": ()}), dtype)
     out.update(
         architectures=["SmolLM3ForCausalLM"],
         model_type=MODEL_TYPE,
         no_rope_layers=list(config.no_rope_layers or ()),
-        use_sliding_window=False,
-        sliding_window=None,
+        **window_fields(config),
         pad_token_id=None,  # kael keeps no pad id; transformers' default (128004) is outside a small vocabulary
     )
     return out
