@@ -118,8 +118,12 @@ def test_sliding_window_covering_the_context_is_accepted(tmp_path: Path) -> None
     [
         ("llama", {"sliding_window": 64}, "sliding_window", "Llama has no sliding-window attention"),
         ("mistral", {"sliding_window": 0}, "sliding_window", "positive integer or null"),
-        ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "layer_types": ["sliding_attention"]}, "layer_types",
-         "list of"),
+        (
+            "qwen2",
+            {"use_sliding_window": True, "sliding_window": 8, "layer_types": ["sliding_attention"]},
+            "layer_types",
+            "list of",
+        ),
         ("llama", {"hidden_size": 0}, "hidden_size", "positive integer"),
         ("llama", {"vocab_size": "320"}, "vocab_size", "positive integer"),
         ("llama", {"num_hidden_layers": True}, "num_hidden_layers", "positive integer"),

@@ -30,7 +30,12 @@ torch = pytest.importorskip("torch")
 SLIDING, FULL = "sliding_attention", "full_attention"
 SHAPES: dict[str, dict[str, Any]] = {
     "mistral-w5": {"family": "mistral", "sliding_window": 5},
-    "qwen2-w4-from-layer1": {"family": "qwen2", "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+    "qwen2-w4-from-layer1": {
+        "family": "qwen2",
+        "use_sliding_window": True,
+        "sliding_window": 4,
+        "max_window_layers": 1,
+    },
     "qwen3-layer-types-w6": {
         "family": "qwen3",
         "use_sliding_window": True,
