@@ -173,7 +173,7 @@ class LlamaDecodeStep:
             cache.batch,
         )
         dev, dtype = model.device, model.dtype
-        self.layers, self.cache, self.k = _layers(model), cache, kernels
+        self.layers, self.cache, self.k = self.layer_weights(model), cache, kernels
         self.embed, self.norm_w = model.model.embed_tokens.weight, model.model.norm.weight
         self.embed_scheme: str | None = getattr(model.model.embed_tokens, "scheme", None)
         head = model.head
@@ -226,6 +226,11 @@ class LlamaDecodeStep:
                 "up_f": View("gate_up", (1, f), (2 * f, 1), f),
             },
         )
+
+    @staticmethod
+    def layer_weights(model: LlamaForCausalLM) -> list[_Layer]:
+        """Each layer's weights as the step runs them (a family whose modules differ overrides it: Phi-3)."""
+        return _layers(model)
 
     @classmethod
     def create(cls, model: LlamaForCausalLM, cache: PagedKVCache) -> LlamaDecodeStep | None:
