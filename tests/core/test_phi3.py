@@ -20,7 +20,7 @@ import family_parity as fp
 import kael
 import numpy as np
 import pytest
-from kael.models import decode_step, from_pretrained
+from kael.models import from_pretrained
 from kael.models.phi3 import LongRope, Phi3Config, Phi3DecodeStep, Phi3ForCausalLM, read_config
 from phi3_checkpoints import ORIGINAL, SHAPES, build, longrope
 
@@ -145,25 +145,21 @@ def test_greedy_generate_matches_transformers(pair: fp.Pair) -> None:
         assert model.generate(ids, 24) == _hf_cached_greedy(hf, ids, 24)
 
 
+@pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize("mapped", [False, True])
-def test_decode_step_equals_the_cached_forward_pass(pair: fp.Pair, backend: str, mapped: bool) -> None:
-    """The direct step (the fused weights, float, copied or mapped) equals the model's forward over the cache,
-    token by token past the original length; with partial rotary the generic step runs (no direct step)."""
+def test_decode_step_equals_the_cached_forward_pass(pair: fp.Pair, backend: str, mapped: bool, direct: bool) -> None:
+    """The direct step (the fused weights, float, copied or mapped; with partial rotary, rope on views of the first
+    rotary dims and copy of the rest) and the generic one equal the model's forward over the cache, token by token
+    past the original length."""
     d, _, model = pair
     m = Phi3ForCausalLM.from_pretrained(d, mmap=True) if mapped else model
     ids = [(7 * i + 3) % 200 for i in range(24)]
-    partial = m.config.rotary_dim != m.config.dim
-    if partial:
-        with pytest.raises(kael.KaelError, match="no fast decode step"):
-            decode_step(m, m.new_cache(max_positions=24), True)
-    rows = fp._step_rows(m, ids, 8, False if partial else True, Phi3DecodeStep, _fused)
+    rows = fp._step_rows(m, ids, 8, direct, Phi3DecodeStep, _fused)
     np.testing.assert_allclose(rows, _incremental(m, ids, 8)[8:], atol=2e-5, rtol=0)
 
 
 def test_quantized_decode_step_equals_its_forward_pass(pair: fp.Pair) -> None:
     """Q8_0 weights: qkv_proj and gate_up_proj are one QuantizedLinear each, which the direct step runs."""
-    if pair[2].config.rotary_dim != pair[2].config.dim:
-        pytest.skip("partial rotary: no direct step")
 
     def check(step: Any, model: Any) -> None:
         assert all(lay.qkv is not None and lay.qkv.scheme == "q8_0" for lay in step.layers)

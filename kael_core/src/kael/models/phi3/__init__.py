@@ -5,7 +5,7 @@ Phi-3 is Llama with q/k/v in one projection (``self_attn.qkv_proj``) and gate/up
 (``mlp.gate_up_proj``), no biases, a partial rotary factor (Phi-4-mini rotates 3/4 of each head) and
 longrope scaling (short and long per-frequency factors, an attention factor on cos and sin). ``Phi3Config``
 is a ``LlamaConfig`` with them, ``Phi3ForCausalLM`` a ``LlamaForCausalLM`` over Phi-3's modules, and
-``Phi3DecodeStep`` the Llama direct step over the fused weights (full rotary only). ``FAMILIES`` is what
+``Phi3DecodeStep`` the Llama direct step over the fused weights. ``FAMILIES`` is what
 the family registry (``kael.models.families``) serves for ``"phi3"``.
 """
 

@@ -199,10 +199,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         """Nothing to re-fuse: q/k/v and gate/up are one weight each (a QuantizedLinear each when quantized)."""
 
     def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
-        """``Phi3DecodeStep`` (None on a backend without its kernels, or with partial rotary: the generic step
-        then runs this model's forward, which rotates part of each head)."""
-        if self.config.rotary_dim != self.config.dim:
-            return None
+        """``Phi3DecodeStep`` (None on a backend without its kernels: the generic step then runs this model's forward)."""
         from ._step import Phi3DecodeStep
 
         return Phi3DecodeStep.create(self, cache)

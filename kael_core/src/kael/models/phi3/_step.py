@@ -8,8 +8,10 @@ separate q/k/v and gate/up entries, which it reads only when ``qkv`` / ``gate_up
 weights too (never None here).
 
 With longrope a token at position p reads the long half of the tables (row p + P) when p + 1 exceeds
-``original_max_position_embeddings``: a one-token pass, NOTE [longrope factors] in ``_rope.py``. The step
-runs full rotary only: with a partial rotary factor ``Phi3ForCausalLM.decode_step`` returns None.
+``original_max_position_embeddings``: a one-token pass, NOTE [longrope factors] in ``_rope.py``. With a
+partial rotary factor (``rotary_dim`` R < D) the ``rope`` kernel rotates the first R dims of each head (views of
+the head buffers [n, H(kv), 1, R], the tables [2P or P, R/2]) and ``copy`` moves the other D - R, as the forward
+pass's ``rope`` and ``cat`` do.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ... import _dtype as dt
 from ..._tensor import Tensor
 from ...ops import arange
+from ...ops._views import make_view
 from .._steps import projection
 from ..llama import LlamaDecodeStep
 from ..llama._step import _Layer
@@ -32,11 +35,12 @@ __all__ = ["Phi3DecodeStep"]
 
 
 class Phi3DecodeStep(LlamaDecodeStep):
-    """One new token for each of a set of ``cache``'s rows of a ``Phi3ForCausalLM`` (full rotary)."""
+    """One new token for each of a set of ``cache``'s rows of a ``Phi3ForCausalLM``."""
 
     def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, kernels: dict[str, Any]) -> None:
         super().__init__(model, cache, kernels)
-        self.config: Any = model.config
+        cfg: Any = model.config
+        self.phi3_config, self.rot = cfg, int(cfg.rotary_dim)
         # the positions index both halves of longrope's tables: an arange over all their rows
         self.arange = arange(self.cos.shape[0], dtype=dt.int64, device=model.device)
 
@@ -54,6 +58,20 @@ class Phi3DecodeStep(LlamaDecodeStep):
             )
         return out
 
+    def rotate(self, out: Tensor, x: Tensor, where: Tensor) -> None:
+        """rope on the first ``rotary_dim`` dims of each head of x [n, H(kv), 1, D] into ``out``, the rest copied."""
+        r, d = self.rot, self.d
+        if r == d:
+            super().rotate(out, x, where)
+            return
+        self.k["rope"](_last(out, 0, r), _last(x, 0, r), self.cos, self.sin, where)
+        self.k["copy"](_last(out, r, d - r), _last(x, r, d - r))
+
     def positions(self, pos: list[int]) -> Tensor:
         """The rows' table rows as int64 [n, 1]: each position, in longrope's long half past the original length."""
-        return super().positions([p + table_offset(self.config, p, 1) for p in pos])
+        return super().positions([p + table_offset(self.phi3_config, p, 1) for p in pos])
+
+
+def _last(t: Tensor, start: int, n: int) -> Tensor:
+    """Dims ``start .. start + n - 1`` of t's last dim, as a view."""
+    return make_view(t, (*t.shape[:-1], n), t._strides, t._offset + start * t._strides[-1])
