@@ -282,3 +282,31 @@ def test_config_class_checks() -> None:
     assert cfg.attention_scale == pytest.approx((1 + np.log(4) / np.log(8)) ** 0.5)
     m = Phi3ForCausalLM(cfg)
     assert len(m.generate([1, 2, 3], 12)) == 12  # crosses the original 8
+
+
+_PHI4_MINI = {  # Phi-4-mini-instruct's config.json fields kael reads (factor lists shortened to constants)
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+    "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064,
+    "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+    "rope_scaling": {"type": "longrope", "long_factor": [1.5] * 48, "short_factor": [1.0] * 48},
+    "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
+    "bos_token_id": 199999, "eos_token_id": 199999, "pad_token_id": 199999, "hidden_act": "silu",
+}  # fmt: skip
+
+
+def test_released_configs_read_as_transformers_reads_them(tmp_path: Path) -> None:
+    """Phi-4-mini's shape (partial rotary 96 of 128 dims, longrope of 48 factors, the attention factor transformers
+    computes from 131072 / 4096); Phi-3-mini-4k's sliding_window 2047 < 4096 is refused (no sliding windows)."""
+    import transformers
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(_PHI4_MINI))
+    cfg = read_config(tmp_path)
+    hf = transformers.Phi3Config(**{k: v for k, v in _PHI4_MINI.items() if k not in ("architectures", "model_type")})
+    assert cfg.rotary_dim == int(hf.hidden_size // hf.num_attention_heads * hf.rope_parameters["partial_rotary_factor"])
+    assert cfg.longrope is not None and cfg.longrope.original_max_position_embeddings == 4096
+    assert cfg.attention_scale == pytest.approx((1 + np.log(32) / np.log(4096)) ** 0.5)
+    mini_4k = {**_PHI4_MINI, "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+               "sliding_window": 2047, "rope_scaling": None, "partial_rotary_factor": 1.0}  # fmt: skip
+    p.write_text(json.dumps(mini_4k))
+    fp.check_refused(tmp_path, "sliding_window 2047", "Phi3 config")
