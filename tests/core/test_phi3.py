@@ -1,8 +1,9 @@
 """The Phi-3 family (kael/models/phi3/ over kael/models/llama/): Hugging Face Phi-3 checkpoints that
 transformers' ``Phi3ForCausalLM`` writes offline with random weights (fused ``qkv_proj`` / ``gate_up_proj``,
 GQA and multi-query, tied and untied, with and without longrope, Phi-4-mini's partial rotary) load through
-``kael.models.from_pretrained`` and compute transformers' logits, generate its greedy tokens past longrope's
-``original_max_position_embeddings``, and decode the same through the direct step (``Phi3DecodeStep`` over the
+``kael.models.from_pretrained`` and compute transformers' logits, generate its greedy tokens (its generate's, or
+where a short prompt's continuation crosses longrope's ``original_max_position_embeddings``, those of its KV cache
+fed token by token: transformers' generate recomputes the cache there, kael does not), and decode the same through the direct step (``Phi3DecodeStep`` over the
 fused weights, float and Q8_0), the KV cache and the batched decoder with the paged cache.
 
 Oracles: transformers' ``Phi3ForCausalLM`` on the same weights (logits, greedy generate, its own KV cache fed
