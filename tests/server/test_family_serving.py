@@ -31,6 +31,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", {"no_rope_layer_interval": 2}),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {}),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", {"pad_token_id": None}),
 }
 
 

@@ -1,5 +1,5 @@
 """Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama, Qwen3,
-Granite, SmolLM3, OLMo 2.
+Granite, SmolLM3, OLMo 2, Phi-3.
 
 NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
 ``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
@@ -45,6 +45,7 @@ from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 from .granite import GraniteConfig, GraniteForCausalLM
 from .llama import LlamaConfig, LlamaForCausalLM
 from .olmo2 import Olmo2Config, Olmo2ForCausalLM
+from .phi3 import Phi3Config, Phi3ForCausalLM
 from .qwen3 import Qwen3Config, Qwen3ForCausalLM
 from .smollm3 import SmolLM3Config, SmolLM3ForCausalLM
 
@@ -74,6 +75,8 @@ __all__ = [
     "GPTConfig",
     "LlamaForCausalLM",
     "LlamaConfig",
+    "Phi3ForCausalLM",
+    "Phi3Config",
     "Qwen3ForCausalLM",
     "Qwen3Config",
     "GraniteForCausalLM",

@@ -2,7 +2,7 @@
 ``save_gguf`` (a kael model -> a GGUF file llama.cpp loads), dispatched by ``general.architecture``.
 
 Each architecture module (``_gguf_gpt2.py``: ``gpt2``; ``_gguf_llama.py``: ``llama``,
-``qwen2``, ``qwen3``, ``granite``, ``smollm3``, ``olmo2``) reads its config from the ``{arch}.*``
+``qwen2``, ``qwen3``, ``granite``, ``smollm3``, ``olmo2``; ``_gguf_phi3.py``: ``phi3``) reads its config from the ``{arch}.*``
 metadata, builds the model, and lists every tensor of the file as a ``TensorSpec``: its GGUF name, the kael tensor it fills,
 its shape in the file (row-major: GGUF's ``ne`` reversed, so a projection is ``[out, in]``)
 and its role. Loading is strict: a missing, unexpected or misshapen tensor, a type the
@@ -135,9 +135,9 @@ def meta_float(metadata: Mapping[str, Any], key: str, where: str, default: float
 
 
 def _arch_modules() -> list[ModuleType]:
-    from . import _gguf_gpt2, _gguf_llama
+    from . import _gguf_gpt2, _gguf_llama, _gguf_phi3
 
-    return [_gguf_gpt2, _gguf_llama]
+    return [_gguf_gpt2, _gguf_phi3, _gguf_llama]  # phi3 before llama: a Phi3ForCausalLM is a LlamaForCausalLM
 
 
 def architectures() -> tuple[str, ...]:

@@ -164,6 +164,8 @@ def fuse_projections(model: LlamaForCausalLM) -> None:
     with no_grad():
         for blk in model.model.layers:
             a, m = blk.self_attn, blk.mlp
+            if not hasattr(a, "q_proj"):  # a family whose checkpoint stores them fused (Phi-3): nothing to do
+                continue
             _fuse([a.q_proj, a.k_proj, a.v_proj])
             _fuse([m.gate_proj, m.up_proj])
 

@@ -243,6 +243,11 @@ class LlamaDecodeStep:
                 return None
         return None if kernels is None else cls(model, cache, kernels)
 
+    def rotate(self, out: Tensor, x: Tensor, where: Tensor) -> None:
+        """The ``rope`` kernel: x [n, H(kv), 1, D] rotated at the table rows ``where`` into ``out`` (a family that
+        rotates only part of each head overrides it: Phi-3)."""
+        self.k["rope"](out, x, self.cos, self.sin, where)
+
     def positions(self, pos: list[int]) -> Tensor:
         """The rows' positions as int64 [n, 1]: a view of the arange table when evenly spaced."""
         n, p0 = len(pos), pos[0]
@@ -272,7 +277,7 @@ class LlamaDecodeStep:
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
         cache, k = self.cache, self.k
-        rms_norm, rope, silu_mul = k["rms_norm"], k["rope"], k["silu_mul"]
+        rms_norm, silu_mul = k["rms_norm"], k["silu_mul"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         copy, add_k = k["copy"], k["add"]
         n, c, eps = len(rows), self.c, self.eps
@@ -302,7 +307,7 @@ class LlamaDecodeStep:
         # Per-row views of the step's queries, new keys/values and attention output, and the same rows as one view each.
         kvs, qs, atts = buf.rows(n, "kv"), buf.rows(n, "qrot"), buf.rows(n, "att")
         q_all, att_all = v["qrot"], v["att"]
-        cos, sin, scale = self.cos, self.sin, self.scale
+        scale = self.scale
         ctx = cache.decode_context(rows, pos)
         for li, w in enumerate(self.layers):
             rms_norm(norm, rstd, x, w.in_norm, eps)
@@ -320,8 +325,8 @@ class LlamaDecodeStep:
                 rms_norm(v["kn"], v["krstd"], k_in, w.k_norm, eps)
                 q_in, k_in = v["qn"], v["kn"]
             if w.rope:
-                rope(qrot, q_in, cos, sin, where)
-                rope(krot, k_in, cos, sin, where)
+                self.rotate(qrot, q_in, where)
+                self.rotate(krot, k_in, where)
             else:  # a no-rope layer (SmolLM3): q and k as they are, into the buffers attention reads
                 copy(qrot, q_in)
                 copy(krot, k_in)
