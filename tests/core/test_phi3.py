@@ -229,7 +229,7 @@ _ROPE = SHAPES["mqa-tied-longrope"]["rope_parameters"]
         ({"partial_rotary_factor": 1.5, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
          "partial_rotary_factor"),
         ({"original_max_position_embeddings": 0}, "original_max_position_embeddings"),
-        ({"sliding_window": 47}, "sliding_window 47"),
+        ({"sliding_window": 0}, "sliding_window"),
         ({"sliding_window": "x"}, "sliding_window"),
         ({"head_dim": 8}, "head_dim"),
         ({"hidden_act": "gelu"}, "hidden_act"),
@@ -248,9 +248,13 @@ def test_configs_phi3_cannot_run_are_refused_naming_the_field(
 
 
 def test_a_window_covering_the_context_is_accepted(tmp_path: Path) -> None:
-    """Phi-3.5-mini's and Phi-4-mini's sliding_window (262144) covers their context: full attention."""
+    """Phi-3.5-mini's and Phi-4-mini's sliding_window (262144) covers their context: full attention; a shorter one
+    is every layer's window (parity with transformers: tests/core/test_sliding_window_families.py)."""
     m = from_pretrained(_config(tmp_path, sliding_window=96))
-    assert m.config.sliding_window == 96
+    assert m.config.sliding_window == 96 and m.config.layer_windows == ()
+    m = from_pretrained(_config(tmp_path, sliding_window=47))
+    assert m.config.layer_windows == (47,) * m.config.num_hidden_layers
+    assert all(blk.self_attn.window == 47 for blk in m.model.layers)
 
 
 def test_missing_fused_projection_is_named(tmp_path: Path) -> None:
@@ -277,7 +281,8 @@ def test_config_class_checks() -> None:
     with pytest.raises(kael.ShapeError, match="short_factor"):
         Phi3Config(**small, longrope=LongRope((1.0,) * 3, (1.0,) * 8, 8))
     with pytest.raises(kael.ShapeError, match="sliding_window"):
-        Phi3Config(**small, sliding_window=8)
+        Phi3Config(**small, sliding_window=0)
+    assert Phi3Config(**small, sliding_window=8).layer_windows == (8,)
     lr = longrope(16)
     cfg = Phi3Config(**small, longrope=LongRope(tuple(lr["short_factor"]), tuple(lr["long_factor"]), 8))
     assert cfg.attention_scale == pytest.approx((1 + np.log(4) / np.log(8)) ** 0.5)
@@ -297,7 +302,7 @@ _PHI4_MINI = {  # Phi-4-mini-instruct's config.json fields kael reads (factor li
 
 def test_released_configs_read_as_transformers_reads_them(tmp_path: Path) -> None:
     """Phi-4-mini's shape (partial rotary 96 of 128 dims, longrope of 48 factors, the attention factor transformers
-    computes from 131072 / 4096); Phi-3-mini-4k's sliding_window 2047 < 4096 is refused (no sliding windows)."""
+    computes from 131072 / 4096); Phi-3-mini-4k's sliding_window 2047 < 4096 is every layer's window."""
     import transformers
 
     p = tmp_path / "config.json"
@@ -310,4 +315,4 @@ def test_released_configs_read_as_transformers_reads_them(tmp_path: Path) -> Non
     mini_4k = {**_PHI4_MINI, "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
                "sliding_window": 2047, "rope_scaling": None, "partial_rotary_factor": 1.0}  # fmt: skip
     p.write_text(json.dumps(mini_4k))
-    fp.check_refused(tmp_path, "sliding_window 2047", "Phi3 config")
+    assert read_config(tmp_path).layer_windows == (2047,) * 32

@@ -101,9 +101,10 @@ def test_a_file_with_one_factor_list_is_refused(checkpoint: fg.Checkpoint, tmp_p
         load_gguf(out)
 
 
-def test_a_short_sliding_window_is_refused(checkpoint: fg.Checkpoint, tmp_path: Path) -> None:
+def test_a_short_sliding_window_is_every_layers_window(checkpoint: fg.Checkpoint, tmp_path: Path) -> None:
     d, _ = checkpoint
     src = fg.convert(d, d / "converted-f32.gguf")
     out = rewrite(src, tmp_path / "window.gguf", meta={"phi3.attention.sliding_window": 16})
-    with pytest.raises(kael.FormatError, match="sliding_window"):
-        load_gguf(out)
+    model = load_gguf(out)[0]
+    assert model.config.sliding_window == 16 and set(model.config.layer_windows) == {16}
+    assert all(blk.self_attn.window == 16 for blk in model.model.layers)

@@ -19,7 +19,7 @@ Metadata (``phi3.``): the Llama keys (``context_length``, ``embedding_length``, 
 ``rope.freq_base``), ``rope.dimension_count`` (R: ``partial_rotary_factor = R / D``),
 ``rope.scaling.original_context_length`` (longrope's ``original_max_position_embeddings``),
 ``rope.scaling.attn_factor`` (the converter's attention factor, with the factor tensors) and
-``attention.sliding_window`` (0: none; a window shorter than the context is refused, as from a config.json).
+``attention.sliding_window`` (0: none; a window shorter than the context: every layer's sliding window).
 """
 
 from __future__ import annotations
@@ -89,11 +89,6 @@ def config_from_metadata(arch: str, metadata: Mapping[str, Any], tensors: Mappin
     window = metadata.get(f"{a}.attention.sliding_window", 0)
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise FormatError(f"{where}: metadata '{a}.attention.sliding_window' must be an integer >= 0, got {window!r}")
-    if 0 < window < ctx:
-        raise FormatError(
-            f"{where}: sliding window attention not supported: '{a}.attention.sliding_window' {window} is shorter "
-            f"than the context_length {ctx}"
-        )
     longrope = None
     if (_LONG in tensors) != (_SHORT in tensors):
         raise FormatError(f"{where}: {_LONG!r} and {_SHORT!r} must both be present or both absent")

@@ -238,7 +238,7 @@ class LlamaDecodeStep:
     def create(cls, model: LlamaForCausalLM, cache: PagedKVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
         kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
-        if kernels is not None and any(blk.self_attn.window for blk in model.model.layers):
+        if kernels is not None and any(getattr(blk.self_attn, "window", None) for blk in model.model.layers):
             if not takes_window(model.device.type):  # a backend before API 1.4: the generic step
                 return None
         return None if kernels is None else cls(model, cache, kernels)

@@ -14,9 +14,9 @@ and two rotary options transformers' ``Phi3Config`` reads:
   ``original_max_position_embeddings`` (default 4096), which transformers prefers over a value inside the
   rope dict. Which list a forward pass uses: NOTE [longrope factors] in ``_rope.py``.
 
-``sliding_window``: transformers masks keys more than ``sliding_window - 1`` positions back whenever it is set;
-kael has no sliding-window attention, so a window shorter than ``max_position_embeddings`` is refused
-(Phi-3-mini-4k's 2047; Phi-3.5-mini's and Phi-4-mini's windows cover their context).
+``sliding_window``: transformers masks keys more than ``sliding_window - 1`` positions back whenever it is set,
+on every layer: a window shorter than ``max_position_embeddings`` is every layer's ``layer_windows`` entry
+(Phi-3-mini-4k's 2047; Phi-3.5-mini's and Phi-4-mini's windows cover their context: no window).
 """
 
 from __future__ import annotations
@@ -93,11 +93,10 @@ class Phi3Config(LlamaConfig):
                 if v is not None and not (_number(v) and v > 0):
                     raise ShapeError(f"Phi3Config: longrope {name} must be a finite number > 0, got {v!r}")
         w = self.sliding_window
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < self.max_position_embeddings):
-            raise ShapeError(
-                f"Phi3Config: sliding_window {w!r} must be None or cover max_position_embeddings "
-                f"{self.max_position_embeddings} (kael has no sliding-window attention)"
-            )
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ShapeError(f"Phi3Config: sliding_window must be None or a positive int, got {w!r}")
+        if w is not None and w < self.max_position_embeddings and not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (w,) * self.num_hidden_layers)  # every layer slides
 
     @property
     def rotary_dim(self) -> int:
@@ -145,16 +144,10 @@ def read_config(path: Any) -> Phi3Config:
     orig = d.get("original_max_position_embeddings", DEFAULT_ORIGINAL)
     if isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
         fail(f"original_max_position_embeddings must be a positive integer, got {orig!r}")
-    ctx = d.get("max_position_embeddings")
     w = d.get("sliding_window")
     if w is not None:
         if isinstance(w, bool) or not isinstance(w, int) or w < 1:
             fail(f"sliding_window must be a positive integer or null, got {w!r}")
-        if isinstance(ctx, int) and w < ctx:
-            fail(
-                f"sliding window attention not supported: sliding_window {w!r} is shorter than "
-                f"max_position_embeddings {ctx} (set it to null or >= the context)"
-            )
     base = config_from_dict(
         {
             **d,
@@ -211,7 +204,7 @@ def _longrope(params: dict[str, Any], key: str, orig: int, fail: Any) -> LongRop
 def phi3_hf_config(config: Phi3Config, dtype: str = "float32") -> dict[str, Any]:
     """A transformers 5 phi3 ``config.json`` dictionary for ``config``."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(LlamaConfig)}
-    out = hf_config(LlamaConfig(**{**values, "model_type": "llama"}), dtype)
+    out = hf_config(LlamaConfig(**{**values, "model_type": "llama", "layer_windows": ()}), dtype)
     for k in ("attention_bias", "mlp_bias", "head_dim"):
         out.pop(k, None)
     rope: dict[str, Any] = {

@@ -59,6 +59,7 @@ class Phi3Attention(Module):
         self.qkv_proj = Projection(c, (h + 2 * kv) * d, False, device, dtype)
         self.o_proj = Projection(h * d, c, False, device, dtype)
         self.scale: float | None = None  # the softmax scale (None: 1/sqrt(D)), as LlamaAttention's
+        self.window: int | None = config.layer_windows[0] if config.layer_windows else None  # sliding_window
 
     def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
         """x [B, T, C] -> [B, T, C]; rot = (cos, sin, table positions [B, T]); ``step`` the cache step or None."""
@@ -71,11 +72,12 @@ class Phi3Attention(Module):
         v = transpose(narrow(qkv, 2, h + kv, kv), 1, 2)
         q, k = _rotate(q, self.rotary_dim, cos, sin, pos), _rotate(k, self.rotary_dim, cos, sin, pos)
         if step is None:
-            y = attention(q, k, v, causal=True, scale=self.scale)
+            y = attention(q, k, v, causal=True, scale=self.scale, window=self.window)
         else:
             if self.scale is not None:
                 q = mul(q, self.scale * math.sqrt(d))
-            y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1))
+            w = {} if self.window is None else {"window": self.window}
+            y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1), **w)
         out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
         return out
 

@@ -54,7 +54,23 @@ class Phi3DecodeStep(LlamaDecodeStep):
             in_norm, post_norm = blk.input_layernorm.weight, blk.post_attention_layernorm.weight
             # the separate entries are the fused weights too (read only when qkv / gate_up is None: never here)
             out.append(
-                _Layer(qkv, gate_up, in_norm, qkv, qkv, qkv, o, post_norm, gate_up, gate_up, down, None, None, True, 0)
+                _Layer(
+                    qkv,
+                    gate_up,
+                    in_norm,
+                    qkv,
+                    qkv,
+                    qkv,
+                    o,
+                    post_norm,
+                    gate_up,
+                    gate_up,
+                    down,
+                    None,
+                    None,
+                    True,
+                    a.window or 0,
+                )
             )
         return out
 
