@@ -132,7 +132,7 @@ def test_frontend_ops_never_import_the_reference_backend() -> None:
 
 
 def test_api_version_and_public_names() -> None:
-    assert kael.backends.API_VERSION == "1.3"
+    assert kael.backends.API_VERSION == "1.4"
     for mod in (kael.backends, catalogue, dtypes, host, memory, dispatch):
         assert mod.__doc__ and len(mod.__doc__) > 200, f"{mod.__name__} needs a docstring for plugin authors"
         missing = [n for n in mod.__all__ if not hasattr(mod, n)]

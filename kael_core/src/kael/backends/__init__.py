@@ -1,4 +1,4 @@
-"""``kael.backends``: the public contract between kael and its plugins (API_VERSION 1.2).
+"""``kael.backends``: the public contract between kael and its plugins (API_VERSION 1.4).
 
 Everything a compute backend, the debug tooling, the server or the conformance kit
 needs from kael is here, documented for a plugin author (``kael_core/BACKENDS.md`` lists

@@ -25,8 +25,9 @@ __all__ = ["Backend", "API_VERSION"]
 #: The backend API version this kael speaks; a backend with another major is refused.
 #: 1.1 added the public contract (kael.backends.catalogue, dtypes, host, memory, dispatch).
 #: 1.2 added the fused ops rms_norm, rope, silu_mul and grouped-query attention (k/v with Hkv < H heads);
-#: 1.3 the fused op paged_attention (attention over a paged KV cache's block table).
-API_VERSION = "1.3"
+#: 1.3 the fused op paged_attention (attention over a paged KV cache's block table);
+#: 1.4 the fused ops gelu_tanh_mul (GeGLU's gelu_tanh(gate) * up) and softcap (cap * tanh(x / cap)).
+API_VERSION = "1.4"
 
 
 class Backend:
