@@ -218,8 +218,8 @@ def gelu_tanh_mul(out: Any, gate: Any, up: Any) -> None:
 def softcap(out: Any, x: Any, cap: float) -> None:
     v = rd(x)
     ct = np.float64 if v.dtype == np.float64 else np.float32
-    c = ct(cap)
-    t = v.astype(ct) / c
+    c: Any = ct(cap)  # cap as the compute dtype's scalar (float32 for 16-bit x, as PyTorch's opmath)
+    t: np.ndarray = v.astype(ct) / c
     if x.dtype.itemsize == 2:  # (x / cap).tanh() * cap: each of the three ops rounds to the 16-bit dtype
         t = _round_to(x, np.tanh(_round_to(x, t)))
     else:
