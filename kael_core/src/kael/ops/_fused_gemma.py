@@ -180,6 +180,10 @@ def softcap(x: Tensor, cap: float) -> Tensor:
     _need_float(x, "softcap", "x")
     if isinstance(cap, bool) or not isinstance(cap, (int, float)):
         raise DTypeError(f"softcap: cap must be a number, got {type(cap).__name__}")
-    if not (math.isfinite(cap) and cap > 0):
+    try:
+        c = float(cap)
+    except OverflowError:  # an int beyond float range
+        c = math.inf
+    if not (math.isfinite(c) and c > 0):
         raise KaelError(f"softcap: cap must be a positive finite number, got {cap!r}")
-    return Softcap.apply(x, float(cap))  # type: ignore[no-any-return]
+    return Softcap.apply(x, c)  # type: ignore[no-any-return]
