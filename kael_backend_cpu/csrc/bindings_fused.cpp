@@ -175,6 +175,21 @@ void bind_fused(py::module_& m) {
     u.fix(o, x, true);
     silu_mul(o, g, x);
   });
+  m.def("gelu_tanh_mul", [](py::handle out, py::handle gate, py::handle up) {
+    View o = parse(out, "gelu_tanh_mul", true), g = parse(gate, "gelu_tanh_mul"), x = parse(up, "gelu_tanh_mul");
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, g, true);
+    u.fix(o, x, true);
+    gelu_tanh_mul(o, g, x);
+  });
+  m.def("softcap", [](py::handle out, py::handle x, double cap) {
+    View o = parse(out, "softcap", true), a = parse(x, "softcap");
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, true);
+    softcap(o, a, cap);
+  });
   m.def("conv2d", [](py::handle out, py::handle x, py::handle weight, py::handle bias, std::array<int64_t, 2> stride,
                      std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
     View o = parse(out, "conv2d", true), a = parse(x, "conv2d"), w = parse(weight, "conv2d");

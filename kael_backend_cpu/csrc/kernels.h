@@ -117,6 +117,13 @@ void rope(const View& out, const View& x, const View& cos, const View& sin, cons
 // out = silu(gate) * up, all the same shape and dtype.
 void silu_mul(const View& out, const View& gate, const View& up);
 
+// -- geglu_softcap.cpp: the Gemma-family fused ops (NOTE [16-bit rounding of the Gemma ops]) ---
+// out = gelu_tanh(gate) * up, all the same shape and dtype;
+// gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+void gelu_tanh_mul(const View& out, const View& gate, const View& up);
+// out = cap * tanh(x / cap), same shape and dtype; cap positive and finite (else a kael::Error).
+void softcap(const View& out, const View& x, double cap);
+
 // -- attention.cpp -----------------------------------------------------------------------
 // q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv] -> out [B,H,Tq,Dv], H % Hkv == 0 and query head
 // h reading kv head h / (H / Hkv) (grouped-query attention); causal aligns the last query

@@ -2,8 +2,8 @@
 
 For every table this CPU runs (baseline, avx2, avx512), a subprocess with KAEL_CPU_ISA set
 runs matmul / linear (few-row and packed shapes, float32 and float64), softmax, log_softmax,
-layer_norm, gelu, rms_norm, rope, silu_mul, attention and a streamed add, and the results
-are compared here with the NumPy reference backend at the conformance kit's tolerances;
+layer_norm, gelu, rms_norm, rope, silu_mul, gelu_tanh_mul, softcap, attention and a streamed
+add, and the results are compared here with the NumPy reference backend at the conformance kit's tolerances;
 rows of a batched product must equal the same rows alone, bit for bit. The selection itself:
 the widest runnable table by default, KAEL_CPU_ISA forcing one, CPU features as Linux's
 /proc/cpuinfo reports them, KAEL_CPU_DISABLE standing in for a CPU without a feature, and a
@@ -167,6 +167,8 @@ CASES: dict[str, tuple[Callable[[dict[str, np.ndarray]], np.ndarray], str, bool]
         False,
     ),
     "silu_mul": (lambda d: kael.ops.silu_mul(T(d["gate"]), T(d["up"])).numpy(), "float32", False),
+    "gelu_tanh_mul": (lambda d: kael.ops.gelu_tanh_mul(T(d["gate"]), T(d["up"])).numpy(), "float32", False),
+    "softcap": (lambda d: kael.ops.softcap(T(d["g"]) * 20.0, 30.0).numpy(), "float32", False),
     "attention_causal": (
         lambda d: kael.ops.attention(T(d["q"]), T(d["kv"][0]), T(d["kv"][1]), causal=True).numpy(),
         "float32",

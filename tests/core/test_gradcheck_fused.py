@@ -1,6 +1,6 @@
 """Gradients of every differentiable fused op, against finite differences and PyTorch.
 
-Norms, SwiGLU's silu_mul, convolution and pooling, batch norm, rope, softmax and
+Norms, SwiGLU's silu_mul, GeGLU's gelu_tanh_mul, softcap, convolution and pooling, batch norm, rope, softmax and
 log_softmax, gelu and silu, linear, embedding, the losses, attention (causal, lengths, KV
 cache, GQA/MQA) and topk, each a ``Case`` of gradcheck_cases.py run twice: through the
 backend's fused kernel and through the frontend decomposition (a reference backend
@@ -38,6 +38,16 @@ def _sdpa_cache(m: Any, q: Any, k: Any, v: Any) -> Any:
 def _silu_mul(m: Any, gate: Any, up: Any) -> Any:
     """SwiGLU's product: kael's fused op, torch's silu(gate) * up."""
     return m.silu_mul(gate, up) if m is kael else F(m).silu(gate) * up
+
+
+def _gelu_tanh_mul(m: Any, gate: Any, up: Any) -> Any:
+    """GeGLU's product: kael's fused op, torch's gelu(gate, approximate="tanh") * up."""
+    return m.gelu_tanh_mul(gate, up) if m is kael else F(m).gelu(gate, approximate="tanh") * up
+
+
+def _softcap(cap: float) -> Any:
+    """Soft-capping: kael's fused op, torch's (x / cap).tanh() * cap (Gemma 2's formula)."""
+    return lambda m, x: m.softcap(x, cap) if m is kael else (x / cap).tanh() * cap
 
 
 _ROPE_FREQ = np.arange(5)[:, None] * 10000.0 ** (-np.arange(0, 4, 2) / 4)  # [P=5, D/2=2] angles
@@ -83,6 +93,16 @@ FUSED = [
         fused=True,
     ),
     Case("silu_mul_broadcast", _silu_mul, args(nrm(3, 4), nrm(4)), fused=True),
+    Case("gelu_tanh_mul", _gelu_tanh_mul, args(nrm(3, 4), nrm(3, 4)), fused=True),
+    Case("gelu_tanh_mul_broadcast", _gelu_tanh_mul, args(nrm(4), nrm(2, 3, 4)), fused=True),
+    Case(
+        "gelu_tanh_mul_wide_range",
+        lambda m, g, u: _gelu_tanh_mul(m, g * 6.0, u),
+        args(nrm(5, 3), nrm(5, 3)),
+        fused=True,
+    ),
+    Case("softcap", _softcap(1.5), args(nrm(3, 4)), fused=True),
+    Case("softcap_saturated", lambda m, x: _softcap(0.5)(m, x * 4.0).sum(0), args(nrm(5, 3)), fused=True),
     Case("rope", _rope, args(nrm(2, 2, 3, 4), ints(5, 2, 3)), fused=True),
     Case("softmax", lambda m, x: F(m).softmax(x, dim=1), args(nrm(3, 4)), fused=True),
     Case("softmax_dim0", lambda m, x: m.softmax(x, 0), args(nrm(3, 4)), fused=True),
@@ -216,6 +236,8 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "rms_norm",
         "rope",
         "silu_mul",
+        "gelu_tanh_mul",
+        "softcap",
         "topk",
         "conv2d",
         "conv2d_backward",  # conv2d's backward: the conv2d cases run it

@@ -16,7 +16,17 @@ from kael.backends import catalogue
 
 from ._xp import X, state
 
-__all__ = ["ELEMENTWISE_SOURCES", "adamw", "erf", "gelu", "gelu_backward", "pointwise", "silu_mul"]
+__all__ = [
+    "ELEMENTWISE_SOURCES",
+    "adamw",
+    "erf",
+    "gelu",
+    "gelu_backward",
+    "gelu_tanh_mul",
+    "pointwise",
+    "silu_mul",
+    "softcap",
+]
 
 # --------------------------------------------------------------------------------------------------
 # CUDA C: pointwise kernels (cupy.ElementwiseKernel: in_params, out_params, operation).
@@ -26,6 +36,13 @@ ELEMENTWISE_SOURCES: dict[str, tuple[str, str, str]] = {
     "erf": ("T x", "T y", "y = erf(x);"),
     "silu": ("T x", "T y", "y = x / ((T)1 + exp(-x));"),
     "silu_mul": ("T g, T u", "T y", "y = g / ((T)1 + exp(-g)) * u;"),
+    # gelu_tanh(g) as g * sigmoid(2 k (g + c g^3)): no cancellation in 1 + tanh for g << 0
+    "gelu_tanh_mul": (
+        "T g, T u",
+        "T y",
+        "y = g / ((T)1 + exp((T)-1.5957691216057308 * (g + (T)0.044715 * g * g * g))) * u;",
+    ),
+    "softcap": ("T x, float64 cap", "T y", "y = (T)cap * tanh(x / (T)cap);"),
     "gelu": (
         "T x, int32 approx_tanh",
         "T y",
@@ -88,7 +105,28 @@ def silu_mul(g: Any, u: Any, y: Any) -> None:
     _ew("silu_mul")(g, u, y)
 
 
+def gelu_tanh_mul(g: Any, u: Any, y: Any) -> None:
+    """y = gelu_tanh(g) * u = g / (1 + exp(-2 k (g + 0.044715 g^3))) * u, k = sqrt(2/pi), on any strides."""
+    if X.emulated:
+        one = g.dtype.type
+        with np.errstate(all="ignore"):
+            y[...] = g / (one(1) + np.exp(one(-2 * _SQRT_2_OVER_PI) * (g + one(0.044715) * g * g * g))) * u
+        return
+    _ew("gelu_tanh_mul")(g, u, y)
+
+
+def softcap(x: Any, cap: float, y: Any) -> None:
+    """y = cap * tanh(x / cap) in x's dtype (cap rounded to it), elementwise on any strides."""
+    if X.emulated:
+        c = x.dtype.type(cap)
+        y[...] = c * np.tanh(x / c)
+        return
+    _ew("softcap")(x, float(cap), y)
+
+
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
 _erf_np = np.vectorize(math.erf, otypes=[np.float64])
 
 

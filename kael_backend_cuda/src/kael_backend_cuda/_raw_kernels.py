@@ -8,15 +8,15 @@ twin, which does the same arithmetic in the same dtype; twins are used only then
 
 The Llama family's kernels: ``rms_norm_rows`` (a row reduction like layer norm),
 ``rope_rows`` (one block per [b, h, t] row, a thread per rotated pair, the table rows
-picked by the token's position) and the pointwise ``silu_mul``. Grouped-query attention
-needs no kernel of its own: the glue stacks each kv head's query heads on its rows, so
+picked by the token's position) and the pointwise ``silu_mul``; the Gemma family's are the
+pointwise ``gelu_tanh_mul`` and ``softcap``. Grouped-query attention needs no kernel of its own: the glue stacks each kv head's query heads on its rows, so
 ``attention_softmax`` runs unchanged on the [B, H, Tq, Tk] scores. ``paged_attention_rows``
 is the whole of attention over a paged KV cache (one block per query row, reading each key
 and value in place in its block; NOTE [paged attention] in ``kael/ops/_attention_fused.py``).
 
 The CUDA C of the row-wise kernels is in ``_row_kernels_source.py``; the pointwise kernels
-(``ElementwiseKernel`` sources, their launchers and twins: ``silu_mul``, ``gelu``,
-``gelu_backward``, ``adamw``, and ``pointwise(op, *inputs, out)`` for the elementwise
+(``ElementwiseKernel`` sources, their launchers and twins: ``silu_mul``, ``gelu_tanh_mul``,
+``softcap``, ``gelu``, ``gelu_backward``, ``adamw``, and ``pointwise(op, *inputs, out)`` for the elementwise
 catalogue ops with a source, erf and silu, whose NumPy twin is the op's own definition,
 ``Pointwise.compute``) are in ``_pointwise_kernels.py``. Both are re-exported here.
 
@@ -32,7 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from ._pointwise_kernels import ELEMENTWISE_SOURCES, adamw, erf, gelu, gelu_backward, pointwise, silu_mul
+from ._pointwise_kernels import (
+    ELEMENTWISE_SOURCES,
+    adamw,
+    erf,
+    gelu,
+    gelu_backward,
+    gelu_tanh_mul,
+    pointwise,
+    silu_mul,
+    softcap,
+)
 from ._row_kernels_source import ROW_KERNELS_SOURCE, row_kernel_names
 from ._xp import X, state
 
@@ -48,6 +58,8 @@ __all__ = [
     "rope_rows",
     "paged_attention_rows",
     "silu_mul",
+    "gelu_tanh_mul",
+    "softcap",
     "gelu",
     "gelu_backward",
     "adamw",

@@ -407,6 +407,22 @@ _defs += [
         "result depends neither on the other rows nor on which blocks hold its keys; window > 0 (1.4, passed only "
         "when set): query t sees only positions lengths[b]-T+t-window+1 .. lengths[b]-T+t",
     ),
+    _op(
+        "gelu_tanh_mul",
+        "fused",
+        "out!, gate, up",
+        "GeGLU (Gemma's MLP): out = gelu_tanh(gate) * up with gelu_tanh(g) = 0.5*g*(1 + tanh(sqrt(2/pi)*(g + "
+        "0.044715*g^3))); gate, up, out same shape and dtype; 16-bit floats round gelu_tanh(gate) to their dtype "
+        "before the product, as gelu then mul do",
+    ),
+    _op(
+        "softcap",
+        "fused",
+        "out!, x, cap: float",
+        "soft-capping (Gemma 2's attention scores and final logits): out = cap * tanh(x / cap), cap > 0 finite; "
+        "x, out same shape and dtype; 16-bit floats round x / cap, its tanh and the product to their dtype, as "
+        "(x / cap).tanh() * cap does (each op computed in float32, cap as a float32)",
+    ),
 ]
 _defs += [
     _op(n, "fused", "out!, x", "elementwise; out.dtype == x.dtype (a float dtype)", p) for n, p in UNARY_FUSED.items()

@@ -26,9 +26,10 @@ __all__ = ["Backend", "API_VERSION"]
 #: 1.1 added the public contract (kael.backends.catalogue, dtypes, host, memory, dispatch).
 #: 1.2 added the fused ops rms_norm, rope, silu_mul and grouped-query attention (k/v with Hkv < H heads);
 #: 1.3 the fused op paged_attention (attention over a paged KV cache's block table).
-#: 1.4 a trailing ``window`` argument of attention and paged_attention (sliding-window attention, NOTE
-#: [sliding window] in kael/ops/_attention_fused.py), passed only when set: a backend declaring 1.3 runs the
-#: decomposition for a window and is called as before otherwise.
+#: 1.4 the fused ops gelu_tanh_mul (GeGLU's gelu_tanh(gate) * up) and softcap (cap * tanh(x / cap)), and a trailing
+#: ``window`` argument of attention and paged_attention (sliding-window attention, NOTE [sliding window] in
+#: kael/ops/_attention_fused.py), passed only when set: a backend declaring 1.3 runs the decomposition for a
+#: window and is called as before otherwise.
 API_VERSION = "1.4"
 
 

@@ -40,6 +40,7 @@ from ._creation import (
 )
 from ._cross_entropy_fused import cross_entropy
 from ._fused import adamw_step, embedding, gelu, layer_norm, linear, log_softmax, softmax
+from ._fused_gemma import gelu_tanh_mul, softcap
 from ._fused_llama import rms_norm, rope, silu_mul
 from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
 from ._inplace import clone, contiguous, detach, to
@@ -126,6 +127,8 @@ __all__ = [
     "rms_norm",
     "rope",
     "silu_mul",
+    "gelu_tanh_mul",
+    "softcap",
     "topk",
     "adamw_step",
     "dequantize",

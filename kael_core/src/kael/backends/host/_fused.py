@@ -1,4 +1,4 @@
-"""Fused ops written as plain NumPy math: the readable definition of each kernel (the Llama ops included)."""
+"""Fused ops written as plain NumPy math: the readable definition of each kernel (the Llama and Gemma ops included)."""
 
 from __future__ import annotations
 
@@ -214,6 +214,28 @@ def silu_mul(out: Any, gate: Any, up: Any) -> None:
     wr(out, act * rd(up).astype(ct))
 
 
+def gelu_tanh_mul(out: Any, gate: Any, up: Any) -> None:
+    g = rd(gate)
+    ct = np.float64 if g.dtype == np.float64 else np.float32
+    gv: np.ndarray = g.astype(ct)
+    act = 0.5 * gv * (1 + np.tanh(ct(_SQRT_2_OVER_PI) * (gv + ct(0.044715) * gv * gv * gv)))
+    if gate.dtype.itemsize == 2:  # gelu rounded to the 16-bit dtype before the product, as gelu then mul do
+        act = _round_to(gate, act)
+    wr(out, act * rd(up).astype(ct))
+
+
+def softcap(out: Any, x: Any, cap: float) -> None:
+    v = rd(x)
+    ct = np.float64 if v.dtype == np.float64 else np.float32
+    c: Any = ct(cap)  # cap as the compute dtype's scalar (float32 for 16-bit x, as PyTorch's opmath)
+    t: np.ndarray = v.astype(ct) / c
+    if x.dtype.itemsize == 2:  # (x / cap).tanh() * cap: each of the three ops rounds to the 16-bit dtype
+        t = _round_to(x, np.tanh(_round_to(x, t)))
+    else:
+        t = np.tanh(t)
+    wr(out, t * c)
+
+
 def topk(values: Any, indices: Any, x: Any, k: int) -> None:
     v = rd(x)
     n = v.shape[-1]
@@ -262,6 +284,8 @@ KERNELS: dict[str, Callable[..., None]] = {
     "rms_norm": rms_norm,
     "rope": rope,
     "silu_mul": silu_mul,
+    "gelu_tanh_mul": gelu_tanh_mul,
+    "softcap": softcap,
     "topk": topk,
     "adamw_step": adamw_step,
     "paged_attention": paged_attention,

@@ -32,12 +32,14 @@ from ._basic import (
     dropout,
     dropout2d,
     embedding,
+    gelu_tanh_mul,
     layer_norm,
     linear,
     rms_norm,
     rope,
     scaled_dot_product_attention,
     silu_mul,
+    softcap,
 )
 from ._classification import cross_entropy, nll_loss
 from ._conv import conv1d, conv2d, conv_transpose2d, pad
@@ -70,6 +72,8 @@ __all__ = [
     "rms_norm",
     "rope",
     "silu_mul",
+    "gelu_tanh_mul",
+    "softcap",
     "dropout",
     "dropout2d",
     "embedding",

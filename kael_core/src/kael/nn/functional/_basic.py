@@ -18,6 +18,8 @@ __all__ = [
     "rms_norm",
     "rope",
     "silu_mul",
+    "gelu_tanh_mul",
+    "softcap",
     "dropout",
     "dropout2d",
     "embedding",
@@ -81,6 +83,16 @@ def rope(input: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up, SwiGLU's gated product, as one fused op (see ``kael.silu_mul``)."""
     return ops.silu_mul(gate, up)
+
+
+def gelu_tanh_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """gelu(gate, approximate="tanh") * up, GeGLU's gated product, as one fused op (see ``kael.gelu_tanh_mul``)."""
+    return ops.gelu_tanh_mul(gate, up)
+
+
+def softcap(input: Tensor, cap: float) -> Tensor:
+    """cap * tanh(input / cap), soft-capping, as one fused op (see ``kael.softcap``)."""
+    return ops.softcap(input, cap)
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, generator: Any = None) -> Tensor:

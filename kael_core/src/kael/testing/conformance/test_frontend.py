@@ -123,7 +123,8 @@ def test_random_creation(kael_device: Any) -> None:
 
 
 def test_llama_ops(kael_device: Any) -> None:
-    """rms_norm, rope, silu_mul and grouped-query attention through the frontend, against NumPy formulas."""
+    """rms_norm, rope, silu_mul, gelu_tanh_mul, softcap and grouped-query attention through the frontend, against
+    NumPy formulas."""
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 3, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
     want = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6) * w
@@ -138,6 +139,9 @@ def test_llama_ops(kael_device: Any) -> None:
     assert_close(got, rot, rtol=1e-5, atol=1e-6)
     g, u = x * 3, x[::-1].copy()
     assert_close(kael.silu_mul(_t(g, kael_device), _t(u, kael_device)), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
+    geglu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * u
+    assert_close(kael.gelu_tanh_mul(_t(g, kael_device), _t(u, kael_device)), geglu, rtol=1e-5, atol=1e-5)
+    assert_close(kael.softcap(_t(g * 20, kael_device), 30.0), 30.0 * np.tanh(g * 20 / 30.0), rtol=1e-5, atol=1e-5)
     k, v = rng.standard_normal((2, 2, 5, 6)).astype(np.float32), rng.standard_normal((2, 2, 5, 6)).astype(np.float32)
     sc = h @ np.repeat(k, 2, axis=1).swapaxes(-1, -2) / np.sqrt(6)  # query head i reads kv head i // 2
     sc = np.where(np.arange(5)[None, :] > np.arange(3)[:, None] + 2, -np.inf, sc)

@@ -103,6 +103,9 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], str]]]] =
     "rope": (lambda x: kael.rope(x, *_rope_tables(x, 6), _idx(x, [[0, 5, 2], [3, 3, 1]])), [((2, 2, 3, 4), "normal")]),
     "silu_mul": (lambda g, u: kael.silu_mul(g, u), [((2, 3), "normal"), ((2, 3), "normal")]),
     "silu_mul_broadcast": (lambda g, u: kael.silu_mul(g.T, u), [((3, 2), "normal"), ((3,), "normal")]),
+    "gelu_tanh_mul": (lambda g, u: kael.gelu_tanh_mul(g, u), [((2, 3), "normal"), ((2, 3), "normal")]),
+    "gelu_tanh_mul_broadcast": (lambda g, u: kael.gelu_tanh_mul(g.T * 3, u), [((3, 2), "normal"), ((3,), "normal")]),
+    "softcap": (lambda x: kael.softcap(x.T * 4, 2.5), [((3, 2), "normal")]),
     "inplace_on_clone": (lambda a: a.clone().mul_(2).add_(a), [((2, 3), "normal")]),
 }
 
