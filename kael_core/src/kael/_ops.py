@@ -405,6 +405,24 @@ _defs += [
         "== 0, query head h reads kv head h // (H // Hkv); accumulated in float32 (float64 for float64). A row's "
         "result depends neither on the other rows nor on which blocks hold its keys",
     ),
+    _op(
+        "moe_route",
+        "fused",
+        "weights!, experts!, logits, k: int, normalize: bool",
+        "mixture-of-experts top-k routing: logits [T, E] of any float dtype; p = softmax(logits) over E in "
+        "float32 (float64 for float64 logits); experts int64 [T, k] the k largest p of each row, largest first, "
+        "equal values in index order; weights [T, k] (p's dtype) = p at experts, divided by their sum when "
+        "normalize",
+    ),
+    _op(
+        "expert_linear",
+        "fused",
+        "out!, x, weight, experts",
+        "expert-grouped matmul: x [T, K, C] (may be a stride-0 broadcast over K), weight [E, N, C] (the experts' "
+        "nn.Linear weights stacked), experts int64 [T, K] with values in [0, E) (checked by the frontend); "
+        "out [T, K, N]: out[t, j] = weight[experts[t, j]] @ x[t, j]; x, weight, out one float dtype (16-bit "
+        "floats accumulated in float32); a kernel should read each expert's matrix once for all rows that chose it",
+    ),
 ]
 _defs += [
     _op(n, "fused", "out!, x", "elementwise; out.dtype == x.dtype (a float dtype)", p) for n, p in UNARY_FUSED.items()
