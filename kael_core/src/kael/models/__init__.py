@@ -1,5 +1,5 @@
 """Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama, Qwen3,
-Granite, SmolLM3.
+Qwen3-MoE, Granite, SmolLM3.
 
 NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
 ``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
@@ -45,6 +45,7 @@ from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 from .granite import GraniteConfig, GraniteForCausalLM
 from .llama import LlamaConfig, LlamaForCausalLM
 from .qwen3 import Qwen3Config, Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from .smollm3 import SmolLM3Config, SmolLM3ForCausalLM
 
 __all__ = [
@@ -75,6 +76,8 @@ __all__ = [
     "LlamaConfig",
     "Qwen3ForCausalLM",
     "Qwen3Config",
+    "Qwen3MoeForCausalLM",
+    "Qwen3MoeConfig",
     "GraniteForCausalLM",
     "GraniteConfig",
     "SmolLM3ForCausalLM",
