@@ -69,6 +69,8 @@ def moe_route_decomp(logits: Tensor, k: int, normalize: bool) -> tuple[Tensor, T
 def expert_groups(experts: Tensor) -> list[tuple[int, np.ndarray]]:
     """The assignments grouped by expert: (expert, flat positions int64 into experts' T*K entries), by expert."""
     flat = np.asarray(contiguous_nograd(experts).numpy()).reshape(-1)
+    if not flat.size:
+        return []
     order = np.argsort(flat, kind="stable")
     ids, starts = np.unique(flat[order], return_index=True)
     ends = list(starts[1:]) + [len(flat)]
@@ -207,7 +209,9 @@ def expert_linear(x: Tensor, weight: Tensor, experts: Tensor) -> Tensor:
         if not isinstance(v, Tensor) or not v.dtype.is_floating_point:
             raise DTypeError(f"expert_linear: {name} must be a floating-point tensor, got {getattr(v, 'dtype', v)!r}")
     if not isinstance(experts, Tensor) or experts.dtype.category != 1:
-        raise DTypeError(f"expert_linear: experts must be an integer tensor, got {getattr(experts, 'dtype', experts)!r}")
+        raise DTypeError(
+            f"expert_linear: experts must be an integer tensor, got {getattr(experts, 'dtype', experts)!r}"
+        )
     if weight.dtype is not x.dtype:
         raise DTypeError(f"expert_linear: x is {x.dtype!r} but weight is {weight.dtype!r}; expected the same dtype")
     if weight.ndim != 3:

@@ -235,7 +235,7 @@ def expert_linear(out: Any, x: Any, weight: Any, experts: Any) -> None:
     y = np.zeros((t * k, w.shape[1]), dtype=np.result_type(rows.dtype, w.dtype))
     order = np.argsort(flat, kind="stable")  # the assignments grouped by expert: each matrix read once
     ids, starts = np.unique(flat[order], return_index=True)
-    for e, lo, hi in zip(ids, starts, [*starts[1:], len(flat)], strict=True):
+    for e, lo, hi in zip(ids, starts, [*starts[1:], len(flat)][: len(ids)], strict=True):
         sel = order[lo:hi]
         y[sel] = rows[sel] @ w[e].T
     wr(out, y.reshape(t, k, w.shape[1]))

@@ -72,7 +72,9 @@ class Qwen3MoeConfig(LlamaConfig):
 
     def is_sparse(self, layer: int) -> bool:
         """Whether layer ``layer``'s MLP is the mixture of experts (transformers' rule), else dense."""
-        return layer not in self.mlp_only_layers and self.num_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
+        return (
+            layer not in self.mlp_only_layers and self.num_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
 
 def read_config(path: Any) -> Qwen3MoeConfig:

@@ -38,8 +38,22 @@ from ..._tensor import Tensor
 from ...autograd import is_grad_enabled, no_grad
 from ...nn import Module, ModuleList, Parameter
 from ...nn._module import _set_data
-from ...ops import cat, empty, expert_linear, index_select, linear, moe_route, mul, narrow, reshape, select
-from ...ops import silu_mul, tensor, to, unsqueeze
+from ...ops import (
+    cat,
+    empty,
+    expert_linear,
+    index_select,
+    linear,
+    moe_route,
+    mul,
+    narrow,
+    reshape,
+    select,
+    silu_mul,
+    tensor,
+    to,
+    unsqueeze,
+)
 from ...ops import sum as sum_
 from ...ops._inplace import copy_
 from ...ops._moe_fused import expert_groups
@@ -106,7 +120,9 @@ class Qwen3MoeSparseMoeBlock(Module):
                 block = select(down, 0, j)
                 copy_(block, m.down_proj.weight)
                 _set_data(m.down_proj.weight, block)
-                records += [(p.weight, p.weight._storage, p.weight._offset) for p in (m.gate_proj, m.up_proj, m.down_proj)]
+                records += [
+                    (p.weight, p.weight._storage, p.weight._offset) for p in (m.gate_proj, m.up_proj, m.down_proj)
+                ]
         self._stacks = (gate_up, down, records)
 
     def _stacked(self) -> tuple[Tensor, Tensor] | None:

@@ -19,6 +19,7 @@ from ._cases import FLOATS, Call, Case, operand, vals
 from ._layout import Operand, Out
 from ._table_batch_norm import BATCH_NORM_BUILDERS
 from ._table_conv import CONV_BUILDERS
+from ._table_moe import MOE_BUILDERS
 from ._table_pool import POOL_BUILDERS
 
 __all__ = ["fused_cases"]
@@ -372,42 +373,6 @@ def _topk(d: dt.DType) -> dict[str, Builder]:
     return s
 
 
-def _moe_route(d: dt.DType) -> dict[str, Builder]:
-    def mk(t: int, e: int, k: int, lay: str, normalize: bool) -> Builder:
-        def build(rng: np.random.Generator) -> Call:
-            logits = operand(rng, (t, e), d, lay)
-            return Call([Out((t, k), _stat(d)), Out((t, k), dt.int64), logits, k, normalize])
-
-        return build
-
-    s = {"k2_norm": mk(5, 8, 2, "contiguous", True), "k1": mk(3, 4, 1, "transposed", False)}
-    if d in FULL:
-        s["k_all"] = mk(4, 6, 6, "strided", True)
-        s["decode"] = mk(1, 16, 4, "contiguous", False)
-    return s
-
-
-def _expert_linear(d: dt.DType) -> dict[str, Builder]:
-    kind = "halves" if d.itemsize == 2 else "normal"
-
-    def mk(t: int, k: int, e: int, n: int, c: int, lx: str, lw: str = "contiguous") -> Builder:
-        def build(rng: np.random.Generator) -> Call:
-            small = (t, 1, c) if lx == "broadcast" else None
-            x = operand(rng, (t, k, c), d, lx, kind, small=small)
-            w = operand(rng, (e, n, c), d, lw, kind)
-            experts = Operand(vals(rng, (t, k), dt.int64, f"index:{e}"), dt.int64, "contiguous")
-            return Call([Out((t, k, n), d), x, w, experts])
-
-        return build
-
-    s = {"per_token": mk(5, 2, 4, 3, 6, "broadcast"), "per_slot": mk(4, 3, 5, 6, 3, "contiguous")}
-    if d in FULL:
-        s["x_transposed"] = mk(3, 2, 3, 4, 5, "transposed")
-        s["w_strided"] = mk(4, 2, 6, 3, 4, "contiguous", "strided")
-        s["one_expert"] = mk(6, 1, 1, 2, 3, "broadcast")
-    return s
-
-
 def _adamw(d: dt.DType) -> dict[str, Builder]:
     def mk(shape: tuple[int, ...], lay: str, wd: float, step: int) -> Builder:
         def build(rng: np.random.Generator) -> Call:
@@ -438,8 +403,7 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "topk": (_topk, FLOATS + (dt.int64,)),
     "adamw_step": (_adamw, FULL),
     "paged_attention": (_paged_attention, FLOATS),
-    "moe_route": (_moe_route, FLOATS),
-    "expert_linear": (_expert_linear, FLOATS),
+    **MOE_BUILDERS,
     **CONV_BUILDERS,
     **POOL_BUILDERS,
     **BATCH_NORM_BUILDERS,
