@@ -9,8 +9,9 @@ fused ops ``kael.moe_route`` and ``kael.expert_linear`` (NOTE [expert grouping] 
 ``kael/ops/_moe_fused.py``). ``Qwen3MoeConfig`` is a ``LlamaConfig`` with the MoE fields,
 ``Qwen3MoeForCausalLM`` a ``LlamaForCausalLM`` whose sparse layers hold a
 ``Qwen3MoeSparseMoeBlock``. ``FAMILIES`` is what the family registry (``kael.models.families``)
-serves for ``"qwen3_moe"``. Not yet: GGUF files (llama.cpp's ``qwen3moe`` architecture) and a
-direct-kernel decode step (``decode_step`` is None; generation runs the forward).
+serves for ``"qwen3_moe"``. GGUF files of llama.cpp's ``qwen3moe`` architecture load
+(``kael/models/_gguf_qwen3moe.py``; kael writes none yet). Not yet: a direct-kernel decode step
+(``decode_step`` is None; generation runs the forward).
 """
 
 from __future__ import annotations

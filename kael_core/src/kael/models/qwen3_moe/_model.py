@@ -218,9 +218,11 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         )
 
     def quantization_plan(self, weights: str) -> dict[str, str | None]:
-        """No per-tensor mix (kael has no qwen3moe GGUF layout): ``kael.quantize`` gives every projection, the
-        experts' included, the scheme's base format; the router and the token table stay float."""
-        return {}
+        """The format ``llama-quantize`` gives each projection (each expert's: its stack's), the token table and
+        the head of this model's qwen3moe GGUF file (``kael.models._gguf_qwen3moe.plan``); the router stays float."""
+        from .._gguf_qwen3moe import plan
+
+        return plan(self.config, weights)
 
     def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
         """None: the direct-kernel Llama step has no mixture of experts (``GenericStep`` runs the forward)."""
