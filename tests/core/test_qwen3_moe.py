@@ -113,16 +113,22 @@ def test_mapped_load_runs_expert_by_expert_with_the_same_logits(pair: fp.Pair) -
     np.testing.assert_allclose(fp.logits(mapped, fp.PROMPTS[0]), fp.logits(model, fp.PROMPTS[0]), atol=2e-5, rtol=0)
 
 
-def test_quantized_experts_run_their_own_modules(pair: fp.Pair) -> None:
-    """Q8_0 weights: every expert projection becomes a QuantizedLinear (the router stays float), and the
-    logits stay near the float model's."""
+@pytest.mark.parametrize(("weights", "corr"), [("q8_0", 0.995), ("q4_0", 0.8)])
+def test_quantized_experts_run_their_own_modules(pair: fp.Pair, weights: str, corr: float) -> None:
+    """Q8_0 / Q4_0 weights: every expert projection becomes a QuantizedLinear in the format llama.cpp gives its
+    stack (the router stays float), and the logits follow the float model's (correlation; these random
+    models' weights are wide, and 4 bits can route a token to other experts)."""
     d, _, model = pair
-    q = from_pretrained(d, weights="q8_0")
+    q = from_pretrained(d, weights=weights)
     block = next(layer.mlp for layer in q.model.layers if isinstance(layer.mlp, Qwen3MoeSparseMoeBlock))
-    assert all(isinstance(p, QuantizedLinear) for m in block.experts for p in (m.gate_proj, m.up_proj, m.down_proj))
+    projections = [p for m in block.experts for p in (m.gate_proj, m.up_proj, m.down_proj)]
+    assert all(isinstance(p, QuantizedLinear) for p in projections)
+    assert all(
+        p.scheme == q.quantization_plan(weights)["model.layers.1.mlp.experts.0.up_proj"] for p in projections[1::3]
+    )
     assert not isinstance(block.gate, QuantizedLinear)
     got, want = fp.logits(q, fp.PROMPTS[0]), fp.logits(model, fp.PROMPTS[0])
-    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > corr
     assert len(q.generate(fp.PROMPTS[1], 4)) == 4
 
 
