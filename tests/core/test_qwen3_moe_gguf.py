@@ -11,6 +11,7 @@ and ``weights="q8_0"``: the same GGML Q8_0 bytes as llama-quantize writes), and 
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import family_gguf as fg
@@ -129,3 +130,20 @@ def test_expert_weights_norm_false_is_read(checkpoint: fg.Checkpoint, tmp_path: 
     src = fg.convert(d, d / "converted-f32.gguf")
     model, _ = load_gguf(rewrite(src, tmp_path / "plain.gguf", meta={"qwen3moe.expert_weights_norm": False}))
     assert model.config.norm_topk_prob is False
+
+
+@pytest.mark.parametrize("name", ["converted-f32.gguf", "q8_0.gguf"])
+def test_mapped_loads_give_the_copied_logits(checkpoint: fg.Checkpoint, name: str) -> None:
+    """mmap=True (the F32 stacks copied into expert views, the Q8_0 experts over the file's mapping): the same
+    logits as a copy-mode load (which stacks the float experts)."""
+    d, _ = checkpoint
+    fg.convert(d, d / "converted-f32.gguf")
+    path = d / name
+    if not path.exists():  # llama-quantize's Q8_0 of the converter's file, as test_llama_quantize_q8_0_file writes it
+        tool = llama_cpp_tools.require_tool("llama-quantize")
+        done = subprocess.run(
+            [tool, str(d / "converted-f32.gguf"), str(path), "Q8_0"], capture_output=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    ids = fg.text_ids(d)
+    np.testing.assert_array_equal(logits_of(load_gguf(path, mmap=True)[0], ids), logits_of(load_gguf(path)[0], ids))
