@@ -18,6 +18,9 @@ read once per call, whatever the number of tokens (a sparse MoE layer's experts 
 model's bytes). The assignments are read on the host to form the groups (as transformers' loop
 over the hit experts does).
 
+The routing softmax is float32 for every logits dtype but float64 (transformers' router computes it
+in float32 even for a float64 model, so float64 models differ from it by float32's rounding there).
+
 NOTE [routing ties]: kael's ``topk`` (and so ``moe_route``) puts equal values in index order;
 ``torch.topk`` on CPU does not promise any order among ties (it returns ``[2, 4]`` for the top 2
 of ``[1, 3, 3, 0, 3]``). Ties between float32 softmax probabilities of real router logits are
