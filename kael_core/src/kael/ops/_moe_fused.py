@@ -88,9 +88,13 @@ def _index(positions: np.ndarray, device: Any) -> Tensor:
 
 
 def _rows(x: Tensor, positions: np.ndarray, device: Any) -> Tensor:
-    """x [T, K, C]'s rows at the flat (t * K + j) positions, as [n, C]."""
+    """x [T, K, C]'s rows at the flat (t * K + j) positions, as [n, C] (x a broadcast over K: its token rows)."""
     t, kk, c = x.shape
-    flat = reshape_nograd(contiguous_nograd(x), (t * kk, c))
+    if kk > 1 and x._strides[1] == 0:  # every slot of a token reads its one row: gather from the [T, C] view
+        flat = make_view(x, (t, c), (x._strides[0], x._strides[2]), x._offset)
+        positions = positions // kk
+    else:
+        flat = reshape_nograd(contiguous_nograd(x), (t * kk, c))
     idx = _index(positions, device)
     out = empty((len(positions), c), x.dtype, x.device)
     _dispatch.kernel(x.device.type, "index_select")(out, flat, idx, 0)
