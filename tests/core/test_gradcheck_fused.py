@@ -63,6 +63,24 @@ def _rope(m: Any, x: Any, pos: Any) -> Any:
     return x * c + m.cat([-x[..., 2:], x[..., :2]], -1) * s
 
 
+def _moe_route(m: Any, x: Any) -> Any:
+    """Top-2 routing weights, renormalised: kael's fused op, torch's softmax + topk + division."""
+    if m is kael:
+        return kael.moe_route(x, 2, True)[0]
+    v = m.topk(m.softmax(x, -1), 2)[0]
+    return v / v.sum(-1, keepdim=True)
+
+
+_EXPERTS = np.array([[0, 2], [1, 2], [2, 2], [0, 1]])  # [T=4, K=2] over E=3 experts
+
+
+def _expert_linear(m: Any, x: Any, w: Any, e: Any) -> Any:
+    """Each token through its two experts: kael's fused op, torch's gathered weights and einsum."""
+    if m is kael:
+        return kael.expert_linear(x, w, e)
+    return m.einsum("tknc,tkc->tkn" if x.ndim == 3 else "tknc,tc->tkn", w[e], x)
+
+
 FUSED = [
     Case("rms_norm", lambda m, x, w: F(m).rms_norm(x, (4,), w, eps=1e-6), args(nrm(2, 3, 4), nrm(4)), fused=True),
     Case("rms_norm_no_weight", lambda m, x: F(m).rms_norm(x, (5,), eps=1e-3), args(nrm(3, 5)), fused=True),
@@ -197,6 +215,9 @@ FUSED = [
         fused=True,
     ),
     Case("topk", lambda m, x: m.topk(x, 2)[0] * 2, args(distinct(3, 5)), fused=True),
+    Case("moe_route", _moe_route, args(distinct(3, 5)), fused=True),
+    Case("expert_linear", _expert_linear, args(nrm(4, 3), nrm(3, 2, 3), lambda r: _EXPERTS), fused=True),
+    Case("expert_linear_per_slot", _expert_linear, args(nrm(4, 2, 3), nrm(3, 2, 3), lambda r: _EXPERTS), fused=True),
     Case(
         "nll_loss",
         lambda m, x, t: F(m).nll_loss(F(m).log_softmax(x, 1), t, ignore_index=1),
@@ -239,6 +260,8 @@ def test_every_catalogue_fused_op_has_a_gradient_case() -> None:
         "gelu_tanh_mul",
         "softcap",
         "topk",
+        "moe_route",
+        "expert_linear",
         "conv2d",
         "conv2d_backward",  # conv2d's backward: the conv2d cases run it
         "max_pool2d",

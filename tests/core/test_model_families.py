@@ -171,6 +171,7 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
         "phi3",
         "qwen2",
         "qwen3",
+        "qwen3_moe",
         "smollm3",
     ]
     assert got["model_type"] == "kael_toy"
@@ -203,7 +204,8 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
     assert bare.returncode != 0
     assert (
         "no model family serves model_type 'kael_toy'" in bare.stderr
-        and "['gpt2', 'granite', 'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'smollm3']" in bare.stderr
+        and "['gpt2', 'granite', 'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'qwen3_moe', 'smollm3']"
+        in bare.stderr
     )
 
 

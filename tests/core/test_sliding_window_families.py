@@ -21,6 +21,7 @@ import numpy as np
 import phi3_checkpoints
 import pytest
 import qwen3_checkpoints
+import qwen3_moe_checkpoints
 import smollm3_checkpoints
 from kael.models import from_pretrained
 from kael.models.llama import LlamaDecodeStep
@@ -46,6 +47,13 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
     "smollm3-default-w3": {"family": "smollm3", "use_sliding_window": True, "sliding_window": 3, "layer_types": None},
     "phi3-w5": {"family": "phi3", "sliding_window": 5},  # Phi-3-mini-4k's sliding_window on every layer
+    "qwen3moe-w4": {
+        "family": "qwen3_moe",
+        "use_sliding_window": True,
+        "sliding_window": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
 }
 WINDOWS = {"mistral-w5": (5, 5), "qwen2-w4-from-layer1": (0, 4), "qwen3-layer-types-w6": (6, 0), "phi3-w5": (5, 5)}
 ARCHITECTURES = {
@@ -54,6 +62,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -61,7 +70,12 @@ def build(directory: Path, *, family: str, seed: int = 0, save_dtype: Any = None
     """A random transformers checkpoint of ``family`` with ``overrides`` (its window) saved to ``directory``."""
     if family in ("mistral", "qwen2"):
         return llama_checkpoints.build(directory, family, seed=seed, save_dtype=save_dtype, **overrides)
-    module = {"qwen3": qwen3_checkpoints, "smollm3": smollm3_checkpoints, "phi3": phi3_checkpoints}[family]
+    module = {
+        "qwen3": qwen3_checkpoints,
+        "smollm3": smollm3_checkpoints,
+        "phi3": phi3_checkpoints,
+        "qwen3_moe": qwen3_moe_checkpoints,
+    }[family]
     return module.build(directory, seed=seed, save_dtype=save_dtype, **overrides)
 
 

@@ -423,6 +423,24 @@ _defs += [
         "x, out same shape and dtype; 16-bit floats round x / cap, its tanh and the product to their dtype, as "
         "(x / cap).tanh() * cap does (each op computed in float32, cap as a float32)",
     ),
+    _op(
+        "moe_route",
+        "fused",
+        "weights!, experts!, logits, k: int, normalize: bool",
+        "mixture-of-experts top-k routing: logits [T, E] of any float dtype; p = softmax(logits) over E in "
+        "float32 (float64 for float64 logits); experts int64 [T, k] the k largest p of each row, largest first, "
+        "equal values in index order; weights [T, k] (p's dtype) = p at experts, divided by their sum when "
+        "normalize",
+    ),
+    _op(
+        "expert_linear",
+        "fused",
+        "out!, x, weight, experts",
+        "expert-grouped matmul: x [T, K, C] (may be a stride-0 broadcast over K), weight [E, N, C] (the experts' "
+        "nn.Linear weights stacked), experts int64 [T, K] with values in [0, E) (checked by the frontend); "
+        "out [T, K, N]: out[t, j] = weight[experts[t, j]] @ x[t, j]; x, weight, out one float dtype (16-bit "
+        "floats accumulated in float32); a kernel should read each expert's matrix once for all rows that chose it",
+    ),
 ]
 _defs += [
     _op(n, "fused", "out!, x", "elementwise; out.dtype == x.dtype (a float dtype)", p) for n, p in UNARY_FUSED.items()

@@ -1,5 +1,5 @@
 """Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama, Qwen3,
-Granite, SmolLM3, OLMo 2, Phi-3.
+Qwen3-MoE, Granite, SmolLM3, OLMo 2, Phi-3.
 
 NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
 ``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
@@ -47,6 +47,7 @@ from .llama import LlamaConfig, LlamaForCausalLM
 from .olmo2 import Olmo2Config, Olmo2ForCausalLM
 from .phi3 import Phi3Config, Phi3ForCausalLM
 from .qwen3 import Qwen3Config, Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from .smollm3 import SmolLM3Config, SmolLM3ForCausalLM
 
 __all__ = [
@@ -79,6 +80,8 @@ __all__ = [
     "Phi3Config",
     "Qwen3ForCausalLM",
     "Qwen3Config",
+    "Qwen3MoeForCausalLM",
+    "Qwen3MoeConfig",
     "GraniteForCausalLM",
     "GraniteConfig",
     "SmolLM3ForCausalLM",

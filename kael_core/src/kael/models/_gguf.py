@@ -135,9 +135,10 @@ def meta_float(metadata: Mapping[str, Any], key: str, where: str, default: float
 
 
 def _arch_modules() -> list[ModuleType]:
-    from . import _gguf_gpt2, _gguf_llama, _gguf_phi3
+    from . import _gguf_gpt2, _gguf_llama, _gguf_phi3, _gguf_qwen3moe
 
-    return [_gguf_gpt2, _gguf_phi3, _gguf_llama]  # phi3 before llama: a Phi3ForCausalLM is a LlamaForCausalLM
+    # phi3 before llama: a Phi3ForCausalLM is a LlamaForCausalLM
+    return [_gguf_gpt2, _gguf_phi3, _gguf_llama, _gguf_qwen3moe]
 
 
 def architectures() -> tuple[str, ...]:
@@ -314,6 +315,10 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
         for name, t in order:
             spec = by_name[name]
             if spec.constant or fam.skip_tensor(spec):
+                continue
+            own = getattr(fam, "load_tensor", None)  # a family's own layout (qwen3moe's quantized expert stacks)
+            if own is not None and own(model, spec, t, device, mmap):
+                schemes[GGUF_SCHEMES[t.type]] += 1
                 continue
             perm = rope_rows(spec.shape[0], spec.rope_heads) if spec.rope_heads else None
             if spec.role == ROLE_LINEAR and t.type in GGUF_SCHEMES:

@@ -283,7 +283,8 @@ def finish(model: LlamaForCausalLM, mmap: bool) -> None:
 
 
 def handles(model: Any) -> bool:
-    return isinstance(model, LlamaForCausalLM)
+    # a family built on LlamaForCausalLM whose layout this module does not write (Qwen3-MoE's experts) has none
+    return isinstance(model, LlamaForCausalLM) and model.config.model_type in (*ARCHITECTURES, "mistral")
 
 
 def gguf_metadata(model: LlamaForCausalLM) -> tuple[str, dict[str, Any]]:

@@ -2,8 +2,8 @@
 
 ``kael.models.from_pretrained(directory)`` reads ``config.json``'s ``model_type`` and hands
 the directory to that family's loader. GPT-2 (``"gpt2"``) and the Llama family (``"llama"``,
-``"qwen2"``, ``"mistral"``), Qwen3 (``"qwen3"``), Granite (``"granite"``), SmolLM3 (``"smollm3"``), OLMo 2
-(``"olmo2"``) and Phi-3 (``"phi3"``) are built in; other families
+``"qwen2"``, ``"mistral"``), Qwen3 (``"qwen3"``), Qwen3-MoE (``"qwen3_moe"``), Granite (``"granite"``), SmolLM3
+(``"smollm3"``), OLMo 2 (``"olmo2"``) and Phi-3 (``"phi3"``) are built in; other families
 come from packages that register under the ``kael.models`` entry-point group, the same
 way backends register under ``kael.backends``::
 
@@ -135,11 +135,12 @@ def families() -> dict[str, ModelFamily]:
     from .olmo2 import FAMILIES as OLMO2
     from .phi3 import FAMILIES as PHI3
     from .qwen3 import FAMILIES as QWEN3
+    from .qwen3_moe import FAMILIES as QWEN3_MOE
     from .smollm3 import FAMILIES as SMOLLM3
 
     with _lock:
         out: dict[str, ModelFamily] = {GPT2.model_type: GPT2}
-        out.update((fam.model_type, fam) for fam in (*LLAMA, *QWEN3, *GRANITE, *SMOLLM3, *OLMO2, *PHI3))
+        out.update((fam.model_type, fam) for fam in (*LLAMA, *QWEN3, *QWEN3_MOE, *GRANITE, *SMOLLM3, *OLMO2, *PHI3))
         seen: dict[str, str] = {}
         for plugin, fam in _plugin_families():
             if fam.model_type in seen and seen[fam.model_type] != plugin:

@@ -45,6 +45,7 @@ from ._fused_llama import rms_norm, rope, silu_mul
 from ._indexing import cat, chunk, gather, index_select, nonzero, split, stack
 from ._inplace import clone, contiguous, detach, to
 from ._linalg import matmul
+from ._moe_fused import expert_linear, moe_route
 from ._pointwise import FUNCTIONS, Relu, Where, binary, unary
 from ._pointwise_fused import pointwise_fused
 from ._quant import dequantize, quantized_linear
@@ -130,6 +131,8 @@ __all__ = [
     "gelu_tanh_mul",
     "softcap",
     "topk",
+    "moe_route",
+    "expert_linear",
     "adamw_step",
     "dequantize",
     "quantized_linear",

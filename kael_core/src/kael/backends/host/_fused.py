@@ -245,6 +245,33 @@ def topk(values: Any, indices: Any, x: Any, k: int) -> None:
     wr(values, np.take_along_axis(v, idx, axis=-1))
 
 
+def moe_route(weights: Any, experts: Any, logits: Any, k: int, normalize: bool) -> None:
+    v = rd(logits)
+    ct = np.float64 if v.dtype == np.float64 else np.float32
+    z = v.astype(ct)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)
+    idx = np.argsort(-p, axis=-1, kind="stable")[..., :k]  # largest first, ties in index order
+    w = np.take_along_axis(p, idx, axis=-1)
+    if normalize:
+        w = w / w.sum(axis=-1, keepdims=True)
+    wr(experts, idx)
+    wr(weights, w)
+
+
+def expert_linear(out: Any, x: Any, weight: Any, experts: Any) -> None:
+    xv, w, ex = rd(x), rd(weight), rd(experts)
+    t, k, c = xv.shape
+    flat, rows = ex.reshape(-1), xv.reshape(t * k, c)
+    y = np.zeros((t * k, w.shape[1]), dtype=np.result_type(rows.dtype, w.dtype))
+    order = np.argsort(flat, kind="stable")  # the assignments grouped by expert: each matrix read once
+    ids, starts = np.unique(flat[order], return_index=True)
+    for e, lo, hi in zip(ids, starts, [*starts[1:], len(flat)][: len(ids)], strict=True):
+        sel = order[lo:hi]
+        y[sel] = rows[sel] @ w[e].T
+    wr(out, y.reshape(t, k, w.shape[1]))
+
+
 def adamw_step(
     param: Any,
     grad: Any,
@@ -289,4 +316,6 @@ KERNELS: dict[str, Callable[..., None]] = {
     "topk": topk,
     "adamw_step": adamw_step,
     "paged_attention": paged_attention,
+    "moe_route": moe_route,
+    "expert_linear": expert_linear,
 }

@@ -167,7 +167,10 @@ def fuse_projections(model: LlamaForCausalLM) -> None:
             if not hasattr(a, "q_proj"):  # a family whose checkpoint stores them fused (Phi-3): nothing to do
                 continue
             _fuse([a.q_proj, a.k_proj, a.v_proj])
-            _fuse([m.gate_proj, m.up_proj])
+            if hasattr(m, "fuse"):  # a family's MLP with its own fused layout (Qwen3-MoE's stacked experts)
+                m.fuse()
+            else:
+                _fuse([m.gate_proj, m.up_proj])
 
 
 def _fuse(projections: list[Any]) -> None:

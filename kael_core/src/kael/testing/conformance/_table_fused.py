@@ -20,6 +20,7 @@ from ._layout import Operand, Out
 from ._table_batch_norm import BATCH_NORM_BUILDERS
 from ._table_conv import CONV_BUILDERS
 from ._table_gemma import GEMMA_BUILDERS
+from ._table_moe import MOE_BUILDERS
 from ._table_pool import POOL_BUILDERS
 
 __all__ = ["fused_cases"]
@@ -413,6 +414,7 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "adamw_step": (_adamw, FULL),
     "paged_attention": (_paged_attention, FLOATS),
     **GEMMA_BUILDERS,
+    **MOE_BUILDERS,
     **CONV_BUILDERS,
     **POOL_BUILDERS,
     **BATCH_NORM_BUILDERS,
