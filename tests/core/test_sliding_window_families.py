@@ -135,6 +135,9 @@ def test_decode_step_equals_the_full_pass(pair: fp.Pair, backend: str, direct: b
     # SmolLM3's shape sums to 2.0e-5 of its full pass without a window already, 2.3e-5 with one (the prefill's
     # packed products of 24 rows): the direct and the generic step give the same rows
     _, _, model = pair
+    if direct and model.shape_name.startswith("qwen3moe"):  # no direct step for a mixture of experts (yet)
+        assert isinstance(kael.models.decode_step(model, model.new_cache(1, 8)), kael.models.GenericStep)
+        return
     ids = [(7 * i + 3) % 200 for i in range(24)]
     rows = fp._step_rows(model, ids, 8, direct, LlamaDecodeStep, None)
     np.testing.assert_allclose(rows, fp.logits(model, ids)[8:], atol=4e-5, rtol=0)
@@ -164,7 +167,7 @@ def test_save_gguf_refuses_windows_it_cannot_record(pair: fp.Pair, tmp_path: Pat
         assert back.config.layer_windows == model.config.layer_windows
         np.testing.assert_array_equal(fp.logits(back, fp.PROMPTS[0]), fp.logits(model, fp.PROMPTS[0]))
         return
-    with pytest.raises(kael.KaelError, match="sliding-window layers"):
+    with pytest.raises(kael.KaelError, match="sliding-window layers|qwen3moe"):  # kael writes no qwen3moe file
         kael.models.save_gguf(model, tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
 
