@@ -2,7 +2,7 @@
 ``save_gguf`` (a kael model -> a GGUF file llama.cpp loads), dispatched by ``general.architecture``.
 
 Each architecture module (``_gguf_gpt2.py``: ``gpt2``; ``_gguf_llama.py``: ``llama``,
-``qwen2``, ``qwen3``, ``granite``, ``smollm3``) reads its config from the ``{arch}.*``
+``qwen2``, ``qwen3``, ``granite``, ``smollm3``; ``gemma3/_gguf.py``: ``gemma3``, ``gemma2``) reads its config from the ``{arch}.*``
 metadata, builds the model, and lists every tensor of the file as a ``TensorSpec``: its GGUF name, the kael tensor it fills,
 its shape in the file (row-major: GGUF's ``ne`` reversed, so a projection is ``[out, in]``)
 and its role. Loading is strict: a missing, unexpected or misshapen tensor, a type the
@@ -136,8 +136,9 @@ def meta_float(metadata: Mapping[str, Any], key: str, where: str, default: float
 
 def _arch_modules() -> list[ModuleType]:
     from . import _gguf_gpt2, _gguf_llama
+    from .gemma3 import _gguf as _gguf_gemma
 
-    return [_gguf_gpt2, _gguf_llama]
+    return [_gguf_gpt2, _gguf_gemma, _gguf_llama]  # Gemma's before Llama's: its models are LlamaForCausalLMs
 
 
 def architectures() -> tuple[str, ...]:

@@ -165,7 +165,9 @@ def read_gemma_config(path: Any, what: str, model_type: str, cls: type[GemmaConf
         fail(f"query_pre_attn_scalar must be a finite number > 0, got {scalar!r}")
     types = d.get("layer_types")
     if types is None:
-        pattern = d.get("sliding_window_pattern", d.get("_sliding_window_pattern", cls.default_pattern))
+        pattern = cls.default_pattern  # transformers' Gemma 2: alternating; Gemma 3: the config's period
+        if gemma3:
+            pattern = d.get("sliding_window_pattern", d.get("_sliding_window_pattern", pattern))
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             fail(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
         types = list(default_layer_types(layers, pattern))
