@@ -18,6 +18,7 @@ import kael
 import numpy as np
 import pytest
 from gemma2_checkpoints import SHAPES, build
+from kael.models import from_pretrained
 from kael.models.gemma2 import Gemma2Config, Gemma2ForCausalLM, read_config
 from kael.models.llama import LlamaDecodeStep
 
@@ -99,6 +100,16 @@ def test_batched_rows_equal_each_alone(pair: fp.Pair, backend: str) -> None:
 
 def test_prefix_cache_hits_give_each_row_its_tokens_alone(pair: fp.Pair) -> None:
     fp.check_prefix_cache(pair, hit_tokens=32)
+
+
+def test_q8_0_weights_decode_as_their_forward_pass(pair: fp.Pair) -> None:
+    """weights="q8_0" (llama.cpp's plan over the gemma2 GGUF tensors): the generic step equals the forward pass."""
+    d, _, _ = pair
+    model = from_pretrained(d, weights="q8_0")
+    assert model.weights_scheme == "q8_0"
+    ids = LONG[:20]
+    rows = fp._step_rows(model, ids, 6, False, LlamaDecodeStep, None)
+    np.testing.assert_allclose(rows, fp.logits(model, ids)[6:], atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("save_dtype", ["bfloat16", "float16"])

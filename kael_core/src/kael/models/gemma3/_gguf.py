@@ -37,6 +37,7 @@ import numpy as np
 from ..._errors import FormatError, KaelError
 from .._gguf import ROLE_FLOAT, ROLE_LINEAR, ROLE_TABLE, TensorSpec, _submodule, meta_float, meta_int
 from .._gguf_llama import _rope_scaling, _token_id
+from ..llama import RopeScaling
 from ._config import LAYER_TYPES, Gemma3Config, GemmaConfig, default_layer_types
 from ._model import Gemma3ForCausalLM, GemmaForCausalLM, GemmaRMSNorm
 
@@ -52,6 +53,7 @@ __all__ = [
     "finish",
     "handles",
     "gguf_metadata",
+    "gguf_expressible",
 ]
 
 ARCHITECTURES = ("gemma3", "gemma2")
@@ -235,6 +237,19 @@ def finish(model: GemmaForCausalLM, mmap: bool) -> None:
     from ..llama._checkpoint import fuse_projections
 
     fuse_projections(model)
+
+
+def gguf_expressible(config: GemmaConfig) -> GemmaConfig:
+    """``config`` with what a GGUF file cannot say set to what llama.cpp reads (the tensors are the same)."""
+    a = "gemma2" if config.model_type == "gemma2" else "gemma3"
+    c = config
+    return dataclasses.replace(
+        c,
+        query_pre_attn_scalar=_scalar(a, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.dim),
+        layer_types=tuple(_layer_types(a, {}, c.num_hidden_layers, c.sliding_window, "save_gguf")),
+        sliding_rope_theta=_SLIDING_THETA if a == "gemma3" else c.rope_theta,
+        sliding_rope_scaling=RopeScaling() if a == "gemma3" else c.rope_scaling,
+    )
 
 
 def handles(model: Any) -> bool:

@@ -270,6 +270,19 @@ class GemmaForCausalLM(LlamaForCausalLM):
             logits = mul(tanh(div(logits, cap)), cap)
         return logits
 
+    def quantization_plan(self, weights: str) -> dict[str, str | None]:
+        """The Llama family's plan (llama.cpp's mix over the GGUF tensors), made with the config's values a GGUF
+        file can hold (scale, layer pattern, sliding rope: none changes a tensor, and ``save_gguf`` refuses the
+        others, NOTE in ``_gguf.py``)."""
+        from ._gguf import gguf_expressible
+
+        config = self.config
+        self.config = gguf_expressible(config)
+        try:
+            return super().quantization_plan(weights)
+        finally:
+            self.config = config
+
     def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
         """None: ``LlamaDecodeStep`` has no window, soft-capping or Gemma norm, so ``GenericStep`` runs the
         forward pieces (correct first; a direct Gemma step is future work)."""
