@@ -161,7 +161,18 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got["type"] == "kael_toy._model.ToyLM"
-    assert got["families"] == ["gpt2", "granite", "kael_toy", "llama", "mistral", "qwen2", "qwen3", "smollm3"]
+    assert got["families"] == [
+        "gemma2",
+        "gemma3_text",
+        "gpt2",
+        "granite",
+        "kael_toy",
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "smollm3",
+    ]
     assert got["model_type"] == "kael_toy"
     assert got["greedy"] == _greedy_without_cache(toy.load(checkpoint), [5, 6, 7], 12)
     assert got["batched_row_equals_alone"]
@@ -192,7 +203,8 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
     assert bare.returncode != 0
     assert (
         "no model family serves model_type 'kael_toy'" in bare.stderr
-        and "['gpt2', 'granite', 'llama', 'mistral', 'qwen2', 'qwen3', 'smollm3']" in bare.stderr
+        and "['gemma2', 'gemma3_text', 'gpt2', 'granite', 'llama', 'mistral', 'qwen2', 'qwen3', 'smollm3']"
+        in bare.stderr
     )
 
 
