@@ -113,6 +113,21 @@ def test_q8_0_weights_decode_as_their_forward_pass(pair: fp.Pair) -> None:
     np.testing.assert_allclose(rows, fp.logits(model, ids)[6:], atol=2e-5, rtol=0)
 
 
+def test_a_cuda_model_matches_the_cpu_one(pair: fp.Pair) -> None:
+    """On a CUDA device (a GPU, or KAEL_CUDA_EMULATE=1's host emulation): the masks, tables and normalizer live
+    on the model's device; logits within 1e-4 of the CPU model's, the same greedy tokens."""
+    try:
+        kael.empty(1, device="cuda")
+    except kael.KaelError:
+        pytest.skip("no usable cuda device (a GPU, or KAEL_CUDA_EMULATE=1 for host emulation)")
+    d, _, cpu = pair
+    gpu = from_pretrained(d, device="cuda")
+    with kael.no_grad():
+        got = np.asarray(gpu(kael.tensor([LONG], device="cuda"))._host()[0])
+    np.testing.assert_allclose(got, fp.logits(cpu, LONG), atol=1e-4, rtol=0)
+    assert gpu.generate(LONG[:9], 12) == cpu.generate(LONG[:9], 12)
+
+
 @pytest.mark.parametrize("save_dtype", ["bfloat16", "float16"])
 def test_half_checkpoints_load_to_the_same_float32_values(tmp_path: Path, save_dtype: str) -> None:
     fp.check_half_checkpoint(tmp_path, save_dtype, build, SHAPES["gqa"])

@@ -348,7 +348,8 @@ def load_gguf(path: Any, device: Any = "cpu", *, weights: Any = None, mmap: bool
 
     ``general.architecture`` ``gpt2`` gives a ``kael.models.GPT``, ``llama`` and ``qwen2`` a
     ``LlamaForCausalLM``, ``qwen3`` a ``kael.models.qwen3.Qwen3ForCausalLM``, ``granite`` a
-    ``kael.models.granite.GraniteForCausalLM``, ``smollm3`` a ``kael.models.smollm3.SmolLM3ForCausalLM``;
+    ``kael.models.granite.GraniteForCausalLM``, ``smollm3`` a ``kael.models.smollm3.SmolLM3ForCausalLM``,
+    ``gemma3`` a ``kael.models.gemma3.Gemma3ForCausalLM``, ``gemma2`` a ``kael.models.gemma2.Gemma2ForCausalLM``;
     weights as NOTE [gguf weights] says. ``weights`` (None keeps the file's) is ``from_pretrained``'s choice (NOTE [weights choice]): an F32 file is quantized
     to it, a file already quantized otherwise is refused. ``mmap=True`` keeps the stored
     weights of a CPU model as read-only views of the file instead of copies. The tokenizer is
