@@ -157,3 +157,29 @@ def test_null_layer_types_alternate_and_caps_default() -> None:
         Gemma2ForCausalLM(kael.models.Gemma3Config(hidden_size=32, num_attention_heads=2, num_hidden_layers=1))
     m = Gemma2ForCausalLM(cfg)
     assert len(m.generate([1, 2, 3, 4, 5, 6], 4)) == 4
+
+
+#: The fields of a released checkpoint's config.json (Gemma 2 2B, transformers 4.42's layout: no layer_types).
+RELEASED_2B = {
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+    "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+    "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+    "use_cache": True, "vocab_size": 256000,
+}  # fmt: skip
+
+
+def test_a_released_config_reads_as_transformers_reads_it(tmp_path: Path) -> None:
+    import json
+
+    import transformers
+
+    (tmp_path / "config.json").write_text(json.dumps(RELEASED_2B))
+    cfg = read_config(tmp_path)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert cfg.layer_types == tuple(hf.layer_types) and cfg.sliding(0) and not cfg.sliding(25)
+    assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping, cfg.sliding_window) == (50.0, 30.0, 4096)
+    assert (cfg.rope_theta, cfg.scale, cfg.eos_ids, cfg.tie_word_embeddings) == (10000.0, 1 / 16, (1, 107), True)

@@ -227,3 +227,40 @@ def test_config_class_checks() -> None:
     m = Gemma3ForCausalLM(cfg)
     assert (m.model.layers[0].self_attn.k_norm.weight.detach().numpy() == 0).all()  # transformers' init: 1 + 0
     assert len(m.generate([1, 2, 3, 4, 5, 6], 4)) == 4
+
+
+#: The fields of a released checkpoint's config.json (Gemma 3 1B, transformers 4.50's layout: legacy rope keys,
+#: a sliding_window_pattern and no layer_types).
+RELEASED_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 262144,
+}  # fmt: skip
+
+
+def test_a_released_config_reads_as_transformers_reads_it(tmp_path: Path) -> None:
+    import json
+
+    import transformers
+
+    (tmp_path / "config.json").write_text(json.dumps(RELEASED_1B))
+    cfg = read_config(tmp_path)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert cfg.layer_types == tuple(hf.layer_types) and [i for i, t in enumerate(hf.layer_types) if t[0] == "f"] == [
+        5,
+        11,
+        17,
+        23,
+    ]
+    assert (
+        (cfg.rope_theta, cfg.sliding_rope_theta)
+        == (1e6, 1e4)
+        == (hf.rope_parameters["full_attention"]["rope_theta"], hf.rope_parameters["sliding_attention"]["rope_theta"])
+    )
+    assert (cfg.sliding_window, cfg.scale, cfg.eos_ids, cfg.tie_word_embeddings) == (512, 1 / 16, (1, 106), True)
+    assert (cfg.dim, cfg.kv_heads, cfg.dtype) == (256, 1, "bfloat16")
