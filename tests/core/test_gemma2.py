@@ -65,6 +65,17 @@ def test_the_soft_caps_and_the_window_matter(pair: fp.Pair) -> None:
         assert float(np.abs(fp.logits(other, LONG) - base).max()) > 1e-3, attr
 
 
+def test_query_chunks_give_the_same_logits(pair: fp.Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [gemma query chunks]: chunks of 3 and 7 queries (soft-capped full layers too) give the same logits."""
+    from kael.models.gemma3 import _attention
+
+    _, _, model = pair
+    want = fp.logits(model, LONG)
+    for size in (3, 7):
+        monkeypatch.setattr(_attention, "QUERY_CHUNK", size)
+        np.testing.assert_allclose(fp.logits(model, LONG), want, atol=1e-5, rtol=0)
+
+
 def test_right_padded_batch_matches_transformers(pair: fp.Pair) -> None:
     fp.check_right_padded_batch(pair)
 

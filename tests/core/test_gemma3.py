@@ -64,6 +64,22 @@ def test_the_window_matters(pair: fp.Pair) -> None:
     assert float(np.abs(other[w + 1 :] - base[w + 1 :]).max()) > 1e-2
 
 
+def test_query_chunks_give_the_same_logits(pair: fp.Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [gemma query chunks]: chunks of 3 and 7 queries, each over the keys it sees, give the unchunked
+    logits (whole prompts and chunked prefill with a cache)."""
+    from kael.models.gemma3 import _attention
+
+    _, hf, model = pair
+    want = fp.logits(model, LONG)
+    for size in (3, 7):
+        monkeypatch.setattr(_attention, "QUERY_CHUNK", size)
+        np.testing.assert_allclose(fp.logits(model, LONG), want, atol=1e-5, rtol=0)
+        cache = model.new_cache()
+        with kael.no_grad():
+            parts = [model(kael.tensor([LONG[a:b]]), cache).numpy()[0] for a, b in ((0, 11), (11, 40))]
+        np.testing.assert_allclose(np.concatenate(parts), want, atol=1e-5, rtol=0)
+
+
 def test_right_padded_batch_matches_transformers(pair: fp.Pair) -> None:
     fp.check_right_padded_batch(pair)
 

@@ -13,6 +13,12 @@ so keys are never repeated), ``cap * tanh(scores / cap)``, the mask (``where``, 
 ``@ v``, as transformers' eager attention computes it. ``cached_keys`` writes a step's new keys and values
 into the paged cache and returns each row's keys and values, so the cache keeps every position (no block is
 freed when it leaves every window).
+
+NOTE [gemma query chunks]: the decomposition's scores are [.., G*T, S]; a prompt of more than ``QUERY_CHUNK``
+new tokens is attended in chunks of that many queries, each over the keys it can see (a sliding layer's:
+its first query's window to its last query, at most QUERY_CHUNK + w - 1 of them), so a long prompt costs
+O(T * (chunk + w)) on a sliding layer and O(chunk * S) memory on a soft-capped full one. Positions shift
+together, so each chunk is the same problem with its queries last among its keys.
 """
 
 from __future__ import annotations
@@ -43,7 +49,10 @@ from ...ops import (
 )
 from ...ops._inplace import copy_
 
-__all__ = ["attend", "cached_keys", "window_mask"]
+__all__ = ["attend", "cached_keys", "window_mask", "QUERY_CHUNK"]
+
+#: The most queries the decomposition scores at once (NOTE [gemma query chunks]).
+QUERY_CHUNK = 256
 
 
 def window_mask(t: int, s: int, window: int | None, device: Any) -> Tensor:
@@ -66,6 +75,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, so
             return attention(q, k, v, causal=True, scale=scale)
         if t == 1:
             return attention(q, narrow(k, 2, s - window, window), narrow(v, 2, s - window, window), scale=scale)
+    if t > QUERY_CHUNK:  # NOTE [gemma query chunks]
+        outs = []
+        for i0 in range(0, t, QUERY_CHUNK):
+            n = min(QUERY_CHUNK, t - i0)
+            end = s - t + i0 + n  # keys up to the chunk's last query
+            first = max(0, end - n - window + 1) if window is not None else 0
+            kc, vc = narrow(k, 2, first, end - first), narrow(v, 2, first, end - first)
+            outs.append(attend(narrow(q, 2, i0, n), kc, vc, scale, window, softcap))
+        return cat(outs, 2)
     g = h // kv
     qg = reshape(q, b, kv, g * t, d)  # query head h = kv head h // g, group member h % g
     scores = mul(matmul(qg, transpose(k, 2, 3)), scale)  # [B, Hkv, G*T, S]
