@@ -100,6 +100,9 @@ class GemmaAttention(Module):
         self.window: int | None = config.sliding_window if config.sliding(layer) else None
         self.softcap = config.attn_logit_softcapping
 
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, kv_heads={self.kv_heads}, window={self.window}, softcap={self.softcap}"
+
     def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
         """x [B, T, C] -> [B, T, C]; rot = (cos, sin, positions [B, T]); ``step`` the cache step or None."""
         b, t, _ = x.shape
