@@ -162,6 +162,8 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
     got = json.loads(done.stdout)
     assert got["type"] == "kael_toy._model.ToyLM"
     assert got["families"] == [
+        "gemma2",
+        "gemma3_text",
         "gpt2",
         "granite",
         "kael_toy",
@@ -204,7 +206,7 @@ def test_a_plugin_family_loads_generates_and_runs_in_the_cli_with_no_change_to_k
     assert bare.returncode != 0
     assert (
         "no model family serves model_type 'kael_toy'" in bare.stderr
-        and "['gpt2', 'granite', 'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'qwen3_moe', 'smollm3']"
+        and "['gemma2', 'gemma3_text', 'gpt2', 'granite', 'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'qwen3_moe', 'smollm3']"
         in bare.stderr
     )
 

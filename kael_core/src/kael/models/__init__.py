@@ -1,5 +1,5 @@
 """Models: the causal-LM protocol, the model-family registry, generation, batched decoding, GPT-2, Llama, Qwen3,
-Qwen3-MoE, Granite, SmolLM3, OLMo 2, Phi-3.
+Qwen3-MoE, Granite, SmolLM3, OLMo 2, Phi-3, Gemma 3, Gemma 2.
 
 NOTE [model-family seam] (``_protocol.py``): everything that runs a model depends on
 ``CausalLM``; families (``kael.models.gpt2``, a third party's) are found by their Hugging
@@ -41,6 +41,8 @@ from ._sampling import (
 )
 from ._steps import GenericStep, decode_step
 from ._weights import WEIGHTS, QuantizedTable
+from .gemma2 import Gemma2Config, Gemma2ForCausalLM
+from .gemma3 import Gemma3Config, Gemma3ForCausalLM
 from .gpt2 import GPT, GPTConfig, load_gpt2, read_config, save_pretrained
 from .granite import GraniteConfig, GraniteForCausalLM
 from .llama import LlamaConfig, LlamaForCausalLM
@@ -88,6 +90,10 @@ __all__ = [
     "SmolLM3Config",
     "Olmo2ForCausalLM",
     "Olmo2Config",
+    "Gemma3ForCausalLM",
+    "Gemma3Config",
+    "Gemma2ForCausalLM",
+    "Gemma2Config",
     "PagedKVCache",
     "PagedStep",
     "KVCacheFull",

@@ -2,7 +2,8 @@
 ``save_gguf`` (a kael model -> a GGUF file llama.cpp loads), dispatched by ``general.architecture``.
 
 Each architecture module (``_gguf_gpt2.py``: ``gpt2``; ``_gguf_llama.py``: ``llama``,
-``qwen2``, ``qwen3``, ``granite``, ``smollm3``, ``olmo2``; ``_gguf_phi3.py``: ``phi3``) reads its config from the ``{arch}.*``
+``qwen2``, ``qwen3``, ``granite``, ``smollm3``, ``olmo2``; ``_gguf_phi3.py``: ``phi3``; ``gemma3/_gguf.py``: ``gemma3``,
+``gemma2``) reads its config from the ``{arch}.*``
 metadata, builds the model, and lists every tensor of the file as a ``TensorSpec``: its GGUF name, the kael tensor it fills,
 its shape in the file (row-major: GGUF's ``ne`` reversed, so a projection is ``[out, in]``)
 and its role. Loading is strict: a missing, unexpected or misshapen tensor, a type the
@@ -136,9 +137,10 @@ def meta_float(metadata: Mapping[str, Any], key: str, where: str, default: float
 
 def _arch_modules() -> list[ModuleType]:
     from . import _gguf_gpt2, _gguf_llama, _gguf_phi3, _gguf_qwen3moe
+    from .gemma3 import _gguf as _gguf_gemma
 
-    # phi3 before llama: a Phi3ForCausalLM is a LlamaForCausalLM
-    return [_gguf_gpt2, _gguf_phi3, _gguf_llama, _gguf_qwen3moe]
+    # phi3's and Gemma's before llama's: their models are LlamaForCausalLMs
+    return [_gguf_gpt2, _gguf_phi3, _gguf_gemma, _gguf_llama, _gguf_qwen3moe]
 
 
 def architectures() -> tuple[str, ...]:
@@ -353,7 +355,8 @@ def load_gguf(path: Any, device: Any = "cpu", *, weights: Any = None, mmap: bool
     ``general.architecture`` ``gpt2`` gives a ``kael.models.GPT``, ``llama`` and ``qwen2`` a
     ``LlamaForCausalLM``, ``qwen3`` a ``kael.models.qwen3.Qwen3ForCausalLM``, ``granite`` a
     ``kael.models.granite.GraniteForCausalLM``, ``smollm3`` a ``kael.models.smollm3.SmolLM3ForCausalLM``, ``olmo2`` a
-    ``kael.models.olmo2.Olmo2ForCausalLM``;
+    ``kael.models.olmo2.Olmo2ForCausalLM``, ``gemma3`` a ``kael.models.gemma3.Gemma3ForCausalLM``, ``gemma2`` a
+    ``kael.models.gemma2.Gemma2ForCausalLM``;
     weights as NOTE [gguf weights] says. ``weights`` (None keeps the file's) is ``from_pretrained``'s choice (NOTE [weights choice]): an F32 file is quantized
     to it, a file already quantized otherwise is refused. ``mmap=True`` keeps the stored
     weights of a CPU model as read-only views of the file instead of copies. The tokenizer is

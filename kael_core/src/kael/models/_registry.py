@@ -3,7 +3,8 @@
 ``kael.models.from_pretrained(directory)`` reads ``config.json``'s ``model_type`` and hands
 the directory to that family's loader. GPT-2 (``"gpt2"``) and the Llama family (``"llama"``,
 ``"qwen2"``, ``"mistral"``), Qwen3 (``"qwen3"``), Qwen3-MoE (``"qwen3_moe"``), Granite (``"granite"``), SmolLM3
-(``"smollm3"``), OLMo 2 (``"olmo2"``) and Phi-3 (``"phi3"``) are built in; other families
+(``"smollm3"``), OLMo 2 (``"olmo2"``), Phi-3 (``"phi3"``), Gemma 3 (``"gemma3_text"``) and Gemma 2 (``"gemma2"``) are
+built in; other families
 come from packages that register under the ``kael.models`` entry-point group, the same
 way backends register under ``kael.backends``::
 
@@ -129,6 +130,8 @@ def _plugin_families() -> list[tuple[str, ModelFamily]]:
 
 def families() -> dict[str, ModelFamily]:
     """Every family served now, by ``model_type`` (built-in, from entry points, registered by hand)."""
+    from .gemma2 import FAMILIES as GEMMA2
+    from .gemma3 import FAMILIES as GEMMA3
     from .gpt2 import FAMILY as GPT2
     from .granite import FAMILIES as GRANITE
     from .llama import FAMILIES as LLAMA
@@ -140,7 +143,8 @@ def families() -> dict[str, ModelFamily]:
 
     with _lock:
         out: dict[str, ModelFamily] = {GPT2.model_type: GPT2}
-        out.update((fam.model_type, fam) for fam in (*LLAMA, *QWEN3, *QWEN3_MOE, *GRANITE, *SMOLLM3, *OLMO2, *PHI3))
+        fams = (*LLAMA, *QWEN3, *QWEN3_MOE, *GRANITE, *SMOLLM3, *OLMO2, *PHI3, *GEMMA3, *GEMMA2)
+        out.update((fam.model_type, fam) for fam in fams)
         seen: dict[str, str] = {}
         for plugin, fam in _plugin_families():
             if fam.model_type in seen and seen[fam.model_type] != plugin:
