@@ -1,4 +1,4 @@
-"""Every built-in Llama-derived family behind ``kael-server``: a random checkpoint of each (transformers builds it
+"""Every built-in Llama-derived family (sliding windows shorter than the prompt where the family has them) behind ``kael-server``: a random checkpoint of each (transformers builds it
 offline, with write_llama's ChatML tokenizer) served with two slots (continuous batching on the paged KV cache,
 prefix caching on) answers a chat with the model's own greedy reply, and a second identical chat reuses the
 first one's cached blocks and answers the same.
@@ -32,6 +32,13 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", {"no_rope_layer_interval": 2}),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {}),
     "phi3": ("Phi3ForCausalLM", "Phi3Config", {"pad_token_id": None}),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "gemma3_text": (
+        "Gemma3ForCausalLM",
+        "Gemma3TextConfig",
+        {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"], "head_dim": 16},
+    ),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {"sliding_window": 8, "head_dim": 16}),
 }
 
 

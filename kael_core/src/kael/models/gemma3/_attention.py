@@ -1,15 +1,15 @@
-"""Gemma's attention over kael ops: a sliding window and logit soft-capping, which ``attention`` has no
-parameter for.
+"""Gemma's attention over kael ops: ``attention`` with its sliding window, and Gemma 2's logit soft-capping,
+which ``attention`` has no parameter for.
 
 For one row, queries at positions S - T .. S - 1 attend to its keys at 0 .. S - 1 (the cached ones and the
 T new ones). Query p sees key j when j <= p (causal) and, on a sliding layer of window w, j > p - w
 (transformers' mask ``kv_idx > q_idx - sliding_window``: the last w positions, itself included).
 
-NOTE [gemma attention paths]: ``attend`` takes the fused ``attention`` op whenever it computes the same:
-no soft-capping and either no window that any query reaches past (S <= w) or one new token whose keys are
-narrowed to the last w. Otherwise (a prompt longer than the window, Gemma 2's soft-capping) it decomposes:
+NOTE [gemma attention paths]: without soft-capping (Gemma 3) ``attend`` is the fused ``attention`` op with
+the layer's ``window`` (NOTE [sliding window] in kael/ops/_attention_fused.py), and the model's cache step
+attends with ``step.attend(..., window=)``. With Gemma 2's soft-capping it decomposes:
 ``scores = q @ k^T * scale`` ([.., Hkv, G*T, S], the G = H / Hkv query heads of a key/value head stacked,
-so keys are never repeated), ``cap * tanh(scores / cap)``, the mask (``where``, -inf outside it), softmax,
+so keys are never repeated), ``softcap(scores, cap)``, the mask (``where``, -inf outside it), softmax,
 ``@ v``, as transformers' eager attention computes it. ``cached_keys`` writes a step's new keys and values
 into the paged cache and returns each row's keys and values, so the cache keeps every position (no block is
 freed when it leaves every window).
@@ -34,14 +34,13 @@ from ...autograd import no_grad
 from ...ops import (
     attention,
     cat,
-    div,
     matmul,
     mul,
     narrow,
     reshape,
     select,
+    softcap,
     softmax,
-    tanh,
     tensor,
     transpose,
     unsqueeze,
@@ -65,16 +64,13 @@ def window_mask(t: int, s: int, window: int | None, device: Any) -> Tensor:
     return tensor(ok, dtype=dt.bool_, device=device)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, softcap: float | None) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, cap: float | None) -> Tensor:
     """q [B, H, T, D] at positions S - T .. S - 1 of k, v [B, Hkv, S, D] (every row at the same positions) ->
     [B, H, T, D] (NOTE [gemma attention paths])."""
     b, h, t, d = q.shape
     kv, s = k.shape[1], k.shape[2]
-    if softcap is None:
-        if window is None or s <= window:
-            return attention(q, k, v, causal=True, scale=scale)
-        if t == 1:
-            return attention(q, narrow(k, 2, s - window, window), narrow(v, 2, s - window, window), scale=scale)
+    if cap is None:
+        return attention(q, k, v, causal=True, scale=scale, window=window)
     if t > QUERY_CHUNK:  # NOTE [gemma query chunks]
         outs = []
         for i0 in range(0, t, QUERY_CHUNK):
@@ -82,13 +78,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, so
             end = s - t + i0 + n  # keys up to the chunk's last query
             first = max(0, end - n - window + 1) if window is not None else 0
             kc, vc = narrow(k, 2, first, end - first), narrow(v, 2, first, end - first)
-            outs.append(attend(narrow(q, 2, i0, n), kc, vc, scale, window, softcap))
+            outs.append(attend(narrow(q, 2, i0, n), kc, vc, scale, window, cap))
         return cat(outs, 2)
     g = h // kv
     qg = reshape(q, b, kv, g * t, d)  # query head h = kv head h // g, group member h % g
     scores = mul(matmul(qg, transpose(k, 2, 3)), scale)  # [B, Hkv, G*T, S]
-    if softcap is not None:
-        scores = mul(tanh(div(scores, softcap)), softcap)
+    scores = softcap(scores, cap)
     mask = window_mask(t, s, window, q.device)  # [T, S], broadcast over the G query heads of each group
     scores = reshape(where(mask, reshape(scores, b, kv, g, t, s), float("-inf")), b, kv, g * t, s)
     out: Tensor = reshape(matmul(softmax(scores, -1), v), b, h, t, d)

@@ -2,22 +2,23 @@
 
 Parameters are named as Hugging Face's Gemma checkpoint keys: Llama's plus each layer's
 ``pre_feedforward_layernorm`` and ``post_feedforward_layernorm`` (and Gemma 3's ``self_attn.q_norm`` /
-``k_norm`` [head_dim]). One forward pass, C = hidden_size, with ``norm(x) = rms_norm(x) * (1 + weight)``:
+``k_norm`` [head_dim]). One forward pass, C = hidden_size, with ``norm(x) = rms_norm(x) * (1 + weight)``
+(``gelu_tanh_mul`` and ``softcap`` are the catalogue's fused ops):
 
     x      = embed_tokens[ids] * sqrt(C)   (the factor rounded to the model's dtype, as transformers)  embed
     per layer i (rotary tables and window of layer_types[i]):
       h    = norm(x, input_layernorm)
       q, k = rope(q_norm(q_proj(h)), k_norm(k_proj(h)))   (per head; Gemma 2: no q/k norm), v = v_proj(h)
       x    = x + norm(o_proj(attend(q, k, v)), post_attention_layernorm)   (scale query_pre_attn_scalar^-0.5)
-      x    = x + norm(down_proj(gelu_tanh(gate_proj(h2)) * up_proj(h2)), post_feedforward_layernorm)
+      x    = x + norm(down_proj(gelu_tanh_mul(gate_proj(h2), up_proj(h2))), post_feedforward_layernorm)
              with h2 = norm(x, pre_feedforward_layernorm)
-    logits = embed_tokens^T norm(x, norm), then cap * tanh(logits / cap) with final_logit_softcapping  run_head
+    logits = embed_tokens^T norm(x, norm), then softcap(logits, final_logit_softcapping)               run_head
 
 NOTE [gemma norm]: the checkpoint stores w and the norm multiplies by (1 + w), computed in float32 whatever
 the model's dtype (transformers' ``Gemma3RMSNorm``: ``(x_norm * (1 + w.float())).type_as(x)``); kael's
 ``rms_norm`` gets the float32 weight ``1 + w`` and, for a half model, float32 activations. The attention
 (sliding windows, soft-capping) is ``_attention.py``'s. There is no direct decode step (``decode_step``
-returns None: ``GenericStep`` runs these pieces); a fused ``gelu_tanh_mul`` op would save the MLP a pass.
+returns None: ``GenericStep`` runs these pieces).
 """
 
 from __future__ import annotations
@@ -33,15 +34,14 @@ from ...nn import Module, ModuleList, Parameter
 from ...ops import (
     add,
     cat,
-    div,
     empty,
-    gelu,
+    gelu_tanh_mul,
     mul,
     narrow,
     reshape,
     rms_norm,
     rope,
-    tanh,
+    softcap,
     tensor,
     to,
     transpose,
@@ -116,9 +116,11 @@ class GemmaAttention(Module):
         v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
         if step is None:
             y = attend(q, k, v, self.scale, self.window, self.softcap)
-        elif self.window is None and self.softcap is None:  # the cache step attends at 1/sqrt(D): scale q
-            y = step.attend(layer, mul(q, self.scale * math.sqrt(d)), cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1))
-        else:
+        elif self.softcap is None:  # the cache step attends at 1/sqrt(D): scale q
+            w = {} if self.window is None else {"window": self.window}
+            kv_new = cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1)
+            y = step.attend(layer, mul(q, self.scale * math.sqrt(d)), kv_new, **w)
+        else:  # Gemma 2's soft-capped scores: the decomposition over each row's cached keys
             rows = cached_keys(step, layer, k, v)
             outs = [
                 attend(narrow(q, 0, i, 1), kr, vr, self.scale, self.window, self.softcap)
@@ -140,7 +142,7 @@ class GemmaMLP(Module):
         self.down_proj = Projection(f, c, False, device, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.down_proj(mul(gelu(self.gate_proj(x), approximate="tanh"), self.up_proj(x)))
+        out: Tensor = self.down_proj(gelu_tanh_mul(self.gate_proj(x), self.up_proj(x)))
         return out
 
 
@@ -269,9 +271,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         """The final norm, the LM head and ``final_logit_softcapping``: logits [B, T, V]."""
         logits = super().run_head(x)
         cap = self.config.final_logit_softcapping
-        if cap is not None:
-            logits = mul(tanh(div(logits, cap)), cap)
-        return logits
+        return logits if cap is None else softcap(logits, cap)
 
     def quantization_plan(self, weights: str) -> dict[str, str | None]:
         """The Llama family's plan (llama.cpp's mix over the GGUF tensors), made with the config's values a GGUF
