@@ -89,3 +89,18 @@ def test_python_block_runs(code: str) -> None:
         assert text.count("digraph autograd {") == 1
     else:
         assert float(text.strip().splitlines()[-1]) > 0
+
+
+def test_the_family_table_lists_every_built_in_family_with_its_gguf_names():
+    """The README's model-family table names each built-in family's model_type and GGUF architectures
+    (kael.models.families(), the records `python -m kael info` prints)."""
+    import kael
+
+    section = README.read_text(encoding="utf-8").split("## Model families", 1)[1].split("\n## ", 1)[0]
+    rows = [r.split("|") for r in section.splitlines() if r.startswith("| ") and "`" in r.split("|")[2]]
+    table = {r[2].strip().strip("`"): r[3].strip().strip("`") for r in rows if r[1].strip() != "Family"}
+    built_in = {n: f for n, f in kael.models.families().items() if f.load.__module__.startswith("kael.models.")}
+    assert set(table) == set(built_in)
+    for name, fam in built_in.items():
+        # a family whose files carry another architecture name (Mistral's are llama's) says which
+        assert table[name] == (", ".join(fam.gguf_architectures) or "llama"), name
