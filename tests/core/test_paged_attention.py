@@ -263,7 +263,10 @@ def test_exported_and_in_the_catalogue() -> None:
 
     assert kael.paged_attention is kael.ops.paged_attention
     d = catalogue.op("paged_attention")
-    assert d.kind == "fused" and d.signature == "paged_attention(out, q, cache, block_table, lengths, scale: float)"
+    assert (
+        d.kind == "fused"
+        and d.signature == "paged_attention(out, q, cache, block_table, lengths, scale: float, window: int)"
+    )
     assert catalogue.decomposition("paged_attention") is not None
 
 

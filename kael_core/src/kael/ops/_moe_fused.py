@@ -71,7 +71,7 @@ def moe_route_decomp(logits: Tensor, k: int, normalize: bool) -> tuple[Tensor, T
 
 def expert_groups(experts: Tensor) -> list[tuple[int, np.ndarray]]:
     """The assignments grouped by expert: (expert, flat positions int64 into experts' T*K entries), by expert."""
-    flat = np.asarray(contiguous_nograd(experts).numpy()).reshape(-1)
+    flat = np.asarray(contiguous_nograd(experts)._host()).reshape(-1)  # any device: the host reads the ids
     if not flat.size:
         return []
     order = np.argsort(flat, kind="stable")
