@@ -12,6 +12,7 @@ each registers its decompositions in ``decompositions`` here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .. import _dispatch
@@ -34,7 +35,20 @@ __all__ = [
     "embedding",
     "adamw_step",
     "decompositions",
+    "run_fused",
 ]
+
+
+def run_fused(op: str, decomp: Callable[..., Tensor], like: Tensor, *args: Any) -> Tensor:
+    """op(*args) without autograd into a new tensor of ``like``'s shape and dtype: the backend's fused kernel
+    ``op`` (called as ``kernel(out, *args)``), else ``decomp(*args)``. Empty inputs take the decomposition:
+    kernels never see them (a max over no elements is undefined)."""
+    k = _dispatch.fused_kernel(like.device.type, op)
+    if k is None or not like.numel():
+        return decomp(*args)
+    out = empty(like.shape, like.dtype, like.device)
+    k(out, *args)
+    return out
 
 
 def _float(x: Any, op: str) -> None:
@@ -140,13 +154,7 @@ decompositions: dict[str, Any] = {
 class Softmax(Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
-        k = _dispatch.fused_kernel(x.device.type, "softmax")
-        if k is not None:
-            out = empty(x.shape, x.dtype, x.device)
-            if out.numel():  # kernels never see empty inputs (a max over no elements is undefined)
-                k(out, x, dim)
-        else:
-            out = softmax_decomp(x, dim)
+        out = run_fused("softmax", softmax_decomp, x, x, dim)
         ctx.save_for_backward(out)
         ctx.dim = dim
         return out
@@ -161,13 +169,7 @@ class Softmax(Function):
 class LogSoftmax(Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
-        k = _dispatch.fused_kernel(x.device.type, "log_softmax")
-        if k is not None:
-            out = empty(x.shape, x.dtype, x.device)
-            if out.numel():
-                k(out, x, dim)
-        else:
-            out = log_softmax_decomp(x, dim)
+        out = run_fused("log_softmax", log_softmax_decomp, x, x, dim)
         ctx.save_for_backward(out)
         ctx.dim = dim
         return out
@@ -226,12 +228,7 @@ class GeluBackward_(Function):
 class Gelu(Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, approximate: str) -> Tensor:
-        k = _dispatch.fused_kernel(x.device.type, "gelu")
-        if k is not None:
-            out = empty(x.shape, x.dtype, x.device)
-            k(out, x, approximate)
-        else:
-            out = gelu_decomp(x, approximate)
+        out = run_fused("gelu", gelu_decomp, x, x, approximate)
         ctx.save_for_backward(x)
         ctx.approximate = approximate
         return out

@@ -26,13 +26,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import DTypeError, KaelError
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ._core import broadcast_shapes, cast, check_device, empty
-from ._fused import decompositions, gelu_backward_decomp, gelu_decomp
+from ._core import broadcast_shapes, cast, check_device
+from ._fused import decompositions, gelu_backward_decomp, gelu_decomp, run_fused
 from ._fused_llama import _need_float
 from ._pointwise import binary, unary
 from ._views import expand
@@ -75,22 +74,12 @@ decompositions["softcap"] = softcap_decomp
 
 def _gelu_tanh(x: Tensor) -> Tensor:
     """gelu_tanh(x) without autograd: the backend's gelu kernel, else its decomposition."""
-    k = _dispatch.fused_kernel(x.device.type, "gelu")
-    if k is None:
-        return gelu_decomp(x, "tanh")
-    out = empty(x.shape, x.dtype, x.device)
-    k(out, x, "tanh")
-    return out
+    return run_fused("gelu", gelu_decomp, x, x, "tanh")
 
 
 def _gelu_tanh_grad(g: Tensor, x: Tensor) -> Tensor:
     """g * gelu_tanh'(x) without autograd: the backend's gelu_backward kernel, else its decomposition."""
-    k = _dispatch.fused_kernel(x.device.type, "gelu_backward")
-    if k is None:
-        return gelu_backward_decomp(g, x, "tanh")
-    out = empty(x.shape, x.dtype, x.device)
-    k(out, g, x, "tanh")
-    return out
+    return run_fused("gelu_backward", gelu_backward_decomp, x, g, x, "tanh")
 
 
 class GeluTanhMul(Function):
@@ -102,12 +91,7 @@ class GeluTanhMul(Function):
 
     @staticmethod
     def forward(ctx: Any, gate: Tensor, up: Tensor) -> Tensor:
-        k = _dispatch.fused_kernel(gate.device.type, "gelu_tanh_mul")
-        if k is not None and gate.numel():
-            out = empty(gate.shape, gate.dtype, gate.device)
-            k(out, gate, up)
-        else:
-            out = gelu_tanh_mul_decomp(gate, up)
+        out = run_fused("gelu_tanh_mul", gelu_tanh_mul_decomp, gate, gate, up)
         ctx.save_for_backward(gate, up)
         return out
 
@@ -151,12 +135,7 @@ class Softcap(Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, cap: float) -> Tensor:
-        k = _dispatch.fused_kernel(x.device.type, "softcap")
-        if k is not None and x.numel():
-            out = empty(x.shape, x.dtype, x.device)
-            k(out, x, cap)
-        else:
-            out = softcap_decomp(x, cap)
+        out = run_fused("softcap", softcap_decomp, x, x, cap)
         ctx.save_for_backward(x)
         ctx.cap = cap
         return out

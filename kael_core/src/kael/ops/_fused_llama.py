@@ -19,7 +19,7 @@ from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
 from ._core import broadcast_shapes, cast, check_device, empty, expand_to
-from ._fused import decompositions
+from ._fused import decompositions, run_fused
 from ._pointwise import binary, unary
 from ._reduce import reduce_op
 from ._views import _slice_fn, contiguous_nograd, expand, reshape_nograd
@@ -163,12 +163,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
 
 
 def _rope_apply(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
-    k = _dispatch.fused_kernel(x.device.type, "rope")
-    if k is None or x.numel() == 0:
-        return rope_decomp(x, cos, sin, positions)
-    out = empty(x.shape, x.dtype, x.device)
-    k(out, x, cos, sin, positions)
-    return out
+    return run_fused("rope", rope_decomp, x, x, cos, sin, positions)
 
 
 class Rope(Function):
@@ -244,12 +239,7 @@ class SiluMul(Function):
 
     @staticmethod
     def forward(ctx: Any, gate: Tensor, up: Tensor) -> Tensor:
-        k = _dispatch.fused_kernel(gate.device.type, "silu_mul")
-        if k is not None and gate.numel():
-            out = empty(gate.shape, gate.dtype, gate.device)
-            k(out, gate, up)
-        else:
-            out = silu_mul_decomp(gate, up)
+        out = run_fused("silu_mul", silu_mul_decomp, gate, gate, up)
         ctx.save_for_backward(gate, up)
         return out
 

@@ -14,14 +14,13 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
-from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import DTypeError
 from .._ops import CATALOGUE, POINTWISE_FUSED, POINTWISE_OPS, PRIMITIVES
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ._core import cast, empty
-from ._fused import decompositions
+from ._core import cast
+from ._fused import decompositions, run_fused
 from ._pointwise import binary, differentiable, float_only, unary
 from ._reduce import Where_nograd
 
@@ -50,12 +49,7 @@ def pointwise_fused(op: str, x: Tensor) -> Tensor:
         raise DTypeError(f"{op}: expected a tensor, got {type(x).__name__}")
     if op in float_only and not x.dtype.is_floating_point:
         x = cast(x, dt.get_default_dtype())
-    k = _dispatch.fused_kernel(x.device.type, op)
-    if k is None:
-        return decompositions[op](x)  # type: ignore[no-any-return]
-    out = empty(x.shape, x.dtype, x.device)
-    k(out, x)
-    return out
+    return run_fused(op, decompositions[op], x, x)
 
 
 @differentiable("silu", saves_input=True)

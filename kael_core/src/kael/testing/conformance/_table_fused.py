@@ -19,6 +19,7 @@ from ._cases import FLOATS, Call, Case, operand, vals
 from ._layout import Operand, Out
 from ._table_batch_norm import BATCH_NORM_BUILDERS
 from ._table_conv import CONV_BUILDERS
+from ._table_gated import gated_rows
 from ._table_gemma import GEMMA_BUILDERS
 from ._table_moe import MOE_BUILDERS
 from ._table_pool import POOL_BUILDERS
@@ -346,29 +347,6 @@ def _rope(d: dt.DType) -> dict[str, Builder]:
     return s
 
 
-def _silu_mul(d: dt.DType) -> dict[str, Builder]:
-    def mk(
-        shape: tuple[int, ...], lg: str, lu: str, small: tuple[int, ...] | None = None, scale: float = 1.0
-    ) -> Builder:
-        def build(rng: np.random.Generator) -> Call:
-            g = Operand(vals(rng, shape, d) * scale, d, lg)
-            u = operand(rng, shape, d, lu, small=small)
-            return Call([Out(shape, d), g, u])
-
-        return build
-
-    s = {"2d": mk((4, 6), "contiguous", "contiguous"), "decode": mk((2, 1, 8), "contiguous", "strided")}
-    if d in FULL:
-        s["transposed"] = mk((3, 5), "transposed", "contiguous")
-        s["broadcast_up"] = mk((3, 4), "strided", "broadcast", small=(1, 4))
-        s["wide_range"] = mk((4, 5), "contiguous", "transposed", scale=20.0)
-        s["empty"] = mk((0, 4), "contiguous", "contiguous")
-        s["0d"] = mk((), "contiguous", "contiguous")
-    if d is dt.float32:
-        s["large"] = mk((64, 1031), "contiguous", "contiguous")
-    return s
-
-
 def _topk(d: dt.DType) -> dict[str, Builder]:
     def mk(shape: tuple[int, ...], k: int, lay: str) -> Builder:
         def build(rng: np.random.Generator) -> Call:
@@ -409,7 +387,7 @@ _BUILDERS: dict[str, tuple[Callable[[dt.DType], dict[str, Builder]], tuple[dt.DT
     "attention": (_attention, FLOATS),
     "rms_norm": (_rms_norm, FLOATS),
     "rope": (_rope, FLOATS),
-    "silu_mul": (_silu_mul, FLOATS),
+    "silu_mul": (gated_rows, FLOATS),
     "topk": (_topk, FLOATS + (dt.int64,)),
     "adamw_step": (_adamw, FULL),
     "paged_attention": (_paged_attention, FLOATS),
