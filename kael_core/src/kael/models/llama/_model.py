@@ -172,13 +172,20 @@ class LlamaMLP(Module):
 
 
 class LlamaDecoderLayer(Module):
-    """One layer: pre-norm attention and MLP, each added to the residual stream."""
+    """One layer: pre-norm attention and MLP, each added to the residual stream.
+
+    A family with its own attention or MLP module (Phi-3's fused projections) subclasses this with
+    ``attention_class`` / ``mlp_class`` set (each built as ``cls(config, device, dtype)``).
+    """
+
+    attention_class: type[Any] = LlamaAttention
+    mlp_class: type[Any] = LlamaMLP
 
     def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
         super().__init__()
         c, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = LlamaAttention(config, device, dtype)
-        self.mlp = LlamaMLP(config, device, dtype)
+        self.self_attn = self.attention_class(config, device, dtype)
+        self.mlp = self.mlp_class(config, device, dtype)
         self.input_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
 
@@ -189,12 +196,17 @@ class LlamaDecoderLayer(Module):
 
 
 class LlamaModel(Module):
-    """The decoder stack without the head: ``embed_tokens``, ``layers``, ``norm`` (checkpoint prefix ``model.``)."""
+    """The decoder stack without the head: ``embed_tokens``, ``layers``, ``norm`` (checkpoint prefix ``model.``).
+
+    ``layer_class``: the decoder layer each of ``layers`` is (a family's subclass of ``LlamaDecoderLayer``).
+    """
+
+    layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
     def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
         super().__init__()
         self.embed_tokens: Module = Table(config.vocab_size, config.hidden_size, device, dtype)
-        self.layers = ModuleList([LlamaDecoderLayer(config, device, dtype) for _ in range(config.num_hidden_layers)])
+        self.layers = ModuleList([self.layer_class(config, device, dtype) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
 
 

@@ -27,13 +27,13 @@ import numpy as np
 from ... import _dtype as dt
 from ..._errors import DTypeError
 from ..._tensor import Tensor
-from ...nn import Module, ModuleList, RMSNorm
-from ...ops import add, attention, cat, mul, narrow, reshape, rope, silu_mul, tensor, transpose, unsqueeze, view
+from ...nn import Module
+from ...ops import attention, cat, mul, narrow, reshape, rope, silu_mul, tensor, transpose, unsqueeze, view
 from .._base import CausalLMBase
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ..llama import LlamaForCausalLM
-from ..llama._model import Projection, Table
+from ..llama._model import LlamaDecoderLayer, LlamaModel, Projection
 from ._config import Phi3Config, phi3_hf_config, read_config
 from ._rope import rope_tables, table_offset
 
@@ -99,31 +99,17 @@ class Phi3MLP(Module):
         return out
 
 
-class Phi3DecoderLayer(Module):
-    """One layer: pre-norm attention and MLP, each added to the residual stream."""
+class Phi3DecoderLayer(LlamaDecoderLayer):
+    """One layer: pre-norm attention and MLP (Phi-3's fused projections), each added to the residual stream."""
 
-    def __init__(self, config: Phi3Config, device: Any, dtype: dt.DType) -> None:
-        super().__init__()
-        c, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = Phi3Attention(config, device, dtype)
-        self.mlp = Phi3MLP(config, device, dtype)
-        self.input_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
-        self.post_attention_layernorm = RMSNorm(c, eps=eps, device=device, dtype=dtype)
-
-    def forward(self, x: Tensor, rot: tuple[Tensor, Tensor, Tensor], step: Any = None, layer: int = 0) -> Tensor:
-        x = add(x, self.self_attn(self.input_layernorm(x), rot, step, layer))
-        out: Tensor = add(x, self.mlp(self.post_attention_layernorm(x)))
-        return out
+    attention_class = Phi3Attention
+    mlp_class = Phi3MLP
 
 
-class Phi3Model(Module):
+class Phi3Model(LlamaModel):
     """The decoder stack without the head: ``embed_tokens``, ``layers``, ``norm`` (checkpoint prefix ``model.``)."""
 
-    def __init__(self, config: Phi3Config, device: Any, dtype: dt.DType) -> None:
-        super().__init__()
-        self.embed_tokens: Module = Table(config.vocab_size, config.hidden_size, device, dtype)
-        self.layers = ModuleList([Phi3DecoderLayer(config, device, dtype) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
+    layer_class = Phi3DecoderLayer
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
