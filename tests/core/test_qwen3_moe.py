@@ -2,7 +2,8 @@
 that transformers' ``Qwen3MoeForCausalLM`` writes offline with random weights load through
 ``kael.models.from_pretrained`` and compute transformers' logits (every layer sparse, every second one, dense
 layers listed in ``mlp_only_layers``; top-1 to top-3 of 4 to 8 experts, renormalised or not), generate its
-greedy tokens, and decode the same through the KV cache and the batched decoder with the paged cache.
+greedy tokens, and decode the same through the KV cache and the batched decoder with the paged cache (the
+direct decode step ``Qwen3MoeDecodeStep``: tests/core/test_qwen3_moe_step.py).
 
 Oracles: transformers' ``Qwen3MoeForCausalLM`` on the same weights (logits, greedy generate), the model's own
 full forward pass (the cache, the expert-by-expert path, Q8_0 weights), each row alone (batched decoding).
@@ -18,7 +19,7 @@ import family_parity as fp
 import kael
 import numpy as np
 import pytest
-from kael.models import decode_step, from_pretrained
+from kael.models import from_pretrained
 from kael.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeSparseMoeBlock, read_config
 from kael.quant import QuantizedLinear
 from qwen3_moe_checkpoints import SHAPES, build
@@ -92,13 +93,6 @@ def test_greedy_generate_matches_transformers(pair: fp.Pair) -> None:
     _, hf, model = pair
     for ids in fp.PROMPTS[:2]:
         assert model.generate(ids, 32) == fp.hf_greedy(hf, ids, 32)
-
-
-def test_decode_step_is_the_generic_one(pair: fp.Pair) -> None:
-    """No direct-kernel step for a mixture of experts: ``decode_step`` gives the generic step over the forward."""
-    model = pair[2]
-    assert model.decode_step(model.new_cache()) is None
-    assert isinstance(decode_step(model, model.new_cache()), kael.models.GenericStep)
 
 
 def test_batched_rows_equal_each_alone(pair: fp.Pair, backend: str) -> None:

@@ -268,7 +268,9 @@ def expert_linear(out: Any, x: Any, weight: Any, experts: Any) -> None:
     ids, starts = np.unique(flat[order], return_index=True)
     for e, lo, hi in zip(ids, starts, [*starts[1:], len(flat)][: len(ids)], strict=True):
         sel = order[lo:hi]
-        y[sel] = rows[sel] @ w[e].T
+        # one product per row ([m, 1, C] @ [C, N]: m gemvs), so a row rounds as it would alone whatever else
+        # chose the expert (NOTE [batched = alone] in kael/models/_batched.py); a gemm of the m rows may not
+        y[sel] = np.matmul(rows[sel][:, None, :], w[e].T)[:, 0]
     wr(out, y.reshape(t, k, w.shape[1]))
 
 

@@ -29,8 +29,10 @@ the rows' positions are evenly spaced (always for one row), else a small int64 t
 The row-wise ops see activations as ``[n, 1, C]``, one ``[1, C]`` row per sequence, so a
 backend whose products round a row the same way whatever the row count gives each row
 exactly its logits alone (NOTE [batched = alone] in ``kael/models/_batched.py``).
-``create`` returns None when the backend lacks one of the fused ops; callers then use
-the generic step over the model's modules, which decomposes them.
+``create`` returns None when the backend lacks one of the fused ops (``fused_ops``); callers
+then use the generic step over the model's modules, which decomposes them. A family whose
+MLP differs overrides ``mlp`` (the normalised rows into ``proj``) and ``read_layers`` (its
+layers' MLP weights left out of ``_Layer``: Qwen3-MoE's sparse layers, ``kael/models/qwen3_moe/_step.py``).
 
 A quantized projection (``kael.quant.QuantizedLinear``) runs the ``quantized_linear``
 kernel instead of ``linear`` (q/k/v or gate/up in one weight format fuse the same way:
@@ -65,7 +67,9 @@ class _Layer(NamedTuple):
     """One layer's weights as the step consumes them (projections as ``Proj``: [out, in] or a weight format).
 
     qkv / gate_up: the fused [(H + 2 Hkv) * D, C] / [2F, C] projections when the parts are
-    adjacent (and in one format), else None (and the separate ones are used). q_norm / k_norm:
+    adjacent (and in one format), else None (and the separate ones are used). gate / up / down:
+    None (and gate_up None) on a layer whose MLP is not SwiGLU projections, which the step's
+    ``mlp`` override runs (Qwen3-MoE's sparse layers). q_norm / k_norm:
     the per-head RMSNorm weights [D] of a ``qk_norm`` config (Qwen3), else None. rope: whether the layer
     rotates q and k (``LlamaAttention.rope``; off on SmolLM3's no-rope layers).
     """
@@ -78,9 +82,9 @@ class _Layer(NamedTuple):
     v: Proj
     o: Proj
     post_norm: Tensor
-    gate: Proj
-    up: Proj
-    down: Proj
+    gate: Proj | None
+    up: Proj | None
+    down: Proj | None
     q_norm: Tensor | None
     k_norm: Tensor | None
     rope: bool
@@ -130,31 +134,35 @@ def _fused(parts: list[Proj]) -> Proj | None:
 
 
 def _layers(model: LlamaForCausalLM) -> list[_Layer]:
-    out = []
-    for blk in model.model.layers:
-        a, m = blk.self_attn, blk.mlp
-        q, k, v = projection(a.q_proj), projection(a.k_proj), projection(a.v_proj)
-        gate, up = projection(m.gate_proj), projection(m.up_proj)
-        out.append(
-            _Layer(
-                _fused([q, k, v]),
-                _fused([gate, up]),
-                blk.input_layernorm.weight,
-                q,
-                k,
-                v,
-                projection(a.o_proj),
-                blk.post_attention_layernorm.weight,
-                gate,
-                up,
-                projection(m.down_proj),
-                a.q_norm.weight if a.qk_norm else None,
-                a.k_norm.weight if a.qk_norm else None,
-                a.rope,
-                a.window or 0,
-            )
-        )
-    return out
+    return [_layer(blk) for blk in model.model.layers]
+
+
+def _layer(blk: Any, dense: bool = True) -> _Layer:
+    """One decoder layer's weights; ``dense`` False leaves out its MLP (gate, up, down, gate_up None)."""
+    a = blk.self_attn
+    q, k, v = projection(a.q_proj), projection(a.k_proj), projection(a.v_proj)
+    gate = up = down = gate_up = None
+    if dense:
+        m = blk.mlp
+        gate, up, down = projection(m.gate_proj), projection(m.up_proj), projection(m.down_proj)
+        gate_up = _fused([gate, up])
+    return _Layer(
+        _fused([q, k, v]),
+        gate_up,
+        blk.input_layernorm.weight,
+        q,
+        k,
+        v,
+        projection(a.o_proj),
+        blk.post_attention_layernorm.weight,
+        gate,
+        up,
+        down,
+        a.q_norm.weight if a.qk_norm else None,
+        a.k_norm.weight if a.qk_norm else None,
+        a.rope,
+        a.window or 0,
+    )
 
 
 def _first(t: Tensor, n: int) -> Tensor:
@@ -164,6 +172,9 @@ def _first(t: Tensor, n: int) -> Tensor:
 
 class LlamaDecodeStep:
     """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``)."""
+
+    #: The fused ops the step calls (besides the cache's attention op and the weight formats' kernels).
+    fused_ops: tuple[str, ...] = _FUSED
 
     def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, kernels: dict[str, Any]) -> None:
         cfg = model.config
@@ -237,7 +248,7 @@ class LlamaDecodeStep:
     @classmethod
     def create(cls, model: LlamaForCausalLM, cache: PagedKVCache) -> LlamaDecodeStep | None:
         """A step over ``cache``, or None when the model's backend lacks a fused kernel it calls."""
-        kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
+        kernels = step_kernels(model.device.type, (*cls.fused_ops, cache.attention_op, *weight_kernels(model)))
         if kernels is not None and any(getattr(blk.self_attn, "window", None) for blk in model.model.layers):
             if not takes_window(model.device.type):  # a backend before API 1.4: the generic step
                 return None
@@ -274,10 +285,24 @@ class LlamaDecodeStep:
                     self.embed_scheme,
                 )
 
+    def mlp(self, li: int, w: _Layer, v: dict[str, Tensor], n: int) -> None:
+        """Layer ``li``'s MLP of the normalised rows ``v["norm"]`` into ``v["proj"]`` (``v``: the buffers' views of
+        the step's ``n`` rows): linear(gate, up) -> silu_mul -> linear(down). A family with another MLP
+        overrides it (Qwen3-MoE's sparse layers)."""
+        linear, silu_mul, norm, act = self.k["project"], self.k["silu_mul"], v["norm"], v["act"]
+        if w.gate_up is not None:
+            linear(v["gate_up"], norm, w.gate_up)
+            silu_mul(act, v["gate_f"], v["up_f"])
+        else:
+            linear(v["gate"], norm, w.gate)
+            linear(v["up"], norm, w.up)
+            silu_mul(act, v["gate"], v["up"])
+        linear(v["proj"], act, w.down)
+
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
         cache, k = self.cache, self.k
-        rms_norm, silu_mul = k["rms_norm"], k["silu_mul"]
+        rms_norm = k["rms_norm"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         copy, add_k = k["copy"], k["add"]
         n, c, eps = len(rows), self.c, self.eps
@@ -287,16 +312,7 @@ class LlamaDecodeStep:
         v, buf = self.buf.views(n), self.buf
         x, norm, rstd, q, q4, qrot, kraw = v["x"], v["norm"], v["rstd"], v["q"], v["q4"], v["qrot"], v["kraw"]
         k4, krot, vout, att_flat, proj = v["k4"], v["krot"], v["vout"], v["att_flat"], v["proj"]
-        gate, up, act, logits = v["gate"], v["up"], v["act"], v["logits"]
-        qkv, q4f, k4f, vf, gate_up, gate_f, up_f = (
-            v["qkv"],
-            v["q4f"],
-            v["k4f"],
-            v["vf"],
-            v["gate_up"],
-            v["gate_f"],
-            v["up_f"],
-        )
+        logits, qkv, q4f, k4f, vf = v["logits"], v["qkv"], v["q4f"], v["k4f"], v["vf"]
         where = self.positions(pos)
         self.embed_rows(tokens)
         m = self.multipliers
@@ -336,14 +352,7 @@ class LlamaDecodeStep:
                 mul(proj, proj, res_m)
             add_k(x, x, proj)
             rms_norm(norm, rstd, x, w.post_norm, eps)
-            if w.gate_up is not None:
-                linear(gate_up, norm, w.gate_up)
-                silu_mul(act, gate_f, up_f)
-            else:
-                linear(gate, norm, w.gate)
-                linear(up, norm, w.up)
-                silu_mul(act, gate, up)
-            linear(proj, act, w.down)
+            self.mlp(li, w, v, n)
             if m is not None:
                 mul(proj, proj, res_m)
             add_k(x, x, proj)

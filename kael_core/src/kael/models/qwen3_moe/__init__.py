@@ -10,8 +10,8 @@ fused ops ``kael.moe_route`` and ``kael.expert_linear`` (NOTE [expert grouping] 
 ``Qwen3MoeForCausalLM`` a ``LlamaForCausalLM`` whose sparse layers hold a
 ``Qwen3MoeSparseMoeBlock``. ``FAMILIES`` is what the family registry (``kael.models.families``)
 serves for ``"qwen3_moe"``. GGUF files of llama.cpp's ``qwen3moe`` architecture load
-(``kael/models/_gguf_qwen3moe.py``; kael writes none yet). Not yet: a direct-kernel decode step
-(``decode_step`` is None; generation runs the forward).
+(``kael/models/_gguf_qwen3moe.py``; kael writes none yet). ``Qwen3MoeDecodeStep`` is its direct-kernel
+decode step (Qwen3's attention, the experts' ``moe_route`` / ``expert_linear`` kernels; float stacked experts).
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from __future__ import annotations
 from .._registry import ModelFamily
 from ._config import MODEL_TYPE, Qwen3MoeConfig, qwen3_moe_hf_config, read_config
 from ._model import Qwen3MoeForCausalLM, Qwen3MoeRouter, Qwen3MoeSparseMoeBlock
+from ._step import Qwen3MoeDecodeStep
 
 __all__ = [
     "Qwen3MoeForCausalLM",
     "Qwen3MoeConfig",
     "Qwen3MoeSparseMoeBlock",
     "Qwen3MoeRouter",
+    "Qwen3MoeDecodeStep",
     "read_config",
     "qwen3_moe_hf_config",
     "from_pretrained",

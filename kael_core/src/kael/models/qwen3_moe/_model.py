@@ -127,8 +127,15 @@ class Qwen3MoeSparseMoeBlock(Module):
 
     def _stacked(self) -> tuple[Tensor, Tensor] | None:
         """The buffers, when the experts' parameters are still views of them and no gradient is wanted."""
+        if is_grad_enabled() and self.gate.weight.requires_grad:
+            return None
+        return self.stacks()
+
+    def stacks(self) -> tuple[Tensor, Tensor] | None:
+        """The [E, 2F, C] and [E, C, F] buffers while the experts' parameters are still float views of them
+        (NOTE [stacked experts]), else None (never stacked, a mapped load, quantized or replaced experts)."""
         s = self._stacks
-        if s is None or (is_grad_enabled() and self.gate.weight.requires_grad):
+        if s is None:
             return None
         gate_up, down, records = s
         mlps = list(self.experts)
@@ -142,7 +149,9 @@ class Qwen3MoeSparseMoeBlock(Module):
         """x [B, T, C] -> [B, T, C]."""
         b, t, c = x.shape
         h = reshape(x, b * t, c)
-        weights, experts = moe_route(self.gate(h), self.top_k, self.normalize)
+        # the router on x [B, T, C]: a decode step's rows [n, 1, C] are n one-row products (NOTE [batched = alone]),
+        # as in Qwen3MoeDecodeStep (NOTE [moe step = forward] in _step.py)
+        weights, experts = moe_route(reshape(self.gate(x), b * t, -1), self.top_k, self.normalize)
         stacks = self._stacked()
         if stacks is not None:
             gate_up, down = stacks
@@ -177,7 +186,8 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
 
     ``Qwen3MoeForCausalLM(config)`` draws transformers' initialisation (N(0, 0.02) router and experts);
     ``from_pretrained(directory)`` loads a Hugging Face qwen3_moe checkpoint (safetensors, sharded or not,
-    float32/bfloat16/float16). ``decode_step`` is None: generation runs this forward with the paged cache.
+    float32/bfloat16/float16). Its ``decode_step`` is ``Qwen3MoeDecodeStep`` (``_step.py``) where the backend has
+    the kernels and the experts are stacked, else None (generation runs this forward with the paged cache).
     """
 
     config: Qwen3MoeConfig
@@ -225,5 +235,8 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         return plan(self.config, weights)
 
     def decode_step(self, cache: PagedKVCache) -> DecodeStep | None:
-        """None: the direct-kernel Llama step has no mixture of experts (``GenericStep`` runs the forward)."""
-        return None
+        """The direct-kernel step (``Qwen3MoeDecodeStep``), or None (``GenericStep`` runs the forward) when the backend
+        lacks a fused kernel it calls or a sparse layer's experts are not stacked (a mapped load, quantized experts)."""
+        from ._step import Qwen3MoeDecodeStep
+
+        return Qwen3MoeDecodeStep.create(self, cache)
