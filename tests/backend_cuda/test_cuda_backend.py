@@ -23,8 +23,7 @@ def test_backend_is_selected_for_cuda(emulate):
     assert b is emulate and b.name == "cuda" and b.device_type == "cuda"
     assert b.is_available() == (True, "")
     assert b.emulated
-    # every op but the mixture-of-experts pair, which has no CUDA kernel yet (the frontend decomposes them)
-    assert b.supported_ops() >= kael._ops.PRIMITIVES | (kael._ops.FUSED - {"moe_route", "expert_linear"})
+    assert b.supported_ops() >= kael._ops.PRIMITIVES | kael._ops.FUSED  # every op, the mixture-of-experts pair too
 
 
 def test_tensor_on_cuda_reports_its_device(emulate):

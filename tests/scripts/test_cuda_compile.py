@@ -159,7 +159,7 @@ def test_discovery_resolves_the_table_idiom_and_refuses_what_it_cannot_compile(t
 # -- compiling ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_every_kernel_compiles_for_sm80_and_sm90(compiler):
-    from kael_backend_cuda import _conv, _pool, _quant
+    from kael_backend_cuda import _conv, _moe_source, _pool, _quant
     from kael_backend_cuda import _raw_kernels as raw
 
     rc, report, err = _run("--compiler", compiler)
@@ -174,8 +174,12 @@ def test_every_kernel_compiles_for_sm80_and_sm90(compiler):
             assert len(r["entries"]) == len(raw.row_kernel_names())
             for e in raw.row_kernel_names():
                 assert any(x.startswith(f"void {e}(") for x in r["entries"]), (e, r["entries"])
-        elif name in ("CONV_KERNELS_SOURCE", "POOL_KERNELS_SOURCE"):  # template instances, as the row kernels
-            want = _conv.CONV_KERNEL_NAMES if name == "CONV_KERNELS_SOURCE" else _pool.POOL_KERNEL_NAMES
+        elif name in ("CONV_KERNELS_SOURCE", "POOL_KERNELS_SOURCE", "MOE_KERNELS_SOURCE"):  # template instances
+            want = {
+                "CONV_KERNELS_SOURCE": _conv.CONV_KERNEL_NAMES,
+                "POOL_KERNELS_SOURCE": _pool.POOL_KERNEL_NAMES,
+                "MOE_KERNELS_SOURCE": _moe_source.MOE_KERNEL_NAMES,
+            }[name]
             assert len(r["entries"]) == len(want)
             for e in want:
                 assert any(x.startswith(f"void {e}(") for x in r["entries"]), (e, r["entries"])

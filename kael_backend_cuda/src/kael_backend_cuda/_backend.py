@@ -22,7 +22,20 @@ from kael import Device, DeviceError, DTypeError, Tensor
 from kael.backends import Backend, memory
 from kael.backends import dtypes as dt
 
-from . import _batch_norm, _conv, _elementwise, _fused, _fused_gemma, _indexing, _pool, _quant, _random, _reduce, _xp
+from . import (
+    _batch_norm,
+    _conv,
+    _elementwise,
+    _fused,
+    _fused_gemma,
+    _indexing,
+    _moe,
+    _pool,
+    _quant,
+    _random,
+    _reduce,
+    _xp,
+)
 from ._xp import state, view
 
 __all__ = ["CudaBackend"]
@@ -43,6 +56,7 @@ class CudaBackend(Backend):
         if fused:
             self.kernels.update(_fused.KERNELS)
             self.kernels.update(_fused_gemma.KERNELS)
+            self.kernels.update(_moe.KERNELS)
             self.kernels.update(_conv.KERNELS)
             self.kernels.update(_batch_norm.KERNELS)
             self.kernels.update(_pool.KERNELS)
