@@ -1,7 +1,7 @@
 """The chat templates kael's model families ship with render as transformers renders them (#31).
 
 The templates in ``tests/data/chat_templates/`` are the model repos' own (verbatim from
-llama.cpp's ``models/templates``, see the README there). Each is saved with a tiny
+llama.cpp's ``models/templates``, Gemma 3's and OLMo 2's from other copies: see the README there). Each is saved with a tiny
 ``PreTrainedTokenizerFast`` carrying the family's special tokens; kael loads the template
 from that directory (``ChatTemplate.from_directory``) and must render every conversation to
 exactly the text ``apply_chat_template(messages, tokenize=False, ...)`` gives: plain turns,
@@ -43,6 +43,8 @@ FAMILIES = {
     "qwen3": Family("Qwen-Qwen3-0.6B.jinja", None, "<|im_end|>", frozenset({"tools", "parallel", "thinking"})),
     "qwen2": Family("Qwen-Qwen2.5-7B-Instruct.jinja", None, "<|im_end|>", frozenset({"tools", "parallel"})),
     "gemma": Family("google-gemma-2-2b-it.jinja", "<bos>", "<eos>", frozenset({"no_system"})),
+    "gemma3": Family("google-gemma-3-270m-it.jinja", "<bos>", "<eos>"),
+    "olmo2": Family("allenai-OLMo-2-1124-13B-Instruct.jinja", "<|endoftext|>", "<|endoftext|>"),
     "phi3": Family("microsoft-Phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>"),
     "granite": Family(
         "ibm-granite-granite-3.3-2B-Instruct.jinja", "<|end_of_text|>", "<|end_of_text|>", frozenset({"tools", "docs"})
@@ -244,6 +246,8 @@ REFUSED: dict[str, tuple[str, list[dict[str, Any]], dict[str, Any], str]] = {
     "gemma_system": ("gemma", [_system("Be brief."), _user("Hi")], {}, "System role not supported"),
     "gemma_two_users": ("gemma", [_user("Hi"), _user("Hello?")], {}, "Conversation roles must alternate"),
     "gemma_starts_with_assistant": ("gemma", [_assistant("Hi"), _user("Hello")], {}, "roles must alternate"),
+    "gemma3_two_users": ("gemma3", [_system("s"), _user("Hi"), _user("Hello?")], {}, "roles must alternate"),
+    "gemma3_system_then_assistant": ("gemma3", [_system("s"), _assistant("Hi")], {}, "roles must alternate"),
     "mistral_two_users": ("mistral", [_system("s"), _user("a"), _user("b")], {}, "roles must alternate"),
     "mistral_bad_call_id": (
         "mistral",
@@ -407,6 +411,16 @@ def test_conversations_reach_the_features(saved: dict[str, tuple[Any, ChatTempla
     assert gemma.render([_user(" Hi ")]) == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
     messages, kwargs, _ = CONVERSATIONS["qwen3_reasoning_alias"]
     assert "<think>\nTwo and two.\n</think>\n\n4<|im_end|>" in qwen3.render(messages, add_generation_prompt=False)
+    _, gemma3 = saved["gemma3"]  # the system message folded into the first user turn
+    messages = CONVERSATIONS["system_multi_turn"][0]
+    assert gemma3.render(messages[:3], add_generation_prompt=False) == (
+        "<bos><start_of_turn>user\nYou are a pirate.\n\nAhoy<end_of_turn>\n<start_of_turn>model\nArr!<end_of_turn>\n"
+    )
+    _, olmo2 = saved["olmo2"]  # Tülu's turns: eos after each answer, a newline after all but the last message
+    assert olmo2.render(messages[:3], add_generation_prompt=False) == (
+        "<|endoftext|><|system|>\nYou are a pirate.\n<|user|>\nAhoy\n<|assistant|>\nArr!<|endoftext|>"
+    )
+    assert olmo2.render(messages[:2]).endswith("<|user|>\nAhoy\n<|assistant|>\n")
 
 
 @pytest.mark.parametrize("family", ["gemma", "mistral", "llama3.2"])

@@ -231,6 +231,7 @@ def load_checkpoint_tensors(
     mmap: bool = False,
     expected: Mapping[str, tuple[int, ...]] | None = None,
     optional: Iterable[str] = (),
+    ignore: Iterable[str] = (),
 ) -> dict[str, Tensor]:
     """Load a checkpoint directory (``model.safetensors`` or the sharded layout) as ``{name: Tensor}``.
 
@@ -240,7 +241,9 @@ def load_checkpoint_tensors(
     ``kael.FormatError`` raised before any tensor data is read. ``dtype=None`` keeps each
     tensor's stored dtype; a floating-point kael dtype converts every floating tensor to it
     (integer and bool tensors stay as stored). ``mmap=True`` maps each shard (NOTE [mapped
-    loads]).
+    loads]). ``ignore``: name prefixes of tensors that belong to another model in the same
+    files (a multimodal checkpoint's vision tower): their headers are validated, their data
+    is neither checked against ``expected``, read nor returned.
     """
     from kael._dtype import as_dtype
     from kael._errors import DTypeError
@@ -252,7 +255,8 @@ def load_checkpoint_tensors(
         if not target.is_floating_point:
             raise DTypeError(f"load_checkpoint_tensors: dtype must be a floating-point dtype, got {target.name!r}")
     d = Path(directory)
-    entries = read_checkpoint_entries(d)
+    skipped = tuple(ignore)
+    entries = {n: e for n, e in read_checkpoint_entries(d).items() if not n.startswith(skipped)}
     if expected is not None:
         _check_expected(entries, expected, frozenset(optional), f"checkpoint directory {os.fspath(d)!r}")
     by_file: dict[str, list[str]] = {}
@@ -260,7 +264,7 @@ def load_checkpoint_tensors(
         by_file.setdefault(e.file, []).append(e.name)
     out: dict[str, Tensor] = {}
     for shard, names in by_file.items():
-        arrays, _ = load_arrays(d / shard, mmap=mmap)
+        arrays, _ = load_arrays(d / shard, mmap=mmap, names=set(names) if skipped else None)
         if set(arrays) != set(names):
             fail(f"safetensors file {os.fspath(d / shard)!r}", "changed", "the file changed while it was loaded")
         for name in names:

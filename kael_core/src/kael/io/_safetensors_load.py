@@ -19,6 +19,7 @@ import io
 import mmap as _mmap
 import os
 import stat
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,23 +63,32 @@ def _read_tensor(f: io.BufferedReader, e: Entry, where: str) -> np.ndarray[Any, 
     return finish_tensor(arr, e, where)
 
 
-def load_arrays(path: str | os.PathLike[str], *, mmap: bool = False) -> tuple[Arrays, dict[str, str] | None]:
+def load_arrays(
+    path: str | os.PathLike[str], *, mmap: bool = False, names: Collection[str] | None = None
+) -> tuple[Arrays, dict[str, str] | None]:
     """The tensors of a safetensors file as `{name: (array, kael dtype name)}`, plus its metadata.
 
     bfloat16 tensors come back as their uint16 bits. The order is the order of the data.
+    `names`: only these tensors (the others are neither read nor decoded); None: every one.
     """
     where = f"safetensors file {os.fspath(path)!r}"
     with open(path, "rb") as f:
         header, size = _open_header(f, where)
+        entries = [e for e in header.entries if names is None or e.name in names]
         if not mmap:
-            return {e.name: (_read_tensor(f, e, where), DTYPES[e.dtype].kael) for e in header.entries}, header.metadata
+            out: Arrays = {}
+            for e in entries:
+                if len(entries) != len(header.entries):  # tensors were left out: go to this one's bytes
+                    f.seek(header.data_start + e.begin)
+                out[e.name] = (_read_tensor(f, e, where), DTYPES[e.dtype].kael)
+            return out, header.metadata
         try:
             mapping = _mmap.mmap(f.fileno(), size, access=_mmap.ACCESS_COPY)
         except ValueError as e:  # the file shrank below the size fstat gave
             fail(where, "truncated", f"cannot map {size} bytes: {e}")
     out = {
         e.name: (decode_tensor(mapping, header.data_start + e.begin, e, where, copy=False), DTYPES[e.dtype].kael)
-        for e in header.entries
+        for e in entries
     }
     return out, header.metadata
 

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
-from ..._errors import ShapeError
+from ..._errors import FormatError, ShapeError
+from .._registry import read_config_json
 from ..llama import LlamaConfig, RopeScaling, config_from_dict, hf_config
 from ..llama._config import _rope, read_family_config
 
@@ -37,6 +40,7 @@ __all__ = [
     "Gemma3Config",
     "read_config",
     "read_gemma_config",
+    "gemma_config_from_dict",
     "gemma_hf_config",
     "gemma3_hf_config",
     "default_layer_types",
@@ -144,7 +148,20 @@ def _cap(d: dict[str, Any], key: str, default: float | None, fail: Any) -> float
 def read_gemma_config(path: Any, what: str, model_type: str, cls: type[GemmaConfig], *, gemma3: bool) -> GemmaConfig:
     """A ``cls`` from a Hugging Face ``model_type`` ``config.json`` (a file or its directory); errors are
     FormatErrors naming ``what`` ("Gemma3 config", ...), the file and the field."""
-    d, p, fail = read_family_config(path, what, model_type)
+    d, p, _ = read_family_config(path, what, model_type)
+    return gemma_config_from_dict(d, p, what, model_type, cls, gemma3=gemma3)
+
+
+def gemma_config_from_dict(
+    d: dict[str, Any], p: Path, what: str, model_type: str, cls: type[GemmaConfig], *, gemma3: bool
+) -> GemmaConfig:
+    """A ``cls`` from the ``model_type`` dictionary ``d`` read from the file ``p`` (a ``config.json``, or the
+    ``text_config`` inside one); errors are FormatErrors naming ``what``, the file and the field."""
+    where = repr(os.fspath(p))
+
+    def fail(msg: str) -> Any:
+        raise FormatError(f"{what} {where}: {msg}")
+
     act = d.get("hidden_activation", "gelu_pytorch_tanh")
     if act not in ACTIVATIONS:
         fail(f"hidden_activation {act!r} is not supported (expected one of {list(ACTIVATIONS)})")
@@ -232,8 +249,14 @@ def _gemma3_rope(d: dict[str, Any], fail: Any) -> tuple[dict[str, Any], dict[str
 
 
 def read_config(path: Any) -> Gemma3Config:
-    """A Gemma3Config from a Hugging Face gemma3_text ``config.json`` (a file or its directory)."""
-    cfg = read_gemma_config(path, "Gemma3 config", MODEL_TYPE, Gemma3Config, gemma3=True)
+    """A Gemma3Config from a Hugging Face gemma3_text ``config.json`` (a file or its directory), or from a
+    multimodal gemma3 one's ``text_config`` (``kael.models.gemma3.read_multimodal_config``)."""
+    from ._multimodal import MULTIMODAL_MODEL_TYPE, read_multimodal_config
+
+    d, p = read_config_json(path, "Gemma3 config")
+    if d.get("model_type") == MULTIMODAL_MODEL_TYPE:
+        return read_multimodal_config(p)
+    cfg = read_gemma_config(p, "Gemma3 config", MODEL_TYPE, Gemma3Config, gemma3=True)
     assert isinstance(cfg, Gemma3Config)
     return cfg
 

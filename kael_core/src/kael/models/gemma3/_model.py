@@ -51,7 +51,8 @@ from ...ops import (
 from .._base import CausalLMBase
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
-from ..llama import LlamaConfig, LlamaForCausalLM
+from .._registry import model_type_of
+from ..llama import CheckpointLayout, LlamaConfig, LlamaForCausalLM
 from ..llama._model import Projection, Table
 from ..llama._rope import rope_tables
 from ._attention import attend, cached_keys
@@ -296,7 +297,8 @@ class Gemma3ForCausalLM(GemmaForCausalLM):
     """A Gemma 3 (text) causal LM: ``forward(ids [B, T], cache=None) -> logits [B, T, V]``.
 
     ``Gemma3ForCausalLM.from_pretrained(directory)`` loads a Hugging Face gemma3_text checkpoint
-    (``Gemma3ForCausalLM``; safetensors, sharded or not, float32/bfloat16/float16).
+    (``Gemma3ForCausalLM``; safetensors, sharded or not, float32/bfloat16/float16), or the text model of a
+    multimodal gemma3 one (``Gemma3ForConditionalGeneration``; its vision tower is not loaded).
     """
 
     config: Gemma3Config
@@ -308,8 +310,18 @@ class Gemma3ForCausalLM(GemmaForCausalLM):
 
     @staticmethod
     def read_config(path: Any) -> Gemma3Config:
-        """The Gemma3Config of a checkpoint's ``config.json``."""
+        """The Gemma3Config of a checkpoint's ``config.json`` (gemma3_text, or a multimodal gemma3's text model)."""
         return read_config(path)
+
+    @staticmethod
+    def checkpoint_layout(directory: Any) -> CheckpointLayout:
+        """A gemma3_text checkpoint's tensors are under their own names; a multimodal gemma3 one's text model is
+        under a prefix, beside a vision tower kael does not load (NOTE [gemma3 multimodal checkpoint])."""
+        from ._multimodal import MULTIMODAL_MODEL_TYPE, multimodal_layout
+
+        if model_type_of(directory) == MULTIMODAL_MODEL_TYPE:
+            return multimodal_layout(directory)
+        return CheckpointLayout()
 
     def hf_config(self) -> dict[str, Any]:
         """The gemma3_text ``config.json`` dictionary ``save_pretrained`` writes."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .._registry import ModelFamily
 from ._checkpoint import from_pretrained, save_pretrained
 from ._config import MODEL_TYPES, ROPE_TYPES, LlamaConfig, RopeScaling, config_from_dict, hf_config, read_config
+from ._layout import CheckpointLayout
 from ._model import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -33,6 +34,7 @@ __all__ = [
     "LlamaMLP",
     "LlamaDecodeStep",
     "Multipliers",
+    "CheckpointLayout",
     "Projection",
     "Table",
     "from_pretrained",

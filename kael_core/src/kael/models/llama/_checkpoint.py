@@ -9,7 +9,10 @@ checked against the model's parameters before any tensor is read, and a missing,
 unexpected or misshapen tensor is a FormatError naming it. Two extras are accepted:
 ``lm_head.weight`` in a checkpoint whose config ties it (it must then equal
 ``model.embed_tokens.weight``), and the ``rotary_emb.inv_freq`` buffers older
-transformers versions saved (kael computes the frequencies from the config).
+transformers versions saved (kael computes the frequencies from the config). A family whose
+checkpoints hold the model inside a larger one (Gemma 3's multimodal checkpoints) says where
+with its class's ``checkpoint_layout`` (``CheckpointLayout``): the stored names are checked
+and read as above (errors name them), the other parts' tensors are neither checked nor read.
 
 ``dtype``: None computes in float32 (whatever the stored dtype), ``"auto"`` keeps the
 stored dtype of the embeddings (every weight converted to it), a kael dtype converts to it.
@@ -112,17 +115,27 @@ def from_pretrained(
         optional.append(_HEAD)
         if not specs:
             expected[_HEAD] = expected["model.embed_tokens.weight"]
-    tensors = load_checkpoint_tensors(
-        d, device=model.device, dtype=None if specs else target, mmap=mmap, expected=expected, optional=optional
+    layout = model_class.checkpoint_layout(d)  # the checkpoint's names of the model's tensors: checked and read
+    ours = {layout.stored(name): name for name in [*expected, *optional]}
+    raw = load_checkpoint_tensors(
+        d,
+        device=model.device,
+        dtype=None if specs else target,
+        mmap=mmap,
+        expected={layout.stored(name): shape for name, shape in expected.items()},
+        optional=[layout.stored(name) for name in optional],
+        ignore=layout.ignored,
     )
+    tensors = {ours[key]: t for key, t in raw.items()}
+    del raw
     _check_buffers(tensors, buffers, f"Llama {file}")
     if target is None:
         target = tensors["model.embed_tokens.weight"].dtype
     head = tensors.get(_HEAD) if config.tie_word_embeddings else None
     if head is not None and not _equal(head, tensors["model.embed_tokens.weight"]):
         raise FormatError(
-            f"Llama checkpoint {_where(d)}: config.json ties the word embeddings but 'lm_head.weight' "
-            "differs from 'model.embed_tokens.weight'"
+            f"Llama checkpoint {_where(d)}: config.json ties the word embeddings but "
+            f"{layout.stored(_HEAD)!r} differs from {layout.stored('model.embed_tokens.weight')!r}"
         )
     for name, param in model.named_parameters():
         t = tensors[name]

@@ -64,6 +64,7 @@ from .._base import CausalLMBase
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ._config import LlamaConfig, hf_config, read_config
+from ._layout import CheckpointLayout
 from ._rope import rope_tables
 
 __all__ = ["LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "Projection", "Table"]
@@ -264,6 +265,12 @@ class LlamaForCausalLM(CausalLMBase):
     def read_config(path: Any) -> LlamaConfig:
         """The config of a checkpoint's ``config.json`` (a family built on this class reads its own)."""
         return read_config(path)
+
+    @staticmethod
+    def checkpoint_layout(directory: Any) -> CheckpointLayout:
+        """Where the checkpoint in ``directory`` keeps this model's tensors: under their own names (a family whose
+        checkpoints hold the model inside a larger one says where, ``kael.models.llama.CheckpointLayout``)."""
+        return CheckpointLayout()
 
     def hf_config(self) -> dict[str, Any]:
         """The ``config.json`` dictionary ``save_pretrained`` writes (``kael.models.llama.hf_config``)."""
