@@ -1,7 +1,7 @@
 """BlockPool (kael/models/_kv_blocks.py): random operation sequences against a simulated KV store.
 
-A hypothesis state machine runs random allocate/append/decode-step/fork/free/reset sequences
-over a small pool. Oracle: a simulated KV store in which every block slot holds the token
+A hypothesis state machine runs random allocate/append/decode-step/fork/free/reset sequences,
+and sliding-window releases of a sequence's leading blocks, over a small pool. Oracle: a simulated KV store in which every block slot holds the token
 prefix its K/V would be computed from, written exactly where the pool's answers tell a caller
 to write and copy; a position whose slot does not hold its own sequence's prefix means the pool
 shared, reused or copied a block wrongly. The machine also keeps its own copy of every block
@@ -19,7 +19,7 @@ from block_pool_state import snapshot
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from kael.models._kv_blocks import Allocation, BlockPool, default_digest
+from kael.models._kv_blocks import RELEASED, Allocation, BlockPool, default_digest
 
 # --- random operation sequences against a simulated KV store ----------------------------------
 
@@ -70,9 +70,13 @@ class PoolMachine(RuleBasedStateMachine):
         sid, self.next_id = self.next_id, self.next_id + 1
         # What any live sequence's full blocks share with the prompt must be found (exact digest).
         common = 0
-        for toks in self.tokens.values():
-            k = 0
-            while k + bs <= min(len(toks), n - 1) and toks[k : k + bs] == prompt[k : k + bs]:
+        for s, toks in self.tokens.items():
+            k = 0  # (up to its first released block: a lookup reuses only a prefix that is all present)
+            while (
+                k + bs <= min(len(toks), n - 1)
+                and toks[k : k + bs] == prompt[k : k + bs]
+                and self.tables[s][k // bs] != RELEASED
+            ):
                 k += bs
             common = max(common, k)
         before = snapshot(pool)
@@ -179,6 +183,22 @@ class PoolMachine(RuleBasedStateMachine):
         self.tokens[dst], self.tables[dst] = list(self.tokens[src]), list(self.tables[src])
 
     @precondition(lambda self: bool(self.tokens))
+    @rule(data=st.data())
+    def release_before(self, data: st.DataObject) -> None:
+        """A sliding-window sequence gives back its blocks wholly before a position (NOTE [released blocks])."""
+        sid = data.draw(st.sampled_from(sorted(self.tokens)))
+        table = self.tables[sid]
+        position = data.draw(st.integers(0, len(self.tokens[sid])))
+        end = position // self.bs
+        gone = [b for b in table[:end] if b != RELEASED]
+        free_before = self.pool.free_blocks
+        assert self.pool.release_before(sid, position) == len(gone)
+        table[:end] = [RELEASED] * end
+        # a block no other table holds goes back to the pool (cached or free), one still held stays in use
+        assert self.pool.free_blocks == free_before + sum(not self.others_hold(b, sid) for b in gone)
+        event(f"release_before: {len(gone)} block(s)")
+
+    @precondition(lambda self: bool(self.tokens))
     @rule(data=st.data(), cache=st.sampled_from([True, True, True, False]))
     def free(self, data: st.DataObject, cache: bool) -> None:
         sid = data.draw(st.sampled_from(sorted(self.tokens)))
@@ -203,9 +223,11 @@ class PoolMachine(RuleBasedStateMachine):
             table = self.tables[sid]
             assert pool.block_table(sid) == tuple(table) and pool.length(sid) == len(toks)
             for b in table:
-                held[b] += 1
-            for p in range(len(toks)):  # every position's K/V is its own sequence's
-                assert self.kv[table[p // bs]][p % bs] == tuple(toks[: p + 1])
+                if b != RELEASED:
+                    held[b] += 1
+            for p in range(len(toks)):  # every position's K/V is its own sequence's (where it keeps the block)
+                if table[p // bs] != RELEASED:
+                    assert self.kv[table[p // bs]][p % bs] == tuple(toks[: p + 1])
         assert [pool.refcount(b) for b in range(pool.num_blocks)] == held
         assert min(held) >= 0
         assert pool.used_blocks == sum(1 for h in held if h) and pool.free_blocks + pool.used_blocks == pool.num_blocks
@@ -215,7 +237,7 @@ class PoolMachine(RuleBasedStateMachine):
         for s1, t1 in self.tables.items():
             for s2, t2 in self.tables.items():
                 for i, b in enumerate(t1):
-                    if s1 < s2 and b in t2:
+                    if s1 < s2 and b != RELEASED and b in t2:
                         j = t2.index(b)
                         assert (
                             i == j and self.tokens[s1][i * bs : (i + 1) * bs] == self.tokens[s2][j * bs : (j + 1) * bs]

@@ -11,6 +11,11 @@ plan order, layer by layer (NOTE [batched prefill] in kael.models._batched). Tha
 long prompt is allocated chunk by chunk, never all at once: another prompt sharing its
 prefix must not find blocks that a later chunk has yet to fill.
 
+On a model whose every layer slides (NOTE [sliding-window blocks] in kael.models._paged_cache)
+``grow`` first gives back the blocks behind the row's window, then counts, so a long
+generation needs about window / block_size + 1 blocks, and admitting, growing and
+preempting all see the blocks it gave back.
+
 When a step cannot have its blocks, the scheduler preempts: ``free`` gives the newest
 request's row back, its full blocks staying cached for its recomputation.
 """
@@ -154,13 +159,15 @@ class KVManager:
 
     def grow(self, request: Request, tokens: Sequence[int], *, spare: int = 0) -> bool:
         """Slots for ``tokens`` (the ids fed there) after ``request``'s current ones; False,
-        changing nothing, when the pool would keep fewer than ``spare`` blocks free."""
+        changing nothing else, when the pool would keep fewer than ``spare`` blocks free. The blocks
+        behind a sliding window go back first (no query reads them), so the count sees them."""
         row = self._row(request, "grow")
         if self.pool.length(row) + len(tokens) > self.max_positions:
             raise KaelError(
                 f"KVManager.grow: request {request.request_id!r} would reach {self.pool.length(row) + len(tokens)} "
                 f"positions, more than a row's {self.max_positions}"
             )
+        self.cache.release_behind_window([row])
         if self.blocks_for(request, len(tokens)) + spare > self.free_blocks:
             return False
         for t in tokens:

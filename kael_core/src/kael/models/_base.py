@@ -89,6 +89,15 @@ class CausalLMBase(Module):
         """No fast step by default: batched decoding and ``generate`` use the generic pieces."""
         return None
 
+    @property
+    def kv_window(self) -> int | None:
+        """None by default: some layer attends to the whole context, so the KV cache keeps every position.
+
+        A family whose every layer attends within a sliding window returns the longest window; a paged cache
+        then gives back the blocks behind it (NOTE [sliding-window blocks] in _paged_cache.py).
+        """
+        return None
+
     # -- what it gets ------------------------------------------------------------------------------
     def new_cache(self, batch: int = 1, max_positions: int | None = None) -> PagedKVCache:
         """A KV cache for this model: ``batch`` rows of up to ``max_positions`` (default: the context).

@@ -123,6 +123,7 @@ class BatchDecoder:
             block_size=block_size,
             prefix_caching=prefix_caching,
             namespace=model_identity(model) if prefix_caching else "",
+            window=model.kv_window,  # NOTE [sliding-window blocks]: blocks behind every layer's window go back
             dtype=model.dtype,
             device=model.device,
         )

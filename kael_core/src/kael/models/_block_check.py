@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._errors import KaelError
+from ._block_records import RELEASED
 
 if TYPE_CHECKING:
     from ._kv_blocks import BlockPool
@@ -26,9 +27,13 @@ def check_pool(self: BlockPool) -> None:
     for sid, seq in self._seqs.items():
         if len(seq.table) != -(-len(seq.tokens) // bs) or not seq.tokens:
             fail(f"sequence {sid!r}: {len(seq.table)} blocks for {len(seq.tokens)} tokens")
-        if len(set(seq.table)) != len(seq.table):
+        gone = next((i for i, b in enumerate(seq.table) if b != RELEASED), len(seq.table))
+        held = seq.table[gone:]
+        if RELEASED in held or gone > len(seq.tokens) // bs:
+            fail(f"sequence {sid!r}'s released blocks are not a leading run of full blocks: {seq.table}")
+        if len(set(held)) != len(held):
             fail(f"sequence {sid!r} holds a block twice: {seq.table}")
-        for b in seq.table:
+        for b in held:
             if not 0 <= b < n:
                 fail(f"sequence {sid!r} holds block {b}, out of range")
             counts[b] += 1
@@ -54,13 +59,14 @@ def check_pool(self: BlockPool) -> None:
     if holders != {c: s for c, s in self._holders.items() if s}:
         fail(f"the content holders {self._holders} disagree with the blocks' cids {holders}")
     children: dict[int, set[int]] = {}
+    registered = {self._cid[b] for b in self._index.values() if 0 <= b < n}
     for key, b in self._index.items():
         if not 0 <= b < n or self._key[b] != key:
             fail(f"the index maps key {key.hex()} to block {b}, whose key is another")
         if len(self._btokens[b]) != bs or not self._cid[b]:
             fail(f"registered block {b} is not a full block with content")
-        if self._parent[b] and self._parent[b] not in holders:
-            fail(f"registered block {b}'s parent content {self._parent[b]} is held by no block")
+        if self._parent[b] and self._parent[b] not in registered:  # NOTE [released blocks]: all reachable
+            fail(f"registered block {b}'s parent content {self._parent[b]} is not registered")
         children.setdefault(self._parent[b], set()).add(b)
     if children != {c: s for c, s in self._children.items() if s}:
         fail(f"the children map {self._children} disagrees with the index {children}")
@@ -79,9 +85,13 @@ def _check_contents(self: BlockPool) -> None:
     bs = self.block_size
     seen: dict[int, tuple[int, tuple[int, ...]]] = {}
     for sid, seq in self._seqs.items():
-        key, cid = b"", 0
+        key = b""
+        cid: int | None = 0  # None after a released block: its content id went with it
         for i, b in enumerate(seq.table):
             own = tuple(seq.tokens[i * bs : (i + 1) * bs])
+            if b == RELEASED:
+                key, cid = self._chain(key, own), None
+                continue
             if b in seen and seen[b] != (i, own):
                 raise KaelError(f"BlockPool.check: block {b} is shared by sequences with different tokens")
             seen[b] = (i, own)
@@ -90,8 +100,9 @@ def _check_contents(self: BlockPool) -> None:
                     raise KaelError(f"BlockPool.check: sequence {sid!r}'s partial block {b} has content")
                 continue
             key = self._chain(key, own)
-            if self._key[b] != key or self._btokens[b] != own or self._parent[b] != cid or not self._cid[b]:
+            parent_ok = cid is None or self._parent[b] == cid
+            if self._key[b] != key or self._btokens[b] != own or not parent_ok or not self._cid[b]:
                 raise KaelError(f"BlockPool.check: sequence {sid!r}'s block {b} (#{i}) carries another content")
             cid = self._cid[b]
-        if (key, cid) != (seq.last_key, seq.last_cid):
+        if key != seq.last_key or cid not in (None, seq.last_cid):
             raise KaelError(f"BlockPool.check: sequence {sid!r}'s chain state is stale")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Allocation", "AppendResult", "SeqState"]
+__all__ = ["RELEASED", "Allocation", "AppendResult", "SeqState"]
+
+#: A block-table entry whose block the sequence gave back (NOTE [released blocks] in _kv_blocks.py).
+RELEASED = -1
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,6 @@ class SeqState:
 
     def __init__(self, tokens: list[int], table: list[int], last_key: bytes, last_cid: int) -> None:
         self.tokens = tokens  # every token id of the sequence, prompt and appended
-        self.table = table  # block ids, len == ceil(len(tokens) / block_size)
+        self.table = table  # block ids (leading ones may be RELEASED), len == ceil(len(tokens) / block_size)
         self.last_key = last_key  # chained key of the last full block (b"" before the first)
         self.last_cid = last_cid  # its content id (0: the empty prefix)

@@ -37,8 +37,9 @@ When the registered block leaves while a twin is still in use (freed, or freed w
 ``cache=False``), the twin takes over the registration and the registered block goes back to
 the free list, not to the cache. So a cached block's cid has no other holder (``check()``
 verifies it). When the last block of a cid leaves, its registered children can never be
-reached again (lookups walk from the first block), so they are dropped from the cache with
-it (and counted as evictions) instead of lingering.
+reached again (lookups walk from the first block), so they leave the index with it: cached
+ones are evicted (and counted), instead of lingering; one still in use (NOTE [released
+blocks]) stays with its sequence.
 
 Counters: ``queries_tokens`` and ``hit_tokens`` add up the prompt tokens of successful
 ``allocate`` calls and their ``cached_tokens``; ``evictions`` counts cached blocks dropped
@@ -59,6 +60,19 @@ fresh private block; its ``AppendResult.copied_from`` names the shared block, an
 caller copies slots ``[0, slot)`` of ``copied_from`` into ``block`` (every layer) before
 writing the new token's K/V at ``(block, slot)``. The other holders keep the original.
 
+NOTE [released blocks]: ``release_before(seq_id, position)`` gives back a sequence's blocks
+that lie wholly before ``position``, keys that no later query of it reads (a sliding-window
+model's: NOTE [sliding-window blocks] in _paged_cache.py). Their table entries become
+``RELEASED`` (-1), always a leading run of full blocks, and each block goes where a freed
+sequence's would (cached if registered, else free) once no other table holds it; the
+sequence keeps its tokens and chain state, so its later blocks are keyed as before. A lookup
+walks a prompt from its first block, so it reuses a prefix only while every block of it is
+still present (in use or cached), and the index keeps that true: *a registered block's parent
+content is registered too*. Releasing breaks "a block in use has its parent in use", so when
+a released parent is evicted, its children still in use leave the index (with their own
+registered descendants; cached ones are evicted) and stay in their sequences, and a block
+that fills after its parent left the index is not registered.
+
 Preemption is the caller's: ``allocate`` and ``append`` return None, changing nothing,
 when no block can be had; the caller then frees the newest sequence (``sequences()`` is
 in start order) and recomputes it later.
@@ -73,10 +87,10 @@ from collections.abc import Hashable, Sequence
 from .._errors import KaelError, ShapeError
 from ._block_check import check_pool
 from ._block_keys import Digest, block_keys, count_arg, default_digest, encode_block, token_ids
-from ._block_records import Allocation, AppendResult, SeqState
+from ._block_records import RELEASED, Allocation, AppendResult, SeqState
 from ._block_truncate import truncate_seq
 
-__all__ = ["AppendResult", "Allocation", "BlockPool", "block_keys", "default_digest"]
+__all__ = ["RELEASED", "AppendResult", "Allocation", "BlockPool", "block_keys", "default_digest"]
 
 
 class BlockPool:
@@ -174,6 +188,7 @@ class BlockPool:
         return tuple(self._seqs)
 
     def block_table(self, seq_id: Hashable) -> tuple[int, ...]:
+        """The sequence's block ids in position order (``RELEASED`` for blocks it gave back)."""
         return tuple(self._seq("block_table", seq_id).table)
 
     def length(self, seq_id: Hashable) -> int:
@@ -296,7 +311,8 @@ class BlockPool:
         src = self._seq("fork", src_id)
         self._new_id("fork", dst_id)
         for b in src.table:
-            self._ref[b] += 1
+            if b != RELEASED:
+                self._ref[b] += 1
         self._seqs[dst_id] = SeqState(list(src.tokens), list(src.table), src.last_key, src.last_cid)
         return Allocation(tuple(src.table), len(src.tokens))
 
@@ -309,14 +325,26 @@ class BlockPool:
         seq = self._seq("free", seq_id)
         del self._seqs[seq_id]
         for b in reversed(seq.table):
-            self._ref[b] -= 1
-            if self._ref[b]:
-                continue
-            if cache and self._registered(b) and not self._live_twin(b):
-                self._cached[b] = None  # the most recently used
-            else:  # (a twin in use takes over the registration: keeping b too would cost a block for nothing)
-                self._forget(b)
-                heapq.heappush(self._free, b)
+            if b != RELEASED:
+                self._release(b, cache)
+
+    def release_before(self, seq_id: Hashable, position: int) -> int:
+        """Give back ``seq_id``'s blocks that lie wholly before ``position`` (NOTE [released blocks]): their
+        entries become ``RELEASED``, and each is cached or freed as ``free`` would once no other table holds
+        it. Returns how many entries this call released (those released already stay so)."""
+        seq = self._seq("release_before", seq_id)
+        n = len(seq.tokens)
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= n:
+            raise ShapeError(
+                f"BlockPool.release_before: position must be an int in 0..{n} (sequence {seq_id!r}'s length), "
+                f"got {position!r}"
+            )
+        end = i = position // self.block_size
+        while i and seq.table[i - 1] != RELEASED:  # the tail first, as free() releases a chain
+            i -= 1
+            self._release(seq.table[i], True)
+            seq.table[i] = RELEASED
+        return end - i
 
     def truncate(self, seq_id: Hashable, length: int) -> None:
         """Keep ``seq_id``'s first ``length`` tokens: rejected draft tokens of its not-full last block
@@ -340,6 +368,17 @@ class BlockPool:
     # -- internals --------------------------------------------------------------------------------
     def _chain(self, parent: bytes, own: Sequence[int]) -> bytes:
         return self._digest(encode_block(self.namespace, parent, own))
+
+    def _release(self, b: int, cache: bool) -> None:
+        """Drop one reference to ``b``; unreferenced, it becomes cached (registered, no twin in use) or free."""
+        self._ref[b] -= 1
+        if self._ref[b]:
+            return
+        if cache and self._registered(b) and not self._live_twin(b):
+            self._cached[b] = None  # the most recently used
+        else:  # (a twin in use takes over the registration: keeping b too would cost a block for nothing)
+            self._forget(b)
+            heapq.heappush(self._free, b)
 
     def _registered(self, b: int) -> bool:
         key = self._key[b]
@@ -376,7 +415,9 @@ class BlockPool:
                 adopt = other
         else:
             cid, self._next_cid = self._next_cid, self._next_cid + 1
-            if other is None:  # else a collision with other contents: stays unregistered
+            # Else a collision with other contents, or a parent no lookup reaches (NOTE [released blocks]):
+            # it stays unregistered.
+            if other is None and self._reachable(seq):
                 self._index[key] = b
                 self._children.setdefault(seq.last_cid, set()).add(b)
         self._key[b], self._cid[b], self._parent[b], self._btokens[b] = key, cid, seq.last_cid, own
@@ -412,12 +453,35 @@ class BlockPool:
                     self._children.setdefault(parent, set()).add(twin)
             if not holders:  # nobody holds this content: its registered children are unreachable
                 del self._holders[cid]
-                for child in sorted(self._children.pop(cid, ())):
-                    del self._cached[child]  # in-use children imply an in-use parent: these are cached
-                    self.evictions += 1
-                    stack.append(child)
-                    heapq.heappush(self._free, child)
+                stack.extend(self._unreachable(cid))
             self._key[b], self._cid[b], self._parent[b], self._btokens[b] = None, 0, 0, ()
+
+    def _unreachable(self, cid: int) -> list[int]:
+        """Take the registered blocks below content ``cid``, which no lookup reaches any more, out of the index.
+
+        A cached one is evicted to the free list (returned, for ``_forget`` to clear); one in use stays with
+        its sequence, which released its parent (NOTE [released blocks]), and its own children follow it.
+        """
+        evicted: list[int] = []
+        parents = [cid]
+        while parents:
+            for child in sorted(self._children.pop(parents.pop(), ())):
+                if self._ref[child]:
+                    key = self._key[child]
+                    assert key is not None  # registered
+                    del self._index[key]
+                    parents.append(self._cid[child])
+                else:
+                    del self._cached[child]
+                    self.evictions += 1
+                    heapq.heappush(self._free, child)
+                    evicted.append(child)
+        return evicted
+
+    def _reachable(self, seq: SeqState) -> bool:
+        """Whether a lookup reaches the content of ``seq``'s last full block (the empty prefix: always)."""
+        b = self._index.get(seq.last_key)
+        return not seq.last_cid or (b is not None and self._cid[b] == seq.last_cid)
 
     def _block(self, method: str, block: object) -> int:
         if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < self.num_blocks:

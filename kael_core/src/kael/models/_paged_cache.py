@@ -23,6 +23,26 @@ model's layers call ``attend``) -> ``commit``; then per decode step ``grow(rows,
 ``KVCacheFull`` (before anything changes) when the pool cannot give the blocks: the caller
 preempts a sequence (releases it and recomputes it later) or waits.
 
+NOTE [sliding-window blocks]: when every layer of the model attends within a sliding window
+(``window``, the longest of them: ``model.kv_window``), the query at position p reads no key
+before p - window + 1, and a row's queries only move forward: its next one sits at
+``lengths[row]`` (rejected draft tokens are truncated back to no earlier than that). So
+before a row grows (``grow``; ``start`` for a cached prefix), ``release_behind_window`` gives
+back every block of the row lying wholly before ``lengths[row] - window + 1``: its table entry
+becomes ``RELEASED`` and the block returns to the pool (cached while the prefix index holds
+it, else free) once no other row holds it (NOTE [released blocks] in _kv_blocks.py). Between
+steps a row then holds at most ceil(window / S) + 1 blocks, whatever its length, and a KV
+manager that releases before it counts (``KVManager.grow``) admits and preempts by that. The
+kernels get, for a released entry, the row's first block still held (``block_ids``): the C++
+and CUDA paged kernels start each query's products at the block of its first key in the
+window, and the paths that gather a row's blocks (the NumPy reference, the decomposition,
+the float16 paths, Gemma 2's soft-capped attention) weight the keys before the window by exact
+zeros, so such an entry is never read or adds zeros, and it is the row's own block, never
+another row's. A model with a layer that attends to the whole context (Gemma 2 and 3: its
+``kv_window`` is None) keeps every block. Prefix caching: a released block still registered
+stays cached, so a prompt sharing the prefix reuses it; a lookup walks from the first block,
+so only a prefix whose blocks are all still present is reused.
+
 It is kael's one KV cache. ``model.new_cache(batch, positions)`` makes one with a block of the
 whole context per row and no prefix caching (a contiguous cache as a block table, NOTE [one
 block per row] in _paged_step.py); ``model(ids, cache)`` runs ``begin``, which reserves the rows'
@@ -42,7 +62,7 @@ from ..autograd import no_grad
 from ..ops import narrow, reshape, select, tensor, view, zeros
 from ..ops._inplace import copy_
 from ..ops._views import make_view
-from ._kv_blocks import BlockPool
+from ._kv_blocks import RELEASED, BlockPool
 from ._paged_step import PagedStep
 
 __all__ = ["KVCacheFull", "PagedKVCache", "model_identity"]
@@ -87,7 +107,9 @@ def model_identity(model: Any) -> str:
 
 class PagedKVCache:
     """Keys and values of ``layers`` layers in ``num_blocks`` blocks of ``block_size`` positions,
-    for up to ``batch`` sequences of up to ``max_positions`` tokens each.
+    for up to ``batch`` sequences of up to ``max_positions`` tokens each. ``window``: the longest
+    sliding window of the model's layers when every layer has one (``model.kv_window``): blocks
+    behind it go back to the pool (NOTE [sliding-window blocks]); None keeps every block.
 
     >>> cache = PagedKVCache(2, 4, 2, 8, 64, num_blocks=16)   # doctest: +SKIP
     >>> cache.start(0, [5, 6, 7])                             # doctest: +SKIP
@@ -106,6 +128,7 @@ class PagedKVCache:
         block_size: int = DEFAULT_BLOCK_SIZE,
         prefix_caching: bool = True,
         namespace: str = "",
+        window: int | None = None,
         dtype: Any = None,
         device: Any = None,
     ) -> None:
@@ -115,6 +138,7 @@ class PagedKVCache:
         self.head_dim = _count("head_dim", head_dim, 1)
         self.max_positions = _count("max_positions", max_positions, 1)
         self.block_size = _count("block_size", block_size, 1)
+        self.window = None if window is None else _count("window", window, 1)
         per_row = -(-max_positions // block_size)
         n = batch * per_row if num_blocks is None else _count("num_blocks", num_blocks, 1)
         if n < per_row:
@@ -188,6 +212,7 @@ class PagedKVCache:
         self.tables[row] = list(got.block_table)
         self.lengths[row] = got.cached_tokens
         self.cached[row] = got.cached_tokens
+        self.release_behind_window([row])
         return got.cached_tokens
 
     def blocks_needed(self, rows: Sequence[int]) -> int:
@@ -196,7 +221,9 @@ class PagedKVCache:
 
     def grow(self, rows: Sequence[int], tokens: Sequence[int]) -> None:
         """Give each row's next position (``tokens[i]`` is fed there) a slot; ``KVCacheFull``, changing
-        nothing, when that needs more blocks than are free."""
+        nothing else, when that needs more blocks than are free. The blocks behind the rows' windows go
+        back first (``release_behind_window``: no query reads them any more)."""
+        self.release_behind_window(rows)
         need = self.pool.blocks_needed(list(rows))
         if need > self.pool.free_blocks:
             raise KVCacheFull(
@@ -218,6 +245,18 @@ class PagedKVCache:
             elif got.copied_from is not None:
                 table[-1] = got.block
                 self._copy_slots(got.copied_from, got.block, got.slot)
+
+    def release_behind_window(self, rows: Sequence[int]) -> None:
+        """Give back each row's blocks that lie wholly before the window of its next query, at position
+        ``lengths[row]`` (NOTE [sliding-window blocks]); nothing without a ``window``."""
+        if self.window is None:
+            return
+        for r in rows:
+            if r not in self.pool:  # (a row without a sequence: the caller's own check names it)
+                continue
+            first = self.lengths[r] - self.window + 1  # the first key a query of r will read
+            if first >= self.block_size and self.pool.release_before(r, first):
+                self.tables[r] = list(self.pool.block_table(r))
 
     def fork(self, src: int, dst: int) -> None:
         """Start free ``dst`` as a copy of ``src``'s sequence: it shares every block (copy-on-write)."""
@@ -344,12 +383,22 @@ class PagedKVCache:
         lengths = tensor([p + 1 for p in pos], dtype=dt.int64, device=self.device)
         return rows, pos, tables, lengths
 
+    def block_ids(self, row: int) -> list[int]:
+        """``row``'s block table as the kernels read it: a released entry names the row's first block
+        still held, whose keys the window skips or weights by zeros (NOTE [sliding-window blocks])."""
+        t = self.tables[row]
+        if not t or t[0] != RELEASED:
+            return t
+        held = next((b for b in t if b != RELEASED), 0)
+        return [held if b == RELEASED else b for b in t]
+
     def table_tensor(self, rows: Sequence[int]) -> Tensor:
-        """The rows' block tables as int64 [len(rows), table_width], padded with block 0 (never read)."""
+        """The rows' block tables as int64 [len(rows), table_width] (``block_ids``), padded with block 0
+        (never read)."""
         width = self.table_width
         flat: list[int] = []
         for r in rows:
-            t = self.tables[r]
+            t = self.block_ids(r)
             flat.extend(t)
             flat.extend([0] * (width - len(t)))
         return view(tensor(flat, dtype=dt.int64, device=self.device), len(rows), width)
@@ -419,6 +468,6 @@ class PagedKVCache:
     def __repr__(self) -> str:
         return (
             f"PagedKVCache(layers={self.layers}, batch={self.batch}, heads={self.heads}, head_dim={self.head_dim}, "
-            f"max_positions={self.max_positions}, blocks={self.num_blocks}x{self.block_size}, "
+            f"max_positions={self.max_positions}, blocks={self.num_blocks}x{self.block_size}, window={self.window}, "
             f"used={self.pool.used_blocks}, cached={self.pool.cached_blocks}, lengths={self.lengths})"
         )

@@ -100,6 +100,13 @@ class CausalLM(Protocol):
         """Training mode (``mode=True``) or evaluation mode on the model and its sub-modules; returns the model."""
         ...
 
+    @property
+    def kv_window(self) -> int | None:
+        """The most positions back any layer's query reads (p - kv_window + 1 .. p), when every layer attends
+        within a sliding window; None when some layer sees the whole context. A paged cache gives back the blocks
+        behind it (NOTE [sliding-window blocks] in _paged_cache.py)."""
+        ...
+
     def new_cache(self, batch: int = 1, max_positions: int | None = None) -> PagedKVCache:
         """A KV cache of ``batch`` rows of up to ``max_positions`` tokens (default: the context)."""
         ...

@@ -11,8 +11,9 @@ attends with ``step.attend(..., window=)``. With Gemma 2's soft-capping it decom
 ``scores = q @ k^T * scale`` ([.., Hkv, G*T, S], the G = H / Hkv query heads of a key/value head stacked,
 so keys are never repeated), ``softcap(scores, cap)``, the mask (``where``, -inf outside it), softmax,
 ``@ v``, as transformers' eager attention computes it. ``cached_keys`` writes a step's new keys and values
-into the paged cache and returns each row's keys and values, so the cache keeps every position (no block is
-freed when it leaves every window).
+into the paged cache and returns each row's keys and values (a block released behind an all-sliding model's
+window reads as the row's first held one, whose keys the mask drops: NOTE [sliding-window blocks] in
+kael/models/_paged_cache.py).
 
 NOTE [gemma query chunks]: the decomposition's scores are [.., G*T, S]; a prompt of more than ``QUERY_CHUNK``
 new tokens is attended in chunks of that many queries, each over the keys it can see (a sliding layer's:
@@ -103,7 +104,7 @@ def cached_keys(step: Any, layer: int, k: Tensor, v: Tensor) -> list[tuple[Tenso
     out = []
     with no_grad():
         for i, (r, start) in enumerate(zip(step.rows, step.starts)):
-            table = cache.tables[r]
+            table = cache.block_ids(r)
             for src, which in ((k, 0), (v, 1)):
                 row = select(src, 0, i)  # [Hkv, T, D]
                 p = start

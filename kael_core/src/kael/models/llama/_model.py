@@ -318,6 +318,13 @@ class LlamaForCausalLM(CausalLMBase):
         return self.config.dim
 
     @property
+    def kv_window(self) -> int | None:
+        """The longest of the layers' sliding windows when every layer has one (Mistral, Phi-3-mini-4k), else None
+        (NOTE [sliding-window blocks] in kael/models/_paged_cache.py)."""
+        windows = [layer.self_attn.window or 0 for layer in self.model.layers]
+        return max(windows) if windows and min(windows) > 0 else None
+
+    @property
     def lm_head_weight(self) -> Tensor:
         """The LM head's weight [V, C]: ``lm_head.weight``, or ``embed_tokens.weight`` when tied
         (in a weight format, the stored tensor: see ``head``)."""
