@@ -22,10 +22,12 @@ kbc = pytest.importorskip("kael_backend_cpu")
 from cpu_helpers import bits, cpu_empty, logical, place  # noqa: E402
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
-from kael.ops._moe_fused import expert_linear_decomp, moe_route_decomp  # noqa: E402
+from kael.backends import catalogue  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
+moe_route_decomp = catalogue.decomposition("moe_route")
+expert_linear_decomp = catalogue.decomposition("expert_linear")
 #: unit roundoff of each dtype (a result rounded to it is within u * |value|)
 UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 
