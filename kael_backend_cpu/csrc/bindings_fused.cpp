@@ -1,5 +1,6 @@
 // The kernel wrappers of the fused ops (NOTE [thin glue] in bindings.cpp): quantized weights,
-// norms, attention, losses, convolution, pooling, batch norm and the optimizer steps.
+// norms, attention, losses, the mixture-of-experts ops, convolution, pooling, batch norm and the
+// optimizer steps.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -189,6 +190,25 @@ void bind_fused(py::module_& m) {
     Unaliased u;
     u.fix(o, a, true);
     softcap(o, a, cap);
+  });
+  m.def("moe_route", [](py::handle weights, py::handle experts, py::handle logits, int64_t k, bool normalize) {
+    const char* n = "moe_route";
+    View w = parse(weights, n, true), e = parse(experts, n, true), z = parse(logits, n);
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(w, z, false);
+    u.fix(e, z, false);
+    moe_route(w, e, z, k, normalize);
+  });
+  m.def("expert_linear", [](py::handle out, py::handle x, py::handle weight, py::handle experts) {
+    const char* n = "expert_linear";
+    View o = parse(out, n, true), a = parse(x, n), w = parse(weight, n), e = parse(experts, n);
+    py::gil_scoped_release nogil;
+    Unaliased u;
+    u.fix(o, a, false);
+    u.fix(o, w, false);
+    u.fix(o, e, false);
+    expert_linear(o, a, w, e);
   });
   m.def("conv2d", [](py::handle out, py::handle x, py::handle weight, py::handle bias, std::array<int64_t, 2> stride,
                      std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {

@@ -124,6 +124,17 @@ void gelu_tanh_mul(const View& out, const View& gate, const View& up);
 // out = cap * tanh(x / cap), same shape and dtype; cap positive and finite (else a kael::Error).
 void softcap(const View& out, const View& x, double cap);
 
+// -- moe.cpp: the mixture-of-experts fused ops (NOTE [moe_route bits], NOTE [expert_linear grouping]) --
+// Top-k routing of logits [T, E] (any float dtype): p = softmax over E in float32 (float64 for
+// float64 logits); experts int64 [T, k] the k largest p, largest first, ties in index order;
+// weights [T, k] (float32, float64 for float64 logits) p at those experts, divided by their sum
+// when normalize. 1 <= k <= E (else a kael::Error).
+void moe_route(const View& weights, const View& experts, const View& logits, int64_t k, bool normalize);
+// out [T, K, N] = weight[experts[t, j]] [N, C] @ x[t, j] [C] for every (t, j); x [T, K, C] (any
+// strides, stride 0 over K included), weight [E, N, C] (any strides), out of their dtype; experts
+// int64 [T, K] in [0, E) (checked before anything is written: an IndexError otherwise).
+void expert_linear(const View& out, const View& x, const View& weight, const View& experts);
+
 // -- attention.cpp -----------------------------------------------------------------------
 // q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv] -> out [B,H,Tq,Dv], H % Hkv == 0 and query head
 // h reading kv head h / (H / Hkv) (grouped-query attention); causal aligns the last query
