@@ -140,22 +140,25 @@ def check_save_gguf_round_trip(
     architecture: str,
     kael_class: type[Any],
     check_file: Callable[[Any, Any, Any], None],
+    tokenizer_dir: Path | None = None,
 ) -> None:
     """kael's save_gguf writes an ``architecture`` file (``check_file(file, model, hf)``) that reads back as
-    ``kael_class`` with the same tokenizer and logits; its Q8_0 file gives from_pretrained's Q8_0 logits."""
+    ``kael_class`` with the same tokenizer and logits; its Q8_0 file gives from_pretrained's Q8_0 logits. The
+    tokenizer written is the checkpoint's, or ``tokenizer_dir``'s (kael writes byte-level BPE vocabularies only)."""
     d, hf = checkpoint
+    tok_dir = tokenizer_dir or d
     model = from_pretrained(d)
     path = tmp_path / f"kael-{architecture}.gguf"
-    save_gguf(model, path, load_tokenizer(d))
+    save_gguf(model, path, load_tokenizer(tok_dir))
     with kael.io.read_gguf(path) as f:
         assert f.metadata["general.architecture"] == architecture
         check_file(f, model, hf)
     back, tok = load_gguf(path)
-    ids = text_ids(d)
+    ids = text_ids(tok_dir)
     assert isinstance(back, kael_class) and tok.encode(TEXT * 2) == ids
     np.testing.assert_array_equal(logits_of(back, ids), logits_of(model, ids))
     q8 = tmp_path / f"kael-{architecture}-q8_0.gguf"
-    save_gguf(model, q8, load_tokenizer(d), weights="q8_0")
+    save_gguf(model, q8, load_tokenizer(tok_dir), weights="q8_0")
     np.testing.assert_allclose(
         logits_of(load_gguf(q8)[0], ids), logits_of(from_pretrained(d, weights="q8_0"), ids), atol=1e-5, rtol=0
     )

@@ -11,6 +11,9 @@ family of real checkpoints:
   a TemplateProcessing post-processor and ``add_bos_token``;
 * ``write_llama3``: Llama 3 style, a regex split then byte-level BPE,
   ``<|begin_of_text|>`` added by the post-processor, ``<|eot_id|>`` as eos;
+* ``write_phi3``: Phi-3 / Llama 2 style SentencePiece, a ``tokenizer.model`` trained with
+  ``sentencepiece`` (BPE, byte fallback) and the ``tokenizer.json`` transformers converts it to,
+  with Phi-3's added ``<|endoftext|>`` and ``<|end|>``;
 * ``write_gpt2``: GPT-2's real vocabulary (tests/data/gpt2-tokenizer) saved by
   ``transformers.GPT2TokenizerFast`` as ``tokenizer.json``, plus ``vocab.json`` and
   ``merges.txt``.
@@ -25,7 +28,16 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-__all__ = ["CORPUS", "GPT2_DATA", "write_byte_level", "write_gpt2", "write_llama2", "write_llama3", "write_config"]
+__all__ = [
+    "CORPUS",
+    "GPT2_DATA",
+    "write_byte_level",
+    "write_gpt2",
+    "write_llama2",
+    "write_llama3",
+    "write_phi3",
+    "write_config",
+]
 
 GPT2_DATA = Path(__file__).resolve().parent.parent / "data" / "gpt2-tokenizer"
 
@@ -152,6 +164,52 @@ def write_llama3(directory: Path, **config: Any) -> Path:
         "clean_up_tokenization_spaces": True,
     }
     write_config(directory, **{**entries, **config})
+    return directory
+
+
+def write_phi3(directory: Path, vocab_size: int = 420) -> Path:
+    """A Phi-3-style SentencePiece tokenizer (needs ``sentencepiece`` and ``transformers``): ``tokenizer.model``
+    trained here (BPE with byte fallback, ``<unk> <s> </s>`` = 0, 1, 2, the 256 ``<0xXX>`` tokens, ``vocab_size``
+    pieces in all), the ``tokenizer.json`` transformers converts it to, and Phi-3's added special tokens
+    ``<|endoftext|>`` and ``<|end|>`` after the pieces; ``</s>`` and ``<|end|>`` rstrip (swallow the whitespace
+    after them) as in Phi-3's tokenizer.json; ``tokenizer_class`` LlamaTokenizer, BOS added.
+
+    NOTE [legacy SentencePiece normalizer]: SentencePiece (and llama.cpp's SPM tokenizer, and kael's GGUF one)
+    prefixes ``▁`` to the text and to every stretch after a special token, even one already starting with a space.
+    transformers 5 converts a tokenizer.model to a ``Metaspace`` pre-tokenizer, which skips the prefix when the
+    text starts with a space (``" done"`` after ``<|endoftext|>`` then loses a ``▁``); the tokenizer.json files
+    Llama 2 and Phi-3 ship have the legacy normalizer (Prepend ``▁``, Replace space by ``▁``, no pre-tokenizer)
+    that always prefixes. This fixture writes that layout, so its ids are SentencePiece's.
+    """
+    import io
+
+    import sentencepiece as spm
+    from transformers import AddedToken, AutoTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 4), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, character_coverage=1.0,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True, minloglevel=2,
+    )  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.model").write_bytes(model.getvalue())
+    entries = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True}
+    write_config(directory, tokenizer_class="LlamaTokenizer", add_eos_token=False, legacy=True, **entries)
+    tk = AutoTokenizer.from_pretrained(directory)
+    added = [AddedToken("<|endoftext|>", special=True, normalized=False)]
+    added.append(AddedToken("<|end|>", rstrip=True, special=True, normalized=False))
+    tk.add_tokens(added, special_tokens=True)
+    tk.save_pretrained(directory)
+    path = directory / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, replace]}
+    spec["pre_tokenizer"] = None  # NOTE [legacy SentencePiece normalizer]
+    for a in spec["added_tokens"]:  # Phi-3's tokenizer.json: </s> rstrips too
+        a["rstrip"] = a["content"] in ("</s>", "<|end|>")
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    write_config(directory, tokenizer_class="LlamaTokenizer", add_eos_token=False, legacy=True, **entries)
     return directory
 
 

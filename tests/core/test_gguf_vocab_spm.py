@@ -62,10 +62,18 @@ def _vocab(hf_dir: Path) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def _metadata(hf_dir: Path, tmp_path: Path, **flags: bool) -> dict[str, object]:
+def _metadata(
+    hf_dir: Path, tmp_path: Path, name: str | None = None, controls: tuple[str, ...] = (), **flags: bool
+) -> dict[str, object]:
+    """The tokenizer metadata (and ``general.name``, given a ``name``) of the file ``spm.gguf`` written in
+    ``tmp_path``: the fixture's vocabulary, then ``controls`` as control tokens."""
     tokens, scores, types = _vocab(hf_dir)
+    tokens, scores = [*tokens, *controls], [*scores, *([0.0] * len(controls))]
+    types = [*types, *([gguf.TokenType.CONTROL] * len(controls))]
     path = tmp_path / "spm.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
+    if name is not None:
+        w.add_name(name)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -82,7 +90,7 @@ def _metadata(hf_dir: Path, tmp_path: Path, **flags: bool) -> dict[str, object]:
     w.write_kv_data_to_file()
     w.close()
     reader = gguf.GGUFReader(str(path))
-    return {n: f.contents() for n, f in reader.fields.items() if n.startswith("tokenizer.")}
+    return {n: f.contents() for n, f in reader.fields.items() if n.startswith(("tokenizer.", "general.name"))}
 
 
 def _llama_cpp_spm(text: str, tokens: list[str], scores: list[float], add_space_prefix: bool = True) -> list[int]:
@@ -200,3 +208,58 @@ def test_ids_equal_llama_tokenize(hf_dir: Path, tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr[-500:]
         ids = [int(x) for x in run.stdout.strip().splitlines()[-1].strip("[]").split(",") if x.strip()]
         assert spm.encode(text, add_special_tokens=True) == ids, text
+
+
+PHI3_TEXT = "a</s> \n b<s>  c<unk>\t d<|endoftext|> e</s>"
+PHI3_NAMES = ["Phi3 Mini 4k Instruct", "Phi-3.5-mini", "Phi 3 Medium", "Llama 2"]
+EOT = "<|endoftext|>"
+
+
+def _phi3_named(name: str) -> bool:
+    return "phi3" in name.lower() or "phi-3" in name.lower()
+
+
+@pytest.mark.parametrize("name", PHI3_NAMES)
+def test_a_file_named_phi_3_rstrips_its_special_tokens(hf_dir: Path, tmp_path: Path, name: str) -> None:
+    """llama.cpp's rule (NOTE [phi-3 rstrip] in kael/tokenizer/_gguf.py): in a file whose name contains ``phi3``
+    or ``phi-3``, ``</s>`` swallows the whitespace after it and ``<s>``, ``<unk>`` and ``<|endoftext|>`` do not;
+    other names, none does. The oracle is the rule and llama.cpp's SentencePiece algorithm, written out here."""
+    tokens, scores, _ = _vocab(hf_dir)
+    tok = tokenizer_from_gguf(_metadata(hf_dir, tmp_path, name, (EOT,)), "m.gguf")
+    cut = (lambda s: s.lstrip(" \n\t")) if _phi3_named(name) else (lambda s: s)
+    eot = len(tokens)
+    want = [1, *_llama_cpp_spm("a", tokens, scores), 2, *_llama_cpp_spm(cut(" \n b"), tokens, scores), 1]
+    want += [*_llama_cpp_spm("  c", tokens, scores), 0, *_llama_cpp_spm("\t d", tokens, scores), eot]
+    want += [*_llama_cpp_spm(" e", tokens, scores), 2]
+    assert tok.encode(PHI3_TEXT) == want
+
+
+def test_a_file_named_phi_3_tokenizes_as_llama_tokenize(hf_dir: Path, tmp_path: Path) -> None:
+    """The same files through llama.cpp's ``llama-tokenize`` (vocabulary only); a file named Phi-3 whose
+    vocabulary lacks ``<|endoftext|>`` llama.cpp refuses (it looks the token up to clear its flag), kael reads."""
+    import os
+    import subprocess
+
+    import llama_cpp_tools
+
+    exe = os.environ.get("KAEL_LLAMA_TOKENIZE") or llama_cpp_tools.require_tool("llama-tokenize")
+    (tmp_path / "t.txt").write_text(PHI3_TEXT, encoding="utf-8")
+
+    def llama_tokenize(d: Path) -> subprocess.CompletedProcess[str]:
+        cmd = [exe, "-m", str(d / "spm.gguf"), "-f", str(tmp_path / "t.txt"), "--ids", "--log-disable"]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+    for i, name in enumerate(PHI3_NAMES):
+        d = tmp_path / str(i)
+        d.mkdir()
+        tok = tokenizer_from_gguf(_metadata(hf_dir, d, name, (EOT,)), "m.gguf")
+        run = llama_tokenize(d)
+        assert run.returncode == 0, run.stderr[-500:]
+        ids = [int(x) for x in run.stdout.strip().splitlines()[-1].strip("[]").split(",") if x.strip()]
+        assert tok.encode(PHI3_TEXT) == ids, name
+    d = tmp_path / "no-eot"
+    d.mkdir()
+    tok = tokenizer_from_gguf(_metadata(hf_dir, d, PHI3_NAMES[0]), "m.gguf")
+    assert llama_tokenize(d).returncode != 0
+    tokens, scores, _ = _vocab(hf_dir)
+    assert tok.encode("a</s> b") == [1, *_llama_cpp_spm("a", tokens, scores), 2, *_llama_cpp_spm("b", tokens, scores)]

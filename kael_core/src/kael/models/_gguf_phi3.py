@@ -20,6 +20,21 @@ Metadata (``phi3.``): the Llama keys (``context_length``, ``embedding_length``, 
 ``rope.scaling.original_context_length`` (longrope's ``original_max_position_embeddings``),
 ``rope.scaling.attn_factor`` (the converter's attention factor, with the factor tensors) and
 ``attention.sliding_window`` (0: none; a window shorter than the context: every layer's sliding window).
+
+NOTE [phi3 file name]: ``save_gguf`` names a phi3 file ``general.name = "Phi 3"``, not ``"phi3"`` as other
+families are named after their architecture: llama.cpp gives the special tokens of a file whose lowercased name
+contains ``phi3`` or ``phi-3`` Phi-3's rstrip flags and refuses the file when its vocabulary lacks one of
+``</s> <unk> <s> <|endoftext|>`` (NOTE [phi-3 rstrip] in kael/tokenizer/_gguf.py). kael writes byte-level BPE
+vocabularies only (Phi-4-mini's, say), which have neither those tokens nor those flags, so its files keep a
+name that llama.cpp reads them by as written.
+
+What llama.cpp does differently with these files (tests/core/test_phi3_gguf.py runs both): it picks longrope's
+list once per context, the long one when the context size (``n_ctx`` rounded up to 256) exceeds
+``rope.scaling.original_context_length``, where kael (as transformers) picks it per pass by the positions
+(NOTE [longrope factors] in phi3/_rope.py): the two agree on a prompt shorter than the original length in a
+context no longer, and on any prompt longer than it; and its phi3 graph ignores ``attention.sliding_window``
+(it logs "Phi SWA is currently disabled" and attends to the whole context), where kael slides every layer's
+window as transformers does.
 """
 
 from __future__ import annotations
@@ -192,6 +207,7 @@ def gguf_metadata(model: Phi3ForCausalLM) -> tuple[str, dict[str, Any]]:
         raise KaelError(f"save_gguf: phi3 files have head_dim = hidden_size / heads, this model's is {c.dim}")
     lr = c.longrope
     out: dict[str, Any] = {
+        "general.name": "Phi 3",  # NOTE [phi3 file name]
         f"{a}.vocab_size": c.vocab_size,
         f"{a}.context_length": c.max_position_embeddings,
         f"{a}.rope.scaling.original_context_length": (

@@ -20,6 +20,16 @@ llama.cpp and transformers do (BOS added by default where llama.cpp adds it, e.g
 fallback, ``add_space_prefix``, BOS added unless the metadata says otherwise) are built by
 ``_gguf_spm.spm_parts``; other models are a ``FormatError`` naming the model. Every malformed field is a ``FormatError`` naming
 the source and the key.
+
+NOTE [phi-3 rstrip]: a GGUF file stores no lstrip/rstrip for its added tokens; llama.cpp's vocabulary loader
+sets them from ``general.name``: when the lowercased name contains ``phi-3`` or ``phi3`` (the converter names a
+file after its checkpoint's folder; kael's ``save_gguf`` does not, NOTE [phi3 file name]), every special token
+(control, user-defined, unknown) rstrips, then ``</s>`` does and ``<unk>``, ``<s>`` and ``<|endoftext|>`` do not
+(Phi-3's tokenizer.json: ``<|end|>``, ``<|user|>``, ``<|assistant|>`` ... rstrip). It looks these four up with
+``unordered_map::at``, so a vocabulary without any of them makes llama.cpp refuse the file ("error loading model
+vocabulary: unordered_map::at"); kael reads it, flagging those present. An rstripping token swallows the
+whitespace after it (``"<|end|>\\n<|assistant|>"`` is two ids); llama.cpp strips ASCII whitespace (C
+``isspace``), the ``tokenizers`` library Unicode whitespace.
 """
 
 from __future__ import annotations
@@ -105,6 +115,20 @@ def _scores(metadata: Mapping[str, Any], n: int, source: str) -> list[float]:
     if len(scores) != n or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores):
         raise FormatError(f"{source}: metadata 'tokenizer.ggml.scores' must be {n} numbers (one per token)")
     return [float(v) for v in scores]
+
+
+def _phi3_rstrip(metadata: Mapping[str, Any], added: list[dict[str, Any]], vocab: dict[str, int], source: str) -> None:
+    """Set ``rstrip`` on ``added`` as llama.cpp does for a file named Phi-3 (NOTE [phi-3 rstrip]; a listed token
+    that is not special is not split out before the text is tokenized, so its flag changes nothing)."""
+    name = _get(metadata, "general.name", str, source, "").lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return
+    by_id = {a["id"]: a for a in added}
+    for a in added:
+        a["rstrip"] = True
+    for token, value in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+        if vocab.get(token) in by_id:
+            by_id[vocab[token]]["rstrip"] = value
 
 
 def _get(metadata: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str, default: Any = None) -> Any:
@@ -194,6 +218,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
         for i, t in enumerate(types)
         if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED) or (spm and t == TOKEN_UNKNOWN)
     ]
+    _phi3_rstrip(metadata, added, vocab, source)
     bos, eos, unk = (_token_id(metadata, k, n, source) for k in ("bos", "eos", "unknown"))
     if spm:  # llama.cpp's SentencePiece defaults: <unk> 0, <s> 1, </s> 2
         unk, bos, eos = (d if v is None and d < n else v for v, d in ((unk, 0), (bos, 1), (eos, 2)))
