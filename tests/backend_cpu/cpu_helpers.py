@@ -1,4 +1,4 @@
-"""Helpers for the native CPU backend tests: layouts, values, tolerances, allocation.
+"""Helpers for the native CPU backend tests: layouts, values, tolerances, allocation, the GIL.
 
 Operands are built over NumPy memory in a chosen layout (contiguous, transposed,
 strided with a step, offset, broadcast with stride 0) so the same input tensors can
@@ -8,6 +8,8 @@ backend under test come from its own allocator.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from kael._device import CPU
 from kael._storage import Storage
 from kael._tensor import Tensor, contiguous_strides, from_numpy_bits
 from kael.backends.host import f32_to_bf16_bits
+from kael.testing import assert_close
 
 LAYOUTS = ("contiguous", "transposed", "stepped", "offset", "broadcast")
 
@@ -31,6 +34,22 @@ def bits(values: np.ndarray, d: dt.DType) -> np.ndarray:
 def logical(t: Tensor) -> np.ndarray:
     """A host copy of a tensor's values (bfloat16 widened to float32)."""
     return np.array(t._host(), copy=True)
+
+
+def vals(t: Tensor) -> np.ndarray:
+    """A tensor's values as float64."""
+    return logical(t).astype(np.float64)
+
+
+def round_to(v: np.ndarray, d: dt.DType) -> np.ndarray:
+    """float64 values rounded to dtype d (nearest even), as float64."""
+    v = np.asarray(v, dtype=np.float64)
+    if d is dt.bfloat16:
+        b = f32_to_bf16_bits(v.astype(np.float32)).astype(np.uint32) << 16
+        return b.view(np.float32).astype(np.float64)
+    if d in (dt.float16, dt.float32):
+        return v.astype(d.np).astype(np.float64)
+    return v
 
 
 def place(values: np.ndarray, d: dt.DType, layout: str) -> Tensor:
@@ -91,6 +110,35 @@ TOL = {"float64": (1e-9, 1e-12), "float32": (2e-6, 1e-6), "float16": (2e-3, 1e-3
 def tol(d: dt.DType, scale: float = 1.0) -> dict[str, float]:
     rtol, atol = TOL.get(d.name, (0.0, 0.0))
     return {"rtol": rtol * scale, "atol": atol * scale}
+
+
+def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") -> None:
+    """assert_close within tol(d, scale)."""
+    t = tol(d, scale)
+    assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
+
+
+def runs_while(call: Any) -> bool:
+    """Whether this thread runs Python code while `call` runs in another thread (a kernel that releases the GIL
+    lets it; a loaded machine may not schedule it during one call, so callers try a few times)."""
+    span: dict[str, float] = {}
+    started = threading.Event()
+
+    def work() -> None:
+        started.set()
+        span["t0"] = time.perf_counter()
+        call()
+        span["t1"] = time.perf_counter()
+
+    th = threading.Thread(target=work)
+    stamps: list[float] = []
+    th.start()
+    started.wait()
+    while th.is_alive():
+        stamps.append(time.perf_counter())
+    th.join()
+    # stamps strictly inside the call: impossible while the call holds the GIL
+    return any(span["t0"] < s < span["t1"] for s in stamps)
 
 
 def other_isas() -> list[str]:

@@ -5,8 +5,6 @@ softcap against float64 NumPy oracles written here, over shapes, strides and dty
 from __future__ import annotations
 
 import math
-import threading
-import time
 from typing import Any
 
 import kael
@@ -17,11 +15,9 @@ from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import LAYOUTS, cpu_empty, logical, place, tol  # noqa: E402
+from cpu_helpers import LAYOUTS, close, cpu_empty, place, round_to, runs_while, vals  # noqa: E402
 from kael import _dtype as dt  # noqa: E402
-from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
-from kael.backends.host import f32_to_bf16_bits  # noqa: E402
-from kael.testing import assert_close  # noqa: E402
+from kael._tensor import from_numpy_bits  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -33,26 +29,6 @@ def _needs_the_kernels(cpu: Any) -> None:
     missing = {"gelu_tanh_mul", "softcap"} - set(cpu.supported_ops())
     if missing:
         pytest.skip(f"this build of kael_backend_cpu has no {sorted(missing)} kernels (an older extension)")
-
-
-def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") -> None:
-    t = tol(d, scale)
-    assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
-
-
-def round_to(v: np.ndarray, d: dt.DType) -> np.ndarray:
-    """float64 values rounded to dtype d (nearest even), as float64."""
-    v = np.asarray(v, dtype=np.float64)
-    if d is dt.bfloat16:
-        b = f32_to_bf16_bits(v.astype(np.float32)).astype(np.uint32) << 16
-        return b.view(np.float32).astype(np.float64)
-    if d in (dt.float16, dt.float32):
-        return v.astype(d.np).astype(np.float64)
-    return v
-
-
-def vals(t: Tensor) -> np.ndarray:
-    return logical(t).astype(np.float64)
 
 
 def gelu64(g: np.ndarray) -> np.ndarray:
@@ -188,27 +164,6 @@ def test_frontend_runs_the_kernels(cpu: Any) -> None:
 # -- the GIL -----------------------------------------------------------------------------
 
 
-def _runs_while(call: Any) -> bool:
-    """Whether this thread runs Python code while `call` runs in another thread."""
-    span: dict[str, float] = {}
-    started = threading.Event()
-
-    def work() -> None:
-        started.set()
-        span["t0"] = time.perf_counter()
-        call()
-        span["t1"] = time.perf_counter()
-
-    th = threading.Thread(target=work)
-    stamps: list[float] = []
-    th.start()
-    started.wait()
-    while th.is_alive():
-        stamps.append(time.perf_counter())
-    th.join()
-    return any(span["t0"] < s < span["t1"] for s in stamps)
-
-
 def test_kernels_release_the_gil(cpu: Any) -> None:
     before = kbc.get_num_threads()
     kbc.set_num_threads(1)
@@ -220,6 +175,6 @@ def test_kernels_release_the_gil(cpu: Any) -> None:
             "softcap": lambda: cpu.kernel("softcap")(out, x, 30.0),
         }
         for name, call in calls.items():
-            assert any(_runs_while(call) for _ in range(5)), f"{name} held the GIL"
+            assert any(runs_while(call) for _ in range(5)), f"{name} held the GIL"
     finally:
         kbc.set_num_threads(before)
