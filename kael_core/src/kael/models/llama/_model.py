@@ -199,16 +199,19 @@ class LlamaDecoderLayer(Module):
 class LlamaModel(Module):
     """The decoder stack without the head: ``embed_tokens``, ``layers``, ``norm`` (checkpoint prefix ``model.``).
 
-    ``layer_class``: the decoder layer each of ``layers`` is (a family's subclass of ``LlamaDecoderLayer``).
+    ``layer_class``: the decoder layer each of ``layers`` is (a family's subclass of ``LlamaDecoderLayer``, or its
+    own layer built as ``cls(config, device, dtype)``); ``norm_class``: the final norm (built as ``cls(hidden_size,
+    eps=, device=, dtype=)``).
     """
 
-    layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    layer_class: type[Any] = LlamaDecoderLayer
+    norm_class: type[Any] = RMSNorm
 
     def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
         super().__init__()
         self.embed_tokens: Module = Table(config.vocab_size, config.hidden_size, device, dtype)
         self.layers = ModuleList([self.layer_class(config, device, dtype) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
+        self.norm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
 
 
 class LlamaForCausalLM(CausalLMBase):
@@ -218,7 +221,13 @@ class LlamaForCausalLM(CausalLMBase):
     initializer_range) weights, zero biases, unit norms; ``init=False`` leaves the
     weights uninitialised, for loading). ``LlamaForCausalLM.from_pretrained(directory)``
     loads a Hugging Face llama/qwen2/mistral checkpoint.
+
+    A family built on this class names the config it takes (``config_class``: another is refused) and, where its
+    layers are not Llama's, the decoder stack it builds (``model_class``, built as ``cls(config, device, dtype)``).
     """
+
+    config_class: type[LlamaConfig] = LlamaConfig
+    model_class: type[Any] = LlamaModel
 
     def __init__(
         self,
@@ -231,17 +240,19 @@ class LlamaForCausalLM(CausalLMBase):
         initializer_range: float = 0.02,
     ) -> None:
         super().__init__()
-        if not isinstance(config, LlamaConfig):
-            raise DTypeError(f"LlamaForCausalLM: config must be a LlamaConfig, got {type(config).__name__}")
+        want, name = self.config_class.__name__, type(self).__name__
+        if not isinstance(config, self.config_class):
+            a = "an" if want[0] in "AEIOU" else "a"
+            raise DTypeError(f"{name}: config must be {a} {want}, got {type(config).__name__}")
         d = dt.as_dtype(dtype) if dtype is not None else dt.float32
         if not d.is_floating_point:
-            raise DTypeError(f"LlamaForCausalLM: dtype must be floating point, got {d!r}")
+            raise DTypeError(f"{name}: dtype must be floating point, got {d!r}")
         self.config = config
         self.vocab_size = config.vocab_size
         self.max_positions = config.max_position_embeddings
         self.generation_config: Any = None  # a kael.models.GenerationConfig when loaded from a checkpoint
         self.weights_scheme: str | None = None  # kael.quantize's scheme of the weights; None: float
-        self.model = LlamaModel(config, device, d)
+        self.model: LlamaModel = self.model_class(config, device, d)
         for layer, w in zip(self.model.layers, config.layer_windows):
             layer.self_attn.window = w or None  # NOTE [sliding window]: a window layer's keys p-w+1..p
         if not config.tie_word_embeddings:

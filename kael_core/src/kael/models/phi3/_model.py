@@ -25,11 +25,9 @@ from typing import Any
 import numpy as np
 
 from ... import _dtype as dt
-from ..._errors import DTypeError
 from ..._tensor import Tensor
 from ...nn import Module
 from ...ops import attention, cat, mul, narrow, reshape, rope, silu_mul, tensor, transpose, unsqueeze, view
-from .._base import CausalLMBase
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ..llama import LlamaForCausalLM
@@ -116,36 +114,8 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     """A Phi-3 causal LM (``forward(ids [B, T], cache=None) -> logits [B, T, V]``); loads phi3 checkpoints."""
 
     config: Phi3Config
-
-    def __init__(
-        self,
-        config: Phi3Config,
-        *,
-        device: Any = None,
-        dtype: Any = None,
-        init: bool = True,
-        generator: Any = None,
-        initializer_range: float = 0.02,
-    ) -> None:
-        # LlamaForCausalLM's attributes over Phi-3's layers (its __init__ would build Llama's).
-        CausalLMBase.__init__(self)
-        if not isinstance(config, Phi3Config):
-            raise DTypeError(f"Phi3ForCausalLM: config must be a Phi3Config, got {type(config).__name__}")
-        d = dt.as_dtype(dtype) if dtype is not None else dt.float32
-        if not d.is_floating_point:
-            raise DTypeError(f"Phi3ForCausalLM: dtype must be floating point, got {d!r}")
-        self.config = config
-        self.vocab_size = config.vocab_size
-        self.max_positions = config.max_position_embeddings
-        self.generation_config = None
-        self.weights_scheme = None
-        self.model = Phi3Model(config, device, d)  # type: ignore[assignment]
-        if not config.tie_word_embeddings:
-            self.lm_head = Projection(config.hidden_size, config.vocab_size, False, device, d)
-        self._rot_tables = {}
-        self._rot_positions = None
-        if init:
-            self.reset_parameters(generator, initializer_range)
+    config_class = Phi3Config
+    model_class = Phi3Model
 
     @staticmethod
     def read_config(path: Any) -> Phi3Config:
