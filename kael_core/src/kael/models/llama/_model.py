@@ -228,6 +228,9 @@ class LlamaForCausalLM(CausalLMBase):
 
     config_class: type[LlamaConfig] = LlamaConfig
     model_class: type[Any] = LlamaModel
+    #: ``rope_values(config, positions, numpy dtype) -> (cos, sin)``: the values of ``rope_tables`` (a family with
+    #: its own rotary tables names its function: Phi-3's longrope).
+    rope_values: Any = staticmethod(rope_tables)
 
     def __init__(
         self,
@@ -352,13 +355,14 @@ class LlamaForCausalLM(CausalLMBase):
 
     # -- rotary tables and positions -------------------------------------------------------------
     def rope_tables(self) -> tuple[Tensor, Tensor]:
-        """The cos and sin tables [max_positions, head_dim / 2] on the model's device (float64 for float64)."""
+        """The cos and sin tables [max_positions, head_dim / 2] (``rope_values``') on the model's device (float64
+        for float64), made once per device and dtype."""
         dev = self.device
         wide = self.dtype is dt.float64
         key = (dev, "float64" if wide else "float32")
         got = self._rot_tables.get(key)
         if got is None:
-            cos, sin = rope_tables(self.config, self.max_positions, np.float64 if wide else np.float32)
+            cos, sin = self.rope_values(self.config, self.max_positions, np.float64 if wide else np.float32)
             tdt = dt.float64 if wide else dt.float32
             got = (tensor(cos, dtype=tdt, device=dev), tensor(sin, dtype=tdt, device=dev))
             self._rot_tables = {key: got}

@@ -22,12 +22,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ... import _dtype as dt
 from ..._tensor import Tensor
 from ...nn import Module
-from ...ops import attention, cat, mul, narrow, reshape, rope, silu_mul, tensor, transpose, unsqueeze, view
+from ...ops import attention, cat, mul, narrow, reshape, rope, silu_mul, transpose, unsqueeze, view
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ..llama import LlamaForCausalLM
@@ -116,6 +114,8 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     config: Phi3Config
     config_class = Phi3Config
     model_class = Phi3Model
+    #: rope_tables' cos and sin: [P, rotary_dim / 2], or with longrope [2P, rotary_dim / 2] (NOTE [longrope factors]).
+    rope_values = staticmethod(rope_tables)
 
     @staticmethod
     def read_config(path: Any) -> Phi3Config:
@@ -125,20 +125,6 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     def hf_config(self) -> dict[str, Any]:
         """The phi3 ``config.json`` dictionary ``save_pretrained`` writes."""
         return phi3_hf_config(self.config, self.dtype.name)
-
-    def rope_tables(self) -> tuple[Tensor, Tensor]:
-        """cos and sin [P, rotary_dim / 2] (longrope: [2P, rotary_dim / 2], NOTE [longrope factors]) on the
-        model's device, float64 for a float64 model."""
-        dev = self.device
-        wide = self.dtype is dt.float64
-        key = (dev, "float64" if wide else "float32")
-        got = self._rot_tables.get(key)
-        if got is None:
-            cos, sin = rope_tables(self.config, self.max_positions, np.float64 if wide else np.float32)
-            tdt = dt.float64 if wide else dt.float32
-            got = (tensor(cos, dtype=tdt, device=dev), tensor(sin, dtype=tdt, device=dev))
-            self._rot_tables = {key: got}
-        return got
 
     def table_starts(self, starts: Sequence[int], tokens: int) -> list[int]:
         """Each row's first table row for a pass of ``tokens`` from ``starts`` (its position, plus P when the
