@@ -41,8 +41,8 @@ def vals(t: Tensor) -> np.ndarray:
     return logical(t).astype(np.float64)
 
 
-def round_to(v: np.ndarray, d: dt.DType) -> np.ndarray:
-    """float64 values rounded to dtype d (nearest even), as float64."""
+def round_to(v: Any, d: dt.DType) -> np.ndarray:
+    """float64 values (an array or a scalar) rounded to dtype d (nearest even), as float64."""
     v = np.asarray(v, dtype=np.float64)
     if d is dt.bfloat16:
         b = f32_to_bf16_bits(v.astype(np.float32)).astype(np.uint32) << 16
@@ -116,6 +116,33 @@ def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") 
     """assert_close within tol(d, scale)."""
     t = tol(d, scale)
     assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
+
+
+def check_gated(cpu: Any, op: str, oracle: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:
+    """The backend's gated kernel ``op`` (silu_mul, gelu_tanh_mul: out = act(gate) * up) on a gate drawn
+    N(0, scale^2) in ``layout`` and an up in the transposed one equals ``oracle(gate, up, d)`` (float64) within
+    tol(d, 2)."""
+    rng = np.random.default_rng(seed)
+    d = dt.BY_NAME[dtype]
+    g = place(rng.standard_normal(shape) * scale, d, layout)
+    u = place(rng.standard_normal(shape), d, "transposed")
+    out = cpu_empty(cpu, shape, d)
+    cpu.kernel(op)(out, g, u)
+    close(vals(out), oracle(vals(g), vals(u), d), d, 2.0, msg=f"{op} {dtype} {layout}")
+
+
+def check_gated_halves(cpu: Any, op: str, oracle: Any, dtype: str, inter: int) -> None:
+    """``check_gated`` with gate and up the two halves of one [2, 3, 2 * inter] projection output (strided views,
+    as an MLP's fused gate/up product hands them over)."""
+    d = dt.BY_NAME[dtype]
+    rng = np.random.default_rng(inter)
+    both = place(rng.standard_normal((2, 3, 2 * inter)) * 4, d, "contiguous")
+    gate, up = both[..., :inter], both[..., inter:]
+    assert gate._strides[-2] == 2 * inter
+    out = cpu_empty(cpu, (2, 3, inter), d)
+    cpu.kernel(op)(out, gate, up)
+    bv = vals(both)
+    close(vals(out), oracle(bv[..., :inter], bv[..., inter:], d), d, 2.0, msg=f"{dtype}")
 
 
 def runs_while(call: Any) -> bool:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import LAYOUTS, close, cpu_empty, place, round_to, runs_while, vals  # noqa: E402
+from cpu_helpers import LAYOUTS, check_gated, check_gated_halves, close, cpu_empty, place, round_to, runs_while, vals  # noqa: E402
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import from_numpy_bits  # noqa: E402
 
@@ -61,26 +61,13 @@ def softcap64(x: np.ndarray, cap: float, d: dt.DType) -> np.ndarray:
     seed=st.integers(0, 2**16),
 )
 def test_gelu_tanh_mul(cpu: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    d = dt.BY_NAME[dtype]
-    g = place(rng.standard_normal(shape) * scale, d, layout)
-    u = place(rng.standard_normal(shape), d, "transposed")
-    out = cpu_empty(cpu, shape, d)
-    cpu.kernel("gelu_tanh_mul")(out, g, u)
-    close(vals(out), gelu_tanh_mul64(vals(g), vals(u), d), d, 2.0, msg=f"gelu_tanh_mul {dtype} {layout}")
+    check_gated(cpu, "gelu_tanh_mul", gelu_tanh_mul64, shape, dtype, layout, scale, seed)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("inter", [1, 7, 300, 1536])
 def test_gelu_tanh_mul_on_the_halves_of_one_projection(cpu: Any, dtype: str, inter: int) -> None:
-    d = dt.BY_NAME[dtype]
-    rng = np.random.default_rng(inter)
-    both = place(rng.standard_normal((2, 3, 2 * inter)) * 4, d, "contiguous")
-    gate, up = both[..., :inter], both[..., inter:]
-    out = cpu_empty(cpu, (2, 3, inter), d)
-    cpu.kernel("gelu_tanh_mul")(out, gate, up)
-    bv = vals(both)
-    close(vals(out), gelu_tanh_mul64(bv[..., :inter], bv[..., inter:], d), d, 2.0, msg=f"{dtype}")
+    check_gated_halves(cpu, "gelu_tanh_mul", gelu_tanh_mul64, dtype, inter)
 
 
 def test_gelu_tanh_mul_in_place_and_errors(cpu: Any) -> None:
