@@ -67,7 +67,16 @@ from ._config import LlamaConfig, hf_config, read_config
 from ._layout import CheckpointLayout
 from ._rope import rope_tables
 
-__all__ = ["LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "Projection", "Table"]
+__all__ = [
+    "LlamaForCausalLM",
+    "LlamaModel",
+    "LlamaDecoderLayer",
+    "LlamaAttention",
+    "LlamaMLP",
+    "Projection",
+    "Table",
+    "attend_and_project",
+]
 
 
 def _param(shape: tuple[int, ...], device: Any, dtype: dt.DType) -> Parameter:
@@ -145,16 +154,24 @@ class LlamaAttention(Module):
         if self.rope:
             q, k = rope(q, cos, sin, pos), rope(k, cos, sin, pos)
         v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
-        if step is None:
-            y = attention(q, k, v, causal=True, scale=self.scale, window=self.window)
-        else:
-            if self.scale is not None:  # the cache step attends at 1/sqrt(D): the scale enters through q
-                q = mul(q, self.scale * math.sqrt(d))
-            kv_new = cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1)  # new k, v: [B, 2, Hkv, T, D]
-            w = {} if self.window is None else {"window": self.window}  # a step of the older protocol takes none
-            y = step.attend(layer, q, kv_new, **w)
-        out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
-        return out
+        return attend_and_project(self, q, k, v, step, layer)
+
+
+def attend_and_project(attn: Any, q: Tensor, k: Tensor, v: Tensor, step: Any, layer: int) -> Tensor:
+    """``attn.o_proj`` of the causal attention of q [B, H, T, D] over k, v [B, Hkv, T, D] (after ``step``'s cached
+    keys and values when it is given: ``layer``'s), at ``attn.scale`` (None: 1/sqrt(D)) within ``attn.window``
+    (None: no window): [B, T, C]. The attention modules of the Llama-derived families share it."""
+    b, h, t, d = q.shape
+    if step is None:
+        y = attention(q, k, v, causal=True, scale=attn.scale, window=attn.window)
+    else:
+        if attn.scale is not None:  # the cache step attends at 1/sqrt(D): the scale enters through q
+            q = mul(q, attn.scale * math.sqrt(d))
+        kv_new = cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1)  # new k, v: [B, 2, Hkv, T, D]
+        w = {} if attn.window is None else {"window": attn.window}  # a step of the older protocol takes none
+        y = step.attend(layer, q, kv_new, **w)
+    out: Tensor = attn.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
+    return out
 
 
 class LlamaMLP(Module):

@@ -18,18 +18,17 @@ and gate/up are one weight each, ``kael.quantize`` quantizes each as one Quantiz
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from ... import _dtype as dt
 from ..._tensor import Tensor
 from ...nn import Module
-from ...ops import attention, cat, mul, narrow, reshape, rope, silu_mul, transpose, unsqueeze, view
+from ...ops import cat, narrow, rope, silu_mul, transpose, view
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ..llama import LlamaForCausalLM
-from ..llama._model import LlamaDecoderLayer, LlamaModel, Projection
+from ..llama._model import LlamaDecoderLayer, LlamaModel, Projection, attend_and_project
 from ._config import Phi3Config, phi3_hf_config, read_config
 from ._rope import rope_tables, table_offset
 
@@ -67,15 +66,7 @@ class Phi3Attention(Module):
         k = transpose(narrow(qkv, 2, h, kv), 1, 2)  # [B, Hkv, T, D]
         v = transpose(narrow(qkv, 2, h + kv, kv), 1, 2)
         q, k = _rotate(q, self.rotary_dim, cos, sin, pos), _rotate(k, self.rotary_dim, cos, sin, pos)
-        if step is None:
-            y = attention(q, k, v, causal=True, scale=self.scale, window=self.window)
-        else:
-            if self.scale is not None:
-                q = mul(q, self.scale * math.sqrt(d))
-            w = {} if self.window is None else {"window": self.window}
-            y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1), **w)
-        out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
-        return out
+        return attend_and_project(self, q, k, v, step, layer)
 
 
 class Phi3MLP(Module):
