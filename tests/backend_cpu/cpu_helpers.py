@@ -13,6 +13,8 @@ import time
 from typing import Any
 
 import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
 from kael import _dtype as dt
 from kael._device import CPU
 from kael._storage import Storage
@@ -116,6 +118,17 @@ def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") 
     """assert_close within tol(d, scale)."""
     t = tol(d, scale)
     assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
+
+
+#: hypothesis's draws for ``check_gated``: shapes of up to 3 dims of 0 to 7, each float dtype and layout, gates
+#: scaled by 1 or 10, seeds.
+GATED_CASES = given(
+    shape=st.lists(st.integers(0, 7), min_size=0, max_size=3).map(tuple),
+    dtype=st.sampled_from(["float16", "bfloat16", "float32", "float64"]),
+    layout=st.sampled_from(LAYOUTS),
+    scale=st.sampled_from([1.0, 10.0]),
+    seed=st.integers(0, 2**16),
+)
 
 
 def check_gated(cpu: Any, op: str, oracle: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:

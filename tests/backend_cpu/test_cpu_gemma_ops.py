@@ -15,7 +15,18 @@ from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import LAYOUTS, check_gated, check_gated_halves, close, cpu_empty, place, round_to, runs_while, vals  # noqa: E402
+from cpu_helpers import (  # noqa: E402
+    GATED_CASES,
+    LAYOUTS,
+    check_gated,
+    check_gated_halves,
+    close,
+    cpu_empty,
+    place,
+    round_to,
+    runs_while,
+    vals,
+)
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import from_numpy_bits  # noqa: E402
 
@@ -53,13 +64,7 @@ def softcap64(x: np.ndarray, cap: float, d: dt.DType) -> np.ndarray:
 
 
 @SETTINGS
-@given(
-    shape=st.lists(st.integers(0, 7), min_size=0, max_size=3).map(tuple),
-    dtype=st.sampled_from(FLOATS),
-    layout=st.sampled_from(LAYOUTS),
-    scale=st.sampled_from([1.0, 10.0]),
-    seed=st.integers(0, 2**16),
-)
+@GATED_CASES
 def test_gelu_tanh_mul(cpu: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:
     check_gated(cpu, "gelu_tanh_mul", gelu_tanh_mul64, shape, dtype, layout, scale, seed)
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 kbc = pytest.importorskip("kael_backend_cpu")
 
 from cpu_helpers import (  # noqa: E402
+    GATED_CASES,
     LAYOUTS,
     check_gated,
     check_gated_halves,
@@ -168,13 +169,7 @@ def silu_mul64(g: np.ndarray, u: np.ndarray, d: dt.DType) -> np.ndarray:
 
 
 @SETTINGS
-@given(
-    shape=st.lists(st.integers(0, 7), min_size=0, max_size=3).map(tuple),
-    dtype=st.sampled_from(FLOATS),
-    layout=st.sampled_from(LAYOUTS),
-    scale=st.sampled_from([1.0, 10.0]),
-    seed=st.integers(0, 2**16),
-)
+@GATED_CASES
 def test_silu_mul(cpu: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:
     check_gated(cpu, "silu_mul", silu_mul64, shape, dtype, layout, scale, seed)
 
