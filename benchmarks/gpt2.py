@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llama import _best, _decode_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
@@ -115,19 +116,6 @@ class TorchGPT2:
 
 
 # -- measurements (one worker process per thread count) ------------------------------------------
-
-
-def _best(fn: Any, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def _decode_rate(stamps: list[float]) -> float:
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
 def worker(directory: Path, threads: int, new_tokens: int, repeats: int) -> dict[str, Any]:

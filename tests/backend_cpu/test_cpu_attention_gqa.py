@@ -16,20 +16,13 @@ from hypothesis import strategies as st
 
 pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import cpu_empty, logical, place, tol  # noqa: E402
+from cpu_helpers import close, cpu_empty, logical, place, vals  # noqa: E402
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import Tensor  # noqa: E402
-from kael.testing import assert_close  # noqa: E402
 from kael_backend_cpu._native import C  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
-
-
-def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") -> None:
-    """assert_close within cpu_helpers.tol(d, scale)."""
-    t = tol(d, scale)
-    assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
 
 
 def attention64(
@@ -54,10 +47,6 @@ def attention64(
     den = e.sum(-1, keepdims=True)
     p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)  # a row with no keys gives zeros
     return np.einsum("bhqk,bhkd->bhqd", p, vv)
-
-
-def vals(t: Tensor) -> np.ndarray:
-    return logical(t).astype(np.float64)
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, lengths: Tensor | None, cpu: Any) -> Tensor:

@@ -5,8 +5,6 @@ softcap against float64 NumPy oracles written here, over shapes, strides and dty
 from __future__ import annotations
 
 import math
-import threading
-import time
 from typing import Any
 
 import kael
@@ -17,11 +15,20 @@ from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import LAYOUTS, cpu_empty, logical, place, tol  # noqa: E402
+from cpu_helpers import (  # noqa: E402
+    GATED_CASES,
+    LAYOUTS,
+    check_gated,
+    check_gated_halves,
+    close,
+    cpu_empty,
+    place,
+    round_to,
+    runs_while,
+    vals,
+)
 from kael import _dtype as dt  # noqa: E402
-from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
-from kael.backends.host import f32_to_bf16_bits  # noqa: E402
-from kael.testing import assert_close  # noqa: E402
+from kael._tensor import from_numpy_bits  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -33,26 +40,6 @@ def _needs_the_kernels(cpu: Any) -> None:
     missing = {"gelu_tanh_mul", "softcap"} - set(cpu.supported_ops())
     if missing:
         pytest.skip(f"this build of kael_backend_cpu has no {sorted(missing)} kernels (an older extension)")
-
-
-def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") -> None:
-    t = tol(d, scale)
-    assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
-
-
-def round_to(v: np.ndarray, d: dt.DType) -> np.ndarray:
-    """float64 values rounded to dtype d (nearest even), as float64."""
-    v = np.asarray(v, dtype=np.float64)
-    if d is dt.bfloat16:
-        b = f32_to_bf16_bits(v.astype(np.float32)).astype(np.uint32) << 16
-        return b.view(np.float32).astype(np.float64)
-    if d in (dt.float16, dt.float32):
-        return v.astype(d.np).astype(np.float64)
-    return v
-
-
-def vals(t: Tensor) -> np.ndarray:
-    return logical(t).astype(np.float64)
 
 
 def gelu64(g: np.ndarray) -> np.ndarray:
@@ -77,34 +64,15 @@ def softcap64(x: np.ndarray, cap: float, d: dt.DType) -> np.ndarray:
 
 
 @SETTINGS
-@given(
-    shape=st.lists(st.integers(0, 7), min_size=0, max_size=3).map(tuple),
-    dtype=st.sampled_from(FLOATS),
-    layout=st.sampled_from(LAYOUTS),
-    scale=st.sampled_from([1.0, 10.0]),
-    seed=st.integers(0, 2**16),
-)
+@GATED_CASES
 def test_gelu_tanh_mul(cpu: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    d = dt.BY_NAME[dtype]
-    g = place(rng.standard_normal(shape) * scale, d, layout)
-    u = place(rng.standard_normal(shape), d, "transposed")
-    out = cpu_empty(cpu, shape, d)
-    cpu.kernel("gelu_tanh_mul")(out, g, u)
-    close(vals(out), gelu_tanh_mul64(vals(g), vals(u), d), d, 2.0, msg=f"gelu_tanh_mul {dtype} {layout}")
+    check_gated(cpu, "gelu_tanh_mul", gelu_tanh_mul64, shape, dtype, layout, scale, seed)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("inter", [1, 7, 300, 1536])
 def test_gelu_tanh_mul_on_the_halves_of_one_projection(cpu: Any, dtype: str, inter: int) -> None:
-    d = dt.BY_NAME[dtype]
-    rng = np.random.default_rng(inter)
-    both = place(rng.standard_normal((2, 3, 2 * inter)) * 4, d, "contiguous")
-    gate, up = both[..., :inter], both[..., inter:]
-    out = cpu_empty(cpu, (2, 3, inter), d)
-    cpu.kernel("gelu_tanh_mul")(out, gate, up)
-    bv = vals(both)
-    close(vals(out), gelu_tanh_mul64(bv[..., :inter], bv[..., inter:], d), d, 2.0, msg=f"{dtype}")
+    check_gated_halves(cpu, "gelu_tanh_mul", gelu_tanh_mul64, dtype, inter)
 
 
 def test_gelu_tanh_mul_in_place_and_errors(cpu: Any) -> None:
@@ -188,27 +156,6 @@ def test_frontend_runs_the_kernels(cpu: Any) -> None:
 # -- the GIL -----------------------------------------------------------------------------
 
 
-def _runs_while(call: Any) -> bool:
-    """Whether this thread runs Python code while `call` runs in another thread."""
-    span: dict[str, float] = {}
-    started = threading.Event()
-
-    def work() -> None:
-        started.set()
-        span["t0"] = time.perf_counter()
-        call()
-        span["t1"] = time.perf_counter()
-
-    th = threading.Thread(target=work)
-    stamps: list[float] = []
-    th.start()
-    started.wait()
-    while th.is_alive():
-        stamps.append(time.perf_counter())
-    th.join()
-    return any(span["t0"] < s < span["t1"] for s in stamps)
-
-
 def test_kernels_release_the_gil(cpu: Any) -> None:
     before = kbc.get_num_threads()
     kbc.set_num_threads(1)
@@ -220,6 +167,6 @@ def test_kernels_release_the_gil(cpu: Any) -> None:
             "softcap": lambda: cpu.kernel("softcap")(out, x, 30.0),
         }
         for name, call in calls.items():
-            assert any(_runs_while(call) for _ in range(5)), f"{name} held the GIL"
+            assert any(runs_while(call) for _ in range(5)), f"{name} held the GIL"
     finally:
         kbc.set_num_threads(before)

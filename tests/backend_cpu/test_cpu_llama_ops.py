@@ -5,8 +5,6 @@ the GIL released while they run; no allocation on the decode-sized call."""
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import kael
@@ -17,37 +15,26 @@ from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import LAYOUTS, cpu_empty, logical, place, tol  # noqa: E402
+from cpu_helpers import (  # noqa: E402
+    GATED_CASES,
+    LAYOUTS,
+    check_gated,
+    check_gated_halves,
+    close,
+    cpu_empty,
+    logical,
+    place,
+    round_to,
+    runs_while,
+    tol,
+    vals,
+)
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
-from kael.backends.host import f32_to_bf16_bits  # noqa: E402
 from kael.testing import assert_close  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
-
-
-def close(actual: Any, expected: Any, d: dt.DType, scale: float, msg: str = "") -> None:
-    """assert_close within cpu_helpers.tol(d, scale)."""
-    t = tol(d, scale)
-    assert_close(actual, expected, rtol=t["rtol"], atol=t["atol"], msg=msg)
-
-
-def round_to(v: np.ndarray, d: dt.DType) -> np.ndarray:
-    """float64 values rounded to dtype d (nearest even), as float64."""
-    v = np.asarray(v, dtype=np.float64)
-    if d is dt.bfloat16:
-        b = f32_to_bf16_bits(v.astype(np.float32)).astype(np.uint32) << 16
-        return b.view(np.float32).astype(np.float64)
-    if d is dt.float16:
-        return v.astype(np.float16).astype(np.float64)
-    if d is dt.float32:
-        return v.astype(np.float32).astype(np.float64)
-    return v
-
-
-def vals(t: Tensor) -> np.ndarray:
-    return logical(t).astype(np.float64)
 
 
 # -- rms_norm ----------------------------------------------------------------------------
@@ -182,36 +169,16 @@ def silu_mul64(g: np.ndarray, u: np.ndarray, d: dt.DType) -> np.ndarray:
 
 
 @SETTINGS
-@given(
-    shape=st.lists(st.integers(0, 7), min_size=0, max_size=3).map(tuple),
-    dtype=st.sampled_from(FLOATS),
-    layout=st.sampled_from(LAYOUTS),
-    scale=st.sampled_from([1.0, 10.0]),
-    seed=st.integers(0, 2**16),
-)
+@GATED_CASES
 def test_silu_mul(cpu: Any, shape: tuple, dtype: str, layout: str, scale: float, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    d = dt.BY_NAME[dtype]
-    g = place(rng.standard_normal(shape) * scale, d, layout)
-    u = place(rng.standard_normal(shape), d, "transposed")
-    out = cpu_empty(cpu, shape, d)
-    cpu.kernel("silu_mul")(out, g, u)
-    close(vals(out), silu_mul64(vals(g), vals(u), d), d, 2.0, msg=f"silu_mul {dtype} {layout}")
+    check_gated(cpu, "silu_mul", silu_mul64, shape, dtype, layout, scale, seed)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("inter", [1, 7, 1536])
 def test_silu_mul_on_the_halves_of_one_projection(cpu: Any, dtype: str, inter: int) -> None:
     # the Llama MLP passes gate and up as the two halves of one [.., 2I] linear output
-    d = dt.BY_NAME[dtype]
-    rng = np.random.default_rng(inter)
-    both = place(rng.standard_normal((2, 3, 2 * inter)) * 4, d, "contiguous")
-    gate, up = both[..., :inter], both[..., inter:]
-    assert gate._strides[-2] == 2 * inter
-    out = cpu_empty(cpu, (2, 3, inter), d)
-    cpu.kernel("silu_mul")(out, gate, up)
-    bv = vals(both)
-    close(vals(out), silu_mul64(bv[..., :inter], bv[..., inter:], d), d, 2.0, msg=f"{dtype}")
+    check_gated_halves(cpu, "silu_mul", silu_mul64, dtype, inter)
 
 
 def test_silu_mul_in_place_and_errors(cpu: Any) -> None:
@@ -336,28 +303,6 @@ def test_rope_errors_write_nothing(cpu: Any) -> None:
 # -- the GIL -----------------------------------------------------------------------------
 
 
-def _runs_while(call: Any) -> bool:
-    """Whether this thread runs Python code while `call` runs in another thread."""
-    span: dict[str, float] = {}
-    started = threading.Event()
-
-    def work() -> None:
-        started.set()
-        span["t0"] = time.perf_counter()
-        call()
-        span["t1"] = time.perf_counter()
-
-    th = threading.Thread(target=work)
-    stamps: list[float] = []
-    th.start()
-    started.wait()
-    while th.is_alive():
-        stamps.append(time.perf_counter())
-    th.join()
-    # stamps strictly inside the call: impossible while the call holds the GIL
-    return any(span["t0"] < s < span["t1"] for s in stamps)
-
-
 @pytest.fixture
 def one_thread() -> Any:
     before = kbc.get_num_threads()
@@ -382,4 +327,4 @@ def test_kernels_release_the_gil(cpu: Any, one_thread: Any) -> None:
     for name, call in calls.items():
         # a loaded machine may not schedule this thread during one call; holding the GIL
         # fails every attempt
-        assert any(_runs_while(call) for _ in range(5)), f"{name} held the GIL"
+        assert any(runs_while(call) for _ in range(5)), f"{name} held the GIL"

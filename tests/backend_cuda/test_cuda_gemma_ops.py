@@ -5,31 +5,13 @@ with the right values (float64 NumPy formulas written here), 16-bit roundings (P
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import kael
 import numpy as np
 import pytest
+from cuda_ops_helpers import TOL, ops_seen, to_cuda, to_host
 
-TOL = {"float32": 2e-6, "float64": 1e-12, "float16": 2e-3, "bfloat16": 1.6e-2}
 K = math.sqrt(2 / math.pi)
-
-
-def _ops_seen(fn: Any) -> tuple[Any, list[str]]:
-    seen: list[str] = []
-    kael.backends.dispatch.set_kernel_wrapper(lambda dev, op, b, k: (seen.append(op), k)[1])
-    try:
-        return fn(), seen
-    finally:
-        kael.backends.dispatch.set_kernel_wrapper(None)
-
-
-def _host(t: kael.Tensor) -> np.ndarray:
-    return np.asarray(t.detach().to(dtype=kael.float64).cpu(), dtype=np.float64)
-
-
-def _cuda(a: np.ndarray, dtype: str = "float32", grad: bool = False) -> kael.Tensor:
-    return kael.tensor(a, dtype=getattr(kael, dtype), device="cuda", requires_grad=grad)
 
 
 def _gelu(g: np.ndarray) -> np.ndarray:
@@ -41,12 +23,12 @@ def test_gelu_tanh_mul_kernel(emulate, dtype):
     assert {"gelu_tanh_mul", "softcap"} <= set(emulate.supported_ops())
     rng = np.random.default_rng(2)
     g, u = rng.standard_normal((5, 6)) * 4, rng.standard_normal((6,))
-    gt, ut = _cuda(g, dtype), _cuda(u, dtype)
-    y, seen = _ops_seen(lambda: kael.gelu_tanh_mul(gt.T.contiguous().T, ut))  # strided gate, broadcast up
+    gt, ut = to_cuda(g, dtype), to_cuda(u, dtype)
+    y, seen = ops_seen(lambda: kael.gelu_tanh_mul(gt.T.contiguous().T, ut))  # strided gate, broadcast up
     assert "gelu_tanh_mul" in seen and "tanh" not in seen, seen
     assert y.device.type == "cuda" and y.dtype is getattr(kael, dtype)
-    gr, ur = _host(gt), _host(ut)
-    np.testing.assert_allclose(_host(y), _gelu(gr) * ur, rtol=TOL[dtype], atol=TOL[dtype])
+    gr, ur = to_host(gt), to_host(ut)
+    np.testing.assert_allclose(to_host(y), _gelu(gr) * ur, rtol=TOL[dtype], atol=TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -56,12 +38,12 @@ def test_half_rounding_matches_torch(emulate, dtype):
     x, u = rng.standard_normal((4, 64)) * 40, rng.standard_normal((4, 64))
     td = getattr(torch, dtype)
     want = ((torch.tensor(x, dtype=td) / 50.0).tanh() * 50.0).double().numpy()
-    np.testing.assert_array_equal(_host(kael.softcap(_cuda(x, dtype), 50.0)), want)
+    np.testing.assert_array_equal(to_host(kael.softcap(to_cuda(x, dtype), 50.0)), want)
     g = x / 13
     want = (
         torch.nn.functional.gelu(torch.tensor(g, dtype=td), approximate="tanh") * torch.tensor(u, dtype=td)
     ).double()
-    got = _host(kael.gelu_tanh_mul(_cuda(g, dtype), _cuda(u, dtype)))
+    got = to_host(kael.gelu_tanh_mul(to_cuda(g, dtype), to_cuda(u, dtype)))
     ulp = {"bfloat16": 2.0**-7, "float16": 2.0**-10}[dtype]
     np.testing.assert_allclose(got, want.numpy(), rtol=ulp, atol=1e-4)
 
@@ -70,19 +52,19 @@ def test_half_rounding_matches_torch(emulate, dtype):
 def test_softcap_kernel(emulate, dtype):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((3, 8)) * 60
-    xt = _cuda(x, dtype)
-    y, seen = _ops_seen(lambda: kael.softcap(xt.T, 30.0))  # a transposed view
+    xt = to_cuda(x, dtype)
+    y, seen = ops_seen(lambda: kael.softcap(xt.T, 30.0))  # a transposed view
     assert "softcap" in seen and "tanh" not in seen, seen
-    np.testing.assert_allclose(_host(y), 30.0 * np.tanh(_host(xt).T / 30.0), rtol=TOL[dtype], atol=TOL[dtype] * 30)
+    np.testing.assert_allclose(to_host(y), 30.0 * np.tanh(to_host(xt).T / 30.0), rtol=TOL[dtype], atol=TOL[dtype] * 30)
 
 
 def test_gradients_on_cuda(emulate):
     rng = np.random.default_rng(5)
     g, u, x = rng.standard_normal((3, 4)) * 2, rng.standard_normal((3, 4)), rng.standard_normal((3, 4)) * 3
-    gt, ut, xt = _cuda(g, "float64", True), _cuda(u, "float64", True), _cuda(x, "float64", True)
+    gt, ut, xt = to_cuda(g, "float64", True), to_cuda(u, "float64", True), to_cuda(x, "float64", True)
     (kael.gelu_tanh_mul(gt, ut).sum() + kael.softcap(xt, 2.0).sum()).backward()
     t = np.tanh(K * (g + 0.044715 * g**3))
     dgelu = 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * K * (1 + 3 * 0.044715 * g * g)
-    np.testing.assert_allclose(_host(gt.grad), u * dgelu, rtol=1e-12)
-    np.testing.assert_allclose(_host(ut.grad), _gelu(g), rtol=1e-12)
-    np.testing.assert_allclose(_host(xt.grad), 1 - np.tanh(x / 2.0) ** 2, rtol=1e-12)
+    np.testing.assert_allclose(to_host(gt.grad), u * dgelu, rtol=1e-12)
+    np.testing.assert_allclose(to_host(ut.grad), _gelu(g), rtol=1e-12)
+    np.testing.assert_allclose(to_host(xt.grad), 1 - np.tanh(x / 2.0) ** 2, rtol=1e-12)

@@ -19,6 +19,7 @@ import kael
 import numpy as np
 import pytest
 from cuda_on_host import HostModule, available
+from cuda_ops_helpers import ops_called, to_cuda, to_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kael.testing.conformance import check_kernel, fused_op_cases
@@ -54,32 +55,6 @@ def kernels(request: pytest.FixtureRequest, emulate: Any, monkeypatch: pytest.Mo
     yield request.param
 
 
-def _ops_seen(fn: Any) -> tuple[Any, list[str]]:
-    """fn()'s result, and the kernels it called (one entry per call)."""
-    seen: list[str] = []
-
-    def wrap(dev: Any, op: str, backend: Any, k: Any) -> Any:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            seen.append(op)
-            return k(*args, **kwargs)
-
-        return run
-
-    kael.backends.dispatch.set_kernel_wrapper(wrap)
-    try:
-        return fn(), seen
-    finally:
-        kael.backends.dispatch.set_kernel_wrapper(None)
-
-
-def _host(t: kael.Tensor) -> np.ndarray:
-    return np.asarray(t.detach().to(dtype=kael.float64).cpu(), dtype=np.float64)
-
-
-def _cuda(a: np.ndarray, dtype: str = "float32", grad: bool = False) -> kael.Tensor:
-    return kael.tensor(a, dtype=getattr(kael, dtype), device="cuda", requires_grad=grad)
-
-
 def _route(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
     """NumPy's routing in float64: softmax, the k largest (equal ones in index order, NaN last), renormalised."""
     with np.errstate(all="ignore"):
@@ -104,13 +79,13 @@ def test_moe_route_kernel(kernels, dtype, normalize):
     rng = np.random.default_rng(1)
     e, t, k = 9, 6, 3
     logits = np.stack([rng.permutation(e) * 0.5 + rng.integers(-4, 4) for _ in range(t)])  # distinct per row
-    lt = _cuda(logits.T.copy(), dtype)
-    (w, ex), seen = _ops_seen(lambda: kael.moe_route(lt.T, k, normalize))  # a transposed view
+    lt = to_cuda(logits.T.copy(), dtype)
+    (w, ex), seen = ops_called(lambda: kael.moe_route(lt.T, k, normalize))  # a transposed view
     assert "moe_route" in seen and not {"softmax", "topk", "exp"} & set(seen), seen
     assert w.device.type == "cuda" and w.dtype is (kael.float64 if dtype == "float64" else kael.float32)
     want_w, want_ex = _route(logits, k, normalize)
-    np.testing.assert_array_equal(_host(ex), want_ex)
-    np.testing.assert_allclose(_host(w), want_w, rtol=2e-6 if dtype != "float64" else 1e-13, atol=1e-7)
+    np.testing.assert_array_equal(to_host(ex), want_ex)
+    np.testing.assert_allclose(to_host(w), want_w, rtol=2e-6 if dtype != "float64" else 1e-13, atol=1e-7)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -129,11 +104,11 @@ def test_moe_route_ties_and_non_finite_logits(kernels, dtype):
         ]
     )
     for k, normalize in [(2, False), (4, True), (6, False)]:
-        w, ex = kael.moe_route(_cuda(logits, dtype), k, normalize)
+        w, ex = kael.moe_route(to_cuda(logits, dtype), k, normalize)
         want_w, want_ex = _route(logits, k, normalize)
-        np.testing.assert_array_equal(_host(ex), want_ex)
-        np.testing.assert_allclose(_host(w), want_w, rtol=1e-6, atol=1e-7)  # NaN where the oracle has NaN
-    assert _host(ex)[0].tolist() == [1, 2, 4, 0, 3, 5] and _host(ex)[3].tolist() == [0, 1, 2, 3, 4, 5]
+        np.testing.assert_array_equal(to_host(ex), want_ex)
+        np.testing.assert_allclose(to_host(w), want_w, rtol=1e-6, atol=1e-7)  # NaN where the oracle has NaN
+    assert to_host(ex)[0].tolist() == [1, 2, 4, 0, 3, 5] and to_host(ex)[3].tolist() == [0, 1, 2, 3, 4, 5]
 
 
 @given(
@@ -148,10 +123,10 @@ def test_moe_route_shapes(kernels, t, e, data, normalize, seed):
     """Small-integer logits: equal ones tie exactly, distinct ones are far apart (no near-ties to round)."""
     k = data.draw(st.integers(1, min(e, 9)))
     logits = np.random.default_rng(seed).integers(-3, 4, size=(t, e)).astype(np.float64)
-    w, ex = kael.moe_route(_cuda(logits), k, normalize)
+    w, ex = kael.moe_route(to_cuda(logits), k, normalize)
     want_w, want_ex = _route(logits, k, normalize)
-    np.testing.assert_array_equal(_host(ex), want_ex)
-    np.testing.assert_allclose(_host(w), want_w, rtol=2e-6, atol=1e-7)
+    np.testing.assert_array_equal(to_host(ex), want_ex)
+    np.testing.assert_allclose(to_host(w), want_w, rtol=2e-6, atol=1e-7)
 
 
 # -- expert_linear -----------------------------------------------------------------------------------
@@ -163,15 +138,15 @@ def test_expert_linear_kernel(kernels, dtype, per_slot):
     x = rng.standard_normal((kk, t, c) if per_slot else (t, c))
     big = rng.standard_normal((e, 2 * n, c))
     ex = rng.choice([0, 1, 2, 4], size=(t, kk))  # expert 3 is never hit
-    xt = _cuda(x, dtype)
-    wt = _cuda(big, dtype)[:, ::2]  # strided weights [E, N, C]
+    xt = to_cuda(x, dtype)
+    wt = to_cuda(big, dtype)[:, ::2]  # strided weights [E, N, C]
     et = kael.tensor(ex, device="cuda")
     xv = kael.transpose(xt, 0, 1) if per_slot else xt  # [T, K, C] a permuted view; [T, C] broadcast over K
-    y, seen = _ops_seen(lambda: kael.expert_linear(xv, wt, et))
+    y, seen = ops_called(lambda: kael.expert_linear(xv, wt, et))
     assert "expert_linear" in seen and not {"matmul", "index_select", "index_add"} & set(seen), seen
     assert y.shape == (t, kk, n) and y.dtype is getattr(kael, dtype) and y.device.type == "cuda"
-    want = _expert_linear(_host(xv), _host(wt), ex)
-    np.testing.assert_allclose(_host(y), want, rtol=TOL[dtype], atol=TOL[dtype] * 4)
+    want = _expert_linear(to_host(xv), to_host(wt), ex)
+    np.testing.assert_allclose(to_host(y), want, rtol=TOL[dtype], atol=TOL[dtype] * 4)
 
 
 @pytest.mark.parametrize("max_grid_y", [65535, 1])
@@ -184,9 +159,9 @@ def test_expert_linear_tiles(kernels, monkeypatch, max_grid_y):
     ex = np.where(rng.random((t, kk)) < 0.9, 1, rng.integers(0, e, size=(t, kk)))  # expert 1: ~135 rows
     x = rng.standard_normal((t, kk, c))
     w = rng.standard_normal((e, c, n))
-    wt = kael.transpose(_cuda(w), 1, 2)  # [E, N, C], strides (C*N, 1, N)
-    y = kael.expert_linear(_cuda(x), wt, kael.tensor(ex, device="cuda"))
-    np.testing.assert_allclose(_host(y), _expert_linear(x, w.transpose(0, 2, 1), ex), rtol=1e-5, atol=1e-5)
+    wt = kael.transpose(to_cuda(w), 1, 2)  # [E, N, C], strides (C*N, 1, N)
+    y = kael.expert_linear(to_cuda(x), wt, kael.tensor(ex, device="cuda"))
+    np.testing.assert_allclose(to_host(y), _expert_linear(x, w.transpose(0, 2, 1), ex), rtol=1e-5, atol=1e-5)
 
 
 @given(
@@ -204,8 +179,8 @@ def test_expert_linear_shapes(kernels, t, kk, e, n, c, per_slot, seed):
     x = rng.standard_normal((t, kk, c) if per_slot else (t, c))
     w = rng.standard_normal((e, n, c))
     ex = rng.integers(0, e, size=(t, kk))
-    y = kael.expert_linear(_cuda(x, "float64"), _cuda(w, "float64"), kael.tensor(ex, device="cuda"))
-    np.testing.assert_allclose(_host(y), _expert_linear(x, w, ex), rtol=1e-12, atol=1e-12)
+    y = kael.expert_linear(to_cuda(x, "float64"), to_cuda(w, "float64"), kael.tensor(ex, device="cuda"))
+    np.testing.assert_allclose(to_host(y), _expert_linear(x, w, ex), rtol=1e-12, atol=1e-12)
 
 
 def test_gradients_on_cuda(kernels):
@@ -215,16 +190,16 @@ def test_gradients_on_cuda(kernels):
     t, kk, e, n, c = 6, 2, 4, 5, 7
     x, w, g = rng.standard_normal((t, c)), rng.standard_normal((e, n, c)), rng.standard_normal((t, kk, n))
     ex = rng.choice([0, 1, 3], size=(t, kk))
-    xt, wt = _cuda(x, "float64", True), _cuda(w, "float64", True)
-    _, seen = _ops_seen(
-        lambda: (kael.expert_linear(xt, wt, kael.tensor(ex, device="cuda")) * _cuda(g, "float64")).sum().backward()
+    xt, wt = to_cuda(x, "float64", True), to_cuda(w, "float64", True)
+    _, seen = ops_called(
+        lambda: (kael.expert_linear(xt, wt, kael.tensor(ex, device="cuda")) * to_cuda(g, "float64")).sum().backward()
     )
     assert seen.count("expert_linear") == 2, seen  # forward, and dx
     dx = np.einsum("tknc,tkn->tc", w[ex], g)
     dw = np.zeros_like(w)
     np.add.at(dw, ex.reshape(-1), np.einsum("rn,rc->rnc", g.reshape(-1, n), np.repeat(x, kk, axis=0)))
-    np.testing.assert_allclose(_host(xt.grad), dx, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(_host(wt.grad), dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(to_host(xt.grad), dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(to_host(wt.grad), dw, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -235,14 +210,14 @@ def test_batched_rows_equal_rows_alone(emulate, monkeypatch, host_module, dtype)
     _run_cuda_c(host_module, monkeypatch)
     rng = np.random.default_rng(5)
     t, kk, e, n, c = 40, 2, 3, 9, 37
-    x, w = _cuda(rng.standard_normal((t, c)), dtype), _cuda(rng.standard_normal((e, n, c)), dtype)
-    logits = _cuda(rng.standard_normal((t, e)))
+    x, w = to_cuda(rng.standard_normal((t, c)), dtype), to_cuda(rng.standard_normal((e, n, c)), dtype)
+    logits = to_cuda(rng.standard_normal((t, e)))
     weights, ex = kael.moe_route(logits, kk, True)
-    y = _host(kael.expert_linear(x, w, ex))
+    y = to_host(kael.expert_linear(x, w, ex))
     for i in (0, 17, t - 1):
         alone_w, alone_ex = kael.moe_route(logits[i : i + 1], kk, True)
-        np.testing.assert_array_equal(_host(alone_w), _host(weights)[i : i + 1])
-        np.testing.assert_array_equal(_host(kael.expert_linear(x[i : i + 1], w, alone_ex)), y[i : i + 1])
+        np.testing.assert_array_equal(to_host(alone_w), to_host(weights)[i : i + 1])
+        np.testing.assert_array_equal(to_host(kael.expert_linear(x[i : i + 1], w, alone_ex)), y[i : i + 1])
 
 
 @pytest.mark.parametrize("case", [c for c in fused_op_cases() if c.op in _moe.KERNELS], ids=lambda c: c.id)
@@ -278,6 +253,6 @@ def test_tiny_qwen3_moe_on_cuda_matches_cpu(kernels):
     ids = [[5, 17, 3, 59, 42, 7], [1, 2, 3, 4, 5, 6]]
     with kael.no_grad():
         want = cpu(kael.tensor(ids)).numpy()
-        got, seen = _ops_seen(lambda: gpu(kael.tensor(ids, device="cuda")))
+        got, seen = ops_called(lambda: gpu(kael.tensor(ids, device="cuda")))
     assert seen.count("moe_route") == 2 and seen.count("expert_linear") == 4, seen  # [gate|up], then down
-    np.testing.assert_allclose(_host(got), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(to_host(got), want, rtol=1e-4, atol=1e-4)

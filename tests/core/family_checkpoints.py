@@ -1,7 +1,8 @@
-"""What qwen3_checkpoints.py, granite_checkpoints.py and smollm3_checkpoints.py share: the small shape their
-families start from (``SMALL``) and ``build``, a random transformers model of a named class saved as a Hugging
-Face checkpoint (built offline, nothing downloaded), with its norm weights and biases drawn too so that they
-matter.
+"""What the *_checkpoints.py of the families (qwen3, granite, smollm3, olmo2, phi3, qwen3_moe, gemma2,
+gemma3) share: the small shape their families start from (``SMALL``) and ``build``, a random transformers model
+of a named class saved as a Hugging Face checkpoint (built offline, nothing downloaded), with its norm weights
+and biases drawn too so that they matter (Gemma's norms, which scale by 1 + weight, drawn around 0:
+``norm_mean``; Qwen3-MoE's routers as well: ``other_draws``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ def build(
     *,
     seed: int = 0,
     save_dtype: Any = None,
+    norm_mean: float = 1.0,
+    other_draws: dict[str, tuple[float, float]] | None = None,
     **overrides: Any,
 ) -> Any:
     """A random ``transformers.<transformers_class_name>`` of ``transformers.<config_class_name>(**small,
-    **overrides)`` saved to ``directory`` (norm weights drawn around 1, biases around 0, seeded with
-    ``torch.manual_seed(seed)``; stored in ``save_dtype`` when given); returned in eval mode, float32."""
+    **overrides)`` saved to ``directory`` (norm weights drawn N(norm_mean, 0.3), biases N(0, 0.2), seeded with
+    ``torch.manual_seed(seed)``; a weight whose name ends with a key of ``other_draws`` drawn N(mean, std) of its
+    value; stored in ``save_dtype`` when given); returned in eval mode, float32."""
     import torch
     import transformers
 
@@ -46,8 +50,13 @@ def build(
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.normal_(1.0, 0.3)
+                p.normal_(norm_mean, 0.3)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.2)
+            else:
+                for suffix, (mean, std) in (other_draws or {}).items():
+                    if name.endswith(suffix):
+                        p.normal_(mean, std)
+                        break
     (model.to(save_dtype) if save_dtype is not None else model).save_pretrained(directory)
     return model.float()

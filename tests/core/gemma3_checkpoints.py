@@ -10,22 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gemma_checkpoints
+
 __all__ = ["SHAPES", "SMALL", "build"]
 
 SMALL: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 200,
-    "max_position_embeddings": 96,
-    "initializer_range": 0.2,
-    "rms_norm_eps": 1e-6,
-    "sliding_window": 5,
-    "query_pre_attn_scalar": 24,
-    "rope_theta": 1000.0,
+    **gemma_checkpoints.SMALL,
     "rope_local_base_freq": 50.0,
 }
 # GQA, every third layer full (sliding, sliding, full); multi-query with a full layer first and a window of 8,
@@ -47,18 +37,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 def build(directory: Path, *, seed: int = 0, save_dtype: Any = None, **overrides: Any) -> Any:
     """A random transformers Gemma3ForCausalLM of ``SMALL`` and ``overrides`` saved to ``directory`` (norm weights
-    drawn N(0, 0.3), biases N(0, 0.2), seeded); returned in eval mode, float32."""
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    config = transformers.Gemma3TextConfig(**{**SMALL, **overrides})
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(0.0, 0.3)
-            elif name.endswith("bias"):
-                p.normal_(0.0, 0.2)
-    (model.to(save_dtype) if save_dtype is not None else model).save_pretrained(directory)
-    return model.float()
+    drawn N(0, 0.3), biases N(0, 0.2), seeded: gemma_checkpoints.build); returned in eval mode, float32."""
+    return gemma_checkpoints.build(
+        "Gemma3ForCausalLM", "Gemma3TextConfig", SMALL, directory, seed=seed, save_dtype=save_dtype, **overrides
+    )

@@ -28,19 +28,15 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 def build(directory: Path, *, seed: int = 0, save_dtype: Any = None, **overrides: Any) -> Any:
     """A random transformers Qwen3MoeForCausalLM of ``SMALL`` and ``overrides`` saved to ``directory`` (norm
-    weights around 1, biases around 0, routers N(0, 1): decisive routing); returned in eval mode, float32."""
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**{**SMALL, **overrides})).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1.0, 0.3)
-            elif name.endswith("bias"):
-                p.normal_(0.0, 0.2)
-            elif name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 1.0)
-    (model.to(save_dtype) if save_dtype is not None else model).save_pretrained(directory)
-    return model.float()
+    weights around 1, biases around 0, routers N(0, 1): decisive routing; family_checkpoints.build); returned in
+    eval mode, float32."""
+    return family_checkpoints.build(
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        SMALL,
+        directory,
+        seed=seed,
+        save_dtype=save_dtype,
+        other_draws={"mlp.gate.weight": (0.0, 1.0)},
+        **overrides,
+    )

@@ -14,20 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import family_parity as fp
+import gemma_parity as gp
 import kael
 import numpy as np
 import pytest
 from gemma3_checkpoints import SHAPES, build
 from kael.models import from_pretrained
 from kael.models.gemma3 import Gemma3Config, Gemma3ForCausalLM, read_config
-from kael.models.llama import LlamaDecodeStep
 
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 pair = fp.pair_fixture(SHAPES, build, Gemma3ForCausalLM)
-#: A prompt of 40 tokens: five to ten windows long.
-LONG = [(13 * i + 7) % 200 for i in range(40)]
+LONG = gp.LONG
 
 
 def test_registered_with_a_description() -> None:
@@ -47,9 +46,7 @@ def test_config_and_parameter_names(pair: fp.Pair) -> None:
 
 
 def test_logits_match_transformers(pair: fp.Pair, backend: str) -> None:
-    fp.check_logits(pair)
-    _, hf, model = pair
-    np.testing.assert_allclose(fp.logits(model, LONG), fp.hf_logits(hf, [LONG])[0], atol=1e-4, rtol=0)
+    gp.check_logits(pair)
 
 
 def test_the_window_matters(pair: fp.Pair) -> None:
@@ -65,19 +62,8 @@ def test_the_window_matters(pair: fp.Pair) -> None:
 
 
 def test_query_chunks_give_the_same_logits(pair: fp.Pair, monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [gemma query chunks]: chunks of 3 and 7 queries, each over the keys it sees, give the unchunked
-    logits (whole prompts and chunked prefill with a cache)."""
-    from kael.models.gemma3 import _attention
-
-    _, hf, model = pair
-    want = fp.logits(model, LONG)
-    for size in (3, 7):
-        monkeypatch.setattr(_attention, "QUERY_CHUNK", size)
-        np.testing.assert_allclose(fp.logits(model, LONG), want, atol=1e-5, rtol=0)
-        cache = model.new_cache()
-        with kael.no_grad():
-            parts = [model(kael.tensor([LONG[a:b]]), cache).numpy()[0] for a, b in ((0, 11), (11, 40))]
-        np.testing.assert_allclose(np.concatenate(parts), want, atol=1e-5, rtol=0)
+    """NOTE [gemma query chunks]: whole prompts and chunked prefill with a cache."""
+    gp.check_query_chunks(pair, monkeypatch, with_cache=True)
 
 
 def test_right_padded_batch_matches_transformers(pair: fp.Pair) -> None:
@@ -89,26 +75,15 @@ def test_incremental_cache_equals_the_full_pass(pair: fp.Pair) -> None:
 
 
 def test_chunked_prefill_equals_the_full_pass(pair: fp.Pair) -> None:
-    """Chunks of several tokens after cached ones: queries mid-sequence see exactly their window."""
-    _, hf, model = pair
-    cache = model.new_cache()
-    with kael.no_grad():
-        parts = [model(kael.tensor([LONG[a:b]]), cache).numpy()[0] for a, b in ((0, 3), (3, 10), (10, 11), (11, 40))]
-    np.testing.assert_allclose(np.concatenate(parts), fp.hf_logits(hf, [LONG])[0], atol=1e-4, rtol=0)
+    gp.check_chunked_prefill(pair)
 
 
 def test_greedy_generate_matches_transformers(pair: fp.Pair) -> None:
-    """32 greedy tokens with the KV cache, from prompts shorter and longer than the window."""
-    _, hf, model = pair
-    for ids in (fp.PROMPTS[0], fp.PROMPTS[1], LONG[:17]):
-        assert model.generate(ids, 32) == fp.hf_greedy(hf, ids, 32)
+    gp.check_greedy_generate(pair)
 
 
 def test_decode_step_is_the_generic_one(pair: fp.Pair, backend: str) -> None:
-    """No direct step (decode_step is None): GenericStep runs the forward pieces and equals the full pass."""
-    _, _, model = pair
-    assert model.decode_step(model.new_cache()) is None
-    fp.check_decode_step(pair, backend, False, Gemma3ForCausalLM, LlamaDecodeStep)
+    gp.check_generic_decode_step(pair, backend, Gemma3ForCausalLM)
 
 
 def test_batched_rows_equal_each_alone(pair: fp.Pair, backend: str) -> None:
@@ -120,13 +95,7 @@ def test_prefix_cache_hits_give_each_row_its_tokens_alone(pair: fp.Pair) -> None
 
 
 def test_q8_0_weights_decode_as_their_forward_pass(pair: fp.Pair) -> None:
-    """weights="q8_0" (llama.cpp's plan over the gemma3 GGUF tensors): the generic step equals the forward pass."""
-    d, _, _ = pair
-    model = from_pretrained(d, weights="q8_0")
-    assert model.weights_scheme == "q8_0"
-    ids = LONG[:20]
-    rows = fp._step_rows(model, ids, 6, False, LlamaDecodeStep, None)
-    np.testing.assert_allclose(rows, fp.logits(model, ids)[6:], atol=2e-5, rtol=0)
+    gp.check_q8_0_decode_step(pair)
 
 
 def test_a_cuda_model_matches_the_cpu_one(pair: fp.Pair) -> None:
@@ -254,13 +223,7 @@ RELEASED_1B = {
 
 
 def test_a_released_config_reads_as_transformers_reads_it(tmp_path: Path) -> None:
-    import json
-
-    import transformers
-
-    (tmp_path / "config.json").write_text(json.dumps(RELEASED_1B))
-    cfg = read_config(tmp_path)
-    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    cfg, hf = gp.read_released_config(tmp_path, RELEASED_1B, read_config)
     assert cfg.layer_types == tuple(hf.layer_types) and [i for i, t in enumerate(hf.layer_types) if t[0] == "f"] == [
         5,
         11,

@@ -1,12 +1,12 @@
 """The mixture-of-experts fused ops ``kael.moe_route`` and ``kael.expert_linear`` (kael/ops/_moe_fused.py)
 against NumPy formulas on hypothesis-drawn shapes, on the reference backend (its host kernels) and the C++ CPU
-backend (its kernels, csrc/moe.cpp; tests/backend_cpu/test_cpu_moe_ops.py checks them against the decompositions);
-their gradients against NumPy; torch's router on tie-free logits; and the refusals.
+backend (its kernels, csrc/moe.cpp; tests/backend_cpu/test_cpu_moe_ops.py checks them against the
+decompositions), through tests/core/conftest.py's ``backend`` fixture; their gradients against NumPy; torch's
+router on tie-free logits; and the refusals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import kael
@@ -17,16 +17,6 @@ from hypothesis import strategies as st
 from kael import _dispatch
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(params=["reference", "cpu"])
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The reference backend (host kernels), then the C++ CPU backend (its native kernels)."""
-    kael.backends.use("cpu", request.param)
-    try:
-        yield request.param
-    finally:
-        kael.backends.use("cpu", None)
 
 
 def _route(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -348,20 +348,29 @@ def rope(out: Any, x: Any, cos: Any, sin: Any, positions: Any) -> None:
     _finish(out, y, direct)
 
 
-def silu_mul(out: Any, gate: Any, up: Any) -> None:
+def gated(
+    out: Any, gate: Any, up: Any, act: Callable[[Any, Any], None], fused: Callable[[Any, Any, Any], None]
+) -> None:
+    """out = act(gate) * up (silu_mul, gelu_tanh_mul): ``fused(gate, up, y)``, the raw fused kernel; in a 16-bit
+    dtype ``act(gate, a)`` into a buffer, rounded to the dtype before the product, as the activation then mul
+    do."""
     if out.numel() == 0:
         return
     cd = compute_dtype(gate, up)
     gv = rd(gate).astype(cd, copy=False)
     uv = rd(up).astype(cd, copy=False)
-    if gate.dtype.itemsize == 2:  # silu rounded to the 16-bit dtype before the product, as silu then mul do
-        act = X.xp.empty(out.shape, cd)
-        raw.pointwise("silu", gv, act)
-        wr(out, _round_to(gate, act) * uv)
+    if gate.dtype.itemsize == 2:
+        a = X.xp.empty(out.shape, cd)
+        act(gv, a)
+        wr(out, _round_to(gate, a) * uv)
         return
     y, direct = _dst(out, cd, out.shape, gate, up)
-    raw.silu_mul(gv, uv, y)
+    fused(gv, uv, y)
     _finish(out, y, direct)
+
+
+def silu_mul(out: Any, gate: Any, up: Any) -> None:
+    gated(out, gate, up, lambda g, a: raw.pointwise("silu", g, a), raw.silu_mul)
 
 
 def topk(values: Any, indices: Any, x: Any, k: int) -> None:

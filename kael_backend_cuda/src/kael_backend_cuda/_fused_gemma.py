@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import _raw_kernels as raw
-from ._fused import _dst, _finish, _round_to
+from ._fused import _dst, _finish, _round_to, gated
 from ._io import compute_dtype, rd, wr
 from ._xp import X, quiet
 
@@ -25,19 +25,7 @@ __all__ = ["KERNELS"]
 
 
 def gelu_tanh_mul(out: Any, gate: Any, up: Any) -> None:
-    if out.numel() == 0:
-        return
-    cd = compute_dtype(gate, up)
-    gv = rd(gate).astype(cd, copy=False)
-    uv = rd(up).astype(cd, copy=False)
-    if gate.dtype.itemsize == 2:  # gelu rounded to the 16-bit dtype before the product, as gelu then mul do
-        act = X.xp.empty(out.shape, cd)
-        raw.gelu(gv, act, True)
-        wr(out, _round_to(gate, act) * uv)
-        return
-    y, direct = _dst(out, cd, out.shape, gate, up)
-    raw.gelu_tanh_mul(gv, uv, y)
-    _finish(out, y, direct)
+    gated(out, gate, up, lambda g, a: raw.gelu(g, a, True), raw.gelu_tanh_mul)
 
 
 def softcap(out: Any, x: Any, cap: float) -> None:

@@ -30,11 +30,10 @@ from .. import _dtype as dt
 from .._errors import DTypeError, KaelError
 from .._tensor import Tensor
 from ..autograd._function import Function
-from ._core import broadcast_shapes, cast, check_device
+from ._core import cast
 from ._fused import decompositions, gelu_backward_decomp, gelu_decomp, run_fused
-from ._fused_llama import _need_float
+from ._fused_llama import _gated_operands, _need_float
 from ._pointwise import binary, unary
-from ._views import expand
 
 __all__ = ["gelu_tanh_mul", "softcap", "GeluTanhMul", "Softcap"]
 
@@ -115,16 +114,7 @@ def gelu_tanh_mul(gate: Tensor, up: Tensor) -> Tensor:
     broadcast (as stride-0 views). 16-bit floats round gelu_tanh(gate) to their dtype before
     the product, as ``act_fn(gate) * up`` does.
     """
-    _need_float(gate, "gelu_tanh_mul", "gate")
-    _need_float(up, "gelu_tanh_mul", "up")
-    if gate.dtype is not up.dtype:
-        raise DTypeError(f"gelu_tanh_mul: gate is {gate.dtype!r} but up is {up.dtype!r}; expected the same dtype")
-    check_device("gelu_tanh_mul", gate, up)
-    shape = broadcast_shapes(gate.shape, up.shape, "gelu_tanh_mul")
-    # stride-0 views with autograd: their backward sums the gradients back to the operands' shapes
-    gate = gate if gate.shape == shape else expand(gate, shape)
-    up = up if up.shape == shape else expand(up, shape)
-    return GeluTanhMul.apply(gate, up)  # type: ignore[no-any-return]
+    return GeluTanhMul.apply(*_gated_operands("gelu_tanh_mul", gate, up))  # type: ignore[no-any-return]
 
 
 # -- softcap --------------------------------------------------------------------------------

@@ -40,6 +40,19 @@ def _need_float(x: Any, op: str, name: str) -> Tensor:
     return x
 
 
+def _gated_operands(op: str, gate: Any, up: Any) -> tuple[Tensor, Tensor]:
+    """A gated product's (silu_mul's, gelu_tanh_mul's) gate and up, checked (floating-point tensors of one dtype
+    on one device) and broadcast to their common shape as stride-0 views with autograd (whose backward sums the
+    gradients back to the operands' shapes)."""
+    _need_float(gate, op, "gate")
+    _need_float(up, op, "up")
+    if gate.dtype is not up.dtype:
+        raise DTypeError(f"{op}: gate is {gate.dtype!r} but up is {up.dtype!r}; expected the same dtype")
+    check_device(op, gate, up)
+    shape = broadcast_shapes(gate.shape, up.shape, op)
+    return (gate if gate.shape == shape else expand(gate, shape)), (up if up.shape == shape else expand(up, shape))
+
+
 # -- decompositions (no autograd; primitives only) ------------------------------------------
 
 
@@ -262,13 +275,4 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
 
     gate and up share a floating-point dtype; their shapes broadcast (as stride-0 views).
     """
-    _need_float(gate, "silu_mul", "gate")
-    _need_float(up, "silu_mul", "up")
-    if gate.dtype is not up.dtype:
-        raise DTypeError(f"silu_mul: gate is {gate.dtype!r} but up is {up.dtype!r}; expected the same dtype")
-    check_device("silu_mul", gate, up)
-    shape = broadcast_shapes(gate.shape, up.shape, "silu_mul")
-    # stride-0 views with autograd: their backward sums the gradients back to the operands' shapes
-    gate = gate if gate.shape == shape else expand(gate, shape)
-    up = up if up.shape == shape else expand(up, shape)
-    return SiluMul.apply(gate, up)  # type: ignore[no-any-return]
+    return SiluMul.apply(*_gated_operands("silu_mul", gate, up))  # type: ignore[no-any-return]

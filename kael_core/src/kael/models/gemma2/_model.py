@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._errors import DTypeError
 from ..gemma3 import GemmaForCausalLM
-from ..llama import LlamaConfig
 from ._config import Gemma2Config, gemma2_hf_config, read_config
 
 __all__ = ["Gemma2ForCausalLM"]
@@ -26,11 +24,7 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
     """
 
     config: Gemma2Config
-
-    def __init__(self, config: LlamaConfig, **kwargs: Any) -> None:
-        if not isinstance(config, Gemma2Config):
-            raise DTypeError(f"Gemma2ForCausalLM: config must be a Gemma2Config, got {type(config).__name__}")
-        super().__init__(config, **kwargs)
+    config_class = Gemma2Config
 
     @staticmethod
     def read_config(path: Any) -> Gemma2Config:

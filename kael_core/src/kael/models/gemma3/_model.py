@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import _dtype as dt
-from ..._errors import DTypeError
 from ..._tensor import Tensor
 from ...nn import Module, ModuleList, Parameter
 from ...ops import (
@@ -48,7 +47,6 @@ from ...ops import (
     unsqueeze,
     view,
 )
-from .._base import CausalLMBase
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from .._registry import model_type_of
@@ -185,36 +183,12 @@ class GemmaForCausalLM(LlamaForCausalLM):
     """
 
     config: GemmaConfig
+    config_class = GemmaConfig
+    model_class = GemmaModel
 
-    def __init__(
-        self,
-        config: LlamaConfig,
-        *,
-        device: Any = None,
-        dtype: Any = None,
-        init: bool = True,
-        generator: Any = None,
-        initializer_range: float = 0.02,
-    ) -> None:
-        CausalLMBase.__init__(self)  # not LlamaForCausalLM's: the layers are Gemma's
-        if not isinstance(config, GemmaConfig):
-            raise DTypeError(f"{type(self).__name__}: config must be a GemmaConfig, got {type(config).__name__}")
-        d = dt.as_dtype(dtype) if dtype is not None else dt.float32
-        if not d.is_floating_point:
-            raise DTypeError(f"{type(self).__name__}: dtype must be floating point, got {d!r}")
-        self.config = config
-        self.vocab_size = config.vocab_size
-        self.max_positions = config.max_position_embeddings
-        self.generation_config: Any = None
-        self.weights_scheme: str | None = None
-        self.model = GemmaModel(config, device, d)  # type: ignore[assignment]
-        if not config.tie_word_embeddings:
-            self.lm_head: Module = Projection(config.hidden_size, config.vocab_size, False, device, d)
-        self._rot_tables: dict[tuple[Any, str], tuple[Tensor, Tensor]] = {}
-        self._rot_positions: tuple[tuple[Any, tuple[int, ...], int], Tensor] | None = None
+    def __init__(self, config: LlamaConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
         self._normalizer: tuple[Any, Tensor] | None = None
-        if init:
-            self.reset_parameters(generator, initializer_range)
 
     def reset_parameters(self, generator: Any = None, std: float = 0.02) -> None:
         """transformers' initialisation: N(0, std) projections and embeddings, zero biases and norm weights."""
@@ -302,11 +276,7 @@ class Gemma3ForCausalLM(GemmaForCausalLM):
     """
 
     config: Gemma3Config
-
-    def __init__(self, config: LlamaConfig, **kwargs: Any) -> None:
-        if not isinstance(config, Gemma3Config):
-            raise DTypeError(f"Gemma3ForCausalLM: config must be a Gemma3Config, got {type(config).__name__}")
-        super().__init__(config, **kwargs)
+    config_class = Gemma3Config
 
     @staticmethod
     def read_config(path: Any) -> Gemma3Config:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._errors import DTypeError
 from ..._tensor import Tensor
 from ...ops import add, div, mul
 from .._paged_cache import PagedKVCache
@@ -37,13 +36,12 @@ class GraniteForCausalLM(LlamaForCausalLM):
     """
 
     config: GraniteConfig
+    config_class = GraniteConfig
 
     def __init__(self, config: LlamaConfig, **kwargs: Any) -> None:
-        if not isinstance(config, GraniteConfig):
-            raise DTypeError(f"GraniteForCausalLM: config must be a GraniteConfig, got {type(config).__name__}")
         super().__init__(config, **kwargs)
         for layer in self.model.layers:
-            layer.self_attn.scale = float(config.attention_multiplier)
+            layer.self_attn.scale = float(self.config.attention_multiplier)
 
     @staticmethod
     def read_config(path: Any) -> GraniteConfig:

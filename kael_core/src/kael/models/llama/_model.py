@@ -67,7 +67,16 @@ from ._config import LlamaConfig, hf_config, read_config
 from ._layout import CheckpointLayout
 from ._rope import rope_tables
 
-__all__ = ["LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "Projection", "Table"]
+__all__ = [
+    "LlamaForCausalLM",
+    "LlamaModel",
+    "LlamaDecoderLayer",
+    "LlamaAttention",
+    "LlamaMLP",
+    "Projection",
+    "Table",
+    "attend_and_project",
+]
 
 
 def _param(shape: tuple[int, ...], device: Any, dtype: dt.DType) -> Parameter:
@@ -145,16 +154,24 @@ class LlamaAttention(Module):
         if self.rope:
             q, k = rope(q, cos, sin, pos), rope(k, cos, sin, pos)
         v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
-        if step is None:
-            y = attention(q, k, v, causal=True, scale=self.scale, window=self.window)
-        else:
-            if self.scale is not None:  # the cache step attends at 1/sqrt(D): the scale enters through q
-                q = mul(q, self.scale * math.sqrt(d))
-            kv_new = cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1)  # new k, v: [B, 2, Hkv, T, D]
-            w = {} if self.window is None else {"window": self.window}  # a step of the older protocol takes none
-            y = step.attend(layer, q, kv_new, **w)
-        out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
-        return out
+        return attend_and_project(self, q, k, v, step, layer)
+
+
+def attend_and_project(attn: Any, q: Tensor, k: Tensor, v: Tensor, step: Any, layer: int) -> Tensor:
+    """``attn.o_proj`` of the causal attention of q [B, H, T, D] over k, v [B, Hkv, T, D] (after ``step``'s cached
+    keys and values when it is given: ``layer``'s), at ``attn.scale`` (None: 1/sqrt(D)) within ``attn.window``
+    (None: no window): [B, T, C]. The attention modules of the Llama-derived families share it."""
+    b, h, t, d = q.shape
+    if step is None:
+        y = attention(q, k, v, causal=True, scale=attn.scale, window=attn.window)
+    else:
+        if attn.scale is not None:  # the cache step attends at 1/sqrt(D): the scale enters through q
+            q = mul(q, attn.scale * math.sqrt(d))
+        kv_new = cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1)  # new k, v: [B, 2, Hkv, T, D]
+        w = {} if attn.window is None else {"window": attn.window}  # a step of the older protocol takes none
+        y = step.attend(layer, q, kv_new, **w)
+    out: Tensor = attn.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
+    return out
 
 
 class LlamaMLP(Module):
@@ -199,16 +216,19 @@ class LlamaDecoderLayer(Module):
 class LlamaModel(Module):
     """The decoder stack without the head: ``embed_tokens``, ``layers``, ``norm`` (checkpoint prefix ``model.``).
 
-    ``layer_class``: the decoder layer each of ``layers`` is (a family's subclass of ``LlamaDecoderLayer``).
+    ``layer_class``: the decoder layer each of ``layers`` is (a family's subclass of ``LlamaDecoderLayer``, or its
+    own layer built as ``cls(config, device, dtype)``); ``norm_class``: the final norm (built as ``cls(hidden_size,
+    eps=, device=, dtype=)``).
     """
 
-    layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    layer_class: type[Any] = LlamaDecoderLayer
+    norm_class: type[Any] = RMSNorm
 
     def __init__(self, config: LlamaConfig, device: Any, dtype: dt.DType) -> None:
         super().__init__()
         self.embed_tokens: Module = Table(config.vocab_size, config.hidden_size, device, dtype)
         self.layers = ModuleList([self.layer_class(config, device, dtype) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
+        self.norm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps, device=device, dtype=dtype)
 
 
 class LlamaForCausalLM(CausalLMBase):
@@ -218,7 +238,16 @@ class LlamaForCausalLM(CausalLMBase):
     initializer_range) weights, zero biases, unit norms; ``init=False`` leaves the
     weights uninitialised, for loading). ``LlamaForCausalLM.from_pretrained(directory)``
     loads a Hugging Face llama/qwen2/mistral checkpoint.
+
+    A family built on this class names the config it takes (``config_class``: another is refused) and, where its
+    layers are not Llama's, the decoder stack it builds (``model_class``, built as ``cls(config, device, dtype)``).
     """
+
+    config_class: type[LlamaConfig] = LlamaConfig
+    model_class: type[Any] = LlamaModel
+    #: ``rope_values(config, positions, numpy dtype) -> (cos, sin)``: the values of ``rope_tables`` (a family with
+    #: its own rotary tables names its function: Phi-3's longrope).
+    rope_values: Any = staticmethod(rope_tables)
 
     def __init__(
         self,
@@ -231,17 +260,19 @@ class LlamaForCausalLM(CausalLMBase):
         initializer_range: float = 0.02,
     ) -> None:
         super().__init__()
-        if not isinstance(config, LlamaConfig):
-            raise DTypeError(f"LlamaForCausalLM: config must be a LlamaConfig, got {type(config).__name__}")
+        want, name = self.config_class.__name__, type(self).__name__
+        if not isinstance(config, self.config_class):
+            a = "an" if want[0] in "AEIOU" else "a"
+            raise DTypeError(f"{name}: config must be {a} {want}, got {type(config).__name__}")
         d = dt.as_dtype(dtype) if dtype is not None else dt.float32
         if not d.is_floating_point:
-            raise DTypeError(f"LlamaForCausalLM: dtype must be floating point, got {d!r}")
+            raise DTypeError(f"{name}: dtype must be floating point, got {d!r}")
         self.config = config
         self.vocab_size = config.vocab_size
         self.max_positions = config.max_position_embeddings
         self.generation_config: Any = None  # a kael.models.GenerationConfig when loaded from a checkpoint
         self.weights_scheme: str | None = None  # kael.quantize's scheme of the weights; None: float
-        self.model = LlamaModel(config, device, d)
+        self.model: LlamaModel = self.model_class(config, device, d)
         for layer, w in zip(self.model.layers, config.layer_windows):
             layer.self_attn.window = w or None  # NOTE [sliding window]: a window layer's keys p-w+1..p
         if not config.tie_word_embeddings:
@@ -348,13 +379,14 @@ class LlamaForCausalLM(CausalLMBase):
 
     # -- rotary tables and positions -------------------------------------------------------------
     def rope_tables(self) -> tuple[Tensor, Tensor]:
-        """The cos and sin tables [max_positions, head_dim / 2] on the model's device (float64 for float64)."""
+        """The cos and sin tables [max_positions, head_dim / 2] (``rope_values``') on the model's device (float64
+        for float64), made once per device and dtype."""
         dev = self.device
         wide = self.dtype is dt.float64
         key = (dev, "float64" if wide else "float32")
         got = self._rot_tables.get(key)
         if got is None:
-            cos, sin = rope_tables(self.config, self.max_positions, np.float64 if wide else np.float32)
+            cos, sin = self.rope_values(self.config, self.max_positions, np.float64 if wide else np.float32)
             tdt = dt.float64 if wide else dt.float32
             got = (tensor(cos, dtype=tdt, device=dev), tensor(sin, dtype=tdt, device=dev))
             self._rot_tables = {key: got}

@@ -29,18 +29,17 @@ The direct decode step is ``Olmo2DecodeStep`` (``_step.py``); quantization and G
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ... import _dtype as dt
-from ..._errors import DTypeError
 from ..._tensor import Tensor
-from ...nn import Module, ModuleList, RMSNorm
+from ...nn import Module, RMSNorm
 from ...nn import functional as F
-from ...ops import add, attention, cat, mul, reshape, rope, to, transpose, unsqueeze, view
+from ...ops import add, rope, to, transpose, view
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
-from ..llama import LlamaAttention, LlamaConfig, LlamaForCausalLM, LlamaMLP
+from ..llama import LlamaAttention, LlamaConfig, LlamaForCausalLM, LlamaMLP, LlamaModel
+from ..llama._model import attend_and_project
 from ._config import Olmo2Config, olmo2_hf_config, read_config
 
 __all__ = ["Olmo2ForCausalLM", "Olmo2Attention", "Olmo2DecoderLayer", "Olmo2RMSNorm"]
@@ -80,14 +79,7 @@ class Olmo2Attention(LlamaAttention):
         q = rope(transpose(q, 1, 2), cos, sin, pos)  # [B, H, T, D]
         k = rope(transpose(k, 1, 2), cos, sin, pos)  # [B, Hkv, T, D]
         v = transpose(view(self.v_proj(x), b, t, kv, d), 1, 2)
-        if step is None:
-            y = attention(q, k, v, causal=True, scale=self.scale)
-        else:
-            if self.scale is not None:  # the cache step attends at 1/sqrt(D): the scale enters through q
-                q = mul(q, self.scale * math.sqrt(d))
-            y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1))  # new k, v: [B, 2, Hkv, T, D]
-        out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
-        return out
+        return attend_and_project(self, q, k, v, step, layer)
 
 
 class Olmo2DecoderLayer(Module):
@@ -107,6 +99,14 @@ class Olmo2DecoderLayer(Module):
         return out
 
 
+class Olmo2Model(LlamaModel):
+    """The decoder stack without the head: ``embed_tokens``, ``layers`` (``Olmo2DecoderLayer``), ``norm``
+    (``Olmo2RMSNorm``; checkpoint prefix ``model.``)."""
+
+    layer_class = Olmo2DecoderLayer
+    norm_class = Olmo2RMSNorm
+
+
 class Olmo2ForCausalLM(LlamaForCausalLM):
     """An OLMo 2 causal LM: ``forward(ids [B, T], cache=None) -> logits [B, T, V]``.
 
@@ -116,25 +116,8 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     """
 
     config: Olmo2Config
-
-    def __init__(
-        self,
-        config: LlamaConfig,
-        *,
-        init: bool = True,
-        generator: Any = None,
-        initializer_range: float = 0.02,
-        **kw: Any,
-    ) -> None:
-        if not isinstance(config, Olmo2Config):
-            raise DTypeError(f"Olmo2ForCausalLM: config must be an Olmo2Config, got {type(config).__name__}")
-        super().__init__(config, init=False, **kw)
-        # Llama's layers and final norm (uninitialised, never drawn) give way to OLMo 2's, on the same device and dtype.
-        dev, d = self.device, self.dtype
-        self.model.layers = ModuleList([Olmo2DecoderLayer(config, dev, d) for _ in range(config.num_hidden_layers)])
-        self.model.norm = Olmo2RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device=dev, dtype=d)
-        if init:
-            self.reset_parameters(generator, initializer_range)
+    config_class = Olmo2Config
+    model_class = Olmo2Model
 
     @staticmethod
     def read_config(path: Any) -> Olmo2Config:

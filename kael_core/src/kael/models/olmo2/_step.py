@@ -6,7 +6,7 @@ Per layer, on the backend's primitive kernels, one row per sequence of the step 
     -> rms_norm(q [n, 1, H*D], q_norm), rms_norm(k [n, 1, Hkv*D], k_norm)   (whole projection)
     -> rope(q, k viewed as heads [n, H(kv), 1, D]) -> per row: copy into the cache, attention
     -> linear(o_proj) -> rms_norm(post_attention_layernorm) -> add(residual)
-    -> linear(gate_proj, up_proj) of x -> silu_mul -> linear(down_proj)
+    -> linear(gate_proj, up_proj) of x -> silu_mul -> linear(down_proj)   (LlamaDecodeStep.mlp, over x)
     -> rms_norm(post_feedforward_layernorm) -> add(residual)
     then rms_norm(norm) -> linear(lm_head)
 
@@ -99,14 +99,15 @@ class Olmo2DecodeStep(LlamaDecodeStep):
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
         """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
         cache, k = self.cache, self.k
-        rms_norm, rope, silu_mul, copy, add = k["rms_norm"], k["rope"], k["silu_mul"], k["copy"], k["add"]
+        rms_norm, rope, copy, add = k["rms_norm"], k["rope"], k["copy"], k["add"]
         linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         n, eps = len(rows), self.eps
         pos = [cache.lengths[r] for r in rows]
         if max(pos) >= cache.max_positions:
             raise ShapeError(f"Olmo2DecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
         v, o, buf = self.buf.views(n), self.qk_buf.views(n), self.buf
-        x, norm, rstd, qkv, proj, act = v["x"], v["norm"], v["rstd"], v["qkv"], v["proj"], v["act"]
+        x, norm, rstd, qkv, proj = v["x"], v["norm"], v["rstd"], v["qkv"], v["proj"]
+        mlp_in = {**v, "norm": x}  # the MLP (LlamaDecodeStep.mlp, over v["norm"]) reads the residual itself
         qn, kn, qrstd, krstd, qn4, kn4 = o["qn"], o["kn"], o["qrstd"], o["krstd"], o["qn4"], o["kn4"]
         where = self.positions(pos)
         self.embed_rows(tokens)
@@ -133,14 +134,7 @@ class Olmo2DecodeStep(LlamaDecodeStep):
             linear(proj, v["att_flat"], w.o)
             rms_norm(norm, rstd, proj, w.in_norm, eps)  # post_attention_layernorm
             add(x, x, norm)
-            if w.gate_up is not None:
-                linear(v["gate_up"], x, w.gate_up)
-                silu_mul(act, v["gate_f"], v["up_f"])
-            else:
-                linear(v["gate"], x, w.gate)
-                linear(v["up"], x, w.up)
-                silu_mul(act, v["gate"], v["up"])
-            linear(proj, act, w.down)
+            self.mlp(li, w, mlp_in, n)  # into proj
             rms_norm(norm, rstd, proj, w.post_norm, eps)  # post_feedforward_layernorm
             add(x, x, norm)
         rms_norm(norm, rstd, x, self.norm_w, eps)

@@ -18,22 +18,17 @@ and gate/up are one weight each, ``kael.quantize`` quantizes each as one Quantiz
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ... import _dtype as dt
-from ..._errors import DTypeError
 from ..._tensor import Tensor
 from ...nn import Module
-from ...ops import attention, cat, mul, narrow, reshape, rope, silu_mul, tensor, transpose, unsqueeze, view
-from .._base import CausalLMBase
+from ...ops import cat, narrow, rope, silu_mul, transpose, view
 from .._paged_cache import PagedKVCache
 from .._protocol import DecodeStep
 from ..llama import LlamaForCausalLM
-from ..llama._model import LlamaDecoderLayer, LlamaModel, Projection
+from ..llama._model import LlamaDecoderLayer, LlamaModel, Projection, attend_and_project
 from ._config import Phi3Config, phi3_hf_config, read_config
 from ._rope import rope_tables, table_offset
 
@@ -71,15 +66,7 @@ class Phi3Attention(Module):
         k = transpose(narrow(qkv, 2, h, kv), 1, 2)  # [B, Hkv, T, D]
         v = transpose(narrow(qkv, 2, h + kv, kv), 1, 2)
         q, k = _rotate(q, self.rotary_dim, cos, sin, pos), _rotate(k, self.rotary_dim, cos, sin, pos)
-        if step is None:
-            y = attention(q, k, v, causal=True, scale=self.scale, window=self.window)
-        else:
-            if self.scale is not None:
-                q = mul(q, self.scale * math.sqrt(d))
-            w = {} if self.window is None else {"window": self.window}
-            y = step.attend(layer, q, cat([unsqueeze(k, 1), unsqueeze(v, 1)], 1), **w)
-        out: Tensor = self.o_proj(reshape(transpose(y, 1, 2), b, t, h * d))
-        return out
+        return attend_and_project(self, q, k, v, step, layer)
 
 
 class Phi3MLP(Module):
@@ -116,36 +103,10 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     """A Phi-3 causal LM (``forward(ids [B, T], cache=None) -> logits [B, T, V]``); loads phi3 checkpoints."""
 
     config: Phi3Config
-
-    def __init__(
-        self,
-        config: Phi3Config,
-        *,
-        device: Any = None,
-        dtype: Any = None,
-        init: bool = True,
-        generator: Any = None,
-        initializer_range: float = 0.02,
-    ) -> None:
-        # LlamaForCausalLM's attributes over Phi-3's layers (its __init__ would build Llama's).
-        CausalLMBase.__init__(self)
-        if not isinstance(config, Phi3Config):
-            raise DTypeError(f"Phi3ForCausalLM: config must be a Phi3Config, got {type(config).__name__}")
-        d = dt.as_dtype(dtype) if dtype is not None else dt.float32
-        if not d.is_floating_point:
-            raise DTypeError(f"Phi3ForCausalLM: dtype must be floating point, got {d!r}")
-        self.config = config
-        self.vocab_size = config.vocab_size
-        self.max_positions = config.max_position_embeddings
-        self.generation_config = None
-        self.weights_scheme = None
-        self.model = Phi3Model(config, device, d)  # type: ignore[assignment]
-        if not config.tie_word_embeddings:
-            self.lm_head = Projection(config.hidden_size, config.vocab_size, False, device, d)
-        self._rot_tables = {}
-        self._rot_positions = None
-        if init:
-            self.reset_parameters(generator, initializer_range)
+    config_class = Phi3Config
+    model_class = Phi3Model
+    #: rope_tables' cos and sin: [P, rotary_dim / 2], or with longrope [2P, rotary_dim / 2] (NOTE [longrope factors]).
+    rope_values = staticmethod(rope_tables)
 
     @staticmethod
     def read_config(path: Any) -> Phi3Config:
@@ -155,20 +116,6 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     def hf_config(self) -> dict[str, Any]:
         """The phi3 ``config.json`` dictionary ``save_pretrained`` writes."""
         return phi3_hf_config(self.config, self.dtype.name)
-
-    def rope_tables(self) -> tuple[Tensor, Tensor]:
-        """cos and sin [P, rotary_dim / 2] (longrope: [2P, rotary_dim / 2], NOTE [longrope factors]) on the
-        model's device, float64 for a float64 model."""
-        dev = self.device
-        wide = self.dtype is dt.float64
-        key = (dev, "float64" if wide else "float32")
-        got = self._rot_tables.get(key)
-        if got is None:
-            cos, sin = rope_tables(self.config, self.max_positions, np.float64 if wide else np.float32)
-            tdt = dt.float64 if wide else dt.float32
-            got = (tensor(cos, dtype=tdt, device=dev), tensor(sin, dtype=tdt, device=dev))
-            self._rot_tables = {key: got}
-        return got
 
     def table_starts(self, starts: Sequence[int], tokens: int) -> list[int]:
         """Each row's first table row for a pass of ``tokens`` from ``starts`` (its position, plus P when the

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._errors import DTypeError
-from ..llama import LlamaConfig, LlamaForCausalLM
+from ..llama import LlamaForCausalLM
 from ._config import Qwen3Config, qwen3_hf_config, read_config
 
 __all__ = ["Qwen3ForCausalLM"]
@@ -28,10 +27,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     qwen3 checkpoint (safetensors, sharded or not, float32/bfloat16/float16).
     """
 
-    def __init__(self, config: LlamaConfig, **kwargs: Any) -> None:
-        if not isinstance(config, Qwen3Config):
-            raise DTypeError(f"Qwen3ForCausalLM: config must be a Qwen3Config, got {type(config).__name__}")
-        super().__init__(config, **kwargs)
+    config_class = Qwen3Config
 
     @staticmethod
     def read_config(path: Any) -> Qwen3Config:

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from ... import _dtype as dt
-from ..._errors import DTypeError
 from ..._tensor import Tensor
 from ...autograd import is_grad_enabled, no_grad
 from ...nn import Module, ModuleList, Parameter
@@ -191,16 +190,15 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     """
 
     config: Qwen3MoeConfig
+    config_class = Qwen3MoeConfig
 
     def __init__(self, config: LlamaConfig, *, init: bool = True, **kwargs: Any) -> None:
-        if not isinstance(config, Qwen3MoeConfig):
-            raise DTypeError(f"Qwen3MoeForCausalLM: config must be a Qwen3MoeConfig, got {type(config).__name__}")
         generator, std = kwargs.pop("generator", None), kwargs.pop("initializer_range", 0.02)
         super().__init__(config, init=False, **kwargs)
         d = self.model.norm.weight.dtype
         for i, layer in enumerate(self.model.layers):
-            if config.is_sparse(i):
-                layer.mlp = Qwen3MoeSparseMoeBlock(config, self.model.norm.weight.device, d)
+            if self.config.is_sparse(i):
+                layer.mlp = Qwen3MoeSparseMoeBlock(self.config, self.model.norm.weight.device, d)
         if init:
             self.reset_parameters(generator, std)
             self.fuse_experts()

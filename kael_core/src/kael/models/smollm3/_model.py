@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..._errors import DTypeError
 from ..llama import LlamaConfig, LlamaForCausalLM
 from ._config import SmolLM3Config, read_config, smollm3_hf_config
 
@@ -29,12 +28,11 @@ class SmolLM3ForCausalLM(LlamaForCausalLM):
     """
 
     config: SmolLM3Config
+    config_class = SmolLM3Config
 
     def __init__(self, config: LlamaConfig, **kwargs: Any) -> None:
-        if not isinstance(config, SmolLM3Config):
-            raise DTypeError(f"SmolLM3ForCausalLM: config must be a SmolLM3Config, got {type(config).__name__}")
         super().__init__(config, **kwargs)
-        for layer, rope in zip(self.model.layers, config.rope_layers):
+        for layer, rope in zip(self.model.layers, self.config.rope_layers):
             layer.self_attn.rope = rope
 
     @staticmethod
