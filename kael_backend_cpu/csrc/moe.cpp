@@ -17,16 +17,18 @@
 // most kWaveBytes of gathered rows (an expert's rows all in one wave): the scratch stays bounded.
 // A product runs through the few-row GEMM kernels (vec_gemm_rows.h: rows_kmajor for a weight
 // contiguous along C, the usual layout; rows_nmajor for one contiguous along N, the transposed
-// view the backward passes), at most kMaxRows rows at a time: those kernels sum each element's
-// products in the same order whatever the number of rows, so a row's result does not depend on
-// how many other rows chose its expert (nor on the tile or the thread count). float16/bfloat16,
-// or a weight contiguous along neither dim, has each tile widened (copied) into a contiguous
-// [C, tile] float32 (float64) block first and runs rows_nmajor over it: matmul's float32 path for
-// the 16-bit floats (to_contiguous, then the few-row GEMM over B contiguous along N). So an expert
-// with up to 16 rows gives the decomposition's bits (an index_select, an mm and an index_add per
-// expert) for every dtype and layout but that odd-strided float32/float64 weight, where matmul
-// packs B for its cache-blocked kernel instead; with more rows, matmul's packed GEMM differs from
-// the row kernels by float32 (float64) rounding.
+// view the backward passes) for an expert with at most kMaxRows rows: those kernels sum each
+// element's products in the same order whatever the number of rows, so up to 16 rows an expert
+// (a decode batch) a row's result does not depend on how many other rows chose its expert (nor on
+// the tile or the thread count), the guarantee ``linear`` gives (NOTE [gemm paths] in gemm.h).
+// float16/bfloat16, or a weight contiguous along neither dim, has each tile widened (copied) into
+// a contiguous [C, tile] float32 (float64) block first and runs rows_nmajor over it: matmul's
+// float32 path for the 16-bit floats (to_contiguous, then the few-row GEMM over B contiguous
+// along N). A float32/float64 expert with more rows (a prompt) runs the GEMM driver over all of
+// them, as matmul does (the packed, cache-blocked kernel, the threads inside it). So a float32 or
+// float64 expert gives the decomposition's bits (an index_select, an mm and an index_add per
+// expert) for any number of rows, and a 16-bit one up to 16 rows; past 16 the 16-bit floats keep
+// the row kernels (matmul's 16-bit product rounds differently there).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "buffer.h"
+#include "gemm.h"
 #include "kernels.h"
 #include "thread_pool.h"
 #include "vec.h"
@@ -222,6 +225,19 @@ void expert_linear_typed(const View& out, const View& x, const View& weight, con
   const int64_t os0 = out.strides[0], os1 = out.strides[1], os2 = out.strides[2];
   const T* wp = weight.ptr<T>();
 
+  // out[t, j, n0:n0 + w] = 0 + the product's rows rounded to T: the decomposition's index_add into zeros.
+  // y [m, ldy] holds the rows of sorted assignments r0 .. r0 + m.
+  auto put = [&](int64_t r0, int64_t m, const C* y, int64_t ldy, int64_t n0, int64_t w) {
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t asg = order[static_cast<size_t>(r0 + i)];
+      T* dst = op + (asg / kk) * os0 + (asg % kk) * os1 + n0 * os2;
+      const C* yr = y + i * ldy;
+      for (int64_t j = 0; j < w; ++j) dst[j * os2] = convert<T>(convert<C>(convert<T>(yr[j])) + C(0));
+    }
+  };
+  // An expert whose rows run through the GEMM driver (float32/float64, more than kMaxRows rows)
+  auto by_gemm = [&](const Group& grp) { return std::is_same_v<T, C> && grp.end - grp.begin > kMaxRows; };
+
   for (const auto& wave : waves) {
     const size_t g0 = wave.first, g1 = wave.second;  // (plain names: a lambda captures them)
     const int64_t base = groups[g0].begin, rows = groups[g1 - 1].end - base;
@@ -251,6 +267,7 @@ void expert_linear_typed(const View& out, const View& x, const View& weight, con
       C* packed = pbuf.get<C>();
       for (int64_t task = t0; task < t1; ++task) {
         const Group& grp = groups[g0 + static_cast<size_t>(task / tiles)];
+        if (by_gemm(grp)) continue;  // below, over all its columns
         const int64_t n0 = (task % tiles) * tile, w = std::min(tile, n - n0);
         const T* we = wp + grp.expert * ws0 + n0 * ws1;  // W[e, n0:n0 + w, :]
         if (path == WeightPath::Packed) {                // [C, w]: packed[i * w + j] = W[e, n0 + j, i]
@@ -268,16 +285,22 @@ void expert_linear_typed(const View& out, const View& x, const View& weight, con
           } else {
             g.rows_nmajor(m, w, c, a, c, 1, packed, w, y, w, false);
           }
-          // out[t, j, n0:n0 + w] = 0 + the row rounded to T: the decomposition's index_add into zeros
-          for (int64_t i = 0; i < m; ++i) {
-            const int64_t asg = order[static_cast<size_t>(r0 + i)];
-            T* dst = op + (asg / kk) * os0 + (asg % kk) * os1 + n0 * os2;
-            const C* yr = y + i * w;
-            for (int64_t j = 0; j < w; ++j) dst[j * os2] = convert<T>(convert<C>(convert<T>(yr[j])) + C(0));
-          }
+          put(r0, m, y, w, n0, w);
         }
       }
     });
+    // the experts with many rows: matmul's product of the gathered rows [m, C] and W[e]^T [C, N]
+    for (size_t gi = g0; gi < g1; ++gi) {
+      const Group& grp = groups[gi];
+      if (!by_gemm(grp)) continue;
+      const int64_t m = grp.end - grp.begin;
+      Buffer ybuf(static_cast<size_t>(m * n) * sizeof(C));
+      C* y = ybuf.get<C>();
+      gemm<C>(m, n, c, xs + (grp.begin - base) * c, c, 1, reinterpret_cast<const C*>(wp + grp.expert * ws0), ws2, ws1,
+              y, n, 1, false);
+      parallel_for(0, m, std::max<int64_t>(1, 16384 / n),
+                   [&](int64_t i0, int64_t i1) { put(grp.begin + i0, i1 - i0, y + i0 * n, n, 0, n); });
+    }
   }
 }
 
