@@ -6,8 +6,6 @@ equal to the row alone; their errors; the GIL released while they run."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +17,7 @@ from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import bits, cpu_empty, logical, place  # noqa: E402
+from cpu_helpers import bits, cpu_empty, logical, place, runs_while  # noqa: E402
 from kael import _dtype as dt  # noqa: E402
 from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
 from kael.backends import catalogue  # noqa: E402
@@ -310,27 +308,6 @@ def test_frontend_runs_the_kernels(cpu: Any, on_cpu: None) -> None:
 # -- the GIL -----------------------------------------------------------------------------
 
 
-def _runs_while(call: Any) -> bool:
-    """Whether this thread runs Python code while `call` runs in another thread."""
-    span: dict[str, float] = {}
-    started = threading.Event()
-
-    def work() -> None:
-        started.set()
-        span["t0"] = time.perf_counter()
-        call()
-        span["t1"] = time.perf_counter()
-
-    th = threading.Thread(target=work)
-    stamps: list[float] = []
-    th.start()
-    started.wait()
-    while th.is_alive():
-        stamps.append(time.perf_counter())
-    th.join()
-    return any(span["t0"] < s < span["t1"] for s in stamps)
-
-
 def test_kernels_release_the_gil(cpu: Any) -> None:
     before = kbc.get_num_threads()
     kbc.set_num_threads(1)
@@ -347,6 +324,6 @@ def test_kernels_release_the_gil(cpu: Any) -> None:
             "expert_linear": lambda: cpu.kernel("expert_linear")(out, x, wt, ids),
         }
         for name, call in calls.items():
-            assert any(_runs_while(call) for _ in range(5)), f"{name} held the GIL"
+            assert any(runs_while(call) for _ in range(5)), f"{name} held the GIL"
     finally:
         kbc.set_num_threads(before)
