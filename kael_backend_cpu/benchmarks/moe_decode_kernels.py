@@ -11,31 +11,19 @@ to) and the weight bytes read per second. Run: python kael_backend_cpu/benchmark
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import kael
 import numpy as np
 from kael.backends import catalogue
+from llama_decode_kernels import _time  # (its sibling: run as a script, this folder is on the path)
 
 import kael_backend_cpu
 
 __all__ = ["main"]
 
 E, K, C, N = 64, 8, 512, 2 * 768
-
-
-def _time(fn: Callable[[], Any], repeats: int = 7, number: int = 20) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t0) / number)
-    return statistics.median(runs) * 1e6
 
 
 def _decode_step(k: Callable[[str], Any], rng: np.random.Generator, weight: Any, t: int) -> dict[str, Any]:
@@ -49,16 +37,16 @@ def _decode_step(k: Callable[[str], Any], rng: np.random.Generator, weight: Any,
     hit = len(set(ex.numpy().reshape(-1).tolist()))
     flat = kael.tensor(rng.standard_normal((hit * N, C)).astype(np.float32))
     lo = kael.empty((t, hit * N))
-    kernel_us = _time(lambda: k("expert_linear")(out, x, weight, ex))
+    kernel_us = _time(lambda: k("expert_linear")(out, x, weight, ex), number=20)
     return {
         "moe_route [T,64] top 8": {
-            "kernel_us": _time(lambda: k("moe_route")(w, ex, logits, K, True), number=200),
-            "decomposition_us": _time(lambda: route(logits, K, True), number=200),
+            "kernel_us": _time(lambda: k("moe_route")(w, ex, logits, K, True)),
+            "decomposition_us": _time(lambda: route(logits, K, True)),
         },
         f"expert_linear [T,512] x 8 of 64 [1536,512] ({hit} experts hit)": {
             "kernel_us": kernel_us,
-            "decomposition_us": _time(lambda: linear(x, weight, ex)),
-            "linear_same_bytes_us": _time(lambda: k("linear")(lo, x[:, 0], flat, None)),
+            "decomposition_us": _time(lambda: linear(x, weight, ex), number=20),
+            "linear_same_bytes_us": _time(lambda: k("linear")(lo, x[:, 0], flat, None), number=20),
             "kernel_weight_gb_per_s": hit * N * C * 4 / kernel_us / 1e3,
         },
     }

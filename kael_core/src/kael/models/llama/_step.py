@@ -133,10 +133,6 @@ def _fused(parts: list[Proj]) -> Proj | None:
     return Proj(w, b, scheme) if b is not None else None
 
 
-def _layers(model: LlamaForCausalLM) -> list[_Layer]:
-    return [_layer(blk) for blk in model.model.layers]
-
-
 def _layer(blk: Any, dense: bool = True) -> _Layer:
     """One decoder layer's weights; ``dense`` False leaves out its MLP (gate, up, down, gate_up None)."""
     a = blk.self_attn
@@ -243,7 +239,7 @@ class LlamaDecodeStep:
 
     def read_layers(self, model: LlamaForCausalLM) -> list[_Layer]:
         """Each layer's weights as the step consumes them (a family whose layers hold other modules overrides it)."""
-        return _layers(model)
+        return [_layer(blk) for blk in model.model.layers]
 
     @classmethod
     def create(cls, model: LlamaForCausalLM, cache: PagedKVCache) -> LlamaDecodeStep | None:
