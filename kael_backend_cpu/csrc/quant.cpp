@@ -17,7 +17,7 @@
 // Dequantized values are exact (d * q fits float32), so only the summation order differs
 // from a float64 reference.
 //
-// NOTE [integer quantized linear]: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights and M <= 16, the integer path
+// NOTE [integer quantized linear]: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights, the integer path
 // (KAEL_QUANT_ACTIVATIONS=q8) quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's
 // reference quantize_row_q8_0_ref rounds (per 32 values: amax = max |x|, d = amax / 127 in float32, id = d != 0 ? 1 / d
 // : 0, q = roundf(x * id), half-way away from zero; the scale kept is d rounded to float16, as GGML stores it; ggml's
@@ -25,12 +25,13 @@
 // q). A block holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan; one so small
 // that 1 / d overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16 scale is 0). Q4_1 / Q5_1 weights also use Q8_1's
 // block sum s = float16(float(sum q) * d), as quantize_row_q8_1_ref (same q and d as Q8_0's). The dot products are
-// integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h). It is read at every call. The
-// float32-activation path above (the conformance reference) stays the default until M > 16 has an integer path too:
-// prefill keeps float32 activations (the integer kernels measured 1.3-1.8x slower than the packed GEMM there; an int8
-// GEMM is issue 29's point 4), so with q8 a prompt's rows differ from the same rows decoded, by the activation rounding
-// (up to d_x / 2 a value), which the op's contract (a row's result never depends on how many rows there are) does not
-// allow by default.
+// integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h). It is read at every call.
+// It runs at every row count: a prompt's rows go through the same kernels in waves of up to 16 rows (each wave
+// reading a thread's slice of the weight rows while it is in cache), so a row's result never depends on how many
+// rows there are, and a prompt's logits are what the same rows decoded one by one give: llama.cpp's arithmetic on
+// its CPU backend, which quantizes activations this way for prompts and decode alike (the agreement tests with
+// llama.cpp use it). The float32-activation path above (the conformance reference) stays the default: at prefill
+// the integer kernels measured 1.3-1.8x slower than the packed GEMM (an int8 GEMM is issue 29's point 4).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -117,8 +118,9 @@ bool use_int8_path(QuantScheme s, int64_t m) {
   KAEL_CHECK(!set || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0, Kael,
              "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8' (or unset), got '", mode, "'");
   if (!set || std::strcmp(mode, "q8") != 0) return false;  // the default: float32 activations
-  // q8: up to kFewRows rows, where it measures faster on every table (benchmarks/quant_int8_linear.py)
-  return m <= kFewRows && vec().q8dot_rows[static_cast<int>(s)] != nullptr;
+  // q8: every row count (waves of kFewRows rows), for the formats with an integer kernel
+  (void)m;
+  return vec().q8dot_rows[static_cast<int>(s)] != nullptr;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and
@@ -154,8 +156,9 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
   }
 }
 
-// out rows = the m <= 16 rows of x through the integer path: the rows quantized once, then the
-// table's integer dot products, threads splitting N.
+// out rows = the m rows of x through the integer path: the rows quantized once, then the table's
+// integer dot products, threads splitting N; each thread runs its slice of weight rows against
+// waves of up to kFewRows activation rows (the slice stays in cache across the waves).
 void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
                  const float* bias, float* c, int64_t rsc) {
   const int64_t nb = k / 32;
@@ -163,11 +166,17 @@ void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x,
   Buffer xd(static_cast<size_t>(2 * m * nb) * sizeof(float));
   auto* q = xq.get<int8_t>();
   auto* d = xd.get<float>();
-  for (int64_t i = 0; i < m; ++i) quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
+  parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
+  });
   const auto dots = vec().q8dot_rows[static_cast<int>(s)];
-  parallel_for(0, n, std::max<int64_t>(1, 32768 / (m * k)), [&](int64_t j0, int64_t j1) {
-    dots(m, j1 - j0, k, q, d, w.data + j0 * w.row_stride, w.row_stride, bias == nullptr ? nullptr : bias + j0, c + j0,
-         rsc);
+  const int64_t wave = std::min(m, kFewRows);
+  parallel_for(0, n, std::max<int64_t>(1, 32768 / (wave * k)), [&](int64_t j0, int64_t j1) {
+    for (int64_t i0 = 0; i0 < m; i0 += kFewRows) {
+      const int64_t rows = std::min(kFewRows, m - i0);
+      dots(rows, j1 - j0, k, q + i0 * k, d + i0 * 2 * nb, w.data + j0 * w.row_stride, w.row_stride,
+           bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
+    }
   });
 }
 

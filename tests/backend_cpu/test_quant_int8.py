@@ -280,13 +280,22 @@ def test_bad_mode_is_refused(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         run(cpu, np.ones((1, 32), F32), data, None, "q8_0")
 
 
-def test_more_than_16_rows_use_the_float_path(cpu: Any) -> None:
-    """Prefill (M > 16) keeps the packed float GEMM: a row there is not the integer path's."""
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((17, 128)).astype(F32)
-    data = encode(rng.standard_normal((5, 128)), "q8_0")
-    got = run(cpu, x, data, None, "q8_0")
-    assert not np.array_equal(got, model(x, data, None, "q8_0"))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    m=st.integers(17, 70),
+    scheme=st.sampled_from(["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_more_than_16_rows_take_the_integer_path_in_waves(cpu: Any, m: int, scheme: str, seed: int) -> None:
+    """q8 with a prompt's rows (M > 16, waves of 16): every row is the NumPy model's bits, so a row's result
+    is the same whatever the row count, and the same as that row alone."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, 96)).astype(F32)
+    data = encode(rng.standard_normal((37, 96)), scheme)
+    bias = rng.standard_normal(37).astype(F32)
+    got = run(cpu, x, data, bias, scheme)
+    assert_bits(got, model(x, data, bias, scheme))
+    assert_bits(got[m - 1 : m], run(cpu, x[m - 1 : m], data, bias, scheme))
 
 
 def test_child_runs_requested_isa() -> None:
@@ -305,8 +314,8 @@ def test_every_vector_table(isa: str) -> None:
 
 
 def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset: the float32-activation path (as f32) at any row count; q8: up to 16 rows take the
-    integer path, 17 the float32 one."""
+    """Unset: the float32-activation path (as f32) at any row count; q8: the integer path at 16 rows
+    and at 17 (a wave of 16, then one)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((17, 256)).astype(F32)
     data = encode(rng.standard_normal((7, 256)), "q4_0")
@@ -317,7 +326,9 @@ def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         assert_bits(run(cpu, x[:rows], data, None, "q4_0"), want)
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
     assert_bits(run(cpu, x[:16], data, None, "q4_0"), model(x[:16], data, None, "q4_0"))
-    assert_bits(run(cpu, x, data, None, "q4_0"), f32[1])
+    got = run(cpu, x, data, None, "q4_0")
+    assert_bits(got, model(x, data, None, "q4_0"))
+    assert not np.array_equal(got, f32[1])
 
 
 def test_gpt2_gguf_q8_0_logits_close_to_the_float_path(

@@ -150,3 +150,7 @@ def test_a_gemma2_file_without_a_post_attention_norm_is_refused(checkpoint: fg.C
     bad = rewrite(path, tmp_path / "bad.gguf", drop=("blk.1.post_attention_norm.weight",))
     with pytest.raises(kael.FormatError, match=r"missing tensor\(s\) \['blk\.1\.post_attention_norm\.weight'\]"):
         load_gguf(bad)
+
+
+def test_llama_cpp_agrees_on_the_q8_0_file(checkpoint: fg.Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    fg.check_llama_cpp_agrees_on_q8_0(checkpoint, monkeypatch)

@@ -83,3 +83,7 @@ def test_a_granite_file_without_a_scale_is_refused_naming_it(
     bad = rewrite(path, tmp_path / "bad.gguf", meta={key: None})
     with pytest.raises(kael.FormatError, match=f"missing metadata key '{key}'"):
         load_gguf(bad)
+
+
+def test_llama_cpp_agrees_on_the_q8_0_file(checkpoint: fg.Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    fg.check_llama_cpp_agrees_on_q8_0(checkpoint, monkeypatch)

@@ -115,3 +115,12 @@ def test_a_sliding_window_shorter_than_the_context_is_refused(checkpoint: tuple[
     # a window covering the context attends as full attention does
     window = {"olmo2.attention.sliding_window": kael.io.GGUFValue("uint32", 4096)}
     assert isinstance(load_gguf(rewrite(path, tmp_path / "wide.gguf", meta=window))[0], Olmo2ForCausalLM)
+
+
+def test_llama_cpp_agrees_on_the_q8_0_file(checkpoint: fg.Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    if checkpoint[1].config.tie_word_embeddings:
+        pytest.skip(
+            "llama.cpp's olmo2 loader requires output.weight, which its converter does not write for a tied "
+            "checkpoint ('tensor output.weight not found'; real OLMo 2 checkpoints are untied)"
+        )
+    fg.check_llama_cpp_agrees_on_q8_0(checkpoint, monkeypatch)

@@ -262,3 +262,10 @@ def test_a_short_sliding_window_is_every_layers_window(checkpoint: fg.Checkpoint
     model = load_gguf(out)[0]
     assert model.config.sliding_window == 12 and set(model.config.layer_windows) == {12}
     assert all(blk.self_attn.window == 12 for blk in model.model.layers)
+
+
+def test_llama_cpp_agrees_on_the_q8_0_file(checkpoint: fg.Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As fg.check_llama_cpp_agrees_on_q8_0, on prompts no longer than the sliding window where there is one
+    (llama.cpp's phi3 ignores the window: test_llama_cpp_ignores_the_sliding_window)."""
+    window = checkpoint[1].config.sliding_window
+    fg.check_llama_cpp_agrees_on_q8_0(checkpoint, monkeypatch, length=min(96, window or 96))

@@ -75,3 +75,7 @@ def test_a_qwen3_file_without_its_q_norm_is_refused(checkpoint: tuple[Path, Any]
     bad = rewrite(path, tmp_path / "bad.gguf", drop=("blk.1.attn_q_norm.weight",))
     with pytest.raises(kael.FormatError, match=r"missing tensor\(s\) \['blk\.1\.attn_q_norm\.weight'\]"):
         load_gguf(bad)
+
+
+def test_llama_cpp_agrees_on_the_q8_0_file(checkpoint: fg.Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    fg.check_llama_cpp_agrees_on_q8_0(checkpoint, monkeypatch)

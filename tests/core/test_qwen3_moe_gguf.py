@@ -148,3 +148,7 @@ def test_mapped_loads_give_the_copied_logits(checkpoint: fg.Checkpoint, name: st
         assert done.returncode == 0, done.stderr[-2000:]
     ids = fg.text_ids(d)
     np.testing.assert_array_equal(logits_of(load_gguf(path, mmap=True)[0], ids), logits_of(load_gguf(path)[0], ids))
+
+
+def test_llama_cpp_agrees_on_the_q8_0_file(checkpoint: fg.Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    fg.check_llama_cpp_agrees_on_q8_0(checkpoint, monkeypatch)
