@@ -146,12 +146,13 @@ def _llama_quantize_q8_0(d: Path) -> Path:
 
 
 def teacher_forced_ids(tok: Any, n: int = 3, length: int = 96) -> list[list[int]]:
-    """``n`` prompts of ``length`` tokens for teacher-forced comparisons: the tokenizer ``tok``'s ids of
-    ``TEXT * 2`` then seeded random ids of its first 400 tokens (past the first ten, where specials sit)."""
+    """``n`` prompts of ``length`` tokens for teacher-forced comparisons, none a prefix of another: the
+    tokenizer ``tok``'s ids of ``TEXT * 2`` then seeded random ids, then ``n - 1`` prompts of seeded random
+    ids only (of its first 400 tokens, past the first ten, where specials sit)."""
     head: list[int] = tok.encode(TEXT * 2)
     rng = np.random.default_rng(7)
     top = min(tok.vocab_size, 400)
-    return [(head + rng.integers(10, top, length).tolist())[:length] for _ in range(n)]
+    return [((head if i == 0 else []) + rng.integers(10, top, length).tolist())[:length] for i in range(n)]
 
 
 #: (max |diff| / the logits' range, least top-1 agreement) that ``check_llama_cpp_agrees_on_q8_0`` asserts

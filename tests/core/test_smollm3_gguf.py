@@ -75,8 +75,9 @@ def test_a_no_rope_pattern_a_file_cannot_hold_is_refused(tmp_path: Path) -> None
 
 
 def test_llama_cpp_agrees_on_the_q8_0_file(checkpoint: fg.Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As fg.check_llama_cpp_agrees_on_q8_0; "untied-mqa" measured 279 of 288 top tokens the same (0.969): one
-    8-bit rounding step apart in position 2's key or value (logits equal to 1e-5 before it, up to 0.7% of the
-    range after it), on logits whose median top-2 margin is 2.4% of the range. "tied" agrees to 1e-5 everywhere."""
-    bounds = (0.02, 0.96) if not checkpoint[1].config.tie_word_embeddings else fg.Q8_0_LLAMA_CPP_BOUNDS
+    """As fg.check_llama_cpp_agrees_on_q8_0; measured 287 ("tied") and 285 ("untied-mqa", 0.9896) of 288 top
+    tokens the same: a float32 rounding difference moving one activation across an 8-bit step (logits equal to
+    1e-5 up to a position, then up to 0.7% of the range apart) on logits whose median top-2 margin is 2.4% of
+    the range. Over both shapes 572 of 576 (0.993)."""
+    bounds = (0.02, 0.98) if not checkpoint[1].config.tie_word_embeddings else fg.Q8_0_LLAMA_CPP_BOUNDS
     fg.check_llama_cpp_agrees_on_q8_0(checkpoint, monkeypatch, bounds)
