@@ -2,11 +2,12 @@
 (KAEL_QUANT_ACTIVATIONS=f32 / q8, NOTE [integer quantized linear] in kael_backend_cpu/csrc/quant.cpp).
 
 Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights of GPT-2 small's shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
-activation rows, 1 and 2 threads, both paths timed in the same process with their rounds
+activation rows (--rows: more than 16 is a prompt's, where q8 runs waves of 16 rows), 1 and 2 threads, both paths timed in the same process with their rounds
 interleaved (best of --repeats calls in each of --rounds rounds). Prints JSON: milliseconds per
 call, weight GB/s (weight bytes / time) and the integer path's speed-up; --out writes it too.
 
-    python benchmarks/quant_int8_linear.py [--threads 1 2] [--repeats 20] [--rounds 3] [--out FILE]
+    python benchmarks/quant_int8_linear.py [--threads 1 2] [--rows 1 8] [--schemes ...] [--shapes ...]
+        [--repeats 20] [--rounds 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ def _backend() -> dict[str, Any]:
     return {"gguf": gguf, "kbc": kbc, "dt": dt, "wrap": from_numpy_bits, "kernel": kernel, "isa": C.isa()}
 
 
-def run(threads: list[int], repeats: int, rounds: int) -> dict[str, Any]:
+def run(
+    threads: list[int],
+    repeats: int,
+    rounds: int,
+    rows_list: tuple[int, ...] = (1, 8),
+    schemes: tuple[str, ...] = tuple(GGML),
+    shapes: tuple[str, ...] = tuple(SHAPES),
+) -> dict[str, Any]:
     """Times every case; returns the JSON document."""
     env = _backend()
     gguf, kbc, dt, wrap, kernel = env["gguf"], env["kbc"], env["dt"], env["wrap"], env["kernel"]
@@ -58,15 +66,17 @@ def run(threads: list[int], repeats: int, rounds: int) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     before = kbc.get_num_threads()
     try:
-        for scheme, qtype in GGML.items():
-            for shape_name, (k, n) in SHAPES.items():
+        for scheme in schemes:
+            qtype = GGML[scheme]
+            for shape_name in shapes:
+                k, n = SHAPES[shape_name]
                 w = np.asarray(
                     gguf.quants.quantize(
                         rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType(qtype)
                     )
                 )
                 wt = wrap(w, dt.uint8)
-                for rows in (1, 8):
+                for rows in rows_list:
                     xt = wrap(rng.standard_normal((rows, k)).astype(np.float32), dt.float32)
                     out = wrap(np.zeros((rows, n), np.float32), dt.float32)
                     for t in threads:
@@ -110,9 +120,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--schemes", nargs="+", choices=list(GGML), default=list(GGML))
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    doc = run(args.threads, args.repeats, args.rounds)
+    doc = run(args.threads, args.repeats, args.rounds, tuple(args.rows), tuple(args.schemes), tuple(args.shapes))
     text = json.dumps(doc, indent=1)
     print(text)
     if args.out:

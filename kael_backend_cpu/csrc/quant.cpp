@@ -30,8 +30,9 @@
 // reading a thread's slice of the weight rows while it is in cache), so a row's result never depends on how many
 // rows there are, and a prompt's logits are what the same rows decoded one by one give: llama.cpp's arithmetic on
 // its CPU backend, which quantizes activations this way for prompts and decode alike (the agreement tests with
-// llama.cpp use it). The float32-activation path above (the conformance reference) stays the default: at prefill
-// the integer kernels measured 1.3-1.8x slower than the packed GEMM (an int8 GEMM is issue 29's point 4).
+// llama.cpp use it). The float32-activation path above (the conformance reference) stays the default: for a
+// 128-row prompt the waves measured 0.69-0.89x the packed GEMM's speed (GPT-2's c_fc, Q4_0 / Q8_0, 1 and 2
+// threads; 1.1-1.45x it at 17 rows: benchmarks/quant_int8_linear.py --rows); an int8 GEMM is issue 29's point 4.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
