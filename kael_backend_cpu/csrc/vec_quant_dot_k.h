@@ -50,8 +50,9 @@ inline void kd_scales_mins6(const uint8_t* p, int32_t (&sc)[kKdGroups], int32_t 
       s = (p[j + 4] & 15) | ((p[j - 4] >> 6) << 4);
       m = (p[j + 4] >> 4) | ((p[j] >> 6) << 4);
     }
-    sc[2 * j] = sc[2 * j + 1] = s;
-    mn[2 * j] = mn[2 * j + 1] = m;
+    const int g = 2 * j;  // groups g and g + 1 share the 32 values' scale and min
+    sc[g] = sc[g + 1] = s;
+    mn[g] = mn[g + 1] = m;
   }
 }
 
@@ -123,8 +124,9 @@ inline void kd_unpack(const uint8_t* sb, KdBlock& o) {
     std::memcpy(&sh, sb + 2, 2);
     for (int c = 0; c < 8; ++c) {
       const int ls = ((sb[4 + c / 2] >> (4 * (c % 2))) & 15) | (((sh >> (2 * c)) & 3) << 4);
-      o.sc[2 * c] = o.sc[2 * c + 1] = ls - 32;
-      o.mn[2 * c] = o.mn[2 * c + 1] = 0;
+      const int g = 2 * c;
+      o.sc[g] = o.sc[g + 1] = ls - 32;
+      o.mn[g] = o.mn[g + 1] = 0;
       for (int j = 0; j < 16; ++j) {
         o.q[32 * c + j] = kIq4nlValues[sb[8 + 16 * c + j] & 15];
         o.q[32 * c + 16 + j] = kIq4nlValues[sb[8 + 16 * c + j] >> 4];

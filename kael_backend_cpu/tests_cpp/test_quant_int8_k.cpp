@@ -88,7 +88,10 @@ TEST(VecQuantDotK, SameBitsOnEveryTableAndRowCountAndNearTheDoubleDot) {
           t->q8kdot_rows[f](rows, n, k, xq.data() + i0 * k, xd.data() + i0 * nb, xs.data() + i0 * k / 16, w.data(), rb,
                             bias.data(), c.data(), n);
           for (int64_t e = 0; e < rows * n; ++e) {
-            ASSERT_EQ(std::memcmp(&c[e], &want[i0 * n + e], 4), 0)
+            uint32_t got_bits = 0, want_bits = 0;
+            std::memcpy(&got_bits, &c[e], 4);
+            std::memcpy(&want_bits, &want[i0 * n + e], 4);
+            ASSERT_EQ(got_bits, want_bits)
                 << name << " " << kael::quant_scheme_name(s) << " rows=" << rows << " i0=" << i0;
           }
         }
