@@ -25,7 +25,16 @@
 // q). A block holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan; one so small
 // that 1 / d overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16 scale is 0). Q4_1 / Q5_1 weights also use Q8_1's
 // block sum s = float16(float(sum q) * d), as quantize_row_q8_1_ref (same q and d as Q8_0's). The dot products are
-// integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h). It is read at every call.
+// integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h). For the super-block formats
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS it quantizes the rows to GGML's Q8_K blocks instead (llama.cpp's vec_dot_type
+// for them), exactly as ggml's reference quantize_row_q8_K_ref (per 256 values: max = the first value of largest |x|,
+// with its sign; iscale = -127 / max; q = nearest integer of iscale * x, ties to even as ggml's nearest_int, at most
+// 127; d = 1 / iscale kept in float32; bsums = the sums of q over each 16 values). An all-zero block gets d = 0 and
+// q = 0; one holding an inf or a nan gets d = nan and q = 0 (every dot product reading it is nan; ggml's own result
+// there is undefined behaviour); one so small that -127 / max overflows gets q = 0 and d = 1 / iscale, a zero (what
+// ggml's bit arithmetic gives). Their dot products follow NOTE [integer K dot order] (vec_quant_dot_k.h): per
+// super-block exact int32 sums of the weight's integer scales (and mins against bsums), then float32 scale products.
+// KAEL_QUANT_ACTIVATIONS is read at every call.
 // It runs at every row count: a prompt's rows go through the same kernels in waves of up to 16 rows (each wave
 // reading a thread's slice of the weight rows while it is in cache), so a row's result never depends on how many
 // rows there are, and a prompt's logits are what the same rows decoded one by one give: llama.cpp's arithmetic on
@@ -121,7 +130,7 @@ bool use_int8_path(QuantScheme s, int64_t m) {
   if (!set || std::strcmp(mode, "q8") != 0) return false;  // the default: float32 activations
   // q8: every row count (waves of kFewRows rows), for the formats with an integer kernel
   (void)m;
-  return vec().q8dot_rows[static_cast<int>(s)] != nullptr;
+  return vec().q8dot_rows[static_cast<int>(s)] != nullptr || vec().q8kdot_rows[static_cast<int>(s)] != nullptr;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and
@@ -157,11 +166,81 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
   }
 }
 
+// Row x[0..k) as GGML's Q8_K super-blocks (NOTE [integer quantized linear]): q[0..k), the k / 256
+// float32 scales d[0..k/256) and the k / 16 sums of 16 q each, s[0..k/16).
+void quantize_row_q8k(const float* x, int64_t k, int8_t* q, float* d, int16_t* s) {
+  for (int64_t b = 0; b < k / 256; ++b) {
+    const float* xb = x + b * 256;
+    int8_t* qb = q + b * 256;
+    float amax = 0.0f, max = 0.0f;  // the first value of largest magnitude, with its sign
+    bool finite = true;
+    for (int j = 0; j < 256; ++j) {
+      const float a = std::fabs(xb[j]);
+      finite = finite && a <= 3.4028234663852886e38f;
+      if (a > amax) {
+        amax = a;
+        max = xb[j];
+      }
+    }
+    const float iscale = -127.0f / max;
+    if (!finite || amax == 0.0f || std::isinf(iscale)) {
+      // inf / nan: d = nan (every dot product reading the block is nan); all zero: d = 0; so small that
+      // -127 / max overflows: d = 1 / iscale, a zero of either sign (ggml's bit arithmetic gives these q = 0 too)
+      std::memset(qb, 0, 256);
+      std::memset(s + b * 16, 0, 16 * sizeof(int16_t));
+      d[b] = !finite ? std::numeric_limits<float>::quiet_NaN() : amax == 0.0f ? 0.0f : 1.0f / iscale;
+      continue;
+    }
+    for (int j = 0; j < 256; ++j) {
+      // |iscale * x| <= 127 (+ its rounding): nearest, ties to even (ggml's nearest_int), at most 127
+      const float v = iscale * xb[j];
+      qb[j] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(v)));
+    }
+    for (int g = 0; g < 16; ++g) {
+      int32_t sum = 0;
+      for (int l = 0; l < 16; ++l) sum += qb[16 * g + l];
+      s[b * 16 + g] = static_cast<int16_t>(sum);
+    }
+    d[b] = 1.0f / iscale;
+  }
+}
+
+using Q8kDots = void (*)(int64_t, int64_t, int64_t, const int8_t*, const float*, const int16_t*, const uint8_t*,
+                         int64_t, const float*, float*, int64_t);
+
+// linear_int8 for the super-block formats: the rows quantized once to Q8_K, then `dots` (the
+// table's q8kdot_rows entry) in waves of up to kFewRows rows over each thread's weight rows.
+void linear_int8_k(Q8kDots dots, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+                   const float* bias, float* c, int64_t rsc) {
+  const int64_t nb = k / 256, ns = k / 16;
+  Buffer xq(static_cast<size_t>(m * k));
+  Buffer xd(static_cast<size_t>(m * nb) * sizeof(float));
+  Buffer xs(static_cast<size_t>(m * ns) * sizeof(int16_t));
+  auto* q = xq.get<int8_t>();
+  auto* d = xd.get<float>();
+  auto* bs = xs.get<int16_t>();
+  parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns);
+  });
+  const int64_t wave = std::min(m, kFewRows);
+  parallel_for(0, n, std::max<int64_t>(1, 32768 / (wave * k)), [&](int64_t j0, int64_t j1) {
+    for (int64_t i0 = 0; i0 < m; i0 += kFewRows) {
+      const int64_t rows = std::min(kFewRows, m - i0);
+      dots(rows, j1 - j0, k, q + i0 * k, d + i0 * nb, bs + i0 * ns, w.data + j0 * w.row_stride, w.row_stride,
+           bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
+    }
+  });
+}
+
 // out rows = the m rows of x through the integer path: the rows quantized once, then the table's
 // integer dot products, threads splitting N; each thread runs its slice of weight rows against
 // waves of up to kFewRows activation rows (the slice stays in cache across the waves).
 void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
                  const float* bias, float* c, int64_t rsc) {
+  if (const auto kdots = vec().q8kdot_rows[static_cast<int>(s)]; kdots != nullptr) {
+    linear_int8_k(kdots, m, n, k, x, rsx, w, bias, c, rsc);
+    return;
+  }
   const int64_t nb = k / 32;
   Buffer xq(static_cast<size_t>(m * k));
   Buffer xd(static_cast<size_t>(2 * m * nb) * sizeof(float));

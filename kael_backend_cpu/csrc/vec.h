@@ -93,6 +93,12 @@ struct VecTable {
   // j < n
   void (*q8dot_rows[kQuantSchemes])(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd,
                                     const uint8_t* w, int64_t rsw, const float* bias, float* c, int64_t rsc) = {};
+  // The integer path for the super-blocks (vec_quant_dot_k.h; q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, else null):
+  // c[i * rsc + j] = Q8_K activation row i (xq + i * k int8, its k / 256 scales at xd + i * (k / 256), its k / 16
+  // bsums at xs + i * (k / 16)) . weight row j (+ bias[j]), i < m <= 16, j < n
+  void (*q8kdot_rows[kQuantSchemes])(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd,
+                                     const int16_t* xs, const uint8_t* w, int64_t rsw, const float* bias, float* c,
+                                     int64_t rsc) = {};
 };
 
 // The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws

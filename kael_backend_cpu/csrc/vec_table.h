@@ -16,6 +16,7 @@
 #include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
 #include "vec_quant.h"        // weight formats (and vec_quant_ints.h, vec_quant_k.h): rows and few-row dot products
 #include "vec_quant_dot.h"    // the integer path: Q8_0 activations . Q8_0 / Q4_0 weight rows
+#include "vec_quant_dot_k.h"  // the integer path: Q8_K activations . K-quant / IQ4_XS weight rows
 #include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 #ifndef KAEL_KC_F
@@ -83,5 +84,11 @@ VecTable make_table(const char* name) {
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_0)] = q8dot_kernel<5>();
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_1)] = q8dot_kernel<6>();
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::IQ4_NL)] = q8dot_kernel<7>();
+  t.q8kdot_rows[kQ2K] = q8kdot_rows<kQ2K>;
+  t.q8kdot_rows[kQ3K] = q8kdot_rows<kQ3K>;
+  t.q8kdot_rows[kQ4K] = q8kdot_rows<kQ4K>;
+  t.q8kdot_rows[kQ5K] = q8kdot_rows<kQ5K>;
+  t.q8kdot_rows[kQ6K] = q8kdot_rows<kQ6K>;
+  t.q8kdot_rows[kIQ4XS] = q8kdot_rows<kIQ4XS>;
   return t;
 }
