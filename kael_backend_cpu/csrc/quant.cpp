@@ -18,13 +18,16 @@
 // from a float64 reference.
 //
 // NOTE [integer quantized linear]: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights, the integer path
-// (KAEL_QUANT_ACTIVATIONS=q8) quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's
-// reference quantize_row_q8_0_ref rounds (per 32 values: amax = max |x|, d = amax / 127 in float32, id = d != 0 ? 1 / d
-// : 0, q = roundf(x * id), half-way away from zero; the scale kept is d rounded to float16, as GGML stores it; ggml's
-// x86 SIMD quantizer uses 127 / amax and round-half-even instead and can differ from its reference in the last step of
-// q). A block holding an inf or a nan gets scale nan and q = 0, so every dot product reading it is nan; one so small
-// that 1 / d overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16 scale is 0). Q4_1 / Q5_1 weights also use Q8_1's
-// block sum s = float16(float(sum q) * d), as quantize_row_q8_1_ref (same q and d as Q8_0's). The dot products are
+// (KAEL_QUANT_ACTIVATIONS=q8) quantizes each activation row once per call to GGML's Q8_0 blocks, exactly as ggml's CPU
+// backend does on x86 (AVX) and ARM (NEON), its quantize_row_q8_0 (per 32 values: amax = max |x|, d = amax / 127 in
+// float32, id = amax != 0 ? 127 / amax : 0, q = x * id rounded to nearest, half-way cases to even; the scale kept is d
+// rounded to float16, as GGML stores it). ggml's portable reference quantize_row_q8_0_ref (id = 1 / d, roundf: half-way
+// away from zero) differs from it at half-way products, which values with few distinct levels (a Q4_0 / Q5_0 token
+// table's rows through an RMSNorm of unit weights) hit often: following the reference there took llama.cpp agreement on
+// such files from 284 to 267 of 288 top tokens. A block holding an inf or a nan gets scale nan and q = 0, so every dot
+// product reading it is nan; one so small that 127 / amax overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16
+// scale is 0). Q4_1 / Q5_1 weights also use Q8_1's block sum s = float16(float(sum q) * d), as quantize_row_q8_1 (same
+// q and d as Q8_0's). The dot products are
 // integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h). For the super-block formats
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS it quantizes the rows to GGML's Q8_K blocks instead (llama.cpp's vec_dot_type
 // for them), exactly as ggml's reference quantize_row_q8_K_ref (per 256 values: max = the first value of largest |x|,
@@ -152,13 +155,13 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
       continue;
     }
     const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < 32; ++j) {
-      // |x * id| <= 127 unless 1 / d overflowed (amax < 127 / FLT_MAX: d's float16 is 0 then):
-      // there q = 0 (ggml's cast of inf / nan is undefined)
+      // |x * id| <= 127 (within a rounding) unless 127 / amax overflowed (amax < 127 / FLT_MAX: d's
+      // float16 is 0 then): there q = 0 (ggml's conversion of inf / nan is undefined)
       const float v = xb[j] * id;
-      q[b * 32 + j] = static_cast<int8_t>(std::fabs(v) <= 127.5f ? std::roundf(v) : 0.0f);
+      q[b * 32 + j] = static_cast<int8_t>(std::fabs(v) <= 127.5f ? std::nearbyintf(v) : 0.0f);
       sum += q[b * 32 + j];
     }
     d[b] = half_bits_to_float(float_to_half_bits(db));

@@ -1,6 +1,9 @@
 // rms_norm: Hugging Face's LlamaRMSNorm over the last dim. Computed in float32 (float64
 // for float64 x): rstd = 1 / sqrt(mean(x^2) + eps), out = (x * rstd rounded to x.dtype)
-// * weight, one rounding to out's dtype after the product.
+// * weight, one rounding to out's dtype after the product. For float32 x the squares are
+// rounded to float32 and summed in double, the mean rounded to float32 (ggml's CPU rms_norm:
+// llama.cpp's normalised values, bit for bit nearly always, which its 8-bit activation
+// rounding then sees the same; vec_llama.h: sumsq_f32).
 //
 // Rows run in parallel over the thread pool. A contiguous float32 row (the decode case)
 // goes straight through the vector table; every other row (strided, 16-bit floats) is

@@ -10,8 +10,9 @@
 // Half a float vector: as many floats as a vd holds doubles.
 typedef float vfh __attribute__((vector_size(KAEL_VBYTES / 2)));  // NOLINT(modernize-use-using)
 
-// Sum of x[i]^2, squares and sums in double: the mean rounds to float32 as the exact one
-// would (nearly always), whatever the row length.
+// Sum of x[i]^2: each square rounded to float32, the squares summed in double, as ggml's CPU
+// rms_norm sums them (so a row's mean, rounded to float32, is llama.cpp's bit for bit nearly
+// always: its double sum differs from this one only in rounding far below a float32 ulp).
 double sumsq_f32(const float* x, int64_t n) {
   constexpr int64_t L = V<double>::L;
   vd a0{}, a1{};
@@ -20,12 +21,11 @@ double sumsq_f32(const float* x, int64_t n) {
     vfh h0, h1;
     std::memcpy(&h0, x + i, sizeof(h0));
     std::memcpy(&h1, x + i + L, sizeof(h1));
-    const vd d0 = __builtin_convertvector(h0, vd), d1 = __builtin_convertvector(h1, vd);
-    a0 += d0 * d0;
-    a1 += d1 * d1;
+    a0 += __builtin_convertvector(h0 * h0, vd);
+    a1 += __builtin_convertvector(h1 * h1, vd);
   }
   double total = hsum<double>(a0 + a1);
-  for (; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
+  for (; i < n; ++i) total += static_cast<double>(x[i] * x[i]);
   return total;
 }
 

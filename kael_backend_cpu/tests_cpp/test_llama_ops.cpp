@@ -40,7 +40,7 @@ TEST(VecLlama, RowsOfEveryTable) {
   for (const kael::VecTable* t : tables()) {
     for (int64_t n : {0, 1, 3, 7, 8, 9, 17, 64, 255, 300}) {
       double ss = 0;
-      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);  // float squares (ggml's)
       EXPECT_NEAR(t->sumsq_f32(x.data(), n), ss, 1e-12 * (ss + 1)) << t->name << " n=" << n;
       std::vector<float> out(static_cast<size_t>(n) + 1, -7.0f), o2(static_cast<size_t>(n) + 1, -7.0f);
       t->scale_mul_f32(out.data(), x.data(), 0.75f, w.data(), n);

@@ -2,8 +2,9 @@
 csrc/quant.cpp, NOTE [integer dot order] in csrc/vec_quant_dot.h): Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights times
 activation rows quantized to GGML's Q8_0 blocks, with int32 block sums.
 
-Oracle: a NumPy model of the same arithmetic written here from ggml's reference quantizer
-(quantize_row_q8_0_ref: d = amax / 127, q = roundf(x / d) half away from zero, d kept as float16)
+Oracle: a NumPy model of the same arithmetic written here from the quantizer ggml's CPU backend runs
+on x86 and ARM (quantize_row_q8_0 / q8_1: d = amax / 127 kept as float16, q = x * (127 / amax)
+rounded half to even; checked against that very code through ctypes where llama_cpp is installed)
 and the stated float order (per block (d_w * d_x) * isum in float32, added into lane b % 8 of eight
 float32 accumulators, the lanes summed pairwise, then the bias). The kernel must equal it bit for
 bit; the module runs again in a subprocess under every other vector table this CPU can run
@@ -57,25 +58,20 @@ def _integer_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # -- the NumPy model -----------------------------------------------------------------------
 
 
-def roundf(v: np.ndarray) -> np.ndarray:
-    """C's roundf (half-way cases away from zero), exactly, on float32 values."""
-    t = np.trunc(v)
-    return t + np.where(np.abs(v - t) >= F32(0.5), np.sign(v), F32(0)).astype(F32)
-
-
 def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float32 [m, k] -> int8 values [m, k/32, 32], float32 scales [m, k/32] and Q8_1 sums
-    [m, k/32], as ggml's quantize_row_q8_0_ref / q8_1_ref (s = float16(float(sum q) * d), d
-    unrounded; a block holding inf/nan: scale and sum nan, values 0)."""
+    [m, k/32], as ggml-cpu's quantize_row_q8_0 / q8_1 (q = rint(x * (127 / amax)), half to even;
+    s = float16(float(sum q) * d), d unrounded; a block holding inf/nan: scale and sum nan,
+    values 0)."""
     m, k = x.shape
     xb = x.astype(F32).reshape(m, k // 32, 32)
     finite = np.all(np.isfinite(xb), axis=-1)
     with np.errstate(all="ignore"):
         amax = np.max(np.abs(np.where(finite[..., None], xb, F32(0))), axis=-1).astype(F32)
         d = (amax / F32(127)).astype(F32)
-        inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
         v = (np.where(finite[..., None], xb, F32(0)) * inv[..., None]).astype(F32)
-        q = np.where(np.abs(v) <= F32(127.5), roundf(v), F32(0))  # 1/d overflowed: 0
+        q = np.where(np.abs(v) <= F32(127.5), np.rint(v), F32(0))  # 127 / amax overflowed: 0
     q = np.where(finite[..., None], q, 0).astype(np.int64)
     assert np.all(np.abs(q) <= 127)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -174,14 +170,36 @@ def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def test_model_quantizer_matches_gguf() -> None:
-    """The model's activation quantizer gives the gguf package's Q8_0 blocks (its reference
-    quantizer, the same rounding) on values away from exact half-way cases."""
+    """The model's activation quantizer gives the gguf package's Q8_0 blocks (ggml's reference
+    quantizer, whose 1 / d and half-away rounding differ from the SIMD one only at exact half-way
+    cases and a last-bit difference of the multiplier) on random values."""
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((6, 256)) * 3).astype(F32)
     q, d, _ = quantize_act(x)
     blocks = encode(x, "q8_0").reshape(6, 8, 34)
     np.testing.assert_array_equal(blocks[..., 2:].view(np.int8).astype(np.int64), q)
     np.testing.assert_array_equal(blocks[..., :2].copy().view("<f2")[..., 0].astype(F32), d)
+
+
+def test_model_quantizer_is_ggml_cpus() -> None:
+    """The model's Q8_0 and Q8_1 blocks are ggml-cpu's own quantize_row_q8_0 / q8_1 (llama_cpp's
+    library, SIMD on this machine) bit for bit, half-way cases included: a row of k + 0.5 with
+    amax 127 (multiplier exactly 1) rounds to even, as ggml does, where roundf would not."""
+    import ggml_activation_quant as ggml
+
+    rng = np.random.default_rng(1)
+    rows = (rng.standard_normal((5, 256)) * 3).astype(F32)
+    rows[1] = np.tile(np.concatenate([np.arange(-15, 16, dtype=F32) + F32(0.5), [F32(127)]]), 8)
+    rows[2, :64] = 0.0
+    rows[3] *= F32(1e-30)
+    q, d, s = quantize_act(rows)
+    assert q[1, 0, 0] == -14 and q[1, 0, 1] == -14  # -14.5 and -13.5 to even
+    for i, row in enumerate(rows):
+        b0, b1 = ggml.quantize_q8_0(row), ggml.quantize_q8_1(row)
+        np.testing.assert_array_equal(b0["qs"].astype(np.int64), q[i], err_msg=f"row {i}")
+        np.testing.assert_array_equal(b1["qs"].astype(np.int64), q[i], err_msg=f"row {i}")
+        np.testing.assert_array_equal(b0["d"].astype(F32), d[i])
+        np.testing.assert_array_equal(b1["s"].astype(F32), s[i])
 
 
 @SETTINGS

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import ggml_q8_k
+import ggml_activation_quant as ggml_q8_k
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -1,7 +1,10 @@
-"""ggml's own Q8_K code through ctypes, as a test oracle: ``quantize_row_q8_K_ref`` (libggml-base)
-and the reference C dot products ``ggml_vec_dot_<format>_q8_K_generic`` (libggml-cpu), from the
-libraries llama-cpp-python ships. ``quantize(x)`` and ``dot(scheme, weight_row, x_row)`` skip the
-calling test when llama_cpp (or a symbol) is absent.
+"""ggml's own activation quantizers and Q8_K dot products through ctypes, as test oracles, from the
+libraries llama-cpp-python ships: ``quantize_row_q8_K_ref`` (libggml-base), the reference C dot products
+``ggml_vec_dot_<format>_q8_K_generic`` and the CPU backend's own (SIMD on this machine) Q8_0 / Q8_1
+quantizers ``quantize_row_q8_0`` / ``quantize_row_q8_1`` (libggml-cpu): what llama.cpp runs on the
+activations of Q8_0 / Q4_0 / Q5_0 / IQ4_NL and Q4_1 / Q5_1 weights. ``quantize(x)``, ``quantize_q8_0(x)``,
+``quantize_q8_1(x)`` and ``dot(scheme, weight_row, x_row)`` skip the calling test when llama_cpp (or a
+symbol) is absent.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import llama_cpp_tools
 import numpy as np
 import pytest
 
-__all__ = ["BLOCK_Q8_K", "dot", "quantize"]
+__all__ = ["BLOCK_Q8_0", "BLOCK_Q8_1", "BLOCK_Q8_K", "dot", "quantize", "quantize_q8_0", "quantize_q8_1"]
+
+#: block_q8_0 and block_q8_1 (ggml-common.h): float16 d (and, for Q8_1, float16 s = d * sum qs), int8 qs[32]
+BLOCK_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
+BLOCK_Q8_1 = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", (32,))])
+assert BLOCK_Q8_0.itemsize == 34 and BLOCK_Q8_1.itemsize == 36
 
 #: block_q8_K (ggml-common.h): float d, int8 qs[256], int16 bsums[16]
 BLOCK_Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))])
@@ -54,6 +62,25 @@ def quantize(x: np.ndarray) -> np.ndarray:
     out = np.zeros(src.size // 256, BLOCK_Q8_K)
     fn(src.ctypes.data, out.ctypes.data, src.size)
     return out
+
+
+def _quantize_cpu(name: str, block: np.dtype, x: np.ndarray) -> np.ndarray:
+    fn = _fn("libggml-cpu.so", name)
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    src = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros(src.size // 32, block)
+    fn(src.ctypes.data, out.ctypes.data, src.size)
+    return out
+
+
+def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    """ggml-cpu's quantize_row_q8_0 of one float32 row (k % 32 == 0): block_q8_0 records [k / 32]."""
+    return _quantize_cpu("quantize_row_q8_0", BLOCK_Q8_0, x)
+
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """ggml-cpu's quantize_row_q8_1 of one float32 row (k % 32 == 0): block_q8_1 records [k / 32]."""
+    return _quantize_cpu("quantize_row_q8_1", BLOCK_Q8_1, x)
 
 
 def dot(scheme: str, weight_row: np.ndarray, x_blocks: np.ndarray) -> float:
