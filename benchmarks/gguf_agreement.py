@@ -13,7 +13,8 @@ kael writes the F32 GGUF file (``kael.models.save_gguf``), llama.cpp's ``llama-q
 makes each type from it (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_M, Q4_K_S, Q4_K_M, Q5_K_M,
 Q6_K, IQ4_XS; no importance matrix), and both engines compute the logits of every position
 of one teacher-forced sequence (``--positions`` random token ids) on the same file: kael
-with ``kael.models.load_gguf`` (float32 activations), llama.cpp through llama-cpp-python
+with ``kael.models.load_gguf`` (float32 activations; ``--activations q8``: rounded to GGML's 8-bit
+blocks as llama.cpp's CPU backend rounds them, KAEL_QUANT_ACTIVATIONS=q8), llama.cpp through llama-cpp-python
 (``Llama(path, logits_all=True)``, whose dot products quantize activations to 8 bits).
 
 Per type it prints: ``top1`` (the fraction of positions whose argmax agrees),
@@ -31,6 +32,7 @@ rounding, so top-1 there measures ties more than agreement.
 
     python benchmarks/gguf_agreement.py [--models smollm2,gpt2] [--types q4_0,q4_k_m,...]
                                        [--positions 256] [--threads 2] [--init 0.02] [--keep DIR]
+                                       [--activations f32|q8] [--kv f16|f32]
     python benchmarks/gguf_agreement.py --quick     # a 2-layer model, 3 types: a smoke run
 """
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -144,9 +147,13 @@ def compare(ours: np.ndarray, theirs: np.ndarray, ref: np.ndarray, self_check: n
     }
 
 
-def _compare_on(path: Path, ours: np.ndarray, ids: list[int], ref: np.ndarray, threads: int) -> dict[str, float]:
-    theirs = _llama_logits(path, ids, threads)
-    return compare(ours, theirs, ref, _llama_logits(path, ids, threads, kv_f32=True))
+def _compare_on(
+    path: Path, ours: np.ndarray, ids: list[int], ref: np.ndarray, threads: int, kv_f32: bool = False
+) -> dict[str, float]:
+    """`compare` against llama.cpp with its float16 K/V cache (or float32 with `kv_f32`), the other as the self
+    check."""
+    theirs = _llama_logits(path, ids, threads, kv_f32=kv_f32)
+    return compare(ours, theirs, ref, _llama_logits(path, ids, threads, kv_f32=not kv_f32))
 
 
 def run_model(model: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
@@ -161,7 +168,8 @@ def run_model(model: str, args: argparse.Namespace, scratch: Path) -> dict[str, 
     rng = np.random.default_rng(1)
     ids = [int(t) for t in rng.integers(2, n_tok, size=args.positions)]
     ref = _kael_logits(f32, ids)
-    out: dict[str, Any] = {"f32": _compare_on(f32, ref, ids, ref, args.threads)}
+    kv32 = args.kv == "f32"
+    out: dict[str, Any] = {"f32": _compare_on(f32, ref, ids, ref, args.threads, kv32)}
     quantize = _tool("llama-quantize")
     for kind in args.types:
         path = d / f"{kind}.gguf"
@@ -176,7 +184,7 @@ def run_model(model: str, args: argparse.Namespace, scratch: Path) -> dict[str, 
         except Exception as exc:  # a file kael refuses is a result to print, not a crash
             out[kind] = {"error": f"kael: {type(exc).__name__}: {exc}"}
             continue
-        out[kind] = {**_compare_on(path, ours, ids, ref, args.threads), "quantize_s": round(took, 1)}
+        out[kind] = {**_compare_on(path, ours, ids, ref, args.threads, kv32), "quantize_s": round(took, 1)}
         path.unlink()
         print(json.dumps({"model": model, "type": kind, **out[kind]}), file=sys.stderr, flush=True)
     return out
@@ -191,7 +199,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init", type=float, default=0.02, help="the init's standard deviation (transformers: 0.02)")
     p.add_argument("--keep", type=Path, default=None, help="keep the checkpoints and files in this folder")
     p.add_argument("--quick", action="store_true", help="2-layer models, 3 types, 32 positions (a smoke run)")
+    p.add_argument(
+        "--activations", choices=["f32", "q8"], default="f32",
+        help="kael's quantized_linear activations (KAEL_QUANT_ACTIVATIONS): q8 rounds them as llama.cpp does",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv", choices=["f16", "f32"], default="f16",
+        help="llama.cpp's K/V cache type compared with (the other is its self check); kael's cache is float32",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    os.environ["KAEL_QUANT_ACTIVATIONS"] = args.activations
     args.types = [t for t in args.types.split(",") if t]
     if args.quick:
         args.types, args.positions = ["q4_0", "q4_k_m", "iq4_xs"], 32
@@ -201,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
             "positions": args.positions,
             "threads": args.threads,
             "init": args.init,
+            "activations": args.activations,
+            "kv": args.kv,
             "models": {m: run_model(m, args, scratch) for m in args.models.split(",") if m},
         }
     print(json.dumps(result, indent=1))
