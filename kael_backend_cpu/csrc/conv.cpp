@@ -117,13 +117,11 @@ void copy_run(const T* s, int64_t n, T* d) {
   for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }
 
-// Row r = (c*KH + i)*KW + j of sample n's columns (NOTE [conv2d columns]): P values into d.
+// Row r = (c*KH + i)*KW + j of one sample's columns (NOTE [conv2d columns]): P values into d, from the
+// sample's channel plane [H, W]; cr is inside_columns(g, j*dw - pw).
 template <class T>
-void im2col_row(const Geom& g, const T* x, int64_t n, int64_t r, T* d) {
-  const int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
-  const T* plane = x + (n * g.c + c) * g.h * g.w;
+void im2col_row(const Geom& g, const T* plane, int64_t i, int64_t j, ColRange cr, T* d) {
   const int64_t x0 = j * g.dw - g.pw;
-  const ColRange cr = inside_columns(g, x0);
   for (int64_t oy = 0; oy < g.oh; ++oy, d += g.ow) {
     const int64_t iy = oy * g.sh - g.ph + i * g.dh;
     if (iy < 0 || iy >= g.h) {
@@ -157,9 +155,15 @@ int64_t samples_per_block(const Geom& g) {
 // Samples n0 .. n0 + nb - 1 unfolded into cols [C*KH*KW, nb*P].
 template <class T>
 void im2col_block(const Geom& g, const T* x, int64_t n0, int64_t nb, T* cols) {
-  const int64_t rows = g.c * g.kh * g.kw, p = g.p(), ld = nb * p;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t s = 0; s < nb; ++s) im2col_row(g, x, n0 + s, r, cols + r * ld + s * p);
+  const int64_t p = g.p(), ld = nb * p, hw = g.h * g.w;
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t i = 0; i < g.kh; ++i) {
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const ColRange cr = inside_columns(g, j * g.dw - g.pw);
+        T* row = cols + ((c * g.kh + i) * g.kw + j) * ld;
+        for (int64_t s = 0; s < nb; ++s) im2col_row(g, x + ((n0 + s) * g.c + c) * hw, i, j, cr, row + s * p);
+      }
+    }
   }
 }
 

@@ -207,18 +207,24 @@ void max_pool2d_backward(const View& dx, const View& grad, const View& indices) 
   const DType wd = work_dtype(dx.dtype);
   const int64_t planes = dx.shape[0] * dx.shape[1], hw = dx.shape[2] * dx.shape[3];
   const int64_t po = grad.shape[2] * grad.shape[3];
-  Temp gk = to_contiguous(grad, wd), ik = to_contiguous(indices, DType::Int64);
-  const int64_t* ip = ik.view.ptr<int64_t>();
+  // Operands already contiguous of the work dtype are read in place, a contiguous dx of it (not overlapping
+  // them) written in place.
+  Temp gk = (grad.dtype == wd && grad.is_contiguous()) ? Temp{} : to_contiguous(grad, wd);
+  Temp ik = indices.is_contiguous() ? Temp{} : to_contiguous(indices, DType::Int64);
+  const View gv = gk.view.data != nullptr ? gk.view : grad;
+  const int64_t* ip = (ik.view.data != nullptr ? ik.view : indices).ptr<int64_t>();
   for (int64_t q = 0, n = planes * po; q < n; ++q) {
     KAEL_CHECK(ip[q] < hw, Index, "max_pool2d_backward: index ", ip[q], " is outside a plane of ", hw, " elements");
   }
-  Temp dt = make_temp(wd, dx.shape, 4);
+  const bool dx_direct = dx.dtype == wd && dx.is_contiguous() && !overlaps(dx, grad) && !overlaps(dx, indices);
+  Temp dt = dx_direct ? Temp{} : make_temp(wd, dx.shape, 4);
+  const View dv = dx_direct ? dx : dt.view;
   if (wd == DType::Float64) {
-    backward_typed<double>(dt.view.ptr<double>(), gk.view.ptr<double>(), ip, planes, hw, po);
+    backward_typed<double>(dv.ptr<double>(), gv.ptr<double>(), ip, planes, hw, po);
   } else {
-    backward_typed<float>(dt.view.ptr<float>(), gk.view.ptr<float>(), ip, planes, hw, po);
+    backward_typed<float>(dv.ptr<float>(), gv.ptr<float>(), ip, planes, hw, po);
   }
-  copy(dx, dt.view);
+  if (!dx_direct) copy(dx, dt.view);
 }
 
 namespace {
