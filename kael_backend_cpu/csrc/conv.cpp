@@ -144,7 +144,7 @@ void im2col_row(const Geom& g, const T* plane, int64_t i, int64_t j, ColRange cr
 // GEMMs are wide enough to run at speed, but no more than about kBlockValues values of columns,
 // so the columns written by im2col are still in a core's L2 cache when the GEMMs read them.
 constexpr int64_t kBlockColumns = 2048;
-constexpr int64_t kBlockValues = 64 * 1024;
+constexpr int64_t kBlockValues = int64_t{64} * 1024;
 
 int64_t samples_per_block(const Geom& g) {
   const int64_t p = std::max<int64_t>(1, g.p()), rows = std::max<int64_t>(1, g.c * g.kh * g.kw);
