@@ -1,7 +1,7 @@
 // batch_norm and batch_norm_backward over x [N, C, *S] viewed as rows [N, C, S].
 //
-// Statistics: one task per channel sums its N rows of S contiguous elements in float64
-// (two passes: the mean, then the squared deviations), so no thread shares an
+// Statistics: one task per channel sums its N rows of S contiguous elements in float64, in
+// kChains interleaved chains (two passes: the mean, then the squared deviations), so no thread shares an
 // accumulator and the result does not depend on the thread count. Normalising (and dx in
 // the backward) then runs one task per (n, c) row. Operands that are not contiguous, or
 // are 16-bit floats, are copied to contiguous float32/64 first; outputs are written in
@@ -51,14 +51,33 @@ void finish(const View& out, const View& computed) {
   if (computed.data != out.data) copy(out, computed);
 }
 
-template <class T>
-double channel_sum(const T* p, const Rows& r, int64_t c) {
-  double s = 0;
+// Channel sums in float64 run in kChains independent chains (values i, i + kChains, ... of each row), added
+// in a fixed order at the end: one chain is a dependent float64 add per value, several times slower, and
+// the order still depends on the shape only (never the thread count).
+constexpr int64_t kChains = 8;
+
+double fold(const double* acc) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// sum over channel c's rows of f(row, i), f giving a double.
+template <class T, class F>
+double channel_sum_of(const T* p, const Rows& r, int64_t c, F f) {
+  double acc[kChains] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int64_t n = 0; n < r.n; ++n) {
     const T* row = p + (n * r.c + c) * r.s;
-    for (int64_t i = 0; i < r.s; ++i) s += static_cast<double>(row[i]);
+    int64_t i = 0;
+    for (; i + kChains <= r.s; i += kChains) {
+      for (int64_t k = 0; k < kChains; ++k) acc[k] += f(row, i + k);
+    }
+    for (; i < r.s; ++i) acc[i % kChains] += f(row, i);
   }
-  return s;
+  return fold(acc);
+}
+
+template <class T>
+double channel_sum(const T* p, const Rows& r, int64_t c) {
+  return channel_sum_of(p, r, c, [](const T* row, int64_t i) { return static_cast<double>(row[i]); });
 }
 
 template <class T>
@@ -73,14 +92,10 @@ void forward_typed(const View& out, const View& mean, const View& rstd, const Vi
                [&](int64_t b0, int64_t e0) {
                  for (int64_t c = b0; c < e0; ++c) {
                    const double mu = channel_sum(xp, r, c) / count;
-                   double v = 0;
-                   for (int64_t n = 0; n < r.n; ++n) {
-                     const T* row = xp + (n * r.c + c) * r.s;
-                     for (int64_t i = 0; i < r.s; ++i) {
-                       const double d = static_cast<double>(row[i]) - mu;
-                       v += d * d;
-                     }
-                   }
+                   const double v = channel_sum_of(xp, r, c, [mu](const T* row, int64_t i) {
+                     const double d = static_cast<double>(row[i]) - mu;
+                     return d * d;
+                   });
                    mp[c] = static_cast<T>(mu);
                    rp[c] = static_cast<T>(1.0 / std::sqrt(v / count + eps));
                  }
@@ -113,18 +128,27 @@ void backward_typed(const View* dx, const View* dweight, const View* dbias, cons
   parallel_for(0, r.c, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, 2 * r.n * r.s)),
                [&](int64_t b0, int64_t e0) {
                  for (int64_t c = b0; c < e0; ++c) {
-                   double s1 = 0, s2 = 0;
+                   double a1[kChains] = {0, 0, 0, 0, 0, 0, 0, 0}, a2[kChains] = {0, 0, 0, 0, 0, 0, 0, 0};
                    const double mu = mean[c];
                    for (int64_t n = 0; n < r.n; ++n) {
                      const T* gr = gp + (n * r.c + c) * r.s;
                      const T* xr = xp + (n * r.c + c) * r.s;
-                     for (int64_t i = 0; i < r.s; ++i) {
-                       s1 += static_cast<double>(gr[i]);
-                       s2 += static_cast<double>(gr[i]) * (static_cast<double>(xr[i]) - mu);
+                     int64_t i = 0;
+                     for (; i + kChains <= r.s; i += kChains) {
+                       for (int64_t k = 0; k < kChains; ++k) {
+                         const double gv = static_cast<double>(gr[i + k]);
+                         a1[k] += gv;
+                         a2[k] += gv * (static_cast<double>(xr[i + k]) - mu);
+                       }
+                     }
+                     for (; i < r.s; ++i) {
+                       const double gv = static_cast<double>(gr[i]);
+                       a1[i % kChains] += gv;
+                       a2[i % kChains] += gv * (static_cast<double>(xr[i]) - mu);
                      }
                    }
-                   sgp[c] = s1;
-                   sgxp[c] = s2 * static_cast<double>(rstd[c]);  // sum(grad * xhat)
+                   sgp[c] = fold(a1);
+                   sgxp[c] = fold(a2) * static_cast<double>(rstd[c]);  // sum(grad * xhat)
                  }
                });
   if (dbias != nullptr) copy(*dbias, sg.view);

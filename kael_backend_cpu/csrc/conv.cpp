@@ -1,8 +1,8 @@
 // conv2d and conv2d_backward: im2col one block of samples at a time into a cache-sized
 // scratch buffer, then one GEMM per group.
 //
-// NOTE [conv2d columns]: a block of B samples (about kBlockColumns / P of them, P = OH*OW;
-// the block size depends on the geometry only) is unfolded into columns [C*KH*KW, B*P]:
+// NOTE [conv2d columns]: a block of B samples (about kBlockColumns / P of them, P = OH*OW, fewer
+// when C*KH*KW is large; the block size depends on the geometry only) is unfolded into columns [C*KH*KW, B*P]:
 // row (c*KH + i)*KW + j holds x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw] at column
 // s*P + oy*OW + ox for the block's sample s, 0 in the padding. Group g's rows are the
 // contiguous block [g*Kg, (g+1)*Kg) with Kg = C/groups*KH*KW, and yT_g [O/g, B*P] =
@@ -102,13 +102,26 @@ ColRange inside_columns(const Geom& g, int64_t x0) {
   return {lo, std::max(lo, hi)};
 }
 
-// Row r = (c*KH + i)*KW + j of sample n's columns (NOTE [conv2d columns]): P values into d.
+// d[0, n) = s[0, n) for the short runs of im2col (an output row, often 10-30 values): fixed-size chunks
+// the compiler inlines as vector moves (the last one overlapping), where std::copy calls memmove, whose
+// call and size dispatch cost more than such a copy.
 template <class T>
-void im2col_row(const Geom& g, const T* x, int64_t n, int64_t r, T* d) {
-  const int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
-  const T* plane = x + (n * g.c + c) * g.h * g.w;
+void copy_run(const T* s, int64_t n, T* d) {
+  constexpr int64_t kChunk = 32 / static_cast<int64_t>(sizeof(T));  // values in 32 bytes
+  if (n >= kChunk) {
+    int64_t i = 0;
+    for (; i + kChunk <= n; i += kChunk) std::memcpy(d + i, s + i, 32);
+    if (i < n) std::memcpy(d + n - kChunk, s + n - kChunk, 32);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+}
+
+// Row r = (c*KH + i)*KW + j of one sample's columns (NOTE [conv2d columns]): P values into d, from the
+// sample's channel plane [H, W]; cr is inside_columns(g, j*dw - pw).
+template <class T>
+void im2col_row(const Geom& g, const T* plane, int64_t i, int64_t j, ColRange cr, T* d) {
   const int64_t x0 = j * g.dw - g.pw;
-  const ColRange cr = inside_columns(g, x0);
   for (int64_t oy = 0; oy < g.oh; ++oy, d += g.ow) {
     const int64_t iy = oy * g.sh - g.ph + i * g.dh;
     if (iy < 0 || iy >= g.h) {
@@ -118,7 +131,7 @@ void im2col_row(const Geom& g, const T* x, int64_t n, int64_t r, T* d) {
     const T* row = plane + iy * g.w;  // ox in [lo, hi) reads row[x0 + ox*sw], inside the row
     std::fill(d, d + cr.lo, T(0));
     if (g.sw == 1) {
-      std::copy(row + x0 + cr.lo, row + x0 + cr.hi, d + cr.lo);
+      copy_run(row + x0 + cr.lo, cr.hi - cr.lo, d + cr.lo);
     } else {
       for (int64_t ox = cr.lo; ox < cr.hi; ++ox) d[ox] = row[x0 + ox * g.sw];
     }
@@ -128,19 +141,29 @@ void im2col_row(const Geom& g, const T* x, int64_t n, int64_t r, T* d) {
 
 // A block of samples is unfolded side by side: columns [C*KH*KW, B*P], sample s of the block at
 // columns [s*P, (s+1)*P). Blocks hold enough samples for about kBlockColumns columns, so the
-// GEMMs are wide enough to run at speed while the columns stay in cache.
+// GEMMs are wide enough to run at speed, but no more than about kBlockValues values of columns,
+// so the columns written by im2col are still in a core's L2 cache when the GEMMs read them.
 constexpr int64_t kBlockColumns = 2048;
+constexpr int64_t kBlockValues = int64_t{64} * 1024;
 
 int64_t samples_per_block(const Geom& g) {
-  return std::clamp<int64_t>((kBlockColumns + g.p() - 1) / std::max<int64_t>(1, g.p()), 1, std::max<int64_t>(1, g.n));
+  const int64_t p = std::max<int64_t>(1, g.p()), rows = std::max<int64_t>(1, g.c * g.kh * g.kw);
+  const int64_t by_columns = (kBlockColumns + p - 1) / p, by_values = kBlockValues / (rows * p);
+  return std::clamp<int64_t>(std::min(by_columns, by_values), 1, std::max<int64_t>(1, g.n));
 }
 
 // Samples n0 .. n0 + nb - 1 unfolded into cols [C*KH*KW, nb*P].
 template <class T>
 void im2col_block(const Geom& g, const T* x, int64_t n0, int64_t nb, T* cols) {
-  const int64_t rows = g.c * g.kh * g.kw, p = g.p(), ld = nb * p;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t s = 0; s < nb; ++s) im2col_row(g, x, n0 + s, r, cols + r * ld + s * p);
+  const int64_t p = g.p(), ld = nb * p, hw = g.h * g.w;
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t i = 0; i < g.kh; ++i) {
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const ColRange cr = inside_columns(g, j * g.dw - g.pw);
+        T* row = cols + ((c * g.kh + i) * g.kw + j) * ld;
+        for (int64_t s = 0; s < nb; ++s) im2col_row(g, x + ((n0 + s) * g.c + c) * hw, i, j, cr, row + s * p);
+      }
+    }
   }
 }
 
@@ -159,7 +182,12 @@ void col2im_sample(const Geom& g, const T* dcols, int64_t ld, T* dplane) {
           if (iy < 0 || iy >= g.h) continue;
           T* row = plane + iy * g.w;
           const T* sp = src + oy * g.ow;
-          for (int64_t ox = cr.lo; ox < cr.hi; ++ox) row[x0 + ox * g.sw] += sp[ox];
+          if (g.sw == 1) {  // unit stride: a loop the compiler vectorizes
+            T* dst = row + x0;
+            for (int64_t ox = cr.lo; ox < cr.hi; ++ox) dst[ox] += sp[ox];
+          } else {
+            for (int64_t ox = cr.lo; ox < cr.hi; ++ox) row[x0 + ox * g.sw] += sp[ox];
+          }
         }
       }
     }

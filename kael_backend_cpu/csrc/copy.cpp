@@ -69,6 +69,13 @@ T scalar_as(Scalar v) {
   }
 }
 
+// c ? x : y on bits, by a mask: the compiler keeps it a select (a ternary here can become a branch per element).
+template <class U>
+U pick(uint8_t c, U x, U y) {
+  const U m = U(0) - static_cast<U>(c != 0);
+  return static_cast<U>((x & m) | (y & static_cast<U>(~m)));
+}
+
 template <class U>
 void where_bits(const View& out, const View& cond, const View& a, const View& b) {
   const View* ops[4] = {&out, &cond, &a, &b};
@@ -79,6 +86,27 @@ void where_bits(const View& out, const View& cond, const View& a, const View& b)
       const U* x = reinterpret_cast<const U*>(p[2]);
       const U* y = reinterpret_cast<const U*>(p[3]);
       for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? x[i] : y[i];
+    } else if (s[0] == sizeof(U) && s[1] == 1 && (s[2] == 0 || s[2] == sizeof(U)) && (s[3] == 0 || s[3] == sizeof(U))) {
+      // x, y or both broadcast scalars (where(mask, g, 0), ReLU's backward): masked selects over contiguous runs, not
+      // a memcpy per element
+      U* o = reinterpret_cast<U*>(p[0]);
+      const auto* c = reinterpret_cast<const uint8_t*>(p[1]);
+      if (s[2] == 0 && s[3] == 0) {
+        U xv, yv;
+        std::memcpy(&xv, p[2], sizeof(U));
+        std::memcpy(&yv, p[3], sizeof(U));
+        for (int64_t i = 0; i < n; ++i) o[i] = pick(c[i], xv, yv);
+      } else if (s[3] == 0) {
+        const U* x = reinterpret_cast<const U*>(p[2]);
+        U yv;
+        std::memcpy(&yv, p[3], sizeof(U));
+        for (int64_t i = 0; i < n; ++i) o[i] = pick(c[i], x[i], yv);
+      } else {
+        const U* y = reinterpret_cast<const U*>(p[3]);
+        U xv;
+        std::memcpy(&xv, p[2], sizeof(U));
+        for (int64_t i = 0; i < n; ++i) o[i] = pick(c[i], xv, y[i]);
+      }
     } else {
       for (int64_t i = 0; i < n; ++i) {
         const bool c = *reinterpret_cast<const uint8_t*>(p[1] + i * s[1]) != 0;

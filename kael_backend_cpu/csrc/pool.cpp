@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -57,25 +58,44 @@ void window_general(const T* src, int64_t h, int64_t w, int64_t y0, int64_t x0, 
   *idx = at;
 }
 
-// One window wholly inside the plane (no bounds tests), the same first-maximum / first-NaN rule.
-template <class T>
-void window_inside(const T* src, int64_t w, int64_t y0, int64_t x0, std::array<int64_t, 2> k, std::array<int64_t, 2> d,
-                   T* out, int64_t* idx) {
-  int64_t at = y0 * w + x0;
-  T best = src[at];
-  for (int64_t i = 0; i < k[0]; ++i) {
-    const int64_t r = (y0 + i * d[0]) * w + x0;
-    for (int64_t j = 0; j < k[1]; ++j) {
-      const T v = src[r + j * d[1]];
-      // v > best, or v NaN while best is not: once best is NaN it stays (the first NaN). Selects,
-      // not branches: maxima of unordered data would mispredict about half the time.
-      const bool take = !(v <= best) && !std::isnan(best);
-      best = take ? v : best;
-      at = take ? r + j * d[1] : at;
+// The windows of output columns [lo, hi) of one output row, all wholly inside the plane (no bounds tests), by
+// the same first-maximum / first-NaN rule as window_general. The windows go side by side in lanes of kLanes:
+// each kernel offset is one pass over the lanes, whose iterations are independent, so the compiler turns the
+// selects into vector blends (one window at a time is a chain of dependent selects, or a mispredicted branch
+// per element). Lanes keep 32-bit indices, as wide as float lanes (the caller checks that a plane's indices
+// fit); SX > 0 is the column stride as a constant (strides 1 and 2 vectorize), 0 reads it from sx.
+template <int64_t SX, class T>
+void windows_inside_row(const T* src, int64_t w, int64_t y0, int64_t lo, int64_t hi, std::array<int64_t, 2> k,
+                        int64_t sx, int64_t px, std::array<int64_t, 2> d, T* out, int64_t* idx) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  constexpr int64_t kLanes = 64;
+  const int64_t step = SX > 0 ? SX : sx;
+  T best[kLanes];
+  I at[kLanes];
+  for (int64_t o0 = lo; o0 < hi; o0 += kLanes) {
+    const int64_t nl = std::min(kLanes, hi - o0), first = y0 * w + o0 * step - px;
+    for (int64_t l = 0; l < nl; ++l) {
+      best[l] = src[first + l * step];
+      at[l] = static_cast<I>(first + l * step);
     }
+    for (int64_t i = 0; i < k[0]; ++i) {
+      for (int64_t j = i == 0 ? 1 : 0; j < k[1]; ++j) {
+        const int64_t off = first + i * d[0] * w + j * d[1];
+        const T* row = src + off;
+        const I ioff = static_cast<I>(off);
+        for (int64_t l = 0; l < nl; ++l) {
+          const T v = row[l * step];
+          const T bl = best[l];
+          // v > best, or v NaN while best is not: once best is NaN it stays (the first NaN)
+          const bool take = !(v <= bl) & (bl == bl);
+          best[l] = take ? v : bl;
+          at[l] = take ? static_cast<I>(ioff + static_cast<I>(l * step)) : at[l];
+        }
+      }
+    }
+    std::copy(best, best + nl, out + o0);
+    std::copy(at, at + nl, idx + o0);
   }
-  *out = best;
-  *idx = at;
 }
 
 template <class T>
@@ -87,6 +107,8 @@ void forward_typed(const View& x, T* out, int64_t* idx, int64_t oh, int64_t ow, 
   const int64_t span_x = (k[1] - 1) * d[1], span_y = (k[0] - 1) * d[0];
   const int64_t lo = std::min(ow, (p[1] + s[1] - 1) / s[1]);
   const int64_t hi = std::max(lo, std::min(ow, w - span_x + p[1] > 0 ? (w - span_x + p[1] - 1) / s[1] + 1 : 0));
+  // windows_inside_row's float lanes keep 32-bit indices: larger planes take window_general throughout
+  const bool lanes_fit = sizeof(T) == 8 || h * w <= std::numeric_limits<int32_t>::max();
   parallel_for(0, planes, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(1, po * k[0] * k[1])),
                [&](int64_t b, int64_t e) {
                  for (int64_t pl = b; pl < e; ++pl) {
@@ -96,13 +118,21 @@ void forward_typed(const View& x, T* out, int64_t* idx, int64_t oh, int64_t ow, 
                    for (int64_t oy = 0; oy < oh; ++oy) {
                      const int64_t y0 = oy * s[0] - p[0];
                      const bool rows_inside = y0 >= 0 && y0 + span_y < h;
+                     const bool lanes = rows_inside && lanes_fit;
+                     const int64_t q = oy * ow, in_lo = lanes ? lo : ow, in_hi = lanes ? hi : ow;
                      for (int64_t ox = 0; ox < ow; ++ox) {
-                       const int64_t q = oy * ow + ox, x0 = ox * s[1] - p[1];
-                       if (rows_inside && ox >= lo && ox < hi) {
-                         window_inside(src, w, y0, x0, k, d, o + q, ix + q);
-                       } else {
-                         window_general(src, h, w, y0, x0, k, d, o + q, ix + q);
+                       if (ox == in_lo && in_lo < in_hi) {
+                         if (s[1] == 1) {
+                           windows_inside_row<1>(src, w, y0, in_lo, in_hi, k, 1, p[1], d, o + q, ix + q);
+                         } else if (s[1] == 2) {
+                           windows_inside_row<2>(src, w, y0, in_lo, in_hi, k, 2, p[1], d, o + q, ix + q);
+                         } else {
+                           windows_inside_row<0>(src, w, y0, in_lo, in_hi, k, s[1], p[1], d, o + q, ix + q);
+                         }
+                         ox = in_hi - 1;
+                         continue;
                        }
+                       window_general(src, h, w, y0, ox * s[1] - p[1], k, d, o + q + ox, ix + q + ox);
                      }
                    }
                  }
@@ -177,18 +207,24 @@ void max_pool2d_backward(const View& dx, const View& grad, const View& indices) 
   const DType wd = work_dtype(dx.dtype);
   const int64_t planes = dx.shape[0] * dx.shape[1], hw = dx.shape[2] * dx.shape[3];
   const int64_t po = grad.shape[2] * grad.shape[3];
-  Temp gk = to_contiguous(grad, wd), ik = to_contiguous(indices, DType::Int64);
-  const int64_t* ip = ik.view.ptr<int64_t>();
+  // Operands already contiguous of the work dtype are read in place, a contiguous dx of it (not overlapping
+  // them) written in place.
+  Temp gk = (grad.dtype == wd && grad.is_contiguous()) ? Temp{} : to_contiguous(grad, wd);
+  Temp ik = indices.is_contiguous() ? Temp{} : to_contiguous(indices, DType::Int64);
+  const View gv = gk.view.data != nullptr ? gk.view : grad;
+  const int64_t* ip = (ik.view.data != nullptr ? ik.view : indices).ptr<int64_t>();
   for (int64_t q = 0, n = planes * po; q < n; ++q) {
     KAEL_CHECK(ip[q] < hw, Index, "max_pool2d_backward: index ", ip[q], " is outside a plane of ", hw, " elements");
   }
-  Temp dt = make_temp(wd, dx.shape, 4);
+  const bool dx_direct = dx.dtype == wd && dx.is_contiguous() && !overlaps(dx, grad) && !overlaps(dx, indices);
+  Temp dt = dx_direct ? Temp{} : make_temp(wd, dx.shape, 4);
+  const View dv = dx_direct ? dx : dt.view;
   if (wd == DType::Float64) {
-    backward_typed<double>(dt.view.ptr<double>(), gk.view.ptr<double>(), ip, planes, hw, po);
+    backward_typed<double>(dv.ptr<double>(), gv.ptr<double>(), ip, planes, hw, po);
   } else {
-    backward_typed<float>(dt.view.ptr<float>(), gk.view.ptr<float>(), ip, planes, hw, po);
+    backward_typed<float>(dv.ptr<float>(), gv.ptr<float>(), ip, planes, hw, po);
   }
-  copy(dx, dt.view);
+  if (!dx_direct) copy(dx, dt.view);
 }
 
 namespace {

@@ -16,7 +16,17 @@ from hypothesis import strategies as st
 
 pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import LAYOUTS, cpu_empty, host_empty, logical, place, random_values, tol  # noqa: E402
+from cpu_helpers import (  # noqa: E402
+    LAYOUTS,
+    bits,
+    cpu_empty,
+    from_numpy_bits,
+    host_empty,
+    logical,
+    place,
+    random_values,
+    tol,
+)
 from kael import _dtype as dt  # noqa: E402
 from kael._ops import BINARY_OPS, COMPARE_OPS, UNARY_OPS  # noqa: E402
 from kael.testing import assert_close  # noqa: E402
@@ -88,6 +98,27 @@ def test_where(cpu: Any, ref: Any, shape: tuple, dtype: str, layouts: tuple, see
     a = place(random_values(rng, shape, d), d, layouts[1])
     b = place(random_values(rng, shape, d), d, layouts[2])
     got, want = run_both(cpu, ref, "where", shape, d, cond, a, b)
+    assert_close(got, want, **tol(d))
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "float16", "float32", "int64", "float64"])
+@pytest.mark.parametrize("scalars", ["a", "b", "both"])
+def test_where_with_one_value_broadcast_everywhere(cpu: Any, ref: Any, dtype: str, scalars: str) -> None:
+    """where(cond, a, b) with a, b or both a single value broadcast over every dim (stride 0 in every dim, as
+    the gradient of a mean is, and the 0 of ReLU's backward): the reference's results, so each output element
+    takes its own operand's value (the masked-select path for contiguous runs)."""
+    rng = np.random.default_rng(3)
+    d = dt.BY_NAME[dtype]
+    shape = (5, 37)
+    cond = place(rng.random(shape) < 0.5, dt.bool_, "contiguous")
+
+    def operand(name: str) -> Any:
+        if name in scalars or scalars == "both":
+            one = np.array(bits(random_values(rng, (1, 1), d), d), copy=True)
+            return from_numpy_bits(np.broadcast_to(one, shape), d)  # strides (0, 0)
+        return place(random_values(rng, shape, d), d, "contiguous")
+
+    got, want = run_both(cpu, ref, "where", shape, d, cond, operand("a"), operand("b"))
     assert_close(got, want, **tol(d))
 
 

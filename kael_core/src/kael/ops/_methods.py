@@ -209,7 +209,13 @@ def _install() -> None:
         fn = getattr(F, name)
 
         def method(a: Tensor, other: Any, alpha: Any = None) -> Tensor:
-            if alpha is not None:
+            # alpha 1 with a float tensor is the tensor itself: no multiply (an op per call in optimizer loops)
+            if alpha is not None and not (
+                type(alpha) in (int, float)
+                and alpha == 1
+                and isinstance(other, Tensor)
+                and other.dtype.is_floating_point
+            ):
                 other = F.mul(other, alpha)
             r = fast_binary_(a, name, other)
             if r is not None:
