@@ -17,13 +17,12 @@ come from kael's own K-quant quantizers (``kael.quant.quantize_array``, byte-exa
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import ggml_activation_quant as ggml_q8_k
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
@@ -31,7 +30,8 @@ gguf = pytest.importorskip("gguf")
 
 from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
 from kael.quant import quantize_array  # noqa: E402
-from test_quant_int8 import assert_bits, run  # noqa: E402
+from test_quant_int8 import IQ4NL, SETTINGS, assert_bits, run  # noqa: E402
+from test_quant_int8 import _integer_path as _integer_path  # noqa: E402  (autouse: every test on the integer path)
 
 __all__: list[str] = []
 
@@ -40,18 +40,8 @@ GGML_TYPE = {"q2_k": Q.Q2_K, "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6
 BLOCK_BYTES = {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210, "iq4_xs": 136}
 MINS = ("q2_k", "q4_k", "q5_k")  # value d * sc * q - dmin * mn
 SCHEMES = tuple(GGML_TYPE)
-#: GGML's kvalues_iq4nl: IQ4_NL's (and IQ4_XS's) 16 levels
-IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
 QK = 256
 F32 = np.float32
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(autouse=True)
-def _integer_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test here runs the integer path unless it says otherwise."""
-    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
-    yield
 
 
 # -- the NumPy model -----------------------------------------------------------------------
