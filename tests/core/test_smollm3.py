@@ -80,8 +80,11 @@ def _rope_flags(step: Any, model: Any) -> None:
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_decode_step_equals_the_general_forward_pass(pair: fp.Pair, backend: str, direct: bool) -> None:
-    """LlamaDecodeStep copies q and k where it would rotate them on the no-rope layers (fused or separate q/k/v)."""
-    fp.check_decode_step(pair, backend, direct, SmolLM3ForCausalLM, LlamaDecodeStep, _rope_flags)
+    """LlamaDecodeStep copies q and k where it would rotate them on the no-rope layers (fused or separate q/k/v).
+    Within 4e-5: the prefill's products of more than 16 rows sum in another order than one row's, and this
+    checkpoint's init (0.2) amplifies that most of the families: measured 1.97e-5, and 2.19e-5 since rms_norm sums
+    float32-rounded squares (a last-bit change of the mean in some rows), on logits of std about 1.6."""
+    fp.check_decode_step(pair, backend, direct, SmolLM3ForCausalLM, LlamaDecodeStep, _rope_flags, atol=4e-5)
 
 
 def test_quantized_decode_step_equals_its_forward_pass(pair: fp.Pair) -> None:
