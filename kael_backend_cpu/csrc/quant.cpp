@@ -125,14 +125,13 @@ bool rows_stride(const View& v, int64_t* rs) {
 }
 
 // The integer path is taken (NOTE [integer quantized linear])? Reads KAEL_QUANT_ACTIVATIONS.
-bool use_int8_path(QuantScheme s, int64_t m) {
+bool use_int8_path(QuantScheme s) {
   const char* mode = std::getenv("KAEL_QUANT_ACTIVATIONS");
   const bool set = mode != nullptr && *mode != '\0';
   KAEL_CHECK(!set || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0, Kael,
              "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8' (or unset), got '", mode, "'");
   if (!set || std::strcmp(mode, "q8") != 0) return false;  // the default: float32 activations
   // q8: every row count (waves of kFewRows rows), for the formats with an integer kernel
-  (void)m;
   return vec().q8dot_rows[static_cast<int>(s)] != nullptr || vec().q8kdot_rows[static_cast<int>(s)] != nullptr;
 }
 
@@ -208,59 +207,53 @@ void quantize_row_q8k(const float* x, int64_t k, int8_t* q, float* d, int16_t* s
   }
 }
 
-using Q8kDots = void (*)(int64_t, int64_t, int64_t, const int8_t*, const float*, const int16_t*, const uint8_t*,
-                         int64_t, const float*, float*, int64_t);
-
-// linear_int8 for the super-block formats: the rows quantized once to Q8_K, then `dots` (the
-// table's q8kdot_rows entry) in waves of up to kFewRows rows over each thread's weight rows.
-void linear_int8_k(Q8kDots dots, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
-                   const float* bias, float* c, int64_t rsc) {
-  const int64_t nb = k / 256, ns = k / 16;
-  Buffer xq(static_cast<size_t>(m * k));
-  Buffer xd(static_cast<size_t>(m * nb) * sizeof(float));
-  Buffer xs(static_cast<size_t>(m * ns) * sizeof(int16_t));
-  auto* q = xq.get<int8_t>();
-  auto* d = xd.get<float>();
-  auto* bs = xs.get<int16_t>();
+// The integer path's two passes over m rows of x: quantize(row i) for each row (threads split
+// the rows), then wave(i0, rows, j0, j1) for waves of up to kFewRows rows starting at row i0
+// against weight rows j0..j1 (threads split N; a thread's slice of weight rows stays in cache
+// across the waves).
+template <class Quantize, class Wave>
+void int8_passes(int64_t m, int64_t n, int64_t k, const Quantize& quantize, const Wave& wave) {
   parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns);
+    for (int64_t i = r0; i < r1; ++i) quantize(i);
   });
-  const int64_t wave = std::min(m, kFewRows);
-  parallel_for(0, n, std::max<int64_t>(1, 32768 / (wave * k)), [&](int64_t j0, int64_t j1) {
-    for (int64_t i0 = 0; i0 < m; i0 += kFewRows) {
-      const int64_t rows = std::min(kFewRows, m - i0);
-      dots(rows, j1 - j0, k, q + i0 * k, d + i0 * nb, bs + i0 * ns, w.data + j0 * w.row_stride, w.row_stride,
-           bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
-    }
+  parallel_for(0, n, std::max<int64_t>(1, 32768 / (std::min(m, kFewRows) * k)), [&](int64_t j0, int64_t j1) {
+    for (int64_t i0 = 0; i0 < m; i0 += kFewRows) wave(i0, std::min(kFewRows, m - i0), j0, j1);
   });
 }
 
-// out rows = the m rows of x through the integer path: the rows quantized once, then the table's
-// integer dot products, threads splitting N; each thread runs its slice of weight rows against
-// waves of up to kFewRows activation rows (the slice stays in cache across the waves).
+// out rows = the m rows of x through the integer path: the rows quantized once (Q8_K for the
+// super-block formats, the table's q8kdot_rows; Q8_0 / Q8_1 for the others, q8dot_rows), then the
+// table's integer dot products in int8_passes' waves.
 void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
                  const float* bias, float* c, int64_t rsc) {
+  const auto out = [&](int64_t i0, int64_t j0) { return c + i0 * rsc + j0; };
+  const auto bias_at = [&](int64_t j0) { return bias == nullptr ? nullptr : bias + j0; };
+  Buffer xq(static_cast<size_t>(m * k));
+  auto* q = xq.get<int8_t>();
   if (const auto kdots = vec().q8kdot_rows[static_cast<int>(s)]; kdots != nullptr) {
-    linear_int8_k(kdots, m, n, k, x, rsx, w, bias, c, rsc);
+    const int64_t nb = k / 256, ns = k / 16;
+    Buffer xd(static_cast<size_t>(m * nb) * sizeof(float));
+    Buffer xs(static_cast<size_t>(m * ns) * sizeof(int16_t));
+    auto* d = xd.get<float>();
+    auto* bs = xs.get<int16_t>();
+    int8_passes(
+        m, n, k, [&](int64_t i) { quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns); },
+        [&](int64_t i0, int64_t rows, int64_t j0, int64_t j1) {
+          kdots(rows, j1 - j0, k, q + i0 * k, d + i0 * nb, bs + i0 * ns, w.data + j0 * w.row_stride, w.row_stride,
+                bias_at(j0), out(i0, j0), rsc);
+        });
     return;
   }
   const int64_t nb = k / 32;
-  Buffer xq(static_cast<size_t>(m * k));
   Buffer xd(static_cast<size_t>(2 * m * nb) * sizeof(float));
-  auto* q = xq.get<int8_t>();
   auto* d = xd.get<float>();
-  parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
-  });
   const auto dots = vec().q8dot_rows[static_cast<int>(s)];
-  const int64_t wave = std::min(m, kFewRows);
-  parallel_for(0, n, std::max<int64_t>(1, 32768 / (wave * k)), [&](int64_t j0, int64_t j1) {
-    for (int64_t i0 = 0; i0 < m; i0 += kFewRows) {
-      const int64_t rows = std::min(kFewRows, m - i0);
-      dots(rows, j1 - j0, k, q + i0 * k, d + i0 * 2 * nb, w.data + j0 * w.row_stride, w.row_stride,
-           bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
-    }
-  });
+  int8_passes(
+      m, n, k, [&](int64_t i) { quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb); },
+      [&](int64_t i0, int64_t rows, int64_t j0, int64_t j1) {
+        dots(rows, j1 - j0, k, q + i0 * k, d + i0 * 2 * nb, w.data + j0 * w.row_stride, w.row_stride, bias_at(j0),
+             out(i0, j0), rsc);
+      });
 }
 
 // c[i * rsc + j] (+)= bias[j] for the m x n block.
@@ -381,7 +374,7 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) c[i * rso + j] = bp != nullptr ? bp[j] : 0.0f;
     }
-  } else if (use_int8_path(scheme, m)) {
+  } else if (use_int8_path(scheme)) {
     linear_int8(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (m <= kFewRows) {
     const auto dots = vec().qdot_rows[static_cast<int>(scheme)];

@@ -32,14 +32,11 @@ from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
 from kael.quant import quantize_array  # noqa: E402
 from test_quant_int8 import IQ4NL, SETTINGS, assert_bits, run  # noqa: E402
 from test_quant_int8 import _integer_path as _integer_path  # noqa: E402  (autouse: every test on the integer path)
+from test_quant_kquants import BLOCK_BYTES, GGML_TYPE, SCHEMES  # noqa: E402
 
 __all__: list[str] = []
 
-Q = gguf.GGMLQuantizationType
-GGML_TYPE = {"q2_k": Q.Q2_K, "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K, "iq4_xs": Q.IQ4_XS}
-BLOCK_BYTES = {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210, "iq4_xs": 136}
 MINS = ("q2_k", "q4_k", "q5_k")  # value d * sc * q - dmin * mn
-SCHEMES = tuple(GGML_TYPE)
 QK = 256
 F32 = np.float32
 
