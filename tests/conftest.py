@@ -1,5 +1,5 @@
 """Fixtures shared by all test folders (a seeded NumPy generator, the optional PyTorch oracle), and
-the ``serial`` mark: tests that must not share the machine with other pytest workers.
+``float_activations`` / ``float_activations_module`` (quantized linears on float32 activations), and the ``serial`` mark: tests that must not share the machine with other pytest workers.
 
 ``scripts/test.sh`` runs the suite in two passes: everything not marked ``serial`` under
 pytest-xdist, then the ``serial`` tests alone. A test is ``serial`` when it starts server or MPI
@@ -9,6 +9,8 @@ fails under an xdist worker for a reason given at ``SERIAL_TESTS``.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -54,3 +56,29 @@ def rng() -> np.random.Generator:
 def torch() -> Any:
     """PyTorch as an optional oracle: tests that use it are skipped when it is not installed."""
     return pytest.importorskip("torch")
+
+
+def _env_f32() -> Iterator[None]:
+    before = os.environ.get("KAEL_QUANT_ACTIVATIONS")
+    os.environ["KAEL_QUANT_ACTIVATIONS"] = "f32"
+    yield
+    if before is None:
+        del os.environ["KAEL_QUANT_ACTIVATIONS"]
+    else:
+        os.environ["KAEL_QUANT_ACTIVATIONS"] = before
+
+
+@pytest.fixture
+def float_activations() -> Iterator[None]:
+    """``KAEL_QUANT_ACTIVATIONS=f32`` for a test: the CPU backend's quantized linears keep float32
+    activations at every row count (the conformance reference) instead of the default's integer path for
+    up to 16 rows, for tests whose oracle is float arithmetic (NumPy, finite differences, a forward pass of
+    more than 16 rows compared with decode steps). The default's own numerics:
+    tests/backend_cpu/test_quant_int8.py and tests/core/test_quantized_models.py."""
+    yield from _env_f32()
+
+
+@pytest.fixture(scope="module")
+def float_activations_module() -> Iterator[None]:
+    """``float_activations`` for a whole module (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    yield from _env_f32()

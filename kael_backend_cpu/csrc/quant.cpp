@@ -37,14 +37,20 @@
 // there is undefined behaviour); one so small that -127 / max overflows gets q = 0 and d = 1 / iscale, a zero (what
 // ggml's bit arithmetic gives). Their dot products follow NOTE [integer K dot order] (vec_quant_dot_k.h): per
 // super-block exact int32 sums of the weight's integer scales (and mins against bsums), then float32 scale products.
-// KAEL_QUANT_ACTIVATIONS is read at every call.
-// It runs at every row count: a prompt's rows go through the same kernels in waves of up to 16 rows (each wave
-// reading a thread's slice of the weight rows while it is in cache), so a row's result never depends on how many
-// rows there are, and a prompt's logits are what the same rows decoded one by one give: llama.cpp's arithmetic on
-// its CPU backend, which quantizes activations this way for prompts and decode alike (the agreement tests with
-// llama.cpp use it). The float32-activation path above (the conformance reference) stays the default: for a
-// 128-row prompt the waves measured 0.69-0.89x the packed GEMM's speed (GPT-2's c_fc, Q4_0 / Q8_0, 1 and 2
-// threads; 1.1-1.45x it at 17 rows: benchmarks/quant_int8_linear.py --rows); an int8 GEMM is issue 29's point 4.
+// KAEL_QUANT_ACTIVATIONS is read at every call: unset (or auto) takes the faster path for the call, f32 the
+// float32-activation path (the conformance reference) always, q8 the integer path at every row count.
+// * q8: a prompt's rows go through the same kernels in waves of up to 16 rows (each wave reading a thread's slice of
+//   the weight rows while it is in cache), so a row's result never depends on how many rows there are, and a
+//   prompt's logits are what the same rows decoded one by one give: llama.cpp's arithmetic on its CPU backend, which
+//   quantizes activations this way for prompts and decode alike (the agreement tests with llama.cpp use it).
+// * auto (the default): the integer path for calls of up to 16 rows (decode, batched decode, speculative
+//   verification) for the 32-value formats on the AVX2 and AVX-512 tables, whose SIMD integer kernels measured
+//   1.6-2x the float few-row kernels there (a GPT-2 Q8_0 file's decode, 1 thread); the float path otherwise: for a
+//   128-row prompt the waves measured 0.69-0.89x the packed float GEMM's speed (GPT-2's c_fc, Q4_0 / Q8_0, 1 and 2
+//   threads; benchmarks/quant_int8_linear.py --rows), and the portable integer kernels (the baseline table, the
+//   super-block formats) are slower than the float ones. Rows of up to 16 stay bit-identical batched and alone;
+//   a prompt's rows above 16 differ from the same rows decoded one by one by the activation rounding (about
+//   |d_x| / 2 per value), as they differed by float32 summation order before.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -124,15 +130,22 @@ bool rows_stride(const View& v, int64_t* rs) {
   return true;
 }
 
-// The integer path is taken (NOTE [integer quantized linear])? Reads KAEL_QUANT_ACTIVATIONS.
-bool use_int8_path(QuantScheme s) {
+// The integer path is taken for an m-row call (NOTE [integer quantized linear])? Reads KAEL_QUANT_ACTIVATIONS.
+bool use_int8_path(QuantScheme s, int64_t m) {
   const char* mode = std::getenv("KAEL_QUANT_ACTIVATIONS");
   const bool set = mode != nullptr && *mode != '\0';
-  KAEL_CHECK(!set || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0, Kael,
-             "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8' (or unset), got '", mode, "'");
-  if (!set || std::strcmp(mode, "q8") != 0) return false;  // the default: float32 activations
-  // q8: every row count (waves of kFewRows rows), for the formats with an integer kernel
-  return vec().q8dot_rows[static_cast<int>(s)] != nullptr || vec().q8kdot_rows[static_cast<int>(s)] != nullptr;
+  KAEL_CHECK(!set || std::strcmp(mode, "auto") == 0 || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0,
+             Kael, "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'auto', 'f32' or 'q8' (or unset: auto), got '",
+             mode, "'");
+  const int f = static_cast<int>(s);
+  if (set && std::strcmp(mode, "f32") == 0) return false;
+  if (set && std::strcmp(mode, "q8") == 0) {
+    // q8: every row count (waves of kFewRows rows), for the formats with an integer kernel
+    return vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr;
+  }
+  // auto: the faster path. The integer kernels with SIMD (the 32-value formats on the AVX2 and AVX-512 tables)
+  // beat the float few-row kernels at up to kFewRows rows; above, the packed float GEMM beats the waves.
+  return m <= kFewRows && vec().q8dot_rows[f] != nullptr && std::strcmp(vec().name, "baseline") != 0;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and
@@ -374,7 +387,7 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) c[i * rso + j] = bp != nullptr ? bp[j] : 0.0f;
     }
-  } else if (use_int8_path(scheme)) {
+  } else if (use_int8_path(scheme, m)) {
     linear_int8(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (m <= kFewRows) {
     const auto dots = vec().qdot_rows[static_cast<int>(scheme)];

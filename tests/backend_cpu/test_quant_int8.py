@@ -294,7 +294,7 @@ def test_close_to_the_float_path(cpu: Any, scheme: str, monkeypatch: pytest.Monk
 def test_bad_mode_is_refused(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     data = encode(np.ones((3, 32)), "q8_0")
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "int4")
-    with pytest.raises(kael.KaelError, match=r"KAEL_QUANT_ACTIVATIONS must be 'f32' or 'q8'.*'int4'"):
+    with pytest.raises(kael.KaelError, match=r"KAEL_QUANT_ACTIVATIONS must be 'auto', 'f32' or 'q8'.*'int4'"):
         run(cpu, np.ones((1, 32), F32), data, None, "q8_0")
 
 
@@ -331,22 +331,32 @@ def test_every_vector_table(isa: str) -> None:
     rerun_under_isa(__file__, isa)
 
 
-def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset: the float32-activation path (as f32) at any row count; q8: the integer path at 16 rows
-    and at 17 (a wave of 16, then one)."""
+@pytest.mark.parametrize("mode", [None, "auto"])
+def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str | None) -> None:
+    """Unset (or auto): the integer path (the NumPy model's bits) up to 16 rows on the AVX2 and AVX-512
+    tables, the float32-activation path (as f32) above 16 rows and on the baseline table; q8: the integer
+    path at 16 rows and at 17 (a wave of 16, then one)."""
+    from kael_backend_cpu._native import C
+
     rng = np.random.default_rng(7)
     x = rng.standard_normal((17, 256)).astype(F32)
     data = encode(rng.standard_normal((7, 256)), "q4_0")
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
-    f32 = [run(cpu, x[:rows], data, None, "q4_0") for rows in (16, 17)]
-    monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS", raising=False)
-    for rows, want in zip((16, 17), f32, strict=True):
-        assert_bits(run(cpu, x[:rows], data, None, "q4_0"), want)
+    f32 = [run(cpu, x[:rows], data, None, "q4_0") for rows in (1, 16, 17)]
+    if mode is None:
+        monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS", raising=False)
+    else:
+        monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
+    simd = C.isa() not in ("baseline", "base")
+    for rows, want in zip((1, 16), f32[:2], strict=True):
+        got = run(cpu, x[:rows], data, None, "q4_0")
+        assert_bits(got, model(x[:rows], data, None, "q4_0") if simd else want)
+    assert_bits(run(cpu, x, data, None, "q4_0"), f32[2])
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
     assert_bits(run(cpu, x[:16], data, None, "q4_0"), model(x[:16], data, None, "q4_0"))
     got = run(cpu, x, data, None, "q4_0")
     assert_bits(got, model(x, data, None, "q4_0"))
-    assert not np.array_equal(got, f32[1])
+    assert not np.array_equal(got, f32[2])
 
 
 def test_gpt2_gguf_q8_0_logits_close_to_the_float_path(

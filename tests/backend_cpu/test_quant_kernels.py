@@ -1,4 +1,4 @@
-"""The CPU backend's weight-format kernels (csrc/quant.cpp, csrc/vec_quant.h): dequantize and
+"""The float32-activation path (KAEL_QUANT_ACTIVATIONS=f32) of the CPU backend's weight-format kernels (csrc/quant.cpp, csrc/vec_quant.h): dequantize and
 quantized_linear for GGML's Q8_0 / Q4_0 blocks (Q4_1 / Q5_0 / Q5_1: test_quant_types.py) and bfloat16 / float16 weights.
 
 Oracles: the blocks come from the gguf package's quantizer (``gguf.quants.quantize``) and
@@ -12,6 +12,7 @@ CPU can run (``KAEL_CPU_ISA``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import kael
@@ -34,6 +35,15 @@ BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
 GGML_TYPE = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
 U = 2.0**-24  # float32 unit roundoff
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float_path() -> Iterator[None]:
+    """These are tests of the float32-activation path (``KAEL_QUANT_ACTIVATIONS=f32``); the default takes
+    the integer path for up to 16 rows (test_quant_int8.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+        yield
 
 
 # -- the oracle: weights in each format and a NumPy decoder written from the layout ----------

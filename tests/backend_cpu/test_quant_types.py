@@ -1,4 +1,4 @@
-"""The CPU backend's kernels for GGML's Q4_1, Q5_0, Q5_1 and IQ4_NL blocks (csrc/quant_formats.h,
+"""The float32-activation path (KAEL_QUANT_ACTIVATIONS=f32) of the CPU backend's kernels for GGML's Q4_1, Q5_0, Q5_1 and IQ4_NL blocks (csrc/quant_formats.h,
 csrc/vec_quant.h): dequantize and quantized_linear, called through the extension's kernels.
 
 Oracles: ``gguf.quants.dequantize`` (bit for bit, on gguf-quantized weights and on random block
@@ -11,6 +11,7 @@ every other vector table this CPU can run (``KAEL_CPU_ISA``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import kael
@@ -36,6 +37,15 @@ NO_QUANTIZER = {"iq4_nl"}  # gguf has no reference quantizer: random blocks with
 SCHEMES = tuple(GGML_TYPE)
 U = 2.0**-24  # float32 unit roundoff
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float_path() -> Iterator[None]:
+    """These are tests of the float32-activation path (``KAEL_QUANT_ACTIVATIONS=f32``); the default takes
+    the integer path for up to 16 rows (test_quant_int8.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+        yield
 
 
 def quantize(w: np.ndarray, scheme: str) -> np.ndarray:

@@ -94,6 +94,7 @@ def test_prefix_cache_hits_give_each_row_its_tokens_alone(pair: fp.Pair) -> None
     fp.check_prefix_cache(pair, hit_tokens=32)
 
 
+@pytest.mark.usefixtures("float_activations")  # a float oracle (tests/conftest.py)
 def test_q8_0_weights_decode_as_their_forward_pass(pair: fp.Pair) -> None:
     gp.check_q8_0_decode_step(pair)
 

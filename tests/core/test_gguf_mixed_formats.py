@@ -28,6 +28,9 @@ from kael.testing import weight_blocks
 from kael.tokenizer import load_tokenizer
 from llama_checkpoints import build
 
+#: float oracles (NumPy, float64): quantized linears on float32 activations (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("float_activations_module")
+
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -188,6 +188,7 @@ def test_transformers_reads_kaels_llama_file(llama_dir: Path, weights: str | Non
     np.testing.assert_allclose(_logits(model, ids), want, rtol=0, atol=1e-4)
 
 
+@pytest.mark.usefixtures("float_activations")  # a float oracle (tests/conftest.py)
 @pytest.mark.parametrize("weights", [None, "q4_0"])
 def test_transformers_reads_kaels_gpt2_file(gpt2_dir: Path, weights: str | None) -> None:
     pytest.importorskip("accelerate")

@@ -27,6 +27,9 @@ from kael.backends import host
 from kael.backends.reference import ReferenceBackend
 from kael.quant import BLOCK_VALUES, dequantize_array, quantizable, quantize_array, to_device_weight
 
+#: float oracles (NumPy, float64): quantized linears on float32 activations (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("float_activations_module")
+
 MODES = ["default", "reference", "decomposition", "dequantize_only"]
 
 

@@ -21,6 +21,9 @@ import pytest
 from kael import nn
 from kael.quant import BLOCK_BYTES, QuantizedLinear, dequantize_array, quantizable, quantize_array
 
+#: float oracles (NumPy, float64): quantized linears on float32 activations (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("float_activations_module")
+
 NOISE = {
     "q8_0": 0.02, "q4_0": 0.15, "q4_1": 0.15, "q5_0": 0.08, "q5_1": 0.08, "bf16": 0.01, "f16": 0.001,
     "q2_k": 0.6, "q3_k": 0.3, "q4_k": 0.15, "q5_k": 0.08, "q6_k": 0.04, "iq4_nl": 0.15, "iq4_xs": 0.15,

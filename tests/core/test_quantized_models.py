@@ -141,6 +141,7 @@ def _step_type(family: str) -> type:
     return GPT2DecodeStep if family == "gpt2" else LlamaDecodeStep
 
 
+@pytest.mark.usefixtures("float_activations")  # a float oracle (tests/conftest.py)
 @pytest.mark.parametrize("scheme", ["q8_0", "q4_0", "bf16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_direct_step_equals_generic_step_and_forward(
@@ -167,6 +168,51 @@ def test_direct_step_equals_generic_step_and_forward(
     np.testing.assert_allclose(got[None], got[False], rtol=0, atol=2e-5)
     np.testing.assert_allclose(got[None], full, rtol=0, atol=2e-5)
     assert (got[None].argmax(-1) == got[False].argmax(-1)).all()
+
+
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_default_decodes_on_the_integer_path_and_prefills_on_the_float_one(
+    checkpoints: dict[str, tuple[Path, Any]], family: str, scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C++ backend's default (KAEL_QUANT_ACTIVATIONS unset, NOTE [integer quantized linear]): a
+    24-token prompt's logits (and K/V) are the float32-activation path's bits; each decode step's are
+    ``q8``'s (activations rounded as llama.cpp does) after that prompt, within that rounding of the float
+    path's."""
+    kbc = pytest.importorskip("kael_backend_cpu")
+    if kbc._native.C.isa() in ("baseline", "base"):
+        pytest.skip("the baseline table's default is the float path")
+    kael.backends.use("cpu", "cpu")
+    try:
+        model = from_pretrained(checkpoints[family][0], weights=scheme)
+        ids = _ids(family, 28, seed=3)
+
+        def mode(name: str | None) -> None:
+            if name is None:
+                monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS", raising=False)
+            else:
+                monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", name)
+
+        def run(prefill: str | None, steps: str | None) -> tuple[np.ndarray, np.ndarray]:
+            cache = model.new_cache(max_positions=28)
+            with kael.no_grad():
+                mode(prefill)
+                prompt = model(kael.tensor([ids[:24]]), cache).numpy()[0].copy()
+                mode(steps)
+                step = decode_step(model, cache)
+                rows = []
+                for t in ids[24:]:
+                    rows.append(step([0], [t]).numpy()[0].copy())
+                    cache.lengths[0] += 1
+            return prompt, np.stack(rows)
+
+        default, f32, q8 = run(None, None), run("f32", "f32"), run("f32", "q8")
+    finally:
+        kael.backends.use("cpu", None)
+    np.testing.assert_array_equal(default[0], f32[0])
+    np.testing.assert_array_equal(default[1], q8[1])
+    span = float(np.ptp(f32[1]))
+    assert 0 < float(np.abs(default[1] - f32[1]).max()) <= 0.03 * span
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -383,8 +383,9 @@ _defs += [
         "float32); weight as for dequantize. A backend's result for a row never depends on how many rows x has. "
         "Numerics: for q8_0/q4_0 (and q4_1/q5_0/q5_1/iq4_nl) weights a backend may quantize x's rows to GGML Q8_0 blocks, "
         "and for the super-block formats (q2_k/q3_k/q4_k/q5_k/q6_k/iq4_xs) to GGML Q8_K blocks, as llama.cpp does, "
-        "and take integer block dot products (the CPU backend does at every row count with "
-        "KAEL_QUANT_ACTIVATIONS=q8: error about |d_x|/2 per value, NOTE [integer quantized linear] in its csrc/quant.cpp)",
+        "and take integer block dot products (error about |d_x|/2 per value; the CPU backend does by default for up to "
+        "16 rows, at every row count with KAEL_QUANT_ACTIVATIONS=q8, never with =f32: NOTE [integer quantized linear] "
+        "in its csrc/quant.cpp)",
     ),
     _op("topk", "fused", "values!, indices!, x, k: int", "along the last dim, largest first"),
     _op(
