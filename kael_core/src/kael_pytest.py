@@ -9,12 +9,16 @@ It adds ``--kael-backend NAME``. Given the option, it selects that backend for i
 device type for the whole session (``kael.backends.use``), prints it in the report
 header, and provides the ``kael_backend`` and ``kael_device`` fixtures; the
 conformance kit (``pytest --pyargs kael.testing.conformance --kael-backend NAME``)
-runs. Without it, nothing happens: kael is not imported, no fixture is active, and
+runs, with ``KAEL_QUANT_ACTIVATIONS=f32`` unless the environment sets it: the
+float32-activation path of quantized linears is the conformance reference (a backend
+that may quantize activations as llama.cpp does, as the C++ CPU backend does by default
+for few rows, reads that variable). Without it, nothing happens: kael is not imported, no fixture is active, and
 tests of the conformance kit are skipped.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,6 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
     ok, reason = backend.is_available()
     if not ok:
         raise pytest.UsageError(f"--kael-backend {name!r}: the backend is not available here: {reason}")
+    if not os.environ.get("KAEL_QUANT_ACTIVATIONS"):
+        os.environ["KAEL_QUANT_ACTIVATIONS"] = "f32"
+        _state["activations_set"] = True
     _state["previous"] = (backend.device_type, kael.backends.override(backend.device_type))
     kael.backends.use(backend.device_type, name)
     _state["backend"] = backend
@@ -74,6 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     prev = _state.pop("previous", None)
     _state.pop("backend", None)
+    if _state.pop("activations_set", False):
+        os.environ.pop("KAEL_QUANT_ACTIVATIONS", None)
     if prev is not None:
         import kael
 
