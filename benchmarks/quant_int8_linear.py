@@ -1,9 +1,9 @@
 """quantized_linear on the CPU backend: the float32-activation path against the integer path
 (KAEL_QUANT_ACTIVATIONS=f32 / q8, NOTE [integer quantized linear] in kael_backend_cpu/csrc/quant.cpp).
 
-Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (quantized by the gguf package) and Q6_K, Q4_K and Q5_K weights (by
-kael.quant.quantize_array, byte-exact with ggml; their integer path takes Q8_K activations) of GPT-2 small's
-shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
+Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (quantized by the gguf package) and Q6_K, Q4_K, Q5_K, Q2_K, Q3_K and
+IQ4_XS weights (by kael.quant.quantize_array, byte-exact with ggml; their integer path takes Q8_K activations) of
+GPT-2 small's shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
 activation rows (--rows: more than 16 is a prompt's, where q8 runs waves of 16 rows), 1 and 2 threads, both paths timed in the same process with their rounds
 interleaved (best of --repeats calls in each of --rounds rounds). Prints JSON: milliseconds per
 call, weight GB/s (weight bytes / time) and the integer path's speed-up; --out writes it too.
@@ -28,7 +28,14 @@ __all__ = ["main"]
 
 SHAPES = {"c_fc": (768, 3072), "lm_head": (768, 50257)}
 GGML = {"q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7}  # GGMLQuantizationType values
-KQUANTS = ("q6_k", "q4_k", "q5_k")  # quantized by kael (the gguf package has no K-quant quantizer)
+KQUANTS = (
+    "q6_k",
+    "q4_k",
+    "q5_k",
+    "q2_k",
+    "q3_k",
+    "iq4_xs",
+)  # quantized by kael (the gguf package has no K-quant quantizer)
 SCHEMES = (*GGML, *KQUANTS)
 
 

@@ -113,29 +113,31 @@ void expect_same_bits(const std::vector<float>& c, const float* want, const std:
 
 // Integers at their limits (NOTE [integer K dot in vectors]: the vector kernels' int16 steps): every
 // weight byte one of 0x00, 0x7f, 0x80, 0xff (q6_k: q = -32 or 31, sc = -128, -1 or 127; q5_k: q =
-// 31, sc and mn = 63; ...) against activations q_x all -128, all 127 or alternating, with their
+// 31, sc and mn = 63; ...) against activations q_x all -128 (iq4_xs: -127), all 127 or alternating, with their
 // bsums (d = 1, dmin = 1 / 2, d_x = 1): every table gives the portable kernel's bits, and those are
 // within float32 rounding of the double-precision dot product.
 TEST(VecQuantDotK, ExtremeIntegersSameBitsOnEveryTable) {
   const kael::VecTable& base = kael::vec_base_table();
   constexpr uint8_t kFills[] = {0x00, 0x7f, 0x80, 0xff};
   constexpr int64_t m = 16, n = 16, k = 2 * kQK, nb = k / kQK;
-  std::vector<int8_t> xq(static_cast<size_t>(m * k));
-  std::vector<float> xd(static_cast<size_t>(m * nb), 1.0f);
-  std::vector<int16_t> xs(static_cast<size_t>(m * k / 16));
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t t = 0; t < k; ++t) {
-      const int pattern = static_cast<int>(i % 3);
-      xq[i * k + t] = static_cast<int8_t>(pattern == 0 ? -128 : pattern == 1 ? 127 : (t % 2 == 0 ? 127 : -128));
-    }
-  }
-  for (int64_t i = 0; i < m * k / 16; ++i) {
-    int sum = 0;
-    for (int l = 0; l < 16; ++l) sum += xq[i * 16 + l];
-    xs[i] = static_cast<int16_t>(sum);
-  }
   for (const QuantScheme s : kFormats) {
     const int f = static_cast<int>(s);
+    // iq4_xs's kernel flips q_x's sign: -128 is outside Q8_K's q_x (and wraps)
+    const int lowest = s == QuantScheme::IQ4_XS ? -127 : -128;
+    std::vector<int8_t> xq(static_cast<size_t>(m * k));
+    std::vector<float> xd(static_cast<size_t>(m * nb), 1.0f);
+    std::vector<int16_t> xs(static_cast<size_t>(m * k / 16));
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t t = 0; t < k; ++t) {
+        const int pattern = static_cast<int>(i % 3);
+        xq[i * k + t] = static_cast<int8_t>(pattern == 0 ? lowest : pattern == 1 ? 127 : (t % 2 == 0 ? 127 : lowest));
+      }
+    }
+    for (int64_t i = 0; i < m * k / 16; ++i) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += xq[i * 16 + l];
+      xs[i] = static_cast<int16_t>(sum);
+    }
     const int64_t bb = kael::quant_block_bytes(s), rb = nb * bb;
     // weight row j: every byte kFills[j % 4], scale bytes kFills[j / 4], d = 1 and dmin = 1 / 2
     std::vector<uint8_t> w(static_cast<size_t>(n * rb));
