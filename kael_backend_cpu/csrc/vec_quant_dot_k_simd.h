@@ -10,22 +10,18 @@
 // maddubs(u, q_x) (iq4_xs: maddubs(|q|, q_x with q's sign)) gives int16 sums of two products, at
 // most 2 * 127 * 128 = 32512 < 2^15 in magnitude (iq4_xs; q6_k's 2 * 63 * 128 next; |q_x| <= 128
 // even though Q8_K's q_x lie in [-127, 127], but for iq4_xs, whose sign flip of -128 would wrap):
-// no int16 saturation. madd (AVX2) or vpdpwssd (VNNI,
-// non-saturating) multiplies those by the int16 scales (|sc| <= 128) and adds pairs into int32
-// lanes: each step is exact, and every partial sum is bounded by the exact |isum_b| < 2^27 of the
-// NOTE. q6_k's q = u - 32 then takes -32 * sum of sc_g * bsums_g (the activation's group sums,
-// |bsums_g| <= 16 * 128; -32 * sc_g, at most 4096 in magnitude, is an int16) by the same
-// instruction, q3_k's q = u - 4 likewise -4 * sum of sc_g * bsums_g, and q2_k / q4_k / q5_k's msum
-// is madd(bsums, mn) (mn_g <= 63). The integer sums are exact, so the order is free: isum_b and
-// msum_b are the portable kernel's integers, and kd_add_block takes the float steps the same way.
+// no int16 saturation. madd (AVX2) or vpdpwssd (VNNI, non-saturating) multiplies those by the
+// int16 scales (|sc| <= 128) and adds pairs into int32 lanes: each step is exact, and every
+// partial sum is bounded by the exact |isum_b| < 2^27 of the NOTE. q6_k's q = u - 32 then takes
+// -32 * sum of sc_g * bsums_g (the activation's group sums, which Q8_K's bsums are; |bsums_g| <=
+// 16 * 128; -32 * sc_g, at most 4096 in magnitude, is an int16) by the same instruction, q3_k's
+// q = u - 4 likewise -4 * sum of sc_g * bsums_g, and q2_k / q4_k / q5_k's msum is madd(bsums, mn)
+// (mn_g <= 63). The integer sums are exact, so the order is free: isum_b and msum_b are the
+// portable kernel's integers, and kd_add_block takes the float steps the same way.
 // Pasted inside the per-ISA namespace by vec_table.h after vec_quant_dot_k.h: no includes.
 #pragma once
 
 #if defined(__AVX2__)
-// Super-block formats with a vector kernel here.
-template <int F>
-constexpr bool kKsSimd = kQSuper<F>;
-
 // One weight super-block unpacked for the vector kernel (NOTE [integer K dot in vectors]).
 struct KsBlock {
   __m256i u[8];   // unsigned integers of values 32c .. 32c + 31
@@ -290,12 +286,11 @@ template <int F>
 auto q8kdot_kernel() -> void (*)(int64_t, int64_t, int64_t, const int8_t*, const float*, const int16_t*, const uint8_t*,
                                  int64_t, const float*, float*, int64_t) {
 #if defined(__AVX2__)
-  if constexpr (kKsSimd<F>) {
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
-    if (::kael::cpu_features().avx512_vnni) return ks_rows_vnni<F>;
+  if (::kael::cpu_features().avx512_vnni) return ks_rows_vnni<F>;
 #endif
-    return ks_rows_fn<F, KsMadd>;
-  }
-#endif
+  return ks_rows_fn<F, KsMadd>;
+#else
   return q8kdot_rows<F>;
+#endif
 }
