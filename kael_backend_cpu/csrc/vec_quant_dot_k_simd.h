@@ -73,7 +73,7 @@ inline void ks_unpack(const uint8_t* sb, KsBlock& o) {
   const __m256i lo4 = _mm256_set1_epi8(15);
   if constexpr (F == kQ6K) {  // ql[128], qh[64], int8 scales[16], d
     const __m256i b45 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; ++h) {
+    for (int64_t h = 0; h < 2; ++h) {
       const __m256i l0 = ks_load(sb + 64 * h), l1 = ks_load(sb + 64 * h + 32), hb = ks_load(sb + 128 + 32 * h);
       // bits 2t, 2t + 1 of qh to bits 4, 5 (16-bit shifts: the masked bits stay in their byte)
       o.u[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), b45));
@@ -92,7 +92,7 @@ inline void ks_unpack(const uint8_t* sb, KsBlock& o) {
     // (qs[32h + l] >> 2j) & 3, for q3_k + 4 where bit 4h + j of hmask[l] is set
     const uint8_t* qs = sb + (F == kQ2K ? 16 : 32);
     const __m256i lo2 = _mm256_set1_epi8(3);
-    for (int h = 0; h < 2; ++h) {
+    for (int64_t h = 0; h < 2; ++h) {
       const __m256i v = ks_load(qs + 32 * h);
       o.u[4 * h] = _mm256_and_si256(v, lo2);
       o.u[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), lo2);
@@ -133,7 +133,7 @@ inline void ks_unpack(const uint8_t* sb, KsBlock& o) {
     // qs[16c .. 16c + 15], 32c + 16 .. 32c + 31 of the high ones; scale c (both halves):
     // ((scales_l[c / 2] >> 4 (c % 2)) & 15) | ((scales_h >> 2c) & 3) << 4, - 32
     const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
-    for (int c = 0; c < 8; ++c) {
+    for (int64_t c = 0; c < 8; ++c) {
       const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 8 + 16 * c));
       const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lo4);
       o.sg[c] = _mm256_shuffle_epi8(levels, nib);
@@ -164,7 +164,7 @@ inline void ks_unpack(const uint8_t* sb, KsBlock& o) {
     static_assert(F == kQ4K || F == kQ5K, "the super-block formats");
     // d, dmin, scales[12], (q5_k: qh[32]), qs[128]; value 32c + l: (qs[32 (c / 2) + l] >> 4 (c % 2)) & 15
     const uint8_t* qs = sb + (F == kQ4K ? 16 : 48);
-    for (int i = 0; i < 4; ++i) {
+    for (int64_t i = 0; i < 4; ++i) {
       const __m256i v = ks_load(qs + 32 * i);
       o.u[2 * i] = _mm256_and_si256(v, lo4);
       o.u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
@@ -218,7 +218,7 @@ struct KsVnni {
 template <int F, class DOT>
 inline void ks_sums(const KsBlock& blk, const int8_t* x, const int16_t* bs, int32_t& isum, int32_t& msum) {
   __m256i acc = _mm256_setzero_si256();
-  for (int c = 0; c < 8; ++c) {
+  for (int64_t c = 0; c < 8; ++c) {
     __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * c));
     if constexpr (F == kIQ4XS) xv = _mm256_sign_epi8(xv, blk.sg[c]);
     acc = DOT::acc(acc, _mm256_maddubs_epi16(blk.u[c], xv), blk.sc[c]);
