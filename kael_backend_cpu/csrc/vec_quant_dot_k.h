@@ -148,6 +148,20 @@ inline int32_t kd_isum(const int8_t* q, const int8_t* x, const int32_t (&sc)[kKd
   return s;
 }
 
+// acc + p_b, p_b from a super-block's integer sums isum and msum (msum: q2_k, q4_k, q5_k only) by
+// NOTE [integer K dot order]: every table's kernel takes its float steps from here.
+template <int F>
+inline float kd_add_block(float acc, float d, float dmin, float dx, int32_t isum, int32_t msum) {
+  float p = qd_opaque(qd_opaque(d * dx) * static_cast<float>(isum));
+  if constexpr (kQSuperMin<F>) {
+    p = qd_opaque(p - qd_opaque(qd_opaque(dmin * dx) * static_cast<float>(msum)));
+  } else {
+    (void)dmin;
+    (void)msum;
+  }
+  return qd_opaque(acc + p);
+}
+
 // c[i * rsc + j] = Q8_K activation row i . weight row j (+ bias[j]) for i < m <= 16, j < n, by NOTE
 // [integer K dot order]: activation row i is xq + i * k int8, its k / 256 scales at xd + i * (k / 256)
 // and its k / 16 bsums at xs + i * (k / 16); weight row j at w + j * rsw bytes. Each weight
@@ -167,15 +181,12 @@ void q8kdot_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float*
       kd_unpack<F>(sb, blk);
       for (int64_t r = 0; r < m; ++r) {
         const int32_t isum = kd_isum(blk.q, xq + r * k + b * kKdValues, blk.sc);
-        const float dx = xd[r * nb + b];
-        float p = qd_opaque(qd_opaque(blk.d * dx) * static_cast<float>(isum));
+        int32_t msum = 0;
         if constexpr (kQSuperMin<F>) {
           const int16_t* bs = xs + r * (k / kKdGroups) + b * kKdGroups;
-          int32_t msum = 0;
           for (int g = 0; g < kKdGroups; ++g) msum += blk.mn[g] * int32_t{bs[g]};
-          p = qd_opaque(p - qd_opaque(qd_opaque(blk.dmin * dx) * static_cast<float>(msum)));
         }
-        acc[r] = qd_opaque(acc[r] + p);
+        acc[r] = kd_add_block<F>(acc[r], blk.d, blk.dmin, xd[r * nb + b], isum, msum);
       }
     }
     for (int64_t r = 0; r < m; ++r) c[r * rsc + j] = bias != nullptr ? acc[r] + bias[j] : acc[r];

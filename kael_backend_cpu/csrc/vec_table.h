@@ -17,7 +17,8 @@
 #include "vec_quant.h"        // weight formats (and vec_quant_ints.h, vec_quant_k.h): rows and few-row dot products
 #include "vec_quant_dot.h"    // the integer path: Q8_0 activations . Q8_0 / Q4_0 weight rows
 #include "vec_quant_dot_k.h"  // the integer path: Q8_K activations . K-quant / IQ4_XS weight rows
-#include "vec_rows.h"         // sum, max, softmax, log_softmax, layer_norm rows; axpy
+#include "vec_quant_dot_k_simd.h"  // its AVX2 / VNNI kernels and q8kdot_kernel, the table's pick
+#include "vec_rows.h"              // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 #ifndef KAEL_KC_F
 #define KAEL_KC_F 256
@@ -84,11 +85,11 @@ VecTable make_table(const char* name) {
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_0)] = q8dot_kernel<5>();
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_1)] = q8dot_kernel<6>();
   t.q8dot_rows[static_cast<int>(::kael::QuantScheme::IQ4_NL)] = q8dot_kernel<7>();
-  t.q8kdot_rows[kQ2K] = q8kdot_rows<kQ2K>;
-  t.q8kdot_rows[kQ3K] = q8kdot_rows<kQ3K>;
-  t.q8kdot_rows[kQ4K] = q8kdot_rows<kQ4K>;
-  t.q8kdot_rows[kQ5K] = q8kdot_rows<kQ5K>;
-  t.q8kdot_rows[kQ6K] = q8kdot_rows<kQ6K>;
-  t.q8kdot_rows[kIQ4XS] = q8kdot_rows<kIQ4XS>;
+  t.q8kdot_rows[kQ2K] = q8kdot_kernel<kQ2K>();
+  t.q8kdot_rows[kQ3K] = q8kdot_kernel<kQ3K>();
+  t.q8kdot_rows[kQ4K] = q8kdot_kernel<kQ4K>();
+  t.q8kdot_rows[kQ5K] = q8kdot_kernel<kQ5K>();
+  t.q8kdot_rows[kQ6K] = q8kdot_kernel<kQ6K>();
+  t.q8kdot_rows[kIQ4XS] = q8kdot_kernel<kIQ4XS>();
   return t;
 }

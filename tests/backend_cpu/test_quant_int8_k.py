@@ -22,7 +22,7 @@ from typing import Any
 import ggml_activation_quant as ggml_q8_k
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
@@ -254,6 +254,67 @@ def test_bit_identical_to_the_model(
     data = weights(rng, n, k, scheme)
     bias = rng.standard_normal(n).astype(F32) if with_bias else None
     assert_bits(run(cpu, x, data, bias, scheme), model(x, data, bias, scheme))
+
+
+# Byte spans of a super-block: its integer scales (and mins) and its float16 scales d (and dmin).
+SCALE_BYTES = {
+    "q2_k": (0, 16),
+    "q3_k": (96, 108),
+    "q4_k": (4, 16),
+    "q5_k": (4, 16),
+    "q6_k": (192, 208),
+    "iq4_xs": (2, 8),
+}
+HALF_AT = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_xs": (0,)}
+FILLS = (0x00, 0x7F, 0x80, 0xFF, -1)  # a byte, or -1: random bytes
+
+
+def extreme_weights(rng: np.random.Generator, n: int, k: int, scheme: str, quants: int, scales: int) -> np.ndarray:
+    """n rows of super-blocks whose integer bytes are all `quants` and scale bytes all `scales` (or
+    random, -1): with 0x00 / 0xFF / 0x80 the formats' integers and scales at their limits (q6_k's
+    q = -32 and sc = -128; q = 31 and sc = -1; ...); float16 d (and dmin) random and finite."""
+    nbytes = BLOCK_BYTES[scheme]
+    blocks = n * k // QK
+    data = np.full((blocks, nbytes), quants, np.uint8) if quants >= 0 else rng.integers(0, 256, (blocks, nbytes))
+    data = data.astype(np.uint8)
+    lo, hi = SCALE_BYTES[scheme]
+    data[:, lo:hi] = scales if scales >= 0 else rng.integers(0, 256, (blocks, hi - lo))
+    for off in HALF_AT[scheme]:
+        data[:, off : off + 2] = (rng.standard_normal(blocks) * 0.02).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return data.reshape(n, -1)
+
+
+@SETTINGS
+@given(
+    scheme=st.sampled_from(SCHEMES),
+    m=st.integers(1, 16),
+    nb=st.integers(1, 3),
+    quants=st.sampled_from(FILLS),
+    scales=st.sampled_from(FILLS),
+    acts=st.sampled_from(["same", "alternate", "random"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+@example(scheme="q6_k", m=3, nb=2, quants=0x00, scales=0x80, acts="same", seed=0)  # q = -32, sc = -128
+@example(scheme="q6_k", m=16, nb=1, quants=0xFF, scales=0x7F, acts="alternate", seed=1)  # q = 31, sc = 127
+@example(scheme="q5_k", m=5, nb=1, quants=0xFF, scales=0xFF, acts="same", seed=2)  # q = 31, sc = mn = 63
+@example(scheme="q4_k", m=1, nb=3, quants=0xFF, scales=0xFF, acts="alternate", seed=3)
+def test_extreme_integers_bit_identical_to_the_model(
+    cpu: Any, scheme: str, m: int, nb: int, quants: int, scales: int, acts: str, seed: int
+) -> None:
+    """Weight integers and scales at their limits against activations whose q_x are all -127
+    ("same": equal positive values), +-127 ("alternate") or random: the worst magnitudes of the
+    vector kernels' int16 steps (NOTE [integer K dot in vectors]); each row also alone."""
+    rng = np.random.default_rng(seed)
+    k, n = QK * nb, 5
+    data = extreme_weights(rng, n, k, scheme, quants, scales)
+    if acts == "random":
+        x = rng.standard_normal((m, k)).astype(F32)
+    else:
+        sign = np.ones(k, F32) if acts == "same" else np.where(np.arange(k) % 2 == 0, F32(1), F32(-1))
+        x = (rng.uniform(0.5, 2.0, (m, 1)) * sign).astype(F32)
+    got = run(cpu, x, data, None, scheme)
+    assert_bits(got, model(x, data, None, scheme))
+    assert_bits(run(cpu, x[m - 1 :], data, None, scheme)[0], got[m - 1])
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
