@@ -44,11 +44,12 @@
 //   prompt's logits are what the same rows decoded one by one give: llama.cpp's arithmetic on its CPU backend, which
 //   quantizes activations this way for prompts and decode alike (the agreement tests with llama.cpp use it).
 // * auto (the default): the integer path for calls of up to 16 rows (decode, batched decode, speculative
-//   verification) for the 32-value formats on the AVX2 and AVX-512 tables, whose SIMD integer kernels measured
-//   1.6-2x the float few-row kernels there (a GPT-2 Q8_0 file's decode, 1 thread); the float path otherwise: for a
-//   128-row prompt the waves measured 0.69-0.89x the packed float GEMM's speed (GPT-2's c_fc, Q4_0 / Q8_0, 1 and 2
-//   threads; benchmarks/quant_int8_linear.py --rows), and the portable integer kernels (the baseline table, the
-//   super-block formats) are slower than the float ones. Rows of up to 16 stay bit-identical batched and alone;
+//   verification) for every integer format on the AVX2 and AVX-512 tables, whose SIMD integer kernels measured
+//   1.6-2.7x the float few-row kernels there (a GPT-2 Q8_0 file's decode, 1 thread: 1.8x; Q6_K / Q4_K at 1 and 16
+//   rows: 1.6-2.7x, benchmarks/quant_int8_linear.py); the float path otherwise: for a 128-row prompt the waves
+//   measured 0.69-0.89x the packed float GEMM's speed (GPT-2's c_fc, Q4_0 / Q8_0, 1 and 2 threads;
+//   benchmarks/quant_int8_linear.py --rows), and the baseline table's portable integer kernels are slower than its
+//   float ones. Rows of up to 16 stay bit-identical batched and alone;
 //   a prompt's rows above 16 differ from the same rows decoded one by one by the activation rounding (about
 //   |d_x| / 2 per value), as they differed by float32 summation order before.
 #include <algorithm>
@@ -143,9 +144,10 @@ bool use_int8_path(QuantScheme s, int64_t m) {
     // q8: every row count (waves of kFewRows rows), for the formats with an integer kernel
     return vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr;
   }
-  // auto: the faster path. The integer kernels with SIMD (the 32-value formats on the AVX2 and AVX-512 tables)
+  // auto: the faster path. The integer kernels with SIMD (every integer format on the AVX2 and AVX-512 tables)
   // beat the float few-row kernels at up to kFewRows rows; above, the packed float GEMM beats the waves.
-  return m <= kFewRows && vec().q8dot_rows[f] != nullptr && std::strcmp(vec().name, "baseline") != 0;
+  return m <= kFewRows && (vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr) &&
+         std::strcmp(vec().name, "baseline") != 0;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and

@@ -358,8 +358,10 @@ def test_special_activations(cpu: Any, scheme: str) -> None:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_close_to_the_float_path(cpu: Any, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """KAEL_QUANT_ACTIVATIONS=f32 (and unset) keeps float32 activations: another result, and the
-    integer one stays within the activation rounding (|x - d_x q_x| <= |d_x| / 2 a value)."""
+    """KAEL_QUANT_ACTIVATIONS=f32 keeps float32 activations: another result, and the integer one stays
+    within the activation rounding (|x - d_x q_x| <= |d_x| / 2 a value). Unset (auto), these 4 rows take
+    the integer path on the AVX2 / AVX-512 tables and the float path on the baseline table, and 17 rows
+    the float path everywhere."""
     rng = np.random.default_rng(5)
     k, n = 768, 64
     x = rng.standard_normal((4, k)).astype(F32)
@@ -367,8 +369,12 @@ def test_close_to_the_float_path(cpu: Any, scheme: str, monkeypatch: pytest.Monk
     q8 = run(cpu, x, data, None, scheme)
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
     f32 = run(cpu, x, data, None, scheme)
+    x17 = np.concatenate([x, rng.standard_normal((13, k)).astype(F32)])
+    f32_17 = run(cpu, x17, data, None, scheme)
     monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS")
-    assert_bits(run(cpu, x, data, None, scheme), f32)  # unset: the float path
+    simd = kbc._native.C.isa() not in ("baseline", "base")
+    assert_bits(run(cpu, x, data, None, scheme), q8 if simd else f32)
+    assert_bits(run(cpu, x17, data, None, scheme), f32_17)
     assert not np.array_equal(q8, f32)
     w = np.asarray(gguf.quants.dequantize(data, GGML_TYPE[scheme]), np.float64).reshape(n, k)
     _, dx, _ = quantize_act(x)

@@ -1,4 +1,4 @@
-"""The CPU backend's kernels for GGML's 256-value super-blocks: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and
+"""The float32-activation path (KAEL_QUANT_ACTIVATIONS=f32) of the CPU backend's kernels for GGML's 256-value super-blocks: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and
 IQ4_XS (csrc/quant_formats.h rows, csrc/vec_quant_k.h): dequantize and quantized_linear, called
 through the extension's kernels, and the extension's list of schemes (``quant_schemes``).
 
@@ -14,6 +14,7 @@ run (``KAEL_CPU_ISA``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import kael
@@ -41,6 +42,15 @@ SCHEMES = tuple(GGML_TYPE)
 QK = 256
 U = 2.0**-24  # float32 unit roundoff
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float_path() -> Iterator[None]:
+    """These are tests of the float32-activation path (``KAEL_QUANT_ACTIVATIONS=f32``); the default takes
+    the integer path for up to 16 rows (test_quant_int8_k.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+        yield
 
 
 def random_blocks(rng: np.random.Generator, n: int, k: int, scheme: str, lo: int = -6, hi: int = -4) -> np.ndarray:
