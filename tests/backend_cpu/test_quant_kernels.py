@@ -12,7 +12,6 @@ CPU can run (``KAEL_CPU_ISA``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import kael
@@ -37,13 +36,9 @@ U = 2.0**-24  # float32 unit roundoff
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _float_path() -> Iterator[None]:
-    """These are tests of the float32-activation path (``KAEL_QUANT_ACTIVATIONS=f32``); the default takes
-    the integer path for up to 16 rows (test_quant_int8.py)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
-        yield
+#: tests of the float32-activation path: KAEL_QUANT_ACTIVATIONS=f32 (tests/conftest.py; the default
+#: takes the integer path for up to 16 rows, test_quant_int8.py / test_quant_int8_k.py)
+pytestmark = pytest.mark.usefixtures("float_activations_module")
 
 
 # -- the oracle: weights in each format and a NumPy decoder written from the layout ----------

@@ -14,7 +14,6 @@ run (``KAEL_CPU_ISA``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import kael
@@ -44,13 +43,9 @@ U = 2.0**-24  # float32 unit roundoff
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _float_path() -> Iterator[None]:
-    """These are tests of the float32-activation path (``KAEL_QUANT_ACTIVATIONS=f32``); the default takes
-    the integer path for up to 16 rows (test_quant_int8_k.py)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
-        yield
+#: tests of the float32-activation path: KAEL_QUANT_ACTIVATIONS=f32 (tests/conftest.py; the default
+#: takes the integer path for up to 16 rows, test_quant_int8.py / test_quant_int8_k.py)
+pytestmark = pytest.mark.usefixtures("float_activations_module")
 
 
 def random_blocks(rng: np.random.Generator, n: int, k: int, scheme: str, lo: int = -6, hi: int = -4) -> np.ndarray:
