@@ -324,6 +324,7 @@ def test_cuda_source_compiles_with_nvcc(tmp_path, arch):
 
 
 # -- a quantized model end to end -------------------------------------------------------------------
+@pytest.mark.usefixtures("float_activations")  # cpu's float path is the oracle (tests/conftest.py)
 @pytest.mark.parametrize("scheme", ["q8_0", "q4_0", "bf16"])
 def test_quantized_tiny_gpt2_on_cuda_matches_cpu(emulate, scheme):
     """The reference tiny GPT-2 with weights=scheme: cuda's logits (its own kernels) are cpu's, and a
