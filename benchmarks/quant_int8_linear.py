@@ -1,9 +1,9 @@
 """quantized_linear on the CPU backend: the float32-activation path against the integer path
 (KAEL_QUANT_ACTIVATIONS=f32 / q8, NOTE [integer quantized linear] in kael_backend_cpu/csrc/quant.cpp).
 
-Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (quantized by the gguf package) and Q6_K, Q4_K, Q5_K, Q2_K, Q3_K and
-IQ4_XS weights (by kael.quant.quantize_array, byte-exact with ggml; their integer path takes Q8_K activations) of
-GPT-2 small's shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
+Weights in any block format of kael's registry (--schemes; Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 by default; the
+super-block formats' integer path takes Q8_K activations), quantized by kael.quant.quantize_array (byte-exact with
+ggml's reference quantizers), of GPT-2 small's shapes (c_fc: 768 -> 3072; lm_head: 768 -> 50257), 1 and 8
 activation rows (--rows: more than 16 is a prompt's, where q8 runs waves of 16 rows), 1 and 2 threads, both paths timed in the same process with their rounds
 interleaved (best of --repeats calls in each of --rounds rounds). Prints JSON: milliseconds per
 call, weight GB/s (weight bytes / time) and the integer path's speed-up; --out writes it too.
@@ -23,20 +23,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from kael.quant import BLOCK_VALUES, quantize_array
 
 __all__ = ["main"]
 
 SHAPES = {"c_fc": (768, 3072), "lm_head": (768, 50257)}
-GGML = {"q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7}  # GGMLQuantizationType values
-KQUANTS = (
-    "q6_k",
-    "q4_k",
-    "q5_k",
-    "q2_k",
-    "q3_k",
-    "iq4_xs",
-)  # quantized by kael (the gguf package has no K-quant quantizer)
-SCHEMES = (*GGML, *KQUANTS)
+#: every block format of kael's registry (each has an integer path); the default times the 32-value ones llama.cpp
+#: pairs with Q8_0 / Q8_1 activations
+SCHEMES = tuple(BLOCK_VALUES)
+DEFAULT_SCHEMES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
 def _best_ms(fn: Callable[[], Any], repeats: int) -> float:
@@ -51,33 +46,19 @@ def _best_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 def _backend() -> dict[str, Any]:
     """The modules and the CPU backend's quantized_linear kernel."""
-    import gguf
     from kael import _dtype as dt
     from kael._tensor import from_numpy_bits
-    from kael.quant import quantize_array
     from kael_backend_cpu._native import C
 
     import kael_backend_cpu as kbc
 
     kernel = kbc.CpuBackend().kernel("quantized_linear")
-    return {
-        "gguf": gguf,
-        "kbc": kbc,
-        "dt": dt,
-        "wrap": from_numpy_bits,
-        "kernel": kernel,
-        "isa": C.isa(),
-        "quantize_array": quantize_array,
-    }
+    return {"kbc": kbc, "dt": dt, "wrap": from_numpy_bits, "kernel": kernel, "isa": C.isa()}
 
 
-def _weights(env: dict[str, Any], rng: np.random.Generator, scheme: str, n: int, k: int) -> np.ndarray:
-    """n x k standard normal weights as `scheme`'s blocks (uint8 rows)."""
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    if scheme in KQUANTS:
-        return np.asarray(env["quantize_array"](w, scheme))
-    gguf = env["gguf"]
-    return np.asarray(gguf.quants.quantize(w, gguf.GGMLQuantizationType(GGML[scheme])))
+def _weights(rng: np.random.Generator, scheme: str, n: int, k: int) -> np.ndarray:
+    """n x k standard normal weights as `scheme`'s blocks (uint8 rows; kael's quantizer, byte-exact with ggml's)."""
+    return np.asarray(quantize_array(rng.standard_normal((n, k)).astype(np.float32), scheme))
 
 
 def run(
@@ -85,7 +66,7 @@ def run(
     repeats: int,
     rounds: int,
     rows_list: tuple[int, ...] = (1, 8),
-    schemes: tuple[str, ...] = tuple(GGML),
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES,
     shapes: tuple[str, ...] = tuple(SHAPES),
 ) -> dict[str, Any]:
     """Times every case; returns the JSON document."""
@@ -98,7 +79,7 @@ def run(
         for scheme in schemes:
             for shape_name in shapes:
                 k, n = SHAPES[shape_name]
-                w = _weights(env, rng, scheme, n, k)
+                w = _weights(rng, scheme, n, k)
                 wt = wrap(w, dt.uint8)
                 for rows in rows_list:
                     xt = wrap(rng.standard_normal((rows, k)).astype(np.float32), dt.float32)
@@ -145,7 +126,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(GGML))
+    parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(DEFAULT_SCHEMES))
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--out", default="")
     args = parser.parse_args()

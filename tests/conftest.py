@@ -1,5 +1,6 @@
-"""Fixtures shared by all test folders (a seeded NumPy generator, the optional PyTorch oracle), and
-``float_activations`` / ``float_activations_module`` (quantized linears on float32 activations), and the ``serial`` mark: tests that must not share the machine with other pytest workers.
+"""Fixtures shared by all test folders (a seeded NumPy generator, the optional PyTorch oracle,
+``float_activations`` / ``float_activations_module``: quantized linears on float32 activations), and
+the ``serial`` mark: tests that must not share the machine with other pytest workers.
 
 ``scripts/test.sh`` runs the suite in two passes: everything not marked ``serial`` under
 pytest-xdist, then the ``serial`` tests alone. A test is ``serial`` when it starts server or MPI
@@ -9,7 +10,6 @@ fails under an xdist worker for a reason given at ``SERIAL_TESTS``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,13 +59,9 @@ def torch() -> Any:
 
 
 def _env_f32() -> Iterator[None]:
-    before = os.environ.get("KAEL_QUANT_ACTIVATIONS")
-    os.environ["KAEL_QUANT_ACTIVATIONS"] = "f32"
-    yield
-    if before is None:
-        del os.environ["KAEL_QUANT_ACTIVATIONS"]
-    else:
-        os.environ["KAEL_QUANT_ACTIVATIONS"] = before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+        yield
 
 
 @pytest.fixture

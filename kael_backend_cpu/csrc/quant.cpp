@@ -139,15 +139,12 @@ bool use_int8_path(QuantScheme s, int64_t m) {
              Kael, "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'auto', 'f32' or 'q8' (or unset: auto), got '",
              mode, "'");
   const int f = static_cast<int>(s);
+  const bool kernel = vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr;
   if (set && std::strcmp(mode, "f32") == 0) return false;
-  if (set && std::strcmp(mode, "q8") == 0) {
-    // q8: every row count (waves of kFewRows rows), for the formats with an integer kernel
-    return vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr;
-  }
+  if (set && std::strcmp(mode, "q8") == 0) return kernel;  // every row count (waves of kFewRows rows)
   // auto: the faster path. The integer kernels with SIMD (every integer format on the AVX2 and AVX-512 tables)
   // beat the float few-row kernels at up to kFewRows rows; above, the packed float GEMM beats the waves.
-  return m <= kFewRows && (vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr) &&
-         std::strcmp(vec().name, "baseline") != 0;
+  return kernel && m <= kFewRows && std::strcmp(vec().name, "baseline") != 0;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and

@@ -162,13 +162,33 @@ inline float kd_add_block(float acc, float d, float dmin, float dx, int32_t isum
   return qd_opaque(acc + p);
 }
 
+// The portable kernel's pieces for kd_rows: a super-block decoded to a KdBlock, its sums by kd_isum.
+struct KdPlain {
+  using Block = KdBlock;
+  template <int F>
+  static void unpack(const uint8_t* sb, KdBlock& o) {
+    kd_unpack<F>(sb, o);
+  }
+  // isum_b and msum_b (NOTE [integer K dot order]) of blk and an activation super-block (x: 256
+  // int8; bs: its 16 bsums).
+  template <int F>
+  static void sums(const KdBlock& blk, const int8_t* x, const int16_t* bs, int32_t& isum, int32_t& msum) {
+    isum = kd_isum(blk.q, x, blk.sc);
+    msum = 0;
+    if constexpr (kQSuperMin<F>) {
+      for (int g = 0; g < kKdGroups; ++g) msum += blk.mn[g] * int32_t{bs[g]};
+    }
+  }
+};
+
 // c[i * rsc + j] = Q8_K activation row i . weight row j (+ bias[j]) for i < m <= 16, j < n, by NOTE
 // [integer K dot order]: activation row i is xq + i * k int8, its k / 256 scales at xd + i * (k / 256)
 // and its k / 16 bsums at xs + i * (k / 16); weight row j at w + j * rsw bytes. Each weight
-// super-block is decoded once for the m rows.
-template <int F>
-void q8kdot_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const int16_t* xs,
-                 const uint8_t* w, int64_t rsw, const float* bias, float* c, int64_t rsc) {
+// super-block is unpacked once for the m rows (K::unpack into a K::Block with its d and dmin), and
+// K::sums gives its integer sums with each row: KdPlain here, vec_quant_dot_k_simd.h's vector kernels.
+template <int F, class K>
+inline void kd_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const int16_t* xs,
+                    const uint8_t* w, int64_t rsw, const float* bias, float* c, int64_t rsc) {
   constexpr int64_t kBytes = ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
   const int64_t nb = k / kKdValues;
   for (int64_t j = 0; j < n; ++j) {
@@ -176,19 +196,22 @@ void q8kdot_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float*
     float acc[16] = {};
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* sb = row + b * kBytes;
-      __builtin_prefetch(sb + kBytes, 0, 0);
-      KdBlock blk;
-      kd_unpack<F>(sb, blk);
+      for (int64_t t = 0; t < kBytes; t += 64) __builtin_prefetch(sb + kBytes + t, 0, 0);  // the next super-block
+      typename K::Block blk;
+      K::template unpack<F>(sb, blk);
       for (int64_t r = 0; r < m; ++r) {
-        const int32_t isum = kd_isum(blk.q, xq + r * k + b * kKdValues, blk.sc);
-        int32_t msum = 0;
-        if constexpr (kQSuperMin<F>) {
-          const int16_t* bs = xs + r * (k / kKdGroups) + b * kKdGroups;
-          for (int g = 0; g < kKdGroups; ++g) msum += blk.mn[g] * int32_t{bs[g]};
-        }
+        int32_t isum, msum;
+        K::template sums<F>(blk, xq + r * k + b * kKdValues, xs + r * (k / kKdGroups) + b * kKdGroups, isum, msum);
         acc[r] = kd_add_block<F>(acc[r], blk.d, blk.dmin, xd[r * nb + b], isum, msum);
       }
     }
     for (int64_t r = 0; r < m; ++r) c[r * rsc + j] = bias != nullptr ? acc[r] + bias[j] : acc[r];
   }
+}
+
+// The portable kernel (the baseline table's): kd_rows with KdPlain.
+template <int F>
+void q8kdot_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const int16_t* xs,
+                 const uint8_t* w, int64_t rsw, const float* bias, float* c, int64_t rsc) {
+  kd_rows<F, KdPlain>(m, n, k, xq, xd, xs, w, rsw, bias, c, rsc);
 }

@@ -237,34 +237,24 @@ inline void ks_sums(const KsBlock& blk, const int8_t* x, const int16_t* bs, int3
   }
 }
 
-// q8kdot_rows (same arguments, same bits) with the vector unpacking and sums above.
-template <int F, class DOT>
-inline void ks_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const int16_t* xs,
-                    const uint8_t* w, int64_t rsw, const float* bias, float* c, int64_t rsc) {
-  constexpr int64_t kBytes = ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
-  const int64_t nb = k / kKdValues;
-  for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* row = w + j * rsw;
-    float acc[16] = {};
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* sb = row + b * kBytes;
-      for (int64_t t = 0; t < kBytes; t += 64) __builtin_prefetch(sb + kBytes + t, 0, 0);  // the next super-block
-      KsBlock blk;
-      ks_unpack<F>(sb, blk);
-      for (int64_t r = 0; r < m; ++r) {
-        int32_t isum, msum;
-        ks_sums<F, DOT>(blk, xq + r * k + b * kKdValues, xs + r * (k / kKdGroups) + b * kKdGroups, isum, msum);
-        acc[r] = kd_add_block<F>(acc[r], blk.d, blk.dmin, xd[r * nb + b], isum, msum);
-      }
-    }
-    for (int64_t r = 0; r < m; ++r) c[r * rsc + j] = bias != nullptr ? acc[r] + bias[j] : acc[r];
+// kd_rows' pieces (same bits as KdPlain's) with the vector unpacking and sums above.
+template <class DOT>
+struct KsKernel {
+  using Block = KsBlock;
+  template <int F>
+  static void unpack(const uint8_t* sb, KsBlock& o) {
+    ks_unpack<F>(sb, o);
   }
-}
+  template <int F>
+  static void sums(const KsBlock& blk, const int8_t* x, const int16_t* bs, int32_t& isum, int32_t& msum) {
+    ks_sums<F, DOT>(blk, x, bs, isum, msum);
+  }
+};
 
 template <int F, class DOT>
 void ks_rows_fn(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const int16_t* xs, const uint8_t* w,
                 int64_t rsw, const float* bias, float* c, int64_t rsc) {
-  ks_rows<F, DOT>(m, n, k, xq, xd, xs, w, rsw, bias, c, rsc);
+  kd_rows<F, KsKernel<DOT>>(m, n, k, xq, xd, xs, w, rsw, bias, c, rsc);
 }
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
@@ -275,7 +265,7 @@ __attribute__((target("avx512vnni"), flatten)) void ks_rows_vnni(int64_t m, int6
                                                                  const float* xd, const int16_t* xs, const uint8_t* w,
                                                                  int64_t rsw, const float* bias, float* c,
                                                                  int64_t rsc) {
-  ks_rows<F, KsVnni>(m, n, k, xq, xd, xs, w, rsw, bias, c, rsc);
+  kd_rows<F, KsKernel<KsVnni>>(m, n, k, xq, xd, xs, w, rsw, bias, c, rsc);
 }
 #endif
 #endif
