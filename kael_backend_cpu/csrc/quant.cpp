@@ -52,6 +52,17 @@
 //   float ones. Rows of up to 16 stay bit-identical batched and alone;
 //   a prompt's rows above 16 differ from the same rows decoded one by one by the activation rounding (about
 //   |d_x| / 2 per value), as they differed by float32 summation order before.
+//
+// NOTE [bfloat16 activations]: for bf16 weights the same modes choose the bfloat16 path where the table is AVX-512
+// and the CPU has AVX512_BF16 (vec().bf16dot_rows; elsewhere bf16 weights always take the float32-activation
+// path): each activation row is rounded to bfloat16 once per call as ggml's GGML_FP32_TO_BF16 (nearest, ties to
+// even; a nan keeps its upper bits, made quiet), zero-padded to a multiple of 32 values, and the products are
+// summed by vdpbf16ps in the order of NOTE [bfloat16 dot order] (vec_bf16_dot.h): what llama.cpp's CPU backend does
+// for BF16 weights (its vec_dot_type is BF16), though its own summation order differs. The rounding moves each
+// activation by up to 2^-9 of its magnitude; the instruction also reads bfloat16 subnormals as zero and flushes
+// float32 results below the normal range to zero. auto takes it for calls of up to 16 rows (GPT-2's lm_head, 1
+// thread: 2.5x the float kernel at 1 row, 3.9x at 8 rows, which convert every weight to float32), q8 at every row
+// count (waves of 16 rows), f32 never. Rows of up to 16 stay bit-identical batched and alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -139,11 +150,13 @@ bool use_int8_path(QuantScheme s, int64_t m) {
              Kael, "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'auto', 'f32' or 'q8' (or unset: auto), got '",
              mode, "'");
   const int f = static_cast<int>(s);
-  const bool kernel = vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr;
+  const bool kernel = vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr ||
+                      (s == QuantScheme::BF16 && vec().bf16dot_rows != nullptr);
   if (set && std::strcmp(mode, "f32") == 0) return false;
   if (set && std::strcmp(mode, "q8") == 0) return kernel;  // every row count (waves of kFewRows rows)
   // auto: the faster path. The integer kernels with SIMD (every integer format on the AVX2 and AVX-512 tables)
-  // beat the float few-row kernels at up to kFewRows rows; above, the packed float GEMM beats the waves.
+  // and vdpbf16ps (bf16) beat the float few-row kernels at up to kFewRows rows; above, the packed float GEMM
+  // beats the waves.
   return kernel && m <= kFewRows && std::strcmp(vec().name, "baseline") != 0;
 }
 
@@ -268,6 +281,33 @@ void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x,
       });
 }
 
+// Row x[0..k) rounded to bfloat16 as ggml's GGML_FP32_TO_BF16 (nearest, ties to even; a nan keeps its
+// upper bits, made quiet) into xb[0..kp), zero-padded to kp (NOTE [bfloat16 activations]).
+void round_row_bf16(const float* x, int64_t k, int64_t kp, uint16_t* xb) {
+  for (int64_t j = 0; j < k; ++j) {
+    const uint32_t u = f32_bits(x[j]);
+    xb[j] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 64u
+                                                                  : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+  std::fill(xb + k, xb + kp, uint16_t{0});
+}
+
+// out rows = the m rows of x through the bfloat16 path: the rows rounded to bfloat16 once, then the table's
+// vdpbf16ps dot products (bf16dot_rows) in int8_passes' waves.
+void linear_bf16(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w, const float* bias,
+                 float* c, int64_t rsc) {
+  const int64_t kp = (k + 31) / 32 * 32;
+  Buffer xbuf(static_cast<size_t>(m * kp) * sizeof(uint16_t));
+  auto* xb = xbuf.get<uint16_t>();
+  const auto dots = vec().bf16dot_rows;
+  int8_passes(
+      m, n, k, [&](int64_t i) { round_row_bf16(x + i * rsx, k, kp, xb + i * kp); },
+      [&](int64_t i0, int64_t rows, int64_t j0, int64_t j1) {
+        dots(rows, j1 - j0, k, xb + i0 * kp, w.data + j0 * w.row_stride, w.row_stride,
+             bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
+      });
+}
+
 // c[i * rsc + j] (+)= bias[j] for the m x n block.
 void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
   for (int64_t i = 0; i < m; ++i) {
@@ -387,7 +427,11 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
       for (int64_t j = 0; j < n; ++j) c[i * rso + j] = bp != nullptr ? bp[j] : 0.0f;
     }
   } else if (use_int8_path(scheme, m)) {
-    linear_int8(scheme, m, n, k, xp, rsx, w, bp, c, rso);
+    if (scheme == QuantScheme::BF16) {
+      linear_bf16(m, n, k, xp, rsx, w, bp, c, rso);
+    } else {
+      linear_int8(scheme, m, n, k, xp, rsx, w, bp, c, rso);
+    }
   } else if (m <= kFewRows) {
     const auto dots = vec().qdot_rows[static_cast<int>(scheme)];
     parallel_for(0, n, std::max<int64_t>(1, 32768 / (m * k)), [&](int64_t j0, int64_t j1) {

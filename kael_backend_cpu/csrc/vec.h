@@ -99,6 +99,11 @@ struct VecTable {
   void (*q8kdot_rows[kQuantSchemes])(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd,
                                      const int16_t* xs, const uint8_t* w, int64_t rsw, const float* bias, float* c,
                                      int64_t rsc) = {};
+  // The bfloat16 path for bf16 weights (vec_bf16_dot.h; null unless the table is AVX-512 and the CPU has
+  // AVX512_BF16): c[i * rsc + j] = bfloat16 activation row i (xb + i * kp, kp = k rounded up to 32, zero-padded) .
+  // bfloat16 weight row j (w + j * rsw bytes) (+ bias[j]), i < m <= 16, j < n
+  void (*bf16dot_rows)(int64_t m, int64_t n, int64_t k, const uint16_t* xb, const uint8_t* w, int64_t rsw,
+                       const float* bias, float* c, int64_t rsc) = nullptr;
 };
 
 // The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws

@@ -9,6 +9,7 @@
 // other includes: they are pasted inside that namespace, once per instruction set.
 
 #include "vec_arith.h"        // add/sub/mul/div loops
+#include "vec_bf16_dot.h"     // the bfloat16 path: bfloat16 activations . bf16 weight rows (AVX512_BF16)
 #include "vec_core.h"         // vector types, loads/stores, splat, horizontal sums
 #include "vec_gemm_packed.h"  // GEMM micro-kernel and panel packing
 #include "vec_gemm_rows.h"    // few-row GEMM kernels (rows_nmajor, rows_kmajor)
@@ -91,5 +92,6 @@ VecTable make_table(const char* name) {
   t.q8kdot_rows[kQ5K] = q8kdot_kernel<kQ5K>();
   t.q8kdot_rows[kQ6K] = q8kdot_kernel<kQ6K>();
   t.q8kdot_rows[kIQ4XS] = q8kdot_kernel<kIQ4XS>();
+  t.bf16dot_rows = bf16dot_kernel();
   return t;
 }

@@ -1,0 +1,257 @@
+"""The CPU backend's bfloat16 path of quantized_linear for bf16 weights (NOTE [bfloat16 activations] in
+csrc/quant.cpp, NOTE [bfloat16 dot order] in csrc/vec_bf16_dot.h): activation rows rounded to bfloat16 as
+ggml's GGML_FP32_TO_BF16, dot products by AVX512_BF16's vdpbf16ps.
+
+Oracle: a NumPy model of Intel's definition of vdpbf16ps (per float32 lane, the odd value's exact product
+added first, then the even one's, each addition rounded to nearest even; bfloat16 inputs with a zero
+exponent read as zero and results below float32's normal range flushed to zero) and of the stated
+accumulator and lane-tree order; the activation rounding is checked against PyTorch's float32 ->
+bfloat16 conversion. The kernel must equal the model bit for bit. Where the CPU or the table lacks
+AVX512_BF16 there is no such kernel and bf16 weights keep the float32-activation path: the module runs
+again under every other vector table this CPU can run (``KAEL_CPU_ISA``) and checks that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+kbc = pytest.importorskip("kael_backend_cpu")
+
+from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa: E402
+from kael import _dtype as dt  # noqa: E402
+from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
+
+F32 = np.float32
+LANES = 16
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def has_kernel() -> bool:
+    """The selected table has the vdpbf16ps kernel: the AVX-512 table on a CPU with AVX512_BF16."""
+    from kael_backend_cpu._native import C
+
+    return bool(C.isa() == "avx512" and C.isa_info()["features"]["avx512_bf16"])
+
+
+@pytest.fixture(autouse=True)
+def _bf16_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test here asks for llama.cpp's rounding of activations (q8) unless it says otherwise."""
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
+    yield
+
+
+# -- the NumPy model -----------------------------------------------------------------------
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits as ggml's GGML_FP32_TO_BF16: nearest, ties to even; a nan keeps its upper
+    bits with the quiet bit set."""
+    u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 64).astype(np.uint16), rounded)
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits -> float32, a zero exponent read as a zero of the same sign (the instruction's DAZ)."""
+    f = (bits.astype(np.uint32) << 16).view(F32)
+    return np.where((bits & 0x7F80) == 0, np.copysign(F32(0), f), f).astype(F32)
+
+
+def flush(a: np.ndarray) -> np.ndarray:
+    """Results below float32's normal range as zeros of their sign (FTZ)."""
+    return np.where(np.abs(a) < np.finfo(F32).tiny, np.copysign(F32(0), a), a).astype(F32)
+
+
+def model(x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """The bfloat16 path's float32 result [m, n] by NOTE [bfloat16 dot order]."""
+    m, k = x.shape
+    n = w_bits.shape[0]
+    kp = -(-k // 32) * 32
+    xb = np.zeros((m, kp), np.uint16)
+    xb[:, :k] = round_bf16(x)
+    wb = np.zeros((n, kp), np.uint16)
+    wb[:, :k] = w_bits
+    xf = bf16_values(xb).reshape(m, 1, kp // 32, LANES, 2)
+    wf = bf16_values(wb).reshape(1, n, kp // 32, LANES, 2)
+    acc = np.zeros((2, m, n, LANES), F32)
+    with np.errstate(all="ignore"):
+        for c in range(kp // 32):
+            p = flush((xf[:, :, c] * wf[:, :, c]).astype(F32))  # exact but for underflow and overflow
+            a = flush(acc[c % 2] + p[..., 1])
+            acc[c % 2] = flush(a + p[..., 0])
+        s = (acc[0] + acc[1]).astype(F32)
+        for half in (8, 4, 2, 1):
+            s = (s[..., :half] + s[..., half : 2 * half]).astype(F32)
+        s = s[..., 0]
+        if bias is not None:
+            s = (s + bias.astype(F32)[None, :]).astype(F32)
+    return s.astype(F32)
+
+
+# -- running the kernel --------------------------------------------------------------------
+
+
+def run(cpu: Any, x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    out = cpu_empty(cpu, (*x.shape[:-1], w_bits.shape[0]), dt.float32)
+    b: Tensor | None = None if bias is None else from_numpy_bits(bias.astype(F32), dt.float32)
+    cpu.kernel("quantized_linear")(
+        out, from_numpy_bits(x.astype(F32), dt.float32), from_numpy_bits(w_bits, dt.bfloat16), b, "bf16"
+    )
+    return logical(out)
+
+
+def float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch, x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
+    with monkeypatch.context() as mp:
+        mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+        return run(cpu, x, w_bits, None)
+
+
+def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def weights(rng: np.random.Generator, n: int, k: int, scale: float = 1.0) -> np.ndarray:
+    return round_bf16((rng.standard_normal((n, k)) * scale).astype(F32))
+
+
+needs_kernel = pytest.mark.skipif(not has_kernel(), reason="the table has no vdpbf16ps kernel (AVX512_BF16)")
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_model_rounding_matches_pytorch() -> None:
+    """round_bf16 is PyTorch's float32 -> bfloat16 conversion (nearest, ties to even) on finite values,
+    including exact ties and values that round up to the next binade or to inf."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(4096) * rng.choice([1e-30, 1e-3, 1.0, 1e30], 4096)).astype(F32)
+    ties = (rng.integers(0, 2**16, 512, dtype=np.uint32) << 16 | 0x8000).view(F32)
+    edges = np.array([3.4028235e38, -3.4028235e38, 1e-45, 0.0, -0.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8], F32)
+    x = np.concatenate([x, ties[np.isfinite(ties)], edges])
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(round_bf16(x), want)
+
+
+@needs_kernel
+@SETTINGS
+@given(
+    m=st.integers(1, 16),
+    k=st.integers(1, 300),
+    n=st.integers(1, 24),
+    seed=st.integers(0, 2**32 - 1),
+    with_bias=st.booleans(),
+)
+def test_equals_the_model(cpu: Any, m: int, k: int, n: int, seed: int, with_bias: bool) -> None:
+    """Any shape (k not a multiple of 32 included: the zero padding), activations over many magnitudes."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 1e3], (m, k))).astype(F32)
+    w = weights(rng, n, k)
+    bias = rng.standard_normal(n).astype(F32) if with_bias else None
+    assert_bits(run(cpu, x, w, bias), model(x, w, bias))
+
+
+@needs_kernel
+def test_rows_alone_and_batched(cpu: Any) -> None:
+    """A row's result is the same bits alone, in a batch of 16 and in q8's waves of 16 (40 rows)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 200)).astype(F32)
+    w = weights(rng, 33, 200)
+    want = model(x, w, None)
+    assert_bits(run(cpu, x, w, None), want)
+    assert_bits(run(cpu, x[:16], w, None), want[:16])
+    for i in (0, 15, 39):
+        assert_bits(run(cpu, x[i : i + 1], w, None), want[i : i + 1])
+
+
+@needs_kernel
+def test_flushes_and_non_finite(cpu: Any) -> None:
+    """Products below the normal range flush to zero (1e-20 * 1e-20: a subnormal float32), activations too
+    small for bfloat16's normal range read as zero; inf and nan propagate."""
+    x = np.full((4, 64), 1e-20, F32)
+    x[1] = 1e-39  # a subnormal bfloat16 after rounding
+    x[2, 5] = np.inf
+    x[3, 7] = np.nan
+    w = round_bf16(np.full((2, 64), 1e-20, F32))
+    w[1] = round_bf16(np.full(64, 1.0, F32))
+    got = run(cpu, x, w, None)
+    assert_bits(got, model(x, w, None))
+    assert got[0, 0] == 0 and got[1, 1] == 0 and np.isinf(got[2, 1]) and np.isnan(got[3, 1])
+
+
+@needs_kernel
+def test_close_to_the_float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The activation rounding is the only approximation: the result is within the rounding's bound of the
+    float32-activation path (|x - bf16(x)| <= 2^-9 |x| per value)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 768)).astype(F32)
+    w = weights(rng, 50, 768)
+    got = run(cpu, x, w, None)
+    exact = x.astype(np.float64) @ bf16_values(w).astype(np.float64).T
+    bound = 2.0**-9 * (np.abs(x).astype(np.float64) @ np.abs(bf16_values(w)).astype(np.float64).T) * 1.01 + 1e-5
+    assert np.all(np.abs(got - exact) <= bound)
+    assert not np.array_equal(got, float_path(cpu, monkeypatch, x, w))  # the rounding is there
+
+
+@pytest.mark.parametrize("mode", [None, "auto"])
+def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str | None) -> None:
+    """Unset (or auto): the bfloat16 path up to 16 rows where the kernel exists, the float32-activation
+    path (as f32) above 16 rows and on tables without it; q8 takes the bfloat16 path at 17 rows too."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((17, 96)).astype(F32)
+    w = weights(rng, 9, 96)
+    f32 = [float_path(cpu, monkeypatch, x[:rows], w) for rows in (1, 16, 17)]
+    if mode is None:
+        monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS", raising=False)
+    else:
+        monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
+    for rows, want in zip((1, 16), f32[:2], strict=True):
+        assert_bits(run(cpu, x[:rows], w, None), model(x[:rows], w, None) if has_kernel() else want)
+    assert_bits(run(cpu, x, w, None), f32[2])
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
+    assert_bits(run(cpu, x, w, None), model(x, w, None) if has_kernel() else f32[2])
+
+
+def test_runs_on_the_requested_table() -> None:
+    want = os.environ.get("KAEL_QUANT_TEST_ISA")
+    if want is None:
+        pytest.skip("not a per-ISA run")
+    from kael_backend_cpu._native import C
+
+    assert C.isa() in (want, "base" if want == "baseline" else want)
+
+
+@pytest.mark.skipif(os.environ.get("KAEL_QUANT_TEST_ISA") is not None, reason="already a per-ISA run")
+@pytest.mark.parametrize("isa", other_isas())
+def test_every_vector_table(isa: str) -> None:
+    rerun_under_isa(__file__, isa)
+
+
+@pytest.mark.skipif(not has_kernel(), reason="the CPU has no AVX512_BF16 to take away")
+def test_without_avx512_bf16() -> None:
+    """The AVX-512 table on a CPU without AVX512_BF16 (KAEL_CPU_DISABLE) has no kernel: auto and q8 keep
+    the float32-activation path there."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KAEL_CPU_DISABLE="avx512_bf16", KAEL_QUANT_TEST_ISA="avx512", KAEL_CPU_ISA="avx512")
+    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
+    res = subprocess.run(
+        [*args, "-k", "default_selection or requested_table"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(__file__),
+    )
+    assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-4000:] + res.stderr[-2000:]
