@@ -62,7 +62,10 @@
 // activation by up to 2^-9 of its magnitude; the instruction also reads bfloat16 subnormals as zero and flushes
 // float32 results below the normal range to zero. auto takes it for calls of up to 16 rows (GPT-2's lm_head, 1
 // thread: 2.5x the float kernel at 1 row, 3.9x at 8 rows, which convert every weight to float32), q8 at every row
-// count (waves of 16 rows), f32 never. Rows of up to 16 stay bit-identical batched and alone.
+// count (waves of 16 rows), f32 never. Rows of up to 16 stay bit-identical batched and alone. Prompts of more than
+// 16 rows take, in auto only, the bfloat16 GEMM of NOTE [bfloat16 GEMM] (vec_bf16_dot.h; 1.7-2x the packed float
+// GEMM on GPT-2's 512-row projections, 1 thread), whose rows do not depend on the prompt's length either but differ
+// from the few-row kernel's in summation order (as the float GEMM's did from the float few-row kernel).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -142,22 +145,35 @@ bool rows_stride(const View& v, int64_t* rs) {
   return true;
 }
 
-// The integer path is taken for an m-row call (NOTE [integer quantized linear])? Reads KAEL_QUANT_ACTIVATIONS.
-bool use_int8_path(QuantScheme s, int64_t m) {
+// KAEL_QUANT_ACTIVATIONS, read at every call (NOTE [integer quantized linear]).
+enum class ActMode { Auto, F32, Q8 };
+ActMode activation_mode() {
   const char* mode = std::getenv("KAEL_QUANT_ACTIVATIONS");
-  const bool set = mode != nullptr && *mode != '\0';
-  KAEL_CHECK(!set || std::strcmp(mode, "auto") == 0 || std::strcmp(mode, "f32") == 0 || std::strcmp(mode, "q8") == 0,
-             Kael, "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'auto', 'f32' or 'q8' (or unset: auto), got '",
-             mode, "'");
+  if (mode == nullptr || *mode == '\0' || std::strcmp(mode, "auto") == 0) return ActMode::Auto;
+  if (std::strcmp(mode, "f32") == 0) return ActMode::F32;
+  KAEL_CHECK(std::strcmp(mode, "q8") == 0, Kael,
+             "quantized_linear: KAEL_QUANT_ACTIVATIONS must be 'auto', 'f32' or 'q8' (or unset: auto), got '", mode,
+             "'");
+  return ActMode::Q8;
+}
+
+// The integer path (or, for bf16, the bfloat16 few-row kernel) is taken for an m-row call (NOTE [integer quantized
+// linear], NOTE [bfloat16 activations])?
+bool use_int8_path(QuantScheme s, int64_t m, ActMode mode) {
   const int f = static_cast<int>(s);
   const bool kernel = vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr ||
                       (s == QuantScheme::BF16 && vec().bf16dot_rows != nullptr);
-  if (set && std::strcmp(mode, "f32") == 0) return false;
-  if (set && std::strcmp(mode, "q8") == 0) return kernel;  // every row count (waves of kFewRows rows)
+  if (mode == ActMode::F32) return false;
+  if (mode == ActMode::Q8) return kernel;  // every row count (waves of kFewRows rows)
   // auto: the faster path. The integer kernels with SIMD (every integer format on the AVX2 and AVX-512 tables)
   // and vdpbf16ps (bf16) beat the float few-row kernels at up to kFewRows rows; above, the packed float GEMM
-  // beats the waves.
+  // beats the waves (bf16 there takes the bfloat16 GEMM: use_bf16_gemm).
   return kernel && m <= kFewRows && std::strcmp(vec().name, "baseline") != 0;
+}
+
+// A bf16 prompt (more than kFewRows rows) takes the bfloat16 GEMM (NOTE [bfloat16 GEMM] in vec_bf16_dot.h)? auto only.
+bool use_bf16_gemm(QuantScheme s, int64_t m, ActMode mode) {
+  return s == QuantScheme::BF16 && m > kFewRows && mode == ActMode::Auto && vec().bf16gemm_cols != nullptr;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and
@@ -308,6 +324,29 @@ void linear_bf16(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, c
       });
 }
 
+// out rows = the m rows of x through the bfloat16 GEMM (NOTE [bfloat16 GEMM]): the rows rounded to bfloat16 once,
+// threads splitting the columns in whole 32-column panels, then the bias.
+void linear_bf16_gemm(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+                      const float* bias, float* c, int64_t rsc) {
+  const int64_t kp = (k + 31) / 32 * 32;
+  Buffer xbuf(static_cast<size_t>(m * kp) * sizeof(uint16_t));
+  auto* xb = xbuf.get<uint16_t>();
+  parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) round_row_bf16(x + i * rsx, k, kp, xb + i * kp);
+  });
+  const auto gemm = vec().bf16gemm_cols;
+  const int64_t panels = (n + 31) / 32;
+  parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    Buffer panel(static_cast<size_t>(kBf16GemmPanelWords) * sizeof(uint32_t));
+    gemm(m, p0 * 32, std::min(n, p1 * 32), k, xb, w.data, w.row_stride, c, rsc, panel.get<uint32_t>());
+    if (bias != nullptr) {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = p0 * 32; j < std::min(n, p1 * 32); ++j) c[i * rsc + j] += bias[j];
+      }
+    }
+  });
+}
+
 // c[i * rsc + j] (+)= bias[j] for the m x n block.
 void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
   for (int64_t i = 0; i < m; ++i) {
@@ -426,7 +465,9 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) c[i * rso + j] = bp != nullptr ? bp[j] : 0.0f;
     }
-  } else if (use_int8_path(scheme, m)) {
+  } else if (const ActMode mode = activation_mode(); use_bf16_gemm(scheme, m, mode)) {
+    linear_bf16_gemm(m, n, k, xp, rsx, w, bp, c, rso);
+  } else if (use_int8_path(scheme, m, mode)) {
     if (scheme == QuantScheme::BF16) {
       linear_bf16(m, n, k, xp, rsx, w, bp, c, rso);
     } else {

@@ -28,6 +28,9 @@ constexpr int64_t qdot_scratch_floats(int64_t k) {
   return 3 * (k + k / 32);
 }
 
+// The scratch bf16gemm_cols needs: one packed panel of 128 value pairs x 32 columns (vec_bf16_dot.h: kBgKC, kBgNR).
+constexpr int64_t kBf16GemmPanelWords = 4096;
+
 // Matrix-multiply building blocks for element type T (float or double).
 template <class T>
 struct GemmKernels {
@@ -104,6 +107,10 @@ struct VecTable {
   // bfloat16 weight row j (w + j * rsw bytes) (+ bias[j]), i < m <= 16, j < n
   void (*bf16dot_rows)(int64_t m, int64_t n, int64_t k, const uint16_t* xb, const uint8_t* w, int64_t rsw,
                        const float* bias, float* c, int64_t rsc) = nullptr;
+  // Its GEMM for prompts (NOTE [bfloat16 GEMM]; null with bf16dot_rows): c[i * rsc + j] = bfloat16 row i of a (kp
+  // apart, as xb) . weight row j, i < m, j0 <= j < j1 (no bias); panel: scratch of bf16gemm_panel_words() words
+  void (*bf16gemm_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,
+                        float* c, int64_t rsc, uint32_t* panel) = nullptr;
 };
 
 // The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws

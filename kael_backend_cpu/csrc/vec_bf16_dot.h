@@ -104,3 +104,99 @@ inline auto bf16dot_kernel()
 #endif
   return nullptr;
 }
+
+// NOTE [bfloat16 GEMM]: prompts (more than 16 rows) of bf16 weights in auto mode: C = A . W^T with A's rows rounded to
+// bfloat16 as for the few-row kernel, on vdpbf16ps micro-tiles of up to 12 rows x 32 columns. Each output C[i, j] is
+// one float32 lane that takes the pairs of values (2p, 2p + 1) in order p = 0, 1, ..: c = c + w[2p + 1] * a[2p + 1],
+// then c = c + w[2p] * a[2p] (the instruction's order and flushes, NOTE [bfloat16 dot order]), from +0; the bias is
+// added after the last pair. Depth runs in blocks of kBgKC values (the sum continues through C between blocks), so a
+// row's result is the same whatever the number of rows or threads; it differs from the few-row kernel's (another
+// order). The weight rows are packed per depth block into 32-column panels of value pairs (panel[p * 32 + j] = pair p
+// of column j), zero beyond the row's end.
+constexpr int kBgMR = 12;       // micro-tile rows
+constexpr int kBgNR = 32;       // micro-tile columns: two vectors of 16 lanes
+constexpr int64_t kBgKC = 256;  // depth block (values); a panel is kBgKC / 2 x 32 pairs = 16 KiB
+static_assert(kBgKC / 2 * kBgNR == ::kael::kBf16GemmPanelWords, "vec.h's panel size");
+
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+// Panel of weight rows j0 .. j0 + cols (rsw bytes apart, k values each) for values k0 .. k0 + kc: pairs p < (kc + 1)
+// / 2.
+inline void bg_pack(const uint8_t* w, int64_t rsw, int64_t k, int64_t j0, int cols, int64_t k0, int64_t kc,
+                    uint32_t* panel) {
+  const int64_t pairs = (kc + 1) / 2;
+  for (int j = 0; j < kBgNR; ++j) {
+    if (j >= cols) {
+      for (int64_t p = 0; p < pairs; ++p) panel[p * kBgNR + j] = 0;
+      continue;
+    }
+    const auto* row = reinterpret_cast<const uint16_t*>(w + (j0 + j) * rsw) + k0;
+    const int64_t whole = std::min(pairs, (k - k0) / 2);  // pairs with both values in the row
+    for (int64_t p = 0; p < whole; ++p) {
+      uint32_t v;
+      std::memcpy(&v, row + 2 * p, 4);
+      panel[p * kBgNR + j] = v;
+    }
+    for (int64_t p = whole; p < pairs; ++p) panel[p * kBgNR + j] = 2 * p < k - k0 ? row[2 * p] : 0u;
+  }
+}
+
+// MR rows of A (bfloat16, kp apart, from value k0: pairs read as 32-bit words) times a packed panel: the pairs
+// p < pairs continue C's sums (first: from +0) for the first cols columns.
+template <int MR>
+__attribute__((target("avx512bf16"))) inline void bg_tile(int64_t pairs, const uint16_t* a, int64_t kp,
+                                                          const uint32_t* panel, bool first, float* c, int64_t rsc,
+                                                          int cols) {
+  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
+    acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    const auto b0 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(panel + p * kBgNR));
+    const auto b1 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(panel + p * kBgNR + 16));
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * kp + 2 * p, 4);
+      const auto av = (__m512bh)_mm512_set1_epi32(pair);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], b0, av);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], b1, av);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
+    _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
+  }
+}
+
+// C[i * rsc + j] = A row i . weight row j for i < m, j in [j0, j1) (NOTE [bfloat16 GEMM]; no bias): A's rows are
+// bfloat16, kp (k rounded up to 32, zero-padded) apart; panel: scratch of kBgKC / 2 * kBgNR words.
+__attribute__((target("avx512bf16"), flatten)) inline void bf16gemm_cols(int64_t m, int64_t j0, int64_t j1, int64_t k,
+                                                                         const uint16_t* a, const uint8_t* w,
+                                                                         int64_t rsw, float* c, int64_t rsc,
+                                                                         uint32_t* panel) {
+  const int64_t kp = (k + 31) / 32 * 32;
+  for (int64_t k0 = 0; k0 < k; k0 += kBgKC) {
+    const int64_t kc = std::min(kBgKC, k - k0), pairs = (kc + 1) / 2;
+    for (int64_t jb = j0; jb < j1; jb += kBgNR) {
+      const int cols = static_cast<int>(std::min<int64_t>(kBgNR, j1 - jb));
+      bg_pack(w, rsw, k, jb, cols, k0, kc, panel);
+      int64_t i = 0;
+      for (; i + kBgMR <= m; i += kBgMR)
+        bg_tile<kBgMR>(pairs, a + i * kp + k0, kp, panel, k0 == 0, c + i * rsc + jb, rsc, cols);
+      for (; i + 4 <= m; i += 4) bg_tile<4>(pairs, a + i * kp + k0, kp, panel, k0 == 0, c + i * rsc + jb, rsc, cols);
+      for (; i < m; ++i) bg_tile<1>(pairs, a + i * kp + k0, kp, panel, k0 == 0, c + i * rsc + jb, rsc, cols);
+    }
+  }
+}
+#endif
+
+// The table's bfloat16 GEMM (bf16gemm_cols), present with bf16dot_kernel's kernel.
+inline auto bf16gemm_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const uint16_t*, const uint8_t*, int64_t,
+                                          float*, int64_t, uint32_t*) {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  if (::kael::cpu_features().avx512_bf16) return bf16gemm_cols;
+#endif
+  return nullptr;
+}

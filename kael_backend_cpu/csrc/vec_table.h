@@ -93,5 +93,6 @@ VecTable make_table(const char* name) {
   t.q8kdot_rows[kQ6K] = q8kdot_kernel<kQ6K>();
   t.q8kdot_rows[kIQ4XS] = q8kdot_kernel<kIQ4XS>();
   t.bf16dot_rows = bf16dot_kernel();
+  t.bf16gemm_cols = bf16gemm_kernel();
   return t;
 }

@@ -1,6 +1,7 @@
 """The CPU backend's bfloat16 path of quantized_linear for bf16 weights (NOTE [bfloat16 activations] in
-csrc/quant.cpp, NOTE [bfloat16 dot order] in csrc/vec_bf16_dot.h): activation rows rounded to bfloat16 as
-ggml's GGML_FP32_TO_BF16, dot products by AVX512_BF16's vdpbf16ps.
+csrc/quant.cpp, NOTE [bfloat16 dot order] and NOTE [bfloat16 GEMM] in csrc/vec_bf16_dot.h): activation rows
+rounded to bfloat16 as ggml's GGML_FP32_TO_BF16, dot products by AVX512_BF16's vdpbf16ps, in few-row kernels
+and, for prompts, a GEMM.
 
 Oracle: a NumPy model of Intel's definition of vdpbf16ps (per float32 lane, the odd value's exact product
 added first, then the even one's, each addition rounded to nearest even; bfloat16 inputs with a zero
@@ -94,6 +95,27 @@ def model(x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> np.ndar
         if bias is not None:
             s = (s + bias.astype(F32)[None, :]).astype(F32)
     return s.astype(F32)
+
+
+def gemm_model(x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """The bfloat16 GEMM's float32 result [m, n] by NOTE [bfloat16 GEMM]: one sum per output over the value
+    pairs in order, the odd value's product first."""
+    m, k = x.shape
+    n = w_bits.shape[0]
+    kk = -(-k // 2) * 2
+    xb = np.zeros((m, kk), np.uint16)
+    xb[:, :k] = round_bf16(x)
+    wb = np.zeros((n, kk), np.uint16)
+    wb[:, :k] = w_bits
+    xf, wf = bf16_values(xb), bf16_values(wb)
+    c = np.zeros((m, n), F32)
+    with np.errstate(all="ignore"):
+        for t in range(kk // 2):
+            for v in (2 * t + 1, 2 * t):
+                c = flush(c + flush(np.outer(xf[:, v], wf[:, v]).astype(F32)))
+        if bias is not None:
+            c = (c + bias.astype(F32)[None, :]).astype(F32)
+    return c.astype(F32)
 
 
 # -- running the kernel --------------------------------------------------------------------
@@ -203,10 +225,50 @@ def test_close_to_the_float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> N
     assert not np.array_equal(got, float_path(cpu, monkeypatch, x, w))  # the rounding is there
 
 
+@needs_kernel
+@SETTINGS
+@given(
+    m=st.integers(17, 40),
+    k=st.integers(1, 600),
+    n=st.integers(1, 70),
+    seed=st.integers(0, 2**32 - 1),
+    with_bias=st.booleans(),
+)
+def test_gemm_equals_the_model(
+    cpu: Any, monkeypatch: pytest.MonkeyPatch, m: int, k: int, n: int, seed: int, with_bias: bool
+) -> None:
+    """auto on a prompt (more than 16 rows): the GEMM, any shape (odd k, several depth blocks, column tails)."""
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 1e3], (m, k))).astype(F32)
+    w = weights(rng, n, k)
+    bias = rng.standard_normal(n).astype(F32) if with_bias else None
+    assert_bits(run(cpu, x, w, bias), gemm_model(x, w, bias))
+
+
+@needs_kernel
+def test_gemm_rows_do_not_depend_on_the_prompt(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt row's result is the same bits in prompts of 17, 30 and 61 rows, on 1 and 2 threads."""
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((61, 300)).astype(F32)
+    w = weights(rng, 100, 300)
+    want = gemm_model(x, w, None)
+    before = kbc.get_num_threads()
+    try:
+        for threads in (1, 2):
+            kbc.set_num_threads(threads)
+            for rows in (17, 30, 61):
+                assert_bits(run(cpu, x[:rows], w, None), want[:rows])
+    finally:
+        kbc.set_num_threads(before)
+
+
 @pytest.mark.parametrize("mode", [None, "auto"])
 def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str | None) -> None:
-    """Unset (or auto): the bfloat16 path up to 16 rows where the kernel exists, the float32-activation
-    path (as f32) above 16 rows and on tables without it; q8 takes the bfloat16 path at 17 rows too."""
+    """Unset (or auto): where the kernels exist, the few-row bfloat16 kernel up to 16 rows and the bfloat16
+    GEMM above; the float32-activation path (as f32) on tables without them; q8 takes the few-row kernel at
+    17 rows too (waves of 16)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((17, 96)).astype(F32)
     w = weights(rng, 9, 96)
@@ -217,7 +279,7 @@ def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str 
         monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
     for rows, want in zip((1, 16), f32[:2], strict=True):
         assert_bits(run(cpu, x[:rows], w, None), model(x[:rows], w, None) if has_kernel() else want)
-    assert_bits(run(cpu, x, w, None), f32[2])
+    assert_bits(run(cpu, x, w, None), gemm_model(x, w, None) if has_kernel() else f32[2])
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
     assert_bits(run(cpu, x, w, None), model(x, w, None) if has_kernel() else f32[2])
 

@@ -176,6 +176,7 @@ def test_file_holds_the_converters_tensors(llama_dir: Path, gpt2_dir: Path, weig
 # -- transformers reads the same file --------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("float_activations")  # a float oracle (tests/conftest.py)
 @pytest.mark.parametrize("weights", SCHEMES)
 def test_transformers_reads_kaels_llama_file(llama_dir: Path, weights: str | None) -> None:
     pytest.importorskip("accelerate")  # transformers needs it to load a GGUF file

@@ -79,6 +79,7 @@ def _hf_rounded(family: str, hf: Any, scheme: str) -> Any:
 # -- the model in each format equals transformers on the rounded weights ------------------------
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.usefixtures("float_activations")  # transformers computes on float32 activations
 def test_logits_equal_transformers_on_the_rounded_weights(
     checkpoints: dict[str, tuple[Path, Any]], family: str, scheme: str
 ) -> None:
