@@ -43,6 +43,11 @@
 //   the weight rows while it is in cache), so a row's result never depends on how many rows there are, and a
 //   prompt's logits are what the same rows decoded one by one give: llama.cpp's arithmetic on its CPU backend, which
 //   quantizes activations this way for prompts and decode alike (the agreement tests with llama.cpp use it).
+// * auto, prompts: on the AVX-512 table of a CPU with AVX512_VNNI, calls of more than 16 rows with Q8_0 / Q4_0 / Q5_0 /
+//   IQ4_NL weights take the integer GEMM of NOTE [integer GEMM] (vec_quant_gemm.h: the same Q8_0 activations, VNNI
+//   micro-tiles, one float sum per output in block order; 1.75-2.6x the packed float GEMM on GPT-2's 512-row
+//   projections, 1 and 2 threads); its rows do not depend on the prompt's length, and differ from the few-row
+//   kernels' in summation order only. Elsewhere prompts take the float path as below.
 // * auto (the default): the integer path for calls of up to 16 rows (decode, batched decode, speculative
 //   verification) for every integer format on the AVX2 and AVX-512 tables, whose SIMD integer kernels measured
 //   1.6-2.7x the float few-row kernels there (a GPT-2 Q8_0 file's decode, 1 thread: 1.8x; Q6_K / Q4_K at 1 and 16
@@ -169,6 +174,11 @@ bool use_int8_path(QuantScheme s, int64_t m, ActMode mode) {
   // and vdpbf16ps (bf16) beat the float few-row kernels at up to kFewRows rows; above, the packed float GEMM
   // beats the waves (bf16 there takes the bfloat16 GEMM: use_bf16_gemm).
   return kernel && m <= kFewRows && std::strcmp(vec().name, "baseline") != 0;
+}
+
+// A prompt (more than kFewRows rows) takes the integer GEMM (NOTE [integer GEMM] in vec_quant_gemm.h)? auto only.
+bool use_int8_gemm(QuantScheme s, int64_t m, ActMode mode) {
+  return m > kFewRows && mode == ActMode::Auto && vec().int8gemm_cols[static_cast<int>(s)] != nullptr;
 }
 
 // A bf16 prompt (more than kFewRows rows) takes the bfloat16 GEMM (NOTE [bfloat16 GEMM] in vec_bf16_dot.h)? auto only.
@@ -347,6 +357,40 @@ void linear_bf16_gemm(int64_t m, int64_t n, int64_t k, const float* x, int64_t r
   });
 }
 
+// out rows = the m rows of x through the integer GEMM (NOTE [integer GEMM]): the rows quantized to Q8_0 blocks once
+// (with their int32 block sums), threads splitting the columns in whole 32-column panels, then the bias.
+void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+                      const float* bias, float* c, int64_t rsc) {
+  const int64_t nb = k / 32;
+  Buffer xqb(static_cast<size_t>(m * k));
+  Buffer xdb(static_cast<size_t>(2 * m * nb) * sizeof(float));
+  Buffer xsb(static_cast<size_t>(m * nb) * sizeof(int32_t));
+  auto* q = xqb.get<int8_t>();
+  auto* d = xdb.get<float>();
+  auto* xs = xsb.get<int32_t>();
+  parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t sum = 0;
+        for (int t = 0; t < 32; ++t) sum += q[i * k + b * 32 + t];
+        xs[i * nb + b] = sum;
+      }
+    }
+  });
+  const auto gemm = vec().int8gemm_cols[static_cast<int>(s)];
+  const int64_t panels = (n + 31) / 32;
+  parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    Buffer panel(static_cast<size_t>(kInt8GemmPanelBytes));
+    gemm(m, p0 * 32, std::min(n, p1 * 32), k, q, d, xs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
+    if (bias != nullptr) {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = p0 * 32; j < std::min(n, p1 * 32); ++j) c[i * rsc + j] += bias[j];
+      }
+    }
+  });
+}
+
 // c[i * rsc + j] (+)= bias[j] for the m x n block.
 void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
   for (int64_t i = 0; i < m; ++i) {
@@ -467,6 +511,8 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
     }
   } else if (const ActMode mode = activation_mode(); use_bf16_gemm(scheme, m, mode)) {
     linear_bf16_gemm(m, n, k, xp, rsx, w, bp, c, rso);
+  } else if (use_int8_gemm(scheme, m, mode)) {
+    linear_int8_gemm(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (use_int8_path(scheme, m, mode)) {
     if (scheme == QuantScheme::BF16) {
       linear_bf16(m, n, k, xp, rsx, w, bp, c, rso);

@@ -31,6 +31,9 @@ constexpr int64_t qdot_scratch_floats(int64_t k) {
 // The scratch bf16gemm_cols needs: one packed panel of 128 value pairs x 32 columns (vec_bf16_dot.h: kBgKC, kBgNR).
 constexpr int64_t kBf16GemmPanelWords = 4096;
 
+// The scratch int8gemm_cols needs: one packed panel of 16 blocks x 32 columns (vec_quant_gemm.h: kIgBlocks, kIgNR).
+constexpr int64_t kInt8GemmPanelBytes = 16 * (8 * 32 * 4 + 32 * 4);
+
 // Matrix-multiply building blocks for element type T (float or double).
 template <class T>
 struct GemmKernels {
@@ -111,6 +114,12 @@ struct VecTable {
   // apart, as xb) . weight row j, i < m, j0 <= j < j1 (no bias); panel: scratch of bf16gemm_panel_words() words
   void (*bf16gemm_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,
                         float* c, int64_t rsc, uint32_t* panel) = nullptr;
+  // The integer GEMM for prompts (vec_quant_gemm.h, NOTE [integer GEMM]; q8_0, q4_0, q5_0, iq4_nl on the AVX-512
+  // table of a CPU with AVX512_VNNI, else null): c[i * rsc + j] = Q8_0 activation row i (as q8dot_rows' xq, xd; xs:
+  // its k / 32 int32 block sums of q) . weight row j, i < m, j0 <= j < j1 (no bias); panel: kInt8GemmPanelBytes
+  void (*int8gemm_cols[kQuantSchemes])(int64_t m, int64_t j0, int64_t j1, int64_t k, const int8_t* xq, const float* xd,
+                                       const int32_t* xs, const uint8_t* w, int64_t rsw, float* c, int64_t rsc,
+                                       uint8_t* panel) = {};
 };
 
 // The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws

@@ -19,6 +19,7 @@
 #include "vec_quant_dot.h"    // the integer path: Q8_0 activations . Q8_0 / Q4_0 weight rows
 #include "vec_quant_dot_k.h"  // the integer path: Q8_K activations . K-quant / IQ4_XS weight rows
 #include "vec_quant_dot_k_simd.h"  // its AVX2 / VNNI kernels and q8kdot_kernel, the table's pick
+#include "vec_quant_gemm.h"        // the integer GEMM for prompts (AVX-512 VNNI)
 #include "vec_rows.h"              // sum, max, softmax, log_softmax, layer_norm rows; axpy
 
 #ifndef KAEL_KC_F
@@ -94,5 +95,9 @@ VecTable make_table(const char* name) {
   t.q8kdot_rows[kIQ4XS] = q8kdot_kernel<kIQ4XS>();
   t.bf16dot_rows = bf16dot_kernel();
   t.bf16gemm_cols = bf16gemm_kernel();
+  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q8_0)] = int8gemm_kernel<0>();
+  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q4_0)] = int8gemm_kernel<1>();
+  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q5_0)] = int8gemm_kernel<5>();
+  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::IQ4_NL)] = int8gemm_kernel<7>();
   return t;
 }

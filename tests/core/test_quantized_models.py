@@ -173,16 +173,18 @@ def test_direct_step_equals_generic_step_and_forward(
 
 @pytest.mark.parametrize("scheme", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_default_decodes_on_the_integer_path_and_prefills_on_the_float_one(
+def test_default_paths_for_decode_and_prompts(
     checkpoints: dict[str, tuple[Path, Any]], family: str, scheme: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The C++ backend's default (KAEL_QUANT_ACTIVATIONS unset, NOTE [integer quantized linear]): a
-    24-token prompt's logits (and K/V) are the float32-activation path's bits; each decode step's are
-    ``q8``'s (activations rounded as llama.cpp does) after that prompt, within that rounding of the float
-    path's."""
+    """The C++ backend's default (KAEL_QUANT_ACTIVATIONS unset, NOTE [integer quantized linear]): each decode
+    step's logits are ``q8``'s (activations rounded as llama.cpp does) after the same prompt; a 24-token
+    prompt's are the integer GEMM's where the table has it (AVX-512 VNNI: NOTE [integer GEMM]), within
+    the activation rounding of the float32-activation path's, else that path's bits."""
     kbc = pytest.importorskip("kael_backend_cpu")
-    if kbc._native.C.isa() in ("baseline", "base"):
+    c = kbc._native.C
+    if c.isa() in ("baseline", "base"):
         pytest.skip("the baseline table's default is the float path")
+    gemm = c.isa() == "avx512" and c.isa_info()["features"]["avx512_vnni"]
     kael.backends.use("cpu", "cpu")
     try:
         model = from_pretrained(checkpoints[family][0], weights=scheme)
@@ -207,13 +209,18 @@ def test_default_decodes_on_the_integer_path_and_prefills_on_the_float_one(
                     cache.lengths[0] += 1
             return prompt, np.stack(rows)
 
-        default, f32, q8 = run(None, None), run("f32", "f32"), run("f32", "q8")
+        default, f32, q8 = run(None, None), run("f32", "f32"), run(None, "q8")
     finally:
         kael.backends.use("cpu", None)
-    np.testing.assert_array_equal(default[0], f32[0])
     np.testing.assert_array_equal(default[1], q8[1])
+    prompt_span = float(np.ptp(f32[0]))
+    if gemm:
+        # (the rounding compounds over the layers of these tiny random models: up to 3.5% seen)
+        assert 0 < float(np.abs(default[0] - f32[0]).max()) <= 0.05 * prompt_span
+    else:
+        np.testing.assert_array_equal(default[0], f32[0])
     span = float(np.ptp(f32[1]))
-    assert 0 < float(np.abs(default[1] - f32[1]).max()) <= 0.03 * span
+    assert 0 < float(np.abs(default[1] - f32[1]).max()) <= 0.05 * span
 
 
 @pytest.mark.parametrize("family", FAMILIES)
