@@ -47,7 +47,10 @@
 //   IQ4_NL weights take the integer GEMM of NOTE [integer GEMM] (vec_quant_gemm.h: the same Q8_0 activations, VNNI
 //   micro-tiles, one float sum per output in block order; 1.75-2.6x the packed float GEMM on GPT-2's 512-row
 //   projections, 1 and 2 threads); its rows do not depend on the prompt's length, and differ from the few-row
-//   kernels' in summation order only. Elsewhere prompts take the float path as below.
+//   kernels' in summation order only. The super-block formats (Q2_K .. Q6_K, IQ4_XS) take the integer K GEMM of NOTE
+//   [integer K GEMM] on the same tables: Q8_K activations and NOTE [integer K dot order] itself, so a prompt's rows
+//   are the bits the few-row kernels give the same rows decoded one by one (Q4_K 1.5x, Q6_K 1.8-2.5x the packed float
+//   GEMM on GPT-2's 512-row projections, 1 thread). Elsewhere prompts take the float path as below.
 // * auto (the default): the integer path for calls of up to 16 rows (decode, batched decode, speculative
 //   verification) for every integer format on the AVX2 and AVX-512 tables, whose SIMD integer kernels measured
 //   1.6-2.7x the float few-row kernels there (a GPT-2 Q8_0 file's decode, 1 thread: 1.8x; Q6_K / Q4_K at 1 and 16
@@ -178,7 +181,9 @@ bool use_int8_path(QuantScheme s, int64_t m, ActMode mode) {
 
 // A prompt (more than kFewRows rows) takes the integer GEMM (NOTE [integer GEMM] in vec_quant_gemm.h)? auto only.
 bool use_int8_gemm(QuantScheme s, int64_t m, ActMode mode) {
-  return m > kFewRows && mode == ActMode::Auto && vec().int8gemm_cols[static_cast<int>(s)] != nullptr;
+  const int f = static_cast<int>(s);
+  return m > kFewRows && mode == ActMode::Auto &&
+         (vec().int8gemm_cols[f] != nullptr || vec().int8kgemm_cols[f] != nullptr);
 }
 
 // A bf16 prompt (more than kFewRows rows) takes the bfloat16 GEMM (NOTE [bfloat16 GEMM] in vec_bf16_dot.h)? auto only.
@@ -361,6 +366,31 @@ void linear_bf16_gemm(int64_t m, int64_t n, int64_t k, const float* x, int64_t r
 // (with their int32 block sums), threads splitting the columns in whole 32-column panels, then the bias.
 void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
                       const float* bias, float* c, int64_t rsc) {
+  const int64_t panels = (n + 31) / 32;
+  const auto add_bias_cols = [&](int64_t j0, int64_t j1) {
+    if (bias == nullptr) return;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = j0; j < j1; ++j) c[i * rsc + j] += bias[j];
+    }
+  };
+  if (const auto kgemm = vec().int8kgemm_cols[static_cast<int>(s)]; kgemm != nullptr) {
+    const int64_t nb = k / 256, ns = k / 16;
+    Buffer xqb(static_cast<size_t>(m * k));
+    Buffer xdb(static_cast<size_t>(m * nb) * sizeof(float));
+    Buffer xsb(static_cast<size_t>(m * ns) * sizeof(int16_t));
+    auto* q = xqb.get<int8_t>();
+    auto* d = xdb.get<float>();
+    auto* bs = xsb.get<int16_t>();
+    parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns);
+    });
+    parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      Buffer panel(static_cast<size_t>(2 * kInt8GemmPanelBytes));
+      kgemm(m, p0 * 32, std::min(n, p1 * 32), k, q, d, bs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
+      add_bias_cols(p0 * 32, std::min(n, p1 * 32));
+    });
+    return;
+  }
   const int64_t nb = k / 32;
   Buffer xqb(static_cast<size_t>(m * k));
   Buffer xdb(static_cast<size_t>(2 * m * nb) * sizeof(float));
@@ -379,15 +409,10 @@ void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const floa
     }
   });
   const auto gemm = vec().int8gemm_cols[static_cast<int>(s)];
-  const int64_t panels = (n + 31) / 32;
   parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     Buffer panel(static_cast<size_t>(kInt8GemmPanelBytes));
     gemm(m, p0 * 32, std::min(n, p1 * 32), k, q, d, xs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
-    if (bias != nullptr) {
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = p0 * 32; j < std::min(n, p1 * 32); ++j) c[i * rsc + j] += bias[j];
-      }
-    }
+    add_bias_cols(p0 * 32, std::min(n, p1 * 32));
   });
 }
 

@@ -120,6 +120,11 @@ struct VecTable {
   void (*int8gemm_cols[kQuantSchemes])(int64_t m, int64_t j0, int64_t j1, int64_t k, const int8_t* xq, const float* xd,
                                        const int32_t* xs, const uint8_t* w, int64_t rsw, float* c, int64_t rsc,
                                        uint8_t* panel) = {};
+  // Its super-block twin (NOTE [integer K GEMM]; q2_k .. q6_k, iq4_xs): Q8_K activation rows as q8kdot_rows' xq, xd,
+  // xs; panel: 2 * kInt8GemmPanelBytes
+  void (*int8kgemm_cols[kQuantSchemes])(int64_t m, int64_t j0, int64_t j1, int64_t k, const int8_t* xq, const float* xd,
+                                        const int16_t* xs, const uint8_t* w, int64_t rsw, float* c, int64_t rsc,
+                                        uint8_t* panel) = {};
 };
 
 // The table the kernels use: chosen at the first call (NOTE [runtime dispatch]); throws

@@ -11,10 +11,18 @@
 // -off * sum(q_x of the block), which makes them isum_b. The weights are packed per depth block of kIgBlocks blocks
 // into panels of 32 columns: per block, 8 groups of 4 values, each a 32-column row of 4-byte words, then the 32
 // columns' d_w.
+//
+// NOTE [integer K GEMM]: prompts of the super-block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) against Q8_K
+// activations compute NOTE [integer K dot order] itself, so a prompt row's result is the few-row kernels' bits: per
+// super-block, each 16-value group's exact int32 sum (vpdpbusd on u = q_w + 128, started at -128 * the group's bsum)
+// times the group's integer scale (vpmulld) into isum_b; msum_b = sum of the mins times the bsums (vpdpwssd on
+// pairs of int16); then kd_add_block's float steps lane by lane in the same order. The weights are packed per depth
+// block of kIkBlocks super-blocks into 32-column panels (kd_unpack's integers).
 // Pasted inside the per-ISA namespace by vec_table.h: no includes but its vec_*.h siblings.
 #pragma once
 
-#include "vec_quant_dot.h"  // qd_weight_ints, qd_opaque
+#include "vec_quant_dot.h"    // qd_weight_ints, qd_opaque
+#include "vec_quant_dot_k.h"  // kd_unpack, KdBlock
 
 constexpr int kIgMR = 6;                                  // micro-tile rows
 constexpr int kIgNR = 32;                                 // micro-tile columns: two vectors of 16 int32 / float32 lanes
@@ -127,6 +135,153 @@ __attribute__((target("avx512vnni"), flatten)) void int8gemm_cols(int64_t m, int
   }
 }
 #endif
+
+constexpr int kIkMR = 4;      // micro-tile rows
+constexpr int kIkBlocks = 2;  // super-blocks per depth block (512 values)
+// One super-block of a panel: 64 groups of 4 bytes x 32 columns, 16 scales x 32 (int32), 8 pairs of int16 mins x 32,
+// then d and dmin x 32 (float32).
+constexpr int kIkBlockBytes = 64 * kIgNR * 4 + 16 * kIgNR * 4 + 8 * kIgNR * 4 + 2 * kIgNR * 4;
+static_assert(int64_t{kIkBlocks} * kIkBlockBytes <= ::kael::kInt8GemmPanelBytes * 2, "vec.h's K panel size");
+
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+// Panel of weight rows j0 .. j0 + cols for super-blocks b0 .. b0 + nblk; missing columns hold u = 128 and zero
+// scales, mins, d and dmin (their outputs are never stored).
+template <int F>
+inline void ik_pack(const uint8_t* w, int64_t rsw, int64_t j0, int cols, int64_t b0, int nblk, uint8_t* panel) {
+  constexpr int64_t kBytes = ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
+  for (int bb = 0; bb < nblk; ++bb) {
+    uint8_t* pb = panel + bb * kIkBlockBytes;
+    auto* sc = reinterpret_cast<int32_t*>(pb + 64 * kIgNR * 4);
+    auto* mn = reinterpret_cast<int16_t*>(pb + 80 * kIgNR * 4);
+    auto* dd = reinterpret_cast<float*>(pb + 88 * kIgNR * 4);
+    for (int j = 0; j < kIgNR; ++j) {
+      KdBlock blk;
+      if (j < cols) {
+        kd_unpack<F>(w + (j0 + j) * rsw + (b0 + bb) * kBytes, blk);
+      } else {
+        std::memset(&blk, 0, sizeof(blk));
+      }
+      for (int g = 0; g < 64; ++g) {
+        uint8_t u[4];
+        for (int t = 0; t < 4; ++t) u[t] = static_cast<uint8_t>(blk.q[4 * g + t] + 128);
+        std::memcpy(pb + (g * kIgNR + j) * 4, u, 4);
+      }
+      for (int g = 0; g < kKdGroups; ++g) sc[g * kIgNR + j] = blk.sc[g];
+      for (int p = 0; p < 8; ++p) {
+        mn[(p * kIgNR + j) * 2] = static_cast<int16_t>(kQSuperMin<F> ? blk.mn[2 * p] : 0);
+        mn[(p * kIgNR + j) * 2 + 1] = static_cast<int16_t>(kQSuperMin<F> ? blk.mn[2 * p + 1] : 0);
+      }
+      dd[j] = blk.d;
+      dd[kIgNR + j] = blk.dmin;
+    }
+  }
+}
+
+// MR rows of Q8_K activations (xq: k int8 apart, from super-block b0; xd: their scales, nb apart; xs: their bsums,
+// 16 nb apart) times a packed panel of nblk super-blocks: continue C's sums (first: from +0) for cols columns.
+template <int F, int MR>
+__attribute__((target("avx512vnni"))) inline void ik_tile(int nblk, const int8_t* xq, int64_t k, const float* xd,
+                                                          const int16_t* xs, int64_t nb, const uint8_t* panel,
+                                                          bool first, float* c, int64_t rsc, int cols) {
+  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
+    acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
+  }
+  for (int bb = 0; bb < nblk; ++bb) {
+    const uint8_t* pb = panel + bb * kIkBlockBytes;
+    const auto* sc = reinterpret_cast<const int32_t*>(pb + 64 * kIgNR * 4);
+    __m512i isum[MR][2];
+    for (int r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
+    for (int g = 0; g < kKdGroups; ++g) {
+      __m512i gs[MR][2];
+      for (int r = 0; r < MR; ++r) gs[r][0] = gs[r][1] = _mm512_set1_epi32(-128 * xs[r * 16 * nb + bb * 16 + g]);
+      for (int t = 0; t < 4; ++t) {
+        const uint8_t* wg = pb + (4 * g + t) * kIgNR * 4;
+        const __m512i w0 = _mm512_loadu_si512(static_cast<const void*>(wg));
+        const __m512i w1 = _mm512_loadu_si512(static_cast<const void*>(wg + 64));
+        for (int r = 0; r < MR; ++r) {
+          int32_t x4;
+          std::memcpy(&x4, xq + r * k + bb * kKdValues + 16 * g + 4 * t, 4);
+          const __m512i xv = _mm512_set1_epi32(x4);
+          gs[r][0] = _mm512_dpbusd_epi32(gs[r][0], w0, xv);
+          gs[r][1] = _mm512_dpbusd_epi32(gs[r][1], w1, xv);
+        }
+      }
+      const __m512i s0 = _mm512_loadu_si512(static_cast<const void*>(sc + g * kIgNR));
+      const __m512i s1 = _mm512_loadu_si512(static_cast<const void*>(sc + g * kIgNR + 16));
+      for (int r = 0; r < MR; ++r) {
+        isum[r][0] = _mm512_add_epi32(isum[r][0], _mm512_mullo_epi32(gs[r][0], s0));
+        isum[r][1] = _mm512_add_epi32(isum[r][1], _mm512_mullo_epi32(gs[r][1], s1));
+      }
+    }
+    const auto* mn = reinterpret_cast<const int32_t*>(pb + 80 * kIgNR * 4);
+    const auto* dd = reinterpret_cast<const float*>(pb + 88 * kIgNR * 4);
+    for (int v = 0; v < 2; ++v) {
+      const __m512 dw = _mm512_loadu_ps(dd + 16 * v);
+      const __m512 dmw = _mm512_loadu_ps(dd + kIgNR + 16 * v);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 dx = _mm512_set1_ps(xd[r * nb + bb]);
+        __m512 p =
+            qd_opaque(_mm512_mul_ps(qd_opaque(_mm512_mul_ps(dw, dx)), _mm512_maskz_cvtepi32_ps(0xFFFF, isum[r][v])));
+        if constexpr (kQSuperMin<F>) {
+          __m512i msum = _mm512_setzero_si512();
+          for (int q = 0; q < 8; ++q) {
+            int32_t b2;
+            std::memcpy(&b2, xs + r * 16 * nb + bb * 16 + 2 * q, 4);
+            const __m512i mv = _mm512_loadu_si512(static_cast<const void*>(mn + q * kIgNR + 16 * v));
+            msum = _mm512_dpwssd_epi32(msum, mv, _mm512_set1_epi32(b2));
+          }
+          p = qd_opaque(_mm512_sub_ps(
+              p, qd_opaque(_mm512_mul_ps(qd_opaque(_mm512_mul_ps(dmw, dx)), _mm512_maskz_cvtepi32_ps(0xFFFF, msum)))));
+        }
+        acc[r][v] = qd_opaque(_mm512_add_ps(acc[r][v], p));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
+    _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
+  }
+}
+
+// C[i * rsc + j] = Q8_K activation row i . weight row j for i < m, j0 <= j < j1 (NOTE [integer K GEMM]; no bias):
+// xq, xd (k / 256 scales a row) and xs (k / 16 bsums a row) as quantize_row_q8k gives them; panel: scratch of
+// kInt8GemmPanelBytes * 2 bytes.
+template <int F>
+__attribute__((target("avx512vnni"), flatten)) void int8kgemm_cols(int64_t m, int64_t j0, int64_t j1, int64_t k,
+                                                                   const int8_t* xq, const float* xd, const int16_t* xs,
+                                                                   const uint8_t* w, int64_t rsw, float* c, int64_t rsc,
+                                                                   uint8_t* panel) {
+  const int64_t nb = k / kKdValues;
+  for (int64_t b0 = 0; b0 < nb; b0 += kIkBlocks) {
+    const int nblk = static_cast<int>(std::min<int64_t>(kIkBlocks, nb - b0));
+    for (int64_t jb = j0; jb < j1; jb += kIgNR) {
+      const int cols = static_cast<int>(std::min<int64_t>(kIgNR, j1 - jb));
+      ik_pack<F>(w, rsw, jb, cols, b0, nblk, panel);
+      const auto tile = [&](auto rows, int64_t i) {
+        ik_tile<F, decltype(rows)::value>(nblk, xq + i * k + b0 * kKdValues, k, xd + i * nb + b0,
+                                          xs + i * 16 * nb + b0 * 16, nb, panel, b0 == 0, c + i * rsc + jb, rsc, cols);
+      };
+      int64_t i = 0;
+      for (; i + kIkMR <= m; i += kIkMR) tile(std::integral_constant<int, kIkMR>{}, i);
+      for (; i < m; ++i) tile(std::integral_constant<int, 1>{}, i);
+    }
+  }
+}
+#endif
+
+// The table's integer K GEMM for super-block format F: the AVX-512 table on a CPU with AVX512_VNNI, else none.
+template <int F>
+auto int8kgemm_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const int8_t*, const float*, const int16_t*,
+                                    const uint8_t*, int64_t, float*, int64_t, uint8_t*) {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  if (::kael::cpu_features().avx512_vnni) return int8kgemm_cols<F>;
+#endif
+  return nullptr;
+}
 
 // The table's integer GEMM for format F (0 q8_0, 1 q4_0, 5 q5_0, 7 iq4_nl): the AVX-512 table on a CPU with
 // AVX512_VNNI, else none (prompts then take the packed float GEMM).

@@ -95,6 +95,12 @@ VecTable make_table(const char* name) {
   t.q8kdot_rows[kIQ4XS] = q8kdot_kernel<kIQ4XS>();
   t.bf16dot_rows = bf16dot_kernel();
   t.bf16gemm_cols = bf16gemm_kernel();
+  t.int8kgemm_cols[kQ2K] = int8kgemm_kernel<kQ2K>();
+  t.int8kgemm_cols[kQ3K] = int8kgemm_kernel<kQ3K>();
+  t.int8kgemm_cols[kQ4K] = int8kgemm_kernel<kQ4K>();
+  t.int8kgemm_cols[kQ5K] = int8kgemm_kernel<kQ5K>();
+  t.int8kgemm_cols[kQ6K] = int8kgemm_kernel<kQ6K>();
+  t.int8kgemm_cols[kIQ4XS] = int8kgemm_kernel<kIQ4XS>();
   t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q8_0)] = int8gemm_kernel<0>();
   t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q4_0)] = int8gemm_kernel<1>();
   t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q5_0)] = int8gemm_kernel<5>();

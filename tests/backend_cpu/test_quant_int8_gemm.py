@@ -1,10 +1,12 @@
-"""The CPU backend's integer GEMM of quantized_linear for prompts (NOTE [integer GEMM] in
-csrc/vec_quant_gemm.h): Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights times activation rows quantized to GGML's Q8_0
-blocks, on AVX-512 VNNI micro-tiles, taken by the default (auto) above 16 rows.
+"""The CPU backend's integer GEMMs of quantized_linear for prompts (NOTE [integer GEMM] and NOTE [integer K
+GEMM] in csrc/vec_quant_gemm.h): Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights times activation rows quantized to GGML's
+Q8_0 blocks, and the super-block formats times Q8_K rows, on AVX-512 VNNI micro-tiles, taken by the default
+(auto) above 16 rows.
 
 Oracle: the NumPy model of test_quant_int8.py (ggml's Q8_0 activation quantizer, the gguf package's weight
 blocks) with this kernel's float order: per output, p_b = (d_w * d_x) * float(isum_b) added in block order
-from +0, then the bias. The kernel must equal it bit for bit. Tables or CPUs without it keep the packed
+from +0, then the bias; for the super-blocks, test_quant_int8_k.py's model of NOTE [integer K dot order]
+itself (so a prompt's rows are the few-row kernels' bits). The kernels must equal them bit for bit. Tables or CPUs without it keep the packed
 float GEMM for prompts: the module runs again under every other vector table this CPU can run.
 """
 
@@ -23,6 +25,10 @@ pytest.importorskip("gguf")
 
 from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
 from test_quant_int8 import assert_bits, encode, quantize_act, run, weight_ints  # noqa: E402
+from test_quant_int8_k import extreme_weights, special_rows  # noqa: E402
+from test_quant_int8_k import model as k_model  # noqa: E402
+from test_quant_int8_k import weights as k_weights  # noqa: E402
+from test_quant_kquants import SCHEMES as K_SCHEMES  # noqa: E402
 
 F32 = np.float32
 SCHEMES = ("q8_0", "q4_0", "q5_0", "iq4_nl")
@@ -109,6 +115,46 @@ def test_rows_do_not_depend_on_the_prompt(cpu: Any) -> None:
                 assert_bits(run(cpu, x[:rows], data, None, "q4_0"), want[:rows])
     finally:
         kbc.set_num_threads(before)
+
+
+@needs_kernel
+@SETTINGS
+@given(
+    scheme=st.sampled_from(K_SCHEMES),
+    m=st.integers(17, 26),
+    nb=st.integers(1, 5),
+    n=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    with_bias=st.booleans(),
+)
+def test_k_equals_the_model(cpu: Any, scheme: str, m: int, nb: int, n: int, seed: int, with_bias: bool) -> None:
+    """The super-block formats: NOTE [integer K dot order]'s bits at any shape (several depth blocks, column and
+    row tails)."""
+    rng = np.random.default_rng(seed)
+    k = 256 * nb
+    x = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 1e3], (m, 1))).astype(F32)
+    data = k_weights(rng, n, k, scheme)
+    bias = rng.standard_normal(n).astype(F32) if with_bias else None
+    assert_bits(run(cpu, x, data, bias, scheme), k_model(x, data, bias, scheme))
+
+
+@needs_kernel
+@pytest.mark.parametrize("scheme", K_SCHEMES)
+def test_k_extremes_and_special_rows(cpu: Any, scheme: str) -> None:
+    """Weight integers and scales at their limits (every byte 0x00 / 0xFF / 0x80) against activations at
+    q_x = +-127, and the edge activation rows (zeros, ties, tiny, huge, subnormal, inf, nan), in one prompt;
+    each row equals itself decoded alone (the few-row kernel)."""
+    rng = np.random.default_rng(5)
+    k = 512
+    x = np.concatenate(
+        [special_rows(rng, k), np.where(np.arange(k) % 2 == 0, F32(1), F32(-1))[None].repeat(12, 0)], axis=0
+    ).astype(F32)
+    for quants, scales in ((0x00, 0x80), (0xFF, 0x7F), (0xFF, 0xFF), (0x80, 0x00)):
+        data = extreme_weights(rng, 6, k, scheme, quants, scales)
+        got = run(cpu, x, data, None, scheme)
+        assert_bits(got, k_model(x, data, None, scheme))
+        for i in (0, 7, 19):
+            assert_bits(run(cpu, x[i : i + 1], data, None, scheme), got[i : i + 1])
 
 
 @pytest.mark.parametrize("mode", ["f32", "q8"])
