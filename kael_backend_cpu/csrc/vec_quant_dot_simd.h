@@ -166,6 +166,21 @@ struct QdVnni {
 // at or past cnt read as 0.
 template <int64_t B, int OFF, bool TAIL>
 inline __m256 qd_group_halves(const uint8_t* g, int cnt) {
+#if KAEL_VBYTES == 64 && defined(__AVX512BW__)
+  // two 64-byte windows, [0, 64) and [X, X + 64) with X the last scale's end - 64: when each
+  // scale lies in one of them, one word permute gathers the eight
+  constexpr int64_t kX = 7 * B + OFF + 2 - 64;
+  constexpr bool kTwo = 3 * B + OFF + 2 <= 64 && 4 * B + OFF >= kX;
+  if constexpr (kTwo && !TAIL) {
+    (void)cnt;
+    constexpr auto word = [](int c) { return static_cast<int16_t>(c < 4 ? (c * B + OFF) / 2 : 32 + (c * B + OFF - kX) / 2); };
+    const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(word(kQdPerm[0]), word(kQdPerm[1]), word(kQdPerm[2]),
+                                                               word(kQdPerm[3]), word(kQdPerm[4]), word(kQdPerm[5]),
+                                                               word(kQdPerm[6]), word(kQdPerm[7])));
+    const __m512i lo = _mm512_loadu_si512(g), hi = _mm512_loadu_si512(g + kX);
+    return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
+  }
+#endif
   uint16_t h[kQdLanes];
   for (int t = 0; t < kQdLanes; ++t) {
     if (TAIL && kQdPerm[t] >= cnt) {
@@ -177,6 +192,14 @@ inline __m256 qd_group_halves(const uint8_t* g, int cnt) {
   return _mm256_cvtph_ps(_mm_setr_epi16(
       static_cast<int16_t>(h[0]), static_cast<int16_t>(h[1]), static_cast<int16_t>(h[2]), static_cast<int16_t>(h[3]),
       static_cast<int16_t>(h[4]), static_cast<int16_t>(h[5]), static_cast<int16_t>(h[6]), static_cast<int16_t>(h[7])));
+}
+
+// NOTE [integer dot order]'s lane sum of accumulator lanes in kQdPerm order (lanes a0, a2, a4,
+// a6, a1, a3, a5, a7): the halves' sum is (a0 + a1, a2 + a3, a4 + a5, a6 + a7), then pairs.
+inline float qd_lane_sum_perm(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
 // Group g (blocks 8g .. 8g + 7; TAIL: only cnt < 8 left) of weight row w against MR rows of xs
@@ -229,7 +252,7 @@ inline void qd_group(int64_t g, int cnt, const QdRows& xs, int64_t r0, const uin
 }
 
 // MR rows of xs from row r0 against weight row w (nb blocks): out[r * rso] = the dot products
-// (no bias), the accumulator lanes put back in block order for qd_lane_sum.
+// (no bias).
 template <int F, class DOT, int MR>
 inline void qd_tile_avx2(int64_t nb, const QdRows& xs, int64_t r0, const uint8_t* w, float* out, int64_t rso) {
   __m256 acc[MR];
@@ -237,13 +260,7 @@ inline void qd_tile_avx2(int64_t nb, const QdRows& xs, int64_t r0, const uint8_t
   int64_t g = 0;
   for (; (g + 1) * kQdLanes <= nb; ++g) qd_group<F, DOT, MR, false>(g, kQdLanes, xs, r0, w, acc);
   if (g * kQdLanes < nb) qd_group<F, DOT, MR, true>(g, static_cast<int>(nb - g * kQdLanes), xs, r0, w, acc);
-  for (int r = 0; r < MR; ++r) {
-    alignas(32) float lanes[kQdLanes];
-    _mm256_store_ps(lanes, acc[r]);
-    float ordered[kQdLanes];
-    for (int t = 0; t < kQdLanes; ++t) ordered[kQdPerm[t]] = lanes[t];
-    out[r * rso] = qd_lane_sum(ordered);
-  }
+  for (int r = 0; r < MR; ++r) out[r * rso] = qd_lane_sum_perm(acc[r]);
 }
 
 // q8dot_rows (vec_quant_dot.h) on the vector tables: the activation rows rearranged once, then
