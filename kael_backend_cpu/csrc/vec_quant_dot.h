@@ -11,8 +11,12 @@
 // apart. p_b is added into lane b % 8 of eight float32 accumulators starting at +0, blocks in
 // order (blocks past the row's end, up to a multiple of 8, add +0); then
 // ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), then the bias. Every table computes exactly
-// this, so results are the same bits on every ISA, thread count and number of rows.
-// Pasted inside the per-ISA namespace by vec_table.h: no includes.
+// this, so results are the same bits on every ISA, thread count and number of rows: the int32
+// sums are exact, so how a kernel gets them is free (the portable qd_rows_plain unpacks each
+// block's integers; the vector tables' qd_rows_avx2, NOTE [integer dot in vectors] in
+// vec_quant_dot_simd.h, multiplies unsigned weight bytes by a per-call copy of the activations
+// and folds the offset back in), while the float steps keep this order.
+// Pasted inside the per-ISA namespace by vec_table.h: no includes but vec_quant_dot_simd.h's.
 #pragma once
 
 // v, opaque to the optimiser: keeps a product from being fused with the add that follows

@@ -3,23 +3,27 @@
 // as the portable qd_rows_plain (NOTE [integer dot order]).
 //
 // NOTE [integer dot in vectors]: the weight rows stay in GGML's layout; the activation rows of a
-// call are rearranged once, on entry, into a per-call QdRows (a few KiB: the weight rows, read
-// once each, are what costs). Blocks go in pairs (2p, 2p + 1): a pair's weight integers are two
-// 32-byte vectors, lo = values 0..15 of block 2p then of block 2p + 1, hi = values 16..31 of both
-// (for the nibble formats that is the pair's 32 quant bytes masked, then shifted and masked:
-// no byte shuffles), and QdRows holds each activation pair in that order. Each weight integer is
-// an unsigned byte u = q + off: q4_0 nibble (off 8), q4_1 nibble (0), q5_0 nibble + 16 * bit
-// (16), q5_1 likewise (0); q8_0 and iq4_nl's signed q flipped to q + 128 (off 128) where the
-// table has VNNI, else kept signed (off 0). A pair's products are then one int32 vector, lanes
-// 0..3 block 2p's partial sums and lanes 4..7 block 2p + 1's: vpdpbusd (VNNI) or maddubs + madd
-// (AVX2: u <= 31, so two maddubs' int16 pairs add without saturating, 2 * 2 * 31 * 128 < 2^15;
-// the signed q8_0 / iq4_nl take maddubs(|q|, q_x with q's sign) per half, madd apart). Three
-// hadds reduce a group's four pair vectors to its eight block sums, in lane order kQdPerm (0, 2,
-// 4, 6, 1, 3, 5, 7); -off * sum(q_x) of each block (QdRows.corr, same order) is added, giving
-// exactly isum_b. The scales d_x and sums s_x sit in QdRows in the same order, so every float
-// step of NOTE [integer dot order] runs lane for lane as before: accumulator lane t gathers the
-// blocks b with b % 8 == kQdPerm[t], and the lanes are put back in block order for the fixed sum.
-// Blocks past the row's end (the last group) have zero scales, integers and products: p_b = +0.
+// call are rearranged once, on entry, into a QdRows (k bytes and 3 k / 32 words a row: the
+// weight rows, read once each, are what costs). Blocks go in pairs (2p, 2p + 1): a pair's weight
+// integers are two 32-byte vectors, lo = values 0..15 of block 2p then of block 2p + 1, hi =
+// values 16..31 of both (for the nibble formats: the pair's two 16-byte quant runs side by side,
+// masked, then shifted and masked; no byte shuffles), and QdRows holds each activation pair in
+// that order. Each weight integer is an unsigned byte u = q + off: q4_0 nibble (off 8), q4_1
+// nibble (0), q5_0 nibble + 16 * bit (16), q5_1 likewise (0); q8_0 and iq4_nl's signed q flipped
+// to q + 128 (off 128) where the table has VNNI, else kept signed (off 0). A pair's products are
+// one int32 vector, lanes 0..3 summing to block 2p's u . q_x and lanes 4..7 to block 2p + 1's:
+// vpdpbusd (VNNI: four u * q_x to a lane, |lane| <= 8 * 255 * 127) or maddubs + madd (AVX2: u <=
+// 31, so two maddubs' int16 pairs add without saturating, 2 * 2 * 31 * 128 < 2^15; the signed
+// q8_0 / iq4_nl take maddubs(|q|, q_x with q's sign) per half, 2 * 128 * 127 < 2^15, widened
+// apart). Three hadds reduce a group's four pair vectors to its eight block sums, in lane order
+// kQdPerm (blocks 0, 2, 4, 6, 1, 3, 5, 7 of the group); adding -off * sum(q_x) of each block
+// (QdRows.corr, same order; every partial sum stays below 2^21 in magnitude) gives exactly isum_b.
+// The group's d_w (and m_w) are gathered in that order too (AVX-512: one word permute of two
+// 64-byte windows where every scale lies in one), and QdRows holds d_x and s_x in it, so every
+// float step of NOTE [integer dot order] runs lane for lane: accumulator lane t gathers the
+// blocks b with b % 8 == kQdPerm[t], which makes the final tree's first level the sum of the
+// accumulator's two halves (qd_lane_sum_perm). Blocks past the row's end (the last group) have
+// zero scales, integers and activations: p_b = +0.
 // Pasted inside the per-ISA namespace by vec_table.h through vec_quant_dot.h: no includes.
 #pragma once
 
@@ -173,10 +177,12 @@ inline __m256 qd_group_halves(const uint8_t* g, int cnt) {
   constexpr bool kTwo = 3 * B + OFF + 2 <= 64 && 4 * B + OFF >= kX;
   if constexpr (kTwo && !TAIL) {
     (void)cnt;
-    constexpr auto word = [](int c) { return static_cast<int16_t>(c < 4 ? (c * B + OFF) / 2 : 32 + (c * B + OFF - kX) / 2); };
-    const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(word(kQdPerm[0]), word(kQdPerm[1]), word(kQdPerm[2]),
-                                                               word(kQdPerm[3]), word(kQdPerm[4]), word(kQdPerm[5]),
-                                                               word(kQdPerm[6]), word(kQdPerm[7])));
+    constexpr auto word = [](int c) {
+      return static_cast<int16_t>(c < 4 ? (c * B + OFF) / 2 : 32 + (c * B + OFF - kX) / 2);
+    };
+    const __m512i idx =
+        _mm512_zextsi128_si512(_mm_setr_epi16(word(kQdPerm[0]), word(kQdPerm[1]), word(kQdPerm[2]), word(kQdPerm[3]),
+                                              word(kQdPerm[4]), word(kQdPerm[5]), word(kQdPerm[6]), word(kQdPerm[7])));
     const __m512i lo = _mm512_loadu_si512(g), hi = _mm512_loadu_si512(g + kX);
     return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
   }
