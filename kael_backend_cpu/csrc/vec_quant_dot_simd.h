@@ -208,93 +208,127 @@ inline float qd_lane_sum_perm(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// Group g (blocks 8g .. 8g + 7; TAIL: only cnt < 8 left) of weight row w against MR rows of xs
-// from row r0: each row's eight exact block sums, scaled (plus m_w * s_x for q4_1 / q5_1) and
-// added into acc[r], lane t for block 8g + kQdPerm[t] (NOTE [integer dot in vectors]).
-template <int F, class DOT, int MR, bool TAIL>
-inline void qd_group(int64_t g, int cnt, const QdRows& xs, int64_t r0, const uint8_t* w, __m256 (&acc)[MR]) {
+// Group g (blocks 8g .. 8g + 7; TAIL: only cnt < 8 left) of NW weight rows (w, rsw bytes apart)
+// against MR rows of xs from row r0: each pair of rows' eight exact block sums, scaled (plus
+// m_w * s_x for q4_1 / q5_1) and added into acc[v][r], lane t for block 8g + kQdPerm[t] (NOTE
+// [integer dot in vectors]). The NW weight rows share the activation loads.
+template <int F, class DOT, int MR, int NW, bool TAIL>
+inline void qd_group(int64_t g, int cnt, const QdRows& xs, int64_t r0, const uint8_t* w, int64_t rsw,
+                     __m256 (&acc)[NW][MR]) {
   constexpr int64_t kBytes = kQdBytes<F>;
   constexpr bool kVnni = DOT::kVnni;
-  const uint8_t* gw = w + g * kQdLanes * kBytes;
-  for (int64_t off = 0; off < kQdLanes * kBytes; off += 64) __builtin_prefetch(gw + off + kQPrefetch, 0, 0);
-  __m256i h[MR][2];
+  const uint8_t* gw[NW];
+  for (int v = 0; v < NW; ++v) {
+    gw[v] = w + v * rsw + g * kQdLanes * kBytes;
+    for (int64_t off = 0; off < kQdLanes * kBytes; off += 64) __builtin_prefetch(gw[v] + off + kQPrefetch, 0, 0);
+  }
+  __m256i h[NW][MR][2];
   for (int p = 0; p < 4; p += 2) {
-    __m256i s[2][MR];
+    __m256i s[2][NW][MR];
     for (int u = 0; u < 2; ++u) {
       const int pair = p + u;
       if (TAIL && 2 * pair >= cnt) {
-        for (int r = 0; r < MR; ++r) s[u][r] = _mm256_setzero_si256();
+        for (int v = 0; v < NW; ++v) {
+          for (int r = 0; r < MR; ++r) s[u][v][r] = _mm256_setzero_si256();
+        }
         continue;
       }
-      __m256i lo, hi;
-      const uint8_t* b1 = TAIL && 2 * pair + 1 >= cnt ? nullptr : gw + (2 * pair + 1) * kBytes;
-      qd_pair_ints<F, kVnni>(gw + 2 * pair * kBytes, b1, lo, hi);
+      __m256i xlo[MR], xhi[MR];
       for (int r = 0; r < MR; ++r) {
         const int8_t* x = xs.x.data() + (r0 + r) * xs.nb8 * 32 + (g * 4 + pair) * 64;
-        const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-        const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
-        s[u][r] = kQdSigned<F, kVnni> ? DOT::dot_s(lo, xlo, hi, xhi) : DOT::dot_u(lo, xlo, hi, xhi);
+        xlo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        xhi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
+      }
+      for (int v = 0; v < NW; ++v) {
+        __m256i lo, hi;
+        const uint8_t* b1 = TAIL && 2 * pair + 1 >= cnt ? nullptr : gw[v] + (int64_t{2} * pair + 1) * kBytes;
+        qd_pair_ints<F, kVnni>(gw[v] + int64_t{2} * pair * kBytes, b1, lo, hi);
+        for (int r = 0; r < MR; ++r) {
+          s[u][v][r] = kQdSigned<F, kVnni> ? DOT::dot_s(lo, xlo[r], hi, xhi[r]) : DOT::dot_u(lo, xlo[r], hi, xhi[r]);
+        }
       }
     }
-    for (int r = 0; r < MR; ++r) h[r][p / 2] = _mm256_hadd_epi32(s[0][r], s[1][r]);
+    for (int v = 0; v < NW; ++v) {
+      for (int r = 0; r < MR; ++r) h[v][r][p / 2] = _mm256_hadd_epi32(s[0][v][r], s[1][v][r]);
+    }
   }
-  const __m256 dwf = qd_group_halves<kBytes, 0, TAIL>(gw, cnt);
-  __m256 mwf = _mm256_setzero_ps();
-  if constexpr (kQdMin<F>) mwf = qd_group_halves<kBytes, 2, TAIL>(gw, cnt);
-  for (int r = 0; r < MR; ++r) {
-    const int64_t at = (r0 + r) * xs.nb8 + g * kQdLanes;
-    __m256i isum = _mm256_hadd_epi32(h[r][0], h[r][1]);
-    if constexpr (kQdOff<F, kVnni> != 0) {
-      isum = _mm256_add_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.corr.data() + at)));
+  for (int v = 0; v < NW; ++v) {
+    const __m256 dwf = qd_group_halves<kBytes, 0, TAIL>(gw[v], cnt);
+    __m256 mwf = _mm256_setzero_ps();
+    if constexpr (kQdMin<F>) mwf = qd_group_halves<kBytes, 2, TAIL>(gw[v], cnt);
+    for (int r = 0; r < MR; ++r) {
+      const int64_t at = (r0 + r) * xs.nb8 + g * kQdLanes;
+      __m256i isum = _mm256_hadd_epi32(h[v][r][0], h[v][r][1]);
+      if constexpr (kQdOff<F, kVnni> != 0) {
+        isum = _mm256_add_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.corr.data() + at)));
+      }
+      const __m256 dx = _mm256_loadu_ps(xs.d.data() + at);
+      __m256 pr = qd_opaque(_mm256_mul_ps(_mm256_mul_ps(dwf, dx), _mm256_cvtepi32_ps(isum)));
+      if constexpr (kQdMin<F>) {
+        const __m256 sx = _mm256_loadu_ps(xs.s.data() + at);
+        pr = qd_opaque(_mm256_add_ps(pr, qd_opaque(_mm256_mul_ps(mwf, sx))));
+      }
+      acc[v][r] = _mm256_add_ps(acc[v][r], pr);
     }
-    const __m256 dx = _mm256_loadu_ps(xs.d.data() + at);
-    __m256 pr = qd_opaque(_mm256_mul_ps(_mm256_mul_ps(dwf, dx), _mm256_cvtepi32_ps(isum)));
-    if constexpr (kQdMin<F>) {
-      const __m256 sx = _mm256_loadu_ps(xs.s.data() + at);
-      pr = qd_opaque(_mm256_add_ps(pr, qd_opaque(_mm256_mul_ps(mwf, sx))));
-    }
-    acc[r] = _mm256_add_ps(acc[r], pr);
   }
 }
 
-// MR rows of xs from row r0 against weight row w (nb blocks): out[r * rso] = the dot products
-// (no bias).
-template <int F, class DOT, int MR>
-inline void qd_tile_avx2(int64_t nb, const QdRows& xs, int64_t r0, const uint8_t* w, float* out, int64_t rso) {
-  __m256 acc[MR];
-  for (auto& a : acc) a = _mm256_setzero_ps();
+// MR rows of xs from row r0 against NW weight rows (w, rsw bytes apart; nb blocks each):
+// out[r * rso + v * vso] = the dot products (no bias).
+template <int F, class DOT, int MR, int NW>
+inline void qd_tile_avx2(int64_t nb, const QdRows& xs, int64_t r0, const uint8_t* w, int64_t rsw, float* out,
+                         int64_t rso, int64_t vso) {
+  __m256 acc[NW][MR];
+  for (auto& av : acc) {
+    for (auto& a : av) a = _mm256_setzero_ps();
+  }
   int64_t g = 0;
-  for (; (g + 1) * kQdLanes <= nb; ++g) qd_group<F, DOT, MR, false>(g, kQdLanes, xs, r0, w, acc);
-  if (g * kQdLanes < nb) qd_group<F, DOT, MR, true>(g, static_cast<int>(nb - g * kQdLanes), xs, r0, w, acc);
-  for (int r = 0; r < MR; ++r) out[r * rso] = qd_lane_sum_perm(acc[r]);
+  for (; (g + 1) * kQdLanes <= nb; ++g) qd_group<F, DOT, MR, NW, false>(g, kQdLanes, xs, r0, w, rsw, acc);
+  if (g * kQdLanes < nb) {
+    qd_group<F, DOT, MR, NW, true>(g, static_cast<int>(nb - g * kQdLanes), xs, r0, w, rsw, acc);
+  }
+  for (int v = 0; v < NW; ++v) {
+    for (int r = 0; r < MR; ++r) out[r * rso + v * vso] = qd_lane_sum_perm(acc[v][r]);
+  }
 }
 
 // q8dot_rows (vec_quant_dot.h) on the vector tables: the activation rows rearranged once, then
-// each weight row against tiles of up to four rows.
+// each weight row against tiles of up to four rows. One activation row: weight rows j and
+// j + n / 2 go together (they share the activation loads), so the rows are read as two
+// ascending streams, which the hardware prefetchers follow (rows j and j + 1 interleaved group
+// by group defeat them once a row outgrows a few cache lines).
 template <int F, class DOT>
 inline void qd_rows_avx2(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w,
                          int64_t rsw, const float* bias, float* c, int64_t rsc) {
   const int64_t nb = k / 32;
   const QdRows xs(m, k, xq, xd, kQdOff<F, DOT::kVnni>, kQdMin<F>);
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t j = 0;
+  if (m == 1) {
+    const int64_t half = n / 2;
+    for (; j < half; ++j) qd_tile_avx2<F, DOT, 1, 2>(nb, xs, 0, w + j * rsw, half * rsw, c + j, rsc, half);
+    j = 2 * half;
+  }
+  for (; j < n; ++j) {
     const uint8_t* row = w + j * rsw;
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) qd_tile_avx2<F, DOT, 4>(nb, xs, i, row, c + i * rsc + j, rsc);
+    for (; i + 4 <= m; i += 4) qd_tile_avx2<F, DOT, 4, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
     switch (m - i) {
       case 3:
-        qd_tile_avx2<F, DOT, 3>(nb, xs, i, row, c + i * rsc + j, rsc);
+        qd_tile_avx2<F, DOT, 3, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
         break;
       case 2:
-        qd_tile_avx2<F, DOT, 2>(nb, xs, i, row, c + i * rsc + j, rsc);
+        qd_tile_avx2<F, DOT, 2, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
         break;
       case 1:
-        qd_tile_avx2<F, DOT, 1>(nb, xs, i, row, c + i * rsc + j, rsc);
+        qd_tile_avx2<F, DOT, 1, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
         break;
       default:
         break;
     }
-    if (bias != nullptr) {
-      for (int64_t r = 0; r < m; ++r) c[r * rsc + j] += bias[j];
+  }
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t jj = 0; jj < n; ++jj) c[i * rsc + jj] += bias[jj];
     }
   }
 }
