@@ -209,9 +209,9 @@ inline float qd_lane_sum_perm(__m256 v) {
 }
 
 // Group g (blocks 8g .. 8g + 7; TAIL: only cnt < 8 left) of NW weight rows (w, rsw bytes apart)
-// against MR rows of xs from row r0: each pair of rows' eight exact block sums, scaled (plus
-// m_w * s_x for q4_1 / q5_1) and added into acc[v][r], lane t for block 8g + kQdPerm[t] (NOTE
-// [integer dot in vectors]). The NW weight rows share the activation loads.
+// against MR rows of xs from row r0: for weight row v and activation row r, the eight exact
+// block sums, scaled (plus m_w * s_x for q4_1 / q5_1) and added into acc[v][r], lane t for block
+// 8g + kQdPerm[t] (NOTE [integer dot in vectors]). The NW weight rows share the activation loads.
 template <int F, class DOT, int MR, int NW, bool TAIL>
 inline void qd_group(int64_t g, int cnt, const QdRows& xs, int64_t r0, const uint8_t* w, int64_t rsw,
                      __m256 (&acc)[NW][MR]) {
