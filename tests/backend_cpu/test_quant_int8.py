@@ -224,6 +224,29 @@ def test_bit_identical_to_the_model(
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_block_count_and_any_block_bytes(cpu: Any, scheme: str) -> None:
+    """Every block count 1 .. 17 (each tail of the vector kernels' groups of eight blocks and pairs of
+    two, NOTE [integer dot in vectors]) for 1, 2 and 5 activation rows (tiles of 1, 2, 4 + 1 rows)
+    against weight blocks of random bytes, the scales then set to finite float16: every integer a
+    format can hold (q8_0's -128, nibbles 0 and 15, any high bits) meets the unsigned-byte kernels;
+    rows of all-zero and all-one quant bytes too."""
+    rng = np.random.default_rng(11)
+    width = BLOCK_BYTES[scheme]
+    for nb in range(1, 18):
+        k, n = 32 * nb, 7
+        blocks = rng.integers(0, 256, (n, nb, width), dtype=np.uint8)
+        blocks[0, :, 2:] = 0
+        blocks[1, :, 2:] = 255
+        scales = 2 if scheme in MINS else 1
+        halves = rng.uniform(-2, 2, (n, nb, scales)).astype(np.float16)
+        blocks[..., : 2 * scales] = halves.view(np.uint8).reshape(n, nb, 2 * scales)
+        data = blocks.reshape(n, nb * width)
+        for m in (1, 2, 5):
+            x = rng.standard_normal((m, k)).astype(F32)
+            assert_bits(run(cpu, x, data, None, scheme), model(x, data, None, scheme))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_rows_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> None:
     rng = np.random.default_rng(3)
     k, n = 768, 301
