@@ -184,7 +184,8 @@ inline __m256 qd_group_halves(const uint8_t* g, int cnt) {
         _mm512_zextsi128_si512(_mm_setr_epi16(word(kQdPerm[0]), word(kQdPerm[1]), word(kQdPerm[2]), word(kQdPerm[3]),
                                               word(kQdPerm[4]), word(kQdPerm[5]), word(kQdPerm[6]), word(kQdPerm[7])));
     const __m512i lo = _mm512_loadu_si512(g), hi = _mm512_loadu_si512(g + kX);
-    return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
+    // (maskz extract: GCC 12 warns of the plain cast's undefined upper source)
+    return _mm256_cvtph_ps(_mm512_maskz_extracti32x4_epi32(0xF, _mm512_permutex2var_epi16(lo, idx, hi), 0));
   }
 #endif
   uint16_t h[kQdLanes];

@@ -16,7 +16,7 @@
 #include "vec_llama.h"        // rms_norm (sum of squares, scaling), silu_mul and rope rows
 #include "vec_math.h"         // exp, tanh, sigmoid, silu, gelu: vector functions and their elementwise loops
 #include "vec_quant.h"        // weight formats (and vec_quant_ints.h, vec_quant_k.h): rows and few-row dot products
-#include "vec_quant_dot.h"    // the integer path: Q8_0 activations . Q8_0 / Q4_0 weight rows
+#include "vec_quant_dot.h"    // the integer path: Q8_0 activations . 32-value block weight rows
 #include "vec_quant_dot_k.h"  // the integer path: Q8_K activations . K-quant / IQ4_XS weight rows
 #include "vec_quant_dot_k_simd.h"  // its AVX2 / VNNI kernels and q8kdot_kernel, the table's pick
 #include "vec_quant_gemm.h"        // the integer GEMM for prompts (AVX-512 VNNI)
