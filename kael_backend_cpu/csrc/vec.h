@@ -32,7 +32,7 @@ constexpr int64_t qdot_scratch_floats(int64_t k) {
 constexpr int64_t kBf16GemmPanelWords = 4096;
 
 // The scratch int8gemm_cols needs: one packed panel of 16 blocks x 32 columns (vec_quant_gemm.h: kIgBlocks, kIgNR).
-constexpr int64_t kInt8GemmPanelBytes = 16 * (8 * 32 * 4 + 32 * 4);
+constexpr int64_t kInt8GemmPanelBytes = int64_t{16} * (8 * 32 * 4 + 32 * 4);
 
 // Matrix-multiply building blocks for element type T (float or double).
 template <class T>

@@ -33,7 +33,7 @@ template <int MR>
 __attribute__((target("avx512bf16"))) inline void bd_tile(int64_t k, int64_t kp, const uint16_t* xb, const uint16_t* w,
                                                           float* out, int64_t rso) {
   __m512 a0[MR], a1[MR];
-  for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (int64_t r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
   const auto xat = [&](int r, int64_t t) {
     return (__m512bh)_mm512_loadu_si512(static_cast<const void*>(xb + r * kp + t));
   };
@@ -42,17 +42,17 @@ __attribute__((target("avx512bf16"))) inline void bd_tile(int64_t k, int64_t kp,
     __builtin_prefetch(w + t + kQPrefetch / 2, 0, 0);
     const auto w0 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(w + t));
     const auto w1 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(w + t + 32));
-    for (int r = 0; r < MR; ++r) {
+    for (int64_t r = 0; r < MR; ++r) {
       a0[r] = _mm512_dpbf16_ps(a0[r], w0, xat(r, t));
       a1[r] = _mm512_dpbf16_ps(a1[r], w1, xat(r, t + 32));
     }
   }
   // the last one or two chunks (chunk t / 32 is even here: it goes into a0), the weight's missing values as +0
-  for (int u = 0; t < k; t += 32, ++u) {
+  for (int64_t u = 0; t < k; t += 32, ++u) {
     const int64_t left = k - t;
     const __mmask32 mask = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << left) - 1);
     const auto wc = (__m512bh)_mm512_maskz_loadu_epi16(mask, static_cast<const void*>(w + t));
-    for (int r = 0; r < MR; ++r) {
+    for (int64_t r = 0; r < MR; ++r) {
       if (u == 0) {
         a0[r] = _mm512_dpbf16_ps(a0[r], wc, xat(r, t));
       } else {
@@ -60,7 +60,7 @@ __attribute__((target("avx512bf16"))) inline void bd_tile(int64_t k, int64_t kp,
       }
     }
   }
-  for (int r = 0; r < MR; ++r) out[r * rso] = bd_lane_tree(_mm512_add_ps(a0[r], a1[r]));
+  for (int64_t r = 0; r < MR; ++r) out[r * rso] = bd_lane_tree(_mm512_add_ps(a0[r], a1[r]));
 }
 
 // c[i * rsc + j] = bfloat16 activation row i (xb + i * kp, kp = k rounded up to 32, zero-padded) . bfloat16 weight
@@ -114,7 +114,7 @@ inline auto bf16dot_kernel()
 // order). The weight rows are packed per depth block into 32-column panels of value pairs (panel[p * 32 + j] = pair p
 // of column j), zero beyond the row's end.
 constexpr int kBgMR = 12;       // micro-tile rows
-constexpr int kBgNR = 32;       // micro-tile columns: two vectors of 16 lanes
+constexpr int64_t kBgNR = 32;   // micro-tile columns: two vectors of 16 lanes
 constexpr int64_t kBgKC = 256;  // depth block (values); a panel is kBgKC / 2 x 32 pairs = 16 KiB
 static_assert(kBgKC / 2 * kBgNR == ::kael::kBf16GemmPanelWords, "vec.h's panel size");
 
@@ -124,7 +124,7 @@ static_assert(kBgKC / 2 * kBgNR == ::kael::kBf16GemmPanelWords, "vec.h's panel s
 inline void bg_pack(const uint8_t* w, int64_t rsw, int64_t k, int64_t j0, int cols, int64_t k0, int64_t kc,
                     uint32_t* panel) {
   const int64_t pairs = (kc + 1) / 2;
-  for (int j = 0; j < kBgNR; ++j) {
+  for (int64_t j = 0; j < kBgNR; ++j) {
     if (j >= cols) {
       for (int64_t p = 0; p < pairs; ++p) panel[p * kBgNR + j] = 0;
       continue;
@@ -149,14 +149,14 @@ __attribute__((target("avx512bf16"))) inline void bg_tile(int64_t pairs, const u
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   __m512 acc[MR][2];
-  for (int r = 0; r < MR; ++r) {
+  for (int64_t r = 0; r < MR; ++r) {
     acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
     acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
   }
   for (int64_t p = 0; p < pairs; ++p) {
     const auto b0 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(panel + p * kBgNR));
     const auto b1 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(panel + p * kBgNR + 16));
-    for (int r = 0; r < MR; ++r) {
+    for (int64_t r = 0; r < MR; ++r) {
       int32_t pair;
       std::memcpy(&pair, a + r * kp + 2 * p, 4);
       const auto av = (__m512bh)_mm512_set1_epi32(pair);
@@ -164,7 +164,7 @@ __attribute__((target("avx512bf16"))) inline void bg_tile(int64_t pairs, const u
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], b1, av);
     }
   }
-  for (int r = 0; r < MR; ++r) {
+  for (int64_t r = 0; r < MR; ++r) {
     _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
     _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
   }

@@ -24,10 +24,10 @@
 #include "vec_quant_dot.h"    // qd_weight_ints, qd_opaque
 #include "vec_quant_dot_k.h"  // kd_unpack, KdBlock
 
-constexpr int kIgMR = 6;                                  // micro-tile rows
-constexpr int kIgNR = 32;                                 // micro-tile columns: two vectors of 16 int32 / float32 lanes
-constexpr int kIgBlocks = 16;                             // 32-value blocks per depth block (512 values)
-constexpr int kIgBlockBytes = 8 * kIgNR * 4 + kIgNR * 4;  // one block of a panel: the words, then d_w
+constexpr int kIgMR = 6;       // micro-tile rows
+constexpr int64_t kIgNR = 32;  // micro-tile columns: two vectors of 16 int32 / float32 lanes
+constexpr int kIgBlocks = 16;  // 32-value blocks per depth block (512 values)
+constexpr int64_t kIgBlockBytes = 8 * kIgNR * 4 + kIgNR * 4;  // one block of a panel: the words, then d_w
 static_assert(int64_t{kIgBlocks} * kIgBlockBytes == ::kael::kInt8GemmPanelBytes, "vec.h's panel size");
 
 // F's offset: u = q_w + off is in 0..255 (F = 0 q8_0, 1 q4_0, 5 q5_0, 7 iq4_nl).
@@ -42,16 +42,16 @@ constexpr int kIgOff = F == 1   ? 8
 template <int F>
 inline void ig_pack(const uint8_t* w, int64_t rsw, int64_t j0, int cols, int64_t b0, int nblk, uint8_t* panel) {
   constexpr int64_t kBytes = kQdBytes<F>;
-  for (int bb = 0; bb < nblk; ++bb) {
+  for (int64_t bb = 0; bb < nblk; ++bb) {
     uint8_t* pb = panel + bb * kIgBlockBytes;
     auto* dws = reinterpret_cast<float*>(pb + 8 * kIgNR * 4);
-    for (int j = 0; j < kIgNR; ++j) {
+    for (int64_t j = 0; j < kIgNR; ++j) {
       alignas(4) uint8_t u[32];
       if (j < cols) {
         const uint8_t* blk = w + (j0 + j) * rsw + (b0 + bb) * kBytes;
         int8_t q[32];
         qd_weight_ints<F>(blk, q);
-        for (int t = 0; t < 32; ++t) u[t] = static_cast<uint8_t>(q[t] + kIgOff<F>);
+        for (int64_t t = 0; t < 32; ++t) u[t] = static_cast<uint8_t>(q[t] + kIgOff<F>);
         uint16_t dbits;
         std::memcpy(&dbits, blk, 2);
         dws[j] = half_to_float_s(dbits);
@@ -59,7 +59,7 @@ inline void ig_pack(const uint8_t* w, int64_t rsw, int64_t j0, int cols, int64_t
         std::memset(u, kIgOff<F>, 32);
         dws[j] = 0.0f;
       }
-      for (int g = 0; g < 8; ++g) std::memcpy(pb + (g * kIgNR + j) * 4, u + 4 * g, 4);
+      for (int64_t g = 0; g < 8; ++g) std::memcpy(pb + (g * kIgNR + j) * 4, u + 4 * g, 4);
     }
   }
 }
@@ -75,18 +75,18 @@ __attribute__((target("avx512vnni"))) inline void ig_tile(int nblk, const int8_t
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   __m512 acc[MR][2];
-  for (int r = 0; r < MR; ++r) {
+  for (int64_t r = 0; r < MR; ++r) {
     acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
     acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
   }
-  for (int bb = 0; bb < nblk; ++bb) {
+  for (int64_t bb = 0; bb < nblk; ++bb) {
     const uint8_t* pb = panel + bb * kIgBlockBytes;
     __m512i isum[MR][2];
-    for (int r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = _mm512_set1_epi32(-kIgOff<F> * xs[r * nb + bb]);
-    for (int g = 0; g < 8; ++g) {
+    for (int64_t r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = _mm512_set1_epi32(-kIgOff<F> * xs[r * nb + bb]);
+    for (int64_t g = 0; g < 8; ++g) {
       const __m512i w0 = _mm512_loadu_si512(static_cast<const void*>(pb + g * kIgNR * 4));
       const __m512i w1 = _mm512_loadu_si512(static_cast<const void*>(pb + g * kIgNR * 4 + 64));
-      for (int r = 0; r < MR; ++r) {
+      for (int64_t r = 0; r < MR; ++r) {
         int32_t x4;
         std::memcpy(&x4, xq + r * k + bb * 32 + 4 * g, 4);
         const __m512i xv = _mm512_set1_epi32(x4);
@@ -96,7 +96,7 @@ __attribute__((target("avx512vnni"))) inline void ig_tile(int nblk, const int8_t
     }
     const auto* dws = reinterpret_cast<const float*>(pb + 8 * kIgNR * 4);
     const __m512 dw0 = _mm512_loadu_ps(dws), dw1 = _mm512_loadu_ps(dws + 16);
-    for (int r = 0; r < MR; ++r) {
+    for (int64_t r = 0; r < MR; ++r) {
       const __m512 dx = _mm512_set1_ps(xd[r * 2 * nb + bb]);
       const __m512 p0 = qd_opaque(_mm512_mul_ps(_mm512_mul_ps(dw0, dx), _mm512_maskz_cvtepi32_ps(0xFFFF, isum[r][0])));
       const __m512 p1 = qd_opaque(_mm512_mul_ps(_mm512_mul_ps(dw1, dx), _mm512_maskz_cvtepi32_ps(0xFFFF, isum[r][1])));
@@ -104,7 +104,7 @@ __attribute__((target("avx512vnni"))) inline void ig_tile(int nblk, const int8_t
       acc[r][1] = _mm512_add_ps(acc[r][1], p1);
     }
   }
-  for (int r = 0; r < MR; ++r) {
+  for (int64_t r = 0; r < MR; ++r) {
     _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
     _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
   }
@@ -140,7 +140,7 @@ constexpr int kIkMR = 4;      // micro-tile rows
 constexpr int kIkBlocks = 2;  // super-blocks per depth block (512 values)
 // One super-block of a panel: 64 groups of 4 bytes x 32 columns, 16 scales x 32 (int32), 8 pairs of int16 mins x 32,
 // then d and dmin x 32 (float32).
-constexpr int kIkBlockBytes = 64 * kIgNR * 4 + 16 * kIgNR * 4 + 8 * kIgNR * 4 + 2 * kIgNR * 4;
+constexpr int64_t kIkBlockBytes = 64 * kIgNR * 4 + 16 * kIgNR * 4 + 8 * kIgNR * 4 + 2 * kIgNR * 4;
 static_assert(int64_t{kIkBlocks} * kIkBlockBytes <= ::kael::kInt8GemmPanelBytes * 2, "vec.h's K panel size");
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
@@ -149,25 +149,25 @@ static_assert(int64_t{kIkBlocks} * kIkBlockBytes <= ::kael::kInt8GemmPanelBytes 
 template <int F>
 inline void ik_pack(const uint8_t* w, int64_t rsw, int64_t j0, int cols, int64_t b0, int nblk, uint8_t* panel) {
   constexpr int64_t kBytes = ::kael::quant_block_bytes(static_cast<::kael::QuantScheme>(F));
-  for (int bb = 0; bb < nblk; ++bb) {
+  for (int64_t bb = 0; bb < nblk; ++bb) {
     uint8_t* pb = panel + bb * kIkBlockBytes;
     auto* sc = reinterpret_cast<int32_t*>(pb + 64 * kIgNR * 4);
     auto* mn = reinterpret_cast<int16_t*>(pb + 80 * kIgNR * 4);
     auto* dd = reinterpret_cast<float*>(pb + 88 * kIgNR * 4);
-    for (int j = 0; j < kIgNR; ++j) {
+    for (int64_t j = 0; j < kIgNR; ++j) {
       KdBlock blk;
       if (j < cols) {
         kd_unpack<F>(w + (j0 + j) * rsw + (b0 + bb) * kBytes, blk);
       } else {
         std::memset(&blk, 0, sizeof(blk));
       }
-      for (int g = 0; g < 64; ++g) {
+      for (int64_t g = 0; g < 64; ++g) {
         uint8_t u[4];
-        for (int t = 0; t < 4; ++t) u[t] = static_cast<uint8_t>(blk.q[4 * g + t] + 128);
+        for (int64_t t = 0; t < 4; ++t) u[t] = static_cast<uint8_t>(blk.q[4 * g + t] + 128);
         std::memcpy(pb + (g * kIgNR + j) * 4, u, 4);
       }
-      for (int g = 0; g < kKdGroups; ++g) sc[g * kIgNR + j] = blk.sc[g];
-      for (int p = 0; p < 8; ++p) {
+      for (int64_t g = 0; g < kKdGroups; ++g) sc[g * kIgNR + j] = blk.sc[g];
+      for (int64_t p = 0; p < 8; ++p) {
         mn[(p * kIgNR + j) * 2] = static_cast<int16_t>(kQSuperMin<F> ? blk.mn[2 * p] : 0);
         mn[(p * kIgNR + j) * 2 + 1] = static_cast<int16_t>(kQSuperMin<F> ? blk.mn[2 * p + 1] : 0);
       }
@@ -186,23 +186,23 @@ __attribute__((target("avx512vnni"))) inline void ik_tile(int nblk, const int8_t
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   __m512 acc[MR][2];
-  for (int r = 0; r < MR; ++r) {
+  for (int64_t r = 0; r < MR; ++r) {
     acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
     acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
   }
-  for (int bb = 0; bb < nblk; ++bb) {
+  for (int64_t bb = 0; bb < nblk; ++bb) {
     const uint8_t* pb = panel + bb * kIkBlockBytes;
     const auto* sc = reinterpret_cast<const int32_t*>(pb + 64 * kIgNR * 4);
     __m512i isum[MR][2];
-    for (int r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
-    for (int g = 0; g < kKdGroups; ++g) {
+    for (int64_t r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < kKdGroups; ++g) {
       __m512i gs[MR][2];
-      for (int r = 0; r < MR; ++r) gs[r][0] = gs[r][1] = _mm512_set1_epi32(-128 * xs[r * 16 * nb + bb * 16 + g]);
-      for (int t = 0; t < 4; ++t) {
+      for (int64_t r = 0; r < MR; ++r) gs[r][0] = gs[r][1] = _mm512_set1_epi32(-128 * xs[r * 16 * nb + bb * 16 + g]);
+      for (int64_t t = 0; t < 4; ++t) {
         const uint8_t* wg = pb + (4 * g + t) * kIgNR * 4;
         const __m512i w0 = _mm512_loadu_si512(static_cast<const void*>(wg));
         const __m512i w1 = _mm512_loadu_si512(static_cast<const void*>(wg + 64));
-        for (int r = 0; r < MR; ++r) {
+        for (int64_t r = 0; r < MR; ++r) {
           int32_t x4;
           std::memcpy(&x4, xq + r * k + bb * kKdValues + 16 * g + 4 * t, 4);
           const __m512i xv = _mm512_set1_epi32(x4);
@@ -212,23 +212,23 @@ __attribute__((target("avx512vnni"))) inline void ik_tile(int nblk, const int8_t
       }
       const __m512i s0 = _mm512_loadu_si512(static_cast<const void*>(sc + g * kIgNR));
       const __m512i s1 = _mm512_loadu_si512(static_cast<const void*>(sc + g * kIgNR + 16));
-      for (int r = 0; r < MR; ++r) {
+      for (int64_t r = 0; r < MR; ++r) {
         isum[r][0] = _mm512_add_epi32(isum[r][0], _mm512_mullo_epi32(gs[r][0], s0));
         isum[r][1] = _mm512_add_epi32(isum[r][1], _mm512_mullo_epi32(gs[r][1], s1));
       }
     }
     const auto* mn = reinterpret_cast<const int32_t*>(pb + 80 * kIgNR * 4);
     const auto* dd = reinterpret_cast<const float*>(pb + 88 * kIgNR * 4);
-    for (int v = 0; v < 2; ++v) {
+    for (int64_t v = 0; v < 2; ++v) {
       const __m512 dw = _mm512_loadu_ps(dd + 16 * v);
       const __m512 dmw = _mm512_loadu_ps(dd + kIgNR + 16 * v);
-      for (int r = 0; r < MR; ++r) {
+      for (int64_t r = 0; r < MR; ++r) {
         const __m512 dx = _mm512_set1_ps(xd[r * nb + bb]);
         __m512 p =
             qd_opaque(_mm512_mul_ps(qd_opaque(_mm512_mul_ps(dw, dx)), _mm512_maskz_cvtepi32_ps(0xFFFF, isum[r][v])));
         if constexpr (kQSuperMin<F>) {
           __m512i msum = _mm512_setzero_si512();
-          for (int q = 0; q < 8; ++q) {
+          for (int64_t q = 0; q < 8; ++q) {
             int32_t b2;
             std::memcpy(&b2, xs + r * 16 * nb + bb * 16 + 2 * q, 4);
             const __m512i mv = _mm512_loadu_si512(static_cast<const void*>(mn + q * kIgNR + 16 * v));
@@ -241,7 +241,7 @@ __attribute__((target("avx512vnni"))) inline void ik_tile(int nblk, const int8_t
       }
     }
   }
-  for (int r = 0; r < MR; ++r) {
+  for (int64_t r = 0; r < MR; ++r) {
     _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
     _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
   }
