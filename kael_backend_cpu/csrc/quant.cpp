@@ -61,6 +61,13 @@
 //   a prompt's rows above 16 differ from the same rows decoded one by one by the activation rounding (about
 //   |d_x| / 2 per value), as they differed by float32 summation order before.
 //
+// NOTE [float16 activations]: for f16 weights the same modes choose the float16 path on every table (auto: up to 16
+// rows, not on the baseline table): each activation row is rounded to float16 once per call (nearest, ties to even;
+// beyond float16's range, +-inf), as llama.cpp's CPU backend does for F16 weights (its vec_dot_type is F16), and the
+// products, exact in float32, are summed in the order of NOTE [float16 dot order] (vec_f16_dot.h): the same bits on
+// every table. The rounding moves each activation by up to 2^-11 of its magnitude (float16's subnormals below
+// 2^-14 by up to 2^-25).
+//
 // NOTE [bfloat16 activations]: for bf16 weights the same modes choose the bfloat16 path where the table is AVX-512
 // and the CPU has AVX512_BF16 (vec().bf16dot_rows; elsewhere bf16 weights always take the float32-activation
 // path): each activation row is rounded to bfloat16 once per call as ggml's GGML_FP32_TO_BF16 (nearest, ties to
@@ -170,7 +177,8 @@ ActMode activation_mode() {
 bool use_int8_path(QuantScheme s, int64_t m, ActMode mode) {
   const int f = static_cast<int>(s);
   const bool kernel = vec().q8dot_rows[f] != nullptr || vec().q8kdot_rows[f] != nullptr ||
-                      (s == QuantScheme::BF16 && vec().bf16dot_rows != nullptr);
+                      (s == QuantScheme::BF16 && vec().bf16dot_rows != nullptr) ||
+                      (s == QuantScheme::F16 && vec().f16dot_rows != nullptr);
   if (mode == ActMode::F32) return false;
   if (mode == ActMode::Q8) return kernel;  // every row count (waves of kFewRows rows)
   // auto: the faster path. The integer kernels with SIMD (every integer format on the AVX2 and AVX-512 tables)
@@ -321,6 +329,29 @@ void round_row_bf16(const float* x, int64_t k, int64_t kp, uint16_t* xb) {
                                                                   : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
   }
   std::fill(xb + k, xb + kp, uint16_t{0});
+}
+
+// Row x[0..k) rounded to float16 and widened back (exact) into xr[0..kp), zero-padded to kp (NOTE [float16
+// activations]).
+void round_row_f16(const float* x, int64_t k, int64_t kp, float* xr) {
+  for (int64_t j = 0; j < k; ++j) xr[j] = half_bits_to_float(float_to_half_bits(x[j]));
+  std::fill(xr + k, xr + kp, 0.0f);
+}
+
+// out rows = the m rows of x through the float16 path: the rows rounded to float16 once, then the table's
+// f16dot_rows in int8_passes' waves.
+void linear_f16(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w, const float* bias,
+                float* c, int64_t rsc) {
+  const int64_t kp = (k + 31) / 32 * 32;
+  Buffer xbuf(static_cast<size_t>(m * kp) * sizeof(float));
+  auto* xr = xbuf.get<float>();
+  const auto dots = vec().f16dot_rows;
+  int8_passes(
+      m, n, k, [&](int64_t i) { round_row_f16(x + i * rsx, k, kp, xr + i * kp); },
+      [&](int64_t i0, int64_t rows, int64_t j0, int64_t j1) {
+        dots(rows, j1 - j0, k, xr + i0 * kp, w.data + j0 * w.row_stride, w.row_stride,
+             bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
+      });
 }
 
 // out rows = the m rows of x through the bfloat16 path: the rows rounded to bfloat16 once, then the table's
@@ -541,6 +572,8 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
   } else if (use_int8_path(scheme, m, mode)) {
     if (scheme == QuantScheme::BF16) {
       linear_bf16(m, n, k, xp, rsx, w, bp, c, rso);
+    } else if (scheme == QuantScheme::F16) {
+      linear_f16(m, n, k, xp, rsx, w, bp, c, rso);
     } else {
       linear_int8(scheme, m, n, k, xp, rsx, w, bp, c, rso);
     }

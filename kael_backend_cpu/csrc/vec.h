@@ -110,6 +110,10 @@ struct VecTable {
   // bfloat16 weight row j (w + j * rsw bytes) (+ bias[j]), i < m <= 16, j < n
   void (*bf16dot_rows)(int64_t m, int64_t n, int64_t k, const uint16_t* xb, const uint8_t* w, int64_t rsw,
                        const float* bias, float* c, int64_t rsc) = nullptr;
+  // The float16 path for f16 weights (vec_f16_dot.h; every table): c[i * rsc + j] = activation row i (x + i * kp:
+  // float16 values as float32, kp = k rounded up to 32, zero-padded) . float16 weight row j (+ bias[j]), i < m <= 16
+  void (*f16dot_rows)(int64_t m, int64_t n, int64_t k, const float* x, const uint8_t* w, int64_t rsw, const float* bias,
+                      float* c, int64_t rsc) = nullptr;
   // Its GEMM for prompts (NOTE [bfloat16 GEMM]; null with bf16dot_rows): c[i * rsc + j] = bfloat16 row i of a (kp
   // apart, as xb) . weight row j, i < m, j0 <= j < j1 (no bias); panel: scratch of bf16gemm_panel_words() words
   void (*bf16gemm_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,

@@ -11,6 +11,7 @@
 #include "vec_arith.h"        // add/sub/mul/div loops
 #include "vec_bf16_dot.h"     // the bfloat16 path: bfloat16 activations . bf16 weight rows (AVX512_BF16)
 #include "vec_core.h"         // vector types, loads/stores, splat, horizontal sums
+#include "vec_f16_dot.h"      // the float16 path: float16 activations . f16 weight rows
 #include "vec_gemm_packed.h"  // GEMM micro-kernel and panel packing
 #include "vec_gemm_rows.h"    // few-row GEMM kernels (rows_nmajor, rows_kmajor)
 #include "vec_llama.h"        // rms_norm (sum of squares, scaling), silu_mul and rope rows
@@ -94,6 +95,7 @@ VecTable make_table(const char* name) {
   t.q8kdot_rows[kQ6K] = q8kdot_kernel<kQ6K>();
   t.q8kdot_rows[kIQ4XS] = q8kdot_kernel<kIQ4XS>();
   t.bf16dot_rows = bf16dot_kernel();
+  t.f16dot_rows = f16dot_rows;
   t.bf16gemm_cols = bf16gemm_kernel();
   t.int8kgemm_cols[kQ2K] = int8kgemm_kernel<kQ2K>();
   t.int8kgemm_cols[kQ3K] = int8kgemm_kernel<kQ3K>();

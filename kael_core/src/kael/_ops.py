@@ -386,7 +386,8 @@ _defs += [
         "and take integer block dot products (error about |d_x|/2 per value; the CPU backend does by default for up to "
         "16 rows, at every row count with KAEL_QUANT_ACTIVATIONS=q8, never with =f32: NOTE [integer quantized linear] "
         "in its csrc/quant.cpp); for bf16 weights it may round x to bfloat16 as llama.cpp does (error up to 2^-9 "
-        "|x| per value; the CPU backend does where it has AVX512_BF16, by the same rule: NOTE [bfloat16 activations])",
+        "|x| per value; the CPU backend does where it has AVX512_BF16, by the same rule: NOTE [bfloat16 activations]) "
+        "and for f16 weights to float16 (error up to 2^-11 |x|, +-inf beyond 65504: NOTE [float16 activations])",
     ),
     _op("topk", "fused", "values!, indices!, x, k: int", "along the last dim, largest first"),
     _op(
