@@ -41,34 +41,53 @@ def test_shared_prefix_is_reused() -> None:
     pool.check()
 
 
-def test_prompt_of_whole_blocks_recomputes_its_last_block() -> None:
+def test_prompt_of_whole_blocks_copies_all_but_its_last_token() -> None:
     pool = BlockPool(8, 16)
     k0, k1 = block_keys(list(range(32)), 16)
     assert pool.allocate("a", list(range(32))) == Allocation((0, 1), 0)
     pool.free("a")
     assert pool.cached_order() == (1, 0)
-    # At most len - 1 tokens come from the cache, rounded down to a block: 16 of 32. Block 0 is
-    # revived; the second block is recomputed into the lowest free block, 2. When 2 fills it is a
-    # twin of the cached block 1, so 2 adopts the registration and 1 goes back to the free list
-    # (NOTE [twins]): nothing is left cached, and that is not an eviction.
+    # At most len - 1 tokens come from the cache: block 0 whole (revived), then 15 slots of the
+    # cached block 1 copied into the lowest free block, 2 (NOTE [partial block]), whose last slot
+    # is computed. When 2 fills it is a twin of the cached block 1, so 2 adopts the registration
+    # and 1 goes back to the free list (NOTE [twins]; its slots stay as they are until the caller
+    # copies them, before its next call): nothing is left cached, and that is not an eviction.
     b = pool.allocate("b", list(range(32)))
-    assert b == Allocation((0, 2), 16)
+    assert b == Allocation((0, 2), 31, 1)
     assert pool.cached_order() == () and pool.evictions == 0
     assert (pool.key_of(0), pool.key_of(2), pool.key_of(1)) == (k0, k1, None)
     assert pool.free_blocks == 6  # blocks 1, 3, 4, 5, 6, 7
-    # The lowest free block is now 1 again, then 3.
-    assert pool.allocate("c", list(range(16))) == Allocation((1,), 0)  # one block: nothing can be cached
-    assert pool.allocate("d", [5]) == Allocation((3,), 0)
+    # The lowest free block is now 1 again, then 3. A one-block prompt copies 15 slots of b's block 0.
+    assert pool.allocate("c", list(range(16))) == Allocation((1,), 15, 0)
+    assert pool.allocate("d", [5]) == Allocation((3,), 0)  # nothing to reuse: its only token is computed
     # The content b's block 2 holds is found there (in use): reusing it costs nothing.
     assert pool.allocate("e", [*range(32), 1]) == Allocation((0, 2, 4), 32)
-    assert pool.hit_tokens == 48
+    assert pool.hit_tokens == 31 + 15 + 32
+    pool.check()
+
+
+def test_partial_block_takes_the_longest_match_and_only_written_blocks() -> None:
+    pool = BlockPool(8, 4)
+    pool.allocate("a", [1, 2, 3, 4, 9])  # block 0 = (1, 2, 3, 4), registered
+    pool.allocate("b", [1, 2, 7, 7, 9])  # block 2 = (1, 2, 7, 7)
+    # A prompt (1, 2, 3, 5, x): block 0 matches 3 tokens, block 2 only 2.
+    assert pool.cached_prefix([1, 2, 3, 5, 0]) == 3
+    assert pool.allocate("c", [1, 2, 3, 5, 0]) == Allocation((4, 5), 3, 0)
+    # A block in use whose K/V is not written yet is no source (the caller says which are).
+    assert pool.cached_prefix([1, 2, 7, 0], copyable=lambda b: b != 2) == 2  # block 0's (1, 2)
+    got = pool.allocate("d", [1, 2, 7, 0], copyable=lambda b: b not in (0, 2, 4))
+    assert got == Allocation((6,), 0)
+    # Never the last token, and never a whole block (that is a hit).
+    assert pool.cached_prefix([1, 2, 3]) == 2 and pool.cached_prefix([1, 2, 3, 4]) == 3
+    assert pool.cached_prefix([1, 2, 3, 4, 5]) == 4
     pool.check()
 
 
 def test_a_live_twin_adopts_the_registration_of_its_cached_twin() -> None:
     # (Was: the twin takes over when the registered block is evicted. With adoption at fill time
     # the registered block is never left cached while a twin is in use, so nothing is evicted.)
-    pool = BlockPool(3, 16)
+    # Whole blocks only (NOTE [partial block]): a whole-block prompt recomputes its last block, a twin.
+    pool = BlockPool(3, 16, partial_blocks=False)
     pool.allocate("a", list(range(32)))
     pool.free("a")  # cached (1, 0), free {2}
     # Block 0 is revived and 2 recomputes the second block: 2 adopts the registration of the
@@ -93,7 +112,8 @@ def test_a_full_pool_reuses_the_live_twin_not_the_cached_one() -> None:
     # the cached block 1. Reviving 1 for c would leave no block for c's third one, although b's
     # blocks in use hold c's whole prefix: 2 adopted the registration, so c reuses 0 and 2 and
     # gets the free block 1.
-    pool = BlockPool(3, 16)
+    # Whole blocks only (NOTE [partial block]): a whole-block prompt recomputes its last block, a twin.
+    pool = BlockPool(3, 16, partial_blocks=False)
     pool.allocate("a", list(range(32)))
     pool.free("a")
     assert pool.allocate("b", list(range(32))) == Allocation((0, 2), 16)
@@ -170,7 +190,8 @@ def test_a_hit_makes_a_block_most_recently_used() -> None:
 
 
 def test_appending_after_adopting_a_twin() -> None:
-    pool = BlockPool(4, 4)
+    # Whole blocks only (NOTE [partial block]): a whole-block prompt recomputes its last block, a twin.
+    pool = BlockPool(4, 4, partial_blocks=False)
     x, y, z = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
     pool.allocate("a", x + y)
     pool.free("a")  # cached (1, 0), free {2, 3}
@@ -203,7 +224,8 @@ def test_appending_after_adopting_a_twin() -> None:
 
 
 def test_adopting_a_twin_keeps_its_cached_children_reachable() -> None:
-    pool = BlockPool(4, 4)
+    # Whole blocks only (NOTE [partial block]): a whole-block prompt recomputes its last block, a twin.
+    pool = BlockPool(4, 4, partial_blocks=False)
     x, y, z = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
     pool.allocate("a", x + y + z)
     pool.free("a")  # cached (2, 1, 0), free {3}

@@ -7,7 +7,7 @@ to write and copy; a position whose slot does not hold its own sequence's prefix
 shared, reused or copied a block wrongly. The machine also keeps its own copy of every block
 table (from the returned values only) and counts references itself. It runs with the default
 digest, with a digest that always collides, with one of only three keys, and with prefix
-caching off.
+caching off, and reusing whole blocks only (no partial block).
 """
 
 from __future__ import annotations
@@ -40,10 +40,17 @@ class PoolMachine(RuleBasedStateMachine):
     digest: Any = staticmethod(default_digest)
     exact_digest = True  # different contents never collide: every live full block is findable
     prefix_caching = True
+    partial_blocks = True
 
     @initialize(num_blocks=st.integers(3, 12), block_size=st.integers(1, 4))
     def start(self, num_blocks: int, block_size: int) -> None:
-        self.pool = BlockPool(num_blocks, block_size, prefix_caching=self.prefix_caching, _digest=self.digest)
+        self.pool = BlockPool(
+            num_blocks,
+            block_size,
+            prefix_caching=self.prefix_caching,
+            partial_blocks=self.partial_blocks,
+            _digest=self.digest,
+        )
         self.bs = block_size
         self.tokens: dict[int, list[int]] = {}  # each live sequence's tokens
         self.tables: dict[int, list[int]] = {}  # its block table, from the pool's answers only
@@ -69,16 +76,15 @@ class PoolMachine(RuleBasedStateMachine):
         pool, bs, n = self.pool, self.bs, len(prompt)
         sid, self.next_id = self.next_id, self.next_id + 1
         # What any live sequence's full blocks share with the prompt must be found (exact digest).
+        # Token by token into one more full block of it (NOTE [partial block]), never the last token.
         common = 0
         for s, toks in self.tokens.items():
-            k = 0  # (up to its first released block: a lookup reuses only a prefix that is all present)
-            while (
-                k + bs <= min(len(toks), n - 1)
-                and toks[k : k + bs] == prompt[k : k + bs]
-                and self.tables[s][k // bs] != RELEASED
-            ):
-                k += bs
-            common = max(common, k)
+            if RELEASED in self.tables[s]:  # a lookup reuses only a prefix that is all present
+                continue
+            k, full = 0, len(toks) // bs * bs
+            while k < min(full, n - 1) and toks[k] == prompt[k]:
+                k += 1
+            common = max(common, k if self.partial_blocks else k // bs * bs)
         before = snapshot(pool)
         free_before = pool.free_blocks
         got = pool.allocate(sid, prompt)
@@ -90,11 +96,22 @@ class PoolMachine(RuleBasedStateMachine):
                 assert -(-n // bs) - common // bs > free_before
             return
         c, table = got.cached_tokens, list(got.block_table)
-        assert c % bs == 0 and 0 <= c <= n - 1 and len(table) == -(-n // bs) == len(set(table))
+        assert 0 <= c <= n - 1 and len(table) == -(-n // bs) == len(set(table))
         if not self.prefix_caching:
             assert c == 0
         elif self.exact_digest:
             assert c >= common
+        if not self.partial_blocks:
+            assert c % bs == 0
+        if c % bs:  # the caller copies the partial block's slots first (NOTE [partial block])
+            src, dst, start = got.copied_from, table[c // bs], c - c % bs
+            assert src is not None and src not in table and not self.others_hold(dst, sid)
+            for j in range(c % bs):
+                assert self.kv[src][j] == tuple(prompt[: start + j + 1])
+                self.write(dst, j, self.kv[src][j])
+            event("allocate: partial block")
+        else:
+            assert got.copied_from is None
         for p in range(c):  # the reused K/V is this prompt's own
             assert self.kv[table[p // bs]][p % bs] == tuple(prompt[: p + 1])
         for b in table[c // bs :]:  # what the caller writes is nobody else's
@@ -265,11 +282,17 @@ class NoCachingMachine(PoolMachine):
     prefix_caching = False
 
 
+class WholeBlocksMachine(PoolMachine):
+    partial_blocks = False
+
+
 TestPool = PoolMachine.TestCase
 TestPool.settings = SETTINGS
 TestPoolCollidingDigest = CollidingMachine.TestCase
 TestPoolCollidingDigest.settings = SETTINGS
 TestPoolWeakDigest = WeakDigestMachine.TestCase
 TestPoolWeakDigest.settings = SETTINGS
+TestPoolWholeBlocks = WholeBlocksMachine.TestCase
+TestPoolWholeBlocks.settings = SETTINGS
 TestPoolNoCaching = NoCachingMachine.TestCase
 TestPoolNoCaching.settings = settings(SETTINGS, max_examples=50)

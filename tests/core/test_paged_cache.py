@@ -88,8 +88,8 @@ def test_prefix_cache_hit_gives_the_same_tokens_and_computes_only_the_suffix(fam
         assert a == [model.generate(p, 10)]
         if p is prompts[0]:
             assert hit == 0
-        else:  # the shared prompt's first two blocks, then more of the first request's decode
-            assert hit >= 32 and hit % 16 == 0
+        else:  # the shared 40 tokens: two whole blocks and 8 slots of the third (NOTE [partial block])
+            assert 40 <= hit < len(p)
     stats = warm.kv_stats()
     assert stats["prefix_query_tokens"] == sum(len(p) for p in prompts)
     assert stats["prefix_hit_tokens"] >= 64

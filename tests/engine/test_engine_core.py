@@ -150,9 +150,25 @@ def test_a_repeated_prompt_hits_the_prefix_cache(model: GPT) -> None:
     _drain(core)
     core.add(again)
     plans = _drain(core)
-    assert first.num_cached == 0 and again.num_cached == 36  # whole blocks, never the last token
-    assert plans[0].rows[0].start == 36 and plans[0].rows[0].n == 4
+    # 9 whole blocks and 3 slots of the 10th copied (NOTE [partial block]): never the last token.
+    assert first.num_cached == 0 and again.num_cached == 39
+    assert plans[0].rows[0].start == 39 and plans[0].rows[0].n == 1
     assert again.output_ids == first.output_ids == model.generate(prompt, 12)
+
+
+def test_a_prompt_of_the_same_step_is_no_partial_block_source(model: GPT) -> None:
+    # The second request starts in the step that computes the first's prompt: it reuses the
+    # first's whole blocks (read after they are written, in plan order) but copies no slots of
+    # one whose K/V its pass has yet to write (NOTE [partial block]).
+    prompt = _prompts(6, 1, lo=24, hi=25)[0]  # six whole blocks: the last holds the last token
+    core = EngineCore.on(BatchDecoder(model, rows=2, block_size=4))
+    first, second = Request(prompt, GREEDY), Request(prompt, GREEDY)
+    core.add(first)
+    core.add(second)
+    plans = _drain(core)
+    assert [(r.start, r.n) for r in plans[0].rows] == [(0, 24), (20, 4)]
+    assert second.num_cached == 20
+    assert first.output_ids == second.output_ids == model.generate(prompt, 12)
 
 
 def test_forked_choices_share_the_prefill_and_equal_alone(model: GPT) -> None:

@@ -112,7 +112,10 @@ async def test_a_repeated_prompt_is_served_from_the_prefix_cache(model: Any, tok
         first, second = [(await texts(app, "/v1/completions", [payload]))[0] for _ in range(2)]
         assert first["choices"][0]["text"] == second["choices"][0]["text"]
         assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
-        cached = (n - 1) // 16 * 16 if caching else 0
+        # All but the last token: the first run's answer filled the block after its prompt's whole
+        # block, so the second copies its start (NOTE [partial block] in kael.models._kv_blocks).
+        assert (n - 1) // 16 * 16 + 16 <= n + 7
+        cached = n - 1 if caching else 0
         assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
         assert second["usage"]["prompt_tokens"] == n
         m = await metrics_of(app)

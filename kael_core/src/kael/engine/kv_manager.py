@@ -117,8 +117,9 @@ class KVManager:
         return self.cache.max_positions
 
     def cached_prefix(self, ids: Sequence[int]) -> int:
-        """Leading tokens of ``ids`` the prefix cache holds now (whole blocks, never the last token)."""
-        return self.pool.cached_prefix(ids)
+        """Leading tokens of ``ids`` the prefix cache holds now (whole blocks and part of one more,
+        NOTE [partial block] in kael.models._kv_blocks; never the last token)."""
+        return self.cache.cached_prefix(ids)
 
     def blocks_for(self, request: Request, tokens: int) -> int:
         """Blocks that ``grow(request, ...)`` of ``tokens`` more positions takes from the pool."""

@@ -1,9 +1,12 @@
 """ModelRunner: executes one scheduler plan on a BatchDecoder's model and paged KV cache.
 
-NOTE [one pass per plan]: the plan's decode rows (one token past the prefill) go through the
-family's decode step in one call (``BatchDecoder.decode``: the weights read once for every
-row, each row's logits as ``model.generate`` alone computes them, NOTE [batched = alone]);
-its other rows (prefill chunks, resumed requests, k tokens to verify) go layer by layer
+NOTE [one pass per plan]: the plan's one-token rows go through the family's decode step in one
+call (``BatchDecoder.decode``: the weights read once for every row, each row's logits as
+``model.generate`` alone computes them, NOTE [batched = alone]): decode steps, and a prompt's
+last token after its cached prefix (a repeated prompt computes only that one, NOTE [partial
+block] in kael.models._kv_blocks), whose logits the decode step computes to the same bits as
+``model.run_layer`` does one token (tests/engine/test_runner_rows.py), so a new request joins the
+step's one product instead of a pass of its own; its other rows (prefill chunks, resumed requests, k tokens to verify) go layer by layer
 together, each row through ``model.run_layer`` alone over its own positions (NOTE [batched
 prefill] in kael.models._batched), in plan order, so a row reusing blocks that an earlier
 row of the same plan fills reads them after they are written (NOTE [kv allocation]). The
@@ -102,7 +105,7 @@ class ModelRunner:
     def execute(self, plan: SchedulerOutput) -> StepLogits:
         """One forward pass over the plan's rows; their logits (``StepLogits``)."""
         out = StepLogits(len(plan.rows))
-        decode = [i for i, r in enumerate(plan.rows) if r.decode and not r.all_logits]
+        decode = [i for i, r in enumerate(plan.rows) if r.n == 1 and not r.all_logits]
         extend = [i for i, r in enumerate(plan.rows) if i not in set(decode)]
         if extend:
             isolate_rows(extend, lambda which: self._extend(plan, which, out), out.errors)

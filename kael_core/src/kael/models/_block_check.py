@@ -70,6 +70,11 @@ def check_pool(self: BlockPool) -> None:
         children.setdefault(self._parent[b], set()).add(b)
     if children != {c: s for c, s in self._children.items() if s}:
         fail(f"the children map {self._children} disagrees with the index {children}")
+    starts: dict[tuple[int, int], set[int]] = {}
+    for b in self._index.values():
+        starts.setdefault((self._parent[b], self._btokens[b][0]), set()).add(b)
+    if starts != self._starts:
+        fail(f"the first-token index {self._starts} disagrees with the index {starts}")
     cids = [self._cid[b] for b in self._index.values()]
     if len(set(cids)) != len(cids):
         fail("two registered blocks have the same content")

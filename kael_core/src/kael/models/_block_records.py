@@ -14,14 +14,17 @@ RELEASED = -1
 class Allocation:
     """A sequence's blocks, and how many leading tokens already have their K/V in them.
 
-    ``cached_tokens`` is a multiple of the block size, and at most ``len(tokens) - 1`` after
-    ``allocate`` (at least the last prompt token is computed, so the caller gets its logits):
-    the caller prefills positions ``cached_tokens`` onwards. After ``fork`` it is the whole
-    length (nothing to compute).
+    ``cached_tokens`` is at most ``len(tokens) - 1`` after ``allocate`` (at least the last prompt
+    token is computed, so the caller gets its logits): the caller prefills positions
+    ``cached_tokens`` onwards. When it is not a multiple of the block size ``s``,
+    ``copied_from`` names a registered block whose first ``cached_tokens % s`` slots the caller
+    copies into ``block_table[cached_tokens // s]`` first (NOTE [partial block] in
+    _kv_blocks.py). After ``fork`` it is the whole length (nothing to compute).
     """
 
     block_table: tuple[int, ...]
     cached_tokens: int
+    copied_from: int | None = None
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,21 @@ has written its K/V. So the caller writes the K/V of every position that ``alloc
 ``allocate``, which may reuse them; a sequence whose K/V is not written after all (a
 preemption before its prefill ran) is released with ``free(seq_id, cache=False)``.
 
+NOTE [partial block]: a prompt reuses its cached whole blocks and then, token by token, the
+start of one more: among the registered blocks below the last hit's content (``_starts``
+indexes them by their first token), the one whose first tokens repeat the most of the prompt's
+next ones (the lowest id among equals), at most ``block_size - 1`` of them and never the
+prompt's last token. ``allocate`` hands the sequence a fresh block there and names the source
+in ``Allocation.copied_from``; the caller copies those slots (every layer) before it computes
+the rest. So a repeated prompt computes one token whatever its length, as llama.cpp's slots
+and SGLang's radix cache do, where whole blocks alone (vLLM's) would recompute the last block
+of a prompt that is a whole number of them. The source's K/V must be written when the caller
+copies it, which the pool cannot know for a block in use (a prompt of the same step registers
+its blocks before its pass runs, NOTE [kv allocation] in kael/engine/kv_manager.py): a caller
+that allocates ahead of the writes passes ``copyable`` to say which blocks in use are written;
+a cached block always is. A cached source is kept out of the blocks this ``allocate`` may
+evict (if that leaves too few, it does without the copy).
+
 NOTE [copy-on-write]: only ``fork`` shares a block that is not full (the source's last
 one). Full blocks are never written again, so sharing them is safe. An ``append`` whose
 position falls in a shared, not-full last block first moves the appending sequence to a
@@ -82,7 +97,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from .._errors import KaelError, ShapeError
 from ._block_check import check_pool
@@ -110,6 +125,7 @@ class BlockPool:
         *,
         namespace: str = "",
         prefix_caching: bool = True,
+        partial_blocks: bool = True,
         _digest: Digest = default_digest,
     ) -> None:
         self.num_blocks = count_arg("", "num_blocks", num_blocks, 1)
@@ -118,10 +134,14 @@ class BlockPool:
             raise ShapeError(f"BlockPool: namespace must be a str, got {namespace!r}")
         if not isinstance(prefix_caching, bool):
             raise ShapeError(f"BlockPool: prefix_caching must be a bool, got {prefix_caching!r}")
+        if not isinstance(partial_blocks, bool):
+            raise ShapeError(f"BlockPool: partial_blocks must be a bool, got {partial_blocks!r}")
         if not callable(_digest):
             raise ShapeError(f"BlockPool: _digest must be a callable bytes -> bytes, got {_digest!r}")
         self.namespace = namespace
         self.prefix_caching = prefix_caching
+        self.partial_blocks = partial_blocks
+        """Whether a prompt also reuses part of one more block (NOTE [partial block]); False: whole blocks only."""
         self._digest = _digest
         n = num_blocks
         self._ref = [0] * n
@@ -134,6 +154,7 @@ class BlockPool:
         self._index: dict[bytes, int] = {}  # key -> the registered block
         self._holders: dict[int, set[int]] = {}  # cid -> every block with that content
         self._children: dict[int, set[int]] = {}  # cid -> registered blocks whose parent it is
+        self._starts: dict[tuple[int, int], set[int]] = {}  # (parent cid, first token) -> registered blocks
         self._next_cid = 1
         self._seqs: dict[Hashable, SeqState] = {}
         self.queries_tokens = 0
@@ -226,38 +247,55 @@ class BlockPool:
         return needed + sum(min(k, self._ref[b] - 1) for b, k in appenders.items())
 
     # -- sequences --------------------------------------------------------------------------------
-    def allocate(self, seq_id: Hashable, tokens: Sequence[int]) -> Allocation | None:
+    def allocate(
+        self, seq_id: Hashable, tokens: Sequence[int], *, copyable: Callable[[int], bool] | None = None
+    ) -> Allocation | None:
         """Start ``seq_id`` with prompt ``tokens``: reuse its longest cached prefix, fresh blocks for the rest.
 
         Returns None, changing nothing, when the prompt does not fit even after evicting every
         cached block. The caller writes the K/V of positions ``cached_tokens`` onwards before
-        the next ``allocate`` (NOTE [when blocks are registered]).
+        the next ``allocate`` (NOTE [when blocks are registered]), after copying the slots that
+        ``copied_from`` names (NOTE [partial block]; ``copyable(b)`` says whether the K/V of a
+        block in use is written already: None, every block's is).
         """
         self._new_id("allocate", seq_id)
         ids = token_ids("BlockPool.allocate", tokens)
         bs, n = self.block_size, len(ids)
         hits, key, cid, missed = self._lookup(ids)
+        source, more = self._partial(ids, hits, cid, copyable)
         need = -(-n // bs) - len(hits)
         revived = sum(1 for b in hits if self._ref[b] == 0)
         if need > self.free_blocks - revived:
             return None
+        pinned = source if source is not None and self._ref[source] == 0 else None  # no _take may evict it
+        if pinned is not None and need > self.free_blocks - revived - 1:  # a block in use, or no copy at all
+            source, more = self._partial(ids, hits, cid, copyable, cached=False)
+            pinned = None
         for b in hits:
             if self._ref[b] == 0:
                 del self._cached[b]
             self._ref[b] += 1
+        if pinned is not None:
+            del self._cached[pinned]
         table = hits + [self._take() for _ in range(need)]
+        if pinned is not None:
+            self._cached[pinned] = None  # back, the most recently used
         seq = SeqState(ids, table, key, cid)
         for i in range(len(hits), n // bs):
             self._filled(seq, i, missed if i == len(hits) else None)
         self._seqs[seq_id] = seq
+        cached = len(hits) * bs + more
         self.queries_tokens += n
-        self.hit_tokens += len(hits) * bs
-        return Allocation(tuple(table), len(hits) * bs)
+        self.hit_tokens += cached
+        return Allocation(tuple(table), cached, source if more else None)
 
-    def cached_prefix(self, tokens: Sequence[int]) -> int:
-        """Leading tokens of ``tokens`` that ``allocate`` would find cached now (whole blocks, never
-        the last token). Changes nothing: a scheduler sizes a prompt's first chunk with it."""
-        return len(self._lookup(token_ids("BlockPool.cached_prefix", tokens))[0]) * self.block_size
+    def cached_prefix(self, tokens: Sequence[int], *, copyable: Callable[[int], bool] | None = None) -> int:
+        """Leading tokens of ``tokens`` that ``allocate`` (with the same ``copyable``) would find cached
+        now: whole blocks, then part of the next (NOTE [partial block]), never the last token. Changes
+        nothing: a scheduler sizes a prompt's first chunk with it."""
+        ids = token_ids("BlockPool.cached_prefix", tokens)
+        hits, _, cid, _ = self._lookup(ids)
+        return len(hits) * self.block_size + self._partial(ids, hits, cid, copyable)[1]
 
     def _lookup(self, ids: list[int]) -> tuple[list[int], bytes, int, bytes | None]:
         """The cached blocks of ``ids``' longest prefix, the last one's key and cid, and the key of
@@ -274,6 +312,34 @@ class BlockPool:
                 hits.append(b)
                 key, cid = k, self._cid[b]
         return hits, key, cid, None
+
+    def _partial(
+        self,
+        ids: list[int],
+        hits: list[int],
+        cid: int,
+        copyable: Callable[[int], bool] | None,
+        *,
+        cached: bool = True,
+    ) -> tuple[int | None, int]:
+        """The registered block below content ``cid`` whose first tokens repeat the most of ``ids`` after
+        its ``hits``, and how many (NOTE [partial block]); (None, 0) when none does."""
+        bs, p = self.block_size, len(hits) * self.block_size
+        rest = ids[p : min(len(ids) - 1, p + bs - 1)]  # never the last token; a whole block would be a hit
+        if not (self.prefix_caching and self.partial_blocks) or not rest:
+            return None, 0
+        best, most = None, 0
+        for b in sorted(self._starts.get((cid, rest[0]), ())):
+            if self._ref[b] and copyable is not None and not copyable(b):
+                continue  # in use, its K/V not yet written (a prompt of this very step)
+            if not self._ref[b] and not cached:
+                continue
+            own, k = self._btokens[b], 1
+            while k < len(rest) and own[k] == rest[k]:
+                k += 1
+            if k > most:
+                best, most = b, k
+        return best, most
 
     def append(self, seq_id: Hashable, token: int) -> AppendResult | None:
         """Grow ``seq_id`` by ``token`` (whose K/V the caller is about to write); where it goes.
@@ -419,7 +485,7 @@ class BlockPool:
             # it stays unregistered.
             if other is None and self._reachable(seq):
                 self._index[key] = b
-                self._children.setdefault(seq.last_cid, set()).add(b)
+                self._link(seq.last_cid, b, own[0])
         self._key[b], self._cid[b], self._parent[b], self._btokens[b] = key, cid, seq.last_cid, own
         self._holders.setdefault(cid, set()).add(b)
         seq.last_key, seq.last_cid = key, cid
@@ -429,6 +495,23 @@ class BlockPool:
             del self._cached[adopt]
             self._forget(adopt)
             heapq.heappush(self._free, adopt)
+
+    def _link(self, parent: int, b: int, first: int) -> None:
+        """Registered block ``b`` (whose first token is ``first``) is a child of content ``parent``."""
+        self._children.setdefault(parent, set()).add(b)
+        self._starts.setdefault((parent, first), set()).add(b)
+
+    def _unlink(self, parent: int, b: int) -> None:
+        """``b`` is no longer a registered child of ``parent`` (its tokens are still set)."""
+        children = self._children.get(parent)
+        if children is not None:
+            children.discard(b)
+        start = (parent, self._btokens[b][0])
+        starts = self._starts.get(start)
+        if starts is not None:
+            starts.discard(b)
+            if not starts:
+                del self._starts[start]
 
     def _live_twin(self, b: int) -> bool:
         """Whether another block with ``b``'s content is in use (every other holder of a cid is)."""
@@ -446,11 +529,11 @@ class BlockPool:
             holders.discard(b)
             if key is not None and self._index.get(key) == b:
                 del self._index[key]
-                self._children.get(parent, set()).discard(b)
+                self._unlink(parent, b)
                 if holders:  # a twin still in use takes over the registration
                     twin = min(holders)
                     self._index[key] = twin
-                    self._children.setdefault(parent, set()).add(twin)
+                    self._link(parent, twin, self._btokens[b][0])
             if not holders:  # nobody holds this content: its registered children are unreachable
                 del self._holders[cid]
                 stack.extend(self._unreachable(cid))
@@ -465,7 +548,9 @@ class BlockPool:
         evicted: list[int] = []
         parents = [cid]
         while parents:
-            for child in sorted(self._children.pop(parents.pop(), ())):
+            parent = parents.pop()
+            for child in sorted(self._children.pop(parent, ())):
+                self._unlink(parent, child)
                 if self._ref[child]:
                     key = self._key[child]
                     assert key is not None  # registered

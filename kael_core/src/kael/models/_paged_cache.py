@@ -200,7 +200,7 @@ class PagedKVCache:
             raise ShapeError(
                 f"PagedKVCache.start: a prompt of {len(ids)} tokens exceeds the cache's {self.max_positions} positions"
             )
-        got = self.pool.allocate(row, ids)
+        got = self.pool.allocate(row, ids, copyable=self._written)
         if got is None:
             need = -(-len(ids) // self.block_size)
             raise KVCacheFull(
@@ -210,10 +210,17 @@ class PagedKVCache:
                 self.pool.free_blocks,
             )
         self.tables[row] = list(got.block_table)
+        if got.copied_from is not None:  # NOTE [partial block] in _kv_blocks.py
+            bs = self.block_size
+            self._copy_slots(got.copied_from, got.block_table[got.cached_tokens // bs], got.cached_tokens % bs)
         self.lengths[row] = got.cached_tokens
         self.cached[row] = got.cached_tokens
         self.release_behind_window([row])
         return got.cached_tokens
+
+    def cached_prefix(self, ids: Sequence[int]) -> int:
+        """Leading tokens of ``ids`` that ``start`` would find cached now (``BlockPool.cached_prefix``)."""
+        return self.pool.cached_prefix(ids, copyable=self._written)
 
     def blocks_needed(self, rows: Sequence[int]) -> int:
         """Blocks that ``grow(rows, ...)`` would take from the pool."""
@@ -460,6 +467,14 @@ class PagedKVCache:
         with no_grad():
             for buf in self.data:
                 copy_(narrow(select(buf, 0, dst), 2, 0, slots), narrow(select(buf, 0, src), 2, 0, slots))
+
+    def _written(self, block: int) -> bool:
+        """Whether the K/V of full ``block``, in use, is written: a row holding it computed past it
+        (a prompt started in this step has registered its blocks before its pass writes them)."""
+        for row, table in enumerate(self.tables):
+            if block in table and self.lengths[row] >= (table.index(block) + 1) * self.block_size:
+                return True
+        return False
 
     def _row(self, row: Any, op: str) -> None:
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.batch:
