@@ -271,17 +271,47 @@ void quantize_row_q8k(const float* x, int64_t k, int8_t* q, float* d, int16_t* s
   }
 }
 
-// The integer path's two passes over m rows of x: quantize(row i) for each row (threads split
-// the rows), then wave(i0, rows, j0, j1) for waves of up to kFewRows rows starting at row i0
-// against weight rows j0..j1 (threads split N; a thread's slice of weight rows stays in cache
-// across the waves).
-template <class Quantize, class Wave>
-void int8_passes(int64_t m, int64_t n, int64_t k, const Quantize& quantize, const Wave& wave) {
+// c[i * rsc + j] (+)= bias[j] for the m x n block.
+void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * rsc;
+    for (int64_t j = 0; j < n; ++j) ci[j] += bias[j];
+  }
+}
+
+// quantize(row i) for each of m rows of k values (threads split the rows): the activations quantized (or rounded)
+// once per call, the first pass of int8_passes and gemm_passes.
+template <class Quantize>
+void rows_pass(int64_t m, int64_t k, const Quantize& quantize) {
   parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; ++i) quantize(i);
   });
+}
+
+// The integer path's two passes over m rows of x: quantize(row i) for each row (rows_pass), then
+// wave(i0, rows, j0, j1) for waves of up to kFewRows rows starting at row i0 against weight rows
+// j0..j1 (threads split N; a thread's slice of weight rows stays in cache across the waves).
+template <class Quantize, class Wave>
+void int8_passes(int64_t m, int64_t n, int64_t k, const Quantize& quantize, const Wave& wave) {
+  rows_pass(m, k, quantize);
   parallel_for(0, n, std::max<int64_t>(1, 32768 / (std::min(m, kFewRows) * k)), [&](int64_t j0, int64_t j1) {
     for (int64_t i0 = 0; i0 < m; i0 += kFewRows) wave(i0, std::min(kFewRows, m - i0), j0, j1);
+  });
+}
+
+// The GEMM paths' two passes over m rows of x (NOTE [bfloat16 GEMM], [integer GEMM], [integer K GEMM]):
+// quantize(row i) for each row (rows_pass), then panels(j0, j1, scratch) for output columns j0..j1 in whole
+// 32-column panels (threads split them; scratch: scratch_bytes of the thread's own), then the bias of those columns
+// into c (rsc apart).
+template <class Quantize, class Panels>
+void gemm_passes(int64_t m, int64_t n, int64_t k, size_t scratch_bytes, const float* bias, float* c, int64_t rsc,
+                 const Quantize& quantize, const Panels& panels) {
+  rows_pass(m, k, quantize);
+  parallel_for(0, (n + 31) / 32, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t j0 = p0 * 32, j1 = std::min(n, p1 * 32);
+    Buffer scratch(scratch_bytes);
+    panels(j0, j1, scratch);
+    if (bias != nullptr) add_bias(c + j0, rsc, m, j1 - j0, bias + j0);
   });
 }
 
@@ -377,33 +407,19 @@ void linear_bf16_gemm(int64_t m, int64_t n, int64_t k, const float* x, int64_t r
   const int64_t kp = (k + 31) / 32 * 32;
   Buffer xbuf(static_cast<size_t>(m * kp) * sizeof(uint16_t));
   auto* xb = xbuf.get<uint16_t>();
-  parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) round_row_bf16(x + i * rsx, k, kp, xb + i * kp);
-  });
   const auto gemm = vec().bf16gemm_cols;
-  const int64_t panels = (n + 31) / 32;
-  parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    Buffer panel(static_cast<size_t>(kBf16GemmPanelWords) * sizeof(uint32_t));
-    gemm(m, p0 * 32, std::min(n, p1 * 32), k, xb, w.data, w.row_stride, c, rsc, panel.get<uint32_t>());
-    if (bias != nullptr) {
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = p0 * 32; j < std::min(n, p1 * 32); ++j) c[i * rsc + j] += bias[j];
-      }
-    }
-  });
+  gemm_passes(
+      m, n, k, static_cast<size_t>(kBf16GemmPanelWords) * sizeof(uint32_t), bias, c, rsc,
+      [&](int64_t i) { round_row_bf16(x + i * rsx, k, kp, xb + i * kp); },
+      [&](int64_t j0, int64_t j1, const Buffer& panel) {
+        gemm(m, j0, j1, k, xb, w.data, w.row_stride, c, rsc, panel.get<uint32_t>());
+      });
 }
 
 // out rows = the m rows of x through the integer GEMM (NOTE [integer GEMM]): the rows quantized to Q8_0 blocks once
 // (with their int32 block sums), threads splitting the columns in whole 32-column panels, then the bias.
 void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
                       const float* bias, float* c, int64_t rsc) {
-  const int64_t panels = (n + 31) / 32;
-  const auto add_bias_cols = [&](int64_t j0, int64_t j1) {
-    if (bias == nullptr) return;
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = j0; j < j1; ++j) c[i * rsc + j] += bias[j];
-    }
-  };
   if (const auto kgemm = vec().int8kgemm_cols[static_cast<int>(s)]; kgemm != nullptr) {
     const int64_t nb = k / 256, ns = k / 16;
     Buffer xqb(static_cast<size_t>(m * k));
@@ -412,14 +428,12 @@ void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const floa
     auto* q = xqb.get<int8_t>();
     auto* d = xdb.get<float>();
     auto* bs = xsb.get<int16_t>();
-    parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0; i < r1; ++i) quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns);
-    });
-    parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      Buffer panel(static_cast<size_t>(2 * kInt8GemmPanelBytes));
-      kgemm(m, p0 * 32, std::min(n, p1 * 32), k, q, d, bs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
-      add_bias_cols(p0 * 32, std::min(n, p1 * 32));
-    });
+    gemm_passes(
+        m, n, k, static_cast<size_t>(2 * kInt8GemmPanelBytes), bias, c, rsc,
+        [&](int64_t i) { quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns); },
+        [&](int64_t j0, int64_t j1, const Buffer& panel) {
+          kgemm(m, j0, j1, k, q, d, bs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
+        });
     return;
   }
   const int64_t nb = k / 32;
@@ -429,30 +443,20 @@ void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const floa
   auto* q = xqb.get<int8_t>();
   auto* d = xdb.get<float>();
   auto* xs = xsb.get<int32_t>();
-  parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) {
-      quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t sum = 0;
-        for (int t = 0; t < 32; ++t) sum += q[i * k + b * 32 + t];
-        xs[i * nb + b] = sum;
-      }
-    }
-  });
   const auto gemm = vec().int8gemm_cols[static_cast<int>(s)];
-  parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    Buffer panel(static_cast<size_t>(kInt8GemmPanelBytes));
-    gemm(m, p0 * 32, std::min(n, p1 * 32), k, q, d, xs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
-    add_bias_cols(p0 * 32, std::min(n, p1 * 32));
-  });
-}
-
-// c[i * rsc + j] (+)= bias[j] for the m x n block.
-void add_bias(float* c, int64_t rsc, int64_t m, int64_t n, const float* bias) {
-  for (int64_t i = 0; i < m; ++i) {
-    float* ci = c + i * rsc;
-    for (int64_t j = 0; j < n; ++j) ci[j] += bias[j];
-  }
+  gemm_passes(
+      m, n, k, static_cast<size_t>(kInt8GemmPanelBytes), bias, c, rsc,
+      [&](int64_t i) {
+        quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
+        for (int64_t b = 0; b < nb; ++b) {
+          int32_t sum = 0;
+          for (int t = 0; t < 32; ++t) sum += q[i * k + b * 32 + t];
+          xs[i * nb + b] = sum;
+        }
+      },
+      [&](int64_t j0, int64_t j1, const Buffer& panel) {
+        gemm(m, j0, j1, k, q, d, xs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
+      });
 }
 
 // The M > 16 path: the packed GEMM with B's panels dequantized straight from the weight rows

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "vec_quant.h"  // kQPrefetch
+#include "vec_tiles.h"  // tile_rows, PanelEdge
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
 // The 16 lanes of v summed as NOTE [bfloat16 dot order]'s tree.
@@ -73,21 +74,9 @@ __attribute__((target("avx512bf16"), flatten)) inline void bf16dot_rows(int64_t 
   const int64_t kp = (k + 31) / 32 * 32;
   for (int64_t j = 0; j < n; ++j) {
     const auto* row = reinterpret_cast<const uint16_t*>(w + j * rsw);
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) bd_tile<4>(k, kp, xb + i * kp, row, c + i * rsc + j, rsc);
-    switch (m - i) {
-      case 3:
-        bd_tile<3>(k, kp, xb + i * kp, row, c + i * rsc + j, rsc);
-        break;
-      case 2:
-        bd_tile<2>(k, kp, xb + i * kp, row, c + i * rsc + j, rsc);
-        break;
-      case 1:
-        bd_tile<1>(k, kp, xb + i * kp, row, c + i * rsc + j, rsc);
-        break;
-      default:
-        break;
-    }
+    tile_rows<4, 3, 2, 1>(m, [&](auto rows, int64_t i) {
+      bd_tile<decltype(rows)::value>(k, kp, xb + i * kp, row, c + i * rsc + j, rsc);
+    });
     if (bias != nullptr) {
       for (int64_t r = 0; r < m; ++r) c[r * rsc + j] += bias[j];
     }
@@ -146,13 +135,9 @@ template <int MR>
 __attribute__((target("avx512bf16"))) inline void bg_tile(int64_t pairs, const uint16_t* a, int64_t kp,
                                                           const uint32_t* panel, bool first, float* c, int64_t rsc,
                                                           int cols) {
-  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  const PanelEdge edge(cols);
   __m512 acc[MR][2];
-  for (int64_t r = 0; r < MR; ++r) {
-    acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
-    acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
-  }
+  for (int64_t r = 0; r < MR; ++r) edge.load(c + r * rsc, first, acc[r]);
   for (int64_t p = 0; p < pairs; ++p) {
     const auto b0 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(panel + p * kBgNR));
     const auto b1 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(panel + p * kBgNR + 16));
@@ -164,10 +149,7 @@ __attribute__((target("avx512bf16"))) inline void bg_tile(int64_t pairs, const u
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], b1, av);
     }
   }
-  for (int64_t r = 0; r < MR; ++r) {
-    _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
-    _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
-  }
+  for (int64_t r = 0; r < MR; ++r) edge.store(c + r * rsc, acc[r]);
 }
 
 // C[i * rsc + j] = A row i . weight row j for i < m, j in [j0, j1) (NOTE [bfloat16 GEMM]; no bias): A's rows are
@@ -182,11 +164,9 @@ __attribute__((target("avx512bf16"), flatten)) inline void bf16gemm_cols(int64_t
     for (int64_t jb = j0; jb < j1; jb += kBgNR) {
       const int cols = static_cast<int>(std::min<int64_t>(kBgNR, j1 - jb));
       bg_pack(w, rsw, k, jb, cols, k0, kc, panel);
-      int64_t i = 0;
-      for (; i + kBgMR <= m; i += kBgMR)
-        bg_tile<kBgMR>(pairs, a + i * kp + k0, kp, panel, k0 == 0, c + i * rsc + jb, rsc, cols);
-      for (; i + 4 <= m; i += 4) bg_tile<4>(pairs, a + i * kp + k0, kp, panel, k0 == 0, c + i * rsc + jb, rsc, cols);
-      for (; i < m; ++i) bg_tile<1>(pairs, a + i * kp + k0, kp, panel, k0 == 0, c + i * rsc + jb, rsc, cols);
+      tile_rows<kBgMR, 4, 1>(m, [&](auto rows, int64_t i) {
+        bg_tile<decltype(rows)::value>(pairs, a + i * kp + k0, kp, panel, k0 == 0, c + i * rsc + jb, rsc, cols);
+      });
     }
   }
 }

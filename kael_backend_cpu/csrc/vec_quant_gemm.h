@@ -23,6 +23,7 @@
 
 #include "vec_quant_dot.h"    // qd_weight_ints, qd_opaque
 #include "vec_quant_dot_k.h"  // kd_unpack, KdBlock
+#include "vec_tiles.h"        // tile_rows, PanelEdge
 
 constexpr int kIgMR = 6;       // micro-tile rows
 constexpr int64_t kIgNR = 32;  // micro-tile columns: two vectors of 16 int32 / float32 lanes
@@ -72,13 +73,9 @@ __attribute__((target("avx512vnni"))) inline void ig_tile(int nblk, const int8_t
                                                           const int32_t* xs, int64_t nb, const uint8_t* panel,
                                                           bool first, float* c, int64_t rsc, int cols) {
   // xd: a row's k / 32 scales, then its Q8_1 sums (unused here): 2 nb apart
-  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  const PanelEdge edge(cols);
   __m512 acc[MR][2];
-  for (int64_t r = 0; r < MR; ++r) {
-    acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
-    acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
-  }
+  for (int64_t r = 0; r < MR; ++r) edge.load(c + r * rsc, first, acc[r]);
   for (int64_t bb = 0; bb < nblk; ++bb) {
     const uint8_t* pb = panel + bb * kIgBlockBytes;
     __m512i isum[MR][2];
@@ -104,10 +101,7 @@ __attribute__((target("avx512vnni"))) inline void ig_tile(int nblk, const int8_t
       acc[r][1] = _mm512_add_ps(acc[r][1], p1);
     }
   }
-  for (int64_t r = 0; r < MR; ++r) {
-    _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
-    _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
-  }
+  for (int64_t r = 0; r < MR; ++r) edge.store(c + r * rsc, acc[r]);
 }
 
 // C[i * rsc + j] = activation row i . weight row j for i < m, j0 <= j < j1 (NOTE [integer GEMM]; no bias): xq, xd
@@ -128,9 +122,7 @@ __attribute__((target("avx512vnni"), flatten)) void int8gemm_cols(int64_t m, int
         ig_tile<F, decltype(rows)::value>(nblk, xq + i * k + b0 * 32, k, xd + i * 2 * nb + b0, xs + i * nb + b0, nb,
                                           panel, b0 == 0, c + i * rsc + jb, rsc, cols);
       };
-      int64_t i = 0;
-      for (; i + kIgMR <= m; i += kIgMR) tile(std::integral_constant<int, kIgMR>{}, i);
-      for (; i < m; ++i) tile(std::integral_constant<int, 1>{}, i);
+      tile_rows<kIgMR, 1>(m, tile);
     }
   }
 }
@@ -183,13 +175,9 @@ template <int F, int MR>
 __attribute__((target("avx512vnni"))) inline void ik_tile(int nblk, const int8_t* xq, int64_t k, const float* xd,
                                                           const int16_t* xs, int64_t nb, const uint8_t* panel,
                                                           bool first, float* c, int64_t rsc, int cols) {
-  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  const PanelEdge edge(cols);
   __m512 acc[MR][2];
-  for (int64_t r = 0; r < MR; ++r) {
-    acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * rsc);
-    acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * rsc + 16);
-  }
+  for (int64_t r = 0; r < MR; ++r) edge.load(c + r * rsc, first, acc[r]);
   for (int64_t bb = 0; bb < nblk; ++bb) {
     const uint8_t* pb = panel + bb * kIkBlockBytes;
     const auto* sc = reinterpret_cast<const int32_t*>(pb + 64 * kIgNR * 4);
@@ -241,10 +229,7 @@ __attribute__((target("avx512vnni"))) inline void ik_tile(int nblk, const int8_t
       }
     }
   }
-  for (int64_t r = 0; r < MR; ++r) {
-    _mm512_mask_storeu_ps(c + r * rsc, m0, acc[r][0]);
-    _mm512_mask_storeu_ps(c + r * rsc + 16, m1, acc[r][1]);
-  }
+  for (int64_t r = 0; r < MR; ++r) edge.store(c + r * rsc, acc[r]);
 }
 
 // C[i * rsc + j] = Q8_K activation row i . weight row j for i < m, j0 <= j < j1 (NOTE [integer K GEMM]; no bias):
@@ -265,9 +250,7 @@ __attribute__((target("avx512vnni"), flatten)) void int8kgemm_cols(int64_t m, in
         ik_tile<F, decltype(rows)::value>(nblk, xq + i * k + b0 * kKdValues, k, xd + i * nb + b0,
                                           xs + i * 16 * nb + b0 * 16, nb, panel, b0 == 0, c + i * rsc + jb, rsc, cols);
       };
-      int64_t i = 0;
-      for (; i + kIkMR <= m; i += kIkMR) tile(std::integral_constant<int, kIkMR>{}, i);
-      for (; i < m; ++i) tile(std::integral_constant<int, 1>{}, i);
+      tile_rows<kIkMR, 1>(m, tile);
     }
   }
 }

@@ -22,6 +22,7 @@
 #include "vec_quant_dot_k_simd.h"  // its AVX2 / VNNI kernels and q8kdot_kernel, the table's pick
 #include "vec_quant_gemm.h"        // the integer GEMM for prompts (AVX-512 VNNI)
 #include "vec_rows.h"              // sum, max, softmax, log_softmax, layer_norm rows; axpy
+#include "vec_tiles.h"             // the quantized_linear kernels' row tiles and panel edges
 
 #ifndef KAEL_KC_F
 #define KAEL_KC_F 256
@@ -54,6 +55,22 @@ GemmKernels<T> gemm_kernels(int64_t mc, int64_t kc, int64_t nc) {
   return g;
 }
 
+// The integer path's entries of format F (a row of KAEL_QUANT_FORMATS, QK values a block), so that every integer
+// format of the list has them: the 32-value block formats take Q8_0 activations (q8dot_rows) and, those without an
+// offset m (kQdMin: not q4_1 / q5_1), the integer GEMM (int8gemm_cols); the 256-value super-blocks take Q8_K
+// activations (q8kdot_rows, int8kgemm_cols); the 16-bit formats have none (their own bf16 / f16 entries).
+template <int F, int64_t QK>
+void set_integer_kernels(VecTable& t) {
+  static_assert(QK == 1 || QK == 32 || QK == 256, "a format of another block size: which integer kernels?");
+  if constexpr (QK == 32) {
+    t.q8dot_rows[F] = q8dot_kernel<F>();
+    if constexpr (!kQdMin<F>) t.int8gemm_cols[F] = int8gemm_kernel<F>();
+  } else if constexpr (QK == 256) {
+    t.q8kdot_rows[F] = q8kdot_kernel<F>();
+    t.int8kgemm_cols[F] = int8kgemm_kernel<F>();
+  }
+}
+
 VecTable make_table(const char* name) {
   VecTable t;
   t.name = name;
@@ -79,33 +96,12 @@ VecTable make_table(const char* name) {
   t.rope_f32 = rope_f32;
 #define KAEL_QF_KERNELS(e, name, qk, bytes)                                                                        \
   t.dequant_row[static_cast<int>(::kael::QuantScheme::e)] = dequant_row<static_cast<int>(::kael::QuantScheme::e)>; \
-  t.qdot_rows[static_cast<int>(::kael::QuantScheme::e)] = qdot_rows<static_cast<int>(::kael::QuantScheme::e)>;
+  t.qdot_rows[static_cast<int>(::kael::QuantScheme::e)] = qdot_rows<static_cast<int>(::kael::QuantScheme::e)>;     \
+  set_integer_kernels<static_cast<int>(::kael::QuantScheme::e), qk>(t);
   KAEL_QUANT_FORMATS(KAEL_QF_KERNELS)
 #undef KAEL_QF_KERNELS
-  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q8_0)] = q8dot_kernel<0>();
-  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q4_0)] = q8dot_kernel<1>();
-  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q4_1)] = q8dot_kernel<4>();
-  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_0)] = q8dot_kernel<5>();
-  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::Q5_1)] = q8dot_kernel<6>();
-  t.q8dot_rows[static_cast<int>(::kael::QuantScheme::IQ4_NL)] = q8dot_kernel<7>();
-  t.q8kdot_rows[kQ2K] = q8kdot_kernel<kQ2K>();
-  t.q8kdot_rows[kQ3K] = q8kdot_kernel<kQ3K>();
-  t.q8kdot_rows[kQ4K] = q8kdot_kernel<kQ4K>();
-  t.q8kdot_rows[kQ5K] = q8kdot_kernel<kQ5K>();
-  t.q8kdot_rows[kQ6K] = q8kdot_kernel<kQ6K>();
-  t.q8kdot_rows[kIQ4XS] = q8kdot_kernel<kIQ4XS>();
   t.bf16dot_rows = bf16dot_kernel();
   t.f16dot_rows = f16dot_rows;
   t.bf16gemm_cols = bf16gemm_kernel();
-  t.int8kgemm_cols[kQ2K] = int8kgemm_kernel<kQ2K>();
-  t.int8kgemm_cols[kQ3K] = int8kgemm_kernel<kQ3K>();
-  t.int8kgemm_cols[kQ4K] = int8kgemm_kernel<kQ4K>();
-  t.int8kgemm_cols[kQ5K] = int8kgemm_kernel<kQ5K>();
-  t.int8kgemm_cols[kQ6K] = int8kgemm_kernel<kQ6K>();
-  t.int8kgemm_cols[kIQ4XS] = int8kgemm_kernel<kIQ4XS>();
-  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q8_0)] = int8gemm_kernel<0>();
-  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q4_0)] = int8gemm_kernel<1>();
-  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::Q5_0)] = int8gemm_kernel<5>();
-  t.int8gemm_cols[static_cast<int>(::kael::QuantScheme::IQ4_NL)] = int8gemm_kernel<7>();
   return t;
 }

@@ -20,18 +20,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa: E402
-from kael import _dtype as dt  # noqa: E402
-from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
+from _quant_helpers import F32, SETTINGS, assert_bits, check_requested_isa, not_in_isa_rerun, run  # noqa: E402
+from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
 
-F32 = np.float32
 LANES = 16
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def has_kernel() -> bool:
@@ -121,25 +118,10 @@ def gemm_model(x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> np
 # -- running the kernel --------------------------------------------------------------------
 
 
-def run(cpu: Any, x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    out = cpu_empty(cpu, (*x.shape[:-1], w_bits.shape[0]), dt.float32)
-    b: Tensor | None = None if bias is None else from_numpy_bits(bias.astype(F32), dt.float32)
-    cpu.kernel("quantized_linear")(
-        out, from_numpy_bits(x.astype(F32), dt.float32), from_numpy_bits(w_bits, dt.bfloat16), b, "bf16"
-    )
-    return logical(out)
-
-
 def float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch, x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
     with monkeypatch.context() as mp:
         mp.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
-        return run(cpu, x, w_bits, None)
-
-
-def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
-    nan = np.isnan(want)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+        return run(cpu, x, w_bits, None, "bf16")
 
 
 def weights(rng: np.random.Generator, n: int, k: int, scale: float = 1.0) -> np.ndarray:
@@ -180,7 +162,7 @@ def test_equals_the_model(cpu: Any, m: int, k: int, n: int, seed: int, with_bias
     x = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 1e3], (m, k))).astype(F32)
     w = weights(rng, n, k)
     bias = rng.standard_normal(n).astype(F32) if with_bias else None
-    assert_bits(run(cpu, x, w, bias), model(x, w, bias))
+    assert_bits(run(cpu, x, w, bias, "bf16"), model(x, w, bias))
 
 
 @needs_kernel
@@ -190,10 +172,10 @@ def test_rows_alone_and_batched(cpu: Any) -> None:
     x = rng.standard_normal((40, 200)).astype(F32)
     w = weights(rng, 33, 200)
     want = model(x, w, None)
-    assert_bits(run(cpu, x, w, None), want)
-    assert_bits(run(cpu, x[:16], w, None), want[:16])
+    assert_bits(run(cpu, x, w, None, "bf16"), want)
+    assert_bits(run(cpu, x[:16], w, None, "bf16"), want[:16])
     for i in (0, 15, 39):
-        assert_bits(run(cpu, x[i : i + 1], w, None), want[i : i + 1])
+        assert_bits(run(cpu, x[i : i + 1], w, None, "bf16"), want[i : i + 1])
 
 
 @needs_kernel
@@ -206,7 +188,7 @@ def test_flushes_and_non_finite(cpu: Any) -> None:
     x[3, 7] = np.nan
     w = round_bf16(np.full((2, 64), 1e-20, F32))
     w[1] = round_bf16(np.full(64, 1.0, F32))
-    got = run(cpu, x, w, None)
+    got = run(cpu, x, w, None, "bf16")
     assert_bits(got, model(x, w, None))
     assert got[0, 0] == 0 and got[1, 1] == 0 and np.isinf(got[2, 1]) and np.isnan(got[3, 1])
 
@@ -218,7 +200,7 @@ def test_close_to_the_float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> N
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 768)).astype(F32)
     w = weights(rng, 50, 768)
-    got = run(cpu, x, w, None)
+    got = run(cpu, x, w, None, "bf16")
     exact = x.astype(np.float64) @ bf16_values(w).astype(np.float64).T
     bound = 2.0**-9 * (np.abs(x).astype(np.float64) @ np.abs(bf16_values(w)).astype(np.float64).T) * 1.01 + 1e-5
     assert np.all(np.abs(got - exact) <= bound)
@@ -243,7 +225,7 @@ def test_gemm_equals_the_model(
     x = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 1e3], (m, k))).astype(F32)
     w = weights(rng, n, k)
     bias = rng.standard_normal(n).astype(F32) if with_bias else None
-    assert_bits(run(cpu, x, w, bias), gemm_model(x, w, bias))
+    assert_bits(run(cpu, x, w, bias, "bf16"), gemm_model(x, w, bias))
 
 
 @needs_kernel
@@ -259,7 +241,7 @@ def test_gemm_rows_do_not_depend_on_the_prompt(cpu: Any, monkeypatch: pytest.Mon
         for threads in (1, 2):
             kbc.set_num_threads(threads)
             for rows in (17, 30, 61):
-                assert_bits(run(cpu, x[:rows], w, None), want[:rows])
+                assert_bits(run(cpu, x[:rows], w, None, "bf16"), want[:rows])
     finally:
         kbc.set_num_threads(before)
 
@@ -278,22 +260,17 @@ def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str 
     else:
         monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
     for rows, want in zip((1, 16), f32[:2], strict=True):
-        assert_bits(run(cpu, x[:rows], w, None), model(x[:rows], w, None) if has_kernel() else want)
-    assert_bits(run(cpu, x, w, None), gemm_model(x, w, None) if has_kernel() else f32[2])
+        assert_bits(run(cpu, x[:rows], w, None, "bf16"), model(x[:rows], w, None) if has_kernel() else want)
+    assert_bits(run(cpu, x, w, None, "bf16"), gemm_model(x, w, None) if has_kernel() else f32[2])
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
-    assert_bits(run(cpu, x, w, None), model(x, w, None) if has_kernel() else f32[2])
+    assert_bits(run(cpu, x, w, None, "bf16"), model(x, w, None) if has_kernel() else f32[2])
 
 
 def test_runs_on_the_requested_table() -> None:
-    want = os.environ.get("KAEL_QUANT_TEST_ISA")
-    if want is None:
-        pytest.skip("not a per-ISA run")
-    from kael_backend_cpu._native import C
-
-    assert C.isa() in (want, "base" if want == "baseline" else want)
+    check_requested_isa()
 
 
-@pytest.mark.skipif(os.environ.get("KAEL_QUANT_TEST_ISA") is not None, reason="already a per-ISA run")
+@not_in_isa_rerun
 @pytest.mark.parametrize("isa", other_isas())
 def test_every_vector_table(isa: str) -> None:
     rerun_under_isa(__file__, isa)

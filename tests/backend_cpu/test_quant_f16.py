@@ -9,24 +9,20 @@ kernel on every vector table: the module runs again under every other table this
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
-from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa: E402
-from kael import _dtype as dt  # noqa: E402
-from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
+from _quant_helpers import F32, SETTINGS, assert_bits, check_requested_isa, not_in_isa_rerun, run  # noqa: E402
+from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
 
-F32 = np.float32
 LANES = 16
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(autouse=True)
@@ -62,21 +58,6 @@ def model(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     return s.astype(F32)
 
 
-def run(cpu: Any, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    out = cpu_empty(cpu, (*x.shape[:-1], w.shape[0]), dt.float32)
-    b: Tensor | None = None if bias is None else from_numpy_bits(bias.astype(F32), dt.float32)
-    cpu.kernel("quantized_linear")(
-        out, from_numpy_bits(x.astype(F32), dt.float32), from_numpy_bits(w, dt.float16), b, "f16"
-    )
-    return logical(out)
-
-
-def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
-    nan = np.isnan(want)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
-
-
 def weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return rng.standard_normal((n, k)).astype(np.float16)
 
@@ -96,7 +77,7 @@ def test_equals_the_model(cpu: Any, m: int, k: int, n: int, seed: int, with_bias
     x = (rng.standard_normal((m, k)) * rng.choice([1e-6, 1e-3, 1.0, 1e3], (m, k))).astype(F32)
     w = weights(rng, n, k)
     bias = rng.standard_normal(n).astype(F32) if with_bias else None
-    assert_bits(run(cpu, x, w, bias), model(x, w, bias))
+    assert_bits(run(cpu, x, w, bias, "f16"), model(x, w, bias))
 
 
 def test_rows_alone_and_overflow(cpu: Any) -> None:
@@ -108,10 +89,10 @@ def test_rows_alone_and_overflow(cpu: Any) -> None:
     x[5, 9] = np.nan
     w = weights(rng, 7, 100)
     want = model(x, w, None)
-    got = run(cpu, x, w, None)
+    got = run(cpu, x, w, None, "f16")
     assert_bits(got, want)
     for i in range(6):
-        assert_bits(run(cpu, x[i : i + 1], w, None), want[i : i + 1])
+        assert_bits(run(cpu, x[i : i + 1], w, None, "f16"), want[i : i + 1])
     assert np.all(np.isinf(got[4]) | np.isnan(got[4])) and np.all(np.isnan(got[5]))
 
 
@@ -120,13 +101,13 @@ def test_close_to_the_float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> N
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 768)).astype(F32)
     w = weights(rng, 50, 768)
-    got = run(cpu, x, w, None)
+    got = run(cpu, x, w, None, "f16")
     wf = w.astype(np.float64)
     exact = x.astype(np.float64) @ wf.T
     bound = 2.0**-11 * (np.abs(x).astype(np.float64) @ np.abs(wf).T) * 1.01 + 1e-5
     assert np.all(np.abs(got - exact) <= bound)
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
-    assert not np.array_equal(got, run(cpu, x, w, None))  # the rounding is there
+    assert not np.array_equal(got, run(cpu, x, w, None, "f16"))  # the rounding is there
 
 
 @pytest.mark.parametrize("mode", [None, "auto"])
@@ -139,27 +120,22 @@ def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str 
     x = rng.standard_normal((17, 96)).astype(F32)
     w = weights(rng, 9, 96)
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
-    f32 = [run(cpu, x[:rows], w, None) for rows in (1, 16, 17)]
+    f32 = [run(cpu, x[:rows], w, None, "f16") for rows in (1, 16, 17)]
     if mode is None:
         monkeypatch.delenv("KAEL_QUANT_ACTIVATIONS", raising=False)
     else:
         monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
     simd = C.isa() not in ("baseline", "base")
     for rows, want in zip((1, 16), f32[:2], strict=True):
-        assert_bits(run(cpu, x[:rows], w, None), model(x[:rows], w, None) if simd else want)
-    assert_bits(run(cpu, x, w, None), f32[2])
+        assert_bits(run(cpu, x[:rows], w, None, "f16"), model(x[:rows], w, None) if simd else want)
+    assert_bits(run(cpu, x, w, None, "f16"), f32[2])
 
 
 def test_runs_on_the_requested_table() -> None:
-    want = os.environ.get("KAEL_QUANT_TEST_ISA")
-    if want is None:
-        pytest.skip("not a per-ISA run")
-    from kael_backend_cpu._native import C
-
-    assert C.isa() in (want, "base" if want == "baseline" else want)
+    check_requested_isa()
 
 
-@pytest.mark.skipif(os.environ.get("KAEL_QUANT_TEST_ISA") is not None, reason="already a per-ISA run")
+@not_in_isa_rerun
 @pytest.mark.parametrize("isa", other_isas())
 def test_every_vector_table(isa: str) -> None:
     rerun_under_isa(__file__, isa)

@@ -14,7 +14,6 @@ The weights come from the gguf package's quantizer.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,9 +26,8 @@ from hypothesis import strategies as st
 kbc = pytest.importorskip("kael_backend_cpu")
 gguf = pytest.importorskip("gguf")
 
-from cpu_helpers import cpu_empty, logical, other_isas, rerun_under_isa  # noqa: E402
-from kael import _dtype as dt  # noqa: E402
-from kael._tensor import Tensor, from_numpy_bits  # noqa: E402
+from _quant_helpers import F32, SETTINGS, assert_bits, check_requested_isa, not_in_isa_rerun, run  # noqa: E402
+from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
 
 GGML_TYPE = {
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
@@ -44,8 +42,6 @@ SCHEMES = tuple(BLOCK_BYTES)
 #: GGML's kvalues_iq4nl: IQ4_NL's 16 levels
 IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
 LANES = 8
-F32 = np.float32
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(autouse=True)
@@ -148,22 +144,6 @@ def encode(w: np.ndarray, scheme: str) -> np.ndarray:
     blocks[..., :2] = np.frombuffer(np.float16(0.05).tobytes(), np.uint8)
     blocks[..., 2:] = idx[..., :16] | (idx[..., 16:] << 4)
     return blocks.reshape(n, k // 32 * 18)
-
-
-def run(cpu: Any, x: np.ndarray, data: np.ndarray, bias: np.ndarray | None, scheme: str) -> np.ndarray:
-    n = data.shape[0]
-    out = cpu_empty(cpu, (*x.shape[:-1], n), dt.float32)
-    b: Tensor | None = None if bias is None else from_numpy_bits(bias.astype(F32), dt.float32)
-    cpu.kernel("quantized_linear")(
-        out, from_numpy_bits(x.astype(F32), dt.float32), from_numpy_bits(data, dt.uint8), b, scheme
-    )
-    return logical(out)
-
-
-def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
-    nan = np.isnan(want)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 # -- tests ---------------------------------------------------------------------------------
@@ -340,15 +320,10 @@ def test_more_than_16_rows_take_the_integer_path_in_waves(cpu: Any, m: int, sche
 
 
 def test_child_runs_requested_isa() -> None:
-    want = os.environ.get("KAEL_QUANT_TEST_ISA")
-    if want is None:
-        pytest.skip("not a per-ISA run")
-    from kael_backend_cpu._native import C
-
-    assert C.isa() in (want, "base" if want == "baseline" else want)
+    check_requested_isa()
 
 
-@pytest.mark.skipif(os.environ.get("KAEL_QUANT_TEST_ISA") is not None, reason="already a per-ISA run")
+@not_in_isa_rerun
 @pytest.mark.parametrize("isa", other_isas())
 def test_every_vector_table(isa: str) -> None:
     rerun_under_isa(__file__, isa)
