@@ -20,12 +20,9 @@ constexpr int kHdVecs = static_cast<int>(kHdLanes / V<float>::L);  // vectors a 
 static_assert(kHdLanes % V<float>::L == 0, "16 lanes in whole vectors");
 
 // MR activation rows (x: float16 values as float32, kp = k rounded up to 32 apart, zero-padded) against one float16
-// weight row w of k values: out[r * rso] = the dot products (no bias). Kept out of line (as GCC left it when
-// f16dot_rows called each count directly): inlined through tile_rows' lambdas, all four in one function measured
-// 5-8% slower at 8 and 16 rows.
+// weight row w of k values: out[r * rso] = the dot products (no bias).
 template <int MR>
-__attribute__((noinline)) void hd_tile(int64_t k, int64_t kp, const float* x, const uint8_t* w, float* out,
-                                       int64_t rso) {
+inline void hd_tile_body(int64_t k, int64_t kp, const float* x, const uint8_t* w, float* out, int64_t rso) {
   constexpr int64_t L = V<float>::L;
   vf a0[MR][kHdVecs], a1[MR][kHdVecs];
   for (int r = 0; r < MR; ++r) {
@@ -65,12 +62,27 @@ __attribute__((noinline)) void hd_tile(int64_t k, int64_t kp, const float* x, co
   }
 }
 
+// hd_tile_body kept out of line (as GCC left it when f16dot_rows called each count directly): inlined through
+// tile_rows' lambdas, all four in one function measured 5-8% slower at 8 and 16 rows.
+template <int MR>
+__attribute__((noinline)) void hd_tile(int64_t k, int64_t kp, const float* x, const uint8_t* w, float* out,
+                                       int64_t rso) {
+  hd_tile_body<MR>(k, kp, x, w, out, rso);
+}
+
 // c[i * rsc + j] = activation row i (x + i * kp: float16 values as float32, kp = k rounded up to 32, zero-padded) .
 // float16 weight row j (w + j * rsw bytes, k values) (+ bias[j]) for i < m <= 16, j < n; rows in tiles of up to
 // four share each weight row's loads.
 inline void f16dot_rows(int64_t m, int64_t n, int64_t k, const float* x, const uint8_t* w, int64_t rsw,
                         const float* bias, float* c, int64_t rsc) {
   const int64_t kp = (k + 31) / 32 * 32;
+  if (m == 1) {  // one row (a decode step): the tile inlined into the loop over the weight rows, no call per row
+    for (int64_t j = 0; j < n; ++j) {
+      hd_tile_body<1>(k, kp, x, w + j * rsw, c + j, rsc);
+      if (bias != nullptr) c[j] += bias[j];
+    }
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* row = w + j * rsw;
     tile_rows<4, 3, 2, 1>(
