@@ -368,36 +368,32 @@ void round_row_f16(const float* x, int64_t k, int64_t kp, float* xr) {
   std::fill(xr + k, xr + kp, 0.0f);
 }
 
-// out rows = the m rows of x through the float16 path: the rows rounded to float16 once, then the table's
-// f16dot_rows in int8_passes' waves.
-void linear_f16(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w, const float* bias,
-                float* c, int64_t rsc) {
+// out rows = the m rows of x through a rounded-activation path: each row rounded once by round (to T, kp = k
+// rounded up to 32 values apart, zero-padded), then the table's few-row kernel dots in int8_passes' waves.
+template <class T, class Round, class Dots>
+void linear_rounded(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+                    const float* bias, float* c, int64_t rsc, Round round, Dots dots) {
   const int64_t kp = (k + 31) / 32 * 32;
-  Buffer xbuf(static_cast<size_t>(m * kp) * sizeof(float));
-  auto* xr = xbuf.get<float>();
-  const auto dots = vec().f16dot_rows;
+  Buffer xbuf(static_cast<size_t>(m * kp) * sizeof(T));
+  auto* xr = xbuf.get<T>();
   int8_passes(
-      m, n, k, [&](int64_t i) { round_row_f16(x + i * rsx, k, kp, xr + i * kp); },
+      m, n, k, [&](int64_t i) { round(x + i * rsx, k, kp, xr + i * kp); },
       [&](int64_t i0, int64_t rows, int64_t j0, int64_t j1) {
         dots(rows, j1 - j0, k, xr + i0 * kp, w.data + j0 * w.row_stride, w.row_stride,
              bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
       });
 }
 
-// out rows = the m rows of x through the bfloat16 path: the rows rounded to bfloat16 once, then the table's
-// vdpbf16ps dot products (bf16dot_rows) in int8_passes' waves.
+// The float16 path: rows rounded to float16 (kept as float32 values), the table's f16dot_rows.
+void linear_f16(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w, const float* bias,
+                float* c, int64_t rsc) {
+  linear_rounded<float>(m, n, k, x, rsx, w, bias, c, rsc, round_row_f16, vec().f16dot_rows);
+}
+
+// The bfloat16 path: rows rounded to bfloat16, the table's vdpbf16ps dot products (bf16dot_rows).
 void linear_bf16(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w, const float* bias,
                  float* c, int64_t rsc) {
-  const int64_t kp = (k + 31) / 32 * 32;
-  Buffer xbuf(static_cast<size_t>(m * kp) * sizeof(uint16_t));
-  auto* xb = xbuf.get<uint16_t>();
-  const auto dots = vec().bf16dot_rows;
-  int8_passes(
-      m, n, k, [&](int64_t i) { round_row_bf16(x + i * rsx, k, kp, xb + i * kp); },
-      [&](int64_t i0, int64_t rows, int64_t j0, int64_t j1) {
-        dots(rows, j1 - j0, k, xb + i0 * kp, w.data + j0 * w.row_stride, w.row_stride,
-             bias == nullptr ? nullptr : bias + j0, c + i0 * rsc + j0, rsc);
-      });
+  linear_rounded<uint16_t>(m, n, k, x, rsx, w, bias, c, rsc, round_row_bf16, vec().bf16dot_rows);
 }
 
 // out rows = the m rows of x through the bfloat16 GEMM (NOTE [bfloat16 GEMM]): the rows rounded to bfloat16 once,
