@@ -50,19 +50,34 @@ void bind_fused(py::module_& m) {
     u.fix(o, w, false);
     dequantize(o, w, s);
   });
-  m.def("quantized_linear", [](py::handle out, py::handle x, py::handle weight, py::handle bias, py::handle scheme) {
-    const char* n = "quantized_linear";
-    View o = parse(out, n, true), a = parse(x, n), w = parse(weight, n);
-    View b;
-    const bool has_bias = !bias.is_none();
-    if (has_bias) b = parse(bias, n);
-    const QuantScheme s = quant_scheme(scheme, n);
+  m.def(
+      "quantized_linear",
+      [](py::handle out, py::handle x, py::handle weight, py::handle bias, py::handle scheme, py::handle packed) {
+        const char* n = "quantized_linear";
+        View o = parse(out, n, true), a = parse(x, n), w = parse(weight, n);
+        View b, p;
+        const bool has_bias = !bias.is_none(), has_packed = !packed.is_none();
+        if (has_bias) b = parse(bias, n);
+        if (has_packed) p = parse(packed, n);
+        const QuantScheme s = quant_scheme(scheme, n);
+        py::gil_scoped_release nogil;
+        Unaliased u;
+        u.fix(o, a, false);
+        u.fix(o, w, false);
+        if (has_bias) u.fix(o, b, false);
+        if (has_packed) u.fix(o, p, false);
+        quantized_linear(o, a, w, has_bias ? &b : nullptr, s, has_packed ? &p : nullptr);
+      },
+      py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("scheme"),
+      py::arg("packed") = py::none());
+  // NOTE [repacked rows] (vec_quant_packed.h): whether this CPU can use a repacked copy of a scheme's weights, and
+  // the repacking itself (out: a contiguous uint8 tensor of weight's shape)
+  m.def("packable", [](py::handle scheme) { return packable(quant_scheme(scheme, "packable")); });
+  m.def("pack_quantized", [](py::handle out, py::handle weight, py::handle scheme) {
+    View o = parse(out, "pack_quantized", true), w = parse(weight, "pack_quantized");
+    const QuantScheme s = quant_scheme(scheme, "pack_quantized");
     py::gil_scoped_release nogil;
-    Unaliased u;
-    u.fix(o, a, false);
-    u.fix(o, w, false);
-    if (has_bias) u.fix(o, b, false);
-    quantized_linear(o, a, w, has_bias ? &b : nullptr, s);
+    pack_quantized(o, w, s);
   });
   m.def("linear", [](py::handle out, py::handle x, py::handle weight, py::handle bias) {
     View o = parse(out, "linear", true), a = parse(x, "linear"), w = parse(weight, "linear");

@@ -158,7 +158,15 @@ void paged_attention(const View& out, const View& q, const View& cache, const Vi
 const char* quant_scheme_name(QuantScheme s);  // "q8_0", "q4_0", "bf16", ...
 // out float32 [N, K] = the values of weight
 void dequantize(const View& out, const View& weight, QuantScheme scheme);
-// out [.., N] = x [.., K] @ dequantize(weight).T (+ bias [N]); float32, accumulated in float32
-void quantized_linear(const View& out, const View& x, const View& weight, const View* bias, QuantScheme scheme);
+// out [.., N] = x [.., K] @ dequantize(weight).T (+ bias [N]); float32, accumulated in float32. packed: a copy of
+// weight that pack_quantized repacked (NOTE [repacked rows]), which calls of up to 16 rows on the integer path read
+// instead (the same bits); null: none
+void quantized_linear(const View& out, const View& x, const View& weight, const View* bias, QuantScheme scheme,
+                      const View* packed = nullptr);
+// Whether this CPU's table has a kernel for repacked rows of scheme (q8_0 / q4_0 with AVX512_VNNI).
+bool packable(QuantScheme scheme);
+// out = weight's rows repacked 16 at a time (NOTE [repacked rows]); weight and out contiguous uint8 [N, row bytes]
+// of scheme, which must be packable.
+void pack_quantized(const View& out, const View& weight, QuantScheme scheme);
 
 }  // namespace kael

@@ -350,6 +350,40 @@ void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x,
       });
 }
 
+// Weight rows a repacked slab interleaves (vec_quant_packed.h's kPackRows, NOTE [repacked rows]).
+constexpr int64_t kPackSlab = 16;
+
+// linear_int8 for q8_0 / q4_0 rows of which pw holds a repacked copy (NOTE [repacked rows]; the table has
+// q8dot_packed): the m <= kFewRows rows quantized once, then the whole slabs (threads split them) through the
+// repacked kernel and the rows after them (GGML's layout in pw too) through q8dot_rows; the same bits as
+// linear_int8 on the GGML rows.
+void linear_int8_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const uint8_t* pw,
+                        int64_t rsw, const float* bias, float* c, int64_t rsc) {
+  const int64_t nb = k / 32, slabs = n / kPackSlab;
+  Buffer xq(static_cast<size_t>(m * k)), xd(static_cast<size_t>(2 * m * nb) * sizeof(float)),
+      xsb(static_cast<size_t>(m * nb) * sizeof(int32_t));
+  auto* q = xq.get<int8_t>();
+  auto* d = xd.get<float>();
+  auto* xs = xsb.get<int32_t>();
+  for (int64_t i = 0; i < m; ++i) {
+    quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) sum += q[i * k + b * 32 + j];
+      xs[i * nb + b] = sum;
+    }
+  }
+  const auto packed = vec().q8dot_packed[static_cast<int>(s)];
+  parallel_for(0, slabs, std::max<int64_t>(1, 32768 / (m * kPackSlab * rsw)), [&](int64_t s0, int64_t s1) {
+    packed(m, s0, s1, k, q, d, xs, pw, rsw, c, rsc);
+    if (bias != nullptr) add_bias(c + s0 * kPackSlab, rsc, m, (s1 - s0) * kPackSlab, bias + s0 * kPackSlab);
+  });
+  if (const int64_t j0 = slabs * kPackSlab; j0 < n) {
+    vec().q8dot_rows[static_cast<int>(s)](m, n - j0, k, q, d, pw + j0 * rsw, rsw, bias == nullptr ? nullptr : bias + j0,
+                                          c + j0, rsc);
+  }
+}
+
 // Row x[0..k) rounded to bfloat16 as ggml's GGML_FP32_TO_BF16 (nearest, ties to even; a nan keeps its
 // upper bits, made quiet) into xb[0..kp), zero-padded to kp (NOTE [bfloat16 activations]).
 void round_row_bf16(const float* x, int64_t k, int64_t kp, uint16_t* xb) {
@@ -481,6 +515,15 @@ void linear_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* 
   }
 }
 
+// The rows of a repacked copy of weight (pack_quantized's out): contiguous uint8 of weight's shape.
+const uint8_t* packed_rows(const char* op, const View& packed, const View& weight) {
+  KAEL_CHECK(packed.dtype == DType::UInt8 && packed.ndim == 2 && packed.shape[0] == weight.shape[0] &&
+                 packed.shape[1] == weight.shape[1] && packed.is_contiguous(),
+             Shape, op, ": packed must be a contiguous uint8 copy of weight's [", weight.shape[0], ", ",
+             weight.shape[1], "], got ", dtype_name(packed.dtype), " with ", packed.ndim, " dims");
+  return packed.ptr<uint8_t>();
+}
+
 }  // namespace
 
 const char* quant_scheme_name(QuantScheme s) {
@@ -490,6 +533,43 @@ const char* quant_scheme_name(QuantScheme s) {
   switch (s) { KAEL_QUANT_FORMATS(KAEL_QF_NAME_CASE) }
 #undef KAEL_QF_NAME_CASE
   return "?";
+}
+
+bool packable(QuantScheme scheme) {
+  return vec().q8dot_packed[static_cast<int>(scheme)] != nullptr;
+}
+
+void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
+  const char* op = "pack_quantized";
+  KAEL_CHECK(packable(scheme), Kael, op, ": the ", vec().name, " table has no kernel for repacked ",
+             quant_scheme_name(scheme), " rows (q8_0 and q4_0 with AVX512_VNNI)");
+  KAEL_CHECK(weight.ndim == 2 && weight.dtype == DType::UInt8 && weight.is_contiguous(), Shape, op,
+             ": weight must be contiguous uint8 [N, row bytes], got ", dtype_name(weight.dtype), " with ", weight.ndim,
+             " dims");
+  const int64_t bytes = block_bytes(scheme), rsw = weight.shape[1], n = weight.shape[0];
+  KAEL_CHECK(rsw % bytes == 0, Shape, op, ": a ", quant_scheme_name(scheme), " row is whole blocks of ", bytes,
+             " bytes, got ", rsw);
+  const uint8_t* w = weight.ptr<uint8_t>();
+  auto* o = const_cast<uint8_t*>(packed_rows(op, out, weight));
+  const int64_t nb = rsw / bytes, slabs = n / kPackSlab, chunks = (bytes - 2) / 4;
+  const uint8_t flip = scheme == QuantScheme::Q8_0 ? 0x80 : 0;  // q8_0's q as q + 128 (NOTE [repacked rows])
+  parallel_for(0, slabs, 1, [&](int64_t s0, int64_t s1) {
+    for (int64_t sl = s0; sl < s1; ++sl) {
+      uint8_t* dst = o + sl * kPackSlab * rsw;
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* db = dst + b * kPackSlab * bytes;
+        for (int64_t r = 0; r < kPackSlab; ++r) {
+          const uint8_t* blk = w + (sl * kPackSlab + r) * rsw + b * bytes;
+          std::memcpy(db + 2 * r, blk, 2);
+          for (int64_t c = 0; c < chunks; ++c) {
+            for (int e = 0; e < 4; ++e) db[32 + c * 64 + r * 4 + e] = blk[2 + 4 * c + e] ^ flip;
+          }
+        }
+      }
+    }
+  });
+  const int64_t j0 = slabs * kPackSlab;  // the rows after the last whole slab keep GGML's layout
+  if (j0 < n) std::memcpy(o + j0 * rsw, w + j0 * rsw, static_cast<size_t>((n - j0) * rsw));
 }
 
 void dequantize(const View& out, const View& weight, QuantScheme scheme) {
@@ -517,7 +597,8 @@ void dequantize(const View& out, const View& weight, QuantScheme scheme) {
   });
 }
 
-void quantized_linear(const View& out, const View& x, const View& weight, const View* bias, QuantScheme scheme) {
+void quantized_linear(const View& out, const View& x, const View& weight, const View* bias, QuantScheme scheme,
+                      const View* packed) {
   const char* op = "quantized_linear";
   KAEL_CHECK(x.ndim >= 1, Shape, op, ": x must have at least 1 dim ([.., K])");
   KAEL_CHECK(x.dtype == DType::Float32 && out.dtype == DType::Float32, DType, op, ": x and out must be float32, got x ",
@@ -570,7 +651,9 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
   } else if (use_int8_gemm(scheme, m, mode)) {
     linear_int8_gemm(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (use_int8_path(scheme, m, mode)) {
-    if (scheme == QuantScheme::BF16) {
+    if (packed != nullptr && m <= kFewRows && vec().q8dot_packed[static_cast<int>(scheme)] != nullptr) {
+      linear_int8_packed(scheme, m, n, k, xp, rsx, packed_rows(op, *packed, weight), packed->shape[1], bp, c, rso);
+    } else if (scheme == QuantScheme::BF16) {
       linear_bf16(m, n, k, xp, rsx, w, bp, c, rso);
     } else if (scheme == QuantScheme::F16) {
       linear_f16(m, n, k, xp, rsx, w, bp, c, rso);

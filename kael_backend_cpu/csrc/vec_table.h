@@ -21,6 +21,7 @@
 #include "vec_quant_dot_k.h"  // the integer path: Q8_K activations . K-quant / IQ4_XS weight rows
 #include "vec_quant_dot_k_simd.h"  // its AVX2 / VNNI kernels and q8kdot_kernel, the table's pick
 #include "vec_quant_gemm.h"        // the integer GEMM for prompts (AVX-512 VNNI)
+#include "vec_quant_packed.h"      // the integer path on repacked rows (AVX-512 VNNI)
 #include "vec_rows.h"              // sum, max, softmax, log_softmax, layer_norm rows; axpy
 #include "vec_tiles.h"             // the quantized_linear kernels' row tiles and panel edges
 
@@ -65,6 +66,7 @@ void set_integer_kernels(VecTable& t) {
   if constexpr (QK == 32) {
     t.q8dot_rows[F] = q8dot_kernel<F>();
     if constexpr (!kQdMin<F>) t.int8gemm_cols[F] = int8gemm_kernel<F>();
+    t.q8dot_packed[F] = q8dot_packed_kernel<F>();
   } else if constexpr (QK == 256) {
     t.q8kdot_rows[F] = q8kdot_kernel<F>();
     t.int8kgemm_cols[F] = int8kgemm_kernel<F>();

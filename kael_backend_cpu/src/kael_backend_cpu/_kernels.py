@@ -12,7 +12,9 @@ frame in between, NOTE [thin glue] in csrc/bindings.cpp), with these exceptions:
   the conformance tolerance of that rounding. bfloat16 and the other float dtypes stay native;
 * a fused op the installed extension does not bind (an older build) is left out: fused
   ops are optional, so the frontend runs its decomposition (``missing_fused()`` lists
-  them). Every primitive must be bound.
+  them). Every primitive must be bound;
+* ``quantized_linear`` passes a repacked copy of Q8_0 / Q4_0 weights to calls of up to 16
+  rows where this CPU has the kernel for it (NOTE [repacked weights] in ``_repack.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from kael.backends import catalogue, dtypes, host
 
+from . import _repack
 from ._native import C
 
 __all__ = ["kernel_table", "NATIVE_OPS", "missing_fused"]
@@ -62,4 +65,6 @@ def kernel_table() -> dict[str, Callable[..., Any]]:
         table["attention"] = _attention
     if "paged_attention" in table:
         table["paged_attention"] = _paged_attention
+    if "quantized_linear" in table and hasattr(C, "pack_quantized"):
+        table["quantized_linear"] = _repack.quantized_linear
     return table

@@ -1,0 +1,111 @@
+// The integer path on repacked weight rows (NOTE [repacked rows]): Q8_0 activation rows . Q8_0 / Q4_0 weight
+// rows that quant.cpp's pack_rows16 rearranged 16 at a time, on the AVX-512 table of a CPU with AVX512_VNNI.
+//
+// NOTE [repacked rows]: GGML keeps a row's blocks one after the other (Q4_0: a float16 scale, then 16 bytes of
+// nibbles), so a one-row kernel spends most of its instructions gathering each block's 16 or 32 bytes and
+// reducing each block's integer products across vector lanes. Repacked, the rows 16s .. 16s + 15 (a slab) keep
+// their bytes in the same 16 * row-bytes span, block by block: block b is the 16 rows' float16 scales (32 bytes),
+// then chunk c (4 values of each row: c = 0..3 for Q4_0, the nibble bytes 4c .. 4c + 3, whose low nibbles are
+// values 4c .. 4c + 3 and high ones 16 + 4c ..; c = 0..7 for Q8_0, values 4c .. 4c + 3, each q + 128 as an
+// unsigned byte) as 16 rows x 4 bytes. One 64-byte load is then four values of each of the 16 rows, and vpdpbusd
+// against the activation's four matching int8 values (broadcast) adds their products into lane r, row r's block
+// sum: after a block's loads every lane holds its row's exact isum_b (with the offset folded back in: - 8 or
+// - 128 times the activation block's sum), never reduced across lanes. The float steps are NOTE [integer dot
+// order]'s, lane for lane: p_b = (d_w * d_x) * float(isum_b), added into accumulator b % 8, then the same tree,
+// so a repacked row gives the same bits as its GGML row through q8dot_rows. Rows past the last whole slab stay
+// in GGML's layout (quant.cpp runs them through q8dot_rows). The repacked copy lives in memory only.
+// Pasted inside the per-ISA namespace by vec_table.h: no includes.
+#pragma once
+
+constexpr int64_t kPackRows = 16;  // weight rows a slab interleaves
+
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+// Bytes of block b of a slab of format F (0 q8_0, 1 q4_0): 16 scales and 16 rows' integers.
+template <int F>
+constexpr int64_t kPackBlockBytes = F == 0 ? 16 * 34 : 16 * 18;
+
+// Block b of a slab (p) against one activation row (xq, xd, xs as pk_slab_row's): the 16 rows' p_b added into a.
+template <int F>
+__attribute__((target("avx512vnni"))) inline void pk_block(int64_t b, const int8_t* xq, const float* xd,
+                                                           const int32_t* xs, const uint8_t* p, __m512& a) {
+  static_assert(F == 0 || F == 1, "q8_0 and q4_0");
+  constexpr int kOff = F == 0 ? 128 : 8;
+  const uint8_t* blk = p + b * kPackBlockBytes<F>;
+  const int8_t* x = xq + b * 32;
+  __m512i is = _mm512_set1_epi32(-kOff * xs[b]);
+  if constexpr (F == 1) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(blk + 32 + 64 * c);
+      int32_t lo, hi;
+      std::memcpy(&lo, x + 4 * c, 4);
+      std::memcpy(&hi, x + 16 + 4 * c, 4);
+      is = _mm512_dpbusd_epi32(is, _mm512_and_si512(v, m4), _mm512_set1_epi32(lo));
+      is = _mm512_dpbusd_epi32(is, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_set1_epi32(hi));
+    }
+  } else {
+    for (int c = 0; c < 8; ++c) {
+      int32_t xc;
+      std::memcpy(&xc, x + 4 * c, 4);
+      is = _mm512_dpbusd_epi32(is, _mm512_loadu_si512(blk + 32 + 64 * c), _mm512_set1_epi32(xc));
+    }
+  }
+  const __m512 dw = _mm512_maskz_cvtph_ps(
+      0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));  // (maskz: no -Wmaybe-uninitialized)
+  const __m512 pr = qd_opaque(
+      _mm512_mul_ps(qd_opaque(_mm512_mul_ps(dw, _mm512_set1_ps(xd[b]))), _mm512_maskz_cvtepi32_ps(0xFFFF, is)));
+  a = _mm512_add_ps(a, pr);
+}
+
+// One activation row (xq, xd: its int8 values and block scales; xs: its block sums of q) against one slab
+// (nb blocks at p): out[0..16) = the 16 rows' dot products (no bias).
+template <int F>
+__attribute__((target("avx512vnni"))) inline void pk_slab_row(int64_t nb, const int8_t* xq, const float* xd,
+                                                              const int32_t* xs, const uint8_t* p, float* out) {
+  __m512 acc[kQdLanes];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + kQdLanes <= nb; b += kQdLanes) {
+    __builtin_prefetch(p + (b + kQdLanes) * kPackBlockBytes<F>, 0, 0);  // (the hardware prefetchers do the rest)
+#pragma GCC unroll 8
+    for (int t = 0; t < kQdLanes; ++t) pk_block<F>(b + t, xq, xd, xs, p, acc[t]);
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < kQdLanes; ++t) {
+    if (b + t < nb) pk_block<F>(b + t, xq, xd, xs, p, acc[t]);
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
+                                 _mm512_add_ps(_mm512_add_ps(acc[4], acc[5]), _mm512_add_ps(acc[6], acc[7])));
+  _mm512_storeu_ps(out, s);
+}
+
+// m activation rows (xq: k int8 apart; xd: 2 * (k / 32) floats apart, scales first; xs: k / 32 block sums apart)
+// against the slabs s0 .. s1 of pw (16 * rsw bytes each): c[i * rsc + j] for 16 s0 <= j < 16 s1 (no bias). Each
+// slab is read from memory once; the rows after the first find it in the cache.
+template <int F>
+__attribute__((target("avx512vnni"), flatten)) void q8dot_packed_slabs(int64_t m, int64_t s0, int64_t s1, int64_t k,
+                                                                       const int8_t* xq, const float* xd,
+                                                                       const int32_t* xs, const uint8_t* pw,
+                                                                       int64_t rsw, float* c, int64_t rsc) {
+  const int64_t nb = k / 32;
+  for (int64_t s = s0; s < s1; ++s) {
+    for (int64_t i = 0; i < m; ++i) {
+      pk_slab_row<F>(nb, xq + i * k, xd + i * 2 * nb, xs + i * nb, pw + s * kPackRows * rsw,
+                     c + i * rsc + s * kPackRows);
+    }
+  }
+}
+#endif
+
+// The table's repacked-rows kernel for format F: q8_0 and q4_0 on the AVX-512 table of a CPU with AVX512_VNNI,
+// else none (the weight is then never repacked).
+template <int F>
+auto q8dot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const int8_t*, const float*, const int32_t*,
+                                       const uint8_t*, int64_t, float*, int64_t) {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  if constexpr (F == 0 || F == 1) {
+    if (::kael::cpu_features().avx512_vnni) return q8dot_packed_slabs<F>;
+  }
+#endif
+  return nullptr;
+}

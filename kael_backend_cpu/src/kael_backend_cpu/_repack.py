@@ -1,0 +1,83 @@
+"""Repacked weights for decode: ``quantized_linear`` with a repacked copy of Q8_0 / Q4_0 weights.
+
+NOTE [repacked weights]
+=======================
+GGML's layout keeps each row's blocks together, which makes a one-row integer kernel spend most
+of its instructions gathering blocks and reducing each block's products across vector lanes.
+On a CPU whose kernel table has a kernel for repacked rows (``_C.packable(scheme)``: q8_0 and
+q4_0 with AVX512_VNNI), the first call of up to 16 rows on a weight makes a repacked copy of it
+(16 rows interleaved block by block: NOTE [repacked rows] in csrc/vec_quant_packed.h), and later
+calls of up to 16 rows on the integer path read that copy instead: the same bits as GGML's rows,
+about half the instructions per weight byte (decode, batched decode and speculative
+verification; prompts keep GGML's rows). The weight itself is untouched (files, ``state_dict``,
+prompts and other backends see GGML's layout), so the copy costs memory: as much again as the
+repacked weights. ``KAEL_REPACK=0`` turns it off (read at every call).
+
+A copy belongs to the weight's view of its storage (offset and shape: a loader may keep many
+weights in one storage) and is made again when the storage's ``version`` moved (an in-place
+write through kael); it goes when the storage does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+import kael
+
+from ._native import C
+
+__all__ = ["quantized_linear", "packed_copy", "repacking"]
+
+_ROWS = 16  # calls of up to this many rows read the copy (the kernel's few-row limit)
+# storage -> {(storage offset, shape): (the storage's version when copied, the copy)}: weights may share a storage
+_copies: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], tuple[int, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+_packable: dict[str, bool] = {}
+_lock = threading.Lock()
+
+
+def repacking() -> bool:
+    """Whether calls may use repacked copies (``KAEL_REPACK`` unset or anything but ``0``)."""
+    return os.environ.get("KAEL_REPACK", "1") != "0"
+
+
+def _can_pack(scheme: str) -> bool:
+    can = _packable.get(scheme)
+    if can is None:
+        can = _packable[scheme] = bool(C.packable(scheme))
+    return can
+
+
+def packed_copy(weight: Any, scheme: str, x: Any) -> Any:
+    """The repacked copy of ``weight`` to pass with this call, or None (made on the first call that can use it)."""
+    storage = weight.untyped_storage()
+    views = _copies.get(storage)
+    key = (weight.storage_offset(), tuple(weight.shape))
+    if views is not None:
+        entry = views.get(key)
+        if entry is not None and entry[0] == storage.version:
+            return entry[1]
+    if not _can_pack(scheme) or x.ndim < 1 or x.shape[-1] == 0 or x.numel() // x.shape[-1] > _ROWS:
+        return None
+    if weight.ndim != 2 or weight.shape[0] < _ROWS or not weight.is_contiguous():
+        return None
+    with _lock:
+        packed = kael.empty(*weight.shape, dtype=weight.dtype, device=weight.device)
+        C.pack_quantized(packed, weight, scheme)
+        if views is None or any(v != storage.version for v, _ in views.values()):
+            views = _copies[storage] = {}  # (copies of an older version are stale)
+        views[key] = (storage.version, packed)
+    return packed
+
+
+def quantized_linear(out: Any, x: Any, weight: Any, bias: Any, scheme: str) -> None:
+    """The catalogue's ``quantized_linear``, with the weight's repacked copy where one applies."""
+    packed = packed_copy(weight, scheme, x) if repacking() else None
+    if packed is None:
+        C.quantized_linear(out, x, weight, bias, scheme)
+    else:
+        C.quantized_linear(out, x, weight, bias, scheme, packed)

@@ -1,0 +1,220 @@
+"""Repacked Q8_0 / Q4_0 weights (NOTE [repacked rows] in csrc/vec_quant_packed.h, NOTE [repacked weights] in
+kael_backend_cpu/_repack.py): the layout, the kernel and the copies the kernel table keeps.
+
+Oracles: a NumPy statement of the layout (16 rows interleaved block by block: the rows' float16 scales, then
+4-byte chunks row by row; Q8_0's integers as q + 128); the integer path's NumPy model (test_quant_int8.model:
+NOTE [integer dot order]), which the repacked rows must meet bit for bit, as GGML's rows do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kael
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+kbc = pytest.importorskip("kael_backend_cpu")
+pytest.importorskip("gguf")
+
+from _quant_helpers import F32, SETTINGS, assert_bits  # noqa: E402
+from cpu_helpers import cpu_empty, logical  # noqa: E402
+from kael import _dtype as dt  # noqa: E402
+from kael._tensor import from_numpy_bits  # noqa: E402
+from kael_backend_cpu._native import C  # noqa: E402
+from test_quant_int8 import encode, model  # noqa: E402
+
+from kael_backend_cpu import _repack  # noqa: E402
+
+SCHEMES = ("q8_0", "q4_0")
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+needs_kernel = pytest.mark.skipif(
+    not all(C.packable(s) for s in SCHEMES), reason="this CPU's table has no kernel for repacked rows (AVX512_VNNI)"
+)
+
+
+def layout(data: np.ndarray, scheme: str) -> np.ndarray:
+    """NOTE [repacked rows]' layout of GGML rows `data` [n, row bytes], from its statement."""
+    n, width = data.shape
+    b = BLOCK_BYTES[scheme]
+    nb, chunks = width // b, (b - 2) // 4
+    out = data.copy()
+    for s in range(n // 16):
+        blocks = data[16 * s : 16 * s + 16].reshape(16, nb, b)
+        slab = np.zeros((nb, 32 + 64 * chunks), np.uint8)
+        slab[:, :32] = blocks[:, :, :2].transpose(1, 0, 2).reshape(nb, 32)
+        ints = blocks[:, :, 2:] ^ (0x80 if scheme == "q8_0" else 0)  # [row, block, byte]
+        slab[:, 32:] = ints.reshape(16, nb, chunks, 4).transpose(1, 2, 0, 3).reshape(nb, 64 * chunks)
+        out[16 * s : 16 * s + 16] = slab.reshape(16, width)
+    return out
+
+
+def pack(cpu: Any, data: np.ndarray, scheme: str) -> tuple[Any, Any]:
+    w = from_numpy_bits(data, dt.uint8)
+    packed = cpu_empty(cpu, data.shape, dt.uint8)
+    C.pack_quantized(packed, w, scheme)
+    return w, packed
+
+
+def run_packed(cpu: Any, x: np.ndarray, w: Any, packed: Any, bias: np.ndarray | None, scheme: str) -> np.ndarray:
+    out = cpu_empty(cpu, (x.shape[0], w.shape[0]), dt.float32)
+    b = None if bias is None else from_numpy_bits(bias.astype(F32), dt.float32)
+    C.quantized_linear(out, from_numpy_bits(x.astype(F32), dt.float32), w, b, scheme, packed)
+    return logical(out)
+
+
+@pytest.fixture(autouse=True)
+def _integer_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
+    monkeypatch.delenv("KAEL_REPACK", raising=False)
+
+
+@needs_kernel
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_layout(cpu: Any, scheme: str) -> None:
+    """pack_quantized writes the stated layout: whole slabs interleaved, the rows after them as they were."""
+    rng = np.random.default_rng(0)
+    for n, nb in ((16, 1), (37, 3), (50, 24)):
+        data = rng.integers(0, 256, (n, nb * BLOCK_BYTES[scheme]), dtype=np.uint8)
+        _, packed = pack(cpu, data, scheme)
+        np.testing.assert_array_equal(logical(packed), layout(data, scheme))
+
+
+@needs_kernel
+@SETTINGS
+@given(
+    scheme=st.sampled_from(SCHEMES),
+    m=st.integers(1, 16),
+    nb=st.integers(1, 40),
+    n=st.integers(16, 70),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_bit_identical_to_the_model(cpu: Any, scheme: str, m: int, nb: int, n: int, with_bias: bool, seed: int) -> None:
+    """Any row count up to 16, block count (every tail of the groups of eight blocks) and N (whole slabs and the
+    rows after them): the integer path's model, bit for bit."""
+    rng = np.random.default_rng(seed)
+    k = 32 * nb
+    x = rng.standard_normal((m, k)).astype(F32)
+    data = encode(rng.standard_normal((n, k)), scheme)
+    bias = rng.standard_normal(n).astype(F32) if with_bias else None
+    w, packed = pack(cpu, data, scheme)
+    assert_bits(run_packed(cpu, x, w, packed, bias, scheme), model(x, data, bias, scheme))
+
+
+@needs_kernel
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_extreme_integers_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> None:
+    """Random weight bytes (q8_0's -128 and 127, nibbles 0 and 15) with finite scales; 16 rows batched equal each
+    row alone, at 1 and 2 threads, and the model."""
+    rng = np.random.default_rng(1)
+    n, nb = 301, 24
+    blocks = rng.integers(0, 256, (n, nb, BLOCK_BYTES[scheme]), dtype=np.uint8)
+    blocks[..., :2] = rng.uniform(-2, 2, (n, nb, 1)).astype(np.float16).view(np.uint8)
+    data = blocks.reshape(n, -1)
+    x = rng.standard_normal((16, 32 * nb)).astype(F32)
+    w, packed = pack(cpu, data, scheme)
+    before = kbc.get_num_threads()
+    try:
+        for threads in (1, 2):
+            kbc.set_num_threads(threads)
+            batched = run_packed(cpu, x, w, packed, None, scheme)
+            assert_bits(batched, model(x, data, None, scheme))
+            for i in (0, 7, 15):
+                assert_bits(run_packed(cpu, x[i : i + 1], w, packed, None, scheme)[0], batched[i])
+    finally:
+        kbc.set_num_threads(before)
+
+
+@needs_kernel
+def test_more_rows_and_the_float_path_ignore_the_copy(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """17 rows (a prompt) and KAEL_QUANT_ACTIVATIONS=f32 read GGML's rows: a copy of zeros changes nothing."""
+    rng = np.random.default_rng(2)
+    data = encode(rng.standard_normal((32, 64)), "q4_0")
+    w = from_numpy_bits(data, dt.uint8)
+    zeros = from_numpy_bits(np.zeros_like(data), dt.uint8)
+    x = rng.standard_normal((17, 64)).astype(F32)
+    assert_bits(run_packed(cpu, x, w, zeros, None, "q4_0"), run_packed(cpu, x, w, None, None, "q4_0"))
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")
+    assert_bits(run_packed(cpu, x[:1], w, zeros, None, "q4_0"), run_packed(cpu, x[:1], w, None, None, "q4_0"))
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
+    assert np.all(run_packed(cpu, x[:1], w, zeros, None, "q4_0") == 0)  # (the copy is what one row reads)
+
+
+def test_refusals(cpu: Any) -> None:
+    rng = np.random.default_rng(3)
+    data = encode(rng.standard_normal((16, 64)), "q4_1")
+    w = from_numpy_bits(data, dt.uint8)
+    with pytest.raises(kael.KaelError, match=r"pack_quantized: .*no kernel for repacked q4_1 rows"):
+        C.pack_quantized(cpu_empty(cpu, data.shape, dt.uint8), w, "q4_1")
+    if not C.packable("q4_0"):
+        return
+    data = encode(rng.standard_normal((16, 64)), "q4_0")
+    w = from_numpy_bits(data, dt.uint8)
+    with pytest.raises(kael.ShapeError, match=r"pack_quantized: packed must be a contiguous uint8 copy of weight's"):
+        C.pack_quantized(cpu_empty(cpu, (16, 18), dt.uint8), w, "q4_0")
+    x = from_numpy_bits(rng.standard_normal((1, 64)).astype(F32), dt.float32)
+    with pytest.raises(kael.ShapeError, match=r"quantized_linear: packed must be"):
+        C.quantized_linear(cpu_empty(cpu, (1, 16), dt.float32), x, w, None, "q4_0", cpu_empty(cpu, (8, 36), dt.uint8))
+
+
+# -- the kernel table's copies (_repack) ---------------------------------------------------
+
+
+def _linear(cpu: Any, x: np.ndarray, w: Any, scheme: str) -> np.ndarray:
+    out = cpu_empty(cpu, (x.shape[0], w.shape[0]), dt.float32)
+    cpu.kernel("quantized_linear")(out, from_numpy_bits(x.astype(F32), dt.float32), w, None, scheme)
+    return logical(out)
+
+
+@needs_kernel
+def test_one_copy_per_weight_view_remade_after_a_write(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two weights in one storage (a loader's views) get a copy each, made once; an in-place write through kael
+    makes a new one; KAEL_REPACK=0 passes none. Every result is the model's."""
+    rng = np.random.default_rng(4)
+    a, b = encode(rng.standard_normal((32, 64)), "q8_0"), encode(rng.standard_normal((32, 64)), "q8_0")
+    both = kael.tensor(np.concatenate([a, b]), dtype=kael.uint8)
+    wa, wb = both[:32], both[32:]
+    x = rng.standard_normal((2, 64)).astype(F32)
+    made = []
+    monkeypatch.setattr(_repack, "C", _Counting(made))
+    for _ in range(2):
+        assert_bits(_linear(cpu, x, wa, "q8_0"), model(x, a, None, "q8_0"))
+        assert_bits(_linear(cpu, x, wb, "q8_0"), model(x, b, None, "q8_0"))
+    assert len(made) == 2
+    with kael.no_grad():
+        wa.copy_(kael.tensor(b, dtype=kael.uint8))  # an in-place write: the storage's version moves
+    assert_bits(_linear(cpu, x, wa, "q8_0"), model(x, b, None, "q8_0"))
+    assert_bits(_linear(cpu, x, wb, "q8_0"), model(x, b, None, "q8_0"))
+    assert len(made) == 4
+    monkeypatch.setenv("KAEL_REPACK", "0")
+    assert _repack.packed_copy(wa, "q8_0", kael.zeros(1, 64)) is not None  # (kept: the switch is per call)
+    assert_bits(_linear(cpu, x, wa, "q8_0"), model(x, b, None, "q8_0"))
+    assert len(made) == 4
+
+
+class _Counting:
+    """_C with pack_quantized counted."""
+
+    def __init__(self, made: list[str]) -> None:
+        self.made = made
+
+    def pack_quantized(self, out: Any, weight: Any, scheme: str) -> None:
+        self.made.append(scheme)
+        C.pack_quantized(out, weight, scheme)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(C, name)
+
+
+def test_no_copy_where_the_kernel_cannot_use_one(cpu: Any) -> None:
+    """Formats without the kernel, weights of fewer than 16 rows, and prompts (more than 16 rows) make no copy."""
+    rng = np.random.default_rng(5)
+    w1 = kael.tensor(encode(rng.standard_normal((32, 64)), "q4_1"), dtype=kael.uint8)
+    w2 = kael.tensor(encode(rng.standard_normal((8, 64)), "q4_0"), dtype=kael.uint8)
+    w3 = kael.tensor(encode(rng.standard_normal((32, 64)), "q4_0"), dtype=kael.uint8)
+    assert _repack.packed_copy(w1, "q4_1", kael.zeros(1, 64)) is None
+    assert _repack.packed_copy(w2, "q4_0", kael.zeros(1, 64)) is None
+    assert _repack.packed_copy(w3, "q4_0", kael.zeros(17, 64)) is None
