@@ -350,6 +350,12 @@ void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x,
       });
 }
 
+// KAEL_REPACK, read at every call: anything but "0" (or unset) lets a call read a repacked copy it is given.
+bool repack_enabled() {
+  const char* v = std::getenv("KAEL_REPACK");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // Weight rows a repacked slab interleaves (vec_quant_packed.h's kPackRows, NOTE [repacked rows]).
 constexpr int64_t kPackSlab = 16;
 
@@ -651,7 +657,8 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
   } else if (use_int8_gemm(scheme, m, mode)) {
     linear_int8_gemm(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (use_int8_path(scheme, m, mode)) {
-    if (packed != nullptr && m <= kFewRows && vec().q8dot_packed[static_cast<int>(scheme)] != nullptr) {
+    if (packed != nullptr && m <= kFewRows && vec().q8dot_packed[static_cast<int>(scheme)] != nullptr &&
+        repack_enabled()) {
       linear_int8_packed(scheme, m, n, k, xp, rsx, packed_rows(op, *packed, weight), packed->shape[1], bp, c, rso);
     } else if (scheme == QuantScheme::BF16) {
       linear_bf16(m, n, k, xp, rsx, w, bp, c, rso);

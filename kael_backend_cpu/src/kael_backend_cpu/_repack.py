@@ -11,7 +11,8 @@ calls of up to 16 rows on the integer path read that copy instead: the same bits
 about half the instructions per weight byte (decode, batched decode and speculative
 verification; prompts keep GGML's rows). The weight itself is untouched (files, ``state_dict``,
 prompts and other backends see GGML's layout), so the copy costs memory: as much again as the
-repacked weights. ``KAEL_REPACK=0`` turns it off (read at every call).
+repacked weights. ``KAEL_REPACK=0`` turns it off: no copy is made, and the kernel reads none it
+is given (it reads the variable at every call).
 
 A copy belongs to the weight's view of its storage (offset and shape: a loader may keep many
 weights in one storage) and is made again when the storage's ``version`` moved (an in-place
@@ -61,7 +62,7 @@ def packed_copy(weight: Any, scheme: str, x: Any) -> Any:
         entry = views.get(key)
         if entry is not None and entry[0] == storage.version:
             return entry[1]
-    if not _can_pack(scheme) or x.ndim < 1 or x.shape[-1] == 0 or x.numel() // x.shape[-1] > _ROWS:
+    if not repacking() or not _can_pack(scheme) or x.ndim < 1 or x.shape[-1] == 0 or x.numel() // x.shape[-1] > _ROWS:
         return None
     if weight.ndim != 2 or weight.shape[0] < _ROWS or not weight.is_contiguous():
         return None
@@ -76,7 +77,7 @@ def packed_copy(weight: Any, scheme: str, x: Any) -> Any:
 
 def quantized_linear(out: Any, x: Any, weight: Any, bias: Any, scheme: str) -> None:
     """The catalogue's ``quantized_linear``, with the weight's repacked copy where one applies."""
-    packed = packed_copy(weight, scheme, x) if repacking() else None
+    packed = packed_copy(weight, scheme, x)
     if packed is None:
         C.quantized_linear(out, x, weight, bias, scheme)
     else:
