@@ -365,7 +365,27 @@ constexpr int64_t kPackSlab = 16;
 // linear_int8 on the GGML rows.
 void linear_int8_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const uint8_t* pw,
                         int64_t rsw, const float* bias, float* c, int64_t rsc) {
-  const int64_t nb = k / 32, slabs = n / kPackSlab;
+  const int64_t slabs = n / kPackSlab, j0 = slabs * kPackSlab;
+  const auto grain = std::max<int64_t>(1, 32768 / (m * kPackSlab * rsw));
+  if (const auto kpacked = vec().q8kdot_packed[static_cast<int>(s)]; kpacked != nullptr) {  // Q8_K activations
+    const int64_t nb = k / 256, ns = k / 16;
+    Buffer xq(static_cast<size_t>(m * k)), xd(static_cast<size_t>(m * nb) * sizeof(float)),
+        xsb(static_cast<size_t>(m * ns) * sizeof(int16_t));
+    auto* q = xq.get<int8_t>();
+    auto* d = xd.get<float>();
+    auto* bs = xsb.get<int16_t>();
+    for (int64_t i = 0; i < m; ++i) quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns);
+    parallel_for(0, slabs, grain, [&](int64_t s0, int64_t s1) {
+      kpacked(m, s0, s1, k, q, d, bs, pw, rsw, c, rsc);
+      if (bias != nullptr) add_bias(c + s0 * kPackSlab, rsc, m, (s1 - s0) * kPackSlab, bias + s0 * kPackSlab);
+    });
+    if (j0 < n) {
+      vec().q8kdot_rows[static_cast<int>(s)](m, n - j0, k, q, d, bs, pw + j0 * rsw, rsw,
+                                             bias == nullptr ? nullptr : bias + j0, c + j0, rsc);
+    }
+    return;
+  }
+  const int64_t nb = k / 32;
   Buffer xq(static_cast<size_t>(m * k)), xd(static_cast<size_t>(2 * m * nb) * sizeof(float)),
       xsb(static_cast<size_t>(m * nb) * sizeof(int32_t));
   auto* q = xq.get<int8_t>();
@@ -380,11 +400,11 @@ void linear_int8_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const fl
     }
   }
   const auto packed = vec().q8dot_packed[static_cast<int>(s)];
-  parallel_for(0, slabs, std::max<int64_t>(1, 32768 / (m * kPackSlab * rsw)), [&](int64_t s0, int64_t s1) {
+  parallel_for(0, slabs, grain, [&](int64_t s0, int64_t s1) {
     packed(m, s0, s1, k, q, d, xs, pw, rsw, c, rsc);
     if (bias != nullptr) add_bias(c + s0 * kPackSlab, rsc, m, (s1 - s0) * kPackSlab, bias + s0 * kPackSlab);
   });
-  if (const int64_t j0 = slabs * kPackSlab; j0 < n) {
+  if (j0 < n) {
     vec().q8dot_rows[static_cast<int>(s)](m, n - j0, k, q, d, pw + j0 * rsw, rsw, bias == nullptr ? nullptr : bias + j0,
                                           c + j0, rsc);
   }
@@ -542,13 +562,45 @@ const char* quant_scheme_name(QuantScheme s) {
 }
 
 bool packable(QuantScheme scheme) {
-  return vec().q8dot_packed[static_cast<int>(scheme)] != nullptr;
+  const int f = static_cast<int>(scheme);
+  return vec().q8dot_packed[f] != nullptr || vec().q8kdot_packed[f] != nullptr;
 }
+
+namespace {
+
+// Q6_K's six-bit integer u = q + 32 of value i (0..255) of the super-block at blk (GGML's ql / qh layout).
+int q6k_u(const uint8_t* blk, int i) {
+  const int h = i / 128, quarter = (i % 128) / 32, l = i % 32;
+  const uint8_t lo = blk[h * 64 + l + (quarter & 1) * 32];
+  const int nib = quarter >= 2 ? lo >> 4 : lo & 15;
+  return nib | (((blk[128 + h * 32 + l] >> (2 * quarter)) & 3) << 4);
+}
+
+// Super-block b of the 16 rows at w (rsw bytes apart) into a slab's super-block db (NOTE [repacked rows]).
+void pack_q6k_block(const uint8_t* w, int64_t rsw, int64_t b, uint8_t* db) {
+  for (int64_t r = 0; r < kPackSlab; ++r) {
+    const uint8_t* blk = w + r * rsw + b * 210;
+    std::memcpy(db + 2 * r, blk + 208, 2);
+    for (int g = 0; g < 16; ++g) {
+      db[32 + g * 16 + r] = blk[192 + g];
+      uint8_t* q = db + 32 + 256 + g * 192 + r * 4;
+      for (int e = 0; e < 4; ++e) {
+        const int u0 = q6k_u(blk, 16 * g + e), u1 = q6k_u(blk, 16 * g + 4 + e);
+        const int u2 = q6k_u(blk, 16 * g + 8 + e), u3 = q6k_u(blk, 16 * g + 12 + e);
+        q[e] = static_cast<uint8_t>((u0 & 15) | ((u1 & 15) << 4));
+        q[64 + e] = static_cast<uint8_t>((u2 & 15) | ((u3 & 15) << 4));
+        q[128 + e] = static_cast<uint8_t>((u0 >> 4) | ((u1 >> 4) << 2) | ((u2 >> 4) << 4) | ((u3 >> 4) << 6));
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
   const char* op = "pack_quantized";
   KAEL_CHECK(packable(scheme), Kael, op, ": the ", vec().name, " table has no kernel for repacked ",
-             quant_scheme_name(scheme), " rows (q8_0 and q4_0 with AVX512_VNNI)");
+             quant_scheme_name(scheme), " rows (q8_0, q4_0 and q6_k with AVX512_VNNI)");
   KAEL_CHECK(weight.ndim == 2 && weight.dtype == DType::UInt8 && weight.is_contiguous(), Shape, op,
              ": weight must be contiguous uint8 [N, row bytes], got ", dtype_name(weight.dtype), " with ", weight.ndim,
              " dims");
@@ -562,6 +614,10 @@ void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
   parallel_for(0, slabs, 1, [&](int64_t s0, int64_t s1) {
     for (int64_t sl = s0; sl < s1; ++sl) {
       uint8_t* dst = o + sl * kPackSlab * rsw;
+      if (scheme == QuantScheme::Q6_K) {
+        for (int64_t b = 0; b < nb; ++b) pack_q6k_block(w + sl * kPackSlab * rsw, rsw, b, dst + b * kPackSlab * bytes);
+        continue;
+      }
       for (int64_t b = 0; b < nb; ++b) {
         uint8_t* db = dst + b * kPackSlab * bytes;
         for (int64_t r = 0; r < kPackSlab; ++r) {
@@ -657,8 +713,7 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
   } else if (use_int8_gemm(scheme, m, mode)) {
     linear_int8_gemm(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (use_int8_path(scheme, m, mode)) {
-    if (packed != nullptr && m <= kFewRows && vec().q8dot_packed[static_cast<int>(scheme)] != nullptr &&
-        repack_enabled()) {
+    if (packed != nullptr && m <= kFewRows && packable(scheme) && repack_enabled()) {
       linear_int8_packed(scheme, m, n, k, xp, rsx, packed_rows(op, *packed, weight), packed->shape[1], bp, c, rso);
     } else if (scheme == QuantScheme::BF16) {
       linear_bf16(m, n, k, xp, rsx, w, bp, c, rso);

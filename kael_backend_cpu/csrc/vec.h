@@ -104,6 +104,9 @@ struct VecTable {
   // int32 block sums of q) . weight row j, i < m <= 16, 16 s0 <= j < 16 s1, slab s at pw + 16 s rsw (no bias)
   void (*q8dot_packed[kQuantSchemes])(int64_t m, int64_t s0, int64_t s1, int64_t k, const int8_t* xq, const float* xd,
                                       const int32_t* xs, const uint8_t* pw, int64_t rsw, float* c, int64_t rsc) = {};
+  // Its super-block twin (q6_k; Q8_K activation rows as q8kdot_rows' xq, xd, xs)
+  void (*q8kdot_packed[kQuantSchemes])(int64_t m, int64_t s0, int64_t s1, int64_t k, const int8_t* xq, const float* xd,
+                                       const int16_t* xs, const uint8_t* pw, int64_t rsw, float* c, int64_t rsc) = {};
   // The integer path for the super-blocks (vec_quant_dot_k.h; q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, else null):
   // c[i * rsc + j] = Q8_K activation row i (xq + i * k int8, its k / 256 scales at xd + i * (k / 256), its k / 16
   // bsums at xs + i * (k / 16)) . weight row j (+ bias[j]), i < m <= 16, j < n

@@ -14,6 +14,13 @@
 // order]'s, lane for lane: p_b = (d_w * d_x) * float(isum_b), added into accumulator b % 8, then the same tree,
 // so a repacked row gives the same bits as its GGML row through q8dot_rows. Rows past the last whole slab stay
 // in GGML's layout (quant.cpp runs them through q8dot_rows). The repacked copy lives in memory only.
+// Q6_K (Q8_K activations, NOTE [integer K dot order]) likewise, per 256-value super-block b of a slab: the 16
+// rows' float16 d (32 bytes), their int8 scales group by group (16 groups x 16 rows), then each 16-value group's
+// six-bit integers u = q + 32 as three 64-byte vectors: the low nibbles of values 0..3 of the group (low
+// nibble) and 4..7 (high), of 8..11 and 12..15, then the two high bits of values 0..3, 4..7, 8..11, 12..15 (bits
+// 0-1, 2-3, 4-5, 6-7), each vector 16 rows x 4 values. A group's u . q_x minus 32 times its bsum is its exact
+// sum of q_w * q_x, times the row's scale (vpmulld) into isum_b, lane r for row r; then p_b as the format's
+// kd_add_block in lanes.
 // Pasted inside the per-ISA namespace by vec_table.h: no includes.
 #pragma once
 
@@ -96,6 +103,83 @@ __attribute__((target("avx512vnni"), flatten)) void q8dot_packed_slabs(int64_t m
   }
 }
 #endif
+
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+constexpr int64_t kPackQ6kBytes = 16 * 210;  // a Q6_K super-block of a slab
+
+// One Q8_K activation row (xq, xd: its int8 values and super-block scales; xs: its 16-value bsums) against one
+// Q6_K slab (nb super-blocks at p): out[0..16) = the 16 rows' dot products (no bias).
+__attribute__((target("avx512vnni"))) inline void pk_q6k_slab_row(int64_t nb, const int8_t* xq, const float* xd,
+                                                                  const int16_t* xs, const uint8_t* p, float* out) {
+  __m512 acc = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), m30 = _mm512_set1_epi8(0x30);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = p + b * kPackQ6kBytes;
+    __builtin_prefetch(blk + kPackQ6kBytes, 0, 0);
+    const int8_t* x = xq + b * kKdValues;
+    __m512i isum = _mm512_setzero_si512();
+    for (int g = 0; g < kKdGroups; ++g) {
+      const uint8_t* q = blk + 32 + 256 + g * 192;
+      const __m512i n0 = _mm512_loadu_si512(q), n1 = _mm512_loadu_si512(q + 64), h = _mm512_loadu_si512(q + 128);
+      const __m512i u0 = _mm512_or_si512(_mm512_and_si512(n0, m4), _mm512_slli_epi16(_mm512_and_si512(h, m3), 4));
+      const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), m4),
+                                         _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+      const __m512i u2 = _mm512_or_si512(_mm512_and_si512(n1, m4), _mm512_and_si512(h, m30));
+      const __m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+      const int8_t* xg = x + g * 16;
+      int32_t x0, x1, x2, x3;
+      std::memcpy(&x0, xg, 4);
+      std::memcpy(&x1, xg + 4, 4);
+      std::memcpy(&x2, xg + 8, 4);
+      std::memcpy(&x3, xg + 12, 4);
+      __m512i gs = _mm512_set1_epi32(-32 * int32_t{xs[b * kKdGroups + g]});
+      gs = _mm512_dpbusd_epi32(gs, u0, _mm512_set1_epi32(x0));
+      gs = _mm512_dpbusd_epi32(gs, u1, _mm512_set1_epi32(x1));
+      gs = _mm512_dpbusd_epi32(gs, u2, _mm512_set1_epi32(x2));
+      gs = _mm512_dpbusd_epi32(gs, u3, _mm512_set1_epi32(x3));
+      const __m512i sc =
+          _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + g * 16)));
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(gs, sc));
+    }
+    // kd_add_block (no mins) lane for lane: acc + (d_w * d_x) * float(isum_b), each product rounded apart
+    const __m512 dw = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 pr = qd_opaque(
+        _mm512_mul_ps(qd_opaque(_mm512_mul_ps(dw, _mm512_set1_ps(xd[b]))), _mm512_maskz_cvtepi32_ps(0xFFFF, isum)));
+    acc = qd_opaque(_mm512_add_ps(acc, pr));
+  }
+  _mm512_storeu_ps(out, acc);
+}
+
+// m Q8_K activation rows (xq: k int8 apart; xd: k / 256 scales apart; xs: k / 16 bsums apart) against the Q6_K
+// slabs s0 .. s1 of pw (16 * rsw bytes each): c[i * rsc + j] for 16 s0 <= j < 16 s1 (no bias).
+__attribute__((target("avx512vnni"), flatten)) inline void q8kdot_packed_slabs_q6k(int64_t m, int64_t s0, int64_t s1,
+                                                                                   int64_t k, const int8_t* xq,
+                                                                                   const float* xd, const int16_t* xs,
+                                                                                   const uint8_t* pw, int64_t rsw,
+                                                                                   float* c, int64_t rsc) {
+  const int64_t nb = k / kKdValues;
+  for (int64_t s = s0; s < s1; ++s) {
+    for (int64_t i = 0; i < m; ++i) {
+      pk_q6k_slab_row(nb, xq + i * k, xd + i * nb, xs + i * (k / 16), pw + s * kPackRows * rsw,
+                      c + i * rsc + s * kPackRows);
+    }
+  }
+}
+#endif
+
+// The table's repacked-rows kernel for the super-block format F: q6_k on the AVX-512 table of a CPU with
+// AVX512_VNNI, else none.
+template <int F>
+auto q8kdot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const int8_t*, const float*, const int16_t*,
+                                        const uint8_t*, int64_t, float*, int64_t) {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  if constexpr (F == kQ6K) {
+    if (::kael::cpu_features().avx512_vnni) return q8kdot_packed_slabs_q6k;
+  }
+#endif
+  return nullptr;
+}
 
 // The table's repacked-rows kernel for format F: q8_0 and q4_0 on the AVX-512 table of a CPU with AVX512_VNNI,
 // else none (the weight is then never repacked).

@@ -70,6 +70,7 @@ void set_integer_kernels(VecTable& t) {
   } else if constexpr (QK == 256) {
     t.q8kdot_rows[F] = q8kdot_kernel<F>();
     t.int8kgemm_cols[F] = int8kgemm_kernel<F>();
+    t.q8kdot_packed[F] = q8kdot_packed_kernel<F>();
   }
 }
 

@@ -1,9 +1,11 @@
-"""Repacked Q8_0 / Q4_0 weights (NOTE [repacked rows] in csrc/vec_quant_packed.h, NOTE [repacked weights] in
+"""Repacked Q8_0 / Q4_0 / Q6_K weights (NOTE [repacked rows] in csrc/vec_quant_packed.h, NOTE [repacked weights] in
 kael_backend_cpu/_repack.py): the layout, the kernel and the copies the kernel table keeps.
 
 Oracles: a NumPy statement of the layout (16 rows interleaved block by block: the rows' float16 scales, then
-4-byte chunks row by row; Q8_0's integers as q + 128); the integer path's NumPy model (test_quant_int8.model:
-NOTE [integer dot order]), which the repacked rows must meet bit for bit, as GGML's rows do.
+4-byte chunks row by row; Q8_0's integers as q + 128; Q6_K's six-bit integers decoded by gguf's dequantizer's
+rules, in nibble and two-bit vectors); the integer path's NumPy models (test_quant_int8.model: NOTE [integer dot
+order]; test_quant_int8_k.model: NOTE [integer K dot order]), which the repacked rows must meet bit for bit, as
+GGML's rows do.
 """
 
 from __future__ import annotations
@@ -25,20 +27,59 @@ from kael import _dtype as dt  # noqa: E402
 from kael._tensor import from_numpy_bits  # noqa: E402
 from kael_backend_cpu._native import C  # noqa: E402
 from test_quant_int8 import encode, model  # noqa: E402
+from test_quant_int8_k import model as k_model  # noqa: E402
+from test_quant_int8_k import weights as k_weights  # noqa: E402
 
 from kael_backend_cpu import _repack  # noqa: E402
 
-SCHEMES = ("q8_0", "q4_0")
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+SCHEMES = ("q8_0", "q4_0", "q6_k")
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q6_k": 210}
 needs_kernel = pytest.mark.skipif(
     not all(C.packable(s) for s in SCHEMES), reason="this CPU's table has no kernel for repacked rows (AVX512_VNNI)"
 )
+
+
+def q6k_ints(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks [.., 210] -> their 256 integers u = q + 32 each, in value order (ggml's
+    dequantize_row_q6_K: per half h, value 128 h + 32 t + l has ql[64 h + l + 32 (t % 2)]'s low (t < 2) or high
+    nibble and bits 2t, 2t + 1 of qh[32 h + l])."""
+    ql, qh = blocks[..., :128].astype(np.int64), blocks[..., 128:192].astype(np.int64)
+    u = np.zeros((*blocks.shape[:-1], 256), np.int64)
+    for h in range(2):
+        for t in range(4):
+            lo = ql[..., 64 * h + 32 * (t % 2) : 64 * h + 32 * (t % 2) + 32]
+            nib = lo >> 4 if t >= 2 else lo & 15
+            u[..., 128 * h + 32 * t : 128 * h + 32 * t + 32] = nib | (
+                ((qh[..., 32 * h : 32 * h + 32] >> (2 * t)) & 3) << 4
+            )
+    return u
+
+
+def q6k_layout(slab: np.ndarray) -> np.ndarray:
+    """One slab's super-blocks [16, nb, 210] in NOTE [repacked rows]' Q6_K layout [nb, 3360]."""
+    nb = slab.shape[1]
+    u = q6k_ints(slab).reshape(16, nb, 16, 4, 4)  # row, block, group, quarter, value
+    out = np.zeros((nb, 3360), np.uint8)
+    out[:, :32] = slab[:, :, 208:210].transpose(1, 0, 2).reshape(nb, 32)
+    out[:, 32:288] = slab[:, :, 192:208].transpose(1, 2, 0).reshape(nb, 256)
+    vec = np.zeros((nb, 16, 3, 16, 4), np.int64)  # block, group, vector, row, value
+    u = u.transpose(1, 2, 3, 0, 4)  # block, group, quarter, row, value
+    vec[:, :, 0] = (u[:, :, 0] & 15) | ((u[:, :, 1] & 15) << 4)
+    vec[:, :, 1] = (u[:, :, 2] & 15) | ((u[:, :, 3] & 15) << 4)
+    vec[:, :, 2] = (u[:, :, 0] >> 4) | ((u[:, :, 1] >> 4) << 2) | ((u[:, :, 2] >> 4) << 4) | ((u[:, :, 3] >> 4) << 6)
+    out[:, 288:] = vec.reshape(nb, 3072)
+    return out
 
 
 def layout(data: np.ndarray, scheme: str) -> np.ndarray:
     """NOTE [repacked rows]' layout of GGML rows `data` [n, row bytes], from its statement."""
     n, width = data.shape
     b = BLOCK_BYTES[scheme]
+    if scheme == "q6_k":
+        out = data.copy()
+        for s in range(n // 16):
+            out[16 * s : 16 * s + 16] = q6k_layout(data[16 * s : 16 * s + 16].reshape(16, -1, b)).reshape(16, width)
+        return out
     nb, chunks = width // b, (b - 2) // 4
     out = data.copy()
     for s in range(n // 16):
@@ -76,7 +117,7 @@ def _integer_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_layout(cpu: Any, scheme: str) -> None:
     """pack_quantized writes the stated layout: whole slabs interleaved, the rows after them as they were."""
     rng = np.random.default_rng(0)
-    for n, nb in ((16, 1), (37, 3), (50, 24)):
+    for n, nb in ((16, 1), (37, 3), (50, 24 if scheme != "q6_k" else 4)):
         data = rng.integers(0, 256, (n, nb * BLOCK_BYTES[scheme]), dtype=np.uint8)
         _, packed = pack(cpu, data, scheme)
         np.testing.assert_array_equal(logical(packed), layout(data, scheme))
@@ -85,7 +126,7 @@ def test_layout(cpu: Any, scheme: str) -> None:
 @needs_kernel
 @SETTINGS
 @given(
-    scheme=st.sampled_from(SCHEMES),
+    scheme=st.sampled_from(SCHEMES[:2]),
     m=st.integers(1, 16),
     nb=st.integers(1, 40),
     n=st.integers(16, 70),
@@ -105,23 +146,45 @@ def test_bit_identical_to_the_model(cpu: Any, scheme: str, m: int, nb: int, n: i
 
 
 @needs_kernel
+@SETTINGS
+@given(
+    m=st.integers(1, 16),
+    nb=st.integers(1, 4),
+    n=st.integers(16, 40),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_q6_k_bit_identical_to_the_model(cpu: Any, m: int, nb: int, n: int, with_bias: bool, seed: int) -> None:
+    """Q6_K (Q8_K activations): NOTE [integer K dot order]'s model, bit for bit."""
+    rng = np.random.default_rng(seed)
+    k = 256 * nb
+    x = rng.standard_normal((m, k)).astype(F32)
+    data = k_weights(rng, n, k, "q6_k")
+    bias = rng.standard_normal(n).astype(F32) if with_bias else None
+    w, packed = pack(cpu, data, "q6_k")
+    assert_bits(run_packed(cpu, x, w, packed, bias, "q6_k"), k_model(x, data, bias, "q6_k"))
+
+
+@needs_kernel
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_extreme_integers_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> None:
-    """Random weight bytes (q8_0's -128 and 127, nibbles 0 and 15) with finite scales; 16 rows batched equal each
-    row alone, at 1 and 2 threads, and the model."""
+    """Random weight bytes (q8_0's -128 and 127, nibbles 0 and 15, every six-bit integer and int8 scale of q6_k)
+    with finite scales; 16 rows batched equal each row alone, at 1 and 2 threads, and the model."""
     rng = np.random.default_rng(1)
-    n, nb = 301, 24
+    n, nb, values = (301, 24, 32) if scheme != "q6_k" else (301, 3, 256)
     blocks = rng.integers(0, 256, (n, nb, BLOCK_BYTES[scheme]), dtype=np.uint8)
-    blocks[..., :2] = rng.uniform(-2, 2, (n, nb, 1)).astype(np.float16).view(np.uint8)
+    at = 208 if scheme == "q6_k" else 0  # the float16 scale d
+    blocks[..., at : at + 2] = rng.uniform(-2, 2, (n, nb, 1)).astype(np.float16).view(np.uint8)
     data = blocks.reshape(n, -1)
-    x = rng.standard_normal((16, 32 * nb)).astype(F32)
+    x = rng.standard_normal((16, values * nb)).astype(F32)
+    oracle = k_model if scheme == "q6_k" else model
     w, packed = pack(cpu, data, scheme)
     before = kbc.get_num_threads()
     try:
         for threads in (1, 2):
             kbc.set_num_threads(threads)
             batched = run_packed(cpu, x, w, packed, None, scheme)
-            assert_bits(batched, model(x, data, None, scheme))
+            assert_bits(batched, oracle(x, data, None, scheme))
             for i in (0, 7, 15):
                 assert_bits(run_packed(cpu, x[i : i + 1], w, packed, None, scheme)[0], batched[i])
     finally:
@@ -147,7 +210,9 @@ def test_refusals(cpu: Any) -> None:
     rng = np.random.default_rng(3)
     data = encode(rng.standard_normal((16, 64)), "q4_1")
     w = from_numpy_bits(data, dt.uint8)
-    with pytest.raises(kael.KaelError, match=r"pack_quantized: .*no kernel for repacked q4_1 rows"):
+    with pytest.raises(
+        kael.KaelError, match=r"pack_quantized: .*no kernel for repacked q4_1 rows \(q8_0, q4_0 and q6_k"
+    ):
         C.pack_quantized(cpu_empty(cpu, data.shape, dt.uint8), w, "q4_1")
     if not C.packable("q4_0"):
         return
