@@ -595,12 +595,28 @@ void pack_q6k_block(const uint8_t* w, int64_t rsw, int64_t b, uint8_t* db) {
   }
 }
 
+// Q4_K's super-block b of the 16 rows at w into a slab's super-block db (pk_q4k_slab_row's layout).
+void pack_q4k_block(const uint8_t* w, int64_t rsw, int64_t b, uint8_t* db) {
+  for (int64_t r = 0; r < kPackSlab; ++r) {
+    const uint8_t* blk = w + r * rsw + b * 144;
+    std::memcpy(db + 2 * r, blk, 2);
+    std::memcpy(db + 32 + 2 * r, blk + 2, 2);
+    for (int t = 0; t < 12; ++t) db[64 + 16 * t + r] = blk[4 + t];
+    // value v (0..255): qs[32 (v / 64) + v % 32], the high nibble when (v / 32) is odd
+    const auto u = [&](int v) { return (blk[16 + 32 * (v / 64) + v % 32] >> (4 * ((v / 32) % 2))) & 15; };
+    for (int i = 0; i < 32; ++i) {
+      for (int e = 0; e < 4; ++e)
+        db[256 + i * 64 + r * 4 + e] = static_cast<uint8_t>(u(4 * i + e) | (u(128 + 4 * i + e) << 4));
+    }
+  }
+}
+
 }  // namespace
 
 void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
   const char* op = "pack_quantized";
   KAEL_CHECK(packable(scheme), Kael, op, ": the ", vec().name, " table has no kernel for repacked ",
-             quant_scheme_name(scheme), " rows (q8_0, q4_0 and q6_k with AVX512_VNNI)");
+             quant_scheme_name(scheme), " rows (q8_0, q4_0, q4_k and q6_k with AVX512_VNNI)");
   KAEL_CHECK(weight.ndim == 2 && weight.dtype == DType::UInt8 && weight.is_contiguous(), Shape, op,
              ": weight must be contiguous uint8 [N, row bytes], got ", dtype_name(weight.dtype), " with ", weight.ndim,
              " dims");
@@ -614,8 +630,9 @@ void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
   parallel_for(0, slabs, 1, [&](int64_t s0, int64_t s1) {
     for (int64_t sl = s0; sl < s1; ++sl) {
       uint8_t* dst = o + sl * kPackSlab * rsw;
-      if (scheme == QuantScheme::Q6_K) {
-        for (int64_t b = 0; b < nb; ++b) pack_q6k_block(w + sl * kPackSlab * rsw, rsw, b, dst + b * kPackSlab * bytes);
+      if (scheme == QuantScheme::Q6_K || scheme == QuantScheme::Q4_K) {
+        const auto pack_block = scheme == QuantScheme::Q6_K ? pack_q6k_block : pack_q4k_block;
+        for (int64_t b = 0; b < nb; ++b) pack_block(w + sl * kPackSlab * rsw, rsw, b, dst + b * kPackSlab * bytes);
         continue;
       }
       for (int64_t b = 0; b < nb; ++b) {

@@ -20,7 +20,7 @@
 // nibble) and 4..7 (high), of 8..11 and 12..15, then the two high bits of values 0..3, 4..7, 8..11, 12..15 (bits
 // 0-1, 2-3, 4-5, 6-7), each vector 16 rows x 4 values. A group's u . q_x minus 32 times its bsum is its exact
 // sum of q_w * q_x, times the row's scale (vpmulld) into isum_b, lane r for row r; then p_b as the format's
-// kd_add_block in lanes.
+// kd_add_block in lanes. Q4_K: see pk_q4k_slab_row.
 // Pasted inside the per-ISA namespace by vec_table.h: no includes.
 #pragma once
 
@@ -151,8 +151,83 @@ __attribute__((target("avx512vnni"))) inline void pk_q6k_slab_row(int64_t nb, co
   _mm512_storeu_ps(out, acc);
 }
 
-// m Q8_K activation rows (xq: k int8 apart; xd: k / 256 scales apart; xs: k / 16 bsums apart) against the Q6_K
+constexpr int64_t kPackQ4kBytes = 16 * 144;  // a Q4_K super-block of a slab
+
+// One Q8_K activation row against one Q4_K slab (as pk_q6k_slab_row). The slab's super-block: the 16 rows'
+// float16 d, then dmin (32 bytes each), GGML's 12 bytes of six-bit scales and mins byte by byte (byte t of
+// the 16 rows at 64 + 16 t), then 32 vectors of 16 rows x 4 values: vector i holds values 4i .. 4i + 3 in its
+// low nibbles and 128 + 4i .. in its high ones. Scales and mins are decoded in 16-row byte lanes.
+__attribute__((target("avx512vnni"))) inline void pk_q4k_slab_row(int64_t nb, const int8_t* xq, const float* xd,
+                                                                  const int16_t* xs, const uint8_t* p, float* out) {
+  __m512 acc = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(15);
+  const __m128i m63 = _mm_set1_epi8(63), l4 = _mm_set1_epi8(15), h2 = _mm_set1_epi8(3);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = p + b * kPackQ4kBytes;
+    __builtin_prefetch(blk + kPackQ4kBytes, 0, 0);
+    const int8_t* x = xq + b * kKdValues;
+    const int16_t* bs = xs + b * kKdGroups;
+    __m128i sb[12];
+    for (int t = 0; t < 12; ++t) sb[t] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 64 + 16 * t));
+    __m512i sc[8], isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {  // GGML's get_scale_min_k4, 16 rows at once
+      __m128i s8, m8;
+      if (j < 4) {
+        s8 = _mm_and_si128(sb[j], m63);
+        m8 = _mm_and_si128(sb[j + 4], m63);
+      } else {
+        s8 = _mm_or_si128(_mm_and_si128(sb[j + 4], l4),
+                          _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(sb[j - 4], 6), h2), 4));
+        m8 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(sb[j + 4], 4), l4),
+                          _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(sb[j], 6), h2), 4));
+      }
+      sc[j] = _mm512_maskz_cvtepu8_epi32(0xFFFF, s8);
+      const __m512i mn = _mm512_maskz_cvtepu8_epi32(0xFFFF, m8);
+      msum = _mm512_add_epi32(msum,
+                              _mm512_mullo_epi32(mn, _mm512_set1_epi32(int32_t{bs[2 * j]} + int32_t{bs[2 * j + 1]})));
+    }
+    for (int s = 0; s < 4; ++s) {  // sub-blocks s (low nibbles) and s + 4 (high)
+      __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = _mm512_loadu_si512(blk + 256 + (8 * s + c) * 64);
+        int32_t xl, xh;
+        std::memcpy(&xl, x + 32 * s + 4 * c, 4);
+        std::memcpy(&xh, x + 128 + 32 * s + 4 * c, 4);
+        lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), _mm512_set1_epi32(xl));
+        hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_set1_epi32(xh));
+      }
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, sc[s]));
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi, sc[s + 4]));
+    }
+    // kd_add_block with mins, lane for lane
+    const __m512 dx = _mm512_set1_ps(xd[b]);
+    const __m512 dw = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 dm = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    __m512 pr = qd_opaque(_mm512_mul_ps(qd_opaque(_mm512_mul_ps(dw, dx)), _mm512_maskz_cvtepi32_ps(0xFFFF, isum)));
+    pr = qd_opaque(_mm512_sub_ps(
+        pr, qd_opaque(_mm512_mul_ps(qd_opaque(_mm512_mul_ps(dm, dx)), _mm512_maskz_cvtepi32_ps(0xFFFF, msum)))));
+    acc = qd_opaque(_mm512_add_ps(acc, pr));
+  }
+  _mm512_storeu_ps(out, acc);
+}
+
+// m Q8_K activation rows (xq: k int8 apart; xd: k / 256 scales apart; xs: k / 16 bsums apart) against the Q4_K
 // slabs s0 .. s1 of pw (16 * rsw bytes each): c[i * rsc + j] for 16 s0 <= j < 16 s1 (no bias).
+__attribute__((target("avx512vnni"), flatten)) inline void q8kdot_packed_slabs_q4k(int64_t m, int64_t s0, int64_t s1,
+                                                                                   int64_t k, const int8_t* xq,
+                                                                                   const float* xd, const int16_t* xs,
+                                                                                   const uint8_t* pw, int64_t rsw,
+                                                                                   float* c, int64_t rsc) {
+  const int64_t nb = k / kKdValues;
+  for (int64_t s = s0; s < s1; ++s) {
+    for (int64_t i = 0; i < m; ++i) {
+      pk_q4k_slab_row(nb, xq + i * k, xd + i * nb, xs + i * (k / 16), pw + s * kPackRows * rsw,
+                      c + i * rsc + s * kPackRows);
+    }
+  }
+}
+
+// The same for Q6_K.
 __attribute__((target("avx512vnni"), flatten)) inline void q8kdot_packed_slabs_q6k(int64_t m, int64_t s0, int64_t s1,
                                                                                    int64_t k, const int8_t* xq,
                                                                                    const float* xd, const int16_t* xs,
@@ -168,14 +243,14 @@ __attribute__((target("avx512vnni"), flatten)) inline void q8kdot_packed_slabs_q
 }
 #endif
 
-// The table's repacked-rows kernel for the super-block format F: q6_k on the AVX-512 table of a CPU with
+// The table's repacked-rows kernel for the super-block format F: q4_k and q6_k on the AVX-512 table of a CPU with
 // AVX512_VNNI, else none.
 template <int F>
 auto q8kdot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const int8_t*, const float*, const int16_t*,
                                         const uint8_t*, int64_t, float*, int64_t) {
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
-  if constexpr (F == kQ6K) {
-    if (::kael::cpu_features().avx512_vnni) return q8kdot_packed_slabs_q6k;
+  if constexpr (F == kQ6K || F == kQ4K) {
+    if (::kael::cpu_features().avx512_vnni) return F == kQ6K ? q8kdot_packed_slabs_q6k : q8kdot_packed_slabs_q4k;
   }
 #endif
   return nullptr;

@@ -1,9 +1,9 @@
-"""Repacked Q8_0 / Q4_0 / Q6_K weights (NOTE [repacked rows] in csrc/vec_quant_packed.h, NOTE [repacked weights] in
+"""Repacked Q8_0 / Q4_0 / Q4_K / Q6_K weights (NOTE [repacked rows] in csrc/vec_quant_packed.h, NOTE [repacked weights] in
 kael_backend_cpu/_repack.py): the layout, the kernel and the copies the kernel table keeps.
 
 Oracles: a NumPy statement of the layout (16 rows interleaved block by block: the rows' float16 scales, then
-4-byte chunks row by row; Q8_0's integers as q + 128; Q6_K's six-bit integers decoded by gguf's dequantizer's
-rules, in nibble and two-bit vectors); the integer path's NumPy models (test_quant_int8.model: NOTE [integer dot
+4-byte chunks row by row; Q8_0's integers as q + 128; Q4_K's d, dmin, scale bytes, then nibbles of values i
+and 128 + i; Q6_K's six-bit integers decoded by ggml's dequantizer's rules, in nibble and two-bit vectors); the integer path's NumPy models (test_quant_int8.model: NOTE [integer dot
 order]; test_quant_int8_k.model: NOTE [integer K dot order]), which the repacked rows must meet bit for bit, as
 GGML's rows do.
 """
@@ -32,8 +32,9 @@ from test_quant_int8_k import weights as k_weights  # noqa: E402
 
 from kael_backend_cpu import _repack  # noqa: E402
 
-SCHEMES = ("q8_0", "q4_0", "q6_k")
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q6_k": 210}
+SCHEMES = ("q8_0", "q4_0", "q4_k", "q6_k")
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_k": 144, "q6_k": 210}
+SUPER = ("q4_k", "q6_k")  # 256-value super-blocks: Q8_K activations
 needs_kernel = pytest.mark.skipif(
     not all(C.packable(s) for s in SCHEMES), reason="this CPU's table has no kernel for repacked rows (AVX512_VNNI)"
 )
@@ -71,14 +72,29 @@ def q6k_layout(slab: np.ndarray) -> np.ndarray:
     return out
 
 
+def q4k_layout(slab: np.ndarray) -> np.ndarray:
+    """One slab's Q4_K super-blocks [16, nb, 144] in the repacked layout [nb, 2304]."""
+    nb = slab.shape[1]
+    qs = slab[..., 16:].astype(np.int64).reshape(16, nb, 4, 32)
+    u = np.stack([qs & 15, qs >> 4], axis=3).reshape(16, nb, 256)  # value 64 j + 32 h + l
+    out = np.zeros((nb, 2304), np.uint8)
+    out[:, :32] = slab[..., 0:2].transpose(1, 0, 2).reshape(nb, 32)
+    out[:, 32:64] = slab[..., 2:4].transpose(1, 0, 2).reshape(nb, 32)
+    out[:, 64:256] = slab[..., 4:16].transpose(1, 2, 0).reshape(nb, 192)
+    vec = u[..., :128] | (u[..., 128:] << 4)  # [row, block, 128]: vector i, value e at 4 i + e
+    out[:, 256:] = vec.reshape(16, nb, 32, 4).transpose(1, 2, 0, 3).reshape(nb, 2048)
+    return out
+
+
 def layout(data: np.ndarray, scheme: str) -> np.ndarray:
     """NOTE [repacked rows]' layout of GGML rows `data` [n, row bytes], from its statement."""
     n, width = data.shape
     b = BLOCK_BYTES[scheme]
-    if scheme == "q6_k":
+    if scheme in SUPER:
+        slab_layout = q6k_layout if scheme == "q6_k" else q4k_layout
         out = data.copy()
         for s in range(n // 16):
-            out[16 * s : 16 * s + 16] = q6k_layout(data[16 * s : 16 * s + 16].reshape(16, -1, b)).reshape(16, width)
+            out[16 * s : 16 * s + 16] = slab_layout(data[16 * s : 16 * s + 16].reshape(16, -1, b)).reshape(16, width)
         return out
     nb, chunks = width // b, (b - 2) // 4
     out = data.copy()
@@ -117,7 +133,7 @@ def _integer_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_layout(cpu: Any, scheme: str) -> None:
     """pack_quantized writes the stated layout: whole slabs interleaved, the rows after them as they were."""
     rng = np.random.default_rng(0)
-    for n, nb in ((16, 1), (37, 3), (50, 24 if scheme != "q6_k" else 4)):
+    for n, nb in ((16, 1), (37, 3), (50, 4 if scheme in SUPER else 24)):
         data = rng.integers(0, 256, (n, nb * BLOCK_BYTES[scheme]), dtype=np.uint8)
         _, packed = pack(cpu, data, scheme)
         np.testing.assert_array_equal(logical(packed), layout(data, scheme))
@@ -148,36 +164,40 @@ def test_bit_identical_to_the_model(cpu: Any, scheme: str, m: int, nb: int, n: i
 @needs_kernel
 @SETTINGS
 @given(
+    scheme=st.sampled_from(SUPER),
     m=st.integers(1, 16),
     nb=st.integers(1, 4),
     n=st.integers(16, 40),
     with_bias=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_q6_k_bit_identical_to_the_model(cpu: Any, m: int, nb: int, n: int, with_bias: bool, seed: int) -> None:
-    """Q6_K (Q8_K activations): NOTE [integer K dot order]'s model, bit for bit."""
+def test_super_blocks_bit_identical_to_the_model(
+    cpu: Any, scheme: str, m: int, nb: int, n: int, with_bias: bool, seed: int
+) -> None:
+    """Q4_K and Q6_K (Q8_K activations): NOTE [integer K dot order]'s model, bit for bit."""
     rng = np.random.default_rng(seed)
     k = 256 * nb
     x = rng.standard_normal((m, k)).astype(F32)
-    data = k_weights(rng, n, k, "q6_k")
+    data = k_weights(rng, n, k, scheme)
     bias = rng.standard_normal(n).astype(F32) if with_bias else None
-    w, packed = pack(cpu, data, "q6_k")
-    assert_bits(run_packed(cpu, x, w, packed, bias, "q6_k"), k_model(x, data, bias, "q6_k"))
+    w, packed = pack(cpu, data, scheme)
+    assert_bits(run_packed(cpu, x, w, packed, bias, scheme), k_model(x, data, bias, scheme))
 
 
 @needs_kernel
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_extreme_integers_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> None:
-    """Random weight bytes (q8_0's -128 and 127, nibbles 0 and 15, every six-bit integer and int8 scale of q6_k)
+    """Random weight bytes (q8_0's -128 and 127, nibbles 0 and 15, every six-bit scale and min of q4_k, every
+    six-bit integer and int8 scale of q6_k)
     with finite scales; 16 rows batched equal each row alone, at 1 and 2 threads, and the model."""
     rng = np.random.default_rng(1)
-    n, nb, values = (301, 24, 32) if scheme != "q6_k" else (301, 3, 256)
+    n, nb, values = (301, 3, 256) if scheme in SUPER else (301, 24, 32)
     blocks = rng.integers(0, 256, (n, nb, BLOCK_BYTES[scheme]), dtype=np.uint8)
-    at = 208 if scheme == "q6_k" else 0  # the float16 scale d
-    blocks[..., at : at + 2] = rng.uniform(-2, 2, (n, nb, 1)).astype(np.float16).view(np.uint8)
+    for at in {"q6_k": (208,), "q4_k": (0, 2)}.get(scheme, (0,)):  # the float16 scales: finite
+        blocks[..., at : at + 2] = rng.uniform(-2, 2, (n, nb, 1)).astype(np.float16).view(np.uint8)
     data = blocks.reshape(n, -1)
     x = rng.standard_normal((16, values * nb)).astype(F32)
-    oracle = k_model if scheme == "q6_k" else model
+    oracle = k_model if scheme in SUPER else model
     w, packed = pack(cpu, data, scheme)
     before = kbc.get_num_threads()
     try:
@@ -211,7 +231,7 @@ def test_refusals(cpu: Any) -> None:
     data = encode(rng.standard_normal((16, 64)), "q4_1")
     w = from_numpy_bits(data, dt.uint8)
     with pytest.raises(
-        kael.KaelError, match=r"pack_quantized: .*no kernel for repacked q4_1 rows \(q8_0, q4_0 and q6_k"
+        kael.KaelError, match=r"pack_quantized: .*no kernel for repacked q4_1 rows \(q8_0, q4_0, q4_k and q6_k"
     ):
         C.pack_quantized(cpu_empty(cpu, data.shape, dt.uint8), w, "q4_1")
     if not C.packable("q4_0"):
