@@ -305,3 +305,21 @@ def test_no_copy_where_the_kernel_cannot_use_one(cpu: Any) -> None:
     assert _repack.packed_copy(w1, "q4_1", kael.zeros(1, 64)) is None
     assert _repack.packed_copy(w2, "q4_0", kael.zeros(1, 64)) is None
     assert _repack.packed_copy(w3, "q4_0", kael.zeros(17, 64)) is None
+
+
+@needs_kernel
+def test_copies_go_with_their_weights(cpu: Any) -> None:
+    """A weight's per-call entry and its copy are dropped when the weight is (no copy outlives its weight)."""
+    import gc
+
+    rng = np.random.default_rng(6)
+    data = encode(rng.standard_normal((32, 64)), "q4_0")
+    w = kael.tensor(data, dtype=kael.uint8)
+    x = rng.standard_normal((1, 64)).astype(F32)
+    assert_bits(_linear(cpu, x, w, "q4_0"), model(x, data, None, "q4_0"))
+    key, copies = id(w), len(_repack._copies)
+    assert key in _repack._by_weight and w.untyped_storage() in _repack._copies
+    del w
+    gc.collect()
+    assert key not in _repack._by_weight
+    assert len(_repack._copies) == copies - 1

@@ -16,7 +16,8 @@ is given (it reads the variable at every call).
 
 A copy belongs to the weight's view of its storage (offset and shape: a loader may keep many
 weights in one storage) and is made again when the storage's ``version`` moved (an in-place
-write through kael); it goes when the storage does.
+write through kael); it goes when the storage does. Each call looks its weight up by identity first
+(a weak reference and the version: well under a microsecond), then by storage view.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ _ROWS = 16  # calls of up to this many rows read the copy (the kernel's few-row 
 _copies: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], tuple[int, Any]]] = (
     weakref.WeakKeyDictionary()
 )
+# id(weight) -> (a weak reference to it, its storage's version, its copy): the per-call lookup (a weight's entry
+# goes when it does)
+_by_weight: dict[int, tuple[weakref.ref[Any], int, Any]] = {}
 _packable: dict[str, bool] = {}
 _lock = threading.Lock()
 
@@ -75,10 +79,22 @@ def packed_copy(weight: Any, scheme: str, x: Any) -> Any:
     return packed
 
 
+def _remember(weight: Any, packed: Any) -> None:
+    key = id(weight)
+    if key not in _by_weight:
+        weakref.finalize(weight, _by_weight.pop, key, None)
+    _by_weight[key] = (weakref.ref(weight), weight.untyped_storage().version, packed)
+
+
 def quantized_linear(out: Any, x: Any, weight: Any, bias: Any, scheme: str) -> None:
     """The catalogue's ``quantized_linear``, with the weight's repacked copy where one applies."""
+    hit = _by_weight.get(id(weight))
+    if hit is not None and hit[1] == weight.untyped_storage().version and hit[0]() is weight:
+        C.quantized_linear(out, x, weight, bias, scheme, hit[2])
+        return
     packed = packed_copy(weight, scheme, x)
     if packed is None:
         C.quantized_linear(out, x, weight, bias, scheme)
     else:
+        _remember(weight, packed)
         C.quantized_linear(out, x, weight, bias, scheme, packed)
