@@ -359,7 +359,7 @@ bool repack_enabled() {
 // Weight rows a repacked slab interleaves (vec_quant_packed.h's kPackRows, NOTE [repacked rows]).
 constexpr int64_t kPackSlab = 16;
 
-// linear_int8 for q8_0 / q4_0 rows of which pw holds a repacked copy (NOTE [repacked rows]; the table has
+// linear_int8 for rows of which pw holds a repacked copy (NOTE [repacked rows]; the table has
 // q8dot_packed): the m <= kFewRows rows quantized once, then the whole slabs (threads split them) through the
 // repacked kernel and the rows after them (GGML's layout in pw too) through q8dot_rows; the same bits as
 // linear_int8 on the GGML rows.
@@ -616,7 +616,7 @@ void pack_q4k_block(const uint8_t* w, int64_t rsw, int64_t b, uint8_t* db) {
 void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
   const char* op = "pack_quantized";
   KAEL_CHECK(packable(scheme), Kael, op, ": the ", vec().name, " table has no kernel for repacked ",
-             quant_scheme_name(scheme), " rows (q8_0, q4_0, q4_k and q6_k with AVX512_VNNI)");
+             quant_scheme_name(scheme), " rows (q8_0, q4_0, iq4_nl, q4_k and q6_k with AVX512_VNNI)");
   KAEL_CHECK(weight.ndim == 2 && weight.dtype == DType::UInt8 && weight.is_contiguous(), Shape, op,
              ": weight must be contiguous uint8 [N, row bytes], got ", dtype_name(weight.dtype), " with ", weight.ndim,
              " dims");

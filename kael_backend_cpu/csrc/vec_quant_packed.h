@@ -1,4 +1,4 @@
-// The integer path on repacked weight rows (NOTE [repacked rows]): Q8_0 activation rows . Q8_0 / Q4_0 weight
+// The integer path on repacked weight rows (NOTE [repacked rows]): Q8_0 activation rows . Q8_0 / Q4_0 / IQ4_NL weight
 // rows that quant.cpp's pack_rows16 rearranged 16 at a time, on the AVX-512 table of a CPU with AVX512_VNNI.
 //
 // NOTE [repacked rows]: GGML keeps a row's blocks one after the other (Q4_0: a float16 scale, then 16 bytes of
@@ -7,9 +7,10 @@
 // their bytes in the same 16 * row-bytes span, block by block: block b is the 16 rows' float16 scales (32 bytes),
 // then chunk c (4 values of each row: c = 0..3 for Q4_0, the nibble bytes 4c .. 4c + 3, whose low nibbles are
 // values 4c .. 4c + 3 and high ones 16 + 4c ..; c = 0..7 for Q8_0, values 4c .. 4c + 3, each q + 128 as an
-// unsigned byte) as 16 rows x 4 bytes. One 64-byte load is then four values of each of the 16 rows, and vpdpbusd
-// against the activation's four matching int8 values (broadcast) adds their products into lane r, row r's block
-// sum: after a block's loads every lane holds its row's exact isum_b (with the offset folded back in: - 8 or
+// unsigned byte; IQ4_NL as Q4_0, its nibbles turned into level + 128 by a byte shuffle) as 16 rows x 4 bytes. One
+// 64-byte load is then four values of each of the 16 rows, and vpdpbusd against the activation's four matching int8
+// values (broadcast) adds their products into lane r, row r's block sum: after a block's loads every lane holds its
+// row's exact isum_b (with the offset folded back in: - 8 or
 // - 128 times the activation block's sum), never reduced across lanes. The float steps are NOTE [integer dot
 // order]'s, lane for lane: p_b = (d_w * d_x) * float(isum_b), added into accumulator b % 8, then the same tree,
 // so a repacked row gives the same bits as its GGML row through q8dot_rows. Rows past the last whole slab stay
@@ -27,7 +28,7 @@
 constexpr int64_t kPackRows = 16;  // weight rows a slab interleaves
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
-// Bytes of block b of a slab of format F (0 q8_0, 1 q4_0): 16 scales and 16 rows' integers.
+// Bytes of block b of a slab of format F (0 q8_0, 1 q4_0, 7 iq4_nl): 16 scales and 16 rows' integers.
 template <int F>
 constexpr int64_t kPackBlockBytes = F == 0 ? 16 * 34 : 16 * 18;
 
@@ -35,20 +36,29 @@ constexpr int64_t kPackBlockBytes = F == 0 ? 16 * 34 : 16 * 18;
 template <int F>
 __attribute__((target("avx512vnni"))) inline void pk_block(int64_t b, const int8_t* xq, const float* xd,
                                                            const int32_t* xs, const uint8_t* p, __m512& a) {
-  static_assert(F == 0 || F == 1, "q8_0 and q4_0");
-  constexpr int kOff = F == 0 ? 128 : 8;
+  static_assert(F == 0 || F == 1 || F == 7, "q8_0, q4_0 and iq4_nl");
+  constexpr int kOff = F == 1 ? 8 : 128;  // iq4_nl: its levels + 128, by the lookup
   const uint8_t* blk = p + b * kPackBlockBytes<F>;
   const int8_t* x = xq + b * 32;
   __m512i is = _mm512_set1_epi32(-kOff * xs[b]);
-  if constexpr (F == 1) {
+  if constexpr (F == 1 || F == 7) {
     const __m512i m4 = _mm512_set1_epi8(15);
+    // iq4_nl: each nibble's level + 128 as an unsigned byte (a byte shuffle of the 16 levels)
+    const __m512i levels = _mm512_xor_si512(
+        _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues))),
+        _mm512_set1_epi8(static_cast<char>(0x80)));
     for (int c = 0; c < 4; ++c) {
       const __m512i v = _mm512_loadu_si512(blk + 32 + 64 * c);
       int32_t lo, hi;
       std::memcpy(&lo, x + 4 * c, 4);
       std::memcpy(&hi, x + 16 + 4 * c, 4);
-      is = _mm512_dpbusd_epi32(is, _mm512_and_si512(v, m4), _mm512_set1_epi32(lo));
-      is = _mm512_dpbusd_epi32(is, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_set1_epi32(hi));
+      __m512i ul = _mm512_and_si512(v, m4), uh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      if constexpr (F == 7) {
+        ul = _mm512_shuffle_epi8(levels, ul);
+        uh = _mm512_shuffle_epi8(levels, uh);
+      }
+      is = _mm512_dpbusd_epi32(is, ul, _mm512_set1_epi32(lo));
+      is = _mm512_dpbusd_epi32(is, uh, _mm512_set1_epi32(hi));
     }
   } else {
     for (int c = 0; c < 8; ++c) {
@@ -256,13 +266,13 @@ auto q8kdot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, cons
   return nullptr;
 }
 
-// The table's repacked-rows kernel for format F: q8_0 and q4_0 on the AVX-512 table of a CPU with AVX512_VNNI,
+// The table's repacked-rows kernel for format F: q8_0, q4_0 and iq4_nl on the AVX-512 table of a CPU with AVX512_VNNI,
 // else none (the weight is then never repacked).
 template <int F>
 auto q8dot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const int8_t*, const float*, const int32_t*,
                                        const uint8_t*, int64_t, float*, int64_t) {
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
-  if constexpr (F == 0 || F == 1) {
+  if constexpr (F == 0 || F == 1 || F == 7) {
     if (::kael::cpu_features().avx512_vnni) return q8dot_packed_slabs<F>;
   }
 #endif
