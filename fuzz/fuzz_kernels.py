@@ -14,6 +14,17 @@ default "cpu", the C++ backend), on identical buffers. A finding is:
   by zero, must be a `KaelError` from the backend too), an exception that is not a
   `KaelError`, a crash, or a sanitizer report.
 
+The weight-format ops: `dequantize` must equal the reference bit for bit (NaN where it is
+NaN), on any bytes. `quantized_linear` is compared with `KAEL_QUANT_ACTIVATIONS=f32` (the
+float32 path, the conformance reference) within the conformance kit's tolerance for it,
+grown with the size of the products' sum (the summation order is the backend's). The
+backend's default path (the variable unset: activations rounded to Q8_0 / Q8_K blocks,
+bfloat16 or float16 on the CPUs that have the kernels) runs twice more, with KAEL_REPACK as
+the case says (a repacked copy of the weight, made by the first run, for up to 16 rows), and
+must give the same bits both times, within a loose bound of the reference (tame values:
+a row's activation rounding moves a product by at most |w| max|x_row| / 127). For up to 16
+rows, each row alone must give the bits of its row in the batch, on both paths.
+
 Built for fuzzing, the extension is compiled with `-fsanitize=fuzzer-no-link,address,undefined`
 (fuzz/build_kernels.sh), so its own edge coverage guides the fuzzer; `fuzz/run.py
 fuzz_kernels` builds it and preloads the sanitizer runtime.
@@ -21,8 +32,10 @@ fuzz_kernels` builds it and preloads the sanitizer runtime.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import _harness
@@ -35,13 +48,17 @@ with _harness.instrumented(False, []):  # the native extension carries the cover
     from kael.backends import available, host, memory
     from kael.backends import dtypes as dt
     from kael.backends.reference import ReferenceBackend
+    from kael.quant.formats import FORMATS
     from kael.testing import assert_close
     from kael.testing.conformance import KERNEL_TOL, host_bits, vals
+    from kael.testing.conformance._table_quant import LINEAR_TOL
 
 CPU = kael.device("cpu")
 REFERENCE = ReferenceBackend()
 SENTINEL = 0xA5
 ACCUMULATING = frozenset(("sum", "prod", "matmul", "softmax", "log_softmax", "layer_norm"))
+MODERATE = 64.0
+"""Random tame weight blocks decode to finite values below this magnitude (as kael.testing.weight_blocks)."""
 
 
 def _backend_under_test() -> Any:
@@ -66,6 +83,33 @@ def _logical(bits: np.ndarray, d: dt.DType) -> np.ndarray:
     return bits
 
 
+def _weight_bytes(rng: np.random.Generator, scheme: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
+    """Tame uint8 rows [N, row bytes] of `scheme`: quantized normal values, or random moderate blocks.
+
+    Random blocks are drawn again (all of a draw's failures at once) until each decodes, by the
+    registry's reference dequantizer, to finite values below MODERATE; a block still failing
+    after 64 draws is all zeros, which every format decodes to zeros.
+    """
+    fmt = FORMATS[scheme]
+    n, width = shape
+    k = width // fmt.block_bytes * fmt.block_values
+    if kind == "quantized":
+        return fmt.quantize((rng.standard_normal((n, k)) * 2.0).astype(np.float32))
+    blocks = rng.integers(0, 256, (n * width // fmt.block_bytes, fmt.block_bytes), dtype=np.uint8)
+    bad = np.ones(blocks.shape[0], bool)
+    for _ in range(64):
+        with np.errstate(all="ignore"):
+            v = fmt.dequantize_blocks(blocks[bad]) if bad.any() else np.zeros((0, fmt.block_values), np.float32)
+        still = ~(np.isfinite(v) & (np.abs(v) < MODERATE)).all(axis=1)
+        idx = np.flatnonzero(bad)
+        bad[idx[~still]] = False
+        if not bad.any():
+            break
+        blocks[bad] = rng.integers(0, 256, (int(bad.sum()), fmt.block_bytes), dtype=np.uint8)
+    blocks[bad] = 0
+    return blocks.reshape(n, width)
+
+
 class Placed:
     """One tensor argument: its buffer on the host (the source of truth) and where the view sits."""
 
@@ -86,6 +130,8 @@ class Placed:
         self.host = fill.view(sd)
         if spec.role == "index":
             self._place(rng.integers(0, max(spec.bound, 1), size=spec.shape).astype(np.int64))
+        elif spec.role == "in" and not case.raw and spec.kind in ("blocks", "quantized"):
+            self._place(_weight_bytes(rng, case.args[-1], spec.shape, spec.kind))
         elif spec.role == "in" and not case.raw:
             self._place(host_bits(vals(rng, spec.shape, spec.dtype, spec.kind), spec.dtype))
         self.mask = np.zeros(self.size, bool)  # True at the view's elements
@@ -148,9 +194,32 @@ def _materialize(case: KernelCase, placed: dict[int, Placed], backend: Any) -> t
     return args, flats
 
 
-def _run(backend: Any, case: KernelCase, args: list[Any]) -> Exception | None:
+@contextlib.contextmanager
+def _environ(**values: str | None) -> Iterator[None]:
+    """Environment variables set (None: unset) for the block, restored after."""
+    saved = {name: os.environ.get(name) for name in values}
     try:
-        backend.kernel(case.op)(*args)
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _run(backend: Any, case: KernelCase, args: list[Any], **env: str | None) -> Exception | None:
+    """The kernel's error, or None; quantized_linear on the float32 path unless `env` says otherwise."""
+    if case.op == "quantized_linear" and not env:
+        env = {"KAEL_QUANT_ACTIVATIONS": "f32"}
+    try:
+        with _environ(**env):
+            backend.kernel(case.op)(*args)
     except Exception as e:
         return e
     return None
@@ -186,6 +255,128 @@ def _layer_norm_scale(case: KernelCase, placed: dict[int, Placed], ref_flats: di
     return float(xs.max(initial=0.0) * finite.max(initial=0.0))
 
 
+def _assert_bits(got: np.ndarray, want: np.ndarray, msg: str) -> None:
+    """float32 values equal bit for bit (the sign of zero too), NaN exactly where the other is NaN."""
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    if not same.all():
+        i = tuple(int(j) for j in np.argwhere(~same)[0])
+        raise AssertionError(
+            f"{msg}: {int((~same).sum())} of {got.size} values differ in their bits; first at {list(i)}: "
+            f"{got[i]!r} ({int(got[i].view(np.uint32)):#010x}), expected {want[i]!r} ({int(want[i].view(np.uint32)):#010x})"
+        )
+
+
+def _assert_within(got: np.ndarray, want: np.ndarray, bound: np.ndarray, msg: str) -> None:
+    """|got - want| <= bound elementwise (equal infinities and NaN where the other is NaN pass)."""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.abs(g - w) <= bound) & ~(np.isnan(g) & np.isnan(w)) & ~(np.isinf(g) & (g == w))
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"{msg}: {int(bad.sum())} of {got.size} values off by more than their bound; first at {list(i)}: "
+            f"{got[i]!r}, expected {want[i]!r} (bound {bound[i]:.6g})"
+        )
+
+
+def _linear_operands(case: KernelCase, placed: dict[int, Placed]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quantized_linear's x [M, K], weight values [N, K] and bias [N] (zeros when absent), float64."""
+    _, x, weight, bias, scheme = case.args
+    k, n = x.shape[-1], weight.shape[0]
+    px, pw = placed[id(x)], placed[id(weight)]
+    xs = px.values(px.host).astype(np.float64).reshape(-1, k) if k else np.zeros((int(np.prod(x.shape)), 0))
+    fmt = FORMATS[scheme]
+    wv = pw.values(pw.host)
+    w = (fmt.dequantize(np.ascontiguousarray(wv), k) if fmt.blocked else wv).astype(np.float64)
+    b = placed[id(bias)].values(placed[id(bias)].host).astype(np.float64) if bias is not None else np.zeros(n)
+    return xs, w, b
+
+
+def _linear_bounds(case: KernelCase, placed: dict[int, Placed], want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantized_linear: (the float32 path's allowed error, the default path's sanity bound), shaped as out.
+
+    Float32 path: the conformance kit's LINEAR_TOL (rtol of the expected value, plus atol),
+    plus 2 K u (sum |x w| + |b|) (u = 2^-24): the worst rounding of a K-term float32 sum in
+    any order (Higham's gamma_K), for the reference and the backend each, which a sum that
+    cancels needs. Default path: that, plus what rounded activations move a row by: Q8_0 /
+    Q8_K blocks move a value by at most max|x_row| (1/254 + 2^-11), bfloat16 by 2^-9 |x|,
+    float16 by 2^-11 |x| (NOTE [integer quantized linear]); the bound allows max|x_row| / 64
+    per unit of |w|.
+    """
+    xs, w, b = _linear_operands(case, placed)
+    rtol, atol = LINEAR_TOL
+    mag = np.abs(xs) @ np.abs(w).T + np.abs(b)  # [M, N]
+    floats = (atol + 2.0 * xs.shape[1] * 2.0**-24 * mag).reshape(want.shape) + rtol * np.abs(want)
+    amax = np.abs(xs).max(axis=1, initial=0.0)[:, None]  # [M, 1]
+    rounding = (amax / 64.0 * np.abs(w).sum(axis=1)[None, :]).reshape(want.shape)
+    return floats, floats + rounding
+
+
+def _dense(backend: Any, values: np.ndarray) -> Tensor:
+    """A new contiguous float32 tensor on `backend` holding `values`."""
+    host_values = np.ascontiguousarray(values, dtype=np.float32)
+    nbytes = max(host_values.nbytes, 4)
+    data = backend.allocate(nbytes, CPU)
+    flat = memory.wrap_buffer(data, nbytes, CPU, (nbytes // 4,), (1,), dt.float32)
+    if host_values.size:
+        backend.from_host(flat, np.resize(host_values.reshape(-1), nbytes // 4))
+    strides = tuple(int(s) // 4 for s in host_values.strides)
+    return memory.wrap_buffer(data, nbytes, CPU, host_values.shape, strides, dt.float32)
+
+
+def _rows_alone(case: KernelCase, placed: dict[int, Placed], args: list[Any], batched: np.ndarray, path: str) -> None:
+    """Each row of x alone (a contiguous [1, K] copy) gives the bits of its row of `batched` (up to 16 rows)."""
+    n, k = case.args[0].shape[-1], case.args[1].shape[-1]
+    rows = batched.reshape(-1, n) if n else batched.reshape(0, 0)
+    if n == 0 or not 0 < rows.shape[0] <= 16:
+        return
+    xs = placed[id(case.args[1])].values(placed[id(case.args[1])].host).reshape(rows.shape[0], k)
+    env = {"KAEL_QUANT_ACTIVATIONS": "f32"} if path == "f32" else _default_env(case.repack[0])
+    for i in range(rows.shape[0]):
+        out = _dense(BACKEND, np.zeros((1, n), np.float32))
+        e = _run(BACKEND, case, [out, _dense(BACKEND, xs[i : i + 1]), *args[2:]], **env)
+        if e is not None:
+            raise AssertionError(f"{case.describe()}: row {i} alone ({path} path) raised {e!r}") from e
+        BACKEND.synchronize(CPU)
+        alone = np.asarray(BACKEND.to_host(out)).reshape(n)
+        _assert_bits(alone, rows[i], f"{case.describe()}: row {i} alone against row {i} of the batch ({path} path)")
+
+
+def _default_env(repack: bool) -> dict[str, str | None]:
+    return {"KAEL_QUANT_ACTIVATIONS": None, "KAEL_REPACK": "1" if repack else "0"}
+
+
+def _default_path(
+    case: KernelCase, placed: dict[int, Placed], args: list[Any], error: Exception | None, want: np.ndarray | None
+) -> None:
+    """quantized_linear on the backend's default path, twice (KAEL_REPACK as the case says): the same bits
+    both times, nothing written outside the output, the float32 path's errors, and (tame) near the reference."""
+    where = case.describe()
+    po = placed[id(case.args[0])]
+    results = []
+    for repack in case.repack:
+        flat, view = po.tensor(BACKEND)
+        e = _run(BACKEND, case, [view, *args[1:]], **_default_env(repack))
+        BACKEND.synchronize(CPU)
+        if e is not None and not isinstance(e, KaelError):
+            raise AssertionError(f"{where}: default path raised {type(e).__name__} (not a KaelError): {e}") from e
+        if (e is None) != (error is None):
+            raise AssertionError(f"{where}: the float32 path gave {error!r}, the default path (repack {repack}) {e!r}")
+        got = _host(BACKEND, flat)
+        outside = ~po.mask
+        if not np.array_equal(got.view(np.uint32)[outside], po.host.view(np.uint32)[outside]):
+            raise AssertionError(f"{where}: the default path wrote outside its output {case.args[0].describe()}")
+        results.append(got)
+    if error is not None:
+        return
+    first, second = (po.values(r) for r in results)
+    _assert_bits(second, first, f"{where}: the default path's second run against its first")
+    if want is not None:
+        _, sanity = _linear_bounds(case, placed, want)
+        _assert_within(first, want, sanity, f"{where}: the default path against the reference (a loose bound)")
+    _rows_alone(case, placed, args, first, "default")
+
+
 def check(case: KernelCase) -> None:
     if case.op not in BACKEND.supported_ops():
         return  # an optional (fused) op this backend leaves to the frontend's decomposition
@@ -211,6 +402,12 @@ def check(case: KernelCase) -> None:
             f"{where}: reference {'raised ' + repr(ref_error) if ref_error else 'succeeded'}, "
             f"backend {'raised ' + repr(error) if error else 'succeeded'}"
         )
+    if case.op == "quantized_linear":
+        out = placed[id(case.args[0])]
+        tame = None if error is not None or case.raw else out.values(_host(REFERENCE, ref_flats[id(case.args[0])]))
+        _default_path(case, placed, args, error, tame)
+        if error is None:
+            _rows_alone(case, placed, args, out.values(_host(BACKEND, flats[id(case.args[0])])), "f32")
     for spec in specs:
         key = id(spec)
         got = _host(BACKEND, flats[key])
@@ -224,6 +421,13 @@ def check(case: KernelCase) -> None:
                 raise AssertionError(f"{where}: the kernel wrote outside its output {spec.describe()}")
             if error is None and (not case.raw or case.exact):
                 want = p.values(_host(REFERENCE, ref_flats[key]))
+                if case.op == "dequantize":
+                    _assert_bits(p.values(got), want, f"{where}: output {spec.describe()}")
+                    continue
+                if case.op == "quantized_linear":
+                    bound, _ = _linear_bounds(case, placed, want)
+                    _assert_within(p.values(got), want, bound, f"{where}: output {spec.describe()} (float32 path)")
+                    continue
                 rtol, atol = _tolerance(case, placed) if not case.raw else (0.0, 0.0)
                 if case.op == "layer_norm" and spec is case.args[0] and want.size:
                     atol += rtol * _layer_norm_scale(case, placed, ref_flats)

@@ -20,6 +20,20 @@ the catalogue's `Pointwise` entries: an elementwise op added to the catalogue is
 with no change here (fused ones, such as silu, at the end of OPS; they are skipped for a
 backend that does not implement them).
 
+The weight-format ops (``dequantize``, ``quantized_linear``; NOTE [weight formats] in
+kael/quant/_formats.py) read, after the flags, the scheme (from ``QUANT_SCHEMES``: every
+scheme of the format registry, in GGML type id order, so a format added to the registry is
+fuzzed with no change here and the saved inputs keep their schemes), N (0..40: the CPU
+backend's 16-row slabs and their tails), the number of blocks a row holds (K = 0..3 blocks
+of the format's values; bf16 / f16: 0..3 times 32 values, less the weight byte's bits 1-5)
+and a weight byte (bit 0: the tame weight's blocks are the reference quantizer's bytes of
+normal values, else random blocks that decode to moderate finite values); quantized_linear then reads x's rows (0..20: the few-row path up to 16 and the
+prompt path above), x's shape ([M, K], [K], or [2, M/2, K]) and options (bit 0 a bias,
+bits 1-2 KAEL_REPACK for the two runs of the backend's default path). In raw mode the weight
+holds any bytes (inf/NaN scales): dequantize is exact on any bits and is compared bit for bit;
+quantized_linear's values are then not compared (fuzz_kernels still checks its default path's
+determinism and batch invariance).
+
 The committed seeds and regressions are in this encoding: append to OPS and to the dtype
 lists, never reorder them, or the saved inputs decode to other calls (the catalogue keeps
 its families in order and new ops go at their ends).
@@ -34,8 +48,21 @@ from typing import Any
 from kael.backends import catalogue
 from kael.backends import dtypes as dt
 from kael.backends.catalogue import BINARY_OPS, COMPARE_OPS, POINTWISE_FUSED, POINTWISE_OPS, UNARY_OPS
+from kael.quant import SCHEMES, quantizable
+from kael.quant.formats import FORMATS
 
-__all__ = ["OPS", "KernelCase", "Layout", "Reader", "TensorSpec", "decode", "encode_case"]
+__all__ = [
+    "OPS",
+    "QUANT",
+    "QUANT_SCHEMES",
+    "KernelCase",
+    "Layout",
+    "Reader",
+    "TensorSpec",
+    "decode",
+    "encode_case",
+    "encode_quant",
+]
 
 FLOATS = (dt.float32, dt.float64, dt.float16, dt.bfloat16)
 INTS = (dt.int32, dt.int64, dt.uint8, dt.int8, dt.int16)
@@ -44,7 +71,19 @@ ALL = (*NUMERIC, dt.bool_)
 REDUCE = ("sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all")
 FUSED = ("softmax", "log_softmax", "layer_norm", "gelu")
 STRUCTURED = ("copy", "fill", "arange", "where", "matmul", "cat", "index_select", "gather")
-OPS: tuple[str, ...] = (*BINARY_OPS, *UNARY_OPS, *COMPARE_OPS, *STRUCTURED, *REDUCE, *FUSED, *POINTWISE_FUSED)
+QUANT = ("dequantize", "quantized_linear")
+# The encoding ended with silu (the catalogue's first fused elementwise op) when QUANT was appended:
+# fused elementwise ops the catalogue gains later go after QUANT, so no saved input changes op.
+OPS: tuple[str, ...] = (
+    *(*BINARY_OPS, *UNARY_OPS, *COMPARE_OPS, *STRUCTURED, *REDUCE, *FUSED, *POINTWISE_FUSED[:1]),
+    *(*QUANT, *POINTWISE_FUSED[1:]),
+)
+QUANT_SCHEMES: tuple[str, ...] = tuple(sorted(SCHEMES, key=lambda s: FORMATS[s].ggml_type))
+"""The weight schemes of the format registry by GGML type id (new GGML types get new, larger ids)."""
+MAX_QUANT_N = 40
+"""quantized ops: weight rows 0..40 (the CPU backend's 16-row slabs, with tails)."""
+MAX_QUANT_ROWS = 20
+"""quantized_linear: rows of x 0..20 (the few-row path up to 16, the prompt path above)."""
 _POINTWISE_DTYPES = {"float": FLOATS, "numeric": NUMERIC, "all": ALL, "bool": (dt.bool_,)}
 
 
@@ -120,12 +159,16 @@ class TensorSpec:
     dtype: dt.DType
     layout: Layout
     role: str = "in"
-    kind: str = "normal"  # value kind for well-behaved values (kael.testing.conformance.vals)
+    kind: str = "normal"  # value kind for well-behaved values (kael.testing.conformance.vals; weights: see _quant)
     bound: int = 0  # indices: values in 0..bound-1
 
     def describe(self) -> str:
         lay = self.layout
-        return f"{self.role} {self.dtype.name}{list(self.shape)} strides {lay.strides(self.shape)} offset {lay.offset}"
+        blocks = {"blocks": " (random blocks)", "quantized": " (quantized blocks)"}.get(self.kind, "")
+        return (
+            f"{self.role} {self.dtype.name}{list(self.shape)}{blocks} strides {lay.strides(self.shape)} "
+            f"offset {lay.offset}"
+        )
 
 
 @dataclass
@@ -138,6 +181,7 @@ class KernelCase:
     seed: int = 0
     values: bytes = b""
     exact: bool = field(default=False)  # raw mode: whether values are compared (ops exact on any bits)
+    repack: tuple[bool, bool] = (True, True)  # quantized_linear: KAEL_REPACK for the default path's two runs
 
     def describe(self) -> str:
         parts = []
@@ -149,6 +193,8 @@ class KernelCase:
             else:
                 parts.append(repr(a))
         mode = "raw" if self.raw else "tame"
+        if self.op == "quantized_linear":
+            mode += ", KAEL_REPACK " + "/".join(str(int(p)) for p in self.repack)
         return f"{self.op} ({self.dtype.name}, {mode}{', in place' if self.alias else ''}): " + "; ".join(parts)
 
 
@@ -168,6 +214,8 @@ def _dtypes(op: str) -> tuple[dt.DType, ...]:
         return _POINTWISE_DTYPES[_pointwise(op).dtypes]
     if op in FUSED:
         return FLOATS
+    if op in QUANT:
+        return (dt.float32,)  # x, bias and out; the weight's storage follows the scheme
     if op in ("copy", "fill", "where", "cat", "index_select", "gather", "sum", "prod", "amax", "amin", "any", "all"):
         return ALL
     return NUMERIC
@@ -196,9 +244,15 @@ class _Builder:
         self.r = r
 
     def tensor(
-        self, shape: tuple[int, ...], d: dt.DType, role: str = "in", kind: str = "normal", bound: int = 0
+        self,
+        shape: tuple[int, ...],
+        d: dt.DType,
+        role: str = "in",
+        kind: str = "normal",
+        bound: int = 0,
+        broadcast: bool = True,
     ) -> TensorSpec:
-        layout = _layout(self.r, len(shape), broadcast=role == "in")
+        layout = _layout(self.r, len(shape), broadcast=broadcast and role == "in")
         strides = layout.strides(shape)
         if sum((n - 1) * s for n, s in zip(shape, strides) if n) > MAX_EXTENT:  # gaps multiply: keep buffers small
             layout = Layout(layout.order, tuple(min(s, 1) for s in layout.steps), layout.offset)
@@ -361,6 +415,42 @@ def _fused(op: str, d: dt.DType, r: Reader, b: _Builder, case: KernelCase) -> No
         ]
 
 
+def _quant(op: str, r: Reader, b: _Builder, case: KernelCase) -> None:
+    scheme = r.pick(QUANT_SCHEMES)
+    fmt = FORMATS[scheme]
+    n = r.byte() % (MAX_QUANT_N + 1)
+    blocks = (1, 2, 3, 1, 2, 3, 0)[r.byte() % 7]
+    wbyte = r.byte()
+    if fmt.blocked:
+        k = blocks * fmt.block_values
+        # tame blocks: the reference quantizer's bytes of normal values, or random moderate blocks
+        kind = "quantized" if wbyte & 1 and scheme in quantizable() else "blocks"
+        wshape, wdtype = (n, fmt.row_bytes(k)), dt.uint8
+    else:  # bf16 / f16 [N, K]: K up to 3 vectors of 32, less a tail of 0..31
+        k = max(0, 32 * blocks - (wbyte >> 1) % 32)
+        kind = "normal"
+        wshape, wdtype = (n, k), dt.BY_NAME[{"bf16": "bfloat16", "f16": "float16"}[scheme]]
+    if case.raw:
+        kind = "normal"  # any bytes
+    if op == "dequantize":
+        out = b.tensor((n, k), dt.float32, "out")
+        # a broadcast would let one byte stand for many, which tame blocks cannot keep valid
+        case.args = [out, b.tensor(wshape, wdtype, kind=kind, broadcast=case.raw), scheme]
+        case.exact = True  # every backend decodes with one rounding per value: bit for bit, on any bytes
+        return
+    m = r.byte() % (MAX_QUANT_ROWS + 1)
+    form = r.byte() % 3
+    lead: tuple[int, ...] = ((m,), (), (2, m // 2))[form]
+    options = r.byte()
+    case.repack = (bool(options & 2), bool(options & 4))
+    out = b.tensor((*lead, n), dt.float32, "out")
+    x = b.tensor((*lead, k), dt.float32, kind="unit")
+    weight = b.tensor(wshape, wdtype, kind=kind, broadcast=case.raw)
+    bias = b.tensor((n,), dt.float32) if options & 1 else None
+    case.args = [out, x, weight, bias, scheme]
+    case.exact = False  # float32 sums in a backend's order: compared within the conformance tolerance, tame only
+
+
 def decode(data: bytes) -> KernelCase:
     """The kernel call that `data` stands for (every input decodes to one)."""
     r = Reader(data)
@@ -375,6 +465,8 @@ def decode(data: bytes) -> KernelCase:
         _structured(op, d, r, b, case)
     elif op in REDUCE:
         _reduce(op, d, r, b, case)
+    elif op in QUANT:
+        _quant(op, r, b, case)
     else:
         _fused(op, d, r, b, case)
     case.alias = case.alias and op in INPLACE
@@ -399,11 +491,40 @@ def encode_case(
     """Bytes that decode to `op` on `dtype` with `shape` (dims below 9).
 
     `prefix` holds the bytes read before the shape (copy: the source dtype's index in ALL;
-    matmul and arange read no shape: give their bytes here), `extra` those after it
+    matmul, arange and the weight-format ops read no shape: give their bytes here, or use
+    `encode_quant`), `extra` those after it
     (attributes, then each tensor's three layout bytes; zeros mean dense layouts).
     """
     d = dt.BY_NAME[dtype]
     head = bytes([OPS.index(op), _dtypes(op).index(d), int(raw) | 2 * int(inplace)]) + prefix
-    if op in ("matmul", "arange"):
+    if op in ("matmul", "arange", *QUANT):
         return head + extra
     return head + bytes([len(shape) - _MIN_NDIM.get(op, 0), *shape]) + extra
+
+
+def encode_quant(
+    op: str,
+    scheme: str,
+    n: int,
+    blocks: int,
+    rows: int = 1,
+    *,
+    form: int = 0,
+    bias: bool = False,
+    quantized: bool = False,
+    tail: int = 0,
+    repack: tuple[bool, bool] = (True, True),
+    raw: bool = False,
+    extra: bytes = b"",
+) -> bytes:
+    """Bytes that decode to `op` (dequantize or quantized_linear) on an [n, blocks * block values] `scheme` weight.
+
+    bf16 / f16: K = 32 * blocks - tail (tail 0..31).
+
+    quantized_linear: x has `rows` rows, as [rows, K] (`form` 0), [K] (1) or [2, rows // 2, K] (2);
+    `extra` holds the layouts (three bytes per tensor: out, [x,] weight[, bias]), the seed and the values.
+    """
+    head = bytes([QUANT_SCHEMES.index(scheme), n, blocks - 1 if blocks else 6, int(quantized) | 2 * tail])
+    if op == "quantized_linear":
+        head += bytes([rows, form, int(bias) | 2 * int(repack[0]) | 4 * int(repack[1])])
+    return encode_case(op, "float32", raw=raw, prefix=head + extra)

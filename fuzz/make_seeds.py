@@ -285,10 +285,27 @@ def generate_request_seeds() -> Seeds:
 def kernels_seeds() -> Seeds:
     """Valid cases of fuzz_kernels' encoding (see kernel_spec.encode_case): one or two per family."""
     from kael import int64
-    from kernel_spec import ALL, encode_case
+    from kernel_spec import ALL, encode_case, encode_quant
 
     dense = bytes(3)  # a tensor's layout bytes: dim order 0, steps 1, offset 0
+    seed = b"\x05\0\0\0"
+    # float16 scales of every class among the raw bytes: 0x7c00 inf, 0xfe00 NaN, 0x0001 subnormal, 0x3c00 one
+    raw_bytes = b"\x00\x7c\x00\xfe\x01\x00\x00\x3c" + bytes(range(7, 256, 3))
     return {
+        "dequantize_q4_k_quantized.bin": encode_quant("dequantize", "q4_k", 17, 2, quantized=True),
+        "dequantize_q8_0_raw.bin": encode_quant(
+            "dequantize", "q8_0", 3, 2, raw=True, extra=dense * 2 + seed + raw_bytes
+        ),
+        "dequantize_iq4_xs_out_strided.bin": encode_quant("dequantize", "iq4_xs", 2, 1, extra=b"\x00\x02\x01"),
+        "quantized_linear_q8_0_repacked.bin": encode_quant("quantized_linear", "q8_0", 40, 2, 5, bias=True),
+        "quantized_linear_q4_0_rows_alone_no_repack.bin": encode_quant(
+            "quantized_linear", "q4_0", 33, 1, 16, quantized=True, repack=(False, False)
+        ),
+        "quantized_linear_q6_k_prompt.bin": encode_quant("quantized_linear", "q6_k", 17, 1, 20, bias=True),
+        "quantized_linear_bf16_3d.bin": encode_quant("quantized_linear", "bf16", 9, 3, 6, form=2, bias=True, tail=5),
+        "quantized_linear_q5_1_raw.bin": encode_quant(
+            "quantized_linear", "q5_1", 16, 1, 3, raw=True, extra=dense * 3 + seed + raw_bytes
+        ),
         "add_f32.bin": encode_case("add", "float32", (3, 4)),
         "add_f32_inplace_bcast.bin": encode_case("add", "float32", (3, 4), inplace=True, extra=dense * 2 + b"\0\x03\0"),
         "exp_f32_transposed.bin": encode_case("exp", "float32", (4, 2), extra=dense + b"\x01\x00\x01"),
