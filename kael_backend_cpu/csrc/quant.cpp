@@ -569,8 +569,8 @@ bool packable(QuantScheme scheme) {
 namespace {
 
 // Q6_K's six-bit integer u = q + 32 of value i (0..255) of the super-block at blk (GGML's ql / qh layout).
-int q6k_u(const uint8_t* blk, int i) {
-  const int h = i / 128, quarter = (i % 128) / 32, l = i % 32;
+int q6k_u(const uint8_t* blk, int64_t i) {
+  const int64_t h = i / 128, quarter = (i % 128) / 32, l = i % 32;
   const uint8_t lo = blk[h * 64 + l + (quarter & 1) * 32];
   const int nib = quarter >= 2 ? lo >> 4 : lo & 15;
   return nib | (((blk[128 + h * 32 + l] >> (2 * quarter)) & 3) << 4);
@@ -581,7 +581,7 @@ void pack_q6k_block(const uint8_t* w, int64_t rsw, int64_t b, uint8_t* db) {
   for (int64_t r = 0; r < kPackSlab; ++r) {
     const uint8_t* blk = w + r * rsw + b * 210;
     std::memcpy(db + 2 * r, blk + 208, 2);
-    for (int g = 0; g < 16; ++g) {
+    for (int64_t g = 0; g < 16; ++g) {
       db[32 + g * 16 + r] = blk[192 + g];
       uint8_t* q = db + 32 + 256 + g * 192 + r * 4;
       for (int e = 0; e < 4; ++e) {

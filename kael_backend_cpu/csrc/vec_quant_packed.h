@@ -47,7 +47,7 @@ __attribute__((target("avx512vnni"))) inline void pk_block(int64_t b, const int8
     const __m512i levels = _mm512_xor_si512(
         _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues))),
         _mm512_set1_epi8(static_cast<char>(0x80)));
-    for (int c = 0; c < 4; ++c) {
+    for (int64_t c = 0; c < 4; ++c) {
       const __m512i v = _mm512_loadu_si512(blk + 32 + 64 * c);
       int32_t lo, hi;
       std::memcpy(&lo, x + 4 * c, 4);
@@ -61,7 +61,7 @@ __attribute__((target("avx512vnni"))) inline void pk_block(int64_t b, const int8
       is = _mm512_dpbusd_epi32(is, uh, _mm512_set1_epi32(hi));
     }
   } else {
-    for (int c = 0; c < 8; ++c) {
+    for (int64_t c = 0; c < 8; ++c) {
       int32_t xc;
       std::memcpy(&xc, x + 4 * c, 4);
       is = _mm512_dpbusd_epi32(is, _mm512_loadu_si512(blk + 32 + 64 * c), _mm512_set1_epi32(xc));
@@ -85,10 +85,10 @@ __attribute__((target("avx512vnni"))) inline void pk_slab_row(int64_t nb, const 
   for (; b + kQdLanes <= nb; b += kQdLanes) {
     __builtin_prefetch(p + (b + kQdLanes) * kPackBlockBytes<F>, 0, 0);  // (the hardware prefetchers do the rest)
 #pragma GCC unroll 8
-    for (int t = 0; t < kQdLanes; ++t) pk_block<F>(b + t, xq, xd, xs, p, acc[t]);
+    for (int64_t t = 0; t < kQdLanes; ++t) pk_block<F>(b + t, xq, xd, xs, p, acc[t]);
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < kQdLanes; ++t) {
+  for (int64_t t = 0; t < kQdLanes; ++t) {
     if (b + t < nb) pk_block<F>(b + t, xq, xd, xs, p, acc[t]);
   }
   const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
@@ -115,7 +115,7 @@ __attribute__((target("avx512vnni"), flatten)) void q8dot_packed_slabs(int64_t m
 #endif
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
-constexpr int64_t kPackQ6kBytes = 16 * 210;  // a Q6_K super-block of a slab
+constexpr int64_t kPackQ6kBytes = int64_t{16} * 210;  // a Q6_K super-block of a slab
 
 // One Q8_K activation row (xq, xd: its int8 values and super-block scales; xs: its 16-value bsums) against one
 // Q6_K slab (nb super-blocks at p): out[0..16) = the 16 rows' dot products (no bias).
@@ -128,7 +128,7 @@ __attribute__((target("avx512vnni"))) inline void pk_q6k_slab_row(int64_t nb, co
     __builtin_prefetch(blk + kPackQ6kBytes, 0, 0);
     const int8_t* x = xq + b * kKdValues;
     __m512i isum = _mm512_setzero_si512();
-    for (int g = 0; g < kKdGroups; ++g) {
+    for (int64_t g = 0; g < kKdGroups; ++g) {
       const uint8_t* q = blk + 32 + 256 + g * 192;
       const __m512i n0 = _mm512_loadu_si512(q), n1 = _mm512_loadu_si512(q + 64), h = _mm512_loadu_si512(q + 128);
       const __m512i u0 = _mm512_or_si512(_mm512_and_si512(n0, m4), _mm512_slli_epi16(_mm512_and_si512(h, m3), 4));
@@ -161,7 +161,7 @@ __attribute__((target("avx512vnni"))) inline void pk_q6k_slab_row(int64_t nb, co
   _mm512_storeu_ps(out, acc);
 }
 
-constexpr int64_t kPackQ4kBytes = 16 * 144;  // a Q4_K super-block of a slab
+constexpr int64_t kPackQ4kBytes = int64_t{16} * 144;  // a Q4_K super-block of a slab
 
 // One Q8_K activation row against one Q4_K slab (as pk_q6k_slab_row). The slab's super-block: the 16 rows'
 // float16 d, then dmin (32 bytes each), GGML's 12 bytes of six-bit scales and mins byte by byte (byte t of
@@ -178,9 +178,9 @@ __attribute__((target("avx512vnni"))) inline void pk_q4k_slab_row(int64_t nb, co
     const int8_t* x = xq + b * kKdValues;
     const int16_t* bs = xs + b * kKdGroups;
     __m128i sb[12];
-    for (int t = 0; t < 12; ++t) sb[t] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 64 + 16 * t));
+    for (int64_t t = 0; t < 12; ++t) sb[t] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 64 + 16 * t));
     __m512i sc[8], isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {  // GGML's get_scale_min_k4, 16 rows at once
+    for (int64_t j = 0; j < 8; ++j) {  // GGML's get_scale_min_k4, 16 rows at once
       __m128i s8, m8;
       if (j < 4) {
         s8 = _mm_and_si128(sb[j], m63);
@@ -196,9 +196,9 @@ __attribute__((target("avx512vnni"))) inline void pk_q4k_slab_row(int64_t nb, co
       msum = _mm512_add_epi32(msum,
                               _mm512_mullo_epi32(mn, _mm512_set1_epi32(int32_t{bs[2 * j]} + int32_t{bs[2 * j + 1]})));
     }
-    for (int s = 0; s < 4; ++s) {  // sub-blocks s (low nibbles) and s + 4 (high)
+    for (int64_t s = 0; s < 4; ++s) {  // sub-blocks s (low nibbles) and s + 4 (high)
       __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-      for (int c = 0; c < 8; ++c) {
+      for (int64_t c = 0; c < 8; ++c) {
         const __m512i v = _mm512_loadu_si512(blk + 256 + (8 * s + c) * 64);
         int32_t xl, xh;
         std::memcpy(&xl, x + 32 * s + 4 * c, 4);
