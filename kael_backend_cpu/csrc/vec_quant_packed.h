@@ -221,33 +221,18 @@ __attribute__((target("avx512vnni"))) inline void pk_q4k_slab_row(int64_t nb, co
   _mm512_storeu_ps(out, acc);
 }
 
-// m Q8_K activation rows (xq: k int8 apart; xd: k / 256 scales apart; xs: k / 16 bsums apart) against the Q4_K
-// slabs s0 .. s1 of pw (16 * rsw bytes each): c[i * rsc + j] for 16 s0 <= j < 16 s1 (no bias).
-__attribute__((target("avx512vnni"), flatten)) inline void q8kdot_packed_slabs_q4k(int64_t m, int64_t s0, int64_t s1,
-                                                                                   int64_t k, const int8_t* xq,
-                                                                                   const float* xd, const int16_t* xs,
-                                                                                   const uint8_t* pw, int64_t rsw,
-                                                                                   float* c, int64_t rsc) {
+// m Q8_K activation rows (xq: k int8 apart; xd: k / 256 scales apart; xs: k / 16 bsums apart) against the slabs
+// s0 .. s1 of pw (16 * rsw bytes each) through ROW (pk_q4k_slab_row, pk_q6k_slab_row): c[i * rsc + j] for
+// 16 s0 <= j < 16 s1 (no bias).
+template <void (*ROW)(int64_t, const int8_t*, const float*, const int16_t*, const uint8_t*, float*)>
+__attribute__((target("avx512vnni"), flatten)) void q8kdot_packed_slabs(int64_t m, int64_t s0, int64_t s1, int64_t k,
+                                                                        const int8_t* xq, const float* xd,
+                                                                        const int16_t* xs, const uint8_t* pw,
+                                                                        int64_t rsw, float* c, int64_t rsc) {
   const int64_t nb = k / kKdValues;
   for (int64_t s = s0; s < s1; ++s) {
     for (int64_t i = 0; i < m; ++i) {
-      pk_q4k_slab_row(nb, xq + i * k, xd + i * nb, xs + i * (k / 16), pw + s * kPackRows * rsw,
-                      c + i * rsc + s * kPackRows);
-    }
-  }
-}
-
-// The same for Q6_K.
-__attribute__((target("avx512vnni"), flatten)) inline void q8kdot_packed_slabs_q6k(int64_t m, int64_t s0, int64_t s1,
-                                                                                   int64_t k, const int8_t* xq,
-                                                                                   const float* xd, const int16_t* xs,
-                                                                                   const uint8_t* pw, int64_t rsw,
-                                                                                   float* c, int64_t rsc) {
-  const int64_t nb = k / kKdValues;
-  for (int64_t s = s0; s < s1; ++s) {
-    for (int64_t i = 0; i < m; ++i) {
-      pk_q6k_slab_row(nb, xq + i * k, xd + i * nb, xs + i * (k / 16), pw + s * kPackRows * rsw,
-                      c + i * rsc + s * kPackRows);
+      ROW(nb, xq + i * k, xd + i * nb, xs + i * (k / 16), pw + s * kPackRows * rsw, c + i * rsc + s * kPackRows);
     }
   }
 }
@@ -260,7 +245,8 @@ auto q8kdot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, cons
                                         const uint8_t*, int64_t, float*, int64_t) {
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
   if constexpr (F == kQ6K || F == kQ4K) {
-    if (::kael::cpu_features().avx512_vnni) return F == kQ6K ? q8kdot_packed_slabs_q6k : q8kdot_packed_slabs_q4k;
+    if (::kael::cpu_features().avx512_vnni)
+      return F == kQ6K ? q8kdot_packed_slabs<pk_q6k_slab_row> : q8kdot_packed_slabs<pk_q4k_slab_row>;
   }
 #endif
   return nullptr;
