@@ -50,8 +50,7 @@ with _harness.instrumented(False, []):  # the native extension carries the cover
     from kael.backends.reference import ReferenceBackend
     from kael.quant.formats import FORMATS
     from kael.testing import assert_close
-    from kael.testing.conformance import KERNEL_TOL, host_bits, vals
-    from kael.testing.conformance._table_quant import LINEAR_TOL
+    from kael.testing.conformance import KERNEL_TOL, LINEAR_TOL, host_bits, vals
 
 CPU = kael.device("cpu")
 REFERENCE = ReferenceBackend()

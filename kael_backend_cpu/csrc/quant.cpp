@@ -350,6 +350,17 @@ void linear_int8(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x,
       });
 }
 
+// quantize_row_q8 of row x[0..k) plus its k / 32 int32 block sums of q into xs (the integer GEMM's and the
+// repacked kernels' offset corrections).
+void quantize_row_q8_sums(const float* x, int64_t k, int8_t* q, float* d, int32_t* xs) {
+  quantize_row_q8(x, k, q, d);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    int32_t sum = 0;
+    for (int t = 0; t < 32; ++t) sum += q[b * 32 + t];
+    xs[b] = sum;
+  }
+}
+
 // KAEL_REPACK, read at every call: anything but "0" (or unset) lets a call read a repacked copy it is given.
 bool repack_enabled() {
   const char* v = std::getenv("KAEL_REPACK");
@@ -366,7 +377,14 @@ constexpr int64_t kPackSlab = 16;
 void linear_int8_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const uint8_t* pw,
                         int64_t rsw, const float* bias, float* c, int64_t rsc) {
   const int64_t slabs = n / kPackSlab, j0 = slabs * kPackSlab;
-  const auto grain = std::max<int64_t>(1, 32768 / (m * kPackSlab * rsw));
+  // slabs(s0, s1) for the whole slabs (threads split them) with their bias, then tail(j0) for the rows after them
+  const auto passes = [&](const auto& run_slabs, const auto& tail) {
+    parallel_for(0, slabs, std::max<int64_t>(1, 32768 / (m * kPackSlab * rsw)), [&](int64_t s0, int64_t s1) {
+      run_slabs(s0, s1);
+      if (bias != nullptr) add_bias(c + s0 * kPackSlab, rsc, m, (s1 - s0) * kPackSlab, bias + s0 * kPackSlab);
+    });
+    if (j0 < n) tail(bias == nullptr ? nullptr : bias + j0);
+  };
   if (const auto kpacked = vec().q8kdot_packed[static_cast<int>(s)]; kpacked != nullptr) {  // Q8_K activations
     const int64_t nb = k / 256, ns = k / 16;
     Buffer xq(static_cast<size_t>(m * k)), xd(static_cast<size_t>(m * nb) * sizeof(float)),
@@ -375,14 +393,10 @@ void linear_int8_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const fl
     auto* d = xd.get<float>();
     auto* bs = xsb.get<int16_t>();
     for (int64_t i = 0; i < m; ++i) quantize_row_q8k(x + i * rsx, k, q + i * k, d + i * nb, bs + i * ns);
-    parallel_for(0, slabs, grain, [&](int64_t s0, int64_t s1) {
-      kpacked(m, s0, s1, k, q, d, bs, pw, rsw, c, rsc);
-      if (bias != nullptr) add_bias(c + s0 * kPackSlab, rsc, m, (s1 - s0) * kPackSlab, bias + s0 * kPackSlab);
-    });
-    if (j0 < n) {
-      vec().q8kdot_rows[static_cast<int>(s)](m, n - j0, k, q, d, bs, pw + j0 * rsw, rsw,
-                                             bias == nullptr ? nullptr : bias + j0, c + j0, rsc);
-    }
+    passes([&](int64_t s0, int64_t s1) { kpacked(m, s0, s1, k, q, d, bs, pw, rsw, c, rsc); },
+           [&](const float* tb) {
+             vec().q8kdot_rows[static_cast<int>(s)](m, n - j0, k, q, d, bs, pw + j0 * rsw, rsw, tb, c + j0, rsc);
+           });
     return;
   }
   const int64_t nb = k / 32;
@@ -391,23 +405,12 @@ void linear_int8_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const fl
   auto* q = xq.get<int8_t>();
   auto* d = xd.get<float>();
   auto* xs = xsb.get<int32_t>();
-  for (int64_t i = 0; i < m; ++i) {
-    quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
-    for (int64_t b = 0; b < nb; ++b) {
-      int32_t sum = 0;
-      for (int j = 0; j < 32; ++j) sum += q[i * k + b * 32 + j];
-      xs[i * nb + b] = sum;
-    }
-  }
+  for (int64_t i = 0; i < m; ++i) quantize_row_q8_sums(x + i * rsx, k, q + i * k, d + i * 2 * nb, xs + i * nb);
   const auto packed = vec().q8dot_packed[static_cast<int>(s)];
-  parallel_for(0, slabs, grain, [&](int64_t s0, int64_t s1) {
-    packed(m, s0, s1, k, q, d, xs, pw, rsw, c, rsc);
-    if (bias != nullptr) add_bias(c + s0 * kPackSlab, rsc, m, (s1 - s0) * kPackSlab, bias + s0 * kPackSlab);
-  });
-  if (j0 < n) {
-    vec().q8dot_rows[static_cast<int>(s)](m, n - j0, k, q, d, pw + j0 * rsw, rsw, bias == nullptr ? nullptr : bias + j0,
-                                          c + j0, rsc);
-  }
+  passes([&](int64_t s0, int64_t s1) { packed(m, s0, s1, k, q, d, xs, pw, rsw, c, rsc); },
+         [&](const float* tb) {
+           vec().q8dot_rows[static_cast<int>(s)](m, n - j0, k, q, d, pw + j0 * rsw, rsw, tb, c + j0, rsc);
+         });
 }
 
 // Row x[0..k) rounded to bfloat16 as ggml's GGML_FP32_TO_BF16 (nearest, ties to even; a nan keeps its
@@ -502,14 +505,7 @@ void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const floa
   const auto gemm = vec().int8gemm_cols[static_cast<int>(s)];
   gemm_passes(
       m, n, k, static_cast<size_t>(kInt8GemmPanelBytes), bias, c, rsc,
-      [&](int64_t i) {
-        quantize_row_q8(x + i * rsx, k, q + i * k, d + i * 2 * nb);
-        for (int64_t b = 0; b < nb; ++b) {
-          int32_t sum = 0;
-          for (int t = 0; t < 32; ++t) sum += q[i * k + b * 32 + t];
-          xs[i * nb + b] = sum;
-        }
-      },
+      [&](int64_t i) { quantize_row_q8_sums(x + i * rsx, k, q + i * k, d + i * 2 * nb, xs + i * nb); },
       [&](int64_t j0, int64_t j1, const Buffer& panel) {
         gemm(m, j0, j1, k, q, d, xs, w.data, w.row_stride, c, rsc, panel.get<uint8_t>());
       });

@@ -296,8 +296,9 @@ class _Counting:
         return getattr(C, name)
 
 
-def test_no_copy_where_the_kernel_cannot_use_one(cpu: Any) -> None:
-    """Formats without the kernel, weights of fewer than 16 rows, and prompts (more than 16 rows) make no copy."""
+def test_no_copy_where_the_kernel_cannot_use_one(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Formats without the kernel, weights of fewer than 16 rows, prompts (more than 16 rows) and the float path
+    make no copy."""
     rng = np.random.default_rng(5)
     w1 = kael.tensor(encode(rng.standard_normal((32, 64)), "q4_1"), dtype=kael.uint8)
     w2 = kael.tensor(encode(rng.standard_normal((8, 64)), "q4_0"), dtype=kael.uint8)
@@ -305,6 +306,8 @@ def test_no_copy_where_the_kernel_cannot_use_one(cpu: Any) -> None:
     assert _repack.packed_copy(w1, "q4_1", kael.zeros(1, 64)) is None
     assert _repack.packed_copy(w2, "q4_0", kael.zeros(1, 64)) is None
     assert _repack.packed_copy(w3, "q4_0", kael.zeros(17, 64)) is None
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "f32")  # the float path, which reads none
+    assert _repack.packed_copy(w3, "q4_0", kael.zeros(1, 64)) is None
 
 
 @needs_kernel

@@ -10,7 +10,8 @@ q4_0, q4_k and q6_k with AVX512_VNNI), the first call of up to 16 rows on a weig
 calls of up to 16 rows on the integer path read that copy instead: the same bits as GGML's rows,
 about half the instructions per weight byte (decode, batched decode and speculative
 verification; prompts keep GGML's rows). The weight itself is untouched (files, ``state_dict``,
-prompts and other backends see GGML's layout), so the copy costs memory: as much again as the
+prompts and other backends see GGML's layout; with ``KAEL_QUANT_ACTIVATIONS=f32``, whose float path reads
+none, no copy is made), so the copy costs memory: as much again as the
 repacked weights. ``KAEL_REPACK=0`` turns it off: no copy is made, and the kernel reads none it
 is given (it reads the variable at every call).
 
@@ -66,6 +67,8 @@ def packed_copy(weight: Any, scheme: str, x: Any) -> Any:
         entry = views.get(key)
         if entry is not None and entry[0] == storage.version:
             return entry[1]
+    if os.environ.get("KAEL_QUANT_ACTIVATIONS") == "f32":
+        return None  # the float path never reads a copy
     if not repacking() or not _can_pack(scheme) or x.ndim < 1 or x.shape[-1] == 0 or x.numel() // x.shape[-1] > _ROWS:
         return None
     if weight.ndim != 2 or weight.shape[0] < _ROWS or not weight.is_contiguous():

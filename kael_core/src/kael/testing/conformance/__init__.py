@@ -41,7 +41,7 @@ from ._layout import Alias, Operand, Out, host_bits
 from ._run import REFERENCE, check_decomposition, check_kernel, host_values
 from ._table_elementwise import elementwise_cases
 from ._table_fused import fused_cases
-from ._table_quant import quant_cases
+from ._table_quant import LINEAR_TOL, quant_cases
 from ._table_structured import indexing_cases, matmul_cases, reduction_cases
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "host_values",
     "vals",
     "KERNEL_TOL",
+    "LINEAR_TOL",
 ]
 
 RANDOM_OPS = frozenset({"uniform", "normal", "randint"})

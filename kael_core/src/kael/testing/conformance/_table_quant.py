@@ -24,7 +24,7 @@ from kael.testing import weight_blocks
 from ._cases import Call, Case, operand
 from ._layout import Operand, Out
 
-__all__ = ["quant_cases"]
+__all__ = ["quant_cases", "LINEAR_TOL"]
 
 Builder = Callable[[np.random.Generator], Call]
 #: quantized_linear accumulates K products in float32 in an order of the backend's choosing.
