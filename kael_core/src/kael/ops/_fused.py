@@ -21,6 +21,7 @@ from .._errors import DTypeError, IndexError_, ShapeError
 from .._tensor import Tensor
 from ..autograd._function import Function
 from ._core import cast, check_device, empty, expand_to, numel
+from ._gelu_ggml import ggml_gelu, ggml_gelu_tanh
 from ._linalg import _mm, _t
 from ._pointwise import binary, unary
 from ._reduce import reduce_op
@@ -228,7 +229,10 @@ class GeluBackward_(Function):
 class Gelu(Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, approximate: str) -> Tensor:
-        out = run_fused("gelu", gelu_decomp, x, x, approximate)
+        if approximate == "tanh" and ggml_gelu(x):  # KAEL_GELU=ggml: NOTE [ggml GELU table]
+            out = ggml_gelu_tanh(x)
+        else:
+            out = run_fused("gelu", gelu_decomp, x, x, approximate)
         ctx.save_for_backward(x)
         ctx.approximate = approximate
         return out

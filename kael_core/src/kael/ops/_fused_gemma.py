@@ -33,6 +33,7 @@ from ..autograd._function import Function
 from ._core import cast
 from ._fused import decompositions, gelu_backward_decomp, gelu_decomp, run_fused
 from ._fused_llama import _gated_operands, _need_float
+from ._gelu_ggml import ggml_gelu, ggml_gelu_tanh_mul
 from ._pointwise import binary, unary
 
 __all__ = ["gelu_tanh_mul", "softcap", "GeluTanhMul", "Softcap"]
@@ -90,7 +91,10 @@ class GeluTanhMul(Function):
 
     @staticmethod
     def forward(ctx: Any, gate: Tensor, up: Tensor) -> Tensor:
-        out = run_fused("gelu_tanh_mul", gelu_tanh_mul_decomp, gate, gate, up)
+        if ggml_gelu(gate):  # KAEL_GELU=ggml: NOTE [ggml GELU table]
+            out = ggml_gelu_tanh_mul(gate, up)
+        else:
+            out = run_fused("gelu_tanh_mul", gelu_tanh_mul_decomp, gate, gate, up)
         ctx.save_for_backward(gate, up)
         return out
 

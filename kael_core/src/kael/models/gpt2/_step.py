@@ -13,6 +13,9 @@ own cache:
     -> linear(attn.c_proj) -> add(residual) -> layer_norm -> linear(c_fc) -> gelu
     -> linear(mlp.c_proj) -> add(residual)
 
+With ``KAEL_GELU=ggml`` (read at every step) the gelu is ggml's float16 table instead (NOTE [ggml GELU
+table] in ``kael/ops/_gelu_ggml.py``), computed by frontend ops and copied into the step's buffer.
+
 The row-wise ops see the activations as ``[n, 1, C]``, one ``[1, C]`` row per sequence,
 so a backend whose products round a row the same way whatever the row count gives each
 row exactly its logits alone (NOTE [batched = alone] in ``kael/models/_batched.py``).
@@ -31,8 +34,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ... import _dispatch
 from ..._errors import ShapeError
 from ..._tensor import Tensor
+from ...ops._gelu_ggml import ggml_gelu, ggml_gelu_tanh
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
 from .._steps import Proj, projection, step_kernels, weight_kernels
@@ -161,6 +166,7 @@ class GPT2DecodeStep:
         ctx, scale = cache.decode_context(rows, pos), self.scale
         qs, kvs, atts = buf.rows(n, "q"), buf.rows(n, "kv"), buf.rows(n, "att")
         q_all, att_all = v["q"], v["att"]
+        copy = _dispatch.kernel(hidden.device.type, "copy") if ggml_gelu(hidden) else None
         for li, w in enumerate(self.layers):
             layer_norm(norm, mean, rstd, x, w.ln_1_w, w.ln_1_b, eps)
             linear(qkv, norm, w.attn)
@@ -169,7 +175,10 @@ class GPT2DecodeStep:
             add_k(x, x, proj)
             layer_norm(norm, mean, rstd, x, w.ln_2_w, w.ln_2_b, eps)
             linear(hidden, norm, w.fc)
-            gelu(act, hidden, "tanh")
+            if copy is None:
+                gelu(act, hidden, "tanh")
+            else:  # KAEL_GELU=ggml
+                copy(act, ggml_gelu_tanh(hidden))
             linear(proj, act, w.mlp_proj)
             add_k(x, x, proj)
         layer_norm(norm, mean, rstd, x, self.ln_f_w, self.ln_f_b, eps)
