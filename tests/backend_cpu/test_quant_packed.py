@@ -326,3 +326,23 @@ def test_copies_go_with_their_weights(cpu: Any) -> None:
     gc.collect()
     assert key not in _repack._by_weight
     assert len(_repack._copies) == copies - 1
+
+
+@needs_kernel
+def test_copies_lie_back_to_back_in_call_order(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies made one after another sit one after another in a chunk, each at a 64-byte boundary (a decode step
+    streams through them as through one buffer), and read as their weights: the model's results."""
+    monkeypatch.setattr(_repack, "_chunks", _repack._Chunks())
+    rng = np.random.default_rng(7)
+    datas = [encode(rng.standard_normal((n, 64)), s) for n, s in ((32, "q4_0"), (48, "q8_0"), (16, "q4_0"))]
+    schemes = ["q4_0", "q8_0", "q4_0"]
+    ws = [kael.tensor(d, dtype=kael.uint8) for d in datas]
+    x = rng.standard_normal((1, 64)).astype(F32)
+    copies = []
+    for w, d, s in zip(ws, datas, schemes):
+        assert_bits(_linear(cpu, x, w, s), model(x, d, None, s))
+        copies.append(_repack._by_weight[id(w)][2])
+    starts = [c.untyped_storage().data_ptr() + c.storage_offset() for c in copies]
+    assert starts[0] % (2 << 20) == 0
+    for (a, c), b in zip(zip(starts, copies), starts[1:]):
+        assert b == a + (c.nbytes + 63) // 64 * 64

@@ -15,6 +15,12 @@ none, no copy is made), so the copy costs memory: as much again as the
 repacked weights. ``KAEL_REPACK=0`` turns it off: no copy is made, and the kernel reads none it
 is given (it reads the variable at every call).
 
+The copies are made in the order decode first calls the weights, and are laid out back to back in that
+order in 32 MiB chunks aligned to 2 MiB (NumPy backs them with huge pages where the kernel allows), so a
+decode step streams through them as through one buffer (NOTE [weight arena] in kael/models/_weight_arena.py:
+scattered small allocations on 4 KiB pages read well below that rate). A chunk's pages that no copy was
+written to take no memory; a chunk is freed with the last copy in it.
+
 A copy belongs to the weight's view of its storage (offset and shape: a loader may keep many
 weights in one storage) and is made again when the storage's ``version`` moved (an in-place
 write through kael); it goes when the storage does. Each call looks its weight up by identity first
@@ -29,6 +35,7 @@ import weakref
 from typing import Any
 
 import kael
+import numpy as np
 
 from ._native import C
 
@@ -44,6 +51,33 @@ _copies: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], tuple[
 _by_weight: dict[int, tuple[weakref.ref[Any], int, Any]] = {}
 _packable: dict[str, bool] = {}
 _lock = threading.Lock()
+
+_CHUNK = 32 << 20
+_HUGE_PAGE = 2 << 20
+_ALIGN = 64
+
+
+class _Chunks:
+    """Back-to-back room for the copies, in chunks of at least ``_CHUNK`` bytes (each the memory of many copies)."""
+
+    def __init__(self) -> None:
+        self._buf: np.ndarray | None = None
+        self._used = 0
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        """An uninitialised uint8 array of ``shape`` at the next 64-byte boundary."""
+        n = int(np.prod(shape))
+        if self._buf is None or self._used + n > self._buf.nbytes:
+            size = max(_CHUNK, n)
+            raw = np.empty(size + _HUGE_PAGE, np.uint8)
+            start = (-raw.ctypes.data) % _HUGE_PAGE
+            self._buf, self._used = raw[start : start + size], 0
+        out = self._buf[self._used : self._used + n].reshape(shape)
+        self._used += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+        return out
+
+
+_chunks = _Chunks()
 
 
 def repacking() -> bool:
@@ -74,7 +108,10 @@ def packed_copy(weight: Any, scheme: str, x: Any) -> Any:
     if weight.ndim != 2 or weight.shape[0] < _ROWS or not weight.is_contiguous():
         return None
     with _lock:
-        packed = kael.empty(*weight.shape, dtype=weight.dtype, device=weight.device)
+        if weight.dtype is kael.uint8 and weight.device.type == "cpu":
+            packed = kael.from_numpy(_chunks.take(tuple(weight.shape)))
+        else:
+            packed = kael.empty(*weight.shape, dtype=weight.dtype, device=weight.device)
         C.pack_quantized(packed, weight, scheme)
         if views is None or any(v != storage.version for v, _ in views.values()):
             views = _copies[storage] = {}  # (copies of an older version are stale)

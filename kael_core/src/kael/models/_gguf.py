@@ -47,6 +47,7 @@ from ..nn._module import _set_data
 from ..ops import transpose
 from ..quant import BLOCK_VALUES, SCHEMES
 from ._generation_config import GenerationConfig
+from ._weight_arena import gather_weights
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -296,6 +297,14 @@ def _generation_config(metadata: Mapping[str, Any]) -> GenerationConfig:
     )
 
 
+def _release_cached_blocks(device: Any) -> None:
+    """Give the memory the weights left (blocks the CPU allocator keeps for reuse) back to the system."""
+    if getattr(device, "type", str(device).split(":")[0]) == "cpu":
+        from .. import cpu
+
+        cpu.empty_cache()
+
+
 def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
     where = f"GGUF file {f.path!r}"
     arch = f.metadata.get("general.architecture")
@@ -335,6 +344,8 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
     on_quantized = getattr(model, "on_quantized", None)
     if model.weights_scheme is not None and callable(on_quantized):
         on_quantized()
+    if not mmap and gather_weights(model.modules()):  # NOTE [weight arena]
+        _release_cached_blocks(device)
     model.generation_config = _generation_config(f.metadata)
     return model.eval()
 
