@@ -13,13 +13,23 @@ count, so a comparison that did not run is visible). The order of the lookup:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-__all__ = ["LLAMA_CPP_VERSION", "SKIP_REASON", "cache_dir", "find_tool", "require_source", "require_tool", "source_dir"]
+__all__ = [
+    "LLAMA_CPP_VERSION",
+    "SKIP_REASON",
+    "cache_dir",
+    "find_tool",
+    "ggml_library",
+    "require_source",
+    "require_tool",
+    "source_dir",
+]
 
 #: The llama-cpp-python release whose vendored llama.cpp the cache is built from.
 LLAMA_CPP_VERSION = "0.3.36"
@@ -71,3 +81,13 @@ def require_source() -> Path:
             f"{SKIP_REASON}: no convert_hf_to_gguf.py (run scripts/build_llama_cpp.sh or set KAEL_LLAMA_CPP_DIR)"
         )
     return path
+
+
+def ggml_library(name: str) -> ctypes.CDLL:
+    """One of the ggml libraries llama-cpp-python ships (``libggml-base.so``, ``libggml-cpu.so``), loaded with
+    ctypes; skips the calling test when llama_cpp or the library is absent."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason=SKIP_REASON + ": no llama_cpp package (llama-cpp-python)")
+    path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", name)
+    if not os.path.exists(path):
+        pytest.skip(f"{SKIP_REASON}: llama_cpp has no {path}")
+    return ctypes.CDLL(path)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp_tools
-import pytest
 
 __all__ = ["GgmlFile", "accepts", "library", "read"]
 
@@ -48,13 +47,7 @@ def library() -> Any:
     global _LIB
     if _LIB is not None:
         return _LIB
-    llama_cpp = pytest.importorskip(
-        "llama_cpp", reason=llama_cpp_tools.SKIP_REASON + ": no llama_cpp package (llama-cpp-python)"
-    )
-    path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
-    if not os.path.exists(path):
-        pytest.skip(f"{llama_cpp_tools.SKIP_REASON}: llama_cpp has no {path}")
-    lib = ctypes.CDLL(path)
+    lib = llama_cpp_tools.ggml_library("libggml-base.so")
     p, i64, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p
     protos: dict[str, tuple[Any, list[Any]]] = {
         "gguf_init_from_file": (p, [c, _Params]),

@@ -23,13 +23,7 @@ _TABLE: list[np.ndarray] = []
 def _ggml_table() -> np.ndarray:
     """ggml_table_gelu_f16 as float32 [65536], indexed by a float16's bits."""
     if not _TABLE:
-        llama_cpp = pytest.importorskip(
-            "llama_cpp", reason=llama_cpp_tools.SKIP_REASON + ": no llama_cpp package (llama-cpp-python)"
-        )
-        path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so")
-        if not os.path.exists(path):
-            pytest.skip(f"{llama_cpp_tools.SKIP_REASON}: llama_cpp has no {path}")
-        lib = ctypes.CDLL(path)
+        lib = llama_cpp_tools.ggml_library("libggml-cpu.so")
         lib.ggml_cpu_init.restype, lib.ggml_cpu_init.argtypes = None, []
         lib.ggml_cpu_init()
         raw = (ctypes.c_uint16 * 65536).in_dll(lib, "ggml_table_gelu_f16")

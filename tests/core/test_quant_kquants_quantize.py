@@ -7,7 +7,6 @@ registry's dequantizers (bit-exact with ``gguf.quants``) stays within each forma
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any
 
 import gguf
@@ -32,13 +31,7 @@ def _ggml() -> Any:
     """ggml's base library with ``ggml_quantize_chunk`` declared; skips when llama_cpp is absent."""
     global _LIB
     if _LIB is None:
-        llama_cpp = pytest.importorskip(
-            "llama_cpp", reason=llama_cpp_tools.SKIP_REASON + ": no llama_cpp package (llama-cpp-python)"
-        )
-        path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
-        if not os.path.exists(path):
-            pytest.skip(f"{llama_cpp_tools.SKIP_REASON}: llama_cpp has no {path}")
-        lib = ctypes.CDLL(path)
+        lib = llama_cpp_tools.ggml_library("libggml-base.so")
         i64, p = ctypes.c_int64, ctypes.c_void_p
         lib.ggml_quantize_chunk.restype = ctypes.c_size_t
         lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, i64, i64, i64, p]
