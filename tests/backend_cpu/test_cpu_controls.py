@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -179,3 +180,12 @@ def test_environment_sets_the_default_through_kael_cpu() -> None:
         got = _run("import kael; print(kael.cpu.get_num_threads())", KAEL_NUM_THREADS=bad)
         if cpus is not None:
             assert got == cpus, bad
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4097, (2 << 20) + 3, 9 << 20])
+def test_huge_page_buffer_starts_on_a_2_mib_boundary(nbytes: int) -> None:
+    buf = kael.cpu.huge_page_buffer(nbytes)
+    assert buf.dtype == np.uint8 and buf.shape == (max(1, nbytes),) and buf.flags.writeable
+    assert buf.ctypes.data % (2 << 20) == 0
+    buf[...] = 7  # the whole extent is the caller's
+    assert int(buf.sum()) == 7 * buf.size

@@ -53,7 +53,6 @@ _packable: dict[str, bool] = {}
 _lock = threading.Lock()
 
 _CHUNK = 32 << 20
-_HUGE_PAGE = 2 << 20
 _ALIGN = 64
 
 
@@ -68,10 +67,7 @@ class _Chunks:
         """An uninitialised uint8 array of ``shape`` at the next 64-byte boundary."""
         n = int(np.prod(shape))
         if self._buf is None or self._used + n > self._buf.nbytes:
-            size = max(_CHUNK, n)
-            raw = np.empty(size + _HUGE_PAGE, np.uint8)
-            start = (-raw.ctypes.data) % _HUGE_PAGE
-            self._buf, self._used = raw[start : start + size], 0
+            self._buf, self._used = kael.cpu.huge_page_buffer(max(_CHUNK, n)), 0
         out = self._buf[self._used : self._used + n].reshape(shape)
         self._used += (n + _ALIGN - 1) // _ALIGN * _ALIGN
         return out
@@ -108,10 +104,7 @@ def packed_copy(weight: Any, scheme: str, x: Any) -> Any:
     if weight.ndim != 2 or weight.shape[0] < _ROWS or not weight.is_contiguous():
         return None
     with _lock:
-        if weight.dtype is kael.uint8 and weight.device.type == "cpu":
-            packed = kael.from_numpy(_chunks.take(tuple(weight.shape)))
-        else:
-            packed = kael.empty(*weight.shape, dtype=weight.dtype, device=weight.device)
+        packed = kael.from_numpy(_chunks.take(tuple(weight.shape)))  # block formats: uint8 on the CPU
         C.pack_quantized(packed, weight, scheme)
         if views is None or any(v != storage.version for v, _ in views.values()):
             views = _copies[storage] = {}  # (copies of an older version are stale)

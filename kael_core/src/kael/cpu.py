@@ -18,6 +18,9 @@ reference backend, which has none of them (1 thread, no statistics, no instructi
 ``isa_info()``                 the table in use, the tables compiled in and those this
                                CPU runs, and the CPU features seen (a dict), or None
 ``backend()``                  the Backend serving ``cpu``
+``huge_page_buffer(nbytes)``   an uninitialised uint8 NumPy array of ``nbytes`` that
+                               starts on a 2 MiB boundary (huge pages where the kernel
+                               allows: NOTE [weight arena])
 =============================  ========================================================
 
 The other spellings are the same controls: ``kael.set_num_threads`` and
@@ -55,6 +58,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ._errors import KaelError
 
 __all__ = [
@@ -67,7 +72,10 @@ __all__ = [
     "isa_info",
     "backend",
     "check_num_threads",
+    "huge_page_buffer",
 ]
+
+HUGE_PAGE = 2 << 20
 
 
 def backend() -> Any:
@@ -135,3 +143,17 @@ def isa_info() -> dict[str, Any] | None:
     """
     fn = getattr(backend(), "isa_info", None)
     return dict(fn()) if fn is not None else None
+
+
+def huge_page_buffer(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` (at least 1) starting on a 2 MiB boundary.
+
+    NumPy asks the kernel for transparent huge pages on its large allocations
+    (``madvise(MADV_HUGEPAGE)``); aligned so, a buffer streamed through (a model's weights:
+    NOTE [weight arena] in ``kael/models/_weight_arena.py``) takes a TLB entry per 2 MiB
+    rather than per 4 KiB. Pages never written take no memory.
+    """
+    size = max(1, int(nbytes))
+    raw = np.empty(size + HUGE_PAGE, np.uint8)
+    start = (-raw.ctypes.data) % HUGE_PAGE
+    return raw[start : start + size]

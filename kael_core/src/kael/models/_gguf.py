@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _dtype as dt
+from .. import cpu
 from .._errors import DTypeError, FormatError
 from .._tensor import Tensor, from_numpy_bits
 from ..autograd import no_grad
@@ -297,14 +298,6 @@ def _generation_config(metadata: Mapping[str, Any]) -> GenerationConfig:
     )
 
 
-def _release_cached_blocks(device: Any) -> None:
-    """Give the memory the weights left (blocks the CPU allocator keeps for reuse) back to the system."""
-    if getattr(device, "type", str(device).split(":")[0]) == "cpu":
-        from .. import cpu
-
-        cpu.empty_cache()
-
-
 def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
     where = f"GGUF file {f.path!r}"
     arch = f.metadata.get("general.architecture")
@@ -345,7 +338,7 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
     if model.weights_scheme is not None and callable(on_quantized):
         on_quantized()
     if not mmap and gather_weights(model.modules()):  # NOTE [weight arena]
-        _release_cached_blocks(device)
+        cpu.empty_cache()  # the blocks the moved weights left, which the CPU allocator would keep for reuse
     model.generation_config = _generation_config(f.metadata)
     return model.eval()
 

@@ -27,21 +27,18 @@ import numpy as np
 
 from .._errors import KaelError
 from .._tensor import Tensor
+from ..cpu import huge_page_buffer
 
 __all__ = ["WeightArena", "gather_weights"]
 
 _ALIGN = 64
-_HUGE_PAGE = 2 << 20
 
 
 class WeightArena:
     """Room for ``nbytes`` of arrays (each rounded up to 64 bytes): ``place`` copies one into it."""
 
     def __init__(self, nbytes: int) -> None:
-        size = max(1, int(nbytes))
-        raw = np.empty(size + _HUGE_PAGE, np.uint8)
-        start = (-raw.ctypes.data) % _HUGE_PAGE
-        self._buf = raw[start : start + size]
+        self._buf = huge_page_buffer(nbytes)
         self._used = 0
 
     @staticmethod
@@ -74,24 +71,24 @@ def _bytes_of(storage: Any) -> np.ndarray | None:
 def gather_weights(modules: Iterable[Any]) -> int:
     """Move the storages of the CPU weights of ``modules`` that have a weight format into one WeightArena
     (NOTE [weight arena]); returns the bytes moved."""
-    storages: dict[int, Any] = {}
+    storages: dict[int, tuple[Any, np.ndarray]] = {}  # id -> (storage, its bytes), in first-use order
     weights: list[Tensor] = []
     for m in modules:
         w = getattr(m, "weight", None)
         if getattr(m, "scheme", None) is None or not isinstance(w, Tensor) or w.device.type != "cpu":
             continue
         s = w.untyped_storage()
-        if id(s) not in storages and _bytes_of(s) is None:
-            continue
-        storages.setdefault(id(s), s)
+        if id(s) not in storages:
+            src = _bytes_of(s)
+            if src is None:
+                continue
+            storages[id(s)] = (s, src)
         weights.append(w)
-    total = sum(WeightArena.room(s.nbytes) for s in storages.values())
+    total = sum(WeightArena.room(src.nbytes) for _, src in storages.values())
     if not total:
         return 0
     arena = WeightArena(total)
-    for s in storages.values():
-        src = _bytes_of(s)
-        assert src is not None  # checked above
+    for s, src in storages.values():
         s.data = arena.place(src)
     for w in weights:
         w._npv = None  # a cached NumPy view of the old memory

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import os
 
-from .. import _dispatch
 from .. import _dtype as dt
 from .._errors import KaelError
 from .._tensor import Tensor
-from ._core import cast, empty, expand_to, scalar_tensor
+from ._core import cast
 
 __all__ = ["GELU_ENV", "ggml_gelu", "ggml_gelu_tanh", "ggml_gelu_tanh_mul"]
 
@@ -54,13 +53,6 @@ def ggml_gelu(x: Tensor) -> bool:
     return mode == "ggml" and x.dtype is dt.float32
 
 
-def _select(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    """``a`` where ``cond`` else ``b`` (float32 tensors of b's shape, a may broadcast), without autograd."""
-    out = empty(b.shape, dt.float32, b.device)
-    _dispatch.kernel(b.device.type, "where")(out, cond, expand_to(a, b.shape), b)
-    return out
-
-
 def _ggml_gelu_f32(h: Tensor) -> Tensor:
     """``0.5f*h*(1.0f + tanhf(SQRT_2_OVER_PI*h*(1.0f + GELU_COEF_A*h*h)))`` in the float32 order of ggml's
     ``ggml_gelu_f32`` as its build computes it when it fills the table."""
@@ -77,12 +69,12 @@ def _ggml_gelu_f32(h: Tensor) -> Tensor:
 
 def ggml_gelu_tanh(x: Tensor) -> Tensor:
     """gelu_tanh(x) of a float32 ``x`` with ggml's float16 table (NOTE [ggml GELU table]), without autograd."""
-    from ._pointwise import binary
+    from ._pointwise import Where, binary
 
     h = cast(cast(x, dt.float16), dt.float32)
     table = cast(cast(_ggml_gelu_f32(h), dt.float16), dt.float32)
-    high = _select(binary("ge", x, 10.0), x, table)
-    return _select(binary("le", x, -10.0), scalar_tensor(0.0, dt.float32, x.device), high)
+    high = Where.apply(binary("ge", x, 10.0), x, table)
+    return Where.apply(binary("le", x, -10.0), 0.0, high)  # type: ignore[no-any-return]
 
 
 def ggml_gelu_tanh_mul(gate: Tensor, up: Tensor) -> Tensor:
