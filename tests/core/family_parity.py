@@ -28,6 +28,7 @@ __all__ = [
     "Builder",
     "Pair",
     "check_batched_rows",
+    "check_decode_entries",
     "check_decode_step",
     "check_greedy_generate",
     "check_half_checkpoint",
@@ -234,6 +235,34 @@ def check_batched_rows(pair: Pair) -> None:
     engine = BatchDecoder(model, rows=4)
     firsts = engine.prefill_many([0, 1, 2, 3], prompts)
     assert _greedy_together(engine, [[t] for t in engine.greedy(firsts)], 11) == alone
+
+
+def check_decode_entries(pair: Pair, vocab: int = 200) -> None:
+    """NOTE [entries at positions] (kael/models/_steps.py): rows fed several tokens in one ``decode_entries``
+    pass (1, 12 and 9 tokens: 22 entries, so projections run in waves of 16) give, bit for bit, the logits of
+    the same tokens decoded one step at a time, and the rows decode on from there alike. A step that takes no
+    positions (``takes_positions`` False) is refused by ``decode_entries`` and ``allow_drafts`` says so."""
+    _, _, model = pair
+    rng = np.random.default_rng(1)
+    prompts = [[int(t) for t in rng.integers(0, vocab, size=k)] for k in (3, 9, 5)]
+    feeds = [[int(t) for t in rng.integers(0, vocab, size=k)] for k in (1, 12, 9)]
+    one, many = BatchDecoder(model, rows=3), BatchDecoder(model, rows=3)
+    one.prefill_many([0, 1, 2], prompts)
+    many.prefill_many([0, 1, 2], prompts)
+    if not getattr(many._step, "takes_positions", False):
+        assert many.allow_drafts(12) is False
+        with pytest.raises(kael.KaelError, match="takes one token per row"):
+            many.decode_entries([0], [feeds[0][0]], [many.length(0)])
+        return
+    want = [[one.decode([r], [t]).numpy()[0].copy() for t in feed] for r, feed in enumerate(feeds)]
+    assert many.allow_drafts(12) is True
+    rows = [r for r, feed in enumerate(feeds) for _ in feed]
+    pos = [len(prompts[r]) + j for r, feed in enumerate(feeds) for j in range(len(feed))]
+    got = many.decode_entries(rows, [t for feed in feeds for t in feed], pos).numpy()
+    assert np.array_equal(got, np.concatenate([np.stack(w) for w in want]))
+    assert [many.length(r) for r in range(3)] == [len(p) + len(f) for p, f in zip(prompts, feeds)]
+    nxt = [int(t) for t in rng.integers(0, vocab, size=3)]
+    assert np.array_equal(many.decode([0, 1, 2], nxt).numpy(), one.decode([0, 1, 2], nxt).numpy())
 
 
 def check_prefix_cache(pair: Pair, hit_tokens: int | None = None, atol: float = 1e-5) -> None:

@@ -173,6 +173,10 @@ def test_batched_rows_equal_each_alone(pair: fp.Pair, backend: str) -> None:
     fp.check_batched_rows(pair)
 
 
+def test_tokens_at_positions_equal_one_step_at_a_time(pair: fp.Pair) -> None:
+    fp.check_decode_entries(pair)
+
+
 def test_prefix_cache_hits_give_each_row_its_tokens_alone(pair: fp.Pair) -> None:
     """The 20-token shared prefix crosses longrope's original 16: every pass over it (the first prompt's, the
     cold prefills) uses the long factors, and the hits' suffixes too. atol 2e-5: a hit's attention over the

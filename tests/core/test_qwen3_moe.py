@@ -99,6 +99,10 @@ def test_batched_rows_equal_each_alone(pair: fp.Pair, backend: str) -> None:
     fp.check_batched_rows(pair)
 
 
+def test_tokens_at_positions_equal_one_step_at_a_time(pair: fp.Pair) -> None:
+    fp.check_decode_entries(pair)
+
+
 def test_mapped_load_runs_expert_by_expert_with_the_same_logits(pair: fp.Pair) -> None:
     d, _, model = pair
     mapped = Qwen3MoeForCausalLM.from_pretrained(d, mmap=True)

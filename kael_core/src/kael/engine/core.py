@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..ops import select
+from ..ops import narrow, select
 from .kv_manager import KVBackend, KVManager
 from .request import Request, RequestError, RequestStatus, check_fits
 from .runner import ModelRunner, Runner, StepLogits
@@ -88,6 +88,8 @@ class EngineCore:
     ) -> EngineCore:
         """The engine over kael's ``BatchDecoder`` (its ``KVManager`` and ``ModelRunner``), speculating
         with ``speculator`` when given (NOTE [speculation identical to plain decoding])."""
+        if speculator is not None:
+            decoder.allow_drafts(speculator.k_max)  # NOTE [drafts in the decode step] in runner.py
         return cls(
             KVManager(decoder),
             ModelRunner(decoder),
@@ -199,9 +201,12 @@ class EngineCore:
         drafts = r.tokens[len(r.tokens) - r.drafts :]
         tokens: list[int] = []
         more, error = True, None
+        first = r.n - r.drafts - 1
         try:
+            # greedy: every position's argmax in one call (the same argmax, row by row, as _pick's)
+            picks = self.runner.greedy(narrow(rows, 0, first, r.drafts + 1)) if _greedy_row(request) else None
             for j in range(r.drafts + 1):
-                token = self._pick(request, select(rows, 0, r.n - r.drafts - 1 + j))
+                token = picks[j] if picks is not None else self._pick(request, select(rows, 0, first + j))
                 tokens.append(token)
                 more = request.append(token)
                 if not more or j == r.drafts or token != drafts[j]:

@@ -13,6 +13,13 @@ row of the same plan fills reads them after they are written (NOTE [kv allocatio
 last positions that need logits share one LM-head product; a row with ``all_logits`` gets
 every position's. A chunk that does not reach its request's end needs no logits at all.
 
+NOTE [drafts in the decode step]: where the decoder's step takes positions (``BatchDecoder.takes_entries``:
+GPT-2's, Llama's and most families' direct steps), a row verifying drafts joins the decode product as
+one entry per token (``decode_entries``, NOTE [entries at positions] in kael.models._steps): one pass of
+kernel calls for the whole step, where ``model.run_layer`` per verifying row costs a pass of frontend
+calls each (on a small model, several plain steps' time, which ate what the drafts saved). Each
+entry's logits have the bits of its token decoded alone, so verification stays exact.
+
 NOTE [runner isolation]: a failure of the layer-by-layer group runs each of its rows again
 alone (nothing was committed; their slots are simply written again), so only the row that
 fails is reported, in ``StepLogits.errors``; a failure of the decode step, the one product
@@ -106,20 +113,38 @@ class ModelRunner:
         """One forward pass over the plan's rows; their logits (``StepLogits``)."""
         out = StepLogits(len(plan.rows))
         decode = [i for i, r in enumerate(plan.rows) if r.n == 1 and not r.all_logits]
-        extend = [i for i, r in enumerate(plan.rows) if i not in set(decode)]
+        verify = [i for i, r in enumerate(plan.rows) if r.drafts and r.all_logits] if self.decoder.takes_entries else []
+        extend = [i for i in range(len(plan.rows)) if i not in set(decode) | set(verify)]
         if extend:
             isolate_rows(extend, lambda which: self._extend(plan, which, out), out.errors)
-        if decode:
+        if decode or verify:
             rows = [plan.rows[i] for i in decode]
             out.decode_rows = len(rows)
             try:
-                logits = self.decoder.decode([r.row for r in rows], [r.tokens[0] for r in rows])
+                if verify:  # NOTE [drafts in the decode step]
+                    checks = [plan.rows[i] for i in verify]
+                    need = len(rows) + sum(r.n for r in checks)
+                    if need > self.cache.step_rows:  # a step built for fewer entries (EngineCore.on sizes it)
+                        self.decoder.allow_drafts(-(-need // self.decoder.rows) - 1)
+                    logits = self.decoder.decode_entries(
+                        [r.row for r in rows] + [r.row for r in checks for _ in r.tokens],
+                        [r.tokens[0] for r in rows] + [t for r in checks for t in r.tokens],
+                        [r.start for r in rows] + [r.start + j for r in checks for j in range(r.n)],
+                    )
+                else:
+                    logits = self.decoder.decode([r.row for r in rows], [r.tokens[0] for r in rows])
             except Exception as exc:
-                out.errors.update((i, exc) for i in decode)
+                out.errors.update((i, exc) for i in decode + verify)
                 return out
-            out.batches.append((logits, decode))
+            if decode:
+                out.batches.append((narrow(logits, 0, 0, len(decode)) if verify else logits, decode))
             for j, i in enumerate(decode):
                 out.set(i, select(logits, 0, j))
+            at = len(decode)
+            for i in verify:
+                n = plan.rows[i].n
+                out.set(i, narrow(logits, 0, at, n))
+                at += n
         return out
 
     def greedy(self, batch: Any) -> list[int]:

@@ -277,6 +277,71 @@ class BatchDecoder:
             self.cache.lengths[r] += 1
         return logits
 
+    def allow_drafts(self, drafts: int) -> bool:
+        """Lets one step carry up to ``drafts`` more tokens per row (``decode_entries``), rebuilding the
+        family's direct step for ``rows * (1 + drafts)`` entries if it was built for fewer. False when
+        the step cannot take positions (the generic step; a family without NOTE [entries at positions]
+        in ``_steps.py``): the caller then verifies drafts another way (``model.run_layer``)."""
+        if isinstance(drafts, bool) or not isinstance(drafts, int) or drafts < 0:
+            raise ShapeError(f"BatchDecoder.allow_drafts: drafts must be an int >= 0, got {drafts!r}")
+        if not getattr(self._step, "takes_positions", False):
+            return False
+        want = self.rows * (1 + drafts)
+        if self.cache.step_rows < want:
+            self.cache.step_rows = want
+            self._step = decode_step(self.model, self.cache, True)
+        return True
+
+    @property
+    def takes_entries(self) -> bool:
+        """Whether ``decode_entries`` may feed a row several tokens (its step takes positions)."""
+        return bool(getattr(self._step, "takes_positions", False))
+
+    def decode_entries(self, rows: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> Tensor:
+        """Feed ``tokens[i]`` at ``positions[i]`` of the sequence in ``rows[i]``, all in one pass (NOTE
+        [entries at positions] in ``_steps.py``); logits [len(rows), V], a view the next step overwrites.
+
+        A row may appear several times, at consecutive positions from its length (a decode step's token
+        and drafts after it); each entry's logits are those of its token fed by ``decode`` one step at a
+        time. A slot not granted yet is grown here in entry order. Each row's length becomes its last
+        position plus one (drop rejected positions with ``cache.truncate``)."""
+        rows = _as_list("decode_entries", "rows", rows)
+        tokens = _as_list("decode_entries", "tokens", tokens)
+        pos = _as_list("decode_entries", "positions", positions)
+        if len(pos) != len(rows):
+            raise ShapeError(f"BatchDecoder.decode_entries: {len(rows)} rows but {len(pos)} positions")
+        self._check_step(rows, tokens, distinct=False)
+        if not self.takes_entries:
+            raise KaelError(
+                f"BatchDecoder.decode_entries: {type(self._step).__name__} takes one token per row (no positions)"
+            )
+        nxt: dict[int, int] = {}
+        for r, p in zip(rows, pos):
+            want = nxt.get(r, self.cache.lengths[r])
+            if isinstance(p, bool) or not isinstance(p, int) or p != want:
+                raise ShapeError(
+                    f"BatchDecoder.decode_entries: row {r}'s entries must be at consecutive positions from its "
+                    f"length {self.cache.lengths[r]}; expected {want}, got {p!r}"
+                )
+            if p >= self.cache.max_positions:
+                raise ShapeError(f"BatchDecoder.decode_entries: row {r} is full ({self.cache.max_positions} positions)")
+            nxt[r] = p + 1
+        if len(rows) > self.cache.step_rows:
+            raise ShapeError(
+                f"BatchDecoder.decode_entries: {len(rows)} entries, but the step takes {self.cache.step_rows} "
+                "(allow_drafts raises it)"
+            )
+        pool = self.cache.pool
+        for r, t, p in zip(rows, tokens, pos):
+            if pool.length(r) <= p:
+                self.cache.grow([r], [t])
+        with no_grad():
+            step: Any = self._step  # a step with takes_positions takes them (NOTE [entries at positions])
+            logits: Tensor = step(rows, tokens, pos)
+        for r, end in nxt.items():
+            self.cache.lengths[r] = end
+        return logits
+
     @staticmethod
     def sample(logits: Tensor, temperature: float = 0.0, top_k: int = 0, generator: Generator | None = None) -> int:
         """The next token from one row's logits [V] (``sample_next``, as ``generate`` draws it)."""
@@ -320,7 +385,7 @@ class BatchDecoder:
                 )
         return idss
 
-    def _check_step(self, rows: list[int], tokens: list[int]) -> None:
+    def _check_step(self, rows: list[int], tokens: list[int], distinct: bool = True) -> None:
         if not rows or len(rows) != len(tokens):
             raise ShapeError(
                 f"BatchDecoder.decode: give one token per row (at least one), got {len(rows)} rows "
@@ -332,7 +397,7 @@ class BatchDecoder:
                 raise KaelError(f"BatchDecoder.decode: row {r} holds no sequence; prefill it first")
             if self.cache.lengths[r] >= self.cache.max_positions:
                 raise ShapeError(f"BatchDecoder.decode: row {r} is full ({self.cache.max_positions} positions)")
-        if len(set(rows)) != len(rows):
+        if distinct and len(set(rows)) != len(rows):
             raise ShapeError(f"BatchDecoder.decode: rows {rows} repeat a row")
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:

@@ -134,6 +134,9 @@ class PagedKVCache:
     ) -> None:
         self.layers = _count("layers", layers, 1)
         self.batch = _count("batch", batch, 1)
+        self.step_rows = self.batch
+        """Query rows a family's direct decode step over this cache is built for (its buffers' rows): the
+        batch, or more where verification entries share the step (``BatchDecoder.allow_drafts``)."""
         self.heads = _count("heads", heads, 1)
         self.head_dim = _count("head_dim", head_dim, 1)
         self.max_positions = _count("max_positions", max_positions, 1)
@@ -435,9 +438,19 @@ class PagedKVCache:
         buf = self.data[layer]
         st, s_, w = buf._strides, self.block_size, self.table_width
         h, d = self.heads, self.head_dim
-        for i, (r, p) in enumerate(zip(rows, pos)):
-            block = self.tables[r][p // s_]
-            copy(make_view(buf, (1, 2, h, 1, d), st, buf._offset + block * st[0] + (p % s_) * st[3]), kvs[i])
+        i, n = 0, len(rows)
+        while i < n:  # a row's consecutive entries in one block (NOTE [entries at positions]) in one copy
+            r, p = rows[i], pos[i]
+            block, m = self.tables[r][p // s_], 1
+            while i + m < n and rows[i + m] == r and pos[i + m] == p + m and (p + m) % s_:
+                m += 1
+            dst = make_view(buf, (1, 2, h, m, d), st, buf._offset + block * st[0] + (p % s_) * st[3])
+            src = kvs[i]
+            if m > 1:
+                ks = src._strides
+                src = make_view(src, (1, 2, h, m, d), (ks[0], ks[1], ks[2], ks[0], ks[4]), src._offset)
+            copy(dst, src)
+            i += m
         extra = (window,) if window else ()
         if q_all is not None and att_all is not None:
             attend(att_all, q_all, buf, tables, lengths, scale, *extra)

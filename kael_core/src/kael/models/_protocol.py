@@ -60,6 +60,11 @@ class DecodeStep(Protocol):
     [len(rows), V], a view of a buffer that the next call overwrites. It does not advance
     ``cache.lengths``: the caller does, once the step succeeded. Row i's logits must not
     depend on the other rows of the step (NOTE [batched = alone] in ``_batched.py``).
+
+    A step whose class sets ``takes_positions = True`` also takes ``step(rows, tokens, positions)``:
+    a row may then repeat at consecutive positions (NOTE [entries at positions] in ``_steps.py``),
+    which lets speculative decoding verify drafts inside the decode step; without it they are
+    verified through ``model.run_layer``.
     """
 
     def __call__(self, rows: list[int], tokens: list[int]) -> Tensor: ...

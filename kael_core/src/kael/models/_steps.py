@@ -24,12 +24,26 @@ from .. import _dtype as dt
 from .._errors import KaelError, ShapeError
 from .._tensor import Tensor
 from ..ops import tensor, view
+from ..ops._views import make_view
 
 if TYPE_CHECKING:
     from ._paged_cache import PagedKVCache
     from ._protocol import CausalLM, DecodeStep
 
-__all__ = ["GenericStep", "Proj", "decode_step", "projection", "step_kernels", "weight_kernels"]
+__all__ = [
+    "WAVE_ROWS",
+    "GenericStep",
+    "Proj",
+    "decode_step",
+    "in_waves",
+    "projection",
+    "step_kernels",
+    "step_positions",
+    "weight_kernels",
+]
+
+WAVE_ROWS = 16
+"""Rows up to which the backends' few-row products round each row as alone (NOTE [batched = alone])."""
 
 
 class GenericStep:
@@ -47,6 +61,51 @@ class GenericStep:
         ids = tensor([[t] for t in tokens], dtype=dt.int64, device=model.device)
         logits = model.run_head(_layers(model, model.embed(ids, step.starts), step))
         return view(logits, len(rows), model.vocab_size)
+
+
+def step_positions(name: str, cache: PagedKVCache, rows: list[int], positions: list[int] | None = None) -> list[int]:
+    """The positions of a direct decode step's entries: ``positions`` (NOTE [entries at positions]) or
+    each row's cached length; a ShapeError naming step ``name`` when they do not fit.
+
+    NOTE [entries at positions]: a direct step may take ``positions``: entry i feeds its token at
+    ``positions[i]`` of row ``rows[i]``, and a row may appear several times, at consecutive positions
+    from its cached length, each entry's slot granted beforehand (a KV manager's ``grow``). Every
+    layer writes all entries' keys and values before any entry attends, and entry i attends to the
+    keys up to its own position: exactly the causal attention of those tokens fed one step at a
+    time, so a row's draft tokens verify in the step that decodes the other rows (kael.engine's
+    speculation), with one pass of frontend calls instead of a pass per verifying row. Projections
+    of more than ``WAVE_ROWS`` entries run in waves of that many rows (``in_waves``), so every
+    entry's logits have the bits of the same token decoded alone.
+    """
+    if positions is None:
+        pos = [cache.lengths[r] for r in rows]
+    else:
+        pos = [int(p) for p in positions]
+        if len(pos) != len(rows):
+            raise ShapeError(f"{name}: {len(rows)} rows but {len(pos)} positions")
+    if len(rows) > cache.step_rows:
+        raise ShapeError(f"{name}: {len(rows)} entries, but the step is built for {cache.step_rows} rows")
+    if max(pos) >= cache.max_positions:
+        raise ShapeError(f"{name}: a row is past the cache's {cache.max_positions} positions (at {pos})")
+    return pos
+
+
+def in_waves(project: Any, rows: int) -> Any:
+    """``project(out, x, proj)`` over ``rows`` rows as calls of at most ``WAVE_ROWS`` rows each (the
+    first dimension of ``out`` and ``x``), or ``project`` itself when one call is that small."""
+    if rows <= WAVE_ROWS:
+        return project
+
+    def waves(out: Tensor, x: Tensor, p: Proj) -> None:
+        for s in range(0, rows, WAVE_ROWS):
+            m = min(WAVE_ROWS, rows - s)
+            project(_first_rows(out, s, m), _first_rows(x, s, m), p)
+
+    return waves
+
+
+def _first_rows(t: Tensor, start: int, n: int) -> Tensor:
+    return make_view(t, (n, *t.shape[1:]), t._strides, t._offset + start * t._strides[0])
 
 
 def _layers(model: CausalLM, x: Tensor, step: Any) -> Tensor:

@@ -35,12 +35,11 @@ import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ... import _dispatch
-from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops._gelu_ggml import ggml_gelu, ggml_gelu_tanh
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
-from .._steps import Proj, projection, step_kernels, weight_kernels
+from .._steps import Proj, in_waves, projection, step_kernels, step_positions, weight_kernels
 
 if TYPE_CHECKING:
     from .._paged_cache import PagedKVCache
@@ -84,11 +83,14 @@ def _layers(model: GPT) -> list[_Layer]:
 
 
 class GPT2DecodeStep:
-    """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``)."""
+    """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``), or tokens at
+    given positions (NOTE [entries at positions] in ``_steps.py``)."""
+
+    takes_positions = True
 
     def __init__(self, model: GPT, cache: PagedKVCache, kernels: dict[str, Any]) -> None:
         cfg = model.config
-        c, h, d, n = cfg.dimension, cfg.heads, cfg.head_dim, cache.batch
+        c, h, d, n = cfg.dimension, cfg.heads, cfg.head_dim, cache.step_rows
         dev, dtype = model.device, model.dtype
         self.layers, self.cache, self.k = _layers(model), cache, kernels
         self.wte, self.wpe, self.ln_f_w, self.ln_f_b = (
@@ -136,15 +138,15 @@ class GPT2DecodeStep:
         kernels = step_kernels(model.device.type, (*_FUSED, cache.attention_op, *weight_kernels(model)))
         return None if kernels is None else cls(model, cache, kernels)
 
-    def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
-        """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
+    def __call__(self, rows: list[int], tokens: list[int], positions: list[int] | None = None) -> Tensor:
+        """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (at ``positions[i]``, default its
+        cached length; a view the next call overwrites)."""
         cache, k = self.cache, self.k
         layer_norm, add_k, gelu = k["layer_norm"], k["add"], k["gelu"]
-        linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         n, c, eps = len(rows), self.c, self.eps
-        pos = [cache.lengths[r] for r in rows]
-        if max(pos) >= cache.max_positions:
-            raise ShapeError(f"GPT2DecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
+        pos = step_positions("GPT2DecodeStep", cache, rows, positions)
+        # linear or quantized_linear by the projection's scheme (_steps.Proj); entries in waves of 16 rows
+        linear = k["project"] if positions is None else in_waves(k["project"], n)
         v, buf = self.buf.views(n), self.buf
         x, norm, mean, rstd, qkv, att_flat = v["x"], v["norm"], v["mean"], v["rstd"], v["qkv"], v["att_flat"]
         proj, hidden, act, logits = v["proj"], v["hidden"], v["act"], v["logits"]

@@ -46,13 +46,12 @@ import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ... import _dtype as dt
-from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops import arange, tensor
 from ...ops._attention_fused import takes_window
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
-from .._steps import Proj, projection, step_kernels, weight_kernels
+from .._steps import Proj, in_waves, projection, step_kernels, step_positions, weight_kernels
 
 if TYPE_CHECKING:
     from .._paged_cache import PagedKVCache
@@ -167,7 +166,10 @@ def _first(t: Tensor, n: int) -> Tensor:
 
 
 class LlamaDecodeStep:
-    """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``)."""
+    """One new token for each of a set of ``cache``'s rows (a ``kael.models.DecodeStep``), or tokens at
+    given positions (NOTE [entries at positions] in ``_steps.py``)."""
+
+    takes_positions = True
 
     #: The fused ops the step calls (besides the cache's attention op and the weight formats' kernels).
     fused_ops: tuple[str, ...] = _FUSED
@@ -180,10 +182,12 @@ class LlamaDecodeStep:
             cfg.kv_heads,
             cfg.dim,
             cfg.intermediate_size,
-            cache.batch,
+            cache.step_rows,
         )
         dev, dtype = model.device, model.dtype
         self.layers, self.cache, self.k = self.read_layers(model), cache, kernels
+        self.linear: Any = kernels["project"]
+        """The projection runner of the call in progress (``in_waves`` for entries at positions)."""
         self.embed, self.norm_w = model.model.embed_tokens.weight, model.model.norm.weight
         self.embed_scheme: str | None = getattr(model.model.embed_tokens, "scheme", None)
         head = model.head
@@ -285,7 +289,7 @@ class LlamaDecodeStep:
         """Layer ``li``'s MLP of the normalised rows ``v["norm"]`` into ``v["proj"]`` (``v``: the buffers' views of
         the step's ``n`` rows): linear(gate, up) -> silu_mul -> linear(down). A family with another MLP
         overrides it (Qwen3-MoE's sparse layers)."""
-        linear, silu_mul, norm, act = self.k["project"], self.k["silu_mul"], v["norm"], v["act"]
+        linear, silu_mul, norm, act = self.linear, self.k["silu_mul"], v["norm"], v["act"]
         if w.gate_up is not None:
             linear(v["gate_up"], norm, w.gate_up)
             silu_mul(act, v["gate_f"], v["up_f"])
@@ -295,16 +299,16 @@ class LlamaDecodeStep:
             silu_mul(act, v["gate"], v["up"])
         linear(v["proj"], act, w.down)
 
-    def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
-        """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
+    def __call__(self, rows: list[int], tokens: list[int], positions: list[int] | None = None) -> Tensor:
+        """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (at ``positions[i]``, default its
+        cached length; a view the next call overwrites)."""
         cache, k = self.cache, self.k
         rms_norm = k["rms_norm"]
-        linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         copy, add_k = k["copy"], k["add"]
         n, c, eps = len(rows), self.c, self.eps
-        pos = [cache.lengths[r] for r in rows]
-        if max(pos) >= cache.max_positions:
-            raise ShapeError(f"LlamaDecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
+        pos = step_positions(type(self).__name__, cache, rows, positions)
+        # linear or quantized_linear by the projection's scheme (_steps.Proj); entries in waves of 16 rows
+        linear = self.linear = k["project"] if positions is None else in_waves(k["project"], n)
         v, buf = self.buf.views(n), self.buf
         x, norm, rstd, q, q4, qrot, kraw = v["x"], v["norm"], v["rstd"], v["q"], v["q4"], v["qrot"], v["kraw"]
         k4, krot, vout, att_flat, proj = v["k4"], v["krot"], v["vout"], v["att_flat"], v["proj"]

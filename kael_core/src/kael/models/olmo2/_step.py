@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..._errors import ShapeError
 from ..._tensor import Tensor
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
-from .._steps import projection
+from .._steps import in_waves, projection, step_positions
 from ..llama import LlamaDecodeStep
 from ..llama._step import _fused, _Layer
 
@@ -47,7 +46,7 @@ class Olmo2DecodeStep(LlamaDecodeStep):
         h, kv, d = self.h, self.kvh, self.d
         # The normalised q and k ([n, 1, H(kv)*D]; statistics [n, 1]) and the same as heads [n, H(kv), 1, D].
         self.qk_buf = DecodeBuffers(
-            cache.batch,
+            cache.step_rows,
             model.dtype,
             model.device,
             {"qn": (1, h * d), "kn": (1, kv * d), "qrstd": (1,), "krstd": (1,)},
@@ -96,15 +95,15 @@ class Olmo2DecodeStep(LlamaDecodeStep):
             self._fused_qk[n] = got
         return got
 
-    def __call__(self, rows: list[int], tokens: list[int]) -> Tensor:
-        """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (a view the next call overwrites)."""
+    def __call__(self, rows: list[int], tokens: list[int], positions: list[int] | None = None) -> Tensor:
+        """Logits [len(rows), V] after ``tokens[i]`` in row ``rows[i]`` (at ``positions[i]``, default its
+        cached length; a view the next call overwrites)."""
         cache, k = self.cache, self.k
         rms_norm, rope, copy, add = k["rms_norm"], k["rope"], k["copy"], k["add"]
-        linear = k["project"]  # linear or quantized_linear by the projection's scheme (_steps.Proj)
         n, eps = len(rows), self.eps
-        pos = [cache.lengths[r] for r in rows]
-        if max(pos) >= cache.max_positions:
-            raise ShapeError(f"Olmo2DecodeStep: a row is past the cache's {cache.max_positions} positions (at {pos})")
+        pos = step_positions("Olmo2DecodeStep", cache, rows, positions)
+        # linear or quantized_linear by the projection's scheme (_steps.Proj); entries in waves of 16 rows
+        linear = self.linear = k["project"] if positions is None else in_waves(k["project"], n)
         v, o, buf = self.buf.views(n), self.qk_buf.views(n), self.buf
         x, norm, rstd, qkv, proj = v["x"], v["norm"], v["rstd"], v["qkv"], v["proj"]
         mlp_in = {**v, "norm": x}  # the MLP (LlamaDecodeStep.mlp, over v["norm"]) reads the residual itself

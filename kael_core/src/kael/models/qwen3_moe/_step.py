@@ -73,6 +73,8 @@ def _sparse_blocks(model: LlamaForCausalLM) -> list[Qwen3MoeSparseMoeBlock | Non
 class Qwen3MoeDecodeStep(LlamaDecodeStep):
     """One new token for each of a set of ``cache``'s rows of a ``Qwen3MoeForCausalLM``."""
 
+    takes_positions = False  # its routing buffers have the batch's rows (NOTE [entries at positions])
+
     fused_ops = (*_FUSED, "moe_route", "expert_linear")
 
     def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, kernels: dict[str, Any]) -> None:
