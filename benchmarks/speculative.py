@@ -2,9 +2,11 @@
 
 Tasks, each at ``--threads`` (default 1 and 2), greedy, one request at a time:
 
-* ``copy``: the bundled code model (kael-tiny, trained on CPython's standard library) asked to
-  continue a function it has just seen in the prompt: prompt lookup (``ngram``) should draft
-  most of it (goal: at least 2x decode tok/s);
+* ``copy``: the bundled code model (kael-tiny, trained on CPython's standard library, a byte a
+  token, 128 positions) asked to write again a function the prompt holds whole (``CODE``, then
+  its first line's start), for the tokens its context leaves: prompt lookup (``ngram``) drafts
+  the function (goal: at least 2x decode tok/s). A model this small does not copy it faithfully
+  (it drifts into a run of zeros), so acceptance is the model's, not the proposer's;
 * ``rewrite``: kael-tiny-chat asked for a function whose source the conversation already holds
   (its assistant turn quoted it), through its chat template;
 * ``random``: GPT-2 small with random weights on a random prompt, sampled (temperature 1,
@@ -36,7 +38,8 @@ from typing import Any
 __all__ = ["main"]
 
 MODELS = Path(__file__).resolve().parents[1] / "kael_server" / "src" / "kael_server" / "models"
-CODE = "def _count(name, value, lo):\n    if value < lo:\n        raise ValueError(name)\n    return value\n\n"
+CODE = "def _inc(x, lo):\n    if x < lo:\n        raise ValueError(x)\n    return x + 1\n\n"
+CODE_START = "def _inc("
 
 
 def _decode(
@@ -68,17 +71,18 @@ def _task(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"prompt_tokens": len(prompt), "new_tokens": tokens, "temperature": temperature}
     plain_ids: list[int] | None = None
-    for name, factory in make.items():
-        best, rate = 0.0, None
-        for _ in range(repeats):
+    best: dict[str, tuple[float, float | None]] = {name: (0.0, None) for name in make}
+    for _ in range(repeats):  # the methods take turns, so a slow spell of the host hits them alike
+        for name, factory in make.items():
             spec = factory() if factory else None
             ids, tok_s = _decode(model, prompt, tokens, spec, [], temperature)
             if plain_ids is None:
                 plain_ids = ids
             assert ids == plain_ids, f"{name}: speculation changed the output"
-            if tok_s > best:
-                best, rate = tok_s, (spec.acceptance_rate if spec is not None else None)
-        out[name] = {"decode_tok_s": best, "acceptance_rate": rate}
+            if tok_s > best[name][0]:
+                best[name] = (tok_s, spec.acceptance_rate if spec is not None else None)
+    for name, (tok_s, rate) in best.items():
+        out[name] = {"decode_tok_s": tok_s, "acceptance_rate": rate}
     base = out["plain"]["decode_tok_s"]
     for name in make:
         if name != "plain":
@@ -94,7 +98,7 @@ def _server(tokens: int, speculative: bool) -> dict[str, float]:
     settings: dict[str, Any] = {"speculative": "ngram", "spec_tokens": 6} if speculative else {}
     app = load_app(ServerConfig(data=str(MODELS / "kael-tiny"), slots=8, **settings))
     room = 128 - tokens - 1  # kael-tiny's context, a byte a token
-    prompts = [(CODE + "def _count(")[-room:] if i % 2 == 0 else f"import os\nx = {i}\n" for i in range(16)]
+    prompts = [(CODE + CODE_START)[-room:] if i % 2 == 0 else f"import os\nx = {i}\n" for i in range(16)]
     with TestClient(app) as client:
         while client.get("/ready").status_code != 200:
             time.sleep(0.05)
@@ -132,12 +136,13 @@ def main() -> None:
             p.copy_(kael.from_numpy((rng.standard_normal(p.shape) * 0.02).astype(np.float32)))
     drafter = GPT(50257, 1024, 2, 4, 128, generator=kael.Generator().manual_seed(1))
 
-    code_prompt = tiny_tok.encode(CODE + "def _count(")[-(tiny.max_positions - args.tokens) :]
+    code_prompt = tiny_tok.encode(CODE + CODE_START)
+    code_tokens = min(args.tokens, tiny.max_positions - len(code_prompt) - 1)
     fn = CODE.strip()
     conv = [
-        {"role": "user", "content": "Write _count(name, value, lo)."},
+        {"role": "user", "content": "Write _inc(x, lo)."},
         {"role": "assistant", "content": fn},
-        {"role": "user", "content": "Write _count(name, value, lo) again."},
+        {"role": "user", "content": "Write _inc(x, lo) again."},
     ]
     rendered = chat_tok.chat_template.render(conv, add_generation_prompt=True)
     chat_prompt = chat_tok.encode(rendered)[-(chat.max_positions - args.tokens) :]
@@ -150,7 +155,7 @@ def main() -> None:
     for threads in args.threads:
         kael.set_num_threads(threads)
         run: dict[str, Any] = {"threads": threads}
-        run["copy"] = _task(tiny, code_prompt, args.tokens, args.repeats, {"plain": None, "ngram": ngram})
+        run["copy"] = _task(tiny, code_prompt, code_tokens, args.repeats, {"plain": None, "ngram": ngram})
         run["rewrite"] = _task(chat, chat_prompt, args.tokens, args.repeats, {"plain": None, "ngram": ngram})
         methods = {
             "plain": None,
@@ -159,7 +164,9 @@ def main() -> None:
         }
         run["random"] = _task(big, random_prompt, args.tokens, args.repeats, methods, temperature=1.0)
         run["loop"] = _task(big, random_prompt, args.tokens, args.repeats, methods)
-        plain, spec = _server(args.tokens, False), _server(args.tokens, True)
+        runs = [(_server(args.tokens, False), _server(args.tokens, True)) for _ in range(args.repeats)]
+        plain = max((p for p, _ in runs), key=lambda r: r["aggregate_tok_s"])
+        spec = max((s for _, s in runs), key=lambda r: r["aggregate_tok_s"])
         run["server"] = {"plain": plain, "ngram": spec, "speedup": spec["aggregate_tok_s"] / plain["aggregate_tok_s"]}
         print(json.dumps(run), flush=True)
         report["runs"].append(run)
