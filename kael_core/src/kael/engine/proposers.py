@@ -51,14 +51,16 @@ def ngram_lookup(ids: Sequence[int], n_max: int, n_min: int, k: int) -> list[int
     if k <= 0 or length < n_min + 1:
         return []
     arr = np.asarray(ids, dtype=np.int64)
+    # where an earlier occurrence of the last id ends (each followed by at least one id): every match of
+    # a longer tail ends at one of them, and most steps of a text with nothing to copy stop here
+    ends = np.flatnonzero(arr[: length - 1] == arr[length - 1])
     for n in range(min(n_max, length - 1), n_min - 1, -1):
-        tail = arr[length - n :]
-        # windows starting at 0..length-n-1 (the tail itself excluded), each followed by at least one id
-        windows = np.lib.stride_tricks.sliding_window_view(arr[: length - 1], n)
-        hits = np.flatnonzero((windows == tail).all(axis=1))
+        hits = ends[ends >= n - 1]
+        for back in range(1, n):
+            hits = hits[arr[hits - back] == arr[length - 1 - back]]
         if hits.size:
             out: list[int] = []
-            j = int(hits[-1]) + n
+            j = int(hits[-1]) + 1
             while len(out) < k:  # past the end, the continuation goes on through its own drafts
                 out.append(int(arr[j]) if j < length else out[j - length])
                 j += 1
