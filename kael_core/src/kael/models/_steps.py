@@ -35,6 +35,7 @@ __all__ = [
     "GenericStep",
     "Proj",
     "decode_step",
+    "gather_rows",
     "in_waves",
     "projection",
     "step_kernels",
@@ -102,6 +103,23 @@ def in_waves(project: Any, rows: int) -> Any:
             project(_first_rows(out, s, m), _first_rows(x, s, m), p)
 
     return waves
+
+
+GATHER_FROM = 4
+"""Rows from which ``gather_rows`` takes one ``embedding`` call (fewer: a copy per row is cheaper)."""
+
+
+def gather_rows(out: Tensor, table: Tensor, ids: list[int]) -> bool:
+    """``out`` [n, 1, D] := rows ``ids`` of ``table`` [V, D] in one ``embedding`` kernel call, when the step has
+    at least ``GATHER_FROM`` rows and the backend has the kernel; False (nothing done) otherwise. A row copy
+    moves the same bits, so the choice changes nothing but the step's count of kernel calls."""
+    if len(ids) < GATHER_FROM:
+        return False
+    embedding = _dispatch.fused_kernel(out.device.type, "embedding")
+    if embedding is None:
+        return False
+    embedding(out, table, tensor([[i] for i in ids], dtype=dt.int64, device=out.device))
+    return True
 
 
 def _first_rows(t: Tensor, start: int, n: int) -> Tensor:

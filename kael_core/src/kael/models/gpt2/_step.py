@@ -39,7 +39,7 @@ from ..._tensor import Tensor
 from ...ops._gelu_ggml import ggml_gelu, ggml_gelu_tanh
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
-from .._steps import Proj, in_waves, projection, step_kernels, step_positions, weight_kernels
+from .._steps import Proj, gather_rows, in_waves, projection, step_kernels, step_positions, weight_kernels
 
 if TYPE_CHECKING:
     from .._paged_cache import PagedKVCache
@@ -151,7 +151,9 @@ class GPT2DecodeStep:
         x, norm, mean, rstd, qkv, att_flat = v["x"], v["norm"], v["mean"], v["rstd"], v["qkv"], v["att_flat"]
         proj, hidden, act, logits = v["proj"], v["hidden"], v["act"], v["logits"]
         x_rows = buf.rows(n, "x")
-        if self.wte_scheme is None:
+        if self.wte_scheme is None and gather_rows(x, self.wte, tokens) and gather_rows(proj, self.wpe, pos):
+            add_k(x, x, proj)
+        elif self.wte_scheme is None:
             for i, (t, s) in enumerate(zip(tokens, pos)):
                 add_k(x_rows[i], _table_row(self.wte, t, c), _table_row(self.wpe, s, c))
         else:  # dequantize the token's row of blocks into the residual row, then add the position

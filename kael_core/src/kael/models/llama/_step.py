@@ -51,7 +51,7 @@ from ...ops import arange, tensor
 from ...ops._attention_fused import takes_window
 from ...ops._views import make_view
 from .._decode_buffers import DecodeBuffers, View
-from .._steps import Proj, in_waves, projection, step_kernels, step_positions, weight_kernels
+from .._steps import Proj, gather_rows, in_waves, projection, step_kernels, step_positions, weight_kernels
 
 if TYPE_CHECKING:
     from .._paged_cache import PagedKVCache
@@ -270,6 +270,8 @@ class LlamaDecodeStep:
     def embed_rows(self, tokens: list[int]) -> None:
         """Row i of the residual buffer ``x`` := the embedding of ``tokens[i]`` (dequantized from a weight format)."""
         n, c, emb, buf, k = len(tokens), self.c, self.embed, self.buf, self.k
+        if self.embed_scheme is None and gather_rows(buf.views(n)["x"], emb, tokens):
+            return
         if self.embed_scheme is None:
             for i, t in enumerate(tokens):
                 k["copy"](
