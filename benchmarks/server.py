@@ -125,11 +125,14 @@ def write_gguf(checkpoint: Path, out: Path, weights: str | None) -> Path:
 
 
 @contextlib.contextmanager
-def started_llama_server(binary: Path, gguf: Path, slots: int, context: int) -> Iterator[str]:
-    """llama.cpp's server on gguf with ``slots`` parallel sequences of ``context`` tokens each, on loopback."""
+def started_llama_server(
+    binary: Path, gguf: Path, slots: int, context: int, extra: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """llama.cpp's server on gguf with ``slots`` parallel sequences of ``context`` tokens each, on loopback
+    (``extra``: more of its flags)."""
     port = free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["-np", str(slots), "-c", str(slots * context), "-b", "512"]
+    command += ["-np", str(slots), "-c", str(slots * context), "-b", "512", *extra]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

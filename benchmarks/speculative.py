@@ -18,18 +18,26 @@ Tasks, each at ``--threads`` (default 1 and 2), greedy, one request at a time:
 And ``server``: kael-server on kael-tiny at 8 concurrent streaming-free clients, half copy-heavy
 and half not, aggregate tok/s with ``--speculative ngram`` against without (goal: at least 1.3x).
 
-Every speculative run is checked to give the plain run's tokens. llama.cpp is not run: its
-prompt-lookup decoding (``llama-lookup``) is an example program, not a mode of ``llama-bench`` or
-``llama-server`` in the build ``scripts/build_llama_cpp.sh`` makes, so there is no anchor run the
-way its users run it.
+Every speculative run is checked to give the plain run's tokens.
 
-    python benchmarks/speculative.py [--threads 1 2] [--tokens 64] [--repeats 3]
+And ``llama_server``: llama.cpp's own prompt lookup as its users run it, ``llama-server
+--spec-type ngram-simple`` and ``ngram-map-k`` (lookup of 4 ids, drafts of 6: the sizes kael's
+``ngram`` runs with) against ``--spec-type none``, one slot, ``-t``/``-tb`` the thread count, on GPT-2 small's random
+weights written as an F32 GGUF file by kael (the model of ``random``/``loop``), the same prompt
+ids through ``/completion`` (``ignore_eos``, no prompt cache), greedy (``loop``) and at temperature 1
+(``random``, seeded); its decode tok/s is the server's own ``timings.predicted_per_second``, its
+acceptance ``draft_n_accepted / draft_n``. Skipped when the binary is absent (build it with
+``scripts/build_llama_cpp.sh``) or with ``--no-llama``.
+
+    python benchmarks/speculative.py [--threads 1 2] [--tokens 64] [--repeats 3] [--no-llama]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +46,7 @@ from typing import Any
 __all__ = ["main"]
 
 MODELS = Path(__file__).resolve().parents[1] / "kael_server" / "src" / "kael_server" / "models"
+GPT2_TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpt2-tokenizer"
 CODE = "def _inc(x, lo):\n    if x < lo:\n        raise ValueError(x)\n    return x + 1\n\n"
 CODE_START = "def _inc("
 
@@ -114,11 +123,58 @@ def _server(tokens: int, speculative: bool) -> dict[str, float]:
     return {"clients": 8, "requests": len(prompts), "aggregate_tok_s": produced / seconds}
 
 
+def _llama_server(gguf: Path, prompt: list[int], tokens: int, threads: int, repeats: int) -> dict[str, Any]:
+    """llama-server with and without ngram-simple drafts on ``gguf``: the loop (greedy) and random (temperature
+    1) tasks' decode tok/s, best of ``repeats`` (see the module docstring)."""
+    import httpx
+    from _llama_cpp_bench import find_tool
+    from server import started_llama_server
+
+    binary = find_tool("llama-server")
+    assert binary is not None
+    common = ("-t", str(threads), "-tb", str(threads), "--no-warmup")
+    modes = {
+        "plain": ("--spec-type", "none"),
+        **{
+            kind: ("--spec-type", kind, f"--spec-{kind}-size-n", "4", f"--spec-{kind}-size-m", "6")
+            for kind in ("ngram-simple", "ngram-map-k")
+        },
+    }
+    out: dict[str, Any] = {"binary": binary, "flags": {name: " ".join(flags) for name, flags in modes.items()}}
+    for name, flags in modes.items():
+        with started_llama_server(Path(binary), gguf, 1, 1024, (*common, *flags)) as url:
+            for task, temperature in (("loop", 0.0), ("random", 1.0)):
+                best: dict[str, Any] = {"decode_tok_s": 0.0}
+                for _ in range(repeats):
+                    body = {
+                        "prompt": prompt,
+                        "n_predict": tokens,
+                        "temperature": temperature,
+                        "seed": 7,
+                        "ignore_eos": True,
+                        "cache_prompt": False,
+                    }
+                    t = httpx.post(f"{url}/completion", json=body, timeout=600).json()["timings"]
+                    if t["predicted_per_second"] > best["decode_tok_s"]:
+                        drafted = t.get("draft_n", 0)
+                        best = {
+                            "decode_tok_s": t["predicted_per_second"],
+                            "tokens": t["predicted_n"],
+                            "acceptance_rate": t.get("draft_n_accepted", 0) / drafted if drafted else None,
+                        }
+                out.setdefault(task, {})[name] = best
+    for task in ("loop", "random"):
+        for kind in ("ngram-simple", "ngram-map-k"):
+            out[task][kind]["speedup"] = out[task][kind]["decode_tok_s"] / out[task]["plain"]["decode_tok_s"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-llama", action="store_true", help="skip llama-server's ngram-simple anchor")
     args = ap.parse_args()
 
     import kael
@@ -152,6 +208,15 @@ def main() -> None:
         return Speculator(NgramProposer(n_max=4, k=6))
 
     report: dict[str, Any] = {"tokens": args.tokens, "repeats": args.repeats, "runs": []}
+    gguf: Path | None = None
+    from _llama_cpp_bench import find_tool
+
+    if not args.no_llama and find_tool("llama-server") is not None:
+        from kael.models import save_gguf
+
+        gguf = Path(tempfile.mkdtemp(prefix="kael-spec-")) / "gpt2-small-random-f32.gguf"
+        tok = kael.BpeTokenizer.from_files(GPT2_TOKENIZER / "vocab.json", GPT2_TOKENIZER / "merges.txt")
+        save_gguf(big, gguf, tok, weights="f32")
     for threads in args.threads:
         kael.set_num_threads(threads)
         run: dict[str, Any] = {"threads": threads}
@@ -164,12 +229,22 @@ def main() -> None:
         }
         run["random"] = _task(big, random_prompt, args.tokens, args.repeats, methods, temperature=1.0)
         run["loop"] = _task(big, random_prompt, args.tokens, args.repeats, methods)
+        if gguf is not None:
+            theirs = run["llama_server"] = _llama_server(gguf, random_prompt, args.tokens, threads, args.repeats)
+            for task in ("loop", "random"):  # kael's decode over llama.cpp's, each with and without drafts
+                theirs[task]["kael_over_llama"] = {  # kael's ngram against llama.cpp's best n-gram mode
+                    "plain": run[task]["plain"]["decode_tok_s"] / theirs[task]["plain"]["decode_tok_s"],
+                    "ngram": run[task]["ngram"]["decode_tok_s"]
+                    / max(theirs[task][k]["decode_tok_s"] for k in ("ngram-simple", "ngram-map-k")),
+                }
         runs = [(_server(args.tokens, False), _server(args.tokens, True)) for _ in range(args.repeats)]
         plain = max((p for p, _ in runs), key=lambda r: r["aggregate_tok_s"])
         spec = max((s for _, s in runs), key=lambda r: r["aggregate_tok_s"])
         run["server"] = {"plain": plain, "ngram": spec, "speedup": spec["aggregate_tok_s"] / plain["aggregate_tok_s"]}
         print(json.dumps(run), flush=True)
         report["runs"].append(run)
+    if gguf is not None:
+        shutil.rmtree(gguf.parent, ignore_errors=True)
     print(json.dumps(report, indent=2))
 
 
