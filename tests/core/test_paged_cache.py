@@ -219,3 +219,43 @@ def test_bad_arguments_are_named() -> None:
         engine.prefill(1, list(range(50, 90)))
     assert not engine.active[1] and engine.length(1) == 0
     engine.cache.pool.check()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_extend_is_grow_one_position_at_a_time(shared: bool, n: int) -> None:
+    # a row whose last block is half full, shared with a fork or not (copy-on-write), grown by n positions
+    model = _llama(9)
+    prompt = _prompt(np.random.default_rng(9), 21, model.vocab_size)
+    one, many = BatchDecoder(model, 2, block_size=8), BatchDecoder(model, 2, block_size=8)
+    for engine in (one, many):
+        engine.prefill(0, prompt)
+        if shared:
+            engine.fork(0, 1)
+    tokens = list(range(5, 5 + n))
+    for t in tokens:
+        one.cache.grow([0], [t])
+    many.cache.extend(0, tokens)
+    assert many.cache.tables == one.cache.tables
+    assert many.cache.pool.block_table(0) == one.cache.pool.block_table(0)
+    assert many.cache.pool.free_blocks == one.cache.pool.free_blocks
+    many.cache.pool.check()
+
+
+def test_extend_refuses_before_changing_anything() -> None:
+    model = _llama(10)
+    engine = BatchDecoder(model, 2, block_size=8, kv_cache_tokens=96)  # 12 blocks
+    rng = np.random.default_rng(10)
+    engine.prefill_many([0, 1], [_prompt(rng, 40, model.vocab_size), _prompt(rng, 40, model.vocab_size)])
+    tables, free = [list(t) for t in engine.cache.tables], engine.cache.pool.free_blocks
+    assert free == 2
+    with pytest.raises(KVCacheFull, match="needs 3 new block"):
+        engine.cache.extend(0, [1] * 20)
+    with pytest.raises(kael.ShapeError, match="would reach 136 positions, more than 96"):
+        engine.cache.extend(0, [1] * 96)
+    with pytest.raises(kael.ShapeError, match="row 2 is out of range"):
+        engine.cache.extend(2, [1])
+    assert engine.cache.tables == tables and engine.cache.pool.free_blocks == free
+    engine.cache.extend(0, [1] * 16)  # exactly the two free blocks
+    assert engine.cache.pool.free_blocks == 0
+    engine.cache.pool.check()

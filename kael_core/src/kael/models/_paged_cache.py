@@ -246,15 +246,46 @@ class PagedKVCache:
             if self.pool.length(r) >= self.max_positions:
                 raise ShapeError(f"PagedKVCache.grow: row {r} is full ({self.max_positions} positions)")
         for r, t in zip(rows, tokens):
-            got = self.pool.append(r, t)
-            if got is None:  # blocks_needed said it fits: a bookkeeping bug, not a full pool
-                raise KaelError(f"PagedKVCache.grow: the pool refused row {r}'s position after promising it")
-            table = self.tables[r]
-            if got.slot == 0:
-                table.append(got.block)
-            elif got.copied_from is not None:
-                table[-1] = got.block
-                self._copy_slots(got.copied_from, got.block, got.slot)
+            self._append(r, t, "grow")
+
+    def extend(self, row: int, tokens: Sequence[int]) -> None:
+        """``grow([row], [t])`` for each of ``tokens`` in turn (a decode step's token and its drafts),
+        with the checks made once: ``KVCacheFull``, changing nothing, when the positions need more
+        blocks than are free."""
+        tokens = list(tokens)
+        self._row(row, "extend")
+        if row not in self.pool:
+            raise KaelError(f"PagedKVCache.extend: row {row} holds no sequence; start() it first")
+        self.release_behind_window([row])  # (its window moves with lengths[row], which growing leaves)
+        have, bs = self.pool.length(row), self.block_size
+        if have + len(tokens) > self.max_positions:
+            raise ShapeError(
+                f"PagedKVCache.extend: row {row} would reach {have + len(tokens)} positions, more than "
+                f"{self.max_positions}"
+            )
+        need = -(-(have + len(tokens)) // bs) - -(-have // bs)
+        if have % bs and self.pool.refcount(self.pool.block_table(row)[-1]) > 1:
+            need += 1  # its shared, not-full last block is copied first (copy-on-write)
+        if need > self.pool.free_blocks:
+            raise KVCacheFull(
+                f"PagedKVCache.extend: row {row} needs {need} new block(s) for {len(tokens)} position(s); "
+                f"{self.pool.free_blocks} of {self.num_blocks} are free",
+                need,
+                self.pool.free_blocks,
+            )
+        for t in tokens:
+            self._append(row, t, "extend")
+
+    def _append(self, r: int, t: int, op: str) -> None:
+        got = self.pool.append(r, t)
+        if got is None:  # the count said it fits: a bookkeeping bug, not a full pool
+            raise KaelError(f"PagedKVCache.{op}: the pool refused row {r}'s position after promising it")
+        table = self.tables[r]
+        if got.slot == 0:
+            table.append(got.block)
+        elif got.copied_from is not None:
+            table[-1] = got.block
+            self._copy_slots(got.copied_from, got.block, got.slot)
 
     def release_behind_window(self, rows: Sequence[int]) -> None:
         """Give back each row's blocks that lie wholly before the window of its next query, at position
