@@ -123,12 +123,7 @@ class KVManager:
 
     def blocks_for(self, request: Request, tokens: int) -> int:
         """Blocks that ``grow(request, ...)`` of ``tokens`` more positions takes from the pool."""
-        row = self._row(request, "blocks_for")
-        bs, have = self.block_size, self.pool.length(row)
-        need = -(-(have + tokens) // bs) - -(-have // bs)
-        if have % bs and self.pool.refcount(self.pool.block_table(row)[-1]) > 1:
-            need += 1  # its shared, not-full last block is copied first (copy-on-write)
-        return need
+        return self.cache.blocks_for(self._row(request, "blocks_for"), tokens)
 
     def start(self, request: Request, end: int, *, spare: int = 0) -> bool:
         """Gives ``request`` a row holding ``all_ids[:end]`` (its cached prefix reused): sets its

@@ -236,12 +236,7 @@ class PagedKVCache:
         self.release_behind_window(rows)
         need = self.pool.blocks_needed(list(rows))
         if need > self.pool.free_blocks:
-            raise KVCacheFull(
-                f"PagedKVCache.grow: {len(rows)} sequence(s) need {need} new block(s); "
-                f"{self.pool.free_blocks} of {self.num_blocks} are free",
-                need,
-                self.pool.free_blocks,
-            )
+            self._full(f"PagedKVCache.grow: {len(rows)} sequence(s) need {need} new block(s)", need)
         for r in rows:  # every check before the first append: an error changes nothing
             if self.pool.length(r) >= self.max_positions:
                 raise ShapeError(f"PagedKVCache.grow: row {r} is full ({self.max_positions} positions)")
@@ -257,24 +252,28 @@ class PagedKVCache:
         if row not in self.pool:
             raise KaelError(f"PagedKVCache.extend: row {row} holds no sequence; start() it first")
         self.release_behind_window([row])  # (its window moves with lengths[row], which growing leaves)
-        have, bs = self.pool.length(row), self.block_size
+        have = self.pool.length(row)
         if have + len(tokens) > self.max_positions:
             raise ShapeError(
                 f"PagedKVCache.extend: row {row} would reach {have + len(tokens)} positions, more than "
                 f"{self.max_positions}"
             )
-        need = -(-(have + len(tokens)) // bs) - -(-have // bs)
-        if have % bs and self.pool.refcount(self.pool.block_table(row)[-1]) > 1:
-            need += 1  # its shared, not-full last block is copied first (copy-on-write)
+        need = self.blocks_for(row, len(tokens))
         if need > self.pool.free_blocks:
-            raise KVCacheFull(
-                f"PagedKVCache.extend: row {row} needs {need} new block(s) for {len(tokens)} position(s); "
-                f"{self.pool.free_blocks} of {self.num_blocks} are free",
-                need,
-                self.pool.free_blocks,
-            )
+            self._full(f"PagedKVCache.extend: row {row} needs {need} new block(s) for {len(tokens)} position(s)", need)
         for t in tokens:
             self._append(row, t, "extend")
+
+    def blocks_for(self, row: int, tokens: int) -> int:
+        """Blocks that ``extend(row, ...)`` of ``tokens`` more positions takes from the pool."""
+        have, bs = self.pool.length(row), self.block_size
+        need = -(-(have + tokens) // bs) - -(-have // bs)
+        if have % bs and self.pool.refcount(self.pool.block_table(row)[-1]) > 1:
+            need += 1  # its shared, not-full last block is copied first (copy-on-write)
+        return need
+
+    def _full(self, what: str, need: int) -> NoReturn:
+        raise KVCacheFull(f"{what}; {self.pool.free_blocks} of {self.num_blocks} are free", need, self.pool.free_blocks)
 
     def _append(self, r: int, t: int, op: str) -> None:
         got = self.pool.append(r, t)
