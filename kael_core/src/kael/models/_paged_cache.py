@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import _dtype as dt
 from .._errors import DTypeError, KaelError, ShapeError
