@@ -235,7 +235,7 @@ def test_extend_is_grow_one_position_at_a_time(shared: bool, n: int) -> None:
     tokens = list(range(5, 5 + n))
     for t in tokens:
         one.cache.grow([0], [t])
-    many.cache.extend(0, tokens)
+    many.cache.extend([0], [tokens])
     assert many.cache.tables == one.cache.tables
     assert many.cache.pool.block_table(0) == one.cache.pool.block_table(0)
     assert many.cache.pool.free_blocks == one.cache.pool.free_blocks
@@ -249,13 +249,15 @@ def test_extend_refuses_before_changing_anything() -> None:
     engine.prefill_many([0, 1], [_prompt(rng, 40, model.vocab_size), _prompt(rng, 40, model.vocab_size)])
     tables, free = [list(t) for t in engine.cache.tables], engine.cache.pool.free_blocks
     assert free == 2
-    with pytest.raises(KVCacheFull, match="needs 3 new block"):
-        engine.cache.extend(0, [1] * 20)
+    with pytest.raises(KVCacheFull, match="need 3 new block"):
+        engine.cache.extend([0], [[1] * 20])
     with pytest.raises(kael.ShapeError, match="would reach 136 positions, more than 96"):
-        engine.cache.extend(0, [1] * 96)
+        engine.cache.extend([0], [[1] * 96])
+    with pytest.raises(KVCacheFull, match="2 row.s. need 3 new block"):  # each fits alone, not both
+        engine.cache.extend([0, 1], [[1] * 16, [1] * 8])
     with pytest.raises(kael.ShapeError, match="row 2 is out of range"):
-        engine.cache.extend(2, [1])
+        engine.cache.extend([2], [[1]])
     assert engine.cache.tables == tables and engine.cache.pool.free_blocks == free
-    engine.cache.extend(0, [1] * 16)  # exactly the two free blocks
+    engine.cache.extend([0], [[1] * 16])  # exactly the two free blocks
     assert engine.cache.pool.free_blocks == 0
     engine.cache.pool.check()

@@ -166,7 +166,7 @@ class KVManager:
         self.cache.release_behind_window([row])
         if self.blocks_for(request, len(tokens)) + spare > self.free_blocks:
             return False
-        self.cache.extend(row, tokens)
+        self.cache.extend([row], [tokens])
         return True
 
     def draft_room(self, request: Request) -> int:

@@ -284,7 +284,7 @@ class BatchDecoder:
         in ``_steps.py``): the caller then verifies drafts another way (``model.run_layer``)."""
         if isinstance(drafts, bool) or not isinstance(drafts, int) or drafts < 0:
             raise ShapeError(f"BatchDecoder.allow_drafts: drafts must be an int >= 0, got {drafts!r}")
-        if not getattr(self._step, "takes_positions", False):
+        if not self.takes_entries:
             return False
         want = self.rows * (1 + drafts)
         if self.cache.step_rows < want:
@@ -303,7 +303,7 @@ class BatchDecoder:
 
         A row may appear several times, at consecutive positions from its length (a decode step's token
         and drafts after it); each entry's logits are those of its token fed by ``decode`` one step at a
-        time. A slot not granted yet is grown here in entry order. Each row's length becomes its last
+        time. Slots not granted yet are grown here (``KVCacheFull`` before any is). Each row's length becomes its last
         position plus one (drop rejected positions with ``cache.truncate``)."""
         rows = _as_list("decode_entries", "rows", rows)
         tokens = _as_list("decode_entries", "tokens", tokens)
@@ -331,10 +331,12 @@ class BatchDecoder:
                 f"BatchDecoder.decode_entries: {len(rows)} entries, but the step takes {self.cache.step_rows} "
                 "(allow_drafts raises it)"
             )
-        pool = self.cache.pool
+        missing: dict[int, list[int]] = {}  # each row's entries without a slot yet (a suffix of its entries)
         for r, t, p in zip(rows, tokens, pos):
-            if pool.length(r) <= p:
-                self.cache.grow([r], [t])
+            if self.cache.pool.length(r) <= p:
+                missing.setdefault(r, []).append(t)
+        if missing:  # KVCacheFull before anything changes: the caller preempts
+            self.cache.extend(list(missing), list(missing.values()))
         with no_grad():
             step: Any = self._step  # a step with takes_positions takes them (NOTE [entries at positions])
             logits: Tensor = step(rows, tokens, pos)

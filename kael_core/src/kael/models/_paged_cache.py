@@ -243,26 +243,30 @@ class PagedKVCache:
         for r, t in zip(rows, tokens):
             self._append(r, t, "grow")
 
-    def extend(self, row: int, tokens: Sequence[int]) -> None:
-        """``grow([row], [t])`` for each of ``tokens`` in turn (a decode step's token and its drafts),
-        with the checks made once: ``KVCacheFull``, changing nothing, when the positions need more
-        blocks than are free."""
-        tokens = list(tokens)
-        self._row(row, "extend")
-        if row not in self.pool:
-            raise KaelError(f"PagedKVCache.extend: row {row} holds no sequence; start() it first")
-        self.release_behind_window([row])  # (its window moves with lengths[row], which growing leaves)
-        have = self.pool.length(row)
-        if have + len(tokens) > self.max_positions:
-            raise ShapeError(
-                f"PagedKVCache.extend: row {row} would reach {have + len(tokens)} positions, more than "
-                f"{self.max_positions}"
-            )
-        need = self.blocks_for(row, len(tokens))
+    def extend(self, rows: Sequence[int], tokens: Sequence[Sequence[int]]) -> None:
+        """``grow([rows[i]], [t])`` for each ``t`` of ``tokens[i]`` in turn (a decode step's token and its
+        drafts), every check before the first append: ``KVCacheFull``, changing nothing, when the
+        positions need more blocks than are free (counted row by row: rows sharing a block may be
+        refused a block early, never granted one too many)."""
+        rows, tokens = list(rows), [list(t) for t in tokens]
+        if len(rows) != len(tokens) or len(set(rows)) != len(rows):
+            raise ShapeError(f"PagedKVCache.extend: give distinct rows one token list each, got rows {rows}")
+        for r, ts in zip(rows, tokens):
+            self._row(r, "extend")
+            if r not in self.pool:
+                raise KaelError(f"PagedKVCache.extend: row {r} holds no sequence; start() it first")
+            if self.pool.length(r) + len(ts) > self.max_positions:
+                raise ShapeError(
+                    f"PagedKVCache.extend: row {r} would reach {self.pool.length(r) + len(ts)} positions, more "
+                    f"than {self.max_positions}"
+                )
+        self.release_behind_window(rows)  # (a window moves with lengths[row], which growing leaves)
+        need = sum(self.blocks_for(r, len(ts)) for r, ts in zip(rows, tokens))
         if need > self.pool.free_blocks:
-            self._full(f"PagedKVCache.extend: row {row} needs {need} new block(s) for {len(tokens)} position(s)", need)
-        for t in tokens:
-            self._append(row, t, "extend")
+            self._full(f"PagedKVCache.extend: {len(rows)} row(s) need {need} new block(s) for their positions", need)
+        for r, ts in zip(rows, tokens):
+            for t in ts:
+                self._append(r, t, "extend")
 
     def blocks_for(self, row: int, tokens: int) -> int:
         """Blocks that ``extend(row, ...)`` of ``tokens`` more positions takes from the pool."""
