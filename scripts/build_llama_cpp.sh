@@ -7,7 +7,9 @@
 #   $CACHE/wheel/llama_cpp_python-0.3.36-*.whl   `pip install` of it takes seconds
 #   $CACHE/bin/llama-{quantize,tokenize,server,bench} (+ the shared libraries they load, RPATH $ORIGIN)
 #   $CACHE/src/{convert_hf_to_gguf.py,conversion,gguf-py}   llama.cpp's converter, what it imports
-#   $CACHE/COMPLETE                              written last; a cache without it is never used
+#   $CACHE/COMPLETE                              written last, with the build's stamp (version and
+#                                                compiler flags); a cache without it, or with
+#                                                another stamp, is never used
 #
 # The wheel is built with LLAVA_BUILD=OFF: llama.cpp's tools (LLAMA_BUILD_TOOLS=ON) already add
 # tools/mtmd, which the package's own CMakeLists would add a second time (a CMake error), so the
@@ -48,7 +50,15 @@ install_wheel() {
     fi
 }
 
-if [[ -f $cache/COMPLETE ]]; then
+# AMX off: -march=native turns on ggml's AMX kernels (Q4_0, Q4_1, Q8_0, K-quants) on CPUs that list
+# amx_tile, and on the hosts here (virtual machines whose kernel lists the flags) their first tile
+# instruction traps: SIGILL at `tilezero` in ggml_backend_amx_mul_mat, which kills llama-bench, llama-server
+# and the comparison tests. Without AMX llama.cpp takes the same AVX-512 VNNI kernels as on every other
+# AVX-512 host. The flags are part of the cache's stamp, so a cache built otherwise is built again.
+extra_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+stamp="$version cflags: $extra_flags"
+
+if [[ -f $cache/COMPLETE ]] && grep -qxF "$stamp" "$cache/COMPLETE"; then
     echo "==> llama.cpp $version: cached in $cache"
     install_wheel
     exit 0
@@ -80,6 +90,7 @@ pkg=$tmp/llama_cpp_python-$version
 
 # One cmake build: the wheel's libraries plus llama.cpp's tools (CPU, -march=native, no network).
 export CMAKE_BUILD_PARALLEL_LEVEL=$jobs
+export CFLAGS="${CFLAGS:+$CFLAGS }$extra_flags" CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }$extra_flags"
 export CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
 -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF \
@@ -111,9 +122,13 @@ for exe in llama-quantize llama-tokenize llama-bench; do
 done
 rm -rf "$pkg" "$tmp/cmake" "$tmp/download"
 mv "$tmp/build.log" "$tmp/build-log.txt"
-echo "$version built $(date -u +%FT%TZ)" >"$tmp/COMPLETE"
+printf '%s\nbuilt %s\n' "$stamp" "$(date -u +%FT%TZ)" >"$tmp/COMPLETE"
 
-# Atomic: the cache appears whole or not at all (a concurrent build that won the race is kept).
+# Atomic: the cache appears whole or not at all (a concurrent build that won the race is kept). A
+# cache with another stamp is moved aside first, then removed.
+if [[ -e $cache ]] && ! grep -qxF "$stamp" "$cache/COMPLETE" 2>/dev/null; then
+    mv -T "$cache" "$tmp.stale" && rm -rf "$tmp.stale"
+fi
 if ! mv -T "$tmp" "$cache" 2>/dev/null; then
     [[ -f $cache/COMPLETE ]] || { echo "build_llama_cpp.sh: cannot move $tmp to $cache" >&2; exit 1; }
 fi

@@ -28,7 +28,8 @@
 // product reading it is nan; one so small that 127 / amax overflows (amax < 127 / FLT_MAX) gets q = 0 (its float16
 // scale is 0). Q4_1 / Q5_1 weights also use Q8_1's block sum s = float16(float(sum q) * d), as quantize_row_q8_1 (same
 // q and d as Q8_0's). The dot products are
-// integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h). For the super-block formats
+// integer sums per block in the order of NOTE [integer dot order] (vec_quant_dot.h); for Q4_1 / Q5_1 in ggml's own
+// order, NOTE [ggml q8_1 dot order] (vec_quant_dot_q81.h). For the super-block formats
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS it quantizes the rows to GGML's Q8_K blocks instead (llama.cpp's vec_dot_type
 // for them), exactly as ggml's reference quantize_row_q8_K_ref (per 256 values: max = the first value of largest |x|,
 // with its sign; iscale = -127 / max; q = nearest integer of iscale * x, ties to even as ggml's nearest_int, at most

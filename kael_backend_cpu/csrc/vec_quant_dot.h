@@ -3,20 +3,20 @@
 // float16 scale GGML stores, widened; for Q4_1 / Q5_1 weights also Q8_1's sum s_x) with Q8_0 /
 // Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL weight rows, as llama.cpp pairs them.
 //
-// NOTE [integer dot order]: for each 32-value block b, isum_b = sum of q_w * q_x in int32
-// (exact: |isum| <= 32 * 128 * 127); its product p_b = (d_w * d_x) * float(isum_b) in float32
-// (d_w * d_x is exact: two 11-bit significands; one rounding for the second product, never
-// fused into the add); for q4_1 / q5_1 (value d_w * q + m_w) then p_b = p_b + m_w * s_x, s_x
-// the activation block's Q8_1 sum (d_x * sum q_x as GGML rounds it), each product rounded
-// apart. p_b is added into lane b % 8 of eight float32 accumulators starting at +0, blocks in
-// order (blocks past the row's end, up to a multiple of 8, add +0); then
+// NOTE [integer dot order] (Q8_0, Q4_0, Q5_0, IQ4_NL; Q4_1 and Q5_1, whose values are d_w * q + m_w, follow
+// ggml's own order instead, NOTE [ggml q8_1 dot order] in vec_quant_dot_q81.h): for each 32-value block b,
+// isum_b = sum of q_w * q_x in int32 (exact: |isum| <= 32 * 128 * 127); its product
+// p_b = (d_w * d_x) * float(isum_b) in float32 (d_w * d_x is exact: two 11-bit significands; one rounding
+// for the second product, never fused into the add). p_b is added into lane b % 8 of eight float32 accumulators
+// starting at +0, blocks in order (blocks past the row's end, up to a multiple of 8, add +0); then
 // ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), then the bias. Every table computes exactly
 // this, so results are the same bits on every ISA, thread count and number of rows: the int32
 // sums are exact, so how a kernel gets them is free (the portable qd_rows_plain unpacks each
 // block's integers; the vector tables' qd_rows_avx2, NOTE [integer dot in vectors] in
 // vec_quant_dot_simd.h, multiplies unsigned weight bytes by a per-call copy of the activations
 // and folds the offset back in), while the float steps keep this order.
-// Pasted inside the per-ISA namespace by vec_table.h: no includes but vec_quant_dot_simd.h's.
+// Pasted inside the per-ISA namespace by vec_table.h: no includes but vec_quant_dot_simd.h's and
+// vec_quant_dot_q81.h's.
 #pragma once
 
 // v, opaque to the optimiser: keeps a product from being fused with the add that follows
@@ -42,7 +42,8 @@ constexpr int64_t kQdBytes = F == 0   ? 34
                              : F == 5 ? 22
                              : F == 6 ? 24
                                       : 18;
-// F's values are d * q + m (q4_1, q5_1: unsigned q): a block adds m * s_x, s_x = d_x * sum(q_x) (Q8_1's s).
+// F's values are d * q + m (q4_1, q5_1: unsigned q), with Q8_1 activations: a block's dot product is
+// d_w * d_x * isum + m_w * s_x, s_x = d_x * sum(q_x) (Q8_1's s).
 template <int F>
 constexpr bool kQdMin = F == 4 || F == 6;
 
@@ -86,9 +87,9 @@ inline float qd_lane_sum(const float (&a)[kQdLanes]) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-// The portable kernel: MR <= 16 activation rows (xq: k int8 apart; xd: nb scales apart) against
-// one weight row w, out[r * rso] = the dot products (no bias); each block's integers are unpacked
-// once for the rows.
+// The portable kernel of NOTE [integer dot order] (not q4_1 / q5_1: qg_rows_plain): MR <= 16 activation
+// rows (xq: k int8 apart; xd: nb scales apart) against one weight row w, out[r * rso] = the dot products (no bias);
+// each block's integers are unpacked once for the rows.
 template <int F>
 inline void qd_rows_plain(int64_t mr, int64_t nb, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w,
                           float* out, int64_t rso) {
@@ -101,23 +102,17 @@ inline void qd_rows_plain(int64_t mr, int64_t nb, int64_t k, const int8_t* xq, c
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
     const float dw = half_to_float_s(dbits);
-    float mw = 0.0f;
-    if constexpr (kQdMin<F>) {
-      std::memcpy(&dbits, blk + 2, 2);
-      mw = half_to_float_s(dbits);
-    }
     for (int64_t r = 0; r < mr; ++r) {
       const int8_t* x = xq + r * k + b * 32;
       int32_t isum = 0;
       for (int j = 0; j < 32; ++j) isum += int32_t{q[j]} * int32_t{x[j]};
-      float p = qd_opaque((dw * xd[r * 2 * nb + b]) * static_cast<float>(isum));
-      if constexpr (kQdMin<F>) p = qd_opaque(p + qd_opaque(mw * xd[r * 2 * nb + nb + b]));
-      acc[r][b % kQdLanes] += p;
+      acc[r][b % kQdLanes] += qd_opaque((dw * xd[r * 2 * nb + b]) * static_cast<float>(isum));
     }
   }
   for (int64_t r = 0; r < mr; ++r) out[r * rso] = qd_lane_sum(acc[r]);
 }
 
+#include "vec_quant_dot_q81.h"   // Q4_1 / Q5_1 in ggml's order (qg_rows_plain, qg_rows_avx2)
 #include "vec_quant_dot_simd.h"  // the AVX2 / VNNI kernels (qd_rows_avx2)
 
 // c[i * rsc + j] = activation row i . weight row j (+ bias[j]) for i < m, j < n: activation row i
@@ -131,14 +126,22 @@ inline void q8dot_rows(int64_t m, int64_t n, int64_t k, const int8_t* xq, const 
   if constexpr (std::is_void_v<DOT>) {
     const int64_t nb = k / 32;
     for (int64_t j = 0; j < n; ++j) {
-      qd_rows_plain<F>(m, nb, k, xq, xd, w + j * rsw, c + j, rsc);
+      if constexpr (kQdGgml<F>) {
+        qg_rows_plain<F>(m, nb, k, xq, xd, w + j * rsw, c + j, rsc);
+      } else {
+        qd_rows_plain<F>(m, nb, k, xq, xd, w + j * rsw, c + j, rsc);
+      }
       if (bias != nullptr) {
         for (int64_t i = 0; i < m; ++i) c[i * rsc + j] += bias[j];
       }
     }
   } else {
 #if defined(__AVX2__)
-    qd_rows_avx2<F, DOT>(m, n, k, xq, xd, w, rsw, bias, c, rsc);
+    if constexpr (kQdGgml<F>) {
+      qg_rows_avx2<F, DOT>(m, n, k, xq, xd, w, rsw, bias, c, rsc);
+    } else {
+      qd_rows_avx2<F, DOT>(m, n, k, xq, xd, w, rsw, bias, c, rsc);
+    }
 #endif
   }
 }

@@ -1,6 +1,7 @@
 // The AVX2 / AVX-512 VNNI kernels of the integer path for the 32-value blocks (vec_quant_dot.h):
-// Q8_0 / Q8_1 activation rows . Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weight rows, the same bits
-// as the portable qd_rows_plain (NOTE [integer dot order]).
+// Q8_0 activation rows . Q8_0, Q4_0, Q5_0 and IQ4_NL weight rows, the same bits as the portable
+// qd_rows_plain (NOTE [integer dot order]); and the multiply-adds (QdMadd, QdVnni) that
+// vec_quant_dot_q81.h's Q4_1 / Q5_1 kernels share.
 //
 // NOTE [integer dot in vectors]: the weight rows stay in GGML's layout; the activation rows of a
 // call are rearranged once, on entry, into a QdRows (k bytes and 3 k / 32 words a row: the
@@ -8,8 +9,8 @@
 // integers are two 32-byte vectors, lo = values 0..15 of block 2p then of block 2p + 1, hi =
 // values 16..31 of both (for the nibble formats: the pair's two 16-byte quant runs side by side,
 // masked, then shifted and masked; no byte shuffles), and QdRows holds each activation pair in
-// that order. Each weight integer is an unsigned byte u = q + off: q4_0 nibble (off 8), q4_1
-// nibble (0), q5_0 nibble + 16 * bit (16), q5_1 likewise (0); q8_0 and iq4_nl's signed q flipped
+// that order. Each weight integer is an unsigned byte u = q + off: q4_0 nibble (off 8), q5_0
+// nibble + 16 * bit (16); q8_0 and iq4_nl's signed q flipped
 // to q + 128 (off 128) where the table has VNNI, else kept signed (off 0). A pair's products are
 // one int32 vector, lanes 0..3 summing to block 2p's u . q_x and lanes 4..7 to block 2p + 1's:
 // vpdpbusd (VNNI: four u * q_x to a lane, |lane| <= 8 * 255 * 127) or maddubs + madd (AVX2: u <=
@@ -18,8 +19,8 @@
 // apart). Three hadds reduce a group's four pair vectors to its eight block sums, in lane order
 // kQdPerm (blocks 0, 2, 4, 6, 1, 3, 5, 7 of the group); adding -off * sum(q_x) of each block
 // (QdRows.corr, same order; every partial sum stays below 2^21 in magnitude) gives exactly isum_b.
-// The group's d_w (and m_w) are gathered in that order too (AVX-512: one word permute of two
-// 64-byte windows where every scale lies in one), and QdRows holds d_x and s_x in it, so every
+// The group's d_w are gathered in that order too (AVX-512: one word permute of two 64-byte
+// windows where every scale lies in one), and QdRows holds d_x in it, so every
 // float step of NOTE [integer dot order] runs lane for lane: accumulator lane t gathers the
 // blocks b with b % 8 == kQdPerm[t], which makes the final tree's first level the sum of the
 // accumulator's two halves (qd_lane_sum_perm). Blocks past the row's end (the last group) have
@@ -49,14 +50,13 @@ struct QdRows {
   int64_t nb8 = 0;
   std::vector<int8_t> x;      // pair p: values 0..15 of blocks 2p, 2p + 1, then values 16..31 of both
   std::vector<int32_t> corr;  // -off * sum of the block's q_x, group g's at 8g in kQdPerm order
-  std::vector<float> d, s;    // d_x and (q4_1 / q5_1) s_x, likewise
+  std::vector<float> d;       // d_x, likewise
 
-  QdRows(int64_t m, int64_t k, const int8_t* xq, const float* xd, int off, bool sums)
+  QdRows(int64_t m, int64_t k, const int8_t* xq, const float* xd, int off)
       : nb8((k / 32 + kQdLanes - 1) / kQdLanes * kQdLanes),
         x(static_cast<size_t>(m * nb8 * 32), 0),
         corr(static_cast<size_t>(m * nb8), 0),
-        d(static_cast<size_t>(m * nb8), 0.0f),
-        s(sums ? static_cast<size_t>(m * nb8) : 0, 0.0f) {
+        d(static_cast<size_t>(m * nb8), 0.0f) {
     const int64_t nb = k / 32;
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t b = 0; b < nb; ++b) {
@@ -69,7 +69,6 @@ struct QdRows {
         for (int j = 0; j < 32; ++j) sum += src[j];
         corr[static_cast<size_t>(at)] = -off * sum;
         d[static_cast<size_t>(at)] = xd[r * 2 * nb + b];
-        if (sums) s[static_cast<size_t>(at)] = xd[r * 2 * nb + nb + b];
       }
     }
   }
@@ -97,7 +96,8 @@ inline void qd_pair_ints(const uint8_t* p, const uint8_t* q, __m256i& lo, __m256
       hi = _mm256_xor_si256(hi, _mm256_set1_epi8(static_cast<char>(0x80)));
     }
   } else {
-    constexpr int kQs = F == 4 ? 4 : F == 5 ? 6 : F == 6 ? 8 : 2;
+    static_assert(F == 1 || F == 5 || F == 7, "q8_0, q4_0, q5_0, iq4_nl");
+    constexpr int kQs = F == 5 ? 6 : 2;
     const __m256i raw = qd_two(p + kQs, q == nullptr ? nullptr : q + kQs);
     const __m256i m4 = _mm256_set1_epi8(15);
     lo = _mm256_and_si256(raw, m4);
@@ -107,9 +107,9 @@ inline void qd_pair_ints(const uint8_t* p, const uint8_t* q, __m256i& lo, __m256
       if constexpr (VNNI) levels = _mm256_xor_si256(levels, _mm256_set1_epi8(static_cast<char>(0x80)));
       lo = _mm256_shuffle_epi8(levels, lo);
       hi = _mm256_shuffle_epi8(levels, hi);
-    } else if constexpr (F == 5 || F == 6) {
+    } else if constexpr (F == 5) {
       // bit j of qh (block 2p) and of qh' (block 2p + 1) is bit 4 of value j
-      constexpr int kH = F == 5 ? 2 : 4;
+      constexpr int kH = 2;
       uint32_t h0, h1 = 0;
       std::memcpy(&h0, p + kH, 4);
       if (q != nullptr) std::memcpy(&h1, q + kH, 4);
@@ -151,6 +151,11 @@ struct QdMadd {
     const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(xhi, hi)), one);
     return _mm256_add_epi32(a, b);
   }
+  // one block's 32 unsigned u <= 31 (value i in byte i) times its q_x: lane j sums values 4j .. 4j + 3 (NOTE [ggml
+  // q8_1 dot order]; maddubs' int16 pairs cannot saturate: 2 * 31 * 128 < 2^15)
+  static inline __m256i dot32(__m256i u, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+  }
 };
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
@@ -162,6 +167,9 @@ struct QdVnni {
   }
   __attribute__((target("avx512vnni"))) static inline __m256i dot_s(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
     return dot_u(lo, xlo, hi, xhi);  // not used: kQdSigned is false with VNNI
+  }
+  __attribute__((target("avx512vnni"))) static inline __m256i dot32(__m256i u, __m256i x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
   }
 };
 #endif
@@ -211,7 +219,7 @@ inline float qd_lane_sum_perm(__m256 v) {
 
 // Group g (blocks 8g .. 8g + 7; TAIL: only cnt < 8 left) of NW weight rows (w, rsw bytes apart)
 // against MR rows of xs from row r0: for weight row v and activation row r, the eight exact
-// block sums, scaled (plus m_w * s_x for q4_1 / q5_1) and added into acc[v][r], lane t for block
+// block sums, scaled and added into acc[v][r], lane t for block
 // 8g + kQdPerm[t] (NOTE [integer dot in vectors]). The NW weight rows share the activation loads.
 template <int F, class DOT, int MR, int NW, bool TAIL>
 inline void qd_group(int64_t g, int cnt, const QdRows& xs, int64_t r0, const uint8_t* w, int64_t rsw,
@@ -255,8 +263,6 @@ inline void qd_group(int64_t g, int cnt, const QdRows& xs, int64_t r0, const uin
   }
   for (int v = 0; v < NW; ++v) {
     const __m256 dwf = qd_group_halves<kBytes, 0, TAIL>(gw[v], cnt);
-    __m256 mwf = _mm256_setzero_ps();
-    if constexpr (kQdMin<F>) mwf = qd_group_halves<kBytes, 2, TAIL>(gw[v], cnt);
     for (int r = 0; r < MR; ++r) {
       const int64_t at = (r0 + r) * xs.nb8 + g * kQdLanes;
       __m256i isum = _mm256_hadd_epi32(h[v][r][0], h[v][r][1]);
@@ -264,11 +270,7 @@ inline void qd_group(int64_t g, int cnt, const QdRows& xs, int64_t r0, const uin
         isum = _mm256_add_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.corr.data() + at)));
       }
       const __m256 dx = _mm256_loadu_ps(xs.d.data() + at);
-      __m256 pr = qd_opaque(_mm256_mul_ps(_mm256_mul_ps(dwf, dx), _mm256_cvtepi32_ps(isum)));
-      if constexpr (kQdMin<F>) {
-        const __m256 sx = _mm256_loadu_ps(xs.s.data() + at);
-        pr = qd_opaque(_mm256_add_ps(pr, qd_opaque(_mm256_mul_ps(mwf, sx))));
-      }
+      const __m256 pr = qd_opaque(_mm256_mul_ps(_mm256_mul_ps(dwf, dx), _mm256_cvtepi32_ps(isum)));
       acc[v][r] = _mm256_add_ps(acc[v][r], pr);
     }
   }
@@ -302,7 +304,7 @@ template <int F, class DOT>
 inline void qd_rows_avx2(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd, const uint8_t* w,
                          int64_t rsw, const float* bias, float* c, int64_t rsc) {
   const int64_t nb = k / 32;
-  const QdRows xs(m, k, xq, xd, kQdOff<F, DOT::kVnni>, kQdMin<F>);
+  const QdRows xs(m, k, xq, xd, kQdOff<F, DOT::kVnni>);
   int64_t j = 0;
   if (m == 1) {
     const int64_t half = n / 2;

@@ -1,12 +1,15 @@
 """The CPU backend's integer path of quantized_linear (NOTE [integer quantized linear] in
 csrc/quant.cpp, NOTE [integer dot order] in csrc/vec_quant_dot.h): Q8_0 / Q4_0 / Q5_0 / IQ4_NL weights times
-activation rows quantized to GGML's Q8_0 blocks, with int32 block sums.
+activation rows quantized to GGML's Q8_0 blocks, with int32 block sums; Q4_1 / Q5_1 weights times Q8_1
+blocks in ggml's own order (NOTE [ggml q8_1 dot order] in csrc/vec_quant_dot_q81.h), checked against
+ggml-cpu's own dot products through ctypes where llama_cpp is installed.
 
 Oracle: a NumPy model of the same arithmetic written here from the quantizer ggml's CPU backend runs
 on x86 and ARM (quantize_row_q8_0 / q8_1: d = amax / 127 kept as float16, q = x * (127 / amax)
 rounded half to even; checked against that very code through ctypes where llama_cpp is installed)
 and the stated float order (per block (d_w * d_x) * isum in float32, added into lane b % 8 of eight
-float32 accumulators, the lanes summed pairwise, then the bias). The kernel must equal it bit for
+float32 accumulators, the lanes summed pairwise, then the bias; Q4_1 / Q5_1: ggml's fused lanes of four
+products and its separate sum of m_w * s_x). The kernel must equal it bit for
 bit; the module runs again in a subprocess under every other vector table this CPU can run
 (``KAEL_CPU_ISA``), so baseline, AVX2 (maddubs) and AVX-512 (VNNI where present) all meet it.
 The weights come from the gguf package's quantizer.
@@ -15,6 +18,7 @@ The weights come from the gguf package's quantizer.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import kael
@@ -104,19 +108,60 @@ def weight_ints(data: np.ndarray, scheme: str, k: int) -> tuple[np.ndarray, np.n
     return q, d, mins
 
 
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fma(a, b, c) rounded once (nearest, ties to even): a * b is exact in float64, the sum's rounding
+    error comes from TwoSum, and a float64 sum that lands exactly half-way between two float32 values goes the
+    way that error points."""
+    with np.errstate(all="ignore"):
+        p = a.astype(np.float64) * b.astype(np.float64)
+        c64 = c.astype(np.float64)
+        s = p + c64
+        bb = s - p
+        err = (p - (s - bb)) + (c64 - bb)
+        r = s.astype(F32)
+        r64 = r.astype(np.float64)
+        other = np.nextafter(r, np.where(s > r64, F32(np.inf), F32(-np.inf)).astype(F32))
+        tie = np.isfinite(s) & np.isfinite(r) & (s != r64) & (s == (r64 + other.astype(np.float64)) / 2) & (err != 0)
+        fixed = np.where(err > 0, np.maximum(r, other), np.minimum(r, other))
+    return np.where(tie, fixed, r).astype(F32)
+
+
+def ggml_order(
+    qx: np.ndarray, dx: np.ndarray, sx: np.ndarray, qw: np.ndarray, dw: np.ndarray, mw: np.ndarray
+) -> np.ndarray:
+    """q4_1 / q5_1's float32 dot products [m, n] by NOTE [ggml q8_1 dot order] (ggml_vec_dot_q4_1_q8_1 on x86):
+    lane j of block b sums the products of values 4j .. 4j + 3, fused into a_j with d_w * d_x; t sums m_w * s_x;
+    then (((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))) + t."""
+    m, nb = dx.shape
+    n = dw.shape[0]
+    lanes = np.einsum("ibls,jbls->ijbl", qx.reshape(m, nb, LANES, 4), qw.reshape(n, nb, LANES, 4))  # exact
+    acc = np.zeros((m, n, LANES), F32)
+    t = np.zeros((m, n), F32)
+    with np.errstate(all="ignore"):
+        for b in range(nb):
+            scale = (dx[:, None, b] * dw[None, :, b]).astype(F32)  # exact
+            acc = fma32(np.broadcast_to(scale[..., None], acc.shape), lanes[:, :, b, :].astype(F32), acc)
+            t = (t + (sx[:, None, b] * mw[None, :, b]).astype(F32)).astype(F32)  # the product is exact
+        a = [acc[..., i] for i in range(LANES)]
+        return ((((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + t).astype(F32)
+
+
 def model(x: np.ndarray, data: np.ndarray, bias: np.ndarray | None, scheme: str) -> np.ndarray:
-    """The integer path's float32 result [m, n] by NOTE [integer dot order]."""
+    """The integer path's float32 result [m, n] by NOTE [integer dot order] (q4_1 / q5_1: NOTE [ggml q8_1 dot
+    order])."""
     m, k = x.shape
     nb = k // 32
     qx, dx, sx = quantize_act(x)
     qw, dw, mw = weight_ints(data, scheme, k)
+    if scheme in MINS:
+        s = ggml_order(qx, dx, sx, qw, dw, mw)
+        with np.errstate(all="ignore"):
+            return s if bias is None else (s + bias.astype(F32)[None, :]).astype(F32)
     isum = np.einsum("ibt,jbt->ijb", qx, qw)  # exact in int64
     assert np.all(np.abs(isum) < 2**24)
     with np.errstate(all="ignore"):
         scale = (dx[:, None, :] * dw[None, :, :]).astype(F32)  # exact
         p = (scale * isum.astype(F32)).astype(F32)
-        if scheme in MINS:
-            p = (p + (sx[:, None, :] * mw[None, :, :]).astype(F32)).astype(F32)
     groups = -(-nb // LANES)
     p = np.concatenate([p, np.zeros((*p.shape[:2], groups * LANES - nb), F32)], axis=-1)
     acc = np.zeros((*p.shape[:2], LANES), F32)
@@ -180,6 +225,58 @@ def test_model_quantizer_is_ggml_cpus() -> None:
         np.testing.assert_array_equal(b1["qs"].astype(np.int64), q[i], err_msg=f"row {i}")
         np.testing.assert_array_equal(b0["d"].astype(F32), d[i])
         np.testing.assert_array_equal(b1["s"].astype(F32), s[i])
+
+
+def _round_exact(v: Fraction) -> np.float32:
+    """The float32 nearest the rational v (ties to even), by comparing exact distances."""
+    r = np.float32(float(v))
+    cands = [np.nextafter(r, F32(-np.inf)), r, np.nextafter(r, F32(np.inf))]
+    return min(cands, key=lambda c: (abs(Fraction(float(c)) - v), int(c.view(np.uint32)) & 1))
+
+
+@SETTINGS
+@given(
+    a=st.floats(-(2.0**20), 2.0**20, width=32),
+    b=st.floats(-(2.0**20), 2.0**20, width=32),
+    c=st.floats(-(2.0**40), 2.0**40, width=32),
+)
+def test_fma32_model_rounds_once(a: float, b: float, c: float) -> None:
+    """The model's fma32 is the exact a * b + c rounded once to float32 (ties to even), on random values
+    and on sums whose float64 rounding lands exactly half-way, where a float64 fma would round twice:
+    (24929 / 2^15) (673 / 2^9) = 1 + 2^-24, half-way between 1 and 1 + 2^-23, plus or minus 2^-80."""
+    got = fma32(np.array([a], F32), np.array([b], F32), np.array([c], F32))[0]
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    want = _round_exact(exact)
+    if exact == 0:  # IEEE: -0 only when the product and c are both zeros of sign -
+        negative = (np.signbit(a) != np.signbit(b)) and np.signbit(c) and a * b == 0 and c == 0
+        want = F32(-0.0) if negative else F32(0.0)
+    assert got.view(np.uint32) == want.view(np.uint32)
+    x, y = np.array([24929 / 2**15], F32), np.array([673 / 2**9], F32)
+    up = fma32(x, y, np.array([2.0**-80], F32))[0]
+    down = fma32(x, y, np.array([-(2.0**-80)], F32))[0]
+    assert up == F32(1 + 2.0**-23) and down == F32(1.0)
+    assert fma32(x, y, np.array([0.0], F32))[0] == F32(1.0)  # an exact tie: to even
+
+
+@pytest.mark.parametrize("scheme", MINS)
+def test_q4_1_q5_1_are_ggml_cpus_own_dot_products(cpu: Any, scheme: str) -> None:
+    """Q4_1 / Q5_1 weights: the kernel (1, 3 and 16 rows) and the NumPy model give ggml-cpu's own
+    ggml_vec_dot_q4_1_q8_1 / q5_1_q8_1 (llama_cpp's library, SIMD on this machine; every row count of these
+    formats in llama.cpp) bit for bit, on the same weight blocks and ggml's own Q8_1 activation blocks: NOTE
+    [ggml q8_1 dot order] is llama.cpp's. Rows span block counts 1 .. 20 and scales from 1e-3 to 50."""
+    import ggml_activation_quant as ggml
+
+    rng = np.random.default_rng(21)
+    for nb in (1, 2, 7, 8, 9, 20):
+        k, n = 32 * nb, 9
+        data = encode(rng.standard_normal((n, k)) + rng.uniform(-1, 1, (n, 1)), scheme)
+        for m, scale in ((1, 1.0), (3, 1e-3), (16, 50.0)):
+            x = (rng.standard_normal((m, k)) * scale).astype(F32)
+            theirs = np.array(
+                [[ggml.dot_q8_1(scheme, data[j], ggml.quantize_q8_1(x[i])) for j in range(n)] for i in range(m)], F32
+            )
+            assert_bits(model(x, data, None, scheme), theirs)
+            assert_bits(run(cpu, x, data, None, scheme), theirs)
 
 
 @SETTINGS

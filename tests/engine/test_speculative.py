@@ -270,6 +270,7 @@ class _Fixed:
 
 def test_adaptive_k_shrinks_pauses_and_retries() -> None:
     spec = Speculator(_Fixed([1, 2, 3, 4]), off_after=2, cooldown=3, max_cooldown=6, warmup=0)
+    spec.probing = False  # no step timings here: NOTE [adaptive k] alone
     req = Request([1, 2, 3])
     assert spec.drafts(req, 10) == [1, 2, 3, 4]
     spec.record(req, 4, 1)  # a rejection after one accepted: k = 2
@@ -407,19 +408,20 @@ def test_speculation_pauses_when_it_costs_more_per_token_and_probes_again() -> N
     assert spec.drafts(req, 10) == []  # the warm-up steps are plain: the baseline
     spec.observe_step(1.0, 1, speculated=False)
     spec.observe_step(1.0, 1, speculated=False)
-    assert spec.drafts(req, 10) == [1, 2]
+    assert spec.probing and spec.drafts(req, 10) == [1]  # the first try is a probe: one draft
     spec.observe_step(3.0, 2, speculated=True)  # 1.5 s a token against 1.0: a loss
-    assert spec.pauses == 1 and spec.paused_steps == 4
+    assert spec.pauses == 1 and spec.paused_steps == 4 and spec.probing
     for _ in range(4):
         assert spec.drafts(req, 10) == []
         spec.observe_step(1.0, 1, speculated=False)
-    assert spec.drafts(req, 10) == [1, 2]  # probing again
+    assert spec.drafts(req, 10) == [1]  # probing again: one draft
     spec.observe_step(3.0, 2, speculated=True)
     assert spec.paused_steps == 8  # it lost again: twice as long (at most max_probe_after)
     for _ in range(8):
         spec.observe_step(1.0, 1, speculated=False)
-    spec.observe_step(1.5, 3, speculated=True)  # 0.5 s a token: it pays, it goes on
-    assert spec.paused_steps == 0 and spec.drafts(req, 10) == [1, 2]
+    assert spec.drafts(req, 10) == [1]
+    spec.observe_step(1.5, 3, speculated=True)  # 0.5 s a token: it pays, it goes on with every draft
+    assert spec.paused_steps == 0 and not spec.probing and spec.drafts(req, 10) == [1, 2]
     spec.observe_step(1.0, 3, speculated=True)
     assert spec.pauses == 2
     with pytest.raises(KaelError, match=r"slack must be a number in \[0, 1\), got 2"):

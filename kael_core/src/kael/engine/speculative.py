@@ -34,9 +34,12 @@ of steps with drafts and of steps without. Speculation starts after ``warmup`` p
 baseline); whenever a step with drafts has made the speculative average worse than the plain
 one by more than ``slack``, every request stops drafting for ``probe_after`` steps (doubling,
 up to ``max_probe_after``, while it keeps losing; back to the first value once it pays), then
-it is tried again. A losing probe costs about one step (a verification of drafts that fail, and
-a draft model's own steps), so the first pause of 32 steps bounds the loss near 3% from the start,
-and the doubling takes it toward one step in every ``max_probe_after``.
+it is tried again. Each try (the first all-decode step with drafts after the warm-up, and after
+each pause) is a probe that drafts one token per request: a losing probe then costs about one
+step (a two-position verification, and one step of a draft model), so the first pause of 32
+steps bounds the loss near 3% from the start, and the doubling takes it toward one step in every
+``max_probe_after``; a probe that pays ends the probing, and NOTE [adaptive k]'s k applies from
+the next step (an accepted probe keeps the request's k).
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ class Speculator:
         self.paused_steps = count_arg("Speculator", "warmup", warmup, 0)
         """Steps left in which no request drafts (NOTE [speculation pays or pauses])."""
         self._probe_after = self.probe_after
+        self.probing = True
+        """Steps with drafts are probes, one draft per request, until one pays (NOTE [speculation pays or
+        pauses])."""
         self.pauses = 0
         self.proposed = 0
         self.accepted = 0
@@ -141,7 +147,7 @@ class Speculator:
         if st.pause:
             st.pause -= 1
             return []
-        k = min(st.k, room)
+        k = min(st.k, room, 1 if self.probing else st.k)
         if k <= 0:
             return []
         out = [int(t) for t in self.proposer.propose(request, k)][:k]
@@ -185,8 +191,10 @@ class Speculator:
             self.paused_steps, self.pauses = self._probe_after, self.pauses + 1
             self._probe_after = min(2 * self._probe_after, self.max_probe_after)
             self._cost[True] = None  # the next probe measures afresh
+            self.probing = True
         else:
             self._probe_after = self.probe_after
+            self.probing = False
 
     def forget(self, request: Request) -> None:
         """Drops a finished request's state (and the proposer's, ``Proposer.release``)."""
