@@ -92,6 +92,35 @@ def test_rows_restart_when_a_rejection_reaches_into_a_full_block(target: Any, sm
     assert not proposer._rows  # every finished request gave its draft row back
 
 
+def test_a_row_far_behind_is_started_again_by_one_prefill(target: Any) -> None:
+    """A request that moved on by more than REFILL_AFTER ids since its last drafts (as after a pause of
+    speculation) has its draft row started again by one prefill, not a decode step per id; the drafts are
+    still the draft's greedy continuation (the target drafting for itself: ``generate``'s tokens)."""
+    from kael.engine.draft_proposer import REFILL_AFTER
+
+    prompt = _prompts(25, 1)[0]
+    want = target.generate(prompt, 30)
+    proposer = DraftModelProposer(target, k=4, rows=1)
+    req = Request(prompt, GREEDY)
+    assert proposer.propose(req, 4) == want[:4]
+    calls = {"prefill": 0, "decode": 0}
+    for name in calls:
+        method = getattr(proposer.decoder, name)
+
+        def counted(*args: Any, _name: str = name, _method: Any = method) -> Any:
+            calls[_name] += 1
+            return _method(*args)
+
+        setattr(proposer.decoder, name, counted)
+    req.output_ids.extend(want[:2])  # near: the ids it lacks are fed one decode step each
+    assert proposer.propose(req, 4) == want[2:6]
+    assert calls == {"prefill": 0, "decode": 1 + 3}  # want[1] (want[0] was fed while drafting), then 3 drafts
+    req.output_ids.extend(want[2 : 2 + REFILL_AFTER + 10])  # far behind: one prefill
+    calls.update(prefill=0, decode=0)
+    assert proposer.propose(req, 4) == want[REFILL_AFTER + 12 : REFILL_AFTER + 16]
+    assert calls == {"prefill": 1, "decode": 3}
+
+
 def test_a_draft_with_another_vocabulary_or_bad_settings_is_refused(target: Any) -> None:
     other = GPT(V + 3, CTX, 1, 2, 16, generator=kael.Generator().manual_seed(3))
     with pytest.raises(KaelError, match=r"draft model's vocabulary \(100 tokens\) differs from the target's \(97\)"):
