@@ -9,7 +9,8 @@ For each model (random weights from transformers' own init, nothing downloaded):
 
 kael writes the F32, BF16 and F16 files (``kael.models.save_gguf``) and llama.cpp's
 ``llama-quantize`` makes Q8_0, Q4_0 and Q4_K_M from the F32 one, as users get them
-(``--quantizer kael``: kael writes those too, with the same bytes). Then, per format and thread
+(``--quantizer kael``: kael writes those too, with the same bytes; ``--formats`` may also name
+q4_1, q5_0, q5_1, q5_k_m, q6_k and iq4_xs). Then, per format and thread
 count, in one run:
 
 * kael (``kael.models.load_gguf``), each measurement in a fresh worker process with
@@ -53,6 +54,8 @@ from _shapes import GPT2_SMALL, SMOLLM2_135M
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
 FORMATS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_k_m")
+#: what --formats may name: the default FORMATS (issue 29's), and other llama-quantize types on request
+ALLOWED_FORMATS = (*FORMATS, "q4_1", "q5_0", "q5_1", "q5_k_m", "q6_k", "iq4_xs")
 MODELS = ("gpt2", "smollm2")
 FLOAT_FORMATS = ("f32", "bf16", "f16")
 PROMPT_TOKENS = 16
@@ -219,7 +222,9 @@ def _csv(text: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=_csv, default=list(MODELS), help="comma-separated, of " + ",".join(MODELS))
-    ap.add_argument("--formats", type=_csv, default=list(FORMATS), help="comma-separated, of " + ",".join(FORMATS))
+    ap.add_argument(
+        "--formats", type=_csv, default=list(FORMATS), help="comma-separated, of " + ",".join(ALLOWED_FORMATS)
+    )
     ap.add_argument("--threads", type=lambda s: [int(v) for v in _csv(s)], default=[1, 2], help="e.g. 1,2")
     ap.add_argument("--tokens", type=int, default=None, help="new tokens to decode (default 128; --quick 8)")
     ap.add_argument("--prompt", type=int, default=None, help="prefill prompt tokens (default 512; --quick 32)")
@@ -230,7 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep", type=Path, default=None, help="write the checkpoints and GGUF files here and keep them")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    for name, allowed in (("models", MODELS), ("formats", FORMATS)):
+    for name, allowed in (("models", MODELS), ("formats", ALLOWED_FORMATS)):
         got = getattr(args, name)
         if not got or any(v not in allowed for v in got):
             ap.error(f"--{name}: expected some of {','.join(allowed)}, got {','.join(got) or 'nothing'}")

@@ -90,14 +90,21 @@ inline float qg_lane_sum_vec(__m256 a, float t) {
   return _mm_cvtss_f32(s) + t;
 }
 
-// The float16 at offset OFF of each of the group's blocks (B bytes apart), in block order, as float32; blocks at or
-// past cnt read as 0. (Scalar loads: AVX-512's two-window word permute, which qd_group_halves takes for Q4_1's
-// 20-byte blocks, measured 1.3-1.8x slower in this kernel.)
-template <int64_t B, int OFF, bool TAIL>
-inline __m256 qg_halves(const uint8_t* g, int cnt) {
-  alignas(16) uint16_t h[kQdLanes] = {};
-  for (int i = 0; i < (TAIL ? cnt : kQdLanes); ++i) std::memcpy(&h[i], g + i * B + OFF, 2);
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+// The group's d_w and m_w (each block's first four bytes: float16 d, then float16 m), blocks B bytes apart, in block
+// order, as float32; blocks at or past cnt read as 0. One 32-bit load a block, then the even and odd halves apart.
+// (AVX-512's two-window word permute, which qd_group_halves takes for Q4_1's 20-byte blocks, measured 1.3-1.8x
+// slower in this kernel.)
+template <int64_t B, bool TAIL>
+inline void qg_scales(const uint8_t* g, int cnt, __m256& dwf, __m256& mwf) {
+  alignas(32) uint32_t dm[kQdLanes] = {};
+  for (int i = 0; i < (TAIL ? cnt : kQdLanes); ++i) std::memcpy(&dm[i], g + i * B, 4);
+  const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(dm));
+  // per 128-bit lane: the four d (even words) into bytes 0..7, the four m (odd words) into bytes 8..15
+  const __m256i split = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
+                                                                1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+  const __m256i ordered = _mm256_permute4x64_epi64(split, 0xD8);  // d0..d7, then m0..m7
+  dwf = _mm256_cvtph_ps(_mm256_castsi256_si128(ordered));
+  mwf = _mm256_cvtph_ps(_mm256_extracti128_si256(ordered, 1));
 }
 
 // Eight floats from p (TAIL: the first cnt, then zeros).
@@ -127,8 +134,8 @@ inline void qg_group(int64_t g, int cnt, int64_t nb, int64_t k, const int8_t* xq
   for (int v = 0; v < NW; ++v) {
     gw[v] = w + v * rsw + g * kQdLanes * kBytes;
     for (int64_t off = 0; off < kQdLanes * kBytes; off += 64) __builtin_prefetch(gw[v] + off + kQPrefetch, 0, 0);
-    const __m256 dwf = qg_halves<kBytes, 0, TAIL>(gw[v], cnt);
-    const __m256 mwf = qg_halves<kBytes, 2, TAIL>(gw[v], cnt);
+    __m256 dwf, mwf;
+    qg_scales<kBytes, TAIL>(gw[v], cnt, dwf, mwf);
     for (int r = 0; r < MR; ++r) {
       const float* xr = xd + (r0 + r) * 2 * nb + g * kQdLanes;
       _mm256_store_ps(cs[v][r], _mm256_mul_ps(dwf, qg_load8<TAIL>(xr, cnt)));
