@@ -112,6 +112,32 @@ inline void qd_rows_plain(int64_t mr, int64_t nb, int64_t k, const int8_t* xq, c
   for (int64_t r = 0; r < mr; ++r) out[r * rso] = qd_lane_sum(acc[r]);
 }
 
+// The last m % 4 < 4 activation rows of a weight row: tile(std::integral_constant<int, MR>{}) for MR = their count.
+template <class Tile>
+inline void qd_rest_rows(int64_t rest, Tile&& tile) {
+  switch (rest) {
+    case 3:
+      tile(std::integral_constant<int, 3>{});
+      break;
+    case 2:
+      tile(std::integral_constant<int, 2>{});
+      break;
+    case 1:
+      tile(std::integral_constant<int, 1>{});
+      break;
+    default:
+      break;
+  }
+}
+
+// c[i * rsc + j] += bias[j] for i < m, j < n (nothing when bias is null).
+inline void qd_add_bias(int64_t m, int64_t n, const float* bias, float* c, int64_t rsc) {
+  if (bias == nullptr) return;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) c[i * rsc + j] += bias[j];
+  }
+}
+
 #include "vec_quant_dot_q81.h"   // Q4_1 / Q5_1 in ggml's order (qg_rows_plain, qg_rows_avx2)
 #include "vec_quant_dot_simd.h"  // the AVX2 / VNNI kernels (qd_rows_avx2)
 

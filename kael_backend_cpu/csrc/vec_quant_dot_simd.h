@@ -315,24 +315,10 @@ inline void qd_rows_avx2(int64_t m, int64_t n, int64_t k, const int8_t* xq, cons
     const uint8_t* row = w + j * rsw;
     int64_t i = 0;
     for (; i + 4 <= m; i += 4) qd_tile_avx2<F, DOT, 4, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
-    switch (m - i) {
-      case 3:
-        qd_tile_avx2<F, DOT, 3, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
-        break;
-      case 2:
-        qd_tile_avx2<F, DOT, 2, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
-        break;
-      case 1:
-        qd_tile_avx2<F, DOT, 1, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
-        break;
-      default:
-        break;
-    }
+    qd_rest_rows(m - i, [&](auto mr) {
+      qd_tile_avx2<F, DOT, decltype(mr)::value, 1>(nb, xs, i, row, rsw, c + i * rsc + j, rsc, 0);
+    });
   }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t jj = 0; jj < n; ++jj) c[i * rsc + jj] += bias[jj];
-    }
-  }
+  qd_add_bias(m, n, bias, c, rsc);
 }
 #endif
