@@ -74,7 +74,10 @@ def test_quick_run_prints_the_report(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--formats", "q5_1"], "--formats: expected some of f32,bf16,f16,q8_0,q4_0,q4_k_m, got q5_1"),
+        (
+            ["--formats", "q4_0,q3_k_s"],
+            "--formats: expected some of f32,bf16,f16,q8_0,q4_0,q4_k_m,q4_1,q5_0,q5_1,q5_k_m,q6_k,iq4_xs, got q4_0,q3_k_s",
+        ),
         (["--models", "bert"], "--models: expected some of gpt2,smollm2, got bert"),
         (["--threads", "0"], "--threads: expected counts >= 1, got [0]"),
         (["--tokens", "1"], "--tokens: expected at least 2, got 1"),
