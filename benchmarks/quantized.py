@@ -10,7 +10,7 @@ For each model (random weights from transformers' own init, nothing downloaded):
 kael writes the F32, BF16 and F16 files (``kael.models.save_gguf``) and llama.cpp's
 ``llama-quantize`` makes Q8_0, Q4_0 and Q4_K_M from the F32 one, as users get them
 (``--quantizer kael``: kael writes those too, with the same bytes; ``--formats`` may also name
-q4_1, q5_0, q5_1, q5_k_m, q6_k and iq4_xs). Then, per format and thread
+any other type of ``kael.quant.formats.MIXES``: q4_1, q5_0, q5_1, q3_k_m, q5_k_m, q6_k, iq4_xs, ...). Then, per format and thread
 count, in one run:
 
 * kael (``kael.models.load_gguf``), each measurement in a fresh worker process with
@@ -50,12 +50,13 @@ from typing import Any
 import numpy as np
 from _llama_cpp_bench import find_tool, llama_bench, llama_quantize
 from _shapes import GPT2_SMALL, SMOLLM2_135M
+from kael.quant.formats import MIXES
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
 FORMATS = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_k_m")
-#: what --formats may name: the default FORMATS (issue 29's), and other llama-quantize types on request
-ALLOWED_FORMATS = (*FORMATS, "q4_1", "q5_0", "q5_1", "q5_k_m", "q6_k", "iq4_xs")
+#: what --formats may name: the default FORMATS (issue 29's), then every other llama-quantize type of kael's registry
+ALLOWED_FORMATS = (*FORMATS, *(m for m in MIXES if m not in FORMATS))
 MODELS = ("gpt2", "smollm2")
 FLOAT_FORMATS = ("f32", "bf16", "f16")
 PROMPT_TOKENS = 16

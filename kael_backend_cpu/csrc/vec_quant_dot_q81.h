@@ -9,7 +9,7 @@
 // a_j = fma(d_w * d_x, float(L_bj), a_j) (d_w * d_x exact: two float16 significands; one rounding), and
 // t = t + m_w * s_x (m_w * s_x exact likewise; s_x the activation block's Q8_1 sum); the result is
 // (((a_0 + a_4) + (a_2 + a_6)) + ((a_1 + a_5) + (a_3 + a_7))) + t, then the bias. Matching it, rather than NOTE
-// [integer dot order]'s lanes by block, took llama.cpp agreement on a llama-quantize Q4_1 file from 282 to 288 of 288
+// [integer dot order]'s lanes by block, took llama.cpp agreement on a llama-quantize Q4_1 file from 282 to 287 of 288
 // teacher-forced top tokens (tests/core/test_gguf_llama_quantize.py): a Q4_1 block's d * q + m terms cancel,
 // so last-bit order differences show there first. Each row is computed alone (rows of a call share weight loads
 // only), so rows are the same bits batched and alone, on every thread count.

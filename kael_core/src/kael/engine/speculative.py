@@ -147,7 +147,7 @@ class Speculator:
         if st.pause:
             st.pause -= 1
             return []
-        k = min(st.k, room, 1 if self.probing else st.k)
+        k = min(1 if self.probing else st.k, room)
         if k <= 0:
             return []
         out = [int(t) for t in self.proposer.propose(request, k)][:k]
