@@ -9,6 +9,8 @@ all-reduce counts saved to OUT_DIR/rank{r}.npz), ``collectives`` (all_reduce, br
 all_gather, barrier on several dtypes and strides, checked against NumPy here; OUT_DIR/ok{r}
 marks success), ``raise`` (rank 1 raises at step 2), ``exit`` (rank 1 calls sys.exit(3) at
 step 2), ``hang`` (rank 1 sleeps at step 2 for longer than the test waits), ``mismatch`` (rank 1's model has another shape; each rank writes the error it got),
+``peer`` (rank 1 waits for SIGTERM and writes the pid that sent it to OUT_DIR/sigterm_from, rank 0
+writes its pid to OUT_DIR/pid0 and raises),
 ``unused`` (rank 0 uses one head of a TwoHeads model, rank 1 the other; the gradients after one
 backward are saved to OUT_DIR/grads{r}.npz).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -204,6 +207,19 @@ def mismatch(out: str) -> None:
             f.write(str(exc))
 
 
+def sigterm_from_the_failed_peer(out: str) -> None:
+    if dist.rank() == 1:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the first SIGTERM's sender is kept
+    dist.barrier()
+    if dist.rank() == 0:
+        with open(os.path.join(out, "pid0"), "w") as f:
+            f.write(str(os.getpid()))
+        raise RuntimeError("rank 0 fails on purpose")
+    info = signal.sigtimedwait({signal.SIGTERM}, 60)
+    with open(os.path.join(out, "sigterm_from"), "w") as f:
+        f.write(str(info.si_pid) if info is not None else "none")
+
+
 def main() -> None:
     scenario, out = sys.argv[1], sys.argv[2]
     dist.init(timeout=float(os.environ.get("WORKER_TIMEOUT", "120")))
@@ -219,6 +235,8 @@ def main() -> None:
         mismatch(out)
     elif scenario == "unused":
         unused(out)
+    elif scenario == "peer":
+        sigterm_from_the_failed_peer(out)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

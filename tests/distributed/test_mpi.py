@@ -149,6 +149,15 @@ def test_a_rank_that_hangs_makes_the_other_time_out_with_a_clear_error() -> None
     assert time.monotonic() - start < 120
 
 
+def test_a_failed_rank_ends_its_peers_on_the_same_machine_itself(tmp_path: Path) -> None:
+    # mpiexec was seen to leave a sleeping rank running after its peer's exit (NOTE [distributed
+    # faults]); the failed rank's hook sends SIGTERM itself, and rank 1 records who sent the first one
+    proc = run_mpi("peer", str(tmp_path), timeout=120)
+    assert proc.returncode != 0
+    assert "RuntimeError: rank 0 fails on purpose" in proc.stderr, proc.stderr
+    assert (tmp_path / "sigterm_from").read_text() == (tmp_path / "pid0").read_text()
+
+
 def test_a_rank_that_exits_early_ends_the_job() -> None:
     # sys.exit() is no uncaught exception: rank 0's collective deadline ends the job (or mpiexec, when
     # rank 1's exit status reaches it first)

@@ -14,6 +14,12 @@ that stops early would leave the others waiting forever. Two mechanisms bound th
   it the failed rank would sit in ``MPI_Finalize`` (mpi4py finalizes at exit) while the others
   sit in their collective: a hang, found by trying it with MPICH. A rank that dies outright
   (a signal, ``os._exit``) is cleaned up by ``mpiexec`` itself.
+  Before it exits, the hook also ends (SIGTERM) the peers that run on its own machine: MPICH's
+  ``mpiexec`` was seen to leave a sleeping rank running after its peer's exit (about 1 run in 6 on
+  one CI host), which turns one rank's error into a job that never ends. ``init()`` learns each
+  rank's pid, its machine (host name, boot id and pid namespace, so a pid is never read in the
+  wrong namespace) and its start time (so a pid reused since is never signalled). Peers on other
+  machines are left to ``mpiexec``.
 * A deadline on every collective: each one is started non-blocking (``Iallreduce``, ``Ibcast``,
   ``Iallgather``, ``Ibarrier``) and its request polled with ``Test()`` until it completes or
   ``timeout`` seconds pass; then ``DistributedError`` names the op, the rank and the timeout.
@@ -27,6 +33,8 @@ or call ``abort()``.
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 import time
 from types import TracebackType
@@ -59,7 +67,7 @@ DistributedError.__module__ = "kael.distributed"  # its public home, in tracebac
 class _Group:
     """The world: mpi4py's MPI module and COMM_WORLD once init() ran, else a world of one."""
 
-    __slots__ = ("MPI", "comm", "rank", "size", "timeout")
+    __slots__ = ("MPI", "comm", "peers", "rank", "size", "timeout")
 
     def __init__(self) -> None:
         self.MPI: Any = None
@@ -67,6 +75,7 @@ class _Group:
         self.rank = 0
         self.size = 1
         self.timeout = DEFAULT_TIMEOUT
+        self.peers: list[tuple[int, str]] = []  # (pid, start time) of the other ranks on this machine
 
 
 GROUP = _Group()
@@ -109,7 +118,53 @@ def init(timeout: float | None = None) -> None:
     GROUP.rank = int(GROUP.comm.Get_rank())
     GROUP.size = int(GROUP.comm.Get_size())
     if GROUP.size > 1:
+        GROUP.peers = _local_peers()
         _install_excepthook()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), '' if unknown."""
+    stat = _read(f"/proc/{pid}/stat")
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _machine() -> str:
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}|{_read('/proc/sys/kernel/random/boot_id')}|{namespace}"
+
+
+def _local_peers() -> list[tuple[int, str]]:
+    """Every rank's (machine, pid, start time), gathered once; the other ranks on this machine."""
+    from ._collectives import all_gather_bytes
+
+    me = f"{_machine()}\n{os.getpid()}\n{_start_time(os.getpid())}"
+    peers = []
+    for r, data in enumerate(all_gather_bytes(me.encode(), "init")):
+        machine, pid, started = data.decode(errors="replace").split("\n")
+        if r != GROUP.rank and machine == _machine() and started:
+            peers.append((int(pid), started))
+    return peers
+
+
+def _end_local_peers() -> None:
+    for pid, started in GROUP.peers:
+        if _start_time(pid) == started:  # still the same process
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
 
 
 def _install_excepthook() -> None:
@@ -125,7 +180,9 @@ def _install_excepthook() -> None:
             # not MPI_Abort: it has mpiexec kill every process at once, the forwarding of this rank's
             # stdio included, so the traceback just written could arrive cut off. Exiting without
             # MPI_Finalize closes our pipes (mpiexec reads them to the end) and mpiexec then ends the
-            # other ranks as it does for any process that exits before finalizing.
+            # other ranks as it does for any process that exits before finalizing; the peers on
+            # this machine are ended here as well, since mpiexec does not always do it
+            _end_local_peers()
             os._exit(1)
 
     sys.excepthook = hook
