@@ -21,8 +21,12 @@ count, in one run:
   tg128, the mean over the repetitions), with the build and CPU it reports;
 * the memory roofline: the weight bytes one decoded token reads (every tensor of the file but
   the token table's unused rows when the head is a separate tensor, and the position table),
-  times tok/s, over the read bandwidth measured here at the same thread count (NumPy sums of a
-  1 GiB array split across the threads, best of 5);
+  times tok/s, over the read bandwidth measured here at the same thread count for a working set
+  of that size (NumPy reductions, a float32 sum and a uint32 max, of an array of that many bytes
+  split across the threads, read again and again: the best of 5 of the faster one). A file that
+  fits in the last-level cache (``llc_bytes``; some hosts have 300 MiB of L3) is read from there
+  at each token, by kael and llama.cpp alike, so its roofline is the cache's, not DRAM's;
+  ``bandwidth_gb_s`` is the DRAM figure (a 1 GiB array) for reference;
 
 plus kael's float32 path from the safetensors checkpoint as the floor and ``kael.cpu.isa()``.
 
@@ -129,17 +133,36 @@ def bytes_per_token(path: Path) -> int:
 
 
 def bandwidth(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
-    """Read bandwidth (bytes/s) of this machine at ``threads`` threads: the best of ``repeats`` sums of a
-    ``gib`` GiB float32 array split in ``threads`` parts (NumPy releases the GIL while it sums)."""
-    a = np.ones(int(gib * 2**30) // 4, np.float32)
+    """Read bandwidth (bytes/s) at ``threads`` threads of a ``gib`` GiB working set, read again and again: the
+    best of ``repeats`` passes of the faster of two NumPy reductions (a float32 sum, which some NumPy builds
+    run below the memory's speed, and a uint32 max), the array split in ``threads`` parts (NumPy releases
+    the GIL while it reduces)."""
+    a = np.ones(max(threads * 1024, int(gib * 2**30) // 4), np.float32)
     parts = np.array_split(a, threads)
     best = float("inf")
     with ThreadPoolExecutor(threads) as pool:
-        for _ in range(repeats):
-            start = time.perf_counter()
-            list(pool.map(np.sum, parts))
-            best = min(best, time.perf_counter() - start)
+        for reduce in (np.sum, lambda part: np.max(part.view(np.uint32))):
+            list(pool.map(reduce, parts))  # warm: the pages touched, a cache-sized set in the cache
+            for _ in range(repeats):
+                start = time.perf_counter()
+                list(pool.map(reduce, parts))
+                best = min(best, time.perf_counter() - start)
     return a.nbytes / best
+
+
+def llc_bytes() -> int | None:
+    """The size of the largest CPU cache Linux reports (sysfs), or None where it does not."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
 
 
 # -- kael's measurements (one worker process per file and thread count) ---------------------------
@@ -266,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         "quantizer": args.quantizer,
         "system": system_info(),
         "bandwidth_gb_s": {str(t): round(bandwidth(t, 0.25 if args.quick else 1.0) / 1e9, 2) for t in args.threads},
+        "llc_bytes": llc_bytes(),
         "note": "one run; llama-bench's tg starts from an empty context, kael's decode after a 16-token prompt",
     }
     if not llama:
@@ -273,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kael-quant-bench-") as tmp:
         work = args.keep or Path(tmp)
-        report["file_mb"], report["bytes_per_token"] = {}, {}
+        report["file_mb"], report["bytes_per_token"], report["roofline_bandwidth_gb_s"] = {}, {}, {}
         for name in args.models:
             hf_dir = work / name
             hf_dir.mkdir(parents=True, exist_ok=True)
@@ -281,7 +305,10 @@ def main(argv: list[str] | None = None) -> None:
             files = export(hf_dir, work, name, args.formats, args.quantizer, max(args.threads))
             for fmt, path in files.items():
                 report["file_mb"][f"{name} {fmt}"] = round(path.stat().st_size / 1e6, 2)
-                report["bytes_per_token"][f"{name} {fmt}"] = bytes_per_token(path)
+                size = report["bytes_per_token"][f"{name} {fmt}"] = bytes_per_token(path)
+                report["roofline_bandwidth_gb_s"][f"{name} {fmt}"] = {
+                    str(t): round(bandwidth(t, size / 2**30) / 1e9, 2) for t in args.threads
+                }
             for t in args.threads:
                 runs.append({"model": name, "format": "float32 safetensors", **_run_kael(hf_dir, t, args)})
                 for fmt, path in files.items():
@@ -290,12 +317,14 @@ def main(argv: list[str] | None = None) -> None:
                         bench = llama_bench(path, t, args.prompt, args.tokens, max(2, args.repeats))
                         runs.append({"model": name, "format": fmt, **bench})
     report["runs"] = runs
-    report["summary"] = summarize(runs, report["bytes_per_token"], report["bandwidth_gb_s"])
+    report["summary"] = summarize(runs, report["bytes_per_token"], report["roofline_bandwidth_gb_s"])
     print(json.dumps(report, indent=2, default=str))
 
 
-def summarize(runs: list[dict[str, Any]], per_token: dict[str, int], bw: dict[str, float]) -> dict[str, Any]:
-    """{"<model> <format> <threads>t": kael and llama-bench decode/prefill tok/s, their ratios, roofline fractions}."""
+def summarize(runs: list[dict[str, Any]], per_token: dict[str, int], bw: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """{"<model> <format> <threads>t": kael and llama-bench decode/prefill tok/s, their ratios, roofline fractions}.
+
+    ``bw["<model> <format>"][threads]``: the read bandwidth (GB/s) of a working set of that file's size."""
     table: dict[str, dict[str, Any]] = {}
     for r in runs:
         if "error" in r or "decode_tok_s" not in r:
@@ -304,9 +333,10 @@ def summarize(runs: list[dict[str, Any]], per_token: dict[str, int], bw: dict[st
         who = "kael" if r["engine"] == "kael" else "llama_bench"
         row[f"{who}_decode_tok_s"] = round(r["decode_tok_s"], 2)
         row[f"{who}_prefill_tok_s"] = round(r["prefill_tok_s"], 1)
-        size = per_token.get(f"{r['model']} {r['format']}")
-        if size:
-            row[f"{who}_roofline"] = round(size * r["decode_tok_s"] / (bw[str(r["threads"])] * 1e9), 3)
+        file = f"{r['model']} {r['format']}"
+        size = per_token.get(file)
+        if size and file in bw:
+            row[f"{who}_roofline"] = round(size * r["decode_tok_s"] / (bw[file][str(r["threads"])] * 1e9), 3)
     for row in table.values():
         if "llama_bench_decode_tok_s" in row and "kael_decode_tok_s" in row:
             row["decode_kael_over_llama"] = round(row["kael_decode_tok_s"] / row["llama_bench_decode_tok_s"], 3)

@@ -46,6 +46,9 @@ def test_quick_run_prints_the_report(tmp_path: Path) -> None:
             assert report["bytes_per_token"][f"{model} {fmt}"] == total
     assert "kael_cpu_isa" in report["system"]
     assert all(v > 0 for v in report["bandwidth_gb_s"].values())
+    assert report["llc_bytes"] is None or report["llc_bytes"] >= 2**20
+    assert set(report["roofline_bandwidth_gb_s"]) == set(report["bytes_per_token"])
+    assert all(set(bw) == {"1"} and bw["1"] > 0 for bw in report["roofline_bandwidth_gb_s"].values())
     llama = llama_cpp_tools.find_tool("llama-bench") is not None
     engines = {(run["model"], run["format"], run["engine"]) for run in report["runs"]}
     for model in ("gpt2", "smollm2"):
@@ -65,7 +68,7 @@ def test_quick_run_prints_the_report(tmp_path: Path) -> None:
         model, fmt, threads = key.split(" ")[0], " ".join(key.split(" ")[1:-1]), key.split(" ")[-1]
         if "kael_roofline" in row:
             size = report["bytes_per_token"][f"{model} {fmt}"]
-            bw = report["bandwidth_gb_s"][threads.rstrip("t")] * 1e9
+            bw = report["roofline_bandwidth_gb_s"][f"{model} {fmt}"][threads.rstrip("t")] * 1e9
             assert row["kael_roofline"] == pytest.approx(size * row["kael_decode_tok_s"] / bw, rel=0.02, abs=2e-3)
         if llama and fmt != "float32 safetensors":
             assert row["decode_kael_over_llama"] > 0 and row["prefill_kael_over_llama"] > 0
