@@ -608,12 +608,33 @@ void pack_q4k_block(const uint8_t* w, int64_t rsw, int64_t b, uint8_t* db) {
   }
 }
 
+// Q5_0's block b of the 16 rows at w (rsw bytes apart) into a slab's block db (NOTE [repacked rows]): the scales,
+// the fifth bits rearranged (bit 2c of byte i: value 4c + i's; bit 2c + 1: value 16 + 4c + i's), the nibbles as
+// Q4_0's.
+void pack_q5_0_block(const uint8_t* w, int64_t rsw, int64_t b, uint8_t* db) {
+  for (int64_t r = 0; r < kPackSlab; ++r) {
+    const uint8_t* blk = w + r * rsw + b * 22;
+    std::memcpy(db + 2 * r, blk, 2);
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);  // bit j: value j's fifth bit (little-endian, as GGML writes it)
+    for (int i = 0; i < 4; ++i) {
+      uint32_t byte = 0;
+      for (int c = 0; c < 4; ++c) {
+        byte |= ((qh >> (4 * c + i)) & 1U) << (2 * c);
+        byte |= ((qh >> (16 + 4 * c + i)) & 1U) << (2 * c + 1);
+      }
+      db[32 + r * 4 + i] = static_cast<uint8_t>(byte);
+    }
+    for (int64_t c = 0; c < 4; ++c) std::memcpy(db + 96 + c * 64 + r * 4, blk + 6 + 4 * c, 4);
+  }
+}
+
 }  // namespace
 
 void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
   const char* op = "pack_quantized";
   KAEL_CHECK(packable(scheme), Kael, op, ": the ", vec().name, " table has no kernel for repacked ",
-             quant_scheme_name(scheme), " rows (q8_0, q4_0, iq4_nl, q4_k and q6_k with AVX512_VNNI)");
+             quant_scheme_name(scheme), " rows (q8_0, q4_0, q5_0, iq4_nl, q4_k and q6_k with AVX512_VNNI)");
   KAEL_CHECK(weight.ndim == 2 && weight.dtype == DType::UInt8 && weight.is_contiguous(), Shape, op,
              ": weight must be contiguous uint8 [N, row bytes], got ", dtype_name(weight.dtype), " with ", weight.ndim,
              " dims");
@@ -630,6 +651,10 @@ void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
       if (scheme == QuantScheme::Q6_K || scheme == QuantScheme::Q4_K) {
         const auto pack_block = scheme == QuantScheme::Q6_K ? pack_q6k_block : pack_q4k_block;
         for (int64_t b = 0; b < nb; ++b) pack_block(w + sl * kPackSlab * rsw, rsw, b, dst + b * kPackSlab * bytes);
+        continue;
+      }
+      if (scheme == QuantScheme::Q5_0) {
+        for (int64_t b = 0; b < nb; ++b) pack_q5_0_block(w + sl * kPackSlab * rsw, rsw, b, dst + b * kPackSlab * bytes);
         continue;
       }
       for (int64_t b = 0; b < nb; ++b) {

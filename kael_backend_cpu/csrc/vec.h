@@ -99,9 +99,10 @@ struct VecTable {
   // j < n
   void (*q8dot_rows[kQuantSchemes])(int64_t m, int64_t n, int64_t k, const int8_t* xq, const float* xd,
                                     const uint8_t* w, int64_t rsw, const float* bias, float* c, int64_t rsc) = {};
-  // The integer path on repacked rows (vec_quant_packed.h, NOTE [repacked rows]; q8_0, q4_0 on the AVX-512 table of a
-  // CPU with AVX512_VNNI, else null): c[i * rsc + j] = Q8_0 activation row i (as q8dot_rows' xq, xd; xs: its k / 32
-  // int32 block sums of q) . weight row j, i < m <= 16, 16 s0 <= j < 16 s1, slab s at pw + 16 s rsw (no bias)
+  // The integer path on repacked rows (vec_quant_packed.h, NOTE [repacked rows]; q8_0, q4_0, q5_0, iq4_nl on the
+  // AVX-512 table of a CPU with AVX512_VNNI, else null): c[i * rsc + j] = Q8_0 activation row i (as q8dot_rows' xq, xd;
+  // xs: its k / 32 int32 block sums of q) . weight row j, i < m <= 16, 16 s0 <= j < 16 s1, slab s at pw + 16 s rsw (no
+  // bias)
   void (*q8dot_packed[kQuantSchemes])(int64_t m, int64_t s0, int64_t s1, int64_t k, const int8_t* xq, const float* xd,
                                       const int32_t* xs, const uint8_t* pw, int64_t rsw, float* c, int64_t rsc) = {};
   // Its super-block twin (q6_k; Q8_K activation rows as q8kdot_rows' xq, xd, xs)

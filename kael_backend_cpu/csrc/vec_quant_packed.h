@@ -7,7 +7,10 @@
 // their bytes in the same 16 * row-bytes span, block by block: block b is the 16 rows' float16 scales (32 bytes),
 // then chunk c (4 values of each row: c = 0..3 for Q4_0, the nibble bytes 4c .. 4c + 3, whose low nibbles are
 // values 4c .. 4c + 3 and high ones 16 + 4c ..; c = 0..7 for Q8_0, values 4c .. 4c + 3, each q + 128 as an
-// unsigned byte; IQ4_NL as Q4_0, its nibbles turned into level + 128 by a byte shuffle) as 16 rows x 4 bytes. One
+// unsigned byte; IQ4_NL as Q4_0, its nibbles turned into level + 128 by a byte shuffle) as 16 rows x 4 bytes.
+// Q5_0 as Q4_0 with its fifth bits in one more vector after the scales (its chunks start at byte 96): byte i of
+// row r holds, in bit 2c, the fifth bit of value 4c + i and in bit 2c + 1 that of value 16 + 4c + i (c = 0..3),
+// so chunk c's five-bit integers u = q + 16 are its nibbles ORed with two shifted, masked copies. One
 // 64-byte load is then four values of each of the 16 rows, and vpdpbusd against the activation's four matching int8
 // values (broadcast) adds their products into lane r, row r's block sum: after a block's loads every lane holds its
 // row's exact isum_b (with the offset folded back in: - 8 or
@@ -28,20 +31,54 @@
 constexpr int64_t kPackRows = 16;  // weight rows a slab interleaves
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
-// Bytes of block b of a slab of format F (0 q8_0, 1 q4_0, 7 iq4_nl): 16 scales and 16 rows' integers.
+// Bytes of block b of a slab of format F (0 q8_0, 1 q4_0, 5 q5_0, 7 iq4_nl): 16 scales and 16 rows' integers.
 template <int F>
-constexpr int64_t kPackBlockBytes = F == 0 ? 16 * 34 : 16 * 18;
+constexpr int64_t kPackBlockBytes = F == 0   ? 16 * 34
+                                    : F == 5 ? 16 * 22
+                                             : 16 * 18;
+
+// The bits of v at position s of each byte moved to bit 4 (16-bit lanes: what crosses a byte is masked off).
+template <int S>
+__attribute__((target("avx512vnni"))) inline __m512i pk_bit_to_4(__m512i v) {
+  const __m512i m = _mm512_set1_epi8(0x10);
+  if constexpr (S <= 4) {
+    return _mm512_and_si512(_mm512_slli_epi16(v, 4 - S), m);
+  } else {
+    return _mm512_and_si512(_mm512_srli_epi16(v, S - 4), m);
+  }
+}
+
+// Chunk C of a Q5_0 slab block (blk; qh: its fifth-bit vector) against activation block x: its products added to is.
+template <int C>
+__attribute__((target("avx512vnni"))) inline __m512i pk_q5_0_chunk(const uint8_t* blk, const int8_t* x, __m512i qh,
+                                                                   __m512i is) {
+  const __m512i m4 = _mm512_set1_epi8(15);
+  const __m512i v = _mm512_loadu_si512(blk + 96 + 64 * C);
+  int32_t lo, hi;
+  std::memcpy(&lo, x + 4 * C, 4);
+  std::memcpy(&hi, x + 16 + 4 * C, 4);
+  const __m512i ul = _mm512_or_si512(_mm512_and_si512(v, m4), pk_bit_to_4<2 * C>(qh));
+  const __m512i uh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), pk_bit_to_4<2 * C + 1>(qh));
+  is = _mm512_dpbusd_epi32(is, ul, _mm512_set1_epi32(lo));
+  return _mm512_dpbusd_epi32(is, uh, _mm512_set1_epi32(hi));
+}
 
 // Block b of a slab (p) against one activation row (xq, xd, xs as pk_slab_row's): the 16 rows' p_b added into a.
 template <int F>
 __attribute__((target("avx512vnni"))) inline void pk_block(int64_t b, const int8_t* xq, const float* xd,
                                                            const int32_t* xs, const uint8_t* p, __m512& a) {
-  static_assert(F == 0 || F == 1 || F == 7, "q8_0, q4_0 and iq4_nl");
-  constexpr int kOff = F == 1 ? 8 : 128;  // iq4_nl: its levels + 128, by the lookup
+  static_assert(F == 0 || F == 1 || F == 5 || F == 7, "q8_0, q4_0, q5_0 and iq4_nl");
+  constexpr int kOff = F == 1 ? 8 : F == 5 ? 16 : 128;  // iq4_nl: its levels + 128, by the lookup
   const uint8_t* blk = p + b * kPackBlockBytes<F>;
   const int8_t* x = xq + b * 32;
   __m512i is = _mm512_set1_epi32(-kOff * xs[b]);
-  if constexpr (F == 1 || F == 7) {
+  if constexpr (F == 5) {
+    const __m512i qh = _mm512_loadu_si512(blk + 32);
+    is = pk_q5_0_chunk<0>(blk, x, qh, is);
+    is = pk_q5_0_chunk<1>(blk, x, qh, is);
+    is = pk_q5_0_chunk<2>(blk, x, qh, is);
+    is = pk_q5_0_chunk<3>(blk, x, qh, is);
+  } else if constexpr (F == 1 || F == 7) {
     const __m512i m4 = _mm512_set1_epi8(15);
     // iq4_nl: each nibble's level + 128 as an unsigned byte (a byte shuffle of the 16 levels)
     const __m512i levels = _mm512_xor_si512(
@@ -252,13 +289,13 @@ auto q8kdot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, cons
   return nullptr;
 }
 
-// The table's repacked-rows kernel for format F: q8_0, q4_0 and iq4_nl on the AVX-512 table of a CPU with AVX512_VNNI,
-// else none (the weight is then never repacked).
+// The table's repacked-rows kernel for format F: q8_0, q4_0, q5_0 and iq4_nl on the AVX-512 table of a CPU with
+// AVX512_VNNI, else none (the weight is then never repacked).
 template <int F>
 auto q8dot_packed_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const int8_t*, const float*, const int32_t*,
                                        const uint8_t*, int64_t, float*, int64_t) {
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
-  if constexpr (F == 0 || F == 1 || F == 7) {
+  if constexpr (F == 0 || F == 1 || F == 5 || F == 7) {
     if (::kael::cpu_features().avx512_vnni) return q8dot_packed_slabs<F>;
   }
 #endif

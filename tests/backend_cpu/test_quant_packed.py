@@ -2,7 +2,8 @@
 kael_backend_cpu/_repack.py): the layout, the kernel and the copies the kernel table keeps.
 
 Oracles: a NumPy statement of the layout (16 rows interleaved block by block: the rows' float16 scales, then
-4-byte chunks row by row; Q8_0's integers as q + 128; IQ4_NL's nibbles as Q4_0's; Q4_K's d, dmin, scale bytes, then nibbles of values i
+4-byte chunks row by row; Q8_0's integers as q + 128; IQ4_NL's nibbles as Q4_0's; Q5_0's fifth bits in a vector of
+their own (bit 2c of byte i: value 4c + i's, bit 2c + 1: value 16 + 4c + i's) before Q4_0-like nibbles; Q4_K's d, dmin, scale bytes, then nibbles of values i
 and 128 + i; Q6_K's six-bit integers decoded by ggml's dequantizer's rules, in nibble and two-bit vectors); the integer path's NumPy models (test_quant_int8.model: NOTE [integer dot
 order]; test_quant_int8_k.model: NOTE [integer K dot order]), which the repacked rows must meet bit for bit, as
 GGML's rows do.
@@ -32,8 +33,8 @@ from test_quant_int8_k import weights as k_weights  # noqa: E402
 
 from kael_backend_cpu import _repack  # noqa: E402
 
-SCHEMES = ("q8_0", "q4_0", "iq4_nl", "q4_k", "q6_k")
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "iq4_nl": 18, "q4_k": 144, "q6_k": 210}
+SCHEMES = ("q8_0", "q4_0", "iq4_nl", "q5_0", "q4_k", "q6_k")
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "iq4_nl": 18, "q5_0": 22, "q4_k": 144, "q6_k": 210}
 SUPER = ("q4_k", "q6_k")  # 256-value super-blocks: Q8_K activations
 needs_kernel = pytest.mark.skipif(
     not all(C.packable(s) for s in SCHEMES), reason="this CPU's table has no kernel for repacked rows (AVX512_VNNI)"
@@ -98,6 +99,21 @@ def layout(data: np.ndarray, scheme: str) -> np.ndarray:
         return out
     nb, chunks = width // b, (b - 2) // 4
     out = data.copy()
+    if scheme == "q5_0":
+        for s in range(n // 16):
+            blocks = data[16 * s : 16 * s + 16].reshape(16, nb, b)
+            slab = np.zeros((nb, 352), np.uint8)
+            slab[:, :32] = blocks[:, :, :2].transpose(1, 0, 2).reshape(nb, 32)
+            qh = blocks[:, :, 2:6].copy().view("<u4")[..., 0].astype(np.int64)  # [row, block]: bit j, value j's
+            bits = np.zeros((16, nb, 4), np.int64)
+            for i in range(4):
+                for c in range(4):
+                    bits[..., i] |= ((qh >> (4 * c + i)) & 1) << (2 * c)
+                    bits[..., i] |= ((qh >> (16 + 4 * c + i)) & 1) << (2 * c + 1)
+            slab[:, 32:96] = bits.astype(np.uint8).transpose(1, 0, 2).reshape(nb, 64)
+            slab[:, 96:] = blocks[:, :, 6:].reshape(16, nb, 4, 4).transpose(1, 2, 0, 3).reshape(nb, 256)
+            out[16 * s : 16 * s + 16] = slab.reshape(16, width)
+        return out
     for s in range(n // 16):
         blocks = data[16 * s : 16 * s + 16].reshape(16, nb, b)
         slab = np.zeros((nb, 32 + 64 * chunks), np.uint8)
@@ -142,7 +158,7 @@ def test_layout(cpu: Any, scheme: str) -> None:
 @needs_kernel
 @SETTINGS
 @given(
-    scheme=st.sampled_from(SCHEMES[:3]),
+    scheme=st.sampled_from(SCHEMES[:4]),
     m=st.integers(1, 16),
     nb=st.integers(1, 40),
     n=st.integers(16, 70),
@@ -231,7 +247,8 @@ def test_refusals(cpu: Any) -> None:
     data = encode(rng.standard_normal((16, 64)), "q4_1")
     w = from_numpy_bits(data, dt.uint8)
     with pytest.raises(
-        kael.KaelError, match=r"pack_quantized: .*no kernel for repacked q4_1 rows \(q8_0, q4_0, iq4_nl, q4_k and q6_k"
+        kael.KaelError,
+        match=r"pack_quantized: .*no kernel for repacked q4_1 rows \(q8_0, q4_0, q5_0, iq4_nl, q4_k and q6_k",
     ):
         C.pack_quantized(cpu_empty(cpu, data.shape, dt.uint8), w, "q4_1")
     if not C.packable("q4_0"):

@@ -1,11 +1,11 @@
-"""Repacked weights for decode: ``quantized_linear`` with a repacked copy of Q8_0 / Q4_0 / Q4_K / Q6_K weights.
+"""Repacked weights for decode: ``quantized_linear`` with a repacked copy of Q8_0 / Q4_0 / Q5_0 / IQ4_NL / Q4_K / Q6_K weights.
 
 NOTE [repacked weights]
 =======================
 GGML's layout keeps each row's blocks together, which makes a one-row integer kernel spend most
 of its instructions gathering blocks and reducing each block's products across vector lanes.
 On a CPU whose kernel table has a kernel for repacked rows (``_C.packable(scheme)``: q8_0,
-q4_0, q4_k and q6_k with AVX512_VNNI), the first call of up to 16 rows on a weight makes a repacked copy of it
+q4_0, q5_0, iq4_nl, q4_k and q6_k with AVX512_VNNI), the first call of up to 16 rows on a weight makes a repacked copy of it
 (16 rows interleaved block by block: NOTE [repacked rows] in csrc/vec_quant_packed.h), and later
 calls of up to 16 rows on the integer path read that copy instead: the same bits as GGML's rows,
 about half the instructions per weight byte (decode, batched decode and speculative
