@@ -88,20 +88,18 @@ template <int F>
 inline void q451_values(const uint8_t* blk, vi (&out)[kQVecs]) {
   if constexpr (F == 7) {
     iq4_levels(blk + 2, out);
-  } else {
+  } else {  // the nibbles as Q4_0's (+ 8 back), bit j of qh by a per-lane shift (vectorised: the scalar loop was not)
     constexpr int64_t L = V<float>::L;
-    const uint8_t* qs = blk + (F == 4 ? 4 : F == 5 ? 6 : 8);
+    q4_values(blk + (F == 4 ? 4 : F == 5 ? 6 : 8), out);
     uint32_t qh = 0;
     if constexpr (F == 5 || F == 6) std::memcpy(&qh, blk + (F == 5 ? 2 : 4), 4);
-    int32_t q[kQBlock];
-    for (int j = 0; j < 16; ++j) {
-      q[j] = static_cast<int32_t>((qs[j] & 15u) | (((qh >> j) & 1u) << 4));
-      q[j + 16] = static_cast<int32_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
-      if constexpr (F == 5) {
-        q[j] -= 16;
-        q[j + 16] -= 16;
-      }
+    vi lane{};
+    for (int64_t l = 0; l < L; ++l) lane[l] = static_cast<int32_t>(l);
+    const vi h = vi{} + static_cast<int32_t>(qh);
+    for (int v = 0; v < kQVecs; ++v) {
+      out[v] += 8;
+      if constexpr (F == 5 || F == 6) out[v] |= ((h >> (lane + static_cast<int32_t>(v * L))) & 1) << 4;
+      if constexpr (F == 5) out[v] -= 16;
     }
-    for (int v = 0; v < kQVecs; ++v) std::memcpy(&out[v], q + v * L, sizeof(vi));
   }
 }
