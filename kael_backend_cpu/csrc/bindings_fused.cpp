@@ -73,6 +73,9 @@ void bind_fused(py::module_& m) {
   // NOTE [repacked rows] (vec_quant_packed.h): whether this CPU can use a repacked copy of a scheme's weights, and
   // the repacking itself (out: a contiguous uint8 tensor of weight's shape)
   m.def("packable", [](py::handle scheme) { return packable(quant_scheme(scheme, "packable")); });
+  // NOTE [bfloat16 GEMM pays] (vec_bf16_dot.h)
+  m.def("bf16_issue_ratio", [] { return bf16_issue_ratio(); });
+  m.def("bf16_gemm_pays", [] { return bf16_gemm_pays(); });
   m.def("pack_quantized", [](py::handle out, py::handle weight, py::handle scheme) {
     View o = parse(out, "pack_quantized", true), w = parse(weight, "pack_quantized");
     const QuantScheme s = quant_scheme(scheme, "pack_quantized");

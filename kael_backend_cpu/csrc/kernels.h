@@ -165,6 +165,10 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
                       const View* packed = nullptr);
 // Whether this CPU's table has a kernel for repacked rows of scheme (q8_0 / q4_0 with AVX512_VNNI).
 bool packable(QuantScheme scheme);
+// NOTE [bfloat16 GEMM pays] (vec_bf16_dot.h): vdpbf16ps's issue rate over vfmadd231ps's (0 where the table has no
+// bfloat16 GEMM), and whether auto mode takes the bfloat16 GEMM for prompts by it (KAEL_BF16_GEMM unset)
+double bf16_issue_ratio();
+bool bf16_gemm_pays();
 // out = weight's rows repacked 16 at a time (NOTE [repacked rows]); weight and out contiguous uint8 [N, row bytes]
 // of scheme, which must be packable.
 void pack_quantized(const View& out, const View& weight, QuantScheme scheme);

@@ -79,7 +79,8 @@
 // float32 results below the normal range to zero. auto takes it for calls of up to 16 rows (GPT-2's lm_head, 1
 // thread: 2.5x the float kernel at 1 row, 3.9x at 8 rows, which convert every weight to float32), q8 at every row
 // count (waves of 16 rows), f32 never. Rows of up to 16 stay bit-identical batched and alone. Prompts of more than
-// 16 rows take, in auto only, the bfloat16 GEMM of NOTE [bfloat16 GEMM] (vec_bf16_dot.h; 1.7-2x the packed float
+// 16 rows take, in auto only and where it pays (NOTE [bfloat16 GEMM pays]), the bfloat16 GEMM of NOTE [bfloat16
+// GEMM] (vec_bf16_dot.h; 1.7-2x the packed float
 // GEMM on GPT-2's 512-row projections, 1 thread), whose rows do not depend on the prompt's length either but differ
 // from the few-row kernel's in summation order (as the float GEMM's did from the float few-row kernel).
 #include <algorithm>
@@ -195,9 +196,26 @@ bool use_int8_gemm(QuantScheme s, int64_t m, ActMode mode) {
          (vec().int8gemm_cols[f] != nullptr || vec().int8kgemm_cols[f] != nullptr);
 }
 
+// vdpbf16ps's issue rate over vfmadd231ps's at which auto takes the bfloat16 GEMM (NOTE [bfloat16 GEMM pays]).
+constexpr double kBf16GemmMinRatio = 0.375;
+
+// KAEL_BF16_GEMM, read at every call: "1" takes the bfloat16 GEMM wherever the table has it, "0" never; unset (or
+// empty): where it pays on this CPU (measured once per table, NOTE [bfloat16 GEMM pays]).
+bool bf16_gemm_wanted() {
+  const char* v = std::getenv("KAEL_BF16_GEMM");
+  if (v != nullptr && *v != '\0') {
+    KAEL_CHECK(std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0, Kael,
+               "quantized_linear: KAEL_BF16_GEMM must be '0' or '1' (or unset: where it pays), got '", v, "'");
+    return v[0] == '1';
+  }
+  return bf16_gemm_pays();
+}
+
 // A bf16 prompt (more than kFewRows rows) takes the bfloat16 GEMM (NOTE [bfloat16 GEMM] in vec_bf16_dot.h)? auto only.
 bool use_bf16_gemm(QuantScheme s, int64_t m, ActMode mode) {
-  return s == QuantScheme::BF16 && m > kFewRows && mode == ActMode::Auto && vec().bf16gemm_cols != nullptr;
+  // (the variable is checked on every table: a bad value is refused where the GEMM is absent too)
+  return s == QuantScheme::BF16 && m > kFewRows && mode == ActMode::Auto && bf16_gemm_wanted() &&
+         vec().bf16gemm_cols != nullptr;
 }
 
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and
@@ -556,6 +574,16 @@ const char* quant_scheme_name(QuantScheme s) {
   switch (s) { KAEL_QUANT_FORMATS(KAEL_QF_NAME_CASE) }
 #undef KAEL_QF_NAME_CASE
   return "?";
+}
+
+double bf16_issue_ratio() {
+  // per table (KAEL_CPU_ISA may select another in a later process only, but vec() is the one source)
+  static const double ratio = vec().bf16_issue_ratio != nullptr ? vec().bf16_issue_ratio() : 0.0;
+  return ratio;
+}
+
+bool bf16_gemm_pays() {
+  return vec().bf16gemm_cols != nullptr && bf16_issue_ratio() >= kBf16GemmMinRatio;
 }
 
 bool packable(QuantScheme scheme) {

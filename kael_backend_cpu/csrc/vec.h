@@ -127,6 +127,9 @@ struct VecTable {
   // apart, as xb) . weight row j, i < m, j0 <= j < j1 (no bias); panel: scratch of bf16gemm_panel_words() words
   void (*bf16gemm_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,
                         float* c, int64_t rsc, uint32_t* panel) = nullptr;
+  // With it: vdpbf16ps's instructions per second over vfmadd231ps's on this CPU (NOTE [bfloat16 GEMM pays]), measured
+  // at each call (a fraction of a millisecond)
+  double (*bf16_issue_ratio)() = nullptr;
   // The integer GEMM for prompts (vec_quant_gemm.h, NOTE [integer GEMM]; q8_0, q4_0, q5_0, iq4_nl on the AVX-512
   // table of a CPU with AVX512_VNNI, else null): c[i * rsc + j] = Q8_0 activation row i (as q8dot_rows' xq, xd; xs:
   // its k / 32 int32 block sums of q) . weight row j, i < m, j0 <= j < j1 (no bias); panel: kInt8GemmPanelBytes

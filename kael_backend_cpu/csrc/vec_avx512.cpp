@@ -2,6 +2,7 @@
 // compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c, and
 // vec_select.cpp only picks it when the CPU has those and the OS saves the ZMM state.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -173,6 +173,61 @@ __attribute__((target("avx512bf16"), flatten)) inline void bf16gemm_cols(int64_t
 }
 #endif
 
+// NOTE [bfloat16 GEMM pays]: vdpbf16ps does two products per lane, so where it issues as often as vfmadd231ps the
+// bfloat16 GEMM does twice the float32 GEMM's work a cycle (1.7-2x on GPT-2's prompts on one AVX-512 host). Some
+// CPUs issue it at half that rate or less: on a 2-core Xeon with AMX (a VM), 1.9 G/s against 7.7 G/s FMAs, and
+// its GEMM ran at 115 GFLOP/s against the packed float32 GEMM's 203. bf16_issue_ratio measures the two rates
+// (16 independent accumulator chains each, best of 5 interleaved passes of 4096 steps, about 0.3 ms in all);
+// quant.cpp's auto mode takes the bfloat16 GEMM where the ratio is at least kBf16GemmMinRatio (0.375: the GEMM
+// then does at least 3/4 of the float32 GEMM's products a cycle, and reads half its weight bytes), and the
+// float32-activation path otherwise. The two measured rates differ by 2x or more on the CPUs seen, so the
+// choice does not flip with timing noise; KAEL_BF16_GEMM=1 / 0 fixes it either way.
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+template <bool kBf16>
+__attribute__((target("avx512bf16"), noinline)) double bf16_issue_pass(int64_t steps) {
+  __m512 a[16];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  __m512 b = _mm512_set1_ps(1.0f);
+  const __m512 c = _mm512_set1_ps(0.0f);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t t = 0; t < steps; ++t) {
+#pragma GCC unroll 16
+    for (auto& v : a) {
+      if constexpr (kBf16) {
+        v = _mm512_dpbf16_ps(v, (__m512bh)_mm512_castps_si512(b), (__m512bh)_mm512_castps_si512(c));
+      } else {
+        v = _mm512_fmadd_ps(b, c, v);
+      }
+    }
+    __asm__ volatile("" : "+v"(b));  // b is unknown to the compiler at every step: the loop stays
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  __m512 s = a[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, a[i]);
+  volatile float sink = _mm512_reduce_add_ps(s);
+  (void)sink;
+  return seconds;
+}
+
+inline double bf16_issue_ratio() {
+  constexpr int64_t kSteps = 4096;
+  double bf = 1e30, fma = 1e30;
+  for (int pass = 0; pass < 5; ++pass) {
+    bf = std::min(bf, bf16_issue_pass<true>(kSteps));
+    fma = std::min(fma, bf16_issue_pass<false>(kSteps));
+  }
+  return bf > 0 ? fma / bf : 1.0;
+}
+#endif
+
+// The table's bf16_issue_ratio: with its bfloat16 GEMM, else none.
+inline auto bf16_issue_kernel() -> double (*)() {
+#if KAEL_VBYTES == 64 && defined(__AVX512F__)
+  if (::kael::cpu_features().avx512_bf16) return bf16_issue_ratio;
+#endif
+  return nullptr;
+}
+
 // The table's bfloat16 GEMM (bf16gemm_cols), present with bf16dot_kernel's kernel.
 inline auto bf16gemm_kernel() -> void (*)(int64_t, int64_t, int64_t, int64_t, const uint16_t*, const uint8_t*, int64_t,
                                           float*, int64_t, uint32_t*) {

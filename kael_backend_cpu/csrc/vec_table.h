@@ -106,5 +106,6 @@ VecTable make_table(const char* name) {
   t.bf16dot_rows = bf16dot_kernel();
   t.f16dot_rows = f16dot_rows;
   t.bf16gemm_cols = bf16gemm_kernel();
+  t.bf16_issue_ratio = bf16_issue_kernel();
   return t;
 }

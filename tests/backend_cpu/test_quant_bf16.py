@@ -25,8 +25,10 @@ from hypothesis import strategies as st
 
 kbc = pytest.importorskip("kael_backend_cpu")
 
+import kael  # noqa: E402
 from _quant_helpers import F32, SETTINGS, assert_bits, check_requested_isa, not_in_isa_rerun, run  # noqa: E402
 from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
+from kael_backend_cpu._native import C  # noqa: E402
 
 LANES = 16
 
@@ -42,6 +44,7 @@ def has_kernel() -> bool:
 def _bf16_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test here asks for llama.cpp's rounding of activations (q8) unless it says otherwise."""
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
+    monkeypatch.delenv("KAEL_BF16_GEMM", raising=False)
     yield
 
 
@@ -219,8 +222,9 @@ def test_close_to_the_float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> N
 def test_gemm_equals_the_model(
     cpu: Any, monkeypatch: pytest.MonkeyPatch, m: int, k: int, n: int, seed: int, with_bias: bool
 ) -> None:
-    """auto on a prompt (more than 16 rows): the GEMM, any shape (odd k, several depth blocks, column tails)."""
+    """auto on a prompt (more than 16 rows), the GEMM asked for: any shape (odd k, several depth blocks, column tails)."""
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
+    monkeypatch.setenv("KAEL_BF16_GEMM", "1")
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 1e3], (m, k))).astype(F32)
     w = weights(rng, n, k)
@@ -232,6 +236,7 @@ def test_gemm_equals_the_model(
 def test_gemm_rows_do_not_depend_on_the_prompt(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt row's result is the same bits in prompts of 17, 30 and 61 rows, on 1 and 2 threads."""
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
+    monkeypatch.setenv("KAEL_BF16_GEMM", "1")
     rng = np.random.default_rng(11)
     x = rng.standard_normal((61, 300)).astype(F32)
     w = weights(rng, 100, 300)
@@ -248,9 +253,9 @@ def test_gemm_rows_do_not_depend_on_the_prompt(cpu: Any, monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("mode", [None, "auto"])
 def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str | None) -> None:
-    """Unset (or auto): where the kernels exist, the few-row bfloat16 kernel up to 16 rows and the bfloat16
-    GEMM above; the float32-activation path (as f32) on tables without them; q8 takes the few-row kernel at
-    17 rows too (waves of 16)."""
+    """Unset (or auto): where the kernels exist, the few-row bfloat16 kernel up to 16 rows and, where it pays
+    on this CPU (NOTE [bfloat16 GEMM pays]), the bfloat16 GEMM above; the float32-activation path (as f32)
+    otherwise; q8 takes the few-row kernel at 17 rows too (waves of 16)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((17, 96)).astype(F32)
     w = weights(rng, 9, 96)
@@ -261,9 +266,35 @@ def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str 
         monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
     for rows, want in zip((1, 16), f32[:2], strict=True):
         assert_bits(run(cpu, x[:rows], w, None, "bf16"), model(x[:rows], w, None) if has_kernel() else want)
-    assert_bits(run(cpu, x, w, None, "bf16"), gemm_model(x, w, None) if has_kernel() else f32[2])
+    pays = has_kernel() and C.bf16_gemm_pays()
+    assert_bits(run(cpu, x, w, None, "bf16"), gemm_model(x, w, None) if pays else f32[2])
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
     assert_bits(run(cpu, x, w, None, "bf16"), model(x, w, None) if has_kernel() else f32[2])
+
+
+def test_the_gemm_choice_follows_kael_bf16_gemm(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KAEL_BF16_GEMM=1 takes the bfloat16 GEMM for a prompt wherever the table has it, 0 the float32 path;
+    unset, the measured issue ratio decides (NOTE [bfloat16 GEMM pays]); any other value is refused."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((20, 64)).astype(F32)
+    w = weights(rng, 5, 64)
+    want_f32 = float_path(cpu, monkeypatch, x, w)
+    monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
+    monkeypatch.setenv("KAEL_BF16_GEMM", "0")
+    assert_bits(run(cpu, x, w, None, "bf16"), want_f32)
+    monkeypatch.setenv("KAEL_BF16_GEMM", "1")
+    assert_bits(run(cpu, x, w, None, "bf16"), gemm_model(x, w, None) if has_kernel() else want_f32)
+    monkeypatch.setenv("KAEL_BF16_GEMM", "yes")
+    with pytest.raises(
+        kael.KaelError, match=r"KAEL_BF16_GEMM must be '0' or '1' \(or unset: where it pays\), got 'yes'"
+    ):
+        run(cpu, x, w, None, "bf16")
+    ratio = C.bf16_issue_ratio()
+    if has_kernel():
+        assert 0.05 < ratio < 4.0  # instructions a second over FMAs': 0.26 on one host, about 1 on others
+        assert C.bf16_gemm_pays() == (ratio >= 0.375)
+    else:
+        assert ratio == 0.0 and not C.bf16_gemm_pays()
 
 
 def test_runs_on_the_requested_table() -> None:
