@@ -49,7 +49,7 @@ __attribute__((target("avx512vnni"))) inline __m512i pk_bit_to_4(__m512i v) {
 }
 
 // Chunk C of a Q5_0 slab block (blk; qh: its fifth-bit vector) against activation block x: its products added to is.
-template <int C>
+template <int64_t C>
 __attribute__((target("avx512vnni"))) inline __m512i pk_q5_0_chunk(const uint8_t* blk, const int8_t* x, __m512i qh,
                                                                    __m512i is) {
   const __m512i m4 = _mm512_set1_epi8(15);
