@@ -163,7 +163,8 @@ void dequantize(const View& out, const View& weight, QuantScheme scheme);
 // instead (the same bits); null: none
 void quantized_linear(const View& out, const View& x, const View& weight, const View* bias, QuantScheme scheme,
                       const View* packed = nullptr);
-// Whether this CPU's table has a kernel for repacked rows of scheme (q8_0 / q4_0 with AVX512_VNNI).
+// Whether this CPU's table has a kernel for repacked rows of scheme (q8_0, q4_0, q5_0, iq4_nl, q4_k, q6_k with
+// AVX512_VNNI).
 bool packable(QuantScheme scheme);
 // NOTE [bfloat16 GEMM pays] (vec_bf16_dot.h): vdpbf16ps's issue rate over vfmadd231ps's (0 where the table has no
 // bfloat16 GEMM), and whether auto mode takes the bfloat16 GEMM for prompts by it (KAEL_BF16_GEMM unset)

@@ -673,16 +673,16 @@ void pack_quantized(const View& out, const View& weight, QuantScheme scheme) {
   auto* o = const_cast<uint8_t*>(packed_rows(op, out, weight));
   const int64_t nb = rsw / bytes, slabs = n / kPackSlab, chunks = (bytes - 2) / 4;
   const uint8_t flip = scheme == QuantScheme::Q8_0 ? 0x80 : 0;  // q8_0's q as q + 128 (NOTE [repacked rows])
+  // the formats whose slab blocks are not plain 4-byte chunks of GGML's integers have a block packer of their own
+  void (*pack_block)(const uint8_t*, int64_t, int64_t, uint8_t*) = scheme == QuantScheme::Q6_K   ? pack_q6k_block
+                                                                   : scheme == QuantScheme::Q4_K ? pack_q4k_block
+                                                                   : scheme == QuantScheme::Q5_0 ? pack_q5_0_block
+                                                                                                 : nullptr;
   parallel_for(0, slabs, 1, [&](int64_t s0, int64_t s1) {
     for (int64_t sl = s0; sl < s1; ++sl) {
       uint8_t* dst = o + sl * kPackSlab * rsw;
-      if (scheme == QuantScheme::Q6_K || scheme == QuantScheme::Q4_K) {
-        const auto pack_block = scheme == QuantScheme::Q6_K ? pack_q6k_block : pack_q4k_block;
+      if (pack_block != nullptr) {
         for (int64_t b = 0; b < nb; ++b) pack_block(w + sl * kPackSlab * rsw, rsw, b, dst + b * kPackSlab * bytes);
-        continue;
-      }
-      if (scheme == QuantScheme::Q5_0) {
-        for (int64_t b = 0; b < nb; ++b) pack_q5_0_block(w + sl * kPackSlab * rsw, rsw, b, dst + b * kPackSlab * bytes);
         continue;
       }
       for (int64_t b = 0; b < nb; ++b) {

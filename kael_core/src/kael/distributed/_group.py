@@ -149,11 +149,12 @@ def _local_peers() -> list[tuple[int, str]]:
     """Every rank's (machine, pid, start time), gathered once; the other ranks on this machine."""
     from ._collectives import all_gather_bytes
 
-    me = f"{_machine()}\n{os.getpid()}\n{_start_time(os.getpid())}"
+    here = _machine()
+    me = f"{here}\n{os.getpid()}\n{_start_time(os.getpid())}"
     peers = []
     for r, data in enumerate(all_gather_bytes(me.encode(), "init")):
         machine, pid, started = data.decode(errors="replace").split("\n")
-        if r != GROUP.rank and machine == _machine() and started:
+        if r != GROUP.rank and machine == here and started:
             peers.append((int(pid), started))
     return peers
 
