@@ -29,12 +29,18 @@ inline float bd_lane_tree(__m512 v) {
 
 // MR activation rows (xb: bfloat16 bits, kp = k rounded up to 32 values apart, zero-padded) against
 // one bfloat16 weight row w of k values: out[r * rso] = the dot products (no bias). The weight rows
-// are read front to back with no software prefetch: the hardware's follows them (GPT-2 small's
-// bfloat16 linears, one row: 1 thread 20 -> 25 GB/s, 2 threads 25 -> 30 GB/s without the
-// prefetch of one line per 128 bytes 4 KiB ahead that the integer kernels keep).
+// are read front to back, each line also prefetched kBf16Ahead bytes ahead into L2 (locality 1),
+// below `stop` (the end of the weight rows). On session 14's host, one line per 128 bytes 4 KiB
+// ahead with the non-temporal hint lost to no prefetch (GPT-2 small's bfloat16 linears, one row:
+// 1 thread 20 -> 25 GB/s, 2 threads 25 -> 30 GB/s without it); every line 16 KiB ahead into L2 wins
+// (NOTE [one-row prefetch] in vec_gemm_rows.h found the same for float32): decode tok/s on this
+// 300 MiB-L3 AVX-512 host, median of 3 interleaved runs, without -> with, bfloat16 GGUF files:
+// GPT-2 small 69 -> 80 (1 thread), 135 -> 150 (2); SmolLM2-135M-shaped 41 -> 56, 80 -> 100.
+constexpr int64_t kBf16Ahead = 16384;
+
 template <int MR>
 __attribute__((target("avx512bf16"))) inline void bd_tile(int64_t k, int64_t kp, const uint16_t* xb, const uint16_t* w,
-                                                          float* out, int64_t rso) {
+                                                          float* out, int64_t rso, const char* stop) {
   __m512 a0[MR], a1[MR];
   for (int64_t r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
   const auto xat = [&](int r, int64_t t) {
@@ -42,6 +48,11 @@ __attribute__((target("avx512bf16"))) inline void bd_tile(int64_t k, int64_t kp,
   };
   int64_t t = 0;
   for (; t + 64 <= k; t += 64) {
+    const char* ahead = reinterpret_cast<const char*>(w + t) + kBf16Ahead;
+    if (ahead < stop) {
+      __builtin_prefetch(ahead, 0, 1);
+      __builtin_prefetch(ahead + 64, 0, 1);
+    }
     const auto w0 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(w + t));
     const auto w1 = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(w + t + 32));
     for (int64_t r = 0; r < MR; ++r) {
@@ -73,10 +84,11 @@ __attribute__((target("avx512bf16"), flatten)) inline void bf16dot_rows(int64_t 
                                                                         int64_t rsw, const float* bias, float* c,
                                                                         int64_t rsc) {
   const int64_t kp = (k + 31) / 32 * 32;
+  const auto* stop = reinterpret_cast<const char*>(n > 0 ? w + (n - 1) * rsw + k * 2 : w);
   for (int64_t j = 0; j < n; ++j) {
     const auto* row = reinterpret_cast<const uint16_t*>(w + j * rsw);
     tile_rows<4, 3, 2, 1>(m, [&](auto rows, int64_t i) {
-      bd_tile<decltype(rows)::value>(k, kp, xb + i * kp, row, c + i * rsc + j, rsc);
+      bd_tile<decltype(rows)::value>(k, kp, xb + i * kp, row, c + i * rsc + j, rsc, stop);
     });
     if (bias != nullptr) {
       for (int64_t r = 0; r < m; ++r) c[r * rsc + j] += bias[j];
