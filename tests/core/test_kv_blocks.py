@@ -74,12 +74,22 @@ def test_partial_block_takes_the_longest_match_and_only_written_blocks() -> None
     assert pool.cached_prefix([1, 2, 3, 5, 0]) == 3
     assert pool.allocate("c", [1, 2, 3, 5, 0]) == Allocation((4, 5), 3, 0)
     # A block in use whose K/V is not written yet is no source (the caller says which are).
-    assert pool.cached_prefix([1, 2, 7, 0], copyable=lambda b: b != 2) == 2  # block 0's (1, 2)
-    got = pool.allocate("d", [1, 2, 7, 0], copyable=lambda b: b not in (0, 2, 4))
+    assert pool.cached_prefix([1, 2, 7, 0], copyable=lambda b: 0 if b == 2 else 4) == 2  # block 0's (1, 2)
+    got = pool.allocate("d", [1, 2, 7, 0], copyable=lambda b: 0 if b in (0, 2, 4) else 4)
     assert got == Allocation((6,), 0)
     # Never the last token, and never a whole block (that is a hit).
     assert pool.cached_prefix([1, 2, 3]) == 2 and pool.cached_prefix([1, 2, 3, 4]) == 3
     assert pool.cached_prefix([1, 2, 3, 4, 5]) == 4
+    pool.check()
+
+
+def test_a_block_in_use_is_a_source_for_its_written_slots_only() -> None:
+    pool = BlockPool(8, 4)
+    pool.allocate("a", [1, 2, 3, 4, 9])  # block 0 = (1, 2, 3, 4), in use; its K/V written as far as the caller says
+    assert pool.cached_prefix([1, 2, 3, 5, 0], copyable=lambda b: 4) == 3
+    assert pool.cached_prefix([1, 2, 3, 5, 0], copyable=lambda b: 2) == 2  # two slots written: two copied
+    assert pool.cached_prefix([1, 2, 3, 5, 0], copyable=lambda b: 0) == 0
+    assert pool.allocate("b", [1, 2, 3, 5, 0], copyable=lambda b: 2) == Allocation((2, 3), 2, 0)
     pool.check()
 
 

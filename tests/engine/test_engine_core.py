@@ -171,6 +171,28 @@ def test_a_prompt_of_the_same_step_is_no_partial_block_source(model: GPT) -> Non
     assert first.output_ids == second.output_ids == model.generate(prompt, 12)
 
 
+def test_repeats_of_a_cached_prompt_in_one_step_each_compute_one_token(model: GPT) -> None:
+    # A cached one-block prompt, asked again by four requests in one step (8 clients sending the
+    # same prompt to the server): the first copies 3 slots from the cached block, whose
+    # registration its fresh block adopts (NOTE [twins]); the others copy those 3 written slots
+    # from it (NOTE [partial block]). Each computes its last token only, as a request alone does.
+    prompt = _prompts(7, 1, lo=4, hi=5)[0]
+    core = EngineCore.on(BatchDecoder(model, rows=4, block_size=4))
+    first = Request(prompt, GREEDY)
+    core.add(first)
+    _drain(core)
+    repeats = [Request(prompt, GREEDY) for _ in range(4)]
+    for r in repeats:
+        core.add(r)
+    plans = _drain(core)
+    assert [(r.start, r.n) for r in plans[0].rows] == [(3, 1)] * 4
+    assert [r.num_cached for r in repeats] == [3] * 4
+    for r in repeats:
+        assert r.output_ids == first.output_ids == model.generate(prompt, 12)
+    assert isinstance(core.kv, KVManager)
+    core.kv.pool.check()
+
+
 def test_forked_choices_share_the_prefill_and_equal_alone(model: GPT) -> None:
     prompt = _prompts(4, 1)[0]
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=3, n=3)

@@ -64,8 +64,12 @@ and SGLang's radix cache do, where whole blocks alone (vLLM's) would recompute t
 of a prompt that is a whole number of them. The source's K/V must be written when the caller
 copies it, which the pool cannot know for a block in use (a prompt of the same step registers
 its blocks before its pass runs, NOTE [kv allocation] in kael/engine/kv_manager.py): a caller
-that allocates ahead of the writes passes ``copyable`` to say which blocks in use are written;
-a cached block always is. A cached source is kept out of the blocks this ``allocate`` may
+that allocates ahead of the writes passes ``copyable`` to say how many leading slots of a block
+in use are written (a cached block's all are), and a source gives at most those. So several
+prompts of one step that repeat a cached prompt all copy: the first one's fresh block adopts the
+cached twin's registration (NOTE [twins]), and the slots copied into it are written, so the
+next ones copy from it (whole-slot-count ``copyable`` answers: with a yes/no for whole blocks
+only, each of them after the first recomputed the whole block). A cached source is kept out of the blocks this ``allocate`` may
 evict (if that leaves too few, it does without the copy).
 
 NOTE [copy-on-write]: only ``fork`` shares a block that is not full (the source's last
@@ -248,15 +252,15 @@ class BlockPool:
 
     # -- sequences --------------------------------------------------------------------------------
     def allocate(
-        self, seq_id: Hashable, tokens: Sequence[int], *, copyable: Callable[[int], bool] | None = None
+        self, seq_id: Hashable, tokens: Sequence[int], *, copyable: Callable[[int], int] | None = None
     ) -> Allocation | None:
         """Start ``seq_id`` with prompt ``tokens``: reuse its longest cached prefix, fresh blocks for the rest.
 
         Returns None, changing nothing, when the prompt does not fit even after evicting every
         cached block. The caller writes the K/V of positions ``cached_tokens`` onwards before
         the next ``allocate`` (NOTE [when blocks are registered]), after copying the slots that
-        ``copied_from`` names (NOTE [partial block]; ``copyable(b)`` says whether the K/V of a
-        block in use is written already: None, every block's is).
+        ``copied_from`` names (NOTE [partial block]; ``copyable(b)`` says how many leading slots of a
+        block in use have their K/V written already: None, every block's all).
         """
         self._new_id("allocate", seq_id)
         ids = token_ids("BlockPool.allocate", tokens)
@@ -289,7 +293,7 @@ class BlockPool:
         self.hit_tokens += cached
         return Allocation(tuple(table), cached, source if more else None)
 
-    def cached_prefix(self, tokens: Sequence[int], *, copyable: Callable[[int], bool] | None = None) -> int:
+    def cached_prefix(self, tokens: Sequence[int], *, copyable: Callable[[int], int] | None = None) -> int:
         """Leading tokens of ``tokens`` that ``allocate`` (with the same ``copyable``) would find cached
         now: whole blocks, then part of the next (NOTE [partial block]), never the last token. Changes
         nothing: a scheduler sizes a prompt's first chunk with it."""
@@ -318,7 +322,7 @@ class BlockPool:
         ids: list[int],
         hits: list[int],
         cid: int,
-        copyable: Callable[[int], bool] | None,
+        copyable: Callable[[int], int] | None,
         *,
         cached: bool = True,
     ) -> tuple[int | None, int]:
@@ -330,12 +334,15 @@ class BlockPool:
             return None, 0
         best, most = None, 0
         for b in sorted(self._starts.get((cid, rest[0]), ())):
-            if self._ref[b] and copyable is not None and not copyable(b):
-                continue  # in use, its K/V not yet written (a prompt of this very step)
+            limit = len(rest)
+            if self._ref[b] and copyable is not None:
+                limit = min(limit, copyable(b))  # in use: only its written slots (a prompt of this very step)
+                if limit < 1:
+                    continue
             if not self._ref[b] and not cached:
                 continue
             own, k = self._btokens[b], 1
-            while k < len(rest) and own[k] == rest[k]:
+            while k < limit and own[k] == rest[k]:
                 k += 1
             if k > most:
                 best, most = b, k

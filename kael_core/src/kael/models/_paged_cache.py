@@ -203,7 +203,7 @@ class PagedKVCache:
             raise ShapeError(
                 f"PagedKVCache.start: a prompt of {len(ids)} tokens exceeds the cache's {self.max_positions} positions"
             )
-        got = self.pool.allocate(row, ids, copyable=self._written)
+        got = self.pool.allocate(row, ids, copyable=self._written_slots)
         if got is None:
             need = -(-len(ids) // self.block_size)
             raise KVCacheFull(
@@ -223,7 +223,7 @@ class PagedKVCache:
 
     def cached_prefix(self, ids: Sequence[int]) -> int:
         """Leading tokens of ``ids`` that ``start`` would find cached now (``BlockPool.cached_prefix``)."""
-        return self.pool.cached_prefix(ids, copyable=self._written)
+        return self.pool.cached_prefix(ids, copyable=self._written_slots)
 
     def blocks_needed(self, rows: Sequence[int]) -> int:
         """Blocks that ``grow(rows, ...)`` would take from the pool."""
@@ -515,13 +515,15 @@ class PagedKVCache:
             for buf in self.data:
                 copy_(narrow(select(buf, 0, dst), 2, 0, slots), narrow(select(buf, 0, src), 2, 0, slots))
 
-    def _written(self, block: int) -> bool:
-        """Whether the K/V of full ``block``, in use, is written: a row holding it computed past it
-        (a prompt started in this step has registered its blocks before its pass writes them)."""
+    def _written_slots(self, block: int) -> int:
+        """How many leading slots of full ``block``, in use, have their K/V written: as far as a row
+        holding it has computed (a prompt started in this step has registered its blocks before its
+        pass writes them, but the slots ``start`` copied into its partial block are written)."""
+        bs, most = self.block_size, 0
         for row, table in enumerate(self.tables):
-            if block in table and self.lengths[row] >= (table.index(block) + 1) * self.block_size:
-                return True
-        return False
+            if block in table:
+                most = max(most, min(bs, self.lengths[row] - table.index(block) * bs))
+        return most
 
     def _row(self, row: Any, op: str) -> None:
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.batch:
