@@ -65,12 +65,12 @@ of a prompt that is a whole number of them. The source's K/V must be written whe
 copies it, which the pool cannot know for a block in use (a prompt of the same step registers
 its blocks before its pass runs, NOTE [kv allocation] in kael/engine/kv_manager.py): a caller
 that allocates ahead of the writes passes ``copyable`` to say how many leading slots of a block
-in use are written (a cached block's all are), and a source gives at most those. So several
-prompts of one step that repeat a cached prompt all copy: the first one's fresh block adopts the
-cached twin's registration (NOTE [twins]), and the slots copied into it are written, so the
-next ones copy from it (whole-slot-count ``copyable`` answers: with a yes/no for whole blocks
-only, each of them after the first recomputed the whole block). A cached source is kept out of the blocks this ``allocate`` may
-evict (if that leaves too few, it does without the copy).
+in use are written (a cached block's all are), and a source gives at most those. So prompts of
+one step that repeat a cached prompt all copy: the first one's fresh block adopts the cached
+twin's registration (NOTE [twins]), but the slots copied into it are written, so the next ones
+copy from it (a yes/no for whole blocks made each of them recompute the block). A cached source
+is kept out of the blocks this ``allocate`` may evict (if that leaves too few, it does without
+the copy).
 
 NOTE [copy-on-write]: only ``fork`` shares a block that is not full (the source's last
 one). Full blocks are never written again, so sharing them is safe. An ``append`` whose
