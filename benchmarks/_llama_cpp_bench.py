@@ -39,18 +39,32 @@ def llama_quantize(src: Path, out: Path, ftype: str, threads: int) -> None:
         raise SystemExit(f"llama-quantize {src.name} -> {ftype} failed:\n{r.stderr[-2000:]}")
 
 
+_PEAK_RSS = (
+    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+    "sys.stderr.write('\\nmaxrss_kib %d\\n' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+    "sys.exit(r.returncode)"
+)
+
+
 def llama_bench(path: Path, threads: int, prompt: int, tokens: int, repeats: int) -> dict[str, Any]:
     """``llama-bench -m PATH -p PROMPT -n TOKENS -t THREADS -r REPEATS -o json``: pp and tg tok/s (mean and
-    standard deviation over the repetitions) and the build and CPU it reports; ``error`` when it fails."""
+    standard deviation over the repetitions), its peak resident memory (``peak_rss_mb``) and the build and CPU it
+    reports; ``error`` when it fails."""
     tool = find_tool("llama-bench")
     if tool is None:
         return {"engine": "llama-bench", "threads": threads, "error": "llama-bench not found"}
     cmd = [tool, "-m", str(path), "-p", str(prompt), "-n", str(tokens), "-t", str(threads), "-r", str(repeats)]
-    r = subprocess.run([*cmd, "-o", "json"], capture_output=True, text=True, check=False)
+    # Run through a Python parent whose only child is llama-bench, so RUSAGE_CHILDREN's ru_maxrss is its peak.
+    r = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, *cmd, "-o", "json"], capture_output=True, text=True, check=False
+    )
     if r.returncode != 0:
         return {"engine": "llama-bench", "threads": threads, "error": r.stderr.strip()[-2000:]}
     rows = json.loads(r.stdout)
     out: dict[str, Any] = {"engine": "llama-bench", "threads": threads, "command": " ".join(cmd)}
+    peak = [line.split()[1] for line in r.stderr.splitlines() if line.startswith("maxrss_kib ")]
+    if peak:
+        out["peak_rss_mb"] = round(int(peak[-1]) * 1024 / 1e6, 1)
     for row in rows:
         kind = "prefill" if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0 else "decode"
         out[f"{kind}_tok_s"] = float(row["avg_ts"])

@@ -19,6 +19,10 @@ count, in one run:
   prompt into the KV cache, best of ``--repeats``;
 * llama.cpp through its ``llama-bench`` binary (``-p 512 -n 128 -t T -r R -o json``: pp512 and
   tg128, the mean over the repetitions), with the build and CPU it reports;
+* memory: kael's resident memory after loading and its peak over the whole run, less the worker's before
+  loading (``kael_loaded_mb``, ``kael_run_mb``: the model, the repacked copies decode makes, the caches and
+  buffers; compare ``file_mb``), and llama-bench's peak (``llama_bench_peak_rss_mb``: the whole process,
+  the mapped file's pages it touched included);
 * the memory roofline: the weight bytes one decoded token reads (every tensor of the file but
   the token table's unused rows when the head is a separate tensor, and the position table),
   times tok/s, over the read bandwidth measured here at the same thread count for a working set
@@ -186,10 +190,11 @@ def worker_kael(path: Path, threads: int, tokens: int, prefill: int, repeats: in
     import kael
     from kael.models import from_pretrained, load_gguf
 
-    report: dict[str, Any] = {"engine": "kael", "threads": threads}
+    report: dict[str, Any] = {"engine": "kael", "threads": threads, "base_rss_mb": _rss_mb("VmRSS")}
     start = time.perf_counter()
     model = from_pretrained(path) if path.is_dir() else load_gguf(path)[0]
     report["load_s"] = time.perf_counter() - start
+    report["loaded_rss_mb"] = _rss_mb("VmRSS")
     report["weights_scheme"] = model.weights_scheme
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, model.vocab_size, PROMPT_TOKENS).tolist()
@@ -209,7 +214,20 @@ def worker_kael(path: Path, threads: int, tokens: int, prefill: int, repeats: in
 
     decode(WARMUP_TOKENS)  # first-call allocations and caches
     report["decode_tok_s"] = max(_decode_rate(decode()) for _ in range(repeats))
+    report["peak_rss_mb"] = _rss_mb("VmHWM")
     return report
+
+
+def _rss_mb(field: str) -> float | None:
+    """This process's resident memory (``VmRSS``) or its peak (``VmHWM``) in MB, from /proc (None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return round(int(line.split()[1]) * 1024 / 1e6, 1)
+    except OSError:
+        pass
+    return None
 
 
 def _run_kael(path: Path, threads: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -322,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def summarize(runs: list[dict[str, Any]], per_token: dict[str, int], bw: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """{"<model> <format> <threads>t": kael and llama-bench decode/prefill tok/s, their ratios, roofline fractions}.
+    """{"<model> <format> <threads>t": kael and llama-bench decode/prefill tok/s, their ratios, roofline fractions,
+    kael's memory after loading and over the run and each one's peak resident memory (MB)}.
 
     ``bw["<model> <format>"][threads]``: the read bandwidth (GB/s) of a working set of that file's size."""
     table: dict[str, dict[str, Any]] = {}
@@ -333,6 +352,11 @@ def summarize(runs: list[dict[str, Any]], per_token: dict[str, int], bw: dict[st
         who = "kael" if r["engine"] == "kael" else "llama_bench"
         row[f"{who}_decode_tok_s"] = round(r["decode_tok_s"], 2)
         row[f"{who}_prefill_tok_s"] = round(r["prefill_tok_s"], 1)
+        if r.get("peak_rss_mb") is not None:
+            row[f"{who}_peak_rss_mb"] = r["peak_rss_mb"]
+        if who == "kael" and r.get("loaded_rss_mb") is not None and r.get("base_rss_mb") is not None:
+            row["kael_loaded_mb"] = round(r["loaded_rss_mb"] - r["base_rss_mb"], 1)
+            row["kael_run_mb"] = round(r["peak_rss_mb"] - r["base_rss_mb"], 1)
         file = f"{r['model']} {r['format']}"
         size = per_token.get(file)
         if size and file in bw:

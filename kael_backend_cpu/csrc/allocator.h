@@ -48,7 +48,7 @@ class CachingAllocator {
 
   [[nodiscard]] MemoryStats stats() const;
   void reset_peak();
-  // Return every cached block to the system.
+  // Return every cached block to the system, then (glibc) every free page of the C heap: NOTE [heap trim].
   void empty_cache();
   [[nodiscard]] bool caching() const { return caching_; }
 

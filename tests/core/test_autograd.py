@@ -69,6 +69,26 @@ def test_leaf_and_node_names_edges_and_shapes() -> None:
     assert repr(y).endswith("grad_fn=<SqrtBackward>)")
 
 
+def test_a_leaf_that_entered_a_graph_is_freed_without_the_cycle_collector() -> None:
+    # NOTE [accumulator cycle]: the accumulator refers to its leaf weakly, so a leaf whose graphs are gone is freed
+    # when the last reference goes (reference counts alone, the cycle collector off), its accumulator with it.
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        w = t([1.0, 2.0], grad=True)
+        (w * 2).sum().backward()
+        assert val(w.grad) == [2.0, 2.0]
+        node = kael.autograd.get_gradient_edge(w).node
+        assert node.variable is w
+        gone, acc = weakref.ref(w), weakref.ref(node)
+        del w, node
+        assert gone() is None and acc() is None
+    finally:
+        gc.enable()
+
+
 def test_non_float_results_and_no_grad_inputs_record_nothing() -> None:
     x = t([1.0, -2.0], grad=True)
     assert not (x > 0).requires_grad and (x > 0).grad_fn is None

@@ -239,6 +239,20 @@ def test_state_dict_round_trip_into_an_empty_layer() -> None:
     assert list(nobias.state_dict()) == ["weight"] and nobias.bias is None
 
 
+def test_a_quantized_linear_built_around_stored_bytes_holds_them() -> None:
+    # weight=: the loaders' way in, no zeros made first; the layer holds that very tensor and computes what
+    # from_float's layer of the same bytes computes
+    kael.manual_seed(7)
+    lin = nn.Linear(256, 16)
+    for scheme in quantizable():
+        ref = QuantizedLinear.from_float(lin.weight, None, scheme)
+        stored = ref.weight.clone()
+        q = QuantizedLinear(256, 16, scheme, bias=False, weight=stored)
+        assert q.weight is stored and q.bias is None
+        x = kael.randn(3, 256)
+        np.testing.assert_array_equal(q(x).numpy(), ref(x).numpy())
+
+
 def test_from_float_takes_16_bit_weights() -> None:
     kael.manual_seed(6)
     w = kael.randn(8, 64).to(kael.bfloat16)
@@ -273,6 +287,17 @@ def test_training_through_a_quantized_layer() -> None:
         (lambda: QuantizedLinear(40, 4, "q4_0"), kael.ShapeError, "multiple of 32, got 40"),
         (lambda: QuantizedLinear(-1, 4, "f16"), kael.ShapeError, "in_features must be a non-negative int"),
         (lambda: QuantizedLinear(32, 4, "int4"), kael.DTypeError, "unknown weight scheme 'int4'"),
+        (
+            lambda: QuantizedLinear(32, 4, "q8_0", weight=kael.zeros(4, 34)),
+            kael.DTypeError,
+            "a q8_0 weight is a kael.uint8 tensor of its stored bytes, got kael.float32",
+        ),
+        (
+            lambda: QuantizedLinear(32, 4, "q8_0", weight=kael.zeros(4, 32, dtype=kael.uint8)),
+            kael.ShapeError,
+            r"a q8_0 weight of 4 x 32 is stored as \[4, 34\], got \[4, 32\]",
+        ),
+        (lambda: QuantizedLinear(32, 4, "f16", weight=object()), kael.DTypeError, "got object"),
         (
             lambda: QuantizedLinear.from_float(kael.zeros(4, 32, dtype=kael.int32), None, "q8_0"),
             kael.DTypeError,

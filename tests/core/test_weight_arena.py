@@ -1,7 +1,8 @@
 """kael/models/_weight_arena.py (NOTE [weight arena]): a GGUF load moves its stored weights into one buffer, in
 the order of ``model.modules()``, each at a 64-byte boundary, the fused q/k/v and gate/up buffers whole. Oracles:
 the file's bytes as the ``gguf`` package reads them, and the same file loaded with ``mmap=True`` (weights left in
-the file's mapping, never moved), whose logits the moved weights give bit for bit."""
+the file's mapping, never moved), whose logits the moved weights give bit for bit; and the file's size, which a
+load's resident memory stays close to (NOTE [heap trim])."""
 
 from __future__ import annotations
 
@@ -97,6 +98,22 @@ def test_moved_weights_stay_writable(llama_dir: Path, monkeypatch: pytest.Monkey
     assert not np.array_equal(logits_of(model, ids), before)
 
 
+def test_a_load_without_mmap_owns_its_weights(llama_dir: Path, tmp_path: Path) -> None:
+    """Without mmap the loader moves each stored weight from the file's mapping into the arena (one copy): the
+    file overwritten afterwards changes nothing, and every stored weight is writable memory of the arena."""
+    import shutil
+
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(export(llama_dir, "q4_0"), path)
+    model, tok = load_gguf(path)
+    ids = tok.encode("owned bytes")
+    before = logits_of(model, ids)
+    with open(path, "r+b") as f:  # the same inode, every byte zero: a mapping would see it
+        f.write(bytes(path.stat().st_size))
+    assert all(w._np_view().flags.writeable for _, w in _stored(model))
+    np.testing.assert_array_equal(logits_of(model, ids), before)
+
+
 def test_an_arena_refuses_what_does_not_fit() -> None:
     arena = WeightArena(100)
     first = arena.place(np.arange(10, dtype=np.float32))
@@ -104,3 +121,52 @@ def test_an_arena_refuses_what_does_not_fit() -> None:
     assert first.ctypes.data % (2 << 20) == 0
     with pytest.raises(kael.KaelError, match=r"WeightArena.place: 64 bytes do not fit \(36 left\)"):
         arena.place(np.zeros(16, np.float32))
+
+
+_RESIDENT = """
+import json, sys
+from kael.models import from_pretrained
+
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+# A process that has freed one large buffer, as any has by the time it loads a model: glibc's mmap threshold
+# rises to that size, so the loader's smaller copies come from the heap.
+buf = bytearray(16 << 20)
+del buf
+before = anon()
+model = from_pretrained(sys.argv[1], weights=sys.argv[2] if len(sys.argv) > 2 else None)
+print(json.dumps({"grew": anon() - before}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssAnon from /proc")
+@pytest.mark.parametrize("source", ["gguf", "safetensors as q8_0"])
+def test_a_load_keeps_the_weights_size_not_twice(tmp_path: Path, source: str) -> None:
+    # The first copies of a GGUF load's weights, freed once they moved into the arena, used to stay on the C heap
+    # (NOTE [heap trim] in kael_backend_cpu's allocator.cpp), and the float32 weights from_pretrained(weights=)
+    # replaced in the CPU allocator's cache: a load held two to three times its weights. Oracle: the GGUF file's
+    # size (the q8_0 weights' bytes).
+    import json
+    import subprocess
+    import sys
+
+    from kael.models import GPT, save_gguf, save_pretrained
+
+    if not kael.cpu.memory_stats():
+        pytest.skip("the NumPy reference backend serves cpu: no allocator, no trim")
+    kael.manual_seed(0)
+    model = GPT(vocab_size=4096, max_positions=64, layers=8, heads=8, dimension=512)
+    path = tmp_path / "gpt2-q8_0.gguf"
+    save_gguf(model, path, weights="q8_0")
+    size = path.stat().st_size
+    assert size > 25 << 20
+    args = [str(path)]
+    if source != "gguf":
+        save_pretrained(model, tmp_path / "hf")
+        args = [str(tmp_path / "hf"), "q8_0"]
+    r = subprocess.run([sys.executable, "-c", _RESIDENT, *args], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    grew = json.loads(r.stdout.strip().splitlines()[-1])["grew"]
+    assert grew < 1.15 * size + (8 << 20), (grew, size)

@@ -63,7 +63,7 @@ def reset_peak_memory_stats() -> None:
 
 
 def empty_cache() -> None:
-    """Give every cached (free) block back to the system."""
+    """Give every cached (free) block back to the system, then (glibc) the C heap's free pages."""
     C.empty_cache()
 
 

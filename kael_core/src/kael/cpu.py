@@ -12,7 +12,8 @@ reference backend, which has none of them (1 thread, no statistics, no instructi
                                ``peak_allocated_bytes``, ``cached_bytes``, ``num_allocs``,
                                ``cache_hits``, ... (``{}`` without an allocator)
 ``reset_peak_memory_stats()``  restart the ``peak_allocated_bytes`` high-water mark
-``empty_cache()``              give cached free blocks back to the system
+``empty_cache()``              give cached free blocks (and, natively, the C heap's free
+                               pages) back to the system
 ``isa()``                      the vector table of the kernels (``"avx512"``, ``"avx2"``,
                                ``"baseline"``), or None
 ``isa_info()``                 the table in use, the tables compiled in and those this

@@ -18,6 +18,7 @@ version; reading ``ctx.saved_tensors`` after an in-place change raises.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -113,18 +114,31 @@ class Node:
 
 class AccumulateGrad(Node):
     """The sink for a leaf tensor: adds the incoming gradient into ``tensor.grad``, then runs the
-    tensor's post-accumulate-grad hooks (``Tensor.register_post_accumulate_grad_hook``) on it."""
+    tensor's post-accumulate-grad hooks (``Tensor.register_post_accumulate_grad_hook``) on it.
 
-    __slots__ = ("_post_hooks", "variable")
+    NOTE [accumulator cycle]: the leaf keeps its accumulator (``t._accumulator``: one per leaf, which holds its
+    post-accumulate hooks), and the accumulator refers to the leaf weakly (``variable``). Both ways strong, every
+    leaf that ever entered a graph was a reference cycle, freed only when Python's cycle collector ran: a model's
+    replaced float32 weights (``from_pretrained(weights="q8_0")``) stayed in memory after the load. A gradient
+    for a leaf nothing else holds any more is dropped (no one could read its ``.grad``)."""
+
+    __slots__ = ("_post_hooks", "_variable")
 
     def __init__(self, variable: Any) -> None:
         super().__init__()
-        self.variable = variable
+        self._variable = weakref.ref(variable)
         self._post_hooks: list[Callable[[Any], None]] | None = None
+
+    @property
+    def variable(self) -> Any:
+        """The leaf tensor (None once nothing else holds it)."""
+        return self._variable()
 
     def apply(self, grads: tuple[Any, ...], retain_graph: bool) -> tuple[Any, ...]:
         (g,) = grads
-        t = self.variable
+        t = self._variable()
+        if t is None:
+            return ()
         own = True  # the engine hands over gradients nothing else holds (NOTE [stealing gradients])
         if t._hooks:
             for h in t._hooks:

@@ -197,10 +197,12 @@ def _float32(t: GGUFTensor) -> np.ndarray:
 
 
 def _stored(t: GGUFTensor, perm: np.ndarray | None, mmap: bool) -> np.ndarray:
-    """The stored bytes of a quantized tensor (uint8 blocks, uint16 bf16 bits, float16), rows permuted."""
+    """The stored bytes of a quantized tensor (uint8 blocks, uint16 bf16 bits, float16): a view of the file's
+    mapping, or its rows permuted (a copy). A load without ``mmap`` copies each into the weight arena once, at
+    its end (``gather_weights``); copying here too held every weight twice while loading."""
     if perm is not None:
         return np.ascontiguousarray(t.data[perm])
-    return t.data if mmap else np.array(t.data)
+    return t.data
 
 
 def _check(specs: list[TensorSpec], f: GGUFFile, where: str) -> dict[str, TensorSpec]:
@@ -246,9 +248,11 @@ def _set_float(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm
 
 
 def _weight_tensor(data: np.ndarray, scheme: str, device: Any, mmap: bool) -> Tensor:
-    if mmap and getattr(device, "type", str(device).split(":")[0]) == "cpu":
+    if getattr(device, "type", str(device).split(":")[0]) == "cpu":
         dtype = {"bf16": dt.bfloat16, "f16": dt.float16}.get(scheme, dt.uint8)
-        return from_numpy_bits(data, dtype)  # a read-only view of the file's mapping
+        # A view: of the file's mapping (read-only; without mmap, gather_weights moves it into the weight arena
+        # as the load's last step) or of a permuted copy.
+        return from_numpy_bits(data, dtype)
     from ..quant import to_device_weight
 
     return to_device_weight(data, scheme, device)
@@ -266,8 +270,8 @@ def _set_linear(
     old = getattr(parent, attr)
     out_f, in_f = spec.shape
     has_bias = getattr(old, "bias", None) is not None
-    q = QuantizedLinear(in_f, out_f, scheme, bias=has_bias, device=device)
-    q.weight = _weight_tensor(_stored(t, perm, mmap), scheme, device, mmap)
+    weight = _weight_tensor(_stored(t, perm, mmap), scheme, device, mmap)
+    q = QuantizedLinear(in_f, out_f, scheme, bias=has_bias, device=device, weight=weight)
     setattr(parent, attr, q)
 
 
@@ -337,8 +341,8 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
     on_quantized = getattr(model, "on_quantized", None)
     if model.weights_scheme is not None and callable(on_quantized):
         on_quantized()
-    if not mmap and gather_weights(model.modules()):  # NOTE [weight arena]
-        cpu.empty_cache()  # the blocks the moved weights left, which the CPU allocator would keep for reuse
+    if not mmap:  # NOTE [weight arena]: every stored weight, the file's mapped bytes included, moves to the arena
+        gather_weights(model.modules(), mapped=True)
     model.generation_config = _generation_config(f.metadata)
     return model.eval()
 
@@ -389,4 +393,9 @@ def _load(path: Any, device: Any, *, weights: Any, mmap: bool, with_tokenizer: b
             tokenizer = tokenizer_from_gguf(f.metadata, f"GGUF file {f.path!r}")
     finally:
         f.close()  # arrays still in use keep the mapping alive (kael.io.read_gguf)
-    return apply_weights(model, weights, "load_gguf"), tokenizer
+    del f  # the header's vocabulary and the tensors' first copies go before the trim
+    model = apply_weights(model, weights, "load_gguf")
+    # The blocks the moved weights and the parsed header left, which the CPU allocator and the C heap would keep
+    # for reuse (NOTE [heap trim] in kael_backend_cpu's allocator.cpp): without this a load kept twice the file.
+    cpu.empty_cache()
+    return model, tokenizer

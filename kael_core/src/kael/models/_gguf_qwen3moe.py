@@ -136,8 +136,9 @@ def load_tensor(model: Qwen3MoeForCausalLM, spec: TensorSpec, t: Any, device: An
     data = _stored(t, None, mmap)
     _, out_f, in_f = spec.shape
     for j, expert in enumerate(block.experts):
-        q = QuantizedLinear(in_f, out_f, scheme, bias=False, device=device)
-        q.weight = _weight_tensor(data[j], scheme, device, mmap)
+        q = QuantizedLinear(
+            in_f, out_f, scheme, bias=False, device=device, weight=_weight_tensor(data[j], scheme, device, mmap)
+        )
         setattr(expert, proj, q)
     return True
 

@@ -226,5 +226,10 @@ def from_pretrained(
     if not d.is_dir():
         raise FormatError(f"from_pretrained: {os.fspath(d)!r} is not a directory")
     family = get_family(model_type_of(d))
-    model = family.load(d, device=device, mmap=mmap, dtype=dtype)
-    return apply_weights(model, weights)  # type: ignore[no-any-return]
+    model = apply_weights(family.load(d, device=device, mmap=mmap, dtype=dtype), weights)
+    # The float weights ``weights`` replaced sit in the CPU allocator's cache, and the loader's first copies on
+    # the C heap: give them back (SmolLM2-135M as q8_0: 468 MB resident for 143 MB of weights, 143 after).
+    from .. import cpu
+
+    cpu.empty_cache()
+    return model  # type: ignore[no-any-return]

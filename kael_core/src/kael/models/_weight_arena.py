@@ -13,7 +13,9 @@ QuantizedLinear, QuantizedTable; the stored bytes, not float weights) into one b
 aligned to 2 MiB so that NumPy's ``madvise(MADV_HUGEPAGE)`` backs it with huge pages where the kernel allows.
 Each Storage object keeps its identity and version and only its memory changes, so every view of it (the
 fused q/k/v buffer's three weights) moves with it. The old memory is freed as each storage moves (the
-buffer's untouched pages take no memory until then), so loading peaks at the model plus one storage. The
+buffer's untouched pages take no memory until then), so loading peaks at the model plus one storage; the loader
+then gives the freed memory back to the system (``kael.cpu.empty_cache``: NOTE [heap trim] in kael_backend_cpu's
+allocator.cpp; without it the C heap kept the first copies, and a load held twice the file). The
 buffer is freed with the last weight that views it. It runs once, as the GGUF loader's last step, before
 any kernel has kept a pointer (NOTE [kernel contract]: kernels take their views at each call).
 """
@@ -59,18 +61,20 @@ class WeightArena:
         return out
 
 
-def _bytes_of(storage: Any) -> np.ndarray | None:
-    """The storage's bytes as a writable uint8 array, or None (read-only memory: a file's mapping)."""
+def _bytes_of(storage: Any, mapped: bool) -> np.ndarray | None:
+    """The storage's bytes as a uint8 array, or None (not contiguous; read-only memory, a file's mapping,
+    unless ``mapped``)."""
     arr = np.asarray(storage.data)
-    if not arr.flags.writeable or not arr.flags.c_contiguous:
+    if (not mapped and not arr.flags.writeable) or not arr.flags.c_contiguous:
         return None
     flat = arr.reshape(-1).view(np.uint8)
     return flat[: storage.nbytes] if flat.nbytes >= storage.nbytes else None
 
 
-def gather_weights(modules: Iterable[Any]) -> int:
+def gather_weights(modules: Iterable[Any], *, mapped: bool = False) -> int:
     """Move the storages of the CPU weights of ``modules`` that have a weight format into one WeightArena
-    (NOTE [weight arena]); returns the bytes moved."""
+    (NOTE [weight arena]); returns the bytes moved. Read-only storages (views of a file's mapping) stay where
+    they are unless ``mapped``: then they move too, and become writable memory of the arena."""
     storages: dict[int, tuple[Any, np.ndarray]] = {}  # id -> (storage, its bytes), in first-use order
     weights: list[Tensor] = []
     for m in modules:
@@ -79,7 +83,7 @@ def gather_weights(modules: Iterable[Any]) -> int:
             continue
         s = w.untyped_storage()
         if id(s) not in storages:
-            src = _bytes_of(s)
+            src = _bytes_of(s, mapped)
             if src is None:
                 continue
             storages[id(s)] = (s, src)

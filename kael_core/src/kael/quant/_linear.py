@@ -30,11 +30,21 @@ class QuantizedLinear(Module):
 
     Buffers (state_dict keys as ``nn.Linear``'s): ``weight``, uint8 [out, in/32*B] of GGML
     blocks for q8_0/q4_0, bfloat16/float16 [out, in] for bf16/f16; ``bias`` float32 [out]
-    or None. Built empty (zeros: load a state dict into it) or with ``from_float``. x must
+    or None. Built empty (zeros: load a state dict into it), around stored bytes (``weight=``: a
+    loader's, no zeros made first) or with ``from_float``. x must
     be float32; gradients flow to x (and a bias that requires grad), never to the weight.
     """
 
-    def __init__(self, in_features: int, out_features: int, scheme: str, bias: bool = True, device: Any = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        scheme: str,
+        bias: bool = True,
+        device: Any = None,
+        *,
+        weight: Tensor | None = None,
+    ) -> None:
         super().__init__()
         check_scheme("QuantizedLinear", scheme)
         self.in_features = _size("in_features", in_features)
@@ -46,7 +56,22 @@ class QuantizedLinear(Module):
             )
         self.scheme = scheme
         shape = storage_shape(scheme, self.out_features, self.in_features)
-        self.register_buffer("weight", zeros(shape, dtype=_DTYPES.get(scheme, dt.uint8), device=device))
+        dtype = _DTYPES.get(scheme, dt.uint8)
+        if weight is None:
+            weight = zeros(shape, dtype=dtype, device=device)
+        elif not isinstance(weight, Tensor) or weight.dtype is not dtype:
+            raise DTypeError(
+                f"QuantizedLinear: a {scheme} weight is a {dtype} tensor of its stored bytes, got "
+                f"{getattr(weight, 'dtype', type(weight).__name__)}"
+            )
+        elif tuple(weight.shape) != tuple(shape):
+            raise ShapeError(
+                f"QuantizedLinear: a {scheme} weight of {self.out_features} x {self.in_features} is stored as "
+                f"{list(shape)}, got {list(weight.shape)}"
+            )
+        else:
+            device = weight.device  # the layer lives with its weight
+        self.register_buffer("weight", weight)
         self.register_buffer("bias", zeros(self.out_features, dtype=dt.float32, device=device) if bias else None)
 
     @classmethod
