@@ -234,14 +234,27 @@ def _check(specs: list[TensorSpec], f: GGUFFile, where: str) -> dict[str, Tensor
 
 
 def _set_float(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm: np.ndarray | None) -> None:
-    from ..ops import tensor
+    from ..ops import empty, tensor
 
-    arr = _float32(t)
-    if perm is not None:
-        arr = np.ascontiguousarray(arr[perm])
     owner, attr = _split(spec.target)
     dst = getattr(_submodule(model, owner), attr)
-    src = tensor(arr, dtype=dt.float32, device=device)
+    if t.type == "F32" and getattr(device, "type", str(device).split(":")[0]) == "cpu":
+        # One copy, from the file's mapping into the parameter's memory (a float32 file's every weight): the
+        # new model's own (uninitialised) parameter where its layout is the file's, else a new one.
+        own = not spec.transpose and dst.dtype is dt.float32 and dst.device.type == "cpu"
+        own = own and tuple(dst.shape) == tuple(t.shape) and dst.is_contiguous()
+        src = dst if own else empty(tuple(t.shape), dtype=dt.float32)
+        if perm is None:
+            np.copyto(src._np_view(), t.data)
+        else:
+            np.take(t.data, perm, axis=0, out=src._np_view())
+        if own:
+            return
+    else:
+        arr = _float32(t)
+        if perm is not None:
+            arr = np.ascontiguousarray(arr[perm])
+        src = tensor(arr, dtype=dt.float32, device=device)
     if spec.transpose:  # NOTE [conv1d layout] in gpt2/_checkpoint.py: [in, out] over out-major memory
         src = transpose(src, 0, 1)
     _set_data(dst, src)

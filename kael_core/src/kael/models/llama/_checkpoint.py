@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import _dtype as dt
+from ... import cpu
 from ..._errors import DTypeError, FormatError
 from ..._tensor import Tensor
 from ...autograd import no_grad
@@ -184,6 +185,10 @@ def fuse_projections(model: LlamaForCausalLM) -> None:
                 m.fuse()
             else:
                 _fuse([m.gate_proj, m.up_proj])
+            # The layer's separate buffers are free now: give them back before the next layer's fused ones are
+            # made (kept in the CPU allocator's cache, which no later size fits, a float32 load peaked at the
+            # model, its fused copies and the file's mapping together).
+            cpu.empty_cache()
 
 
 def _fuse(projections: list[Any]) -> None:
