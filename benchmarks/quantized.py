@@ -19,10 +19,10 @@ count, in one run:
   prompt into the KV cache, best of ``--repeats``;
 * llama.cpp through its ``llama-bench`` binary (``-p 512 -n 128 -t T -r R -o json``: pp512 and
   tg128, the mean over the repetitions), with the build and CPU it reports;
-* memory: kael's resident memory after loading and its peak over the whole run, less the worker's before
-  loading (``kael_loaded_mb``, ``kael_run_mb``: the model, the repacked copies decode makes, the caches and
-  buffers; compare ``file_mb``), and llama-bench's peak (``llama_bench_peak_rss_mb``: the whole process,
-  the mapped file's pages it touched included);
+* memory: kael's resident memory after loading, at the end and at its peak over the whole run, each less
+  the worker's before loading (``kael_loaded_mb``, ``kael_end_mb``, ``kael_run_mb``: the model, the
+  repacked copies decode makes, the caches and buffers; compare ``file_mb``), and llama-bench's peak
+  (``llama_bench_peak_rss_mb``: the whole process, the mapped file's pages it touched included);
 * the memory roofline: the weight bytes one decoded token reads (every tensor of the file but
   the token table's unused rows when the head is a separate tensor, and the position table),
   times tok/s, over the read bandwidth measured here at the same thread count for a working set
@@ -214,6 +214,7 @@ def worker_kael(path: Path, threads: int, tokens: int, prefill: int, repeats: in
 
     decode(WARMUP_TOKENS)  # first-call allocations and caches
     report["decode_tok_s"] = max(_decode_rate(decode()) for _ in range(repeats))
+    report["end_rss_mb"] = _rss_mb("VmRSS")
     report["peak_rss_mb"] = _rss_mb("VmHWM")
     return report
 
@@ -356,6 +357,7 @@ def summarize(runs: list[dict[str, Any]], per_token: dict[str, int], bw: dict[st
             row[f"{who}_peak_rss_mb"] = r["peak_rss_mb"]
         if who == "kael" and r.get("loaded_rss_mb") is not None and r.get("base_rss_mb") is not None:
             row["kael_loaded_mb"] = round(r["loaded_rss_mb"] - r["base_rss_mb"], 1)
+            row["kael_end_mb"] = round(r["end_rss_mb"] - r["base_rss_mb"], 1)
             row["kael_run_mb"] = round(r["peak_rss_mb"] - r["base_rss_mb"], 1)
         file = f"{r['model']} {r['format']}"
         size = per_token.get(file)

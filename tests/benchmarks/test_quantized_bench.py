@@ -67,6 +67,7 @@ def test_quick_run_prints_the_report(tmp_path: Path) -> None:
             assert run["peak_rss_mb"] > 0
         else:  # resident memory from /proc: the peak covers the loaded model
             assert 0 < run["base_rss_mb"] < run["loaded_rss_mb"] <= run["peak_rss_mb"], run
+            assert run["base_rss_mb"] < run["end_rss_mb"] <= run["peak_rss_mb"], run
     for key, row in report["summary"].items():
         model, fmt, threads = key.split(" ")[0], " ".join(key.split(" ")[1:-1]), key.split(" ")[-1]
         if "kael_roofline" in row:
@@ -76,7 +77,7 @@ def test_quick_run_prints_the_report(tmp_path: Path) -> None:
         if llama and fmt != "float32 safetensors":
             assert row["decode_kael_over_llama"] > 0 and row["prefill_kael_over_llama"] > 0
             assert row["llama_bench_peak_rss_mb"] > 0
-        assert 0 < row["kael_loaded_mb"] <= row["kael_run_mb"], row
+        assert 0 < row["kael_loaded_mb"] <= row["kael_run_mb"] and 0 < row["kael_end_mb"] <= row["kael_run_mb"], row
 
 
 @pytest.mark.parametrize(

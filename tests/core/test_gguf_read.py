@@ -163,6 +163,44 @@ def test_tensor_data_is_a_mapped_view_and_close_releases_it(tmp_path: Path) -> N
         assert g.tensors["t.i8"].data.tolist() == list(range(-5, 5))
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the mapping's Rss from /proc")
+def test_release_pages_drops_a_copied_tensors_pages_and_the_data_reads_back(tmp_path: Path) -> None:
+    # Oracle: the kernel's own count of the mapping's resident pages (/proc/self/smaps), and the gguf package's
+    # reading of the same bytes after the release (the pages come back from the page cache).
+    import gguf
+
+    path = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "test")
+    values = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB
+    w.add_tensor("big", values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    def resident_kib() -> int:
+        rss, inside = 0, False
+        with open("/proc/self/smaps") as fh:
+            for line in fh:
+                head = line.split()
+                if "-" in head[0] and not head[0].endswith(":"):
+                    inside = line.rstrip().endswith(os.fspath(path))
+                elif inside and head[0] == "Rss:":
+                    rss += int(head[1])
+        return rss
+
+    with read_gguf(path) as f:
+        data = f.tensors["big"].data
+        assert float(data.sum(dtype=np.float64)) == pytest.approx(float(values.sum(dtype=np.float64)))  # touched
+        before = resident_kib()
+        assert before >= 4096
+        f.release_pages(data)
+        assert resident_kib() <= before - 4000
+        np.testing.assert_array_equal(data, values)  # read again: the same bytes
+        f.release_pages(np.zeros(4))  # not the file's: nothing happens
+        np.testing.assert_array_equal(data, values)
+
+
 def test_version_2_is_read(tmp_path: Path) -> None:
     data = build(
         [kv("a", TYPE["uint32"], u32(5))], [info("w", [4], 0, 0)], np.arange(4, dtype="<f4").tobytes(), version=2

@@ -105,6 +105,7 @@ class GGUFFile:
         self.tensors = tensors
         self.data_offset = data_offset  # absolute offset of the data section
         self._mapping = mapping
+        self._address: int | None = None  # where the mapping starts in memory (release_pages)
 
     def close(self) -> None:
         """Release the mapping (at once, or when the last array from it goes)."""
@@ -114,6 +115,26 @@ class GGUFFile:
                 mapping.close()
             except BufferError:  # arrays still reference it: they keep it alive until they go
                 pass
+
+    def release_pages(self, arr: np.ndarray) -> None:
+        """Drop the pages of the mapping under ``arr`` (a view of this file's data) from the process's memory.
+
+        For a loader that has copied ``arr``: the pages stay in the page cache and come back if read again,
+        but the process no longer counts them, so a copying load peaks at its copy and the file's pages not yet
+        copied, not at both whole. A no-op for an array from elsewhere, or where the OS has no MADV_DONTNEED."""
+        m = self._mapping
+        if m is None or not hasattr(mmap, "MADV_DONTNEED") or arr.nbytes == 0:
+            return
+        if self._address is None:
+            view = np.frombuffer(m, np.uint8)  # (an export of the mapping: dropped at once)
+            self._address = int(view.ctypes.data)
+            del view
+        start = int(arr.ctypes.data) - self._address
+        if not 0 <= start < len(m):
+            return
+        page = mmap.PAGESIZE
+        lo, hi = start // page * page, min(len(m), -(-(start + arr.nbytes) // page) * page)
+        m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def __enter__(self) -> GGUFFile:
         return self

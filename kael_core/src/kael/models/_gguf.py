@@ -233,7 +233,9 @@ def _check(specs: list[TensorSpec], f: GGUFFile, where: str) -> dict[str, Tensor
     return by_name
 
 
-def _set_float(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm: np.ndarray | None) -> None:
+def _set_float(
+    model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm: np.ndarray | None, f: GGUFFile
+) -> None:
     from ..ops import empty, tensor
 
     owner, attr = _split(spec.target)
@@ -248,6 +250,7 @@ def _set_float(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm
             np.copyto(src._np_view(), t.data)
         else:
             np.take(t.data, perm, axis=0, out=src._np_view())
+        f.release_pages(t.data)  # copied: the file's pages need not stay in this process
         if own:
             return
     else:
@@ -348,14 +351,14 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
             elif spec.role == ROLE_TABLE and t.type in GGUF_SCHEMES and _set_table(model, spec, t, device, mmap):
                 pass
             else:
-                _set_float(model, spec, t, device, perm)
+                _set_float(model, spec, t, device, perm, f)
     model.weights_scheme = schemes.most_common(1)[0][0] if schemes else None
     fam.finish(model, mmap)
     on_quantized = getattr(model, "on_quantized", None)
     if model.weights_scheme is not None and callable(on_quantized):
         on_quantized()
     if not mmap:  # NOTE [weight arena]: every stored weight, the file's mapped bytes included, moves to the arena
-        gather_weights(model.modules(), mapped=True)
+        gather_weights(model.modules(), mapped=True, moved=f.release_pages)
     model.generation_config = _generation_config(f.metadata)
     return model.eval()
 

@@ -22,7 +22,7 @@ any kernel has kept a pointer (NOTE [kernel contract]: kernels take their views 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -71,10 +71,13 @@ def _bytes_of(storage: Any, mapped: bool) -> np.ndarray | None:
     return flat[: storage.nbytes] if flat.nbytes >= storage.nbytes else None
 
 
-def gather_weights(modules: Iterable[Any], *, mapped: bool = False) -> int:
+def gather_weights(
+    modules: Iterable[Any], *, mapped: bool = False, moved: Callable[[np.ndarray], None] | None = None
+) -> int:
     """Move the storages of the CPU weights of ``modules`` that have a weight format into one WeightArena
     (NOTE [weight arena]); returns the bytes moved. Read-only storages (views of a file's mapping) stay where
-    they are unless ``mapped``: then they move too, and become writable memory of the arena."""
+    they are unless ``mapped``: then they move too, and become writable memory of the arena. ``moved`` is
+    called with each storage's old bytes once they are copied (a loader drops the file's pages there)."""
     storages: dict[int, tuple[Any, np.ndarray]] = {}  # id -> (storage, its bytes), in first-use order
     weights: list[Tensor] = []
     for m in modules:
@@ -94,6 +97,8 @@ def gather_weights(modules: Iterable[Any], *, mapped: bool = False) -> int:
     arena = WeightArena(total)
     for s, src in storages.values():
         s.data = arena.place(src)
+        if moved is not None:
+            moved(src)
     for w in weights:
         w._npv = None  # a cached NumPy view of the old memory
     return total
