@@ -325,3 +325,22 @@ def test_quantizing_again_same_scheme_is_a_no_op_other_scheme_an_error() -> None
 
 def test_kael_quantize_is_kael_quant_quantize() -> None:
     assert kael.quantize is kael.quant.quantize
+
+
+def test_quantize_array_goes_a_slab_of_rows_at_a_time_with_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rows are independent: slabs of 3 rows (a 1 KiB budget over 256-value rows) give the bytes of the whole
+    # array at once, and gguf's quantizer's where it has one.
+    import kael.quant._formats as formats
+
+    gguf_quants = pytest.importorskip("gguf.quants")
+    from gguf import GGMLQuantizationType as Q
+
+    x = np.random.default_rng(3).standard_normal((11, 256)).astype(np.float32)
+    whole = {s: quantize_array(x, s) for s in quantizable() if s in BLOCK_BYTES}
+    monkeypatch.setattr(formats, "_CHUNK_BYTES", 3 * 256 * 4)
+    for scheme, want in whole.items():
+        got = quantize_array(x, scheme)
+        assert got.dtype == want.dtype and got.shape == want.shape, scheme
+        np.testing.assert_array_equal(got, want, err_msg=scheme)
+        if scheme in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
+            np.testing.assert_array_equal(got, gguf_quants.quantize(x, Q[scheme.upper()]), err_msg=scheme)

@@ -206,3 +206,33 @@ def test_a_float32_load_peaks_at_its_weights() -> None:
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["grew"] < 1.15 * size + (8 << 20), (out, size)  # the weights, once
     assert out["peak_over_rss"] < 0.25 * size + (16 << 20), (out, size)  # no file's worth of pages at once
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
+def test_quantizing_at_load_peaks_near_the_float_model(tmp_path: Path) -> None:
+    # from_pretrained(weights="q8_0") of a float checkpoint with a big token table: each projection's float weight
+    # goes back to the system once quantized, and quantize_array takes a slab of rows at a time. The peak was the
+    # float model, every float weight the CPU allocator cached and the table's quantizer temporaries (6x the
+    # file); now about the float model. Oracle: the checkpoint's size.
+    import json
+    import subprocess
+    import sys
+
+    from kael.models import LlamaConfig, LlamaForCausalLM
+
+    if not kael.cpu.memory_stats():
+        pytest.skip("the NumPy reference backend serves cpu: no allocator, no trim")
+    kael.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=32768, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    size = (tmp_path / "hf" / "model.safetensors").stat().st_size
+    assert size > 64 << 20
+    cmd = [sys.executable, "-c", _RESIDENT, str(tmp_path / "hf"), "q8_0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["grew"] < 0.4 * size, (out, size)  # q8_0: 34 bytes per 32 float32 weights, and the tokenizer-free rest
+    assert out["peak_over_rss"] < 2 * size, (out, size)

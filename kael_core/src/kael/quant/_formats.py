@@ -45,6 +45,7 @@ it in a float type); ``kael.quantize`` leaves it float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -166,17 +167,34 @@ def quantize_array(a: np.ndarray, scheme: str) -> np.ndarray:
         )
     if not np.isfinite(x).all():
         raise FormatError(f"quantize_array: {scheme} needs finite values; the array holds infinities or NaN")
+    rows_of: Callable[[np.ndarray], np.ndarray]
     if scheme == "q8_0":
-        return _q8_0(x)
-    if scheme == "q4_0":
-        return _q4_0(x)
-    fmt = FORMATS[scheme]
-    if fmt.quantize_blocks is None:  # never a fallback to another format
-        raise DTypeError(
-            f"quantize_array: kael has no reference quantizer for {scheme!r} yet (it loads and runs such weights); "
-            f"quantizable: {', '.join(quantizable())}"
-        )
-    return fmt.quantize(x)
+        rows_of = _q8_0
+    elif scheme == "q4_0":
+        rows_of = _q4_0
+    else:
+        fmt = FORMATS[scheme]
+        if fmt.quantize_blocks is None:  # never a fallback to another format
+            raise DTypeError(
+                f"quantize_array: kael has no reference quantizer for {scheme!r} yet (it loads and runs such "
+                f"weights); quantizable: {', '.join(quantizable())}"
+            )
+        rows_of = fmt.quantize
+    # Rows are quantized independently (every block lies within a row), so a big array goes a slab of rows at a
+    # time: the quantizers' float temporaries, several times their input, then stay small (a 49152 x 576 token
+    # table: about 8 MB of them, not 400).
+    step = max(1, _CHUNK_BYTES // max(1, 4 * x.shape[1]))
+    if x.shape[0] <= step:
+        return rows_of(x)
+    first = rows_of(x[:step])
+    out = np.empty((x.shape[0], *first.shape[1:]), dtype=first.dtype)
+    out[:step] = first
+    for i in range(step, x.shape[0], step):
+        out[i : i + step] = rows_of(x[i : i + step])
+    return out
+
+
+_CHUNK_BYTES = 8 << 20  # float32 input per slab of rows (quantize_array)
 
 
 def quantizable() -> tuple[str, ...]:

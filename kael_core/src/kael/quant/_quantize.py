@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .. import cpu
 from .._errors import DTypeError, ShapeError
 from .._tensor import Tensor
 from ..nn._layers import Linear
@@ -102,6 +103,10 @@ def quantize(model: Module, scheme: str, *, embeddings: bool = False, skip: Iter
             q = QuantizedLinear.from_float(w, b, fmt)
             done[id(child)] = q
             parent._modules[attr] = q  # in place: the state_dict keeps its key order
+            del w, b, proj, child
+            # The float weight is free now (unless something else holds it): give it back before the next
+            # projection's copies are made (cached, a whole model's float weights stayed until the end: 3x its size)
+            cpu.empty_cache()
 
     walk(model, "", {id(model)})
     if embeddings:
