@@ -227,16 +227,17 @@ def load_gpt2(model: GPT, path: Any, *, mmap: bool = False) -> GPT:
     else:
         raise FormatError(f"GPT-2 checkpoint {where}: no such file")
     found = _checkpoint_params(tensors, model, where)
+    del tensors  # each checkpoint tensor goes once its parameter holds it (or its out-major copy)
     with no_grad():
         for name, param in model.named_parameters():
-            t = found[name]
+            t = found.pop(name)
             if t.dtype is not param.dtype:
                 t = to(t, dtype=param.dtype)
             if not mmap and _CONV1D_WEIGHT.fullmatch(name):  # NOTE [conv1d layout]
                 t = transpose(contiguous(transpose(t, 0, 1)), 0, 1)
             _set_data(param, t)
         for name, buf in model.named_buffers():  # weights in a weight format, as stored
-            _set_data(buf, found[name])
+            _set_data(buf, found.pop(name))
     return model
 
 
