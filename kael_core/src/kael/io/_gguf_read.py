@@ -116,14 +116,18 @@ class GGUFFile:
             except BufferError:  # arrays still reference it: they keep it alive until they go
                 pass
 
-    def release_pages(self, arr: np.ndarray) -> None:
-        """Drop the pages of the mapping under ``arr`` (a view of this file's data) from the process's memory.
+    def release_pages(self, arr: np.ndarray | None = None) -> None:
+        """Drop the pages of the mapping under ``arr`` (a view of this file's data; None: the whole file) from
+        the process's memory.
 
         For a loader that has copied ``arr``: the pages stay in the page cache and come back if read again,
         but the process no longer counts them, so a copying load peaks at its copy and the file's pages not yet
         copied, not at both whole. A no-op for an array from elsewhere, or where the OS has no MADV_DONTNEED."""
         m = self._mapping
-        if m is None or not hasattr(mmap, "MADV_DONTNEED") or arr.nbytes == 0:
+        if m is None or not hasattr(mmap, "MADV_DONTNEED") or (arr is not None and arr.nbytes == 0):
+            return
+        if arr is None:
+            m.madvise(mmap.MADV_DONTNEED)
             return
         if self._address is None:
             view = np.frombuffer(m, np.uint8)  # (an export of the mapping: dropped at once)

@@ -356,9 +356,20 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
     fam.finish(model, mmap)
     on_quantized = getattr(model, "on_quantized", None)
     if model.weights_scheme is not None and callable(on_quantized):
-        on_quantized()
+        on_quantized()  # (fused q/k/v, gate/up: copies of the file's parts, whose pages it read)
     if not mmap:  # NOTE [weight arena]: every stored weight, the file's mapped bytes included, moves to the arena
-        gather_weights(model.modules(), mapped=True, moved=f.release_pages)
+        f.release_pages()  # what was read so far has been copied; the rest comes back page by page
+        freed = 0
+
+        def moved(src: np.ndarray) -> None:
+            nonlocal freed
+            f.release_pages(src)  # a view of the file, or (no-op) a fused buffer, which goes with this call
+            freed += src.nbytes
+            if freed >= 64 << 20:  # the fused buffers moved so far, from the CPU allocator's cache
+                cpu.empty_cache()
+                freed = 0
+
+        gather_weights(model.modules(), mapped=True, moved=moved)
     model.generation_config = _generation_config(f.metadata)
     return model.eval()
 

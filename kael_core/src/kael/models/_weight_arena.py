@@ -95,10 +95,12 @@ def gather_weights(
     if not total:
         return 0
     arena = WeightArena(total)
-    for s, src in storages.values():
+    for key in list(storages):
+        s, src = storages.pop(key)  # (its old memory goes as it moves, not at the end)
         s.data = arena.place(src)
         if moved is not None:
             moved(src)
+        del s, src
     for w in weights:
         w._npv = None  # a cached NumPy view of the old memory
     return total
