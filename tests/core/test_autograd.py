@@ -70,8 +70,10 @@ def test_leaf_and_node_names_edges_and_shapes() -> None:
 
 
 def test_a_leaf_that_entered_a_graph_is_freed_without_the_cycle_collector() -> None:
-    # NOTE [accumulator cycle]: the accumulator refers to its leaf weakly, so a leaf whose graphs are gone is freed
-    # when the last reference goes (reference counts alone, the cycle collector off), its accumulator with it.
+    # NOTE [accumulator cycle]: the leaf refers to its accumulator weakly, so a leaf whose graphs are gone is freed
+    # when the last reference goes (reference counts alone, the cycle collector off), its accumulator with it;
+    # while a graph lives, it keeps the leaf alive (as PyTorch's): a hook on a leaf only the graph holds still
+    # runs, and the graph's accumulator is the one get_gradient_edge gives.
     import gc
     import weakref
 
@@ -85,6 +87,21 @@ def test_a_leaf_that_entered_a_graph_is_freed_without_the_cycle_collector() -> N
         gone, acc = weakref.ref(w), weakref.ref(node)
         del w, node
         assert gone() is None and acc() is None
+
+        seen: list[list[float]] = []
+        v = t([3.0, 4.0], grad=True)
+        v.register_hook(lambda g: seen.append(val(g)))
+        posts: list[list[float]] = []
+        v.register_post_accumulate_grad_hook(lambda leaf: posts.append(val(leaf.grad)))
+        loss = v.sum() * 3  # (sum saves no input: only the accumulator refers to v)
+        assert kael.autograd.get_gradient_edge(v).node is loss.grad_fn.next_functions[0][0].next_functions[0][0]
+        held = weakref.ref(v)
+        del v
+        assert held() is not None  # the graph holds it
+        loss.backward()
+        assert seen == [[3.0, 3.0]] and posts == [[3.0, 3.0]]
+        del loss
+        assert held() is None
     finally:
         gc.enable()
 

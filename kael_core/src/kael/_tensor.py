@@ -43,6 +43,7 @@ class Tensor:
         "_npv",
         "_offset",
         "_output_nr",
+        "_post_acc_hooks",
         "_retains_grad",
         "_storage",
         "_strides",
@@ -69,7 +70,8 @@ class Tensor:
     _hooks: list[Any] | None
     _retains_grad: bool
     _npv: np.ndarray | None
-    _accumulator: Any
+    _accumulator: Any  # a weak reference to the leaf's AccumulateGrad, or None (NOTE [accumulator cycle])
+    _post_acc_hooks: list[Any] | None
     _view_fn: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -101,6 +103,7 @@ class Tensor:
         t._retains_grad = False
         t._npv = None
         t._accumulator = None
+        t._post_acc_hooks = None
         t._view_fn = None
         return t
 
@@ -186,7 +189,6 @@ class Tensor:
         (after any ``register_hook`` hooks; as PyTorch's method of this name). Returns a handle whose
         ``remove()`` unregisters it. Data-parallel training starts its gradient reductions here."""
         from ._errors import AutogradError
-        from .autograd._function import _accumulator
 
         if not self.requires_grad or self.grad_fn is not None:
             raise AutogradError(
@@ -195,10 +197,9 @@ class Tensor:
             )
         if not callable(hook):
             raise AutogradError(f"register_post_accumulate_grad_hook: expected a callable, got {hook!r}")
-        acc = _accumulator(self)
-        if acc._post_hooks is None:
-            acc._post_hooks = []
-        hooks: list[Any] = acc._post_hooks
+        if self._post_acc_hooks is None:
+            self._post_acc_hooks = []
+        hooks: list[Any] = self._post_acc_hooks
         hooks.append(hook)
 
         class _Handle:

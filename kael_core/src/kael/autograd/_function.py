@@ -116,29 +116,22 @@ class AccumulateGrad(Node):
     """The sink for a leaf tensor: adds the incoming gradient into ``tensor.grad``, then runs the
     tensor's post-accumulate-grad hooks (``Tensor.register_post_accumulate_grad_hook``) on it.
 
-    NOTE [accumulator cycle]: the leaf keeps its accumulator (``t._accumulator``: one per leaf, which holds its
-    post-accumulate hooks), and the accumulator refers to the leaf weakly (``variable``). Both ways strong, every
-    leaf that ever entered a graph was a reference cycle, freed only when Python's cycle collector ran: a model's
-    replaced float32 weights (``from_pretrained(weights="q8_0")``) stayed in memory after the load. A gradient
-    for a leaf nothing else holds any more is dropped (no one could read its ``.grad``)."""
+    NOTE [accumulator cycle]: as PyTorch's, the accumulator holds its leaf (``variable``: a graph keeps the
+    leaves its gradients flow into alive) and the leaf refers to its accumulator weakly (``t._accumulator``; the
+    post-accumulate hooks live on the leaf), so the accumulator lives as long as a graph or a GradientEdge holds
+    it. Both ways strong, every leaf that ever entered a graph was a reference cycle, freed only when Python's
+    cycle collector ran: a model's replaced float32 weights (``from_pretrained(weights="q8_0")``) stayed in
+    memory after the load."""
 
-    __slots__ = ("_post_hooks", "_variable")
+    __slots__ = ("variable",)
 
     def __init__(self, variable: Any) -> None:
         super().__init__()
-        self._variable = weakref.ref(variable)
-        self._post_hooks: list[Callable[[Any], None]] | None = None
-
-    @property
-    def variable(self) -> Any:
-        """The leaf tensor (None once nothing else holds it)."""
-        return self._variable()
+        self.variable = variable
 
     def apply(self, grads: tuple[Any, ...], retain_graph: bool) -> tuple[Any, ...]:
         (g,) = grads
-        t = self._variable()
-        if t is None:
-            return ()
+        t = self.variable
         own = True  # the engine hands over gradients nothing else holds (NOTE [stealing gradients])
         if t._hooks:
             for h in t._hooks:
@@ -151,8 +144,8 @@ class AccumulateGrad(Node):
             from .. import ops
 
             t.grad = ops.add(t.grad, g)
-        if self._post_hooks:
-            for post in list(self._post_hooks):
+        if t._post_acc_hooks:
+            for post in list(t._post_acc_hooks):
                 post(t)
         return ()
 
@@ -214,12 +207,14 @@ def get_gradient_edge(t: Tensor) -> GradientEdge:
 
 
 def _accumulator(t: Any) -> AccumulateGrad:
-    acc = t._accumulator
+    """The leaf's accumulator: the one a live graph holds, or a new one (NOTE [accumulator cycle])."""
+    ref = t._accumulator
+    acc = ref() if ref is not None else None
     if acc is None:
         acc = AccumulateGrad(t)
         acc.input_shapes = (t.shape,)
-        t._accumulator = acc
-    return acc  # type: ignore[no-any-return]
+        t._accumulator = weakref.ref(acc)
+    return acc
 
 
 class Function:
