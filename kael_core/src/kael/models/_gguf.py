@@ -196,7 +196,7 @@ def _float32(t: GGUFTensor) -> np.ndarray:
     return np.asarray(dequantize_array(t.data, GGUF_SCHEMES[t.type], t.shape[-1]), dtype=np.float32)
 
 
-def _stored(t: GGUFTensor, perm: np.ndarray | None, mmap: bool) -> np.ndarray:
+def _stored(t: GGUFTensor, perm: np.ndarray | None) -> np.ndarray:
     """The stored bytes of a quantized tensor (uint8 blocks, uint16 bf16 bits, float16): a view of the file's
     mapping, or its rows permuted (a copy). A load without ``mmap`` copies each into the weight arena once, at
     its end (``gather_weights``); copying here too held every weight twice while loading."""
@@ -263,7 +263,7 @@ def _set_float(
     _set_data(dst, src)
 
 
-def _weight_tensor(data: np.ndarray, scheme: str, device: Any, mmap: bool) -> Tensor:
+def _weight_tensor(data: np.ndarray, scheme: str, device: Any) -> Tensor:
     if getattr(device, "type", str(device).split(":")[0]) == "cpu":
         dtype = {"bf16": dt.bfloat16, "f16": dt.float16}.get(scheme, dt.uint8)
         # A view: of the file's mapping (read-only; without mmap, gather_weights moves it into the weight arena
@@ -274,9 +274,7 @@ def _weight_tensor(data: np.ndarray, scheme: str, device: Any, mmap: bool) -> Te
     return to_device_weight(data, scheme, device)
 
 
-def _set_linear(
-    model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm: np.ndarray | None, mmap: bool
-) -> None:
+def _set_linear(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, perm: np.ndarray | None) -> None:
     from ..quant import QuantizedLinear
 
     scheme = GGUF_SCHEMES[t.type]
@@ -286,12 +284,12 @@ def _set_linear(
     old = getattr(parent, attr)
     out_f, in_f = spec.shape
     has_bias = getattr(old, "bias", None) is not None
-    weight = _weight_tensor(_stored(t, perm, mmap), scheme, device, mmap)
+    weight = _weight_tensor(_stored(t, perm), scheme, device)
     q = QuantizedLinear(in_f, out_f, scheme, bias=has_bias, device=device, weight=weight)
     setattr(parent, attr, q)
 
 
-def _set_table(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, mmap: bool) -> bool:
+def _set_table(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any) -> bool:
     """The token table as the family's QuantizedTable; False when the family has none (then it loads as float)."""
     if not callable(getattr(model, "quantize_embeddings", None)):
         return False
@@ -302,7 +300,7 @@ def _set_table(model: Module, spec: TensorSpec, t: GGUFTensor, device: Any, mmap
     parent_name, attr = _split(module_name)
     v, c = spec.shape
     table = QuantizedTable(v, c, scheme, device=device)
-    table.weight = _weight_tensor(_stored(t, None, mmap), scheme, device, mmap)
+    table.weight = _weight_tensor(_stored(t, None), scheme, device)
     setattr(_submodule(model, parent_name), attr, table)
     return True
 
@@ -346,9 +344,9 @@ def _read_model(f: GGUFFile, device: Any, mmap: bool) -> Any:
                 continue
             perm = rope_rows(spec.shape[0], spec.rope_heads) if spec.rope_heads else None
             if spec.role == ROLE_LINEAR and t.type in GGUF_SCHEMES:
-                _set_linear(model, spec, t, device, perm, mmap)
+                _set_linear(model, spec, t, device, perm)
                 schemes[GGUF_SCHEMES[t.type]] += 1
-            elif spec.role == ROLE_TABLE and t.type in GGUF_SCHEMES and _set_table(model, spec, t, device, mmap):
+            elif spec.role == ROLE_TABLE and t.type in GGUF_SCHEMES and _set_table(model, spec, t, device):
                 pass
             else:
                 _set_float(model, spec, t, device, perm, f)

@@ -133,11 +133,11 @@ def load_tensor(model: Qwen3MoeForCausalLM, spec: TensorSpec, t: Any, device: An
     scheme = GGUF_SCHEMES[t.type]
     block = model.model.layers[int(spec.name.split(".")[1])].mlp
     _, proj = _STACKS[name]
-    data = _stored(t, None, mmap)
+    data = _stored(t, None)
     _, out_f, in_f = spec.shape
     for j, expert in enumerate(block.experts):
         q = QuantizedLinear(
-            in_f, out_f, scheme, bias=False, device=device, weight=_weight_tensor(data[j], scheme, device, mmap)
+            in_f, out_f, scheme, bias=False, device=device, weight=_weight_tensor(data[j], scheme, device)
         )
         setattr(expert, proj, q)
     return True
