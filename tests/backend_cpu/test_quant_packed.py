@@ -273,8 +273,9 @@ def _linear(cpu: Any, x: np.ndarray, w: Any, scheme: str) -> np.ndarray:
 
 @needs_kernel
 def test_one_copy_per_weight_view_remade_after_a_write(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two weights in one storage (a loader's views) get a copy each, made once; an in-place write through kael
-    makes a new one; with KAEL_REPACK=0 none is made or read. Every result is the model's."""
+    """Two weights that are one storage's rows (a fused buffer's parts) share one copy of the whole, made once; an
+    in-place write through kael makes a new one; with KAEL_REPACK=0 none is made or read. Every result is the
+    model's."""
     rng = np.random.default_rng(4)
     a, b = encode(rng.standard_normal((32, 64)), "q8_0"), encode(rng.standard_normal((32, 64)), "q8_0")
     both = kael.tensor(np.concatenate([a, b]), dtype=kael.uint8)
@@ -285,18 +286,72 @@ def test_one_copy_per_weight_view_remade_after_a_write(cpu: Any, monkeypatch: py
     for _ in range(2):
         assert_bits(_linear(cpu, x, wa, "q8_0"), model(x, a, None, "q8_0"))
         assert_bits(_linear(cpu, x, wb, "q8_0"), model(x, b, None, "q8_0"))
-    assert len(made) == 2
+    assert len(made) == 1
     with kael.no_grad():
         wa.copy_(kael.tensor(b, dtype=kael.uint8))  # an in-place write: the storage's version moves
     assert_bits(_linear(cpu, x, wa, "q8_0"), model(x, b, None, "q8_0"))
     assert_bits(_linear(cpu, x, wb, "q8_0"), model(x, b, None, "q8_0"))
-    assert len(made) == 4
+    assert len(made) == 2
     monkeypatch.setenv("KAEL_REPACK", "0")  # the kernel reads no copy (a zero one here), and none is made
     zeros = from_numpy_bits(np.zeros((32, 68), np.uint8), dt.uint8)
     assert_bits(run_packed(cpu, x, wa, zeros, None, "q8_0"), model(x, b, None, "q8_0"))
     fresh = kael.tensor(a, dtype=kael.uint8)
     assert_bits(_linear(cpu, x, fresh, "q8_0"), model(x, a, None, "q8_0"))
-    assert len(made) == 4
+    assert len(made) == 2
+
+
+@needs_kernel
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_k"])
+def test_fused_parts_and_the_fused_product_read_one_copy(cpu: Any, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused q/k/v buffer's parts (48, 16 and 24 rows) and the fused product (a prompt's projections read the
+    parts, a decode step the whole) are served by one copy of the storage: each part's rows in it are NOTE
+    [repacked rows]' layout of the part alone (its rows after the last whole slab in GGML's), and each result is
+    the model's. A part that does not start a slab of the whole gets a copy of its own."""
+    monkeypatch.setattr(_repack, "_chunks", _repack._Chunks())
+    rng = np.random.default_rng(8)
+    k = 256
+    parts = [_encode(rng, (n, k), scheme) for n in (48, 16, 24)]
+    whole = kael.tensor(np.concatenate(parts), dtype=kael.uint8)
+    views = [whole[0:48], whole[48:64], whole[64:88]]
+    x = rng.standard_normal((3, k)).astype(F32)
+    made: list[str] = []
+    monkeypatch.setattr(_repack, "C", _Counting(made))
+    for v, d in zip(views, parts):
+        assert_bits(_linear(cpu, x, v, scheme), _model(x, d, scheme))
+        np.testing.assert_array_equal(logical(_repack._by_weight[id(v)][2]), layout(d, scheme))
+    assert_bits(_linear(cpu, x, whole, scheme), _model(x, np.concatenate(parts), scheme))
+    assert len(made) == 1
+    odd = whole[8:40]  # rows 8..39: not a slab of the whole's copy
+    assert_bits(_linear(cpu, x, odd, scheme), _model(x, np.concatenate(parts)[8:40], scheme))
+    np.testing.assert_array_equal(logical(_repack._by_weight[id(odd)][2]), layout(np.concatenate(parts)[8:40], scheme))
+    assert len(made) == 2
+
+
+@needs_kernel
+def test_a_storage_far_larger_than_its_weight_is_not_copied_whole(cpu: Any) -> None:
+    """A weight that is a small part of its storage (a file's mapping, a loader's shared buffer), or of a read-only
+    one, gets a copy of its own rows only."""
+    rng = np.random.default_rng(9)
+    data = encode(rng.standard_normal((16 * 9, 64)), "q8_0")
+    big = kael.tensor(data, dtype=kael.uint8)
+    w = big[16:32]  # 1/9 of the storage
+    x = rng.standard_normal((1, 64)).astype(F32)
+    assert_bits(_linear(cpu, x, w, "q8_0"), model(x, data[16:32], None, "q8_0"))
+    assert _repack._by_weight[id(w)][2].shape == (16, 68)
+    assert sum(c.shape[0] for _, c in _repack._copies[big.untyped_storage()].values()) == 16
+    frozen = data.copy()
+    frozen.flags.writeable = False
+    ro = kael.from_numpy(frozen)[:32]
+    assert_bits(_linear(cpu, x, ro, "q8_0"), model(x, data[:32], None, "q8_0"))
+    assert _repack._by_weight[id(ro)][2].shape == (32, 68)
+
+
+def _encode(rng: np.random.Generator, shape: tuple[int, int], scheme: str) -> np.ndarray:
+    return k_weights(rng, shape[0], shape[1], scheme) if scheme in SUPER else encode(rng.standard_normal(shape), scheme)
+
+
+def _model(x: np.ndarray, data: np.ndarray, scheme: str) -> np.ndarray:
+    return k_model(x, data, None, scheme) if scheme in SUPER else model(x, data, None, scheme)
 
 
 class _Counting:
