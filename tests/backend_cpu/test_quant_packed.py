@@ -302,7 +302,9 @@ def test_one_copy_per_weight_view_remade_after_a_write(cpu: Any, monkeypatch: py
 
 @needs_kernel
 @pytest.mark.parametrize("scheme", ["q8_0", "q4_k"])
-def test_fused_parts_and_the_fused_product_read_one_copy(cpu: Any, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_parts_and_the_fused_product_read_one_copy(
+    cpu: Any, scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fused q/k/v buffer's parts (48, 16 and 24 rows) and the fused product (a prompt's projections read the
     parts, a decode step the whole) are served by one copy of the storage: each part's rows in it are NOTE
     [repacked rows]' layout of the part alone (its rows after the last whole slab in GGML's), and each result is
