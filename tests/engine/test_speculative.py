@@ -426,3 +426,35 @@ def test_speculation_pauses_when_it_costs_more_per_token_and_probes_again() -> N
     assert spec.pauses == 2
     with pytest.raises(KaelError, match=r"slack must be a number in \[0, 1\), got 2"):
         Speculator(_Fixed([1]), slack=2)
+
+
+def test_a_step_with_drafts_is_set_against_plain_steps_of_as_many_rows() -> None:
+    """NOTE [speculation pays or pauses]: a step's fixed cost is shared by its rows, so plain steps of 8 rows cost
+    less per token than plain steps of 3; a step with drafts of 3 rows is judged against the 3-row baseline (here
+    it pays, against the 8-row one it would lose), and a row count never seen plain against the nearest one."""
+    spec = Speculator(_Fixed([1, 2]), warmup=2, probe_after=4, slack=0.05)
+    spec.observe_step(8.0, 8, speculated=False, rows=8)  # 1.0 s a token
+    spec.observe_step(6.0, 3, speculated=False, rows=3)  # 2.0 s a token
+    spec.observe_step(9.0, 5, speculated=True, rows=3)  # the probe: 1.8 s a token, 0.9 of the 3-row baseline
+    assert spec.pauses == 0 and not spec.probing
+    for _ in range(3):
+        spec.observe_step(7.2, 4, speculated=True, rows=2)  # 1.8 s a token, nearest is 3 rows: pays
+    assert spec.pauses == 0
+    for _ in range(2):
+        spec.observe_step(9.0, 8, speculated=True, rows=7)  # 1.125 s a token, nearest is 8 rows: a loss
+    assert spec.pauses == 1 and spec.probing
+
+
+def test_one_slow_step_does_not_pause_speculation_two_of_three_do() -> None:
+    """The median of the last three steps with drafts decides once speculation pays: one slow step (a
+    collection, another thread's burst) is not a loss; a second within three is. A probe is judged alone."""
+    spec = Speculator(_Fixed([1, 2]), warmup=1, probe_after=4, slack=0.05)
+    spec.observe_step(1.0, 1, speculated=False, rows=1)
+    spec.observe_step(1.0, 2, speculated=True, rows=1)  # the probe pays: 0.5 s a token
+    assert not spec.probing
+    spec.observe_step(1.0, 3, speculated=True, rows=1)
+    spec.observe_step(30.0, 3, speculated=True, rows=1)  # 10 s a token, once
+    spec.observe_step(1.0, 3, speculated=True, rows=1)
+    assert spec.pauses == 0 and spec.drafts(Request([1, 2, 3]), 10) == [1, 2]
+    spec.observe_step(30.0, 3, speculated=True, rows=1)  # a second slow step within three: a loss
+    assert spec.pauses == 1 and spec.paused_steps == 4 and spec.probing

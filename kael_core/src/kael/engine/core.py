@@ -127,7 +127,9 @@ class EngineCore:
         events = self._step(plan)
         if self.speculator is not None and all(r.decode or r.drafts for r in plan.rows):
             produced = sum(len(e.tokens) for e in events)  # NOTE [speculation pays or pauses]
-            self.speculator.observe_step(time.perf_counter() - start, produced, any(r.drafts for r in plan.rows))
+            self.speculator.observe_step(
+                time.perf_counter() - start, produced, any(r.drafts for r in plan.rows), len(plan.rows)
+            )
         return events
 
     def _step(self, plan: SchedulerOutput) -> list[StepEvent]:

@@ -28,18 +28,22 @@ only the proposer's lookup.
 
 NOTE [speculation pays or pauses]: acceptance alone does not say whether speculation pays: a
 small model's step is compute-bound, so verifying 1 + k positions costs nearly 1 + k steps,
-and a draft model costs its own steps. ``EngineCore`` reports each all-decode step's wall time
-and tokens (``observe_step``); the speculator keeps a moving average of the seconds per token
-of steps with drafts and of steps without. Speculation starts after ``warmup`` plain steps (the
-baseline); whenever a step with drafts has made the speculative average worse than the plain
-one by more than ``slack``, every request stops drafting for ``probe_after`` steps (doubling,
-up to ``max_probe_after``, while it keeps losing; back to the first value once it pays), then
-it is tried again. Each try (the first all-decode step with drafts after the warm-up, and after
-each pause) is a probe that drafts one token per request: a losing probe then costs about one
-step (a two-position verification, and one step of a draft model), so the first pause of 32
-steps bounds the loss near 3% from the start, and the doubling takes it toward one step in every
-``max_probe_after``; a probe that pays ends the probing, and NOTE [adaptive k]'s k applies from
-the next step (an accepted probe keeps the request's k).
+and a draft model costs its own steps. ``EngineCore`` reports each all-decode step's wall time,
+tokens and rows (``observe_step``). The speculator keeps a moving average of the seconds per token
+of plain steps for each number of rows (a step of 3 rows costs more per token than one of 8: the
+step's fixed cost is shared by fewer, so a step with drafts is set against plain steps of as
+many rows, or of the nearest number seen), and the cost ratio of each of the last three steps with
+drafts to that baseline. Speculation starts after ``warmup`` plain steps (the baseline); whenever
+the median of the last three ratios (so one slow step, a collection or another thread's burst,
+is not taken for a loss) is above ``1 + slack``, every request stops drafting for
+``probe_after`` steps (doubling, up to ``max_probe_after``, while it keeps losing; back to the
+first value once it pays), then it is tried again. Each try (the first all-decode step with drafts
+after the warm-up, and after each pause) is a probe that drafts one token per request and is
+judged on its own: a losing probe then costs about one step (a two-position verification, and
+one step of a draft model), so the first pause of 32 steps bounds the loss near 3% from the start,
+and the doubling takes it toward one step in every ``max_probe_after``; a probe that pays ends the
+probing, and NOTE [adaptive k]'s k applies from the next step (an accepted probe keeps the
+request's k).
 """
 
 from __future__ import annotations
@@ -108,8 +112,10 @@ class Speculator:
             raise KaelError(f"Speculator: slack must be a number in [0, 1), got {slack!r}")
         self.slack = float(slack)
         self._state: dict[Request, SpecState] = {}
-        self._cost: dict[bool, float | None] = {True: None, False: None}
-        """Moving average of seconds per token of all-decode steps, with drafts (True) or not."""
+        self._plain: dict[int, float] = {}
+        """Moving average of seconds per token of plain all-decode steps, by their number of rows."""
+        self._ratios: list[float] = []
+        """The cost ratios to the plain baseline of the last (up to three) steps with drafts."""
         self.paused_steps = count_arg("Speculator", "warmup", warmup, 0)
         """Steps left in which no request drafts (NOTE [speculation pays or pauses])."""
         self._probe_after = self.probe_after
@@ -174,25 +180,30 @@ class Speculator:
             st.cooldown = min(self.max_cooldown, 2 * st.cooldown)
             st.k = self.k_max
 
-    def observe_step(self, seconds: float, tokens: int, speculated: bool) -> None:
-        """What one all-decode step cost: ``seconds`` for ``tokens`` new tokens, with drafts
-        verified in it or not (NOTE [speculation pays or pauses])."""
+    def observe_step(self, seconds: float, tokens: int, speculated: bool, rows: int = 0) -> None:
+        """What one all-decode step of ``rows`` requests cost: ``seconds`` for ``tokens`` new tokens,
+        with drafts verified in it or not (NOTE [speculation pays or pauses])."""
         if tokens <= 0 or not seconds >= 0:
             return
-        per, old = seconds / tokens, self._cost[speculated]
-        self._cost[speculated] = per if old is None else old + 0.3 * (per - old)
+        per = seconds / tokens
         if not speculated:
+            old = self._plain.get(rows)
+            self._plain[rows] = per if old is None else old + 0.3 * (per - old)
             self.paused_steps = max(0, self.paused_steps - 1)
             return
-        spec, plain = self._cost[True], self._cost[False]
-        if plain is None or spec is None:
+        if not self._plain:
             return
-        if spec > plain * (1 + self.slack):
+        base = self._plain[min(self._plain, key=lambda n: (abs(n - rows), -n))]
+        self._ratios = [*self._ratios[-2:], per / base if base > 0 else 1.0]
+        judged = self._ratios[-1] if self.probing else sorted(self._ratios)[(len(self._ratios) - 1) // 2]
+        if judged > 1 + self.slack and (self.probing or len(self._ratios) > 1):
             self.paused_steps, self.pauses = self._probe_after, self.pauses + 1
             self._probe_after = min(2 * self._probe_after, self.max_probe_after)
-            self._cost[True] = None  # the next probe measures afresh
+            self._ratios = []  # the next probe measures afresh
             self.probing = True
         else:
+            if self.probing:
+                self._ratios = []  # the probe's one draft a row says little of the cost of k drafts
             self._probe_after = self.probe_after
             self.probing = False
 
