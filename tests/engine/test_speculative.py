@@ -409,12 +409,14 @@ def test_speculation_pauses_when_it_costs_more_per_token_and_probes_again() -> N
     spec.observe_step(1.0, 1, speculated=False)
     spec.observe_step(1.0, 1, speculated=False)
     assert spec.probing and spec.drafts(req, 10) == [1]  # the first try is a probe: one draft
+    spec.record(req, 1, 1)  # accepted, and yet
     spec.observe_step(3.0, 2, speculated=True)  # 1.5 s a token against 1.0: a loss
     assert spec.pauses == 1 and spec.paused_steps == 4 and spec.probing
     for _ in range(4):
         assert spec.drafts(req, 10) == []
         spec.observe_step(1.0, 1, speculated=False)
     assert spec.drafts(req, 10) == [1]  # probing again: one draft
+    spec.record(req, 1, 1)
     spec.observe_step(3.0, 2, speculated=True)
     assert spec.paused_steps == 8  # it lost again: twice as long (at most max_probe_after)
     for _ in range(8):
@@ -426,6 +428,32 @@ def test_speculation_pauses_when_it_costs_more_per_token_and_probes_again() -> N
     assert spec.pauses == 2
     with pytest.raises(KaelError, match=r"slack must be a number in \[0, 1\), got 2"):
         Speculator(_Fixed([1]), slack=2)
+
+
+def test_a_probe_whose_drafts_were_all_wrong_pauses_for_the_shorter_idle_pause() -> None:
+    """A losing probe with no accepted draft (nothing to copy yet) pauses for ``idle_pause`` steps, doubling
+    while it keeps failing; one whose drafts were accepted and still cost more pauses for ``probe_after``; a probe
+    that pays sets both back."""
+    spec = Speculator(_Fixed([1, 2]), warmup=1, probe_after=32, idle_pause=8, max_probe_after=256)
+    spec.observe_step(1.0, 1, speculated=False)
+
+    def probe(accepted: int, seconds: float) -> int:
+        while spec.paused_steps:
+            spec.observe_step(1.0, 1, speculated=False)
+        req = Request([1, 2, 3])  # (a new request each time: NOTE [adaptive k]'s own pause is not tested here)
+        assert spec.probing and spec.drafts(req, 10) == [1]
+        spec.record(req, 1, accepted)
+        spec.observe_step(seconds, 1 + accepted, speculated=True)
+        return spec.paused_steps
+
+    assert [probe(0, 2.0) for _ in range(3)] == [8, 16, 32]
+    assert probe(1, 3.0) == 32  # accepted, and dearer per token: the cost pause
+    assert probe(0, 2.0) == 64
+    assert probe(1, 1.0) == 0 and not spec.probing  # 0.5 s a token: it pays
+    spec.paused_steps, spec.probing = 0, True
+    assert probe(0, 2.0) == 8  # back to the first idle pause
+    with pytest.raises(KaelError, match="idle_pause"):
+        Speculator(_Fixed([1]), idle_pause=0)
 
 
 def test_a_step_with_drafts_is_set_against_plain_steps_of_as_many_rows() -> None:

@@ -37,7 +37,10 @@ drafts to that baseline. Speculation starts after ``warmup`` plain steps (the ba
 the median of the last three ratios (so one slow step, a collection or another thread's burst,
 is not taken for a loss) is above ``1 + slack``, every request stops drafting for
 ``probe_after`` steps (doubling, up to ``max_probe_after``, while it keeps losing; back to the
-first value once it pays), then it is tried again. Each try (the first all-decode step with drafts
+first value once it pays), then it is tried again. A losing probe in which no draft was accepted
+says the drafts are wrong for now (a copy that has not started yet: a pause of 32 steps was most
+of a short answer), not that verifying costs too much: it pauses for ``idle_pause`` steps
+instead (doubling likewise, so drafts that stay wrong, a random task's, are tried as seldom). Each try (the first all-decode step with drafts
 after the warm-up, and after each pause) is a probe that drafts one token per request and is
 judged on its own: a losing probe then costs about one step (a two-position verification, and
 one step of a draft model), so the first pause of 32 steps bounds the loss near 3% from the start,
@@ -92,6 +95,7 @@ class Speculator:
         warmup: int = 2,
         probe_after: int = 32,
         max_probe_after: int = 256,
+        idle_pause: int = 8,
         slack: float = 0.03,
     ) -> None:
         if not isinstance(proposer, Proposer):
@@ -108,6 +112,7 @@ class Speculator:
         self.max_cooldown = count_arg("Speculator", "max_cooldown", max_cooldown, self.cooldown)
         self.probe_after = count_arg("Speculator", "probe_after", probe_after, 1)
         self.max_probe_after = count_arg("Speculator", "max_probe_after", max_probe_after, self.probe_after)
+        self.idle_pause = count_arg("Speculator", "idle_pause", idle_pause, 1)
         if not isinstance(slack, (int, float)) or isinstance(slack, bool) or not 0 <= slack < 1:
             raise KaelError(f"Speculator: slack must be a number in [0, 1), got {slack!r}")
         self.slack = float(slack)
@@ -119,6 +124,9 @@ class Speculator:
         self.paused_steps = count_arg("Speculator", "warmup", warmup, 0)
         """Steps left in which no request drafts (NOTE [speculation pays or pauses])."""
         self._probe_after = self.probe_after
+        self._idle_pause = self.idle_pause
+        self._step_accepted = 0
+        """Drafts accepted in the step being run (``record``), for ``observe_step``."""
         self.probing = True
         """Steps with drafts are probes, one draft per request, until one pays (NOTE [speculation pays or
         pauses])."""
@@ -165,6 +173,7 @@ class Speculator:
             return
         self.proposed += proposed
         self.accepted += accepted
+        self._step_accepted += accepted
         self.verifications += 1
         st = self.state(request)
         if accepted == proposed:
@@ -183,6 +192,7 @@ class Speculator:
     def observe_step(self, seconds: float, tokens: int, speculated: bool, rows: int = 0) -> None:
         """What one all-decode step of ``rows`` requests cost: ``seconds`` for ``tokens`` new tokens,
         with drafts verified in it or not (NOTE [speculation pays or pauses])."""
+        accepted, self._step_accepted = self._step_accepted, 0
         if tokens <= 0 or not seconds >= 0:
             return
         per = seconds / tokens
@@ -197,14 +207,17 @@ class Speculator:
         self._ratios = [*self._ratios[-2:], per / base if base > 0 else 1.0]
         judged = self._ratios[-1] if self.probing else sorted(self._ratios)[(len(self._ratios) - 1) // 2]
         if judged > 1 + self.slack and (self.probing or len(self._ratios) > 1):
-            self.paused_steps, self.pauses = self._probe_after, self.pauses + 1
-            self._probe_after = min(2 * self._probe_after, self.max_probe_after)
+            self.pauses += 1
+            if self.probing and not accepted:  # the drafts were wrong, not the verification dear
+                self.paused_steps, self._idle_pause = self._idle_pause, min(2 * self._idle_pause, self.max_probe_after)
+            else:
+                self.paused_steps, self._probe_after = self._probe_after, min(2 * self._probe_after, self.max_probe_after)
             self._ratios = []  # the next probe measures afresh
             self.probing = True
         else:
             if self.probing:
                 self._ratios = []  # the probe's one draft a row says little of the cost of k drafts
-            self._probe_after = self.probe_after
+            self._probe_after, self._idle_pause = self.probe_after, self.idle_pause
             self.probing = False
 
     def forget(self, request: Request) -> None:
