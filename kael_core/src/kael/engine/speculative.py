@@ -211,7 +211,10 @@ class Speculator:
             if self.probing and not accepted:  # the drafts were wrong, not the verification dear
                 self.paused_steps, self._idle_pause = self._idle_pause, min(2 * self._idle_pause, self.max_probe_after)
             else:
-                self.paused_steps, self._probe_after = self._probe_after, min(2 * self._probe_after, self.max_probe_after)
+                self.paused_steps, self._probe_after = (
+                    self._probe_after,
+                    min(2 * self._probe_after, self.max_probe_after),
+                )
             self._ratios = []  # the next probe measures afresh
             self.probing = True
         else:
