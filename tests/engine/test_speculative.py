@@ -432,7 +432,7 @@ def test_speculation_pauses_when_it_costs_more_per_token_and_probes_again() -> N
 
 def test_a_probe_whose_drafts_were_all_wrong_pauses_for_the_shorter_idle_pause() -> None:
     """A losing probe with no accepted draft (nothing to copy yet) pauses for ``idle_pause`` steps, doubling
-    while it keeps failing; one whose drafts were accepted and still cost more pauses for ``probe_after``; a probe
+    while it keeps failing, or (r - 1) / slack steps where it cost r times a plain step's tokens; one whose drafts were accepted and still cost more pauses for ``probe_after``; a probe
     that pays sets both back."""
     spec = Speculator(_Fixed([1, 2]), warmup=1, probe_after=32, idle_pause=8, max_probe_after=256)
     spec.observe_step(1.0, 1, speculated=False)
@@ -446,12 +446,13 @@ def test_a_probe_whose_drafts_were_all_wrong_pauses_for_the_shorter_idle_pause()
         spec.observe_step(seconds, 1 + accepted, speculated=True)
         return spec.paused_steps
 
-    assert [probe(0, 2.0) for _ in range(3)] == [8, 16, 32]
+    assert [probe(0, 1.1) for _ in range(3)] == [8, 16, 32]  # 1.1x a plain step: (1.1 - 1) / 0.03 < 8
     assert probe(1, 3.0) == 32  # accepted, and dearer per token: the cost pause
-    assert probe(0, 2.0) == 64
+    assert probe(0, 1.1) == 64
     assert probe(1, 1.0) == 0 and not spec.probing  # 0.5 s a token: it pays
     spec.paused_steps, spec.probing = 0, True
-    assert probe(0, 2.0) == 8  # back to the first idle pause
+    assert probe(0, 1.1) == 8  # back to the first idle pause
+    assert probe(0, 1.6) == 20  # a dear probe (a draft model's): (1.6 - 1) / 0.03 steps, its loss 3% of them
     with pytest.raises(KaelError, match="idle_pause"):
         Speculator(_Fixed([1]), idle_pause=0)
 

@@ -40,7 +40,10 @@ is not taken for a loss) is above ``1 + slack``, every request stops drafting fo
 first value once it pays), then it is tried again. A losing probe in which no draft was accepted
 says the drafts are wrong for now (a copy that has not started yet: a pause of 32 steps was most
 of a short answer), not that verifying costs too much: it pauses for ``idle_pause`` steps
-instead (doubling likewise, so drafts that stay wrong, a random task's, are tried as seldom). Each try (the first all-decode step with drafts
+instead (doubling likewise, so drafts that stay wrong, a random task's, are tried as seldom), or
+longer where the probe cost r times a plain step's tokens: (r - 1) / slack steps, so that what
+it lost is at most ``slack`` of the steps until the next (a draft model's probe costs more than
+a prompt lookup's). Each try (the first all-decode step with drafts
 after the warm-up, and after each pause) is a probe that drafts one token per request and is
 judged on its own: a losing probe then costs about one step (a two-position verification, and
 one step of a draft model), so the first pause of 32 steps bounds the loss near 3% from the start,
@@ -51,6 +54,7 @@ request's k).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,7 +213,10 @@ class Speculator:
         if judged > 1 + self.slack and (self.probing or len(self._ratios) > 1):
             self.pauses += 1
             if self.probing and not accepted:  # the drafts were wrong, not the verification dear
-                self.paused_steps, self._idle_pause = self._idle_pause, min(2 * self._idle_pause, self.max_probe_after)
+                # long enough that the probe's extra cost is at most `slack` of the steps it spans
+                spans = math.ceil((judged - 1) / max(self.slack, 0.01) - 1e-9)
+                self.paused_steps = min(max(self._idle_pause, spans), self.max_probe_after)
+                self._idle_pause = min(2 * self._idle_pause, self.max_probe_after)
             else:
                 self.paused_steps, self._probe_after = (
                     self._probe_after,
