@@ -218,33 +218,58 @@ bool use_bf16_gemm(QuantScheme s, int64_t m, ActMode mode) {
          vec().bf16gemm_cols != nullptr;
 }
 
+// v rounded to the nearest integer, ties to even, for |v| < 2^22: what std::nearbyint gives under the default
+// rounding mode, without its call (glibc saves and restores the floating-point environment around it, which made
+// quantizing a 512-row prompt's activations cost as much as half of the GEMM after it). Adding 1.5 * 2^23 puts
+// v's integer part in the float's last bit (the addition rounds ties to even), and subtracting it is exact. This
+// file is built with -ffp-contract=off, so v's own product is rounded before the addition, as before.
+inline float rint_small(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+constexpr uint32_t kFloatMaxBits = 0x7F7FFFFFu;  // FLT_MAX's bits: |x|'s bits above it are an inf or a nan
+
+// The largest of x[0..n)'s magnitudes as float bits (the sign cleared): for floats of one sign the bits order as the
+// values do, an inf's and a nan's above every finite one; an integer maximum, which the compiler vectorizes (a float
+// one it may not, for nan's sake), where each element used to wait on the previous one's comparison.
+inline uint32_t abs_bits_max(const float* x, int n) {
+  uint32_t top = 0;
+  for (int j = 0; j < n; ++j) {
+    uint32_t u;
+    std::memcpy(&u, x + j, 4);
+    u &= 0x7FFFFFFFu;
+    top = u > top ? u : top;
+  }
+  return top;
+}
+
 // Row x[0..k) as GGML's Q8_0 blocks: q[0..k), the k / 32 float16-rounded scales d[0..k/32) and
 // Q8_1's sums d[k/32 + b] = float16(float(sum q) * unrounded d) (NOTE [integer quantized linear]).
 void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
   const int64_t nb = k / 32;
   for (int64_t b = 0; b < k / 32; ++b) {
     const float* xb = x + b * 32;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int j = 0; j < 32; ++j) {
-      const float a = std::fabs(xb[j]);
-      finite = finite && a <= 3.4028234663852886e38f;
-      amax = a > amax ? a : amax;
-    }
-    if (!finite) {
+    const uint32_t top = abs_bits_max(xb, 32);
+    if (top > kFloatMaxBits) {  // an inf or a nan
       std::memset(q + b * 32, 0, 32);
       d[b] = d[nb + b] = std::numeric_limits<float>::quiet_NaN();
       continue;
     }
+    float amax;
+    std::memcpy(&amax, &top, 4);
     const float db = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      // |x * id| <= 127 (within a rounding) unless 127 / amax overflowed (amax < 127 / FLT_MAX: d's
-      // float16 is 0 then): there q = 0 (ggml's conversion of inf / nan is undefined)
-      const float v = xb[j] * id;
-      q[b * 32 + j] = static_cast<int8_t>(std::fabs(v) <= 127.5f ? std::nearbyintf(v) : 0.0f);
-      sum += q[b * 32 + j];
+    if (id <= std::numeric_limits<float>::max()) {  // then |x * id| <= 127 (within a rounding)
+      for (int j = 0; j < 32; ++j) {
+        const auto qi = static_cast<int32_t>(rint_small(xb[j] * id));
+        q[b * 32 + j] = static_cast<int8_t>(qi);
+        sum += qi;
+      }
+    } else {  // 127 / amax overflowed (amax < 127 / FLT_MAX: d's float16 is 0): q = 0 (ggml's conversion of inf /
+              // nan is undefined)
+      std::memset(q + b * 32, 0, 32);
     }
     d[b] = half_bits_to_float(float_to_half_bits(db));
     d[nb + b] = half_bits_to_float(float_to_half_bits(static_cast<float>(sum) * db));
@@ -257,14 +282,16 @@ void quantize_row_q8k(const float* x, int64_t k, int8_t* q, float* d, int16_t* s
   for (int64_t b = 0; b < k / 256; ++b) {
     const float* xb = x + b * 256;
     int8_t* qb = q + b * 256;
-    float amax = 0.0f, max = 0.0f;  // the first value of largest magnitude, with its sign
-    bool finite = true;
-    for (int j = 0; j < 256; ++j) {
-      const float a = std::fabs(xb[j]);
-      finite = finite && a <= 3.4028234663852886e38f;
-      if (a > amax) {
-        amax = a;
-        max = xb[j];
+    const uint32_t top = abs_bits_max(xb, 256);
+    const bool finite = top <= kFloatMaxBits;
+    float amax, max = 0.0f;  // the first value of largest magnitude, with its sign
+    std::memcpy(&amax, &top, 4);
+    if (finite && top != 0) {
+      for (int j = 0; j < 256; ++j) {
+        if (std::fabs(xb[j]) == amax) {
+          max = xb[j];
+          break;
+        }
       }
     }
     const float iscale = -127.0f / max;
@@ -278,8 +305,8 @@ void quantize_row_q8k(const float* x, int64_t k, int8_t* q, float* d, int16_t* s
     }
     for (int j = 0; j < 256; ++j) {
       // |iscale * x| <= 127 (+ its rounding): nearest, ties to even (ggml's nearest_int), at most 127
-      const float v = iscale * xb[j];
-      qb[j] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(v)));
+      const float v = rint_small(iscale * xb[j]);
+      qb[j] = static_cast<int8_t>(static_cast<int32_t>(v < 127.0f ? v : 127.0f));
     }
     for (int g = 0; g < 16; ++g) {
       int32_t sum = 0;

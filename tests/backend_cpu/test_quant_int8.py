@@ -347,13 +347,13 @@ def test_rows_batched_equal_alone_and_threads_agree(cpu: Any, scheme: str) -> No
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_special_activations(cpu: Any, scheme: str) -> None:
-    """Zeros, all-zero blocks, half-way values, tiny values (float16 scale underflow), subnormal
+    """Zeros, all-zero blocks, half-way values, exact ties, tiny values (float16 scale underflow), subnormal
     blocks (1 / d overflows), huge values (float16 scale overflow: inf), inf and nan: the kernel is
     the model's bits (nan where it is)."""
     rng = np.random.default_rng(4)
     k, n = 512, 9
     data = encode(rng.standard_normal((n, k)), scheme)
-    rows = np.zeros((8, k), F32)
+    rows = np.zeros((9, k), F32)
     rows[1] = rng.standard_normal(k)
     rows[1, 64:160] = 0.0  # three all-zero blocks
     rows[2] = np.tile(np.arange(-16, 16, dtype=F32) + 0.5, k // 32) * F32(127 / 31.5)  # half-way cases
@@ -365,6 +365,10 @@ def test_special_activations(cpu: Any, scheme: str) -> None:
     rows[6, 300] = np.nan
     rows[7] = rng.standard_normal(k) * 3e6
     rows[7, 32:64] = rng.standard_normal(32) * 1e-39  # subnormal: 1 / d overflows to inf
+    # exact ties: a block whose largest magnitude is 127 scales by exactly 1 (Q8_K's by -1), so x + 0.5 rounds to even
+    ties = np.arange(-15.5, 16, 1.0, dtype=F32)
+    ties[0], ties[-1] = -127.0, 127.0
+    rows[8] = np.tile(ties, k // 32)
     bias = rng.standard_normal(n).astype(F32)
     got = run(cpu, rows, data, bias, scheme)
     assert_bits(got, model(rows, data, bias, scheme))
