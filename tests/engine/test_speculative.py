@@ -288,9 +288,16 @@ def test_adaptive_k_shrinks_pauses_and_retries() -> None:
     assert spec.state(req).k == 4 and spec.state(req).cooldown == 3
     spec.record(req, 4, 0)  # k = accepted + 1
     assert spec.drafts(req, 10) == [1]
-    spec.record(req, 1, 1)  # all accepted: k grows by one
+    spec.record(req, 1, 1)  # all accepted: k doubles
     assert spec.drafts(req, 10) == [1, 2]
-    assert (spec.proposed, spec.accepted, spec.rejected) == (19, 4, 15)
+    spec.record(req, 2, 2)
+    assert spec.drafts(req, 10) == [1, 2, 3, 4]  # (at most k_max)
+    spec.probing = True  # a probe drafts one; its rejection leaves k alone
+    assert spec.drafts(req, 10) == [1]
+    spec.record(req, 1, 0)
+    assert spec.state(req).k == 4
+    spec.probing = False
+    assert (spec.proposed, spec.accepted, spec.rejected) == (22, 6, 16)
     spec.forget(req)
     assert spec.drafts(req, 10) == [1, 2, 3, 4]
 

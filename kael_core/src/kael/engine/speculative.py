@@ -20,8 +20,10 @@ The one thing that could differ is the logits themselves: the verifying pass com
 alone]: kael's attention and few-row linears give the same bits for up to 16 query rows).
 
 NOTE [adaptive k]: each request starts at the proposer's ``k`` (at most ``k_max``); a
-verification that accepts every draft lets it grow by one, a rejection sets it to the accepted
-count plus one; after ``off_after`` verifications in a row with no accepted draft the request
+verification that accepts every draft doubles it (at most ``k_max``: a run of accepted drafts
+is a copy under way, and copies end, so k gets there in a few steps rather than one more a step),
+a rejection sets it to the accepted count plus one, except a probe's (NOTE [speculation pays or
+pauses]: its one draft says nothing of how far the request's drafts run); after ``off_after`` verifications in a row with no accepted draft the request
 stops speculating for ``cooldown`` decode steps (doubling up to ``max_cooldown`` while it keeps
 failing, back to ``cooldown`` after a success), then tries again. A step without drafts costs
 only the proposer's lookup.
@@ -181,8 +183,8 @@ class Speculator:
         self.verifications += 1
         st = self.state(request)
         if accepted == proposed:
-            st.k = min(self.k_max, max(st.k, proposed) + 1)
-        else:
+            st.k = min(self.k_max, 2 * max(st.k, proposed))
+        elif not self.probing:
             st.k = max(1, accepted + 1)
         if accepted:
             st.zero_streak, st.cooldown = 0, self.cooldown
