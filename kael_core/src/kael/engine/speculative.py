@@ -19,39 +19,39 @@ The one thing that could differ is the logits themselves: the verifying pass com
 ``1 + k`` positions together, where plain decoding computes one per step (NOTE [batched =
 alone]: kael's attention and few-row linears give the same bits for up to 16 query rows).
 
-NOTE [adaptive k]: each request starts at the proposer's ``k`` (at most ``k_max``); a
-verification that accepts every draft doubles it (at most ``k_max``: a run of accepted drafts
-is a copy under way, and copies end, so k gets there in a few steps rather than one more a step),
-a rejection sets it to the accepted count plus one, except a probe's (NOTE [speculation pays or
-pauses]: its one draft says nothing of how far the request's drafts run); after ``off_after`` verifications in a row with no accepted draft the request
-stops speculating for ``cooldown`` decode steps (doubling up to ``max_cooldown`` while it keeps
-failing, back to ``cooldown`` after a success), then tries again. A step without drafts costs
-only the proposer's lookup.
+NOTE [adaptive k]: each request starts at the proposer's ``k`` (at most ``k_max``). A
+verification that accepts every draft doubles it (at most ``k_max``: a run of accepted drafts is
+a copy under way, and copies end, so k gets there in a few steps rather than one more a step); a
+rejection sets it to the accepted count plus one, except a probe's (NOTE [speculation pays or
+pauses]: its one draft says nothing of how far the request's drafts run). After ``off_after``
+verifications in a row with no accepted draft the request stops speculating for ``cooldown``
+decode steps (doubling up to ``max_cooldown`` while it keeps failing, back to ``cooldown`` after
+a success), then tries again. A step without drafts costs only the proposer's lookup.
 
 NOTE [speculation pays or pauses]: acceptance alone does not say whether speculation pays: a
 small model's step is compute-bound, so verifying 1 + k positions costs nearly 1 + k steps,
 and a draft model costs its own steps. ``EngineCore`` reports each all-decode step's wall time,
-tokens and rows (``observe_step``). The speculator keeps a moving average of the seconds per token
-of plain steps for each number of rows (a step of 3 rows costs more per token than one of 8: the
-step's fixed cost is shared by fewer, so a step with drafts is set against plain steps of as
-many rows, or of the nearest number seen), and the cost ratio of each of the last three steps with
-drafts to that baseline. Speculation starts after ``warmup`` plain steps (the baseline); whenever
-the median of the last three ratios (so one slow step, a collection or another thread's burst,
-is not taken for a loss) is above ``1 + slack``, every request stops drafting for
-``probe_after`` steps (doubling, up to ``max_probe_after``, while it keeps losing; back to the
-first value once it pays), then it is tried again. A losing probe in which no draft was accepted
-says the drafts are wrong for now (a copy that has not started yet: a pause of 32 steps was most
-of a short answer), not that verifying costs too much: it pauses for ``idle_pause`` steps
-instead (doubling likewise, so drafts that stay wrong, a random task's, are tried as seldom), or
-longer where the probe cost r times a plain step's tokens: (r - 1) / slack steps, so that what
-it lost is at most ``slack`` of the steps until the next (a draft model's probe costs more than
-a prompt lookup's). Each try (the first all-decode step with drafts
-after the warm-up, and after each pause) is a probe that drafts one token per request and is
-judged on its own: a losing probe then costs about one step (a two-position verification, and
-one step of a draft model), so the first pause of 32 steps bounds the loss near 3% from the start,
-and the doubling takes it toward one step in every ``max_probe_after``; a probe that pays ends the
-probing, and NOTE [adaptive k]'s k applies from the next step (an accepted probe keeps the
-request's k).
+tokens and rows (``observe_step``). The speculator keeps a moving average of the seconds per
+token of plain steps for each number of rows (a step of 3 rows costs more per token than one of
+8: the step's fixed cost is shared by fewer), and sets each step with drafts against plain steps
+of as many rows, or of the nearest number seen: the ratio of their costs per token.
+
+Speculation starts after ``warmup`` plain steps (the baseline). Each try (the first all-decode
+step with drafts after the warm-up, and after each pause) is a probe: one draft per request,
+judged on its own. A probe that pays ends the probing, and NOTE [adaptive k]'s k applies from the
+next step. After that, whenever the median of the last three ratios is above ``1 + slack`` (the
+median, so that one slow step, a collection or another thread's burst, is not taken for a loss),
+every request stops drafting for ``probe_after`` steps (doubling, up to ``max_probe_after``,
+while it keeps losing; back to the first value once it pays), and a probe tries again; a probe
+whose drafts were accepted but cost more pauses the same way.
+
+A losing probe in which no draft was accepted says that the drafts are wrong for now (a copy that
+has not started yet: a pause of 32 steps was most of a short answer), not that verifying costs
+too much. It pauses for ``idle_pause`` steps instead (doubling likewise, so drafts that stay
+wrong, a random task's, are tried ever more seldom), or for (r - 1) / slack steps where the probe
+cost r times a plain step's tokens (a draft model's probe costs more than a prompt lookup's). A
+losing probe costs about r - 1 steps, so its loss is at most ``slack`` of the steps until the
+next try, from the start.
 """
 
 from __future__ import annotations
