@@ -134,6 +134,11 @@ constexpr int kIkBlocks = 2;  // super-blocks per depth block (512 values)
 // then d and dmin x 32 (float32).
 constexpr int64_t kIkBlockBytes = 64 * kIgNR * 4 + 16 * kIgNR * 4 + 8 * kIgNR * 4 + 2 * kIgNR * 4;
 static_assert(int64_t{kIkBlocks} * kIkBlockBytes <= ::kael::kInt8GemmPanelBytes * 2, "vec.h's K panel size");
+// Formats whose 16-value group sums fit in 16 bits (|q| <= 15 against Q8_K's |x| <= 127: at most 15 * 127 * 16 =
+// 30480; Q5_K's, Q6_K's and IQ4_XS's do not): ik_tile scales those with one vpdpwssd against the scales stored
+// zero-extended (the high half 0, so it adds nothing), where the others take vpmulld (two uops) and an add.
+template <int F>
+constexpr bool kIkSum16 = F == kQ2K || F == kQ3K || F == kQ4K;
 
 #if KAEL_VBYTES == 64 && defined(__AVX512F__)
 // Panel of weight rows j0 .. j0 + cols for super-blocks b0 .. b0 + nblk; missing columns hold u = 128 and zero
@@ -158,7 +163,9 @@ inline void ik_pack(const uint8_t* w, int64_t rsw, int64_t j0, int cols, int64_t
         for (int64_t t = 0; t < 4; ++t) u[t] = static_cast<uint8_t>(blk.q[4 * g + t] + 128);
         std::memcpy(pb + (g * kIgNR + j) * 4, u, 4);
       }
-      for (int64_t g = 0; g < kKdGroups; ++g) sc[g * kIgNR + j] = blk.sc[g];
+      for (int64_t g = 0; g < kKdGroups; ++g) {
+        sc[g * kIgNR + j] = kIkSum16<F> ? static_cast<int32_t>(static_cast<uint16_t>(blk.sc[g])) : blk.sc[g];
+      }
       for (int64_t p = 0; p < 8; ++p) {
         mn[(p * kIgNR + j) * 2] = static_cast<int16_t>(kQSuperMin<F> ? blk.mn[2 * p] : 0);
         mn[(p * kIgNR + j) * 2 + 1] = static_cast<int16_t>(kQSuperMin<F> ? blk.mn[2 * p + 1] : 0);
@@ -201,8 +208,13 @@ __attribute__((target("avx512vnni"))) inline void ik_tile(int nblk, const int8_t
       const __m512i s0 = _mm512_loadu_si512(static_cast<const void*>(sc + g * kIgNR));
       const __m512i s1 = _mm512_loadu_si512(static_cast<const void*>(sc + g * kIgNR + 16));
       for (int64_t r = 0; r < MR; ++r) {
-        isum[r][0] = _mm512_add_epi32(isum[r][0], _mm512_mullo_epi32(gs[r][0], s0));
-        isum[r][1] = _mm512_add_epi32(isum[r][1], _mm512_mullo_epi32(gs[r][1], s1));
+        if constexpr (kIkSum16<F>) {  // (gs's low half is its exact value, times the scale in the low half)
+          isum[r][0] = _mm512_dpwssd_epi32(isum[r][0], gs[r][0], s0);
+          isum[r][1] = _mm512_dpwssd_epi32(isum[r][1], gs[r][1], s1);
+        } else {
+          isum[r][0] = _mm512_add_epi32(isum[r][0], _mm512_mullo_epi32(gs[r][0], s0));
+          isum[r][1] = _mm512_add_epi32(isum[r][1], _mm512_mullo_epi32(gs[r][1], s1));
+        }
       }
     }
     const auto* mn = reinterpret_cast<const int32_t*>(pb + 80 * kIgNR * 4);

@@ -142,12 +142,21 @@ def test_k_equals_the_model(cpu: Any, scheme: str, m: int, nb: int, n: int, seed
 @pytest.mark.parametrize("scheme", K_SCHEMES)
 def test_k_extremes_and_special_rows(cpu: Any, scheme: str) -> None:
     """Weight integers and scales at their limits (every byte 0x00 / 0xFF / 0x80) against activations at
-    q_x = +-127, and the edge activation rows (zeros, ties, tiny, huge, subnormal, inf, nan), in one prompt;
+    q_x = +-127 (alternating, and all of one sign), and the edge activation rows (zeros, ties, tiny, huge,
+    subnormal, inf, nan), in one prompt;
     each row equals itself decoded alone (the few-row kernel)."""
     rng = np.random.default_rng(5)
     k = 512
+    # (rows of all +1 and all -1: q_x = +-127 throughout, each group's sum at the format's largest magnitude, which
+    # for Q2_K / Q3_K / Q4_K must fit the 16 bits the GEMM scales it in: kIkSum16)
     x = np.concatenate(
-        [special_rows(rng, k), np.where(np.arange(k) % 2 == 0, F32(1), F32(-1))[None].repeat(12, 0)], axis=0
+        [
+            special_rows(rng, k),
+            np.where(np.arange(k) % 2 == 0, F32(1), F32(-1))[None].repeat(12, 0),
+            np.ones((3, k), F32),
+            -np.ones((3, k), F32),
+        ],
+        axis=0,
     ).astype(F32)
     for quants, scales in ((0x00, 0x80), (0xFF, 0x7F), (0xFF, 0xFF), (0x80, 0x00)):
         data = extreme_weights(rng, 6, k, scheme, quants, scales)
