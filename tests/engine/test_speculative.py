@@ -238,6 +238,124 @@ def test_ngram_lookup_is_the_most_recent_longest_match(ids: list[int], a: int, b
     assert ngram_lookup(ids, n_max, n_min, k) == (_brute(ids, n_max, n_min, k) if k else [])
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=20),
+    st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=6), min_size=1, max_size=8),
+    st.integers(0, 7),
+)
+def test_ngram_proposer_keeps_each_requests_ids_up_to_date(
+    prompt: list[int], steps: list[list[int]], edit: int
+) -> None:
+    """NgramProposer converts only the ids appended since its last lookup; each proposal equals the brute-force
+    lookup on the request's ids as they are then, also after the output was replaced by another one (a
+    rebuilt request), and a released request starts afresh."""
+    proposer = NgramProposer(n_max=3, n_min=1, k=4)
+    req = Request(prompt)
+    for i, added in enumerate(steps):
+        if i == edit and req.output_ids:
+            req.output_ids[-1] = (req.output_ids[-1] + 1) % 5  # not a continuation of what was converted
+        req.output_ids.extend(added)
+        assert proposer.propose(req, 4) == _brute(req.all_ids, 3, 1, 4)
+    if len(req.output_ids) > 2:
+        del req.output_ids[-2:]  # shorter than what was converted
+        assert proposer.propose(req, 2) == _brute(req.all_ids, 3, 1, 2)
+    proposer.release(req)
+    assert req not in proposer._ids and proposer.propose(req, 3) == _brute(req.all_ids, 3, 1, 3)
+
+
+class _Next:
+    """A cheap proposer that guesses ``guess(ids)`` and counts its calls."""
+
+    k = 4
+    cheap = True
+
+    def __init__(self, guess: Callable[[list[int]], int]) -> None:
+        self.guess = guess
+        self.calls = 0
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        self.calls += 1
+        return [self.guess(request.all_ids)] * k
+
+    def release(self, request: Request) -> None:
+        pass
+
+
+def _idle_paused(spec: Speculator, req: Request) -> None:
+    """Runs ``spec``'s warm-up and a probe whose one draft is rejected and costs 1.1 plain steps: an idle pause."""
+    while spec.paused_steps:
+        spec.observe_step(1.0, 1, speculated=False)
+    assert spec.probing and len(spec.drafts(req, 10)) == 1
+    spec.record(req, 1, 0)
+    spec.observe_step(1.1, 1, speculated=True)
+    assert spec.paused_steps == 8
+
+
+def test_shadow_drafts_end_an_idle_pause_after_two_right_in_a_row() -> None:
+    """NOTE [shadow drafts]: during an idle pause a cheap proposer keeps guessing one token a request; two guesses
+    in a row that plain decoding then produced end the pause, and that step drafts (a probe). A wrong guess
+    starts the count again; no step ever drafts while the pause lasts."""
+    proposer = _Next(lambda ids: 7)
+    spec = Speculator(proposer, warmup=1, idle_pause=8)
+    req = Request([1, 2, 3])
+    _idle_paused(spec, req)
+    plain = []
+    for token in (5, 7, 4, 7):  # wrong, right, wrong, right: never two in a row
+        plain.append(spec.drafts(req, 10))
+        req.output_ids.append(token)
+        spec.observe_step(1.0, 1, speculated=False)
+    req.output_ids.append(7)  # a step that asked for no drafts (no room): its token was guessed by nobody
+    spec.observe_step(1.0, 1, speculated=False)
+    assert plain == [[], [], [], []] and spec.paused_steps == 3 and spec.probing
+    assert spec.drafts(req, 10) == []  # (so this 7 is not a second right guess in a row)
+    req.output_ids.append(7)
+    spec.observe_step(1.0, 1, speculated=False)
+    assert spec.drafts(req, 10) == []  # one right
+    req.output_ids.append(7)
+    spec.observe_step(1.0, 1, speculated=False)
+    assert spec.drafts(req, 10) == [7]  # twice in a row: the pause ends, this step probes
+    assert spec.paused_steps == 0 and spec.state(req).shadow_hits == 0
+    spec.record(req, 1, 1)
+    spec.observe_step(0.5, 2, speculated=True)
+    assert not spec.probing and spec.drafts(req, 10) == [7, 7, 7, 7]
+
+
+def test_shadow_drafts_only_in_idle_pauses_and_only_for_cheap_proposers() -> None:
+    """A pause for cost (drafts accepted, dearer per token) runs its length whatever the shadows would say; a
+    proposer without ``cheap`` (a draft model: each guess is passes of a model) is never asked during a pause,
+    nor a cheap one with ``shadows=False``; a token produced after a step without a shadow (no room for drafts)
+    counts nothing."""
+    right = _Next(lambda ids: 7)
+    spec = Speculator(right, warmup=1, probe_after=6)
+    req = Request([1, 2, 3])
+    spec.observe_step(1.0, 1, speculated=False)
+    assert spec.drafts(req, 10) == [7]
+    spec.record(req, 1, 1)
+    spec.observe_step(3.0, 2, speculated=True)  # accepted, but 1.5 s a token: a cost pause
+    assert spec.paused_steps == 6
+    calls = right.calls
+    for _ in range(6):
+        assert spec.drafts(req, 10) == []
+        req.output_ids.append(7)
+        spec.observe_step(1.0, 1, speculated=False)
+    assert right.calls == calls and spec.paused_steps == 0 and spec.drafts(req, 10) == [7]
+
+    for spec in (Speculator(_Fixed([7]), warmup=1), Speculator(_Next(lambda ids: 7), warmup=1, shadows=False)):
+        req = Request([1, 2, 3])
+        _idle_paused(spec, req)
+        for _ in range(8):
+            assert spec.drafts(req, 10) == []
+            req.output_ids.append(7)
+            spec.observe_step(1.0, 1, speculated=False)
+        assert spec.paused_steps == 0
+    assert not Speculator(_Fixed([7])).shadows and Speculator(NgramProposer()).shadows
+    with pytest.raises(KaelError, match="shadow_hits"):
+        Speculator(NgramProposer(), shadow_hits=0)
+    with pytest.raises(KaelError, match="shadows must be"):
+        Speculator(NgramProposer(), shadows=1)  # type: ignore[arg-type]
+
+
 def test_ngram_proposer_refuses_bad_settings() -> None:
     with pytest.raises(KaelError, match="n_min"):
         NgramProposer(n_min=0)

@@ -521,8 +521,11 @@ class PagedKVCache:
         pass writes them, but the slots ``start`` copied into its partial block are written)."""
         bs, most = self.block_size, 0
         for row, table in enumerate(self.tables):
-            if block in table:
-                most = max(most, min(bs, self.lengths[row] - table.index(block) * bs))
+            try:
+                at = table.index(block)
+            except ValueError:
+                continue
+            most = max(most, min(bs, self.lengths[row] - at * bs))
         return most
 
     def _row(self, row: Any, op: str) -> None:
