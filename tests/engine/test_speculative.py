@@ -295,7 +295,8 @@ def _idle_paused(spec: Speculator, req: Request) -> None:
 def test_shadow_drafts_end_an_idle_pause_after_two_right_in_a_row() -> None:
     """NOTE [shadow drafts]: during an idle pause a cheap proposer keeps guessing one token a request; two guesses
     in a row that plain decoding then produced end the pause, and that step drafts (a probe). A wrong guess
-    starts the count again; no step ever drafts while the pause lasts."""
+    starts the count again; no step ever drafts while the pause lasts. Each losing probe doubles the run needed
+    for the next pause; a probe that pays sets it back."""
     proposer = _Next(lambda ids: 7)
     spec = Speculator(proposer, warmup=1, idle_pause=8)
     req = Request([1, 2, 3])
@@ -316,9 +317,18 @@ def test_shadow_drafts_end_an_idle_pause_after_two_right_in_a_row() -> None:
     spec.observe_step(1.0, 1, speculated=False)
     assert spec.drafts(req, 10) == [7]  # twice in a row: the pause ends, this step probes
     assert spec.paused_steps == 0 and spec.state(req).shadow_hits == 0
+    spec.record(req, 1, 0)  # the probe loses: the next idle pause (16 steps) waits for 4 right in a row
+    spec.observe_step(1.1, 1, speculated=True)
+    assert spec.paused_steps == 16
+    got = []
+    for _ in range(4):
+        got.append(spec.drafts(req, 10))
+        req.output_ids.append(7)
+        spec.observe_step(1.0, 1, speculated=False)
+    assert got == [[]] * 4 and spec.drafts(req, 10) == [7]  # the fourth right one ends it
     spec.record(req, 1, 1)
-    spec.observe_step(0.5, 2, speculated=True)
-    assert not spec.probing and spec.drafts(req, 10) == [7, 7, 7, 7]
+    spec.observe_step(0.5, 2, speculated=True)  # a probe that pays sets the run needed back to 2
+    assert not spec.probing and spec.drafts(req, 10) == [7, 7, 7, 7] and spec._next_need == 2
 
 
 def test_shadow_drafts_only_in_idle_pauses_and_only_for_cheap_proposers() -> None:

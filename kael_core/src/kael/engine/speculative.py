@@ -57,9 +57,12 @@ NOTE [shadow drafts]: such a pause can outlast the reason for it: the copy start
 into it, and is plain-decoded until the next probe. With a proposer that says its lookups are
 ``cheap`` (prompt lookup: a few microseconds), each request keeps proposing one token during an
 idle pause, and the next step checks it against the token plain decoding then produced. Two
-right in a row (``shadow_hits``) end the pause, so the next step is a probe. A shadow costs a
-lookup and never a pass of the model, and wrong ones change nothing. Pauses for cost (drafts
-accepted that did not pay) keep their length: right drafts were not the question there.
+right in a row (``shadow_hits``) end the pause, so the step that sees the second one is a probe.
+Text that repeats itself a little (spaces, a byte-level model's common pairs) gets two right by
+chance, so each losing probe doubles the run needed (at most 16; a probe that pays sets it back),
+as it doubles the pause. A shadow costs a lookup and never a pass of the model, and wrong ones
+change nothing. Pauses for cost (drafts accepted that did not pay) keep their length: right drafts
+were not the question there.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ __all__ = ["MAX_DRAFT_TOKENS", "SpecState", "Speculator", "speculator_for"]
 
 MAX_DRAFT_TOKENS = 15
 """Drafts per verification at most: 1 + 15 query rows, the most whose kernels match one at a time."""
+_MOST_SHADOW_HITS = 16  # NOTE [shadow drafts]: the longest run of right shadows an idle pause may wait for
 
 
 @dataclass
@@ -143,6 +147,9 @@ class Speculator:
             raise KaelError(f"Speculator: shadows must be True, False or None (the proposer's cheap), got {shadows!r}")
         self.shadows = bool(getattr(proposer, "cheap", False)) if shadows is None else shadows
         """Whether idle pauses look up shadow drafts (NOTE [shadow drafts]; default: the proposer's ``cheap``)."""
+        self._need = self._next_need = self.shadow_hits
+        """Shadows right in a row that end the idle pause under way, and the next one (doubling with each
+        losing probe)."""
         self._idle = False
         """The pause under way is an idle one (a probe's drafts were wrong), which shadow drafts may end."""
         self._state: dict[Request, SpecState] = {}
@@ -207,7 +214,7 @@ class Speculator:
             st.shadow_hits += 1
         else:
             st.shadow_hits = 0
-        if st.shadow_hits >= self.shadow_hits:
+        if st.shadow_hits >= self._need:
             st.shadow, st.shadow_at, st.shadow_hits = -1, -1, 0
             self.paused_steps, self._idle = 0, False
             return True
@@ -262,6 +269,7 @@ class Speculator:
                 spans = math.ceil((judged - 1) / max(self.slack, 0.01) - 1e-9)
                 self.paused_steps = min(max(self._idle_pause, spans), self.max_probe_after)
                 self._idle_pause = min(2 * self._idle_pause, self.max_probe_after)
+                self._need, self._next_need = self._next_need, min(2 * self._next_need, _MOST_SHADOW_HITS)
                 self._idle = True
             else:
                 self._idle = False
@@ -275,6 +283,7 @@ class Speculator:
             if self.probing:
                 self._ratios = []  # the probe's one draft a row says little of the cost of k drafts
             self._probe_after, self._idle_pause = self.probe_after, self.idle_pause
+            self._next_need = self.shadow_hits
             self.probing = False
 
     def forget(self, request: Request) -> None:
