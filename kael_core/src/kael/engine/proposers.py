@@ -75,12 +75,8 @@ class NgramProposer:
     last ``n`` ids (``n`` from ``n_max`` down to ``n_min``), at most ``k`` ids (module docstring).
 
     Each request's ids are kept as an array that grows with its output, so a lookup converts only
-    the ids added since the last one (a 4,000-id context took 100-130 us a lookup when converted
-    whole each time). ``cheap``: a lookup costs a small fraction of a decode step, so the
-    speculator may look up while speculation is paused (NOTE [shadow drafts] in speculative.py).
+    the ids added since the last one, not the whole context at every step.
     """
-
-    cheap = True
 
     def __init__(self, n_max: int = 3, n_min: int = 1, k: int = 4) -> None:
         self.n_min = count_arg("NgramProposer", "n_min", n_min, 1)

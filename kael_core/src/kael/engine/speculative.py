@@ -52,17 +52,6 @@ wrong, a random task's, are tried ever more seldom), or for (r - 1) / slack step
 cost r times a plain step's tokens (a draft model's probe costs more than a prompt lookup's). A
 losing probe costs about r - 1 steps, so its loss is at most ``slack`` of the steps until the
 next try, from the start.
-
-NOTE [shadow drafts]: such a pause can outlast the reason for it: the copy starts a few steps
-into it, and is plain-decoded until the next probe. With a proposer that says its lookups are
-``cheap`` (prompt lookup: a few microseconds), each request keeps proposing one token during an
-idle pause, and the next step checks it against the token plain decoding then produced. Two
-right in a row (``shadow_hits``) end the pause, so the step that sees the second one is a probe.
-Text that repeats itself a little (spaces, a byte-level model's common pairs) gets two right by
-chance, so each losing probe doubles the run needed (at most 16; a probe that pays sets it back),
-as it doubles the pause. A shadow costs a lookup and never a pass of the model, and wrong ones
-change nothing. Pauses for cost (drafts accepted that did not pay) keep their length: right drafts
-were not the question there.
 """
 
 from __future__ import annotations
@@ -79,7 +68,6 @@ __all__ = ["MAX_DRAFT_TOKENS", "SpecState", "Speculator", "speculator_for"]
 
 MAX_DRAFT_TOKENS = 15
 """Drafts per verification at most: 1 + 15 query rows, the most whose kernels match one at a time."""
-_MOST_SHADOW_HITS = 16  # NOTE [shadow drafts]: the longest run of right shadows an idle pause may wait for
 
 
 @dataclass
@@ -91,12 +79,6 @@ class SpecState:
     pause: int = 0
     """Decode steps left without speculation."""
     cooldown: int = 0
-    shadow: int = -1
-    """The token proposed in an idle pause (NOTE [shadow drafts]), -1 for none."""
-    shadow_at: int = -1
-    """How many ids the request had when ``shadow`` was proposed."""
-    shadow_hits: int = 0
-    """Shadows in a row that plain decoding then produced."""
 
 
 class Speculator:
@@ -121,8 +103,6 @@ class Speculator:
         max_probe_after: int = 256,
         idle_pause: int = 8,
         slack: float = 0.03,
-        shadow_hits: int = 2,
-        shadows: bool | None = None,
     ) -> None:
         if not isinstance(proposer, Proposer):
             raise KaelError(f"Speculator: proposer must have propose(request, k), got {type(proposer).__name__}")
@@ -142,16 +122,6 @@ class Speculator:
         if not isinstance(slack, (int, float)) or isinstance(slack, bool) or not 0 <= slack < 1:
             raise KaelError(f"Speculator: slack must be a number in [0, 1), got {slack!r}")
         self.slack = float(slack)
-        self.shadow_hits = count_arg("Speculator", "shadow_hits", shadow_hits, 1)
-        if shadows is not None and not isinstance(shadows, bool):
-            raise KaelError(f"Speculator: shadows must be True, False or None (the proposer's cheap), got {shadows!r}")
-        self.shadows = bool(getattr(proposer, "cheap", False)) if shadows is None else shadows
-        """Whether idle pauses look up shadow drafts (NOTE [shadow drafts]; default: the proposer's ``cheap``)."""
-        self._need = self._next_need = self.shadow_hits
-        """Shadows right in a row that end the idle pause under way, and the next one (doubling with each
-        losing probe)."""
-        self._idle = False
-        """The pause under way is an idle one (a probe's drafts were wrong), which shadow drafts may end."""
         self._state: dict[Request, SpecState] = {}
         self._plain: dict[int, float] = {}
         """Moving average of seconds per token of plain all-decode steps, by their number of rows."""
@@ -191,7 +161,7 @@ class Speculator:
     def drafts(self, request: Request, room: int) -> list[int]:
         """Up to ``room`` draft ids for ``request``'s next decode step (NOTE [adaptive k]); empty
         while its speculation is paused or nothing is proposed."""
-        if self.paused_steps and not self._shadow_ends_pause(request):
+        if self.paused_steps:
             return []
         st = self.state(request)
         if st.pause:
@@ -202,25 +172,6 @@ class Speculator:
             return []
         out = [int(t) for t in self.proposer.propose(request, k)][:k]
         return out
-
-    def _shadow_ends_pause(self, request: Request) -> bool:
-        """During an idle pause: whether ``request``'s shadow drafts came true ``shadow_hits`` times in a
-        row (then the pause ends now), after proposing its next shadow (NOTE [shadow drafts])."""
-        if not (self._idle and self.shadows):
-            return False
-        st = self.state(request)
-        length = request.num_tokens
-        if st.shadow >= 0 and st.shadow_at == length - 1 and request.output_ids and request.output_ids[-1] == st.shadow:
-            st.shadow_hits += 1
-        else:
-            st.shadow_hits = 0
-        if st.shadow_hits >= self._need:
-            st.shadow, st.shadow_at, st.shadow_hits = -1, -1, 0
-            self.paused_steps, self._idle = 0, False
-            return True
-        guess = self.proposer.propose(request, 1)
-        st.shadow, st.shadow_at = (int(guess[0]), length) if guess else (-1, -1)
-        return False
 
     def record(self, request: Request, proposed: int, accepted: int) -> None:
         """What verifying ``proposed`` drafts of ``request`` gave: ``accepted`` of them confirmed."""
@@ -255,7 +206,6 @@ class Speculator:
             old = self._plain.get(rows)
             self._plain[rows] = per if old is None else old + 0.3 * (per - old)
             self.paused_steps = max(0, self.paused_steps - 1)
-            self._idle = self._idle and self.paused_steps > 0
             return
         if not self._plain:
             return
@@ -269,10 +219,7 @@ class Speculator:
                 spans = math.ceil((judged - 1) / max(self.slack, 0.01) - 1e-9)
                 self.paused_steps = min(max(self._idle_pause, spans), self.max_probe_after)
                 self._idle_pause = min(2 * self._idle_pause, self.max_probe_after)
-                self._need, self._next_need = self._next_need, min(2 * self._next_need, _MOST_SHADOW_HITS)
-                self._idle = True
             else:
-                self._idle = False
                 self.paused_steps, self._probe_after = (
                     self._probe_after,
                     min(2 * self._probe_after, self.max_probe_after),
@@ -283,7 +230,6 @@ class Speculator:
             if self.probing:
                 self._ratios = []  # the probe's one draft a row says little of the cost of k drafts
             self._probe_after, self._idle_pause = self.probe_after, self.idle_pause
-            self._next_need = self.shadow_hits
             self.probing = False
 
     def forget(self, request: Request) -> None:
