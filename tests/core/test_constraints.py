@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("llguidance")
@@ -83,8 +83,11 @@ def test_json_schema_walk_validates(tok: BpeTokenizer, seed: int) -> None:
 
 @_examples
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=94083)  # (with \d, this walk wrote U+1CCF1, a digit of Unicode 16 that Python 3.11's re does not know)
 def test_regex_walk_fullmatches(tok: BpeTokenizer, seed: int) -> None:
-    pattern = r"(\d{1,3}\.){3}\d{1,3}|[a-z]{2,5}@[a-z]{1,4}\.(com|org)"
+    r"""[0-9], not \d: \d is Unicode's digit class of the regex crate's Unicode version (16), larger than that of
+    the oracle's (Python 3.11: Unicode 14), so a walk may write a digit that re does not count as one."""
+    pattern = r"([0-9]{1,3}\.){3}[0-9]{1,3}|[a-z]{2,5}@[a-z]{1,4}\.(com|org)"
     text = walk(ConstraintMatcher(regex(pattern), tok, tok.eot_token), tok, seed)
     assert re.fullmatch(pattern, text), text
 

@@ -113,8 +113,11 @@ def json_object(*, field: str = "response_format", flexible_whitespace: bool = F
 
 
 def regex(pattern: str, *, field: str = "regex", limits: Limits = DEFAULT_LIMITS) -> Constraint:
-    """The whole output matches ``pattern`` (Rust ``regex`` syntax, as Python's for the
-    common subset; no lookaround or backreferences)."""
+    r"""The whole output matches ``pattern`` (Rust ``regex`` syntax, as Python's for the
+    common subset; no lookaround or backreferences). ``\d``, ``\w`` and ``\s`` are Unicode
+    classes of the regex crate's Unicode version, which can be newer than Python's ``re``'s
+    (Unicode 16's outlined digits U+1CCF0-U+1CCF9 are ``\d`` here, unknown to Python 3.11's
+    ``re``): write ``[0-9]`` for ASCII digits."""
     if not isinstance(pattern, str):
         raise ConstraintError(f"{field}: a regex must be a string, got {type(pattern).__name__}")
     size = len(pattern.encode())
