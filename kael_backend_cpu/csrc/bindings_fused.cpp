@@ -76,6 +76,7 @@ void bind_fused(py::module_& m) {
   // NOTE [bfloat16 GEMM pays] (vec_bf16_dot.h)
   m.def("bf16_issue_ratio", [] { return bf16_issue_ratio(); });
   m.def("bf16_gemm_pays", [] { return bf16_gemm_pays(); });
+  m.def("bf16_gemm_kernel", [] { return std::string(bf16_gemm_kernel()); });
   m.def("pack_quantized", [](py::handle out, py::handle weight, py::handle scheme) {
     View o = parse(out, "pack_quantized", true), w = parse(weight, "pack_quantized");
     const QuantScheme s = quant_scheme(scheme, "pack_quantized");

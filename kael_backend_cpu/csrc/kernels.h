@@ -167,9 +167,13 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
 // AVX512_VNNI).
 bool packable(QuantScheme scheme);
 // NOTE [bfloat16 GEMM pays] (vec_bf16_dot.h): vdpbf16ps's issue rate over vfmadd231ps's (0 where the table has no
-// bfloat16 GEMM), and whether auto mode takes the bfloat16 GEMM for prompts by it (KAEL_BF16_GEMM unset)
+// bfloat16 GEMM), and whether auto mode takes a bfloat16 GEMM for prompts (KAEL_BF16_GEMM unset): AMX where present,
+// else vdpbf16ps by that ratio
 double bf16_issue_ratio();
 bool bf16_gemm_pays();
+// The bfloat16 GEMM auto mode takes for bf16 prompts where it pays: "amx" (NOTE [AMX bfloat16 GEMM]), "vdpbf16ps"
+// (NOTE [bfloat16 GEMM]) or "none"
+const char* bf16_gemm_kernel();
 // out = weight's rows repacked 16 at a time (NOTE [repacked rows]); weight and out contiguous uint8 [N, row bytes]
 // of scheme, which must be packable.
 void pack_quantized(const View& out, const View& weight, QuantScheme scheme);

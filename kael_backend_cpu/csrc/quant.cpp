@@ -211,11 +211,12 @@ bool bf16_gemm_wanted() {
   return bf16_gemm_pays();
 }
 
-// A bf16 prompt (more than kFewRows rows) takes the bfloat16 GEMM (NOTE [bfloat16 GEMM] in vec_bf16_dot.h)? auto only.
+// A bf16 prompt (more than kFewRows rows) takes a bfloat16 GEMM (NOTE [AMX bfloat16 GEMM] in vec_bf16_amx.h where the
+// table has it, else NOTE [bfloat16 GEMM] in vec_bf16_dot.h)? auto only.
 bool use_bf16_gemm(QuantScheme s, int64_t m, ActMode mode) {
   // (the variable is checked on every table: a bad value is refused where the GEMM is absent too)
   return s == QuantScheme::BF16 && m > kFewRows && mode == ActMode::Auto && bf16_gemm_wanted() &&
-         vec().bf16gemm_cols != nullptr;
+         (vec().bf16amx_cols != nullptr || vec().bf16gemm_cols != nullptr);
 }
 
 // v rounded to the nearest integer, ties to even, for |v| < 2^22: what std::nearbyint gives under the default
@@ -521,6 +522,24 @@ void linear_bf16_gemm(int64_t m, int64_t n, int64_t k, const float* x, int64_t r
       });
 }
 
+// out rows = the m rows of x through the AMX bfloat16 GEMM (NOTE [AMX bfloat16 GEMM]): the rows rounded to bfloat16
+// once into m rounded up to 16 rows (the rows past m +0), threads splitting the columns in whole 32-column strips,
+// then the bias.
+void linear_bf16_amx(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
+                     const float* bias, float* c, int64_t rsc) {
+  const int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16;
+  Buffer xbuf(static_cast<size_t>(mp * kp) * sizeof(uint16_t));
+  auto* xb = xbuf.get<uint16_t>();
+  std::memset(xb + m * kp, 0, static_cast<size_t>((mp - m) * kp) * sizeof(uint16_t));
+  const auto gemm = vec().bf16amx_cols;
+  gemm_passes(
+      m, n, k, static_cast<size_t>(bf16amx_panel_words(k)) * sizeof(uint32_t), bias, c, rsc,
+      [&](int64_t i) { round_row_bf16(x + i * rsx, k, kp, xb + i * kp); },
+      [&](int64_t j0, int64_t j1, const Buffer& panel) {
+        gemm(m, j0, j1, k, xb, w.data, w.row_stride, c, rsc, panel.get<uint32_t>());
+      });
+}
+
 // out rows = the m rows of x through the integer GEMM (NOTE [integer GEMM]): the rows quantized to Q8_0 blocks once
 // (with their int32 block sums), threads splitting the columns in whole 32-column panels, then the bias.
 void linear_int8_gemm(QuantScheme s, int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
@@ -610,7 +629,13 @@ double bf16_issue_ratio() {
 }
 
 bool bf16_gemm_pays() {
-  return vec().bf16gemm_cols != nullptr && bf16_issue_ratio() >= kBf16GemmMinRatio;
+  // AMX: 16 x 16 x 32 products an instruction, 16 times vdpbf16ps's work or more on the CPUs that have it
+  return vec().bf16amx_cols != nullptr || (vec().bf16gemm_cols != nullptr && bf16_issue_ratio() >= kBf16GemmMinRatio);
+}
+
+const char* bf16_gemm_kernel() {
+  if (vec().bf16amx_cols != nullptr) return "amx";
+  return vec().bf16gemm_cols != nullptr ? "vdpbf16ps" : "none";
 }
 
 bool packable(QuantScheme scheme) {
@@ -803,7 +828,11 @@ void quantized_linear(const View& out, const View& x, const View& weight, const 
       for (int64_t j = 0; j < n; ++j) c[i * rso + j] = bp != nullptr ? bp[j] : 0.0f;
     }
   } else if (const ActMode mode = activation_mode(); use_bf16_gemm(scheme, m, mode)) {
-    linear_bf16_gemm(m, n, k, xp, rsx, w, bp, c, rso);
+    if (vec().bf16amx_cols != nullptr) {
+      linear_bf16_amx(m, n, k, xp, rsx, w, bp, c, rso);
+    } else {
+      linear_bf16_gemm(m, n, k, xp, rsx, w, bp, c, rso);
+    }
   } else if (use_int8_gemm(scheme, m, mode)) {
     linear_int8_gemm(scheme, m, n, k, xp, rsx, w, bp, c, rso);
   } else if (use_int8_path(scheme, m, mode)) {

@@ -31,6 +31,12 @@ constexpr int64_t qdot_scratch_floats(int64_t k) {
 // The scratch bf16gemm_cols needs: one packed panel of 128 value pairs x 32 columns (vec_bf16_dot.h: kBgKC, kBgNR).
 constexpr int64_t kBf16GemmPanelWords = 4096;
 
+// The scratch bf16amx_cols needs for depth k: one packed strip of k (rounded up to 32) / 2 value pairs x 32 columns
+// (vec_bf16_amx.h).
+constexpr int64_t bf16amx_panel_words(int64_t k) {
+  return (k + 31) / 32 * 16 * 32;
+}
+
 // The scratch int8gemm_cols needs: one packed panel of 16 blocks x 32 columns (vec_quant_gemm.h: kIgBlocks, kIgNR).
 constexpr int64_t kInt8GemmPanelBytes = int64_t{16} * (8 * 32 * 4 + 32 * 4);
 
@@ -127,6 +133,11 @@ struct VecTable {
   // apart, as xb) . weight row j, i < m, j0 <= j < j1 (no bias); panel: scratch of bf16gemm_panel_words() words
   void (*bf16gemm_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,
                         float* c, int64_t rsc, uint32_t* panel) = nullptr;
+  // The AMX bfloat16 GEMM (vec_bf16_amx.h, NOTE [AMX bfloat16 GEMM]; the AVX-512 table where the CPU has AMX-BF16
+  // and os_amx, else null): as bf16gemm_cols, but a holds m rounded up to 16 rows (zero rows past m) and panel is
+  // bf16amx_panel_words(k) words
+  void (*bf16amx_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,
+                       float* c, int64_t rsc, uint32_t* panel) = nullptr;
   // With it: vdpbf16ps's instructions per second over vfmadd231ps's on this CPU (NOTE [bfloat16 GEMM pays]), measured
   // at each call (a fraction of a millisecond)
   double (*bf16_issue_ratio)() = nullptr;
@@ -158,7 +169,9 @@ struct CpuFeatures {
   bool avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_vnni = false, avx512_bf16 = false;
+  bool amx_bf16 = false;  // AMX-BF16 with AMX-TILE
   bool os_avx = false, os_avx512 = false;
+  bool os_amx = false;  // the OS saves the tile state and granted it to this process (Linux: arch_prctl)
 };
 const CpuFeatures& cpu_features();
 // (name, present) for every field of CpuFeatures, in declaration order.

@@ -9,6 +9,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "check.h"
 #include "vec.h"
@@ -28,6 +32,19 @@ uint64_t xgetbv0() {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
+// Linux hands a process the AMX tile data state (XTILEDATA, 8 KiB a thread) only once it asks
+// (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 on); until then a tile instruction faults. Asked once,
+// at detection, for the whole process; false where the kernel refuses or is not Linux.
+bool os_grants_amx() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 CpuFeatures detect() {
   CpuFeatures f;
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -37,8 +54,9 @@ CpuFeatures detect() {
   f.fma = bit(c, 12);
   f.avx = bit(c, 28);
   f.f16c = bit(c, 29);
+  uint64_t xcr0 = 0;
   if (osxsave) {
-    const uint64_t xcr0 = xgetbv0();
+    xcr0 = xgetbv0();
     f.os_avx = (xcr0 & 0x6U) == 0x6U;       // XMM and YMM state
     f.os_avx512 = (xcr0 & 0xE6U) == 0xE6U;  // and opmask, ZMM0-15 upper halves, ZMM16-31
   }
@@ -51,11 +69,14 @@ CpuFeatures detect() {
     f.avx512bw = bit(b, 30);
     f.avx512vl = bit(b, 31);
     f.avx512_vnni = bit(c, 11);
+    f.amx_bf16 = bit(d, 22) && bit(d, 24);  // AMX-BF16 and AMX-TILE
     if (max_sub >= 1) {
       __cpuid_count(7, 1, a, b, c, d);
       f.avx512_bf16 = bit(a, 5);
     }
   }
+  // TILECFG and TILEDATA in XCR0, and this process's permission to use them
+  f.os_amx = f.amx_bf16 && (xcr0 & 0x60000U) == 0x60000U && os_grants_amx();
   return f;
 }
 #else
@@ -90,10 +111,10 @@ std::string joined(const std::vector<std::string>& v) {
 std::string apply_disable(CpuFeatures& f) {
   const char* env = std::getenv("KAEL_CPU_DISABLE");
   if (env == nullptr) return {};
-  bool* fields[] = {&f.avx,      &f.avx2,     &f.fma,         &f.f16c,        &f.avx512f, &f.avx512bw,
-                    &f.avx512vl, &f.avx512dq, &f.avx512_vnni, &f.avx512_bf16, &f.os_avx,  &f.os_avx512};
-  const char* names[] = {"avx",      "avx2",     "fma",         "f16c",        "avx512f", "avx512bw",
-                         "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "os_avx",  "os_avx512"};
+  bool* fields[] = {&f.avx,      &f.avx2,        &f.fma,         &f.f16c,     &f.avx512f, &f.avx512bw,  &f.avx512vl,
+                    &f.avx512dq, &f.avx512_vnni, &f.avx512_bf16, &f.amx_bf16, &f.os_avx,  &f.os_avx512, &f.os_amx};
+  const char* names[] = {"avx",      "avx2",        "fma",         "f16c",     "avx512f", "avx512bw",  "avx512vl",
+                         "avx512dq", "avx512_vnni", "avx512_bf16", "amx_bf16", "os_avx",  "os_avx512", "os_amx"};
   const std::string list = env;
   size_t start = 0;
   while (start <= list.size()) {
@@ -177,8 +198,10 @@ std::vector<std::pair<std::string, bool>> cpu_feature_list() {
           {"avx512dq", f.avx512dq},
           {"avx512_vnni", f.avx512_vnni},
           {"avx512_bf16", f.avx512_bf16},
+          {"amx_bf16", f.amx_bf16},
           {"os_avx", f.os_avx},
-          {"os_avx512", f.os_avx512}};
+          {"os_avx512", f.os_avx512},
+          {"os_amx", f.os_amx}};
 }
 
 std::vector<std::string> vec_tables_compiled() {

@@ -9,6 +9,7 @@
 // other includes: they are pasted inside that namespace, once per instruction set.
 
 #include "vec_arith.h"        // add/sub/mul/div loops
+#include "vec_bf16_amx.h"     // the bfloat16 GEMM on AMX tiles (AMX-BF16)
 #include "vec_bf16_dot.h"     // the bfloat16 path: bfloat16 activations . bf16 weight rows (AVX512_BF16)
 #include "vec_core.h"         // vector types, loads/stores, splat, horizontal sums
 #include "vec_f16_dot.h"      // the float16 path: float16 activations . f16 weight rows
@@ -106,6 +107,7 @@ VecTable make_table(const char* name) {
   t.bf16dot_rows = bf16dot_kernel();
   t.f16dot_rows = f16dot_rows;
   t.bf16gemm_cols = bf16gemm_kernel();
+  t.bf16amx_cols = bf16amx_kernel();
   t.bf16_issue_ratio = bf16_issue_kernel();
   return t;
 }

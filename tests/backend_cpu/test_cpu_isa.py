@@ -317,9 +317,12 @@ def test_features_agree_with_proc_cpuinfo() -> None:
     for name in ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"):
         assert features[name] == (name in flags), name
     assert features["avx512_bf16"] == ("avx512_bf16" in flags)
-    # Linux lists avx / avx512f only when it saves their registers (XCR0)
+    assert features["amx_bf16"] == ("amx_bf16" in flags and "amx_tile" in flags)
+    # Linux lists avx / avx512f / amx_tile only when it saves their registers (XCR0); it grants the tile state to
+    # every process that asks (arch_prctl, Linux 5.16 on: this kernel lists the flag only when it can)
     assert features["os_avx"] == ("avx" in flags)
     assert features["os_avx512"] == ("avx512f" in flags)
+    assert features["os_amx"] == ("amx_bf16" in flags and "amx_tile" in flags)
 
 
 @pytest.mark.parametrize("name", ["baseline", "base", "avx2", "avx512"])

@@ -1,7 +1,8 @@
 """The CPU backend's bfloat16 path of quantized_linear for bf16 weights (NOTE [bfloat16 activations] in
 csrc/quant.cpp, NOTE [bfloat16 dot order] and NOTE [bfloat16 GEMM] in csrc/vec_bf16_dot.h): activation rows
 rounded to bfloat16 as ggml's GGML_FP32_TO_BF16, dot products by AVX512_BF16's vdpbf16ps, in few-row kernels
-and, for prompts, a GEMM.
+and, for prompts, a GEMM (on a CPU with AMX-BF16, the AMX GEMM instead: test_quant_bf16_amx.py; the vdpbf16ps
+GEMM is then checked here in a run with KAEL_CPU_DISABLE=amx_bf16).
 
 Oracle: a NumPy model of Intel's definition of vdpbf16ps (per float32 lane, the odd value's exact product
 added first, then the even one's, each addition rounded to nearest even; bfloat16 inputs with a zero
@@ -38,6 +39,11 @@ def has_kernel() -> bool:
     from kael_backend_cpu._native import C
 
     return bool(C.isa() == "avx512" and C.isa_info()["features"]["avx512_bf16"])
+
+
+def has_amx() -> bool:
+    """Prompts of bf16 weights take the AMX GEMM (NOTE [AMX bfloat16 GEMM]) where a GEMM is taken."""
+    return bool(C.bf16_gemm_kernel() == "amx")
 
 
 @pytest.fixture(autouse=True)
@@ -116,6 +122,30 @@ def gemm_model(x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> np
         if bias is not None:
             c = (c + bias.astype(F32)[None, :]).astype(F32)
     return c.astype(F32)
+
+
+def amx_bound(x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The AMX GEMM's oracle (NOTE [AMX bfloat16 GEMM]: no bit-exact model): the float64 product of the same
+    bfloat16 values (+ bias) and a bound on the distance from it, 8 units in the last place of float32 (2^-24)
+    per 32 values of depth, of the sum of the products' magnitudes, plus one rounding of the bias."""
+    k = x.shape[1]
+    xf = bf16_values(round_bf16(x)).astype(np.float64)
+    wf = bf16_values(w_bits).astype(np.float64)
+    exact = xf @ wf.T
+    scale = np.abs(xf) @ np.abs(wf).T
+    if bias is not None:
+        exact = exact + bias.astype(np.float64)[None, :]
+        scale = scale + np.abs(bias.astype(np.float64))[None, :]
+    return exact, 8 * 2.0**-24 * -(-k // 32) * scale + 2.0**-24 * np.abs(exact)
+
+
+def check_gemm(got: np.ndarray, x: np.ndarray, w_bits: np.ndarray, bias: np.ndarray | None) -> None:
+    """A prompt's result from the GEMM this CPU takes: the vdpbf16ps GEMM's model bit for bit, or AMX's bound."""
+    if has_amx():
+        exact, bound = amx_bound(x, w_bits, bias)
+        assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
+    else:
+        assert_bits(got, gemm_model(x, w_bits, bias))
 
 
 # -- running the kernel --------------------------------------------------------------------
@@ -210,7 +240,12 @@ def test_close_to_the_float_path(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> N
     assert not np.array_equal(got, float_path(cpu, monkeypatch, x, w))  # the rounding is there
 
 
-@needs_kernel
+needs_vdpbf16ps_gemm = pytest.mark.skipif(
+    not has_kernel() or has_amx(), reason="prompts take the AMX GEMM here (this file reruns without it)"
+)
+
+
+@needs_vdpbf16ps_gemm
 @SETTINGS
 @given(
     m=st.integers(17, 40),
@@ -232,7 +267,7 @@ def test_gemm_equals_the_model(
     assert_bits(run(cpu, x, w, bias, "bf16"), gemm_model(x, w, bias))
 
 
-@needs_kernel
+@needs_vdpbf16ps_gemm
 def test_gemm_rows_do_not_depend_on_the_prompt(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt row's result is the same bits in prompts of 17, 30 and 61 rows, on 1 and 2 threads."""
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "auto")
@@ -266,8 +301,10 @@ def test_default_selection(cpu: Any, monkeypatch: pytest.MonkeyPatch, mode: str 
         monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", mode)
     for rows, want in zip((1, 16), f32[:2], strict=True):
         assert_bits(run(cpu, x[:rows], w, None, "bf16"), model(x[:rows], w, None) if has_kernel() else want)
-    pays = has_kernel() and C.bf16_gemm_pays()
-    assert_bits(run(cpu, x, w, None, "bf16"), gemm_model(x, w, None) if pays else f32[2])
+    if C.bf16_gemm_pays():
+        check_gemm(run(cpu, x, w, None, "bf16"), x, w, None)
+    else:
+        assert_bits(run(cpu, x, w, None, "bf16"), f32[2])
     monkeypatch.setenv("KAEL_QUANT_ACTIVATIONS", "q8")
     assert_bits(run(cpu, x, w, None, "bf16"), model(x, w, None) if has_kernel() else f32[2])
 
@@ -283,7 +320,10 @@ def test_the_gemm_choice_follows_kael_bf16_gemm(cpu: Any, monkeypatch: pytest.Mo
     monkeypatch.setenv("KAEL_BF16_GEMM", "0")
     assert_bits(run(cpu, x, w, None, "bf16"), want_f32)
     monkeypatch.setenv("KAEL_BF16_GEMM", "1")
-    assert_bits(run(cpu, x, w, None, "bf16"), gemm_model(x, w, None) if has_kernel() else want_f32)
+    if C.bf16_gemm_kernel() != "none":
+        check_gemm(run(cpu, x, w, None, "bf16"), x, w, None)
+    else:
+        assert_bits(run(cpu, x, w, None, "bf16"), want_f32)
     monkeypatch.setenv("KAEL_BF16_GEMM", "yes")
     with pytest.raises(
         kael.KaelError, match=r"KAEL_BF16_GEMM must be '0' or '1' \(or unset: where it pays\), got 'yes'"
@@ -292,9 +332,9 @@ def test_the_gemm_choice_follows_kael_bf16_gemm(cpu: Any, monkeypatch: pytest.Mo
     ratio = C.bf16_issue_ratio()
     if has_kernel():
         assert 0.05 < ratio < 4.0  # instructions a second over FMAs': 0.26 on one host, about 1 on others
-        assert C.bf16_gemm_pays() == (ratio >= 0.375)
+        assert C.bf16_gemm_pays() == (has_amx() or ratio >= 0.375)
     else:
-        assert ratio == 0.0 and not C.bf16_gemm_pays()
+        assert ratio == 0.0 and C.bf16_gemm_pays() == has_amx()
 
 
 def test_runs_on_the_requested_table() -> None:
@@ -325,3 +365,26 @@ def test_without_avx512_bf16() -> None:
         cwd=os.path.dirname(__file__),
     )
     assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+@not_in_isa_rerun
+@pytest.mark.skipif(not has_amx(), reason="the CPU has no AMX-BF16 to take away")
+def test_vdpbf16ps_gemm_without_amx() -> None:
+    """On a CPU with AMX-BF16, this file again with KAEL_CPU_DISABLE=amx_bf16: prompts then take the vdpbf16ps
+    GEMM, whose tests here ran skipped, and its model holds bit for bit."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KAEL_CPU_DISABLE="amx_bf16")
+    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
+    res = subprocess.run(
+        [*args, "-k", "(gemm and not without_amx) or default_selection"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(__file__),
+    )
+    assert res.returncode == 0 and " skipped" not in res.stdout and "5 passed" in res.stdout, (
+        res.stdout[-4000:] + res.stderr[-2000:]
+    )

@@ -85,8 +85,9 @@ def isa_info() -> dict[str, Any]:
     ``KAEL_CPU_DISABLE`` or None; ``tables``: the tables compiled in and
     ``runnable``: those this CPU runs, widest first; ``requires``: the CPU features each
     table needs; ``features``: what CPUID reports (``avx``, ``avx2``, ``fma``, ``f16c``,
-    ``avx512f``, ``avx512bw``, ``avx512vl``, ``avx512dq``, ``avx512_vnni``, ``avx512_bf16``)
-    and whether the OS saves the YMM (``os_avx``) and ZMM/opmask (``os_avx512``) registers,
+    ``avx512f``, ``avx512bw``, ``avx512vl``, ``avx512dq``, ``avx512_vnni``, ``avx512_bf16``,
+    ``amx_bf16``: AMX-BF16 with AMX-TILE) and whether the OS saves the YMM (``os_avx``) and
+    ZMM/opmask (``os_avx512``) registers and grants this process the AMX tile state (``os_amx``),
     less those ``KAEL_CPU_DISABLE`` names.
     """
     info: dict[str, Any] = dict(C.isa_info())
