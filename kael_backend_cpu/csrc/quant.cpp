@@ -460,14 +460,18 @@ void linear_int8_packed(QuantScheme s, int64_t m, int64_t n, int64_t k, const fl
          });
 }
 
+// x rounded to bfloat16 (NOTE [bfloat16 activations]): nearest, ties to even; a nan keeps its upper bits with the
+// quiet bit set. Its bits.
+uint16_t bf16_round_bits(float x) {
+  const uint32_t u = f32_bits(x);
+  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 64u
+                                                               : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 // Row x[0..k) rounded to bfloat16 as ggml's GGML_FP32_TO_BF16 (nearest, ties to even; a nan keeps its
 // upper bits, made quiet) into xb[0..kp), zero-padded to kp (NOTE [bfloat16 activations]).
 void round_row_bf16(const float* x, int64_t k, int64_t kp, uint16_t* xb) {
-  for (int64_t j = 0; j < k; ++j) {
-    const uint32_t u = f32_bits(x[j]);
-    xb[j] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 64u
-                                                                  : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  }
+  for (int64_t j = 0; j < k; ++j) xb[j] = bf16_round_bits(x[j]);
   std::fill(xb + k, xb + kp, uint16_t{0});
 }
 
@@ -522,21 +526,34 @@ void linear_bf16_gemm(int64_t m, int64_t n, int64_t k, const float* x, int64_t r
       });
 }
 
+// Row i of x (k values; null: a padding row of +0) rounded to bfloat16 into the AMX GEMM's pair layout (NOTE [AMX
+// bfloat16 GEMM]): per group of 16 rows (group i / 16 at i / 16 * kp / 2 * 16 words), value pair p of row i (its
+// values 2p, 2p + 1 as one 32-bit word, the first in the low half) at word p * 16 + i % 16; pairs past k +0.
+void bf16amx_pairs(const float* x, int64_t k, int64_t kp, int64_t i, uint32_t* xp) {
+  uint32_t* row = xp + i / 16 * (kp / 2 * 16) + i % 16;
+  for (int64_t p = 0; p < kp / 2; ++p) {
+    const int64_t v = 2 * p;
+    const uint32_t lo = x != nullptr && v < k ? bf16_round_bits(x[v]) : 0u;
+    const uint32_t hi = x != nullptr && v + 1 < k ? bf16_round_bits(x[v + 1]) : 0u;
+    row[p * 16] = lo | (hi << 16);
+  }
+}
+
 // out rows = the m rows of x through the AMX bfloat16 GEMM (NOTE [AMX bfloat16 GEMM]): the rows rounded to bfloat16
-// once into m rounded up to 16 rows (the rows past m +0), threads splitting the columns in whole 32-column strips,
-// then the bias.
+// once into its pair layout (m rounded up to 16 rows, the rows past m +0), threads splitting the columns in whole
+// 32-column strips, then the bias.
 void linear_bf16_amx(int64_t m, int64_t n, int64_t k, const float* x, int64_t rsx, const WeightRows& w,
                      const float* bias, float* c, int64_t rsc) {
   const int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16;
-  Buffer xbuf(static_cast<size_t>(mp * kp) * sizeof(uint16_t));
-  auto* xb = xbuf.get<uint16_t>();
-  std::memset(xb + m * kp, 0, static_cast<size_t>((mp - m) * kp) * sizeof(uint16_t));
+  Buffer xbuf(static_cast<size_t>(mp * kp / 2) * sizeof(uint32_t));
+  auto* xp = xbuf.get<uint32_t>();
+  for (int64_t i = m; i < mp; ++i) bf16amx_pairs(nullptr, k, kp, i, xp);
   const auto gemm = vec().bf16amx_cols;
   gemm_passes(
-      m, n, k, static_cast<size_t>(bf16amx_panel_words(k)) * sizeof(uint32_t), bias, c, rsc,
-      [&](int64_t i) { round_row_bf16(x + i * rsx, k, kp, xb + i * kp); },
+      m, n, k, size_t{1024} * sizeof(uint32_t), bias, c, rsc,
+      [&](int64_t i) { bf16amx_pairs(x + i * rsx, k, kp, i, xp); },
       [&](int64_t j0, int64_t j1, const Buffer& panel) {
-        gemm(m, j0, j1, k, xb, w.data, w.row_stride, c, rsc, panel.get<uint32_t>());
+        gemm(m, n, j0, j1, k, xp, w.data, w.row_stride, c, rsc, panel.get<uint32_t>());
       });
 }
 

@@ -31,12 +31,6 @@ constexpr int64_t qdot_scratch_floats(int64_t k) {
 // The scratch bf16gemm_cols needs: one packed panel of 128 value pairs x 32 columns (vec_bf16_dot.h: kBgKC, kBgNR).
 constexpr int64_t kBf16GemmPanelWords = 4096;
 
-// The scratch bf16amx_cols needs for depth k: one packed strip of k (rounded up to 32) / 2 value pairs x 32 columns
-// (vec_bf16_amx.h).
-constexpr int64_t bf16amx_panel_words(int64_t k) {
-  return (k + 31) / 32 * 16 * 32;
-}
-
 // The scratch int8gemm_cols needs: one packed panel of 16 blocks x 32 columns (vec_quant_gemm.h: kIgBlocks, kIgNR).
 constexpr int64_t kInt8GemmPanelBytes = int64_t{16} * (8 * 32 * 4 + 32 * 4);
 
@@ -134,10 +128,10 @@ struct VecTable {
   void (*bf16gemm_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,
                         float* c, int64_t rsc, uint32_t* panel) = nullptr;
   // The AMX bfloat16 GEMM (vec_bf16_amx.h, NOTE [AMX bfloat16 GEMM]; the AVX-512 table where the CPU has AMX-BF16
-  // and os_amx, else null): as bf16gemm_cols, but a holds m rounded up to 16 rows (zero rows past m) and panel is
-  // bf16amx_panel_words(k) words
-  void (*bf16amx_cols)(int64_t m, int64_t j0, int64_t j1, int64_t k, const uint16_t* a, const uint8_t* w, int64_t rsw,
-                       float* c, int64_t rsc, uint32_t* panel) = nullptr;
+  // and os_amx, else null): c[i * rsc + j] = bfloat16 row i of A (xp: quant.cpp's bf16amx_pairs layout) . weight
+  // row j (n rows of k bfloat16 values, rsw bytes apart), i < m, j0 <= j < j1 (no bias); panel: 1024 words
+  void (*bf16amx_cols)(int64_t m, int64_t n, int64_t j0, int64_t j1, int64_t k, const uint32_t* xp, const uint8_t* w,
+                       int64_t rsw, float* c, int64_t rsc, uint32_t* panel) = nullptr;
   // With it: vdpbf16ps's instructions per second over vfmadd231ps's on this CPU (NOTE [bfloat16 GEMM pays]), measured
   // at each call (a fraction of a millisecond)
   double (*bf16_issue_ratio)() = nullptr;
