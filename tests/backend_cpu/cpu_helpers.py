@@ -190,21 +190,27 @@ def other_isas() -> list[str]:
     return [name for name in info["runnable"] if name not in (c.isa(), "baseline" if c.isa() == "base" else "")]
 
 
-def rerun_under_isa(test_file: str, isa: str) -> None:
-    """Run `test_file`'s tests again in a child pytest with ``KAEL_CPU_ISA=isa`` (``KAEL_QUANT_TEST_ISA``
-    tells the child which table it must be on); fails with the child's output tail."""
+def pytest_child(test_file: str, select: str, timeout: int = 600, **env: str) -> tuple[int, str]:
+    """`test_file`'s tests that ``-k select`` picks, in a child pytest with these environment variables set: its
+    return code and its output's tail (the last 4,000 characters of stdout, 2,000 of stderr)."""
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, KAEL_CPU_ISA=isa, KAEL_QUANT_TEST_ISA=isa)
-    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file]
+    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file, "-k", select]
     res = subprocess.run(
-        [*args, "-k", "not every_vector_table"],
-        env=env,
+        args,
+        env=dict(os.environ, **env),
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=timeout,
         cwd=os.path.dirname(test_file),
     )
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    return res.returncode, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+def rerun_under_isa(test_file: str, isa: str) -> None:
+    """Run `test_file`'s tests again in a child pytest with ``KAEL_CPU_ISA=isa`` (``KAEL_QUANT_TEST_ISA``
+    tells the child which table it must be on); fails with the child's output tail."""
+    rc, out = pytest_child(test_file, "not every_vector_table", 1800, KAEL_CPU_ISA=isa, KAEL_QUANT_TEST_ISA=isa)
+    assert rc == 0, out

@@ -15,7 +15,6 @@ again under every other vector table this CPU can run (``KAEL_CPU_ISA``) and che
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +27,7 @@ kbc = pytest.importorskip("kael_backend_cpu")
 
 import kael  # noqa: E402
 from _quant_helpers import F32, SETTINGS, assert_bits, check_requested_isa, not_in_isa_rerun, run  # noqa: E402
-from cpu_helpers import other_isas, rerun_under_isa  # noqa: E402
+from cpu_helpers import other_isas, pytest_child, rerun_under_isa  # noqa: E402
 from kael_backend_cpu._native import C  # noqa: E402
 
 LANES = 16
@@ -351,20 +350,14 @@ def test_every_vector_table(isa: str) -> None:
 def test_without_avx512_bf16() -> None:
     """The AVX-512 table on a CPU without AVX512_BF16 (KAEL_CPU_DISABLE) has no kernel: auto and q8 keep
     the float32-activation path there."""
-    import subprocess
-    import sys
-
-    env = dict(os.environ, KAEL_CPU_DISABLE="avx512_bf16", KAEL_QUANT_TEST_ISA="avx512", KAEL_CPU_ISA="avx512")
-    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    res = subprocess.run(
-        [*args, "-k", "default_selection or requested_table"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=os.path.dirname(__file__),
+    rc, out = pytest_child(
+        __file__,
+        "default_selection or requested_table",
+        KAEL_CPU_DISABLE="avx512_bf16",
+        KAEL_QUANT_TEST_ISA="avx512",
+        KAEL_CPU_ISA="avx512",
     )
-    assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-4000:] + res.stderr[-2000:]
+    assert rc == 0 and "3 passed" in out, out
 
 
 @not_in_isa_rerun
@@ -372,19 +365,5 @@ def test_without_avx512_bf16() -> None:
 def test_vdpbf16ps_gemm_without_amx() -> None:
     """On a CPU with AMX-BF16, this file again with KAEL_CPU_DISABLE=amx_bf16: prompts then take the vdpbf16ps
     GEMM, whose tests here ran skipped, and its model holds bit for bit."""
-    import subprocess
-    import sys
-
-    env = dict(os.environ, KAEL_CPU_DISABLE="amx_bf16")
-    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    res = subprocess.run(
-        [*args, "-k", "(gemm and not without_amx) or default_selection"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=os.path.dirname(__file__),
-    )
-    assert res.returncode == 0 and " skipped" not in res.stdout and "5 passed" in res.stdout, (
-        res.stdout[-4000:] + res.stderr[-2000:]
-    )
+    rc, out = pytest_child(__file__, "(gemm and not without_amx) or default_selection", KAEL_CPU_DISABLE="amx_bf16")
+    assert rc == 0 and " skipped" not in out and "5 passed" in out, out
