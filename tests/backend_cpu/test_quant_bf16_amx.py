@@ -133,10 +133,11 @@ def test_differs_from_the_float_path_only_by_the_rounding(cpu: Any, monkeypatch:
 
 
 def test_features_and_kernel_name() -> None:
-    """The AMX GEMM is named, its features reported, and it pays wherever it is present."""
+    """Where prompts take the AMX GEMM (the module's skip), the table is AVX-512 with both AMX features reported,
+    and auto mode counts the GEMM as paying whatever vdpbf16ps's measured issue ratio is."""
     features = C.isa_info()["features"]
     assert features["amx_bf16"] and features["os_amx"] and C.isa() == "avx512"
-    assert C.bf16_gemm_kernel() == "amx" and C.bf16_gemm_pays()
+    assert C.bf16_gemm_pays()
 
 
 def test_disabled_by_kael_cpu_disable() -> None:
